@@ -1,0 +1,386 @@
+"""Command line: ``raftlease node``, ``raftlease up`` and the client commands.
+
+Client commands print for people by default and JSON with ``--json``. Exit codes:
+0 success, 1 a definite failure (the request did not take effect), 3 an unknown
+outcome (timeout or leadership change after all retries), 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from . import __version__
+from .client import Client, Holder, Lease
+from .config import NodeConfig, load_toml, local_cluster
+from .errors import ConfigError, RaftLeaseError
+
+DEFAULT_ENDPOINTS = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s level=%(levelname)s logger=%(name)s pid=%(process)d %(message)s",
+        stream=sys.stderr,
+    )
+    # PySyncObj logs connection churn at WARNING; keep it unless asked for debug.
+    if level.upper() != "DEBUG":
+        logging.getLogger("pysyncobj").setLevel(logging.ERROR)
+
+
+@click.group()
+@click.version_option(__version__, prog_name="raftlease")
+def main() -> None:
+    """raftlease: Raft-replicated leases with fencing tokens."""
+
+
+# ------------------------------------------------------------------ node
+
+
+def _parse_member(text: str) -> dict[str, str]:
+    parts = text.split(",")
+    if len(parts) != 3:
+        raise click.BadParameter(f"{text!r}: expected ID,RAFT_HOST:PORT,CLIENT_HOST:PORT")
+    return {"id": parts[0], "raft": parts[1], "client": parts[2]}
+
+
+def _parse_setting(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep:
+        raise click.BadParameter(f"{text!r}: expected KEY=VALUE")
+    value: Any = raw
+    for cast in (int, float):
+        try:
+            value = cast(raw)
+            break
+        except ValueError:
+            continue
+    return key.strip(), value
+
+
+@main.command()
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML config file.")
+@click.option("--id", "node_id", help="This node's id (must be one of the members).")
+@click.option(
+    "--member",
+    "members",
+    multiple=True,
+    metavar="ID,RAFT,CLIENT",
+    help="A cluster member (repeat for each, this node included).",
+)
+@click.option(
+    "--data-dir", type=click.Path(file_okay=False), help="Journal and snapshot directory."
+)
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Any config field.")
+@click.option("--log-level", default="INFO", show_default=True)
+def node(
+    config_file: str | None,
+    node_id: str | None,
+    members: tuple[str, ...],
+    data_dir: str | None,
+    settings: tuple[str, ...],
+    log_level: str,
+) -> None:
+    """Run one node of a cluster (until SIGINT/SIGTERM)."""
+    from .server import run_node
+
+    _setup_logging(log_level)
+    overrides: dict[str, Any] = dict(_parse_setting(s) for s in settings)
+    if node_id:
+        overrides["node_id"] = node_id
+    if members:
+        overrides["nodes"] = [_parse_member(m) for m in members]
+    if data_dir:
+        overrides["data_dir"] = data_dir
+    try:
+        if config_file:
+            config = load_toml(config_file, **overrides)
+        else:
+            config = NodeConfig.create(**overrides)
+    except ConfigError as exc:
+        raise click.UsageError(f"invalid configuration: {exc.message}") from None
+    except TypeError as exc:
+        raise click.UsageError(f"invalid configuration: {exc}") from None
+    run_node(config)
+
+
+# -------------------------------------------------------------------- up
+
+
+@main.command()
+@click.option("--nodes", "count", default=3, show_default=True, help="Number of nodes.")
+@click.option("--port", default=7001, show_default=True, help="First client port.")
+@click.option(
+    "--data-dir",
+    default="./raftlease-data",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where the nodes keep their journals.",
+)
+@click.option("--demo/--no-demo", default=False, help="Run a short lease demo once it is up.")
+@click.option(
+    "--exit-after-demo", is_flag=True, help="Stop the cluster after the demo (for scripts)."
+)
+def up(count: int, port: int, data_dir: str, demo: bool, exit_after_demo: bool) -> None:
+    """Start a local cluster of COUNT nodes and keep it running until Ctrl-C."""
+    from .testing import LocalCluster
+
+    try:
+        local_cluster(count, port)
+    except ConfigError as exc:
+        raise click.UsageError(exc.message) from None
+    cluster = LocalCluster(count, client_port=port, data_dir=Path(data_dir).resolve())
+    click.echo(f"starting {count} nodes, data in {cluster.data_dir}")
+    try:
+        cluster.start(wait=False)
+        for n in cluster.nodes:
+            click.echo(
+                f"  {n.id}: clients {n.client}  raft {n.raft}  "
+                f"pid {cluster.pid(n.id)}  log {cluster.log_path(n.id)}"
+            )
+        try:
+            leader = cluster.wait_for_leader(timeout=30)
+        except TimeoutError as exc:
+            click.echo(f"error: {exc}\n{cluster.logs(20)}", err=True)
+            sys.exit(1)
+        click.echo(f"leader: {leader['node']} ({leader['client']}), term {leader['term']}")
+        endpoints = ",".join(cluster.endpoints)
+        click.echo(f"endpoints: {endpoints}")
+        if demo:
+            _demo(cluster.endpoints)
+        if exit_after_demo:
+            return
+        click.echo("cluster running; press Ctrl-C to stop every node")
+        while all(cluster.is_running(n.id) for n in cluster.nodes):
+            time.sleep(0.5)
+        click.echo("a node exited; stopping the cluster", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("\nstopping nodes...")
+    finally:
+        cluster.stop()
+        click.echo("all nodes stopped")
+
+
+def _demo(endpoints: list[str]) -> None:
+    from .errors import LeaseHeldError
+
+    with Client(endpoints) as c:
+        lease = c.acquire("demo/gpu-0", owner="agent-a", ttl=5.0)
+        click.echo(f"demo: agent-a acquired demo/gpu-0, fencing token {lease.token}")
+        try:
+            c.acquire("demo/gpu-0", owner="agent-b", ttl=5.0)
+        except LeaseHeldError as exc:
+            click.echo(f"demo: agent-b was refused: {exc.message} (token {exc.token})")
+        holder = c.holder("demo/gpu-0")
+        click.echo(f"demo: holder is {holder.owner if holder else None}")
+        c.release(lease)
+        lease_b = c.acquire("demo/gpu-0", owner="agent-b", ttl=5.0)
+        click.echo(
+            f"demo: after release agent-b acquired it, token {lease_b.token} > {lease.token}"
+        )
+        c.release(lease_b)
+    click.echo("demo: OK")
+
+
+# ------------------------------------------------------- client commands
+
+
+def _client_options(func: Any) -> Any:
+    func = click.option(
+        "--endpoints",
+        envvar="RAFTLEASE_ENDPOINTS",
+        default=DEFAULT_ENDPOINTS,
+        show_default=True,
+        help="Comma-separated client addresses (env RAFTLEASE_ENDPOINTS).",
+    )(func)
+    func = click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
+    func = click.option(
+        "--timeout", default=15.0, show_default=True, help="Deadline in seconds, retries included."
+    )(func)
+    return func
+
+
+def _fail(exc: RaftLeaseError, as_json: bool) -> NoReturn:
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "ok": False,
+                    "code": exc.code,
+                    "message": exc.message,
+                    "definite": exc.definite,
+                    "detail": exc.detail,
+                }
+            )
+        )
+    else:
+        click.echo(f"error: {exc}", err=True)
+    sys.exit(1 if exc.definite else 3)
+
+
+def _lease_dict(lease: Lease) -> dict[str, Any]:
+    return {
+        "key": lease.key,
+        "owner": lease.owner,
+        "token": lease.token,
+        "ttl": lease.ttl,
+        "lease_id": lease.lease_id,
+        "valid_for": round(lease.remaining, 3),
+    }
+
+
+def _holder_dict(holder: Holder) -> dict[str, Any]:
+    return {
+        "key": holder.key,
+        "owner": holder.owner,
+        "token": holder.token,
+        "ttl": holder.ttl,
+        "remaining": round(holder.remaining, 3),
+    }
+
+
+@main.command()
+@click.argument("key")
+@click.option("--owner", required=True, help="Who takes the lease.")
+@click.option("--ttl", type=float, required=True, help="Lease time to live, seconds.")
+@_client_options
+def acquire(
+    key: str, owner: str, ttl: float, endpoints: str, as_json: bool, timeout: float
+) -> None:
+    """Acquire KEY; prints the lease id needed to renew or release it."""
+    try:
+        with Client(endpoints) as c:
+            lease = c.acquire(key, owner=owner, ttl=ttl, timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        click.echo(json.dumps({"ok": True, **_lease_dict(lease)}))
+    else:
+        click.echo(
+            f"acquired {lease.key} for {lease.owner}: token {lease.token}, ttl {lease.ttl:g} s\n"
+            f"lease id: {lease.lease_id}"
+        )
+
+
+def _shell_lease(key: str, lease_id: str) -> Lease:
+    return Lease(
+        key=key, owner="", token=0, ttl=0.0, lease_id=lease_id, valid_until=0.0, expires_at_ms=0
+    )
+
+
+@main.command()
+@click.argument("key")
+@click.argument("lease_id")
+@click.option("--ttl", type=float, default=None, help="New TTL (default: keep the lease's).")
+@_client_options
+def renew(
+    key: str, lease_id: str, ttl: float | None, endpoints: str, as_json: bool, timeout: float
+) -> None:
+    """Renew the lease LEASE_ID on KEY."""
+    try:
+        with Client(endpoints) as c:
+            lease = c.renew(_shell_lease(key, lease_id), ttl=ttl, timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"ok": True, "key": key, "ttl": lease.ttl, "valid_for": round(lease.remaining, 3)}
+            )
+        )
+    else:
+        click.echo(f"renewed {key}: valid for {lease.remaining:.2f} s")
+
+
+@main.command()
+@click.argument("key")
+@click.argument("lease_id")
+@_client_options
+def release(key: str, lease_id: str, endpoints: str, as_json: bool, timeout: float) -> None:
+    """Release the lease LEASE_ID on KEY."""
+    try:
+        with Client(endpoints) as c:
+            c.release(_shell_lease(key, lease_id), timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    click.echo(json.dumps({"ok": True, "key": key}) if as_json else f"released {key}")
+
+
+@main.command()
+@click.argument("key")
+@_client_options
+def holder(key: str, endpoints: str, as_json: bool, timeout: float) -> None:
+    """Show who holds KEY."""
+    try:
+        with Client(endpoints) as c:
+            h = c.holder(key, timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        click.echo(json.dumps({"ok": True, "holder": _holder_dict(h) if h else None}))
+    elif h is None:
+        click.echo(f"{key}: free")
+    else:
+        click.echo(f"{key}: held by {h.owner}, token {h.token}, {h.remaining:.2f} s left")
+
+
+@main.command()
+@click.option("--prefix", default="", help="Only keys starting with this.")
+@click.option("--limit", default=1000, show_default=True)
+@_client_options
+def leases(prefix: str, limit: int, endpoints: str, as_json: bool, timeout: float) -> None:
+    """List live leases."""
+    try:
+        with Client(endpoints) as c:
+            items = c.leases(prefix, limit=limit, timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        click.echo(json.dumps({"ok": True, "leases": [_holder_dict(h) for h in items]}))
+        return
+    if not items:
+        click.echo("no leases")
+    for h in items:
+        click.echo(f"{h.key:30} {h.owner:20} token {h.token:<8} {h.remaining:8.2f} s left")
+
+
+@main.command()
+@_client_options
+def status(endpoints: str, as_json: bool, timeout: float) -> None:
+    """Show every node: reachable, role, term, commit and applied index, leader."""
+    with Client(endpoints) as c:
+        statuses = c.cluster_status(timeout=min(timeout, 3.0))
+    if as_json:
+        click.echo(json.dumps({"ok": True, "nodes": statuses}))
+    else:
+        click.echo(
+            f"{'node':6} {'address':22} {'role':10} {'term':>5} {'commit':>8} "
+            f"{'applied':>8} {'leases':>7}  leader"
+        )
+        for s in statuses:
+            if not s.get("reachable"):
+                click.echo(f"{'?':6} {s['client']:22} unreachable: {s.get('error')}")
+                continue
+            click.echo(
+                f"{s['node']:6} {s['client']:22} {s['role']:10} {s['term']:>5} "
+                f"{s['commit_index']:>8} {s['applied_index']:>8} {s['leases']:>7}  "
+                f"{s['leader'] or '-'}"
+            )
+    leaders = {s.get("leader") for s in statuses if s.get("reachable")}
+    if not any(s.get("reachable") for s in statuses) or None in leaders:
+        sys.exit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
+
+
+__all__ = ["main"]

@@ -1,0 +1,475 @@
+"""Python clients: ``AsyncClient`` (asyncio) and ``Client`` (blocking, thread-safe).
+
+Both find the leader themselves from any endpoint, follow ``NOT_LEADER`` redirects,
+and retry through elections and dead nodes until the call's deadline. Retrying a
+mutating request is safe because every one carries the client's session id and a
+sequence number that the state machine deduplicates (Raft dissertation §6.3); a
+retried acquire can never grant twice.
+
+Errors: every failure raises a ``RaftLeaseError`` subclass. ``err.definite`` is True
+when the request certainly did not take effect (``LeaseHeldError``, ``NotOwnerError``,
+a rejected argument...). A ``TimeoutError_`` / ``LeaderChangedError`` after the deadline
+means the outcome is unknown: an acquire may have been granted (it then expires after
+its TTL unless renewed).
+
+The blocking ``Client`` runs an ``AsyncClient`` on a private event-loop thread; any
+number of threads may call it at once and their requests are pipelined on one
+connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+import secrets
+import threading
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from .errors import (
+    ConnectionLostError,
+    InvalidArgumentError,
+    LeaderChangedError,
+    NotLeaderError,
+    RaftLeaseError,
+    TimeoutError_,
+    UnavailableError,
+    from_wire,
+)
+from .protocol import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
+
+T = TypeVar("T")
+
+DEFAULT_DEADLINE = 15.0
+DEFAULT_ATTEMPT_TIMEOUT = 3.0
+DEFAULT_CLOCK_DRIFT = 0.01
+DEFAULT_MARGIN = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A lease this client holds.
+
+    ``valid_until`` is on this process's ``time.monotonic()`` clock: the lease is
+    trusted until ``send_time + ttl * (1 - clock_drift) - margin``, counted from when the
+    request was first sent, so the client never believes it holds a lease the cluster
+    has already expired. ``lease_id`` is the secret that proves ownership for renew and
+    release; do not share it. ``token`` is the fencing token to hand to any resource the
+    lease protects.
+    """
+
+    key: str
+    owner: str
+    token: int
+    ttl: float
+    lease_id: str
+    valid_until: float
+    expires_at_ms: int
+
+    @property
+    def remaining(self) -> float:
+        """Seconds this client may still trust the lease (0 when no longer valid)."""
+        return max(0.0, self.valid_until - time.monotonic())
+
+    @property
+    def valid(self) -> bool:
+        return time.monotonic() < self.valid_until
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who holds a key, as seen by the cluster at read time. No lease id."""
+
+    key: str
+    owner: str
+    token: int
+    ttl: float
+    remaining: float
+
+
+def _holder(data: dict[str, Any]) -> Holder:
+    return Holder(
+        key=data["key"],
+        owner=data["owner"],
+        token=int(data["token"]),
+        ttl=data["ttl"] / 1000.0,
+        remaining=max(0.0, data["remaining"] / 1000.0),
+    )
+
+
+class _Connection:
+    """One TCP connection with many requests in flight, matched by id."""
+
+    def __init__(self, addr: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.addr = addr
+        self._reader = reader
+        self._writer = writer
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._ids = itertools.count(1)
+        self._decoder = FrameDecoder(DEFAULT_MAX_FRAME * 16)
+        self.closed = False
+        self._task = asyncio.create_task(self._read_loop())
+
+    @classmethod
+    async def open(cls, addr: str, timeout: float) -> _Connection:
+        host, _, port = addr.rpartition(":")
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host.strip("[]"), int(port)), timeout
+        )
+        return cls(addr, reader, writer)
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                data = await self._reader.read(1 << 16)
+                if not data:
+                    break
+                for frame in self._decoder.feed(data):
+                    future = self._pending.pop(frame.get("id"), None)  # type: ignore[arg-type]
+                    if future is not None and not future.done():
+                        future.set_result(frame)
+                    elif frame.get("id") is None and not frame.get("ok", True):
+                        # The server closes the stream after this (broken framing).
+                        break
+        except (ConnectionError, RaftLeaseError, OSError):
+            pass
+        finally:
+            self._fail_all()
+
+    def _fail_all(self) -> None:
+        self.closed = True
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(ConnectionLostError(f"connection to {self.addr} lost"))
+        with contextlib.suppress(Exception):
+            self._writer.close()
+
+    async def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if self.closed:
+            raise ConnectionLostError(f"connection to {self.addr} is closed")
+        rid = next(self._ids)
+        message["id"] = rid
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        try:
+            self._writer.write(encode_frame(message))
+            await self._writer.drain()
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise TimeoutError_(f"no answer from {self.addr} within {timeout:.2f} s") from None
+        except (ConnectionError, OSError) as exc:
+            self._fail_all()
+            raise ConnectionLostError(f"connection to {self.addr} lost: {exc}") from None
+        finally:
+            self._pending.pop(rid, None)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        self._fail_all()
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+
+
+class AsyncClient:
+    """asyncio client. Create it inside a running loop; use ``async with`` or
+    ``await close()``. All methods are coroutines; cancellation of a call leaves the
+    outcome unknown, exactly like a timeout.
+
+    ``deadline``: total seconds a call may take, retries included (per call override:
+    ``timeout=``). ``clock_drift`` and ``margin`` shape ``Lease.valid_until``.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str] | str,
+        *,
+        deadline: float = DEFAULT_DEADLINE,
+        attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
+        clock_drift: float = DEFAULT_CLOCK_DRIFT,
+        margin: float = DEFAULT_MARGIN,
+    ) -> None:
+        if isinstance(endpoints, str):
+            endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
+        if not endpoints:
+            raise InvalidArgumentError("at least one endpoint is required")
+        self.endpoints = list(endpoints)
+        self.deadline = deadline
+        self.attempt_timeout = attempt_timeout
+        self.clock_drift = clock_drift
+        self.margin = margin
+        self.client_id = secrets.token_hex(16)
+        self._seq = itertools.count(1)
+        self._outstanding: set[int] = set()
+        self._target: str = self.endpoints[0]
+        self._conns: dict[str, _Connection] = {}
+        self._connect_lock = asyncio.Lock()
+        self._rotation = itertools.cycle(self.endpoints)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        conns, self._conns = self._conns, {}
+        for conn in conns.values():
+            await conn.close()
+
+    # ------------------------------------------------------------ plumbing
+
+    async def _connection(self, addr: str, timeout: float) -> _Connection:
+        async with self._connect_lock:
+            conn = self._conns.get(addr)
+            if conn is None or conn.closed:
+                try:
+                    conn = await _Connection.open(addr, timeout)
+                except (OSError, TimeoutError) as exc:
+                    raise ConnectionLostError(f"cannot connect to {addr}: {exc}") from None
+                self._conns[addr] = conn
+            return conn
+
+    def _next_endpoint(self) -> str:
+        return next(self._rotation)
+
+    async def call(
+        self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Send one request, retrying until the deadline. Returns the result map."""
+        deadline = time.monotonic() + (self.deadline if timeout is None else timeout)
+        seq = 0
+        if mutating:
+            seq = next(self._seq)
+            self._outstanding.add(seq)
+        backoff = 0.02
+        last: RaftLeaseError | None = None
+        maybe_applied = False
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                target = self._target
+                message: dict[str, Any] = {"op": op, **args}
+                if mutating:
+                    message["cid"] = self.client_id
+                    message["seq"] = seq
+                    message["ack"] = min(self._outstanding)
+                try:
+                    conn = await self._connection(target, min(remaining, self.attempt_timeout))
+                    response = await conn.request(message, min(remaining, self.attempt_timeout))
+                except (ConnectionLostError, TimeoutError_) as exc:
+                    # The request may have reached the node: outcome unknown.
+                    maybe_applied = maybe_applied or isinstance(exc, TimeoutError_)
+                    last = exc
+                    self._target = self._next_endpoint()
+                else:
+                    if response.get("ok"):
+                        result: dict[str, Any] = response.get("result") or {}
+                        return result
+                    err = from_wire(
+                        str(response.get("code")),
+                        str(response.get("message")),
+                        response.get("detail"),
+                    )
+                    if isinstance(err, NotLeaderError):
+                        last = err
+                        if err.leader and err.leader != target:
+                            self._target = err.leader
+                            continue  # redirect at once
+                        self._target = self._next_endpoint()
+                    elif isinstance(err, UnavailableError):
+                        last = err
+                        self._target = self._next_endpoint()
+                    elif err.definite:
+                        raise err
+                    else:  # indefinite (timeout, leader change): safe to retry
+                        maybe_applied = True
+                        last = err
+                await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+                backoff = min(backoff * 2, 0.5) * (0.75 + random.random() / 2)
+        finally:
+            if mutating:
+                self._outstanding.discard(seq)
+        if maybe_applied or last is None:
+            cls: type[RaftLeaseError] = (
+                LeaderChangedError if isinstance(last, LeaderChangedError) else TimeoutError_
+            )
+            raise cls(f"{op} did not complete before its deadline; outcome unknown (last: {last})")
+        raise UnavailableError(f"{op} failed before its deadline: {last}")
+
+    # ----------------------------------------------------------------- API
+
+    def _lease(self, result: dict[str, Any], sent: float, owner: str | None = None) -> Lease:
+        ttl = result["ttl"] / 1000.0
+        return Lease(
+            key=result["key"],
+            owner=owner if owner is not None else result["owner"],
+            token=int(result["token"]),
+            ttl=ttl,
+            lease_id=result["lease_id"],
+            valid_until=sent + ttl * (1 - self.clock_drift) - self.margin,
+            expires_at_ms=int(result["expires_at"]),
+        )
+
+    async def acquire(
+        self, key: str, *, owner: str, ttl: float, timeout: float | None = None
+    ) -> Lease:
+        """Take ``key`` for ``owner`` for ``ttl`` seconds. Raises ``LeaseHeldError``
+        (definite) if someone else holds it."""
+        sent = time.monotonic()
+        result = await self.call(
+            "acquire", {"key": key, "owner": owner, "ttl": ttl}, mutating=True, timeout=timeout
+        )
+        return self._lease(result, sent)
+
+    async def renew(
+        self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
+    ) -> Lease:
+        """Extend ``lease`` by its TTL (or a new ``ttl``) from now. Raises
+        ``LeaseNotFoundError`` if it already expired, ``NotOwnerError`` if the key is
+        held under another lease."""
+        sent = time.monotonic()
+        args: dict[str, Any] = {"key": lease.key, "lease_id": lease.lease_id}
+        if ttl is not None:
+            args["ttl"] = ttl
+        result = await self.call("renew", args, mutating=True, timeout=timeout)
+        renewed = self._lease(result, sent)
+        return replace(
+            lease,
+            ttl=renewed.ttl,
+            valid_until=renewed.valid_until,
+            expires_at_ms=renewed.expires_at_ms,
+        )
+
+    async def release(self, lease: Lease, *, timeout: float | None = None) -> None:
+        """Give ``lease`` up. Raises ``LeaseNotFoundError`` if it had already expired."""
+        await self.call(
+            "release",
+            {"key": lease.key, "lease_id": lease.lease_id},
+            mutating=True,
+            timeout=timeout,
+        )
+
+    async def holder(self, key: str, *, timeout: float | None = None) -> Holder | None:
+        """Who holds ``key`` now (a linearizable read through the Raft log)."""
+        result = await self.call("holder", {"key": key}, mutating=False, timeout=timeout)
+        data = result.get("holder")
+        return _holder(data) if data else None
+
+    async def leases(
+        self, prefix: str = "", *, limit: int = 1000, timeout: float | None = None
+    ) -> list[Holder]:
+        """Live leases whose key starts with ``prefix``, sorted by key."""
+        result = await self.call(
+            "leases", {"prefix": prefix, "limit": limit}, mutating=False, timeout=timeout
+        )
+        return [_holder(item) for item in result.get("leases", [])]
+
+    async def node_status(self, endpoint: str, *, timeout: float = 2.0) -> dict[str, Any]:
+        """The status of one node (no redirect, no retry)."""
+        conn = await self._connection(endpoint, timeout)
+        response = await conn.request({"op": "status"}, timeout)
+        if not response.get("ok"):
+            raise from_wire(str(response.get("code")), str(response.get("message")))
+        status: dict[str, Any] = response["result"]
+        return status
+
+    async def cluster_status(self, *, timeout: float = 2.0) -> list[dict[str, Any]]:
+        """Status of every endpoint; unreachable ones are reported, not raised."""
+
+        async def one(endpoint: str) -> dict[str, Any]:
+            try:
+                status = await self.node_status(endpoint, timeout=timeout)
+                status["reachable"] = True
+                return status
+            except RaftLeaseError as exc:
+                return {"client": endpoint, "reachable": False, "error": str(exc)}
+
+        return list(await asyncio.gather(*(one(e) for e in self.endpoints)))
+
+
+class Client:
+    """Blocking, thread-safe client with the same methods as ``AsyncClient``.
+
+    Use as a context manager, or call ``close()``. Calls block the calling thread up to
+    their deadline; they may be made from many threads at once.
+    """
+
+    def __init__(self, endpoints: Sequence[str] | str, **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="raftlease-client", daemon=True
+        )
+        self._thread.start()
+        self._closed = False
+
+        async def make() -> AsyncClient:
+            return AsyncClient(endpoints, **options)
+
+        self._async = self._run(make())
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise UnavailableError("client is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @property
+    def client_id(self) -> str:
+        return self._async.client_id
+
+    @property
+    def endpoints(self) -> list[str]:
+        return self._async.endpoints
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._run(self._async.close())
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+    def acquire(self, key: str, *, owner: str, ttl: float, timeout: float | None = None) -> Lease:
+        return self._run(self._async.acquire(key, owner=owner, ttl=ttl, timeout=timeout))
+
+    def renew(
+        self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
+    ) -> Lease:
+        return self._run(self._async.renew(lease, ttl=ttl, timeout=timeout))
+
+    def release(self, lease: Lease, *, timeout: float | None = None) -> None:
+        self._run(self._async.release(lease, timeout=timeout))
+
+    def holder(self, key: str, *, timeout: float | None = None) -> Holder | None:
+        return self._run(self._async.holder(key, timeout=timeout))
+
+    def leases(
+        self, prefix: str = "", *, limit: int = 1000, timeout: float | None = None
+    ) -> list[Holder]:
+        return self._run(self._async.leases(prefix, limit=limit, timeout=timeout))
+
+    def call(
+        self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Low-level: send any operation (used by tests and tools)."""
+        return self._run(self._async.call(op, args, mutating=mutating, timeout=timeout))
+
+    def node_status(self, endpoint: str, *, timeout: float = 2.0) -> dict[str, Any]:
+        return self._run(self._async.node_status(endpoint, timeout=timeout))
+
+    def cluster_status(self, *, timeout: float = 2.0) -> list[dict[str, Any]]:
+        return self._run(self._async.cluster_status(timeout=timeout))

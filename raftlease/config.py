@@ -1,0 +1,244 @@
+"""Node configuration: frozen, defaulted, cross-validated.
+
+Every check that involves two values names both in its message (hashicorp/raft's
+``ValidateConfig`` style). A config comes from keyword arguments, from CLI options or
+from a TOML file (see ``cluster/*.toml`` for commented examples).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+
+def parse_addr(addr: str, what: str = "address") -> tuple[str, int]:
+    """Split ``"host:port"``; raises ``ConfigError`` naming ``what`` when malformed."""
+    if not isinstance(addr, str) or ":" not in addr:
+        raise ConfigError(f"{what} {addr!r} must look like host:port")
+    host, _, port_text = addr.rpartition(":")
+    host = host.strip("[]")
+    if not host:
+        raise ConfigError(f"{what} {addr!r} has no host")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"{what} {addr!r} has a non-numeric port") from None
+    if not 0 < port < 65536:
+        raise ConfigError(f"{what} {addr!r} has port {port} outside 1..65535")
+    return host, port
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAddress:
+    """One member of the cluster: its id, Raft address and client address."""
+
+    id: str
+    raft: str
+    client: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """Configuration of one node. Build with ``NodeConfig.create`` or ``load_toml``;
+    both validate. Times are seconds."""
+
+    node_id: str
+    nodes: tuple[NodeAddress, ...]
+    data_dir: Path
+    # Raft timers (PySyncObj): see docs/configuration.md for how they relate.
+    election_timeout_min: float = 0.4
+    election_timeout_max: float = 1.0
+    heartbeat_interval: float = 0.05
+    connection_retry: float = 0.5
+    connection_timeout: float = 3.0
+    leader_fallback: float = 1.5
+    # Leases.
+    min_ttl: float = 0.5
+    max_ttl: float = 3600.0
+    clock_drift: float = 0.01
+    # Request limits.
+    max_frame: int = 1 << 20
+    max_key_bytes: int = 512
+    max_owner_bytes: int = 256
+    max_list: int = 10_000
+    max_connections: int = 1024
+    request_timeout: float = 5.0
+    # Snapshot (log compaction) after this many entries or seconds.
+    compaction_min_entries: int = 50_000
+    compaction_min_time: float = 300.0
+
+    # ---------------------------------------------------------------- derived
+
+    @property
+    def self_node(self) -> NodeAddress:
+        for node in self.nodes:
+            if node.id == self.node_id:
+                return node
+        raise ConfigError(f"node_id {self.node_id!r} is not among nodes")  # pragma: no cover
+
+    @property
+    def peers(self) -> tuple[NodeAddress, ...]:
+        return tuple(n for n in self.nodes if n.id != self.node_id)
+
+    @property
+    def journal_file(self) -> Path:
+        return self.data_dir / "raft.journal"
+
+    @property
+    def dump_file(self) -> Path:
+        return self.data_dir / "raft.dump"
+
+    def client_addr_for_raft(self, raft_addr: str) -> str | None:
+        for node in self.nodes:
+            if node.raft == raft_addr:
+                return node.client
+        return None
+
+    # ------------------------------------------------------------- building
+
+    @classmethod
+    def create(cls, **values: Any) -> NodeConfig:
+        """Build and validate. ``nodes`` may be ``NodeAddress`` objects or dicts with
+        ``id``, ``raft`` and ``client``."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
+        nodes = []
+        for raw in values.get("nodes", ()):
+            if isinstance(raw, NodeAddress):
+                nodes.append(raw)
+            elif isinstance(raw, dict) and set(raw) == {"id", "raft", "client"}:
+                nodes.append(NodeAddress(str(raw["id"]), str(raw["raft"]), str(raw["client"])))
+            else:
+                raise ConfigError(f"each node needs exactly id, raft and client; got {raw!r}")
+        values["nodes"] = tuple(nodes)
+        if "data_dir" in values:
+            values["data_dir"] = Path(values["data_dir"])
+        for name in ("node_id", "data_dir"):
+            if name not in values:
+                raise ConfigError(f"missing required setting {name!r}")
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def with_changes(self, **changes: Any) -> NodeConfig:
+        config = replace(self, **changes)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` naming the values in conflict."""
+        if not self.nodes:
+            raise ConfigError("nodes: at least one node is required")
+        ids = [n.id for n in self.nodes]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"node ids must be unique, got {ids}")
+        addrs = [n.raft for n in self.nodes] + [n.client for n in self.nodes]
+        if len(set(addrs)) != len(addrs):
+            raise ConfigError(f"every raft and client address must be distinct, got {addrs}")
+        for node in self.nodes:
+            parse_addr(node.raft, f"raft address of node {node.id!r}")
+            parse_addr(node.client, f"client address of node {node.id!r}")
+        if self.node_id not in ids:
+            raise ConfigError(f"node_id {self.node_id!r} is not among the node ids {ids}")
+        for name in (
+            "election_timeout_min",
+            "election_timeout_max",
+            "heartbeat_interval",
+            "connection_retry",
+            "connection_timeout",
+            "leader_fallback",
+            "min_ttl",
+            "max_ttl",
+            "request_timeout",
+            "compaction_min_time",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        for name in ("max_frame", "max_key_bytes", "max_owner_bytes", "max_list"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.election_timeout_min >= self.election_timeout_max:
+            raise ConfigError(
+                f"election_timeout_min ({self.election_timeout_min}) must be below "
+                f"election_timeout_max ({self.election_timeout_max})"
+            )
+        if self.heartbeat_interval * 3 > self.election_timeout_min:
+            raise ConfigError(
+                f"heartbeat_interval ({self.heartbeat_interval}) must be at most a third of "
+                f"election_timeout_min ({self.election_timeout_min}) or followers time out "
+                "between heartbeats"
+            )
+        if self.connection_timeout <= self.election_timeout_max:
+            raise ConfigError(
+                f"connection_timeout ({self.connection_timeout}) must exceed "
+                f"election_timeout_max ({self.election_timeout_max})"
+            )
+        if self.leader_fallback < self.election_timeout_max:
+            raise ConfigError(
+                f"leader_fallback ({self.leader_fallback}) must be at least "
+                f"election_timeout_max ({self.election_timeout_max})"
+            )
+        if not 0 <= self.clock_drift < 0.5:
+            raise ConfigError(f"clock_drift must be in [0, 0.5), got {self.clock_drift!r}")
+        if self.min_ttl > self.max_ttl:
+            raise ConfigError(f"min_ttl ({self.min_ttl}) must not exceed max_ttl ({self.max_ttl})")
+        # The client trusts a lease for ttl * (1 - clock_drift) - margin; the smallest
+        # TTL must leave a positive window (margin: one heartbeat).
+        if self.min_ttl * (1 - self.clock_drift) <= self.heartbeat_interval:
+            raise ConfigError(
+                f"min_ttl ({self.min_ttl}) is too short for clock_drift ({self.clock_drift}) "
+                f"and heartbeat_interval ({self.heartbeat_interval}): a client could never "
+                "trust such a lease"
+            )
+        if self.max_ttl * 1000 > 365 * 24 * 3600 * 1000:
+            raise ConfigError(f"max_ttl ({self.max_ttl}) exceeds one year")
+        if self.max_frame < 1024:
+            raise ConfigError(f"max_frame ({self.max_frame}) must be at least 1024 bytes")
+
+
+def load_toml(path: str | Path, **overrides: Any) -> NodeConfig:
+    """Read a node config from TOML. Top-level keys are ``NodeConfig`` fields;
+    ``[[nodes]]`` tables list the members. ``overrides`` (e.g. from CLI options)
+    replace file values. Relative ``data_dir`` is taken relative to the file."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    if "data_dir" in raw and not Path(raw["data_dir"]).is_absolute():
+        raw["data_dir"] = path.parent / raw["data_dir"]
+    return NodeConfig.create(**raw)
+
+
+def local_cluster(
+    count: int = 3,
+    client_port: int = 7001,
+    raft_port: int | None = None,
+    host: str = "127.0.0.1",
+) -> tuple[NodeAddress, ...]:
+    """Addresses of a local cluster: client ports ``client_port..+count-1`` and Raft
+    ports 100 above them (or from ``raft_port``)."""
+    if count < 1:
+        raise ConfigError(f"a cluster needs at least one node, got {count}")
+    raft_base = raft_port if raft_port is not None else client_port + 100
+    if raft_base < client_port + count and raft_base + count > client_port:
+        raise ConfigError(
+            f"raft ports {raft_base}.. overlap client ports "
+            f"{client_port}..{client_port + count - 1}"
+        )
+    return tuple(
+        NodeAddress(f"n{i + 1}", f"{host}:{raft_base + i}", f"{host}:{client_port + i}")
+        for i in range(count)
+    )

@@ -1,0 +1,413 @@
+"""The lease state machine: pure, deterministic, no I/O.
+
+``LeaseStore.apply(entry)`` is the only way state changes. An entry is a plain dict
+(decoded from the msgpack bytes in the Raft log) carrying an operation, its arguments,
+the leader's time stamp ``now`` (integer milliseconds of *log time*) and, for mutating
+operations, the client session fields ``cid``/``seq``/``ack``.
+
+Rules this module keeps (docs/design.md explains why):
+
+* Time comes only from entries: ``now = max(self.now, entry["now"])``; log time never
+  goes backwards. Each entry also carries the Raft ``term`` of the leader that stamped
+  it; a stamp from an older term than one already applied (a deposed leader's request
+  that PySyncObj forwarded to the new leader) does not move time, so a stale leader's
+  clock can never make log time jump ahead and shorten leases. Nothing here reads a
+  clock, draws a random number, or does I/O; a test walks this module's AST to keep it
+  so.
+* Expiry is deterministic: every entry first advances log time, then removes every
+  lease with ``expires_at <= now`` in ``(expires_at, lease_id)`` order.
+* A store-wide ``revision`` grows by one on every change; a grant's fencing token is
+  the revision it created, so tokens strictly increase per key (and store-wide).
+* Renew and release require the ``lease_id`` that only the grantee received; reads
+  never reveal it. Lease ids are drawn by the leader and carried in the entry.
+* Client sessions (Raft dissertation §6.3): a mutating entry carries ``(cid, seq, ack)``;
+  results of requests the client has not acknowledged (``seq >= ack``) are kept and
+  returned again for a retried ``seq``, so a retry never applies twice.
+* Outcomes are values. ``apply`` never raises on any input: malformed entries get a
+  ``BAD_REQUEST`` result and leave the state unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+#: Bump when the snapshot layout changes; ``restore`` refuses other versions.
+SNAPSHOT_VERSION = 1
+
+#: A session with no request for this long (log time) is forgotten.
+SESSION_IDLE_MS = 10 * 60 * 1000
+#: Most unacknowledged results kept per client session.
+MAX_PENDING_PER_SESSION = 4096
+#: Hard structural caps; the server enforces tighter, configurable limits first.
+MAX_KEY_BYTES = 4096
+MAX_OWNER_BYTES = 4096
+MAX_ID_CHARS = 128
+#: Hard cap on a TTL the state machine accepts (one year).
+MAX_TTL_MS = 365 * 24 * 3600 * 1000
+
+Result = dict[str, Any]
+
+MUTATING_OPS = frozenset({"acquire", "renew", "release"})
+READ_OPS = frozenset({"holder", "leases"})
+ALL_OPS = MUTATING_OPS | READ_OPS | {"tick"}
+
+
+@dataclass(slots=True)
+class LeaseRecord:
+    """One live lease. ``expires_at`` and ``granted_at`` are log-time milliseconds."""
+
+    key: str
+    lease_id: str
+    owner: str
+    token: int
+    ttl_ms: int
+    granted_at: int
+    expires_at: int
+
+    def to_plain(self) -> list[Any]:
+        return [
+            self.key,
+            self.lease_id,
+            self.owner,
+            self.token,
+            self.ttl_ms,
+            self.granted_at,
+            self.expires_at,
+        ]
+
+
+@dataclass(slots=True)
+class ClientSession:
+    last_seen: int
+    results: dict[int, Result]
+
+
+def error(code: str, message: str, **detail: Any) -> Result:
+    """A domain outcome that is not a success (see ``raftlease.errors`` for codes)."""
+    result: Result = {"ok": False, "code": code, "message": message}
+    if detail:
+        result["detail"] = detail
+    return result
+
+
+def _utf8_size(value: str) -> int:
+    """Encoded size of ``value``; a string UTF-8 cannot encode (a lone surrogate) counts
+    as oversized, so it is rejected instead of raising ``UnicodeEncodeError``."""
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return 2**63
+
+
+def _valid_str(value: Any, max_bytes: int) -> bool:
+    return isinstance(value, str) and len(value) > 0 and _utf8_size(value) <= max_bytes
+
+
+def _valid_int(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+class LeaseStore:
+    """The replicated lease state. Single-threaded: the caller serializes ``apply``."""
+
+    def __init__(self) -> None:
+        self.now: int = 0
+        self.term: int = 0
+        self.revision: int = 0
+        self.leases: dict[str, LeaseRecord] = {}
+        # (expires_at, lease_id, key); entries go stale on renew/release and are
+        # skipped when popped. Rebuilt from ``leases`` on restore.
+        self._deadlines: list[tuple[int, str, str]] = []
+        # Ordered by last_seen (oldest first) so idle sessions are evicted in order.
+        self.sessions: OrderedDict[str, ClientSession] = OrderedDict()
+        self.applied: int = 0
+        self.expired_total: int = 0
+
+    # ------------------------------------------------------------------ apply
+
+    def apply(self, entry: Any) -> Result:
+        """Apply one log entry and return its result. Never raises."""
+        if not isinstance(entry, dict):
+            return error("BAD_REQUEST", "entry must be a map")
+        op = entry.get("op")
+        if not isinstance(op, str) or op not in ALL_OPS:  # an unhashable op must not raise
+            return error("BAD_REQUEST", f"unknown operation {op!r}")
+        now: int = entry.get("now")  # type: ignore[assignment]
+        if not _valid_int(now, 0, 2**62):
+            return error("BAD_REQUEST", "entry time stamp 'now' must be a non-negative integer")
+        term = entry.get("term", 0)
+        if not _valid_int(term, 0, 2**62):
+            return error("BAD_REQUEST", "entry 'term' must be a non-negative integer")
+        problem = self._check_args(op, entry)
+        if problem is not None:
+            return error("BAD_REQUEST", problem)
+
+        self.applied += 1
+        if term >= self.term:
+            self.term = term
+            self._advance(now)
+        else:
+            self._advance(self.now)
+
+        if op == "tick":
+            return {"ok": True, "now": self.now}
+        if op == "holder":
+            return {"ok": True, "holder": self.holder(entry["key"]), "now": self.now}
+        if op == "leases":
+            return {
+                "ok": True,
+                "leases": self.list_leases(entry.get("prefix", ""), entry.get("limit", 1000)),
+                "now": self.now,
+            }
+        return self._apply_mutation(op, entry)
+
+    def _check_args(self, op: str, entry: dict[str, Any]) -> str | None:
+        if op in MUTATING_OPS:
+            if not _valid_str(entry.get("cid"), MAX_ID_CHARS):
+                return "'cid' must be a non-empty string"
+            if not _valid_int(entry.get("seq"), 1, 2**62):
+                return "'seq' must be a positive integer"
+            if not _valid_int(entry.get("ack"), 1, 2**62):
+                return "'ack' must be a positive integer"
+            if not _valid_str(entry.get("key"), MAX_KEY_BYTES):
+                return "'key' must be a non-empty string"
+            if not _valid_str(entry.get("lid"), MAX_ID_CHARS):
+                return "'lid' must be a non-empty string"
+        if op == "acquire":
+            if not _valid_str(entry.get("owner"), MAX_OWNER_BYTES):
+                return "'owner' must be a non-empty string"
+            if not _valid_int(entry.get("ttl"), 1, MAX_TTL_MS):
+                return "'ttl' must be a positive integer of milliseconds"
+        elif op == "renew":
+            ttl = entry.get("ttl")
+            if ttl is not None and not _valid_int(ttl, 1, MAX_TTL_MS):
+                return "'ttl' must be a positive integer of milliseconds or absent"
+        elif op == "holder":
+            if not _valid_str(entry.get("key"), MAX_KEY_BYTES):
+                return "'key' must be a non-empty string"
+        elif op == "leases":
+            prefix = entry.get("prefix", "")
+            if not isinstance(prefix, str) or _utf8_size(prefix) > MAX_KEY_BYTES:
+                return "'prefix' must be a string"
+            if not _valid_int(entry.get("limit", 1000), 1, 100_000):
+                return "'limit' must be an integer from 1 to 100000"
+        return None
+
+    def _advance(self, now: int) -> None:
+        """Move log time forward and expire what is due, in a deterministic order."""
+        if now > self.now:
+            self.now = now
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= self.now:
+            expires_at, lease_id, key = heapq.heappop(deadlines)
+            lease = self.leases.get(key)
+            if lease is not None and lease.lease_id == lease_id and lease.expires_at == expires_at:
+                del self.leases[key]
+                self.revision += 1
+                self.expired_total += 1
+        # Stale heap entries (from renewals) accumulate; rebuild when they dominate.
+        if len(deadlines) > 64 and len(deadlines) > 4 * len(self.leases):
+            self._rebuild_deadlines()
+        sessions = self.sessions
+        while sessions:
+            cid, session = next(iter(sessions.items()))
+            if session.last_seen + SESSION_IDLE_MS > self.now:
+                break
+            del sessions[cid]
+
+    def _rebuild_deadlines(self) -> None:
+        self._deadlines = [(r.expires_at, r.lease_id, r.key) for r in self.leases.values()]
+        heapq.heapify(self._deadlines)
+
+    def _apply_mutation(self, op: str, entry: dict[str, Any]) -> Result:
+        cid: str = entry["cid"]
+        seq: int = entry["seq"]
+        ack: int = entry["ack"]
+        session = self.sessions.get(cid)
+        if session is None:
+            if ack > 1:
+                return error(
+                    "SESSION_EXPIRED",
+                    "client session is unknown (evicted after inactivity); request not applied",
+                )
+            session = ClientSession(last_seen=self.now, results={})
+            self.sessions[cid] = session
+        else:
+            session.last_seen = self.now
+            self.sessions.move_to_end(cid)
+        if session.results:
+            for done in [s for s in session.results if s < ack]:
+                del session.results[done]
+        if seq < ack:
+            return error(
+                "BAD_REQUEST", f"seq {seq} was already acknowledged by the client (ack {ack})"
+            )
+        cached = session.results.get(seq)
+        if cached is not None:
+            return cached
+        if len(session.results) >= MAX_PENDING_PER_SESSION:
+            return error(
+                "TOO_MANY_PENDING",
+                f"client has {len(session.results)} unacknowledged requests",
+            )
+        if op == "acquire":
+            result = self._acquire(entry)
+        elif op == "renew":
+            result = self._renew(entry)
+        else:
+            result = self._release(entry)
+        session.results[seq] = result
+        return result
+
+    # ------------------------------------------------------------- operations
+
+    def _acquire(self, entry: dict[str, Any]) -> Result:
+        key: str = entry["key"]
+        current = self.leases.get(key)
+        if current is not None:
+            return error(
+                "LEASE_HELD",
+                f"{key!r} is held by {current.owner!r}",
+                owner=current.owner,
+                token=current.token,
+                remaining=(current.expires_at - self.now) / 1000.0,
+            )
+        self.revision += 1
+        ttl: int = entry["ttl"]
+        lease = LeaseRecord(
+            key=key,
+            lease_id=entry["lid"],
+            owner=entry["owner"],
+            token=self.revision,
+            ttl_ms=ttl,
+            granted_at=self.now,
+            expires_at=self.now + ttl,
+        )
+        self.leases[key] = lease
+        heapq.heappush(self._deadlines, (lease.expires_at, lease.lease_id, key))
+        return self._lease_result(lease)
+
+    def _owned(self, entry: dict[str, Any]) -> LeaseRecord | Result:
+        key: str = entry["key"]
+        lease = self.leases.get(key)
+        if lease is None:
+            return error("LEASE_NOT_FOUND", f"no live lease on {key!r} (expired or released)")
+        if lease.lease_id != entry["lid"]:
+            return error(
+                "NOT_OWNER",
+                f"{key!r} is held under another lease (owner {lease.owner!r})",
+                owner=lease.owner,
+                token=lease.token,
+            )
+        return lease
+
+    def _renew(self, entry: dict[str, Any]) -> Result:
+        lease = self._owned(entry)
+        if not isinstance(lease, LeaseRecord):
+            return lease
+        ttl = entry.get("ttl")
+        if ttl is not None:
+            lease.ttl_ms = ttl
+        lease.expires_at = self.now + lease.ttl_ms
+        self.revision += 1
+        heapq.heappush(self._deadlines, (lease.expires_at, lease.lease_id, lease.key))
+        return self._lease_result(lease)
+
+    def _release(self, entry: dict[str, Any]) -> Result:
+        lease = self._owned(entry)
+        if not isinstance(lease, LeaseRecord):
+            return lease
+        del self.leases[lease.key]
+        self.revision += 1
+        return {"ok": True, "key": lease.key, "token": lease.token, "revision": self.revision}
+
+    def _lease_result(self, lease: LeaseRecord) -> Result:
+        return {
+            "ok": True,
+            "key": lease.key,
+            "owner": lease.owner,
+            "token": lease.token,
+            "lease_id": lease.lease_id,
+            "ttl": lease.ttl_ms,
+            "expires_at": lease.expires_at,
+            "now": self.now,
+            "revision": self.revision,
+        }
+
+    # ------------------------------------------------------------------ reads
+
+    def holder(self, key: str) -> dict[str, Any] | None:
+        """Who holds ``key`` at the current log time; never reveals the lease id."""
+        lease = self.leases.get(key)
+        if lease is None or lease.expires_at <= self.now:
+            return None
+        return self._public(lease)
+
+    def list_leases(self, prefix: str = "", limit: int = 1000) -> list[dict[str, Any]]:
+        """Live leases whose key starts with ``prefix``, sorted by key, at most ``limit``."""
+        keys = sorted(k for k in self.leases if k.startswith(prefix))
+        out: list[dict[str, Any]] = []
+        for key in keys:
+            lease = self.leases[key]
+            if lease.expires_at > self.now:
+                out.append(self._public(lease))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def _public(self, lease: LeaseRecord) -> dict[str, Any]:
+        return {
+            "key": lease.key,
+            "owner": lease.owner,
+            "token": lease.token,
+            "ttl": lease.ttl_ms,
+            "expires_at": lease.expires_at,
+            "remaining": lease.expires_at - self.now,
+        }
+
+    def next_deadline(self) -> int | None:
+        """Earliest log time at which some lease may expire (a hint for the leader)."""
+        deadlines = self._deadlines
+        return deadlines[0][0] if deadlines else None
+
+    # -------------------------------------------------------------- snapshots
+
+    def to_plain(self) -> dict[str, Any]:
+        """Plain data (msgpack-able) describing the whole state."""
+        return {
+            "v": SNAPSHOT_VERSION,
+            "now": self.now,
+            "term": self.term,
+            "revision": self.revision,
+            "applied": self.applied,
+            "expired_total": self.expired_total,
+            "leases": [lease.to_plain() for lease in self.leases.values()],
+            "sessions": [
+                [cid, s.last_seen, [[seq, res] for seq, res in s.results.items()]]
+                for cid, s in self.sessions.items()
+            ],
+        }
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> LeaseStore:
+        """Rebuild a store from ``to_plain`` output. Raises ``ValueError`` if the
+        snapshot has another layout version."""
+        if data.get("v") != SNAPSHOT_VERSION:
+            raise ValueError(f"snapshot version {data.get('v')!r} is not {SNAPSHOT_VERSION}")
+        store = cls()
+        store.now = data["now"]
+        store.term = data["term"]
+        store.revision = data["revision"]
+        store.applied = data["applied"]
+        store.expired_total = data["expired_total"]
+        for key, lease_id, owner, token, ttl_ms, granted_at, expires_at in data["leases"]:
+            store.leases[key] = LeaseRecord(
+                key, lease_id, owner, token, ttl_ms, granted_at, expires_at
+            )
+        for cid, last_seen, results in data["sessions"]:
+            store.sessions[cid] = ClientSession(last_seen, {seq: res for seq, res in results})
+        store._rebuild_deadlines()
+        return store

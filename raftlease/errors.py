@@ -1,0 +1,213 @@
+"""Error taxonomy: one registry of wire codes, each paired with one exception class.
+
+Every error says whether its outcome is *definite*: a definite error means the request
+certainly did not change state (it was rejected, or it was answered by the state
+machine with a domain outcome). An indefinite error means the request may or may not
+have been applied; a mutating request may then be retried only because the state
+machine deduplicates retries by ``(client_id, seq)``.
+
+Modelled on kazoo's ``exceptions.py`` (one class per code) and on jepsen-io/etcd's
+``:definite?`` flag.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class RaftLeaseError(Exception):
+    """Base of every error the raftlease library raises.
+
+    ``code`` is the wire code (a short upper-case string), ``definite`` says whether the
+    request certainly did not take effect, ``detail`` carries structured context (for
+    example the current holder of a key).
+    """
+
+    code: ClassVar[str] = "INTERNAL"
+    definite: ClassVar[bool] = False
+
+    def __init__(self, message: str = "", detail: dict[str, Any] | None = None) -> None:
+        super().__init__(message or self.code)
+        self.message = message or self.code
+        self.detail: dict[str, Any] = dict(detail or {})
+
+    def __str__(self) -> str:
+        outcome = "definite" if self.definite else "outcome unknown"
+        return f"[{self.code}, {outcome}] {self.message}"
+
+
+# --- domain outcomes (answered by the state machine; always definite) -------------
+
+
+class LeaseHeldError(RaftLeaseError):
+    """The key is held by another owner. ``detail`` has ``owner``, ``token`` and
+    ``remaining`` (seconds of log time left on the holder's lease)."""
+
+    code = "LEASE_HELD"
+    definite = True
+
+    @property
+    def owner(self) -> str | None:
+        value = self.detail.get("owner")
+        return value if isinstance(value, str) else None
+
+    @property
+    def token(self) -> int | None:
+        value = self.detail.get("token")
+        return value if isinstance(value, int) else None
+
+    @property
+    def remaining(self) -> float | None:
+        value = self.detail.get("remaining")
+        return float(value) if isinstance(value, int | float) else None
+
+
+class NotOwnerError(RaftLeaseError):
+    """The lease id does not match the live lease on the key (someone else holds it)."""
+
+    code = "NOT_OWNER"
+    definite = True
+
+
+class LeaseNotFoundError(RaftLeaseError):
+    """No live lease on the key: it expired, was released, or never existed."""
+
+    code = "LEASE_NOT_FOUND"
+    definite = True
+
+
+class SessionExpiredError(RaftLeaseError):
+    """The client session is unknown to the cluster although the client has had
+    requests acknowledged before: the session was evicted after inactivity, so a retry
+    can no longer be deduplicated. The request was not applied."""
+
+    code = "SESSION_EXPIRED"
+    definite = True
+
+
+class TooManyPendingError(RaftLeaseError):
+    """The client has too many unacknowledged requests in its session."""
+
+    code = "TOO_MANY_PENDING"
+    definite = True
+
+
+# --- request errors (rejected before proposing; definite) -------------------------
+
+
+class BadRequestError(RaftLeaseError):
+    """The request is malformed: wrong types, missing fields, unknown operation."""
+
+    code = "BAD_REQUEST"
+    definite = True
+
+
+class InvalidArgumentError(RaftLeaseError):
+    """A field is well-typed but out of range: TTL, key or owner length, limit."""
+
+    code = "INVALID_ARGUMENT"
+    definite = True
+
+
+class FrameTooLargeError(RaftLeaseError):
+    """A frame exceeded the maximum size; the server closes the connection."""
+
+    code = "FRAME_TOO_LARGE"
+    definite = True
+
+
+class NotLeaderError(RaftLeaseError):
+    """This node is not the leader. ``detail['leader']`` is the client address of the
+    leader it knows of, if any. The request was not proposed."""
+
+    code = "NOT_LEADER"
+    definite = True
+
+    @property
+    def leader(self) -> str | None:
+        value = self.detail.get("leader")
+        return value if isinstance(value, str) else None
+
+
+class UnavailableError(RaftLeaseError):
+    """The node cannot serve now (no leader known, still replaying its log, shutting
+    down). The request was not proposed."""
+
+    code = "UNAVAILABLE"
+    definite = True
+
+
+# --- indefinite outcomes ----------------------------------------------------------
+
+
+class TimeoutError_(RaftLeaseError):
+    """No answer within the deadline; the request may or may not have been applied."""
+
+    code = "TIMEOUT"
+    definite = False
+
+
+class LeaderChangedError(RaftLeaseError):
+    """Leadership changed while the request was in flight (PySyncObj NOT_LEADER,
+    LEADER_CHANGED, DISCARDED or UNKNOWN_OUTCOME): the outcome is unknown."""
+
+    code = "LEADER_CHANGED"
+    definite = False
+
+
+class ConnectionLostError(RaftLeaseError):
+    """The connection broke while the request was in flight; outcome unknown."""
+
+    code = "CONNECTION_LOST"
+    definite = False
+
+
+class InternalError(RaftLeaseError):
+    """A bug or an unexpected failure inside a node. Outcome unknown."""
+
+    code = "INTERNAL"
+    definite = False
+
+
+class ConfigError(RaftLeaseError):
+    """Invalid configuration (raised at start, never over the wire)."""
+
+    code = "CONFIG"
+    definite = True
+
+
+LeaseTimeoutError = TimeoutError_
+
+_REGISTRY: dict[str, type[RaftLeaseError]] = {
+    cls.code: cls
+    for cls in (
+        LeaseHeldError,
+        NotOwnerError,
+        LeaseNotFoundError,
+        SessionExpiredError,
+        TooManyPendingError,
+        BadRequestError,
+        InvalidArgumentError,
+        FrameTooLargeError,
+        NotLeaderError,
+        UnavailableError,
+        TimeoutError_,
+        LeaderChangedError,
+        ConnectionLostError,
+        InternalError,
+        ConfigError,
+    )
+}
+
+#: All wire codes, for documentation and tests.
+CODES: frozenset[str] = frozenset(_REGISTRY)
+
+
+def error_class(code: str) -> type[RaftLeaseError]:
+    """The exception class for a wire code; unknown codes map to ``InternalError``."""
+    return _REGISTRY.get(code, InternalError)
+
+
+def from_wire(code: str, message: str, detail: dict[str, Any] | None = None) -> RaftLeaseError:
+    """Build the exception for an error response received over the wire."""
+    return error_class(code)(message, detail)

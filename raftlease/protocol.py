@@ -1,0 +1,237 @@
+"""Wire protocol, sans-IO: length-prefixed msgpack frames and request validation.
+
+A frame is a 4-byte big-endian unsigned length followed by that many bytes of msgpack.
+Each frame carries one map. Requests have ``id`` (an integer the client chooses, echoed
+in the response so many requests can be in flight on one connection) and ``op``; the
+other fields depend on the operation (see ``OPS``). Responses are
+``{"id", "ok": True, "result": {...}}`` or
+``{"id", "ok": False, "code", "message", "definite", "detail"?}``.
+
+Nothing here touches a socket or a clock (h11's rule: "contains no IO code whatsoever");
+the server and the client feed bytes in and take frames out.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from .errors import (
+    BadRequestError,
+    FrameTooLargeError,
+    InvalidArgumentError,
+    RaftLeaseError,
+)
+
+HEADER = struct.Struct(">I")
+#: Default frame limit; servers take theirs from config.
+DEFAULT_MAX_FRAME = 1 << 20
+
+#: Operations and whether they mutate state (and so need a client session).
+OPS: dict[str, bool] = {
+    "acquire": True,
+    "renew": True,
+    "release": True,
+    "holder": False,
+    "leases": False,
+    "status": False,
+    "ping": False,
+}
+
+
+class ProtocolError(RaftLeaseError):
+    """The byte stream itself is broken (bad length, undecodable msgpack); the
+    connection must be closed."""
+
+    code = "BAD_REQUEST"
+    definite = True
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    body: bytes = msgpack.packb(message, use_bin_type=True)
+    return HEADER.pack(len(body)) + body
+
+
+class FrameDecoder:
+    """Accumulates bytes and yields complete decoded frames.
+
+    ``feed`` raises ``FrameTooLargeError`` if a frame header announces more than
+    ``max_frame`` bytes and ``ProtocolError`` if a body is not a msgpack map; either way
+    the stream cannot be resynchronised and the caller must close the connection.
+    """
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
+        self._buf += data
+        while True:
+            if len(self._buf) < HEADER.size:
+                return
+            (length,) = HEADER.unpack_from(self._buf)
+            if length > self.max_frame:
+                raise FrameTooLargeError(
+                    f"frame of {length} bytes exceeds the limit of {self.max_frame} bytes"
+                )
+            end = HEADER.size + length
+            if len(self._buf) < end:
+                return
+            body = bytes(self._buf[HEADER.size : end])
+            del self._buf[:end]
+            yield decode_body(body)
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    try:
+        message = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"undecodable frame: {type(exc).__name__}") from exc
+    if not isinstance(message, dict):
+        raise ProtocolError("a frame must hold a map")
+    return message
+
+
+# ----------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Request limits enforced before anything is proposed (from the node config)."""
+
+    max_key_bytes: int = 512
+    max_owner_bytes: int = 256
+    min_ttl: float = 0.5
+    max_ttl: float = 3600.0
+    max_list: int = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A validated request. ``args`` holds the operation's own validated fields."""
+
+    id: int
+    op: str
+    args: dict[str, Any] = field(default_factory=dict)
+    cid: str | None = None
+    seq: int | None = None
+    ack: int | None = None
+
+
+def request_id(message: dict[str, Any]) -> int | None:
+    """The request id if it is usable for an error response, else None."""
+    rid = message.get("id")
+    if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid < 2**63:
+        return rid
+    return None
+
+
+def _str_field(message: dict[str, Any], name: str, max_bytes: int) -> str:
+    value = message.get(name)
+    if value is None:
+        raise BadRequestError(f"missing field {name!r}")
+    if not isinstance(value, str):
+        raise BadRequestError(f"field {name!r} must be a string, not {type(value).__name__}")
+    if not value:
+        raise InvalidArgumentError(f"field {name!r} must not be empty")
+    size = len(value.encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidArgumentError(f"field {name!r} is {size} bytes; the limit is {max_bytes}")
+    return value
+
+
+def _int_field(message: dict[str, Any], name: str, low: int, high: int) -> int:
+    value = message.get(name)
+    if value is None:
+        raise BadRequestError(f"missing field {name!r}")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequestError(f"field {name!r} must be an integer, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise InvalidArgumentError(f"field {name!r} must be from {low} to {high}, got {value}")
+    return value
+
+
+def _ttl_ms(message: dict[str, Any], limits: Limits, required: bool) -> int | None:
+    value = message.get("ttl")
+    if value is None:
+        if required:
+            raise BadRequestError("missing field 'ttl'")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadRequestError(
+            f"field 'ttl' must be a number of seconds, not {type(value).__name__}"
+        )
+    seconds = float(value)
+    if not math.isfinite(seconds) or not limits.min_ttl <= seconds <= limits.max_ttl:
+        raise InvalidArgumentError(
+            f"ttl {value!r} s is outside the allowed range {limits.min_ttl}..{limits.max_ttl} s"
+        )
+    return round(seconds * 1000)
+
+
+def parse_request(message: dict[str, Any], limits: Limits) -> Request:
+    """Validate a decoded frame into a ``Request``.
+
+    Raises ``BadRequestError`` / ``InvalidArgumentError`` with a message naming the
+    field; the caller answers with that error and keeps the connection open.
+    """
+    rid = request_id(message)
+    if rid is None:
+        raise BadRequestError("field 'id' must be a non-negative integer")
+    op = message.get("op")
+    if not isinstance(op, str) or op not in OPS:
+        raise BadRequestError(f"unknown operation {op!r}; expected one of {sorted(OPS)}")
+    args: dict[str, Any] = {}
+    if op in ("acquire", "renew", "release", "holder"):
+        args["key"] = _str_field(message, "key", limits.max_key_bytes)
+    if op == "acquire":
+        args["owner"] = _str_field(message, "owner", limits.max_owner_bytes)
+        args["ttl"] = _ttl_ms(message, limits, required=True)
+    elif op in ("renew", "release"):
+        args["lid"] = _str_field(message, "lease_id", 128)
+        if op == "renew":
+            ttl = _ttl_ms(message, limits, required=False)
+            if ttl is not None:
+                args["ttl"] = ttl
+    elif op == "leases":
+        prefix = message.get("prefix", "")
+        if not isinstance(prefix, str):
+            raise BadRequestError("field 'prefix' must be a string")
+        if len(prefix.encode("utf-8")) > limits.max_key_bytes:
+            raise InvalidArgumentError("field 'prefix' is longer than the key limit")
+        args["prefix"] = prefix
+        args["limit"] = (
+            _int_field(message, "limit", 1, limits.max_list)
+            if "limit" in message
+            else min(1000, limits.max_list)
+        )
+    if not OPS[op]:
+        return Request(id=rid, op=op, args=args)
+    cid = _str_field(message, "cid", 128)
+    seq = _int_field(message, "seq", 1, 2**62)
+    ack = _int_field(message, "ack", 1, 2**62)
+    if seq < ack:
+        raise InvalidArgumentError(f"seq {seq} is below ack {ack}")
+    return Request(id=rid, op=op, args=args, cid=cid, seq=seq, ack=ack)
+
+
+def ok_response(rid: int, result: dict[str, Any]) -> dict[str, Any]:
+    return {"id": rid, "ok": True, "result": result}
+
+
+def error_response(rid: int | None, err: RaftLeaseError) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "id": rid,
+        "ok": False,
+        "code": err.code,
+        "message": err.message,
+        "definite": err.definite,
+    }
+    if err.detail:
+        response["detail"] = err.detail
+    return response

@@ -1,0 +1,220 @@
+"""The only module that imports PySyncObj.
+
+It replicates opaque entries (msgpack bytes) through one replicated method, applies
+them to the ``LeaseStore`` on PySyncObj's tick thread, and reports leader, term and
+indexes. Everything PySyncObj-specific (its configuration names, its error codes, its
+snapshot hooks) stays here. docs/pysyncobj.md lists what we rely on; each reliance is
+guarded by a test in tests/test_pysyncobj_contract.py.
+
+Threads: PySyncObj runs its own tick thread. ``apply`` and every callback passed to
+``propose`` run on that thread and must never block or raise (an exception inside a
+replicated method wedges the whole cluster, PySyncObj trap 1). Other methods are safe
+to call from any thread: they read single attributes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+
+from .config import NodeConfig
+from .core import LeaseStore, Result
+from .errors import (
+    InternalError,
+    LeaderChangedError,
+    RaftLeaseError,
+    UnavailableError,
+)
+
+log = logging.getLogger("raftlease.replication")
+
+#: Called on the tick thread with (result, error); exactly one of them is None.
+ProposeCallback = Callable[[Result | None, RaftLeaseError | None], None]
+#: Called on the tick thread after each applied entry with (entry, result).
+ApplyObserver = Callable[[dict[str, Any], Result], None]
+
+
+def _fail_reason_error(reason: int) -> RaftLeaseError:
+    """Map a PySyncObj FAIL_REASON to our error (definite only where it is certain
+    the entry was never appended to a leader's log)."""
+    if reason in (FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER):
+        return UnavailableError(f"raft: request not proposed ({_REASON_NAMES.get(reason)})")
+    if reason == FAIL_REASON.REQUEST_DENIED:
+        return UnavailableError("raft: request denied")
+    return LeaderChangedError(
+        f"raft: leadership changed while the request was in flight ({_REASON_NAMES.get(reason)})"
+    )
+
+
+_REASON_NAMES = {getattr(FAIL_REASON, name): name for name in dir(FAIL_REASON) if name.isupper()}
+
+
+class _PackedSnapshot:
+    """Handed to PySyncObj as this consumer's snapshot data.
+
+    PySyncObj pickles the snapshot in a forked child (``useFork``), so packing happens
+    there, off the tick thread, on the child's copy-on-write view of the store.
+    ``__reduce__`` turns the object into plain ``bytes`` of msgpack: the dump file never
+    holds a pickled object of ours, only bytes.
+    """
+
+    def __init__(self, store: LeaseStore) -> None:
+        self._store = store
+
+    def __reduce__(self) -> tuple[type[bytes], tuple[bytes]]:
+        packed: bytes = msgpack.packb(self._store.to_plain(), use_bin_type=True)
+        return (bytes, (packed,))
+
+
+class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
+    """Holds the LeaseStore inside PySyncObj's replicated state."""
+
+    def __init__(self, observer: ApplyObserver | None) -> None:
+        super().__init__()
+        self.store = LeaseStore()
+        self.observer = observer
+
+    def _serialize(self) -> _PackedSnapshot:
+        return _PackedSnapshot(self.store)
+
+    def _deserialize(self, data: Any) -> None:
+        plain = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        self.store = LeaseStore.from_plain(plain)
+        log.info(
+            "restored snapshot: %d leases, revision %d, log time %d ms",
+            len(self.store.leases),
+            self.store.revision,
+            self.store.now,
+        )
+
+    @replicated  # type: ignore[untyped-decorator]
+    def apply_entry(self, data: bytes) -> Result:
+        # Never raise here (PySyncObj trap 1): a raise wedges every node.
+        try:
+            entry = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        except Exception:
+            log.error("undecodable log entry of %d bytes skipped", len(data))
+            return {"ok": False, "code": "INTERNAL", "message": "undecodable log entry"}
+        try:
+            result = self.store.apply(entry)
+        except Exception:  # a bug in core: report, never wedge the cluster
+            log.exception("state machine raised on entry op=%r", entry.get("op"))
+            return {"ok": False, "code": "INTERNAL", "message": "state machine error"}
+        if self.observer is not None:
+            try:
+                self.observer(entry, result)
+            except Exception:
+                log.exception("apply observer raised")
+        return result
+
+
+class Replica:
+    """One node's Raft replica of the lease store."""
+
+    def __init__(self, config: NodeConfig, observer: ApplyObserver | None = None) -> None:
+        self.config = config
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self._consumer = _StoreConsumer(observer)
+        self._role = "follower"
+        conf = SyncObjConf(
+            journalFile=str(config.journal_file),
+            # Trap 2: a journal without a dump file comes back empty after compaction.
+            fullDumpFile=str(config.dump_file),
+            useFork=True,
+            # Trap 8: batching makes every write wait for the next heartbeat.
+            appendEntriesUseBatch=False,
+            appendEntriesPeriod=config.heartbeat_interval,
+            raftMinTimeout=config.election_timeout_min,
+            raftMaxTimeout=config.election_timeout_max,
+            connectionRetryTime=config.connection_retry,
+            connectionTimeout=config.connection_timeout,
+            leaderFallbackTimeout=config.leader_fallback,
+            logCompactionMinEntries=config.compaction_min_entries,
+            logCompactionMinTime=config.compaction_min_time,
+            # Fail fast with MISSING_LEADER (definite) instead of queueing forever.
+            commandsWaitLeader=False,
+            dynamicMembershipChange=False,
+            onStateChanged=self._on_state_changed,
+        )
+        me = config.self_node
+        self._sync = SyncObj(
+            me.raft, [p.raft for p in config.peers], conf, consumers=[self._consumer]
+        )
+
+    # ---------------------------------------------------------------- writes
+
+    def propose(self, data: bytes, callback: ProposeCallback) -> None:
+        """Append ``data`` (a msgpack-encoded entry) to the Raft log.
+
+        Non-blocking; ``callback`` runs later on the tick thread with the state
+        machine's result, or with an error: ``UnavailableError`` (definite: never
+        appended) or ``LeaderChangedError`` (outcome unknown).
+        """
+
+        def done(result: Any, reason: int) -> None:
+            if reason == FAIL_REASON.SUCCESS:
+                if isinstance(result, dict):
+                    callback(result, None)
+                else:
+                    callback(None, InternalError(f"unexpected apply result {result!r}"))
+            else:
+                callback(None, _fail_reason_error(reason))
+
+        self._consumer.apply_entry(data, callback=done)
+
+    # ----------------------------------------------------------------- state
+
+    @property
+    def store(self) -> LeaseStore:
+        """The local replica of the state. Read it only from the tick thread, or
+        accept that a read from another thread sees some recent applied state."""
+        store: LeaseStore = self._consumer.store
+        return store
+
+    def is_leader(self) -> bool:
+        return bool(self._sync._isLeader())
+
+    def leader_raft_addr(self) -> str | None:
+        leader = self._sync._getLeader()
+        if leader is None:
+            return None
+        return str(leader.id)
+
+    def term(self) -> int:
+        return int(self._sync.raftCurrentTerm)
+
+    def commit_index(self) -> int:
+        return int(self._sync.raftCommitIndex)
+
+    def last_applied(self) -> int:
+        return int(self._sync.raftLastApplied)
+
+    def is_ready(self) -> bool:
+        """True once the node has applied the log up to the leader's commit index
+        seen at start (PySyncObj's onReady)."""
+        return bool(self._sync.isReady())
+
+    def has_quorum_connections(self) -> bool:
+        """TCP-connected to a majority (not a proof of leadership)."""
+        return bool(self._sync.hasQuorum)
+
+    def role(self) -> str:
+        return "leader" if self.is_leader() else self._role
+
+    def _on_state_changed(self, old: int, new: int) -> None:
+        names = {0: "follower", 1: "candidate", 2: "leader"}
+        self._role = names.get(new, str(new))
+        log.info(
+            "raft role %s -> %s (term %s)",
+            names.get(old, old),
+            self._role,
+            self._sync.raftCurrentTerm if hasattr(self, "_sync") else "?",
+        )
+
+    def close(self) -> None:
+        """Stop the tick thread and close Raft connections (blocks until done)."""
+        self._sync.destroy_synchronous()

@@ -1,0 +1,323 @@
+"""The asyncio TCP front of one node.
+
+Threads: the event loop runs in the main thread; PySyncObj's tick thread applies
+entries and fires proposal callbacks, which hop back to the loop with
+``call_soon_threadsafe``. Many requests may be in flight on one connection (each frame
+is handled in its own task; responses carry the request id), and many proposals are
+in flight in Raft at once: nothing waits synchronously on the log.
+
+Only the leader proposes. It stamps each entry with log time (``LogClock``) and its
+term, draws the lease id for a grant, and for reads proposes a read entry (a read
+through the log is linearizable). A follower answers ``NOT_LEADER`` with the leader's
+client address, so the client redirects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import signal
+from typing import Any
+
+import msgpack
+
+from . import __version__
+from .clock import Clock, SystemClock
+from .config import NodeConfig, parse_addr
+from .core import Result
+from .errors import (
+    FrameTooLargeError,
+    InternalError,
+    NotLeaderError,
+    RaftLeaseError,
+    TimeoutError_,
+    UnavailableError,
+    error_class,
+)
+from .protocol import (
+    FrameDecoder,
+    Limits,
+    ProtocolError,
+    Request,
+    encode_frame,
+    error_response,
+    ok_response,
+    parse_request,
+    request_id,
+)
+from .replication import Replica
+
+log = logging.getLogger("raftlease.server")
+
+#: Requests in flight on one connection before the server stops reading from it.
+MAX_INFLIGHT_PER_CONNECTION = 1024
+
+
+class LogClock:
+    """The leader's source of entry time stamps (integer milliseconds of log time).
+
+    A leader continues log time from the newest log time it has applied plus its own
+    monotonic elapsed time since then. It re-anchors whenever applied log time passes
+    its projection (entries of an earlier leader applied late), and on every term
+    change. So log time never runs ahead of real time on the stamping leader's clock,
+    and a leader change never shortens a lease; it may lengthen one by the election
+    gap (the safe direction). docs/design.md gives the argument.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._term: int | None = None
+        self._anchor_log = 0
+        self._anchor_mono = 0.0
+
+    def stamp(self, term: int, applied_now: int) -> int:
+        mono = self._clock.monotonic()
+        if term != self._term:
+            self._term = term
+            self._anchor_log, self._anchor_mono = applied_now, mono
+        projected = self._anchor_log + int((mono - self._anchor_mono) * 1000)
+        if applied_now > projected:
+            self._anchor_log, self._anchor_mono = applied_now, mono
+            projected = applied_now
+        return projected
+
+
+class NodeServer:
+    """Serves clients for one node. ``run()`` blocks until ``stop()`` or a signal."""
+
+    def __init__(self, config: NodeConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.log_clock = LogClock(self.clock)
+        self.limits = Limits(
+            max_key_bytes=config.max_key_bytes,
+            max_owner_bytes=config.max_owner_bytes,
+            min_ttl=config.min_ttl,
+            max_ttl=config.max_ttl,
+            max_list=config.max_list,
+        )
+        self.replica: Replica | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._connections = 0
+        self._tick_in_flight = False
+        self.requests_total = 0
+
+    # ----------------------------------------------------------- lifecycle
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        host, port = parse_addr(self.config.self_node.client, "client address")
+        # Bind the client port first: if it is taken, fail before joining Raft.
+        server = await asyncio.start_server(
+            self._serve_connection, host, port, reuse_address=True, limit=1 << 16
+        )
+        self.replica = Replica(self.config)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                self._loop.add_signal_handler(sig, self.stop)
+        log.info(
+            "node %s serving clients on %s, raft on %s, data in %s",
+            self.config.node_id,
+            self.config.self_node.client,
+            self.config.self_node.raft,
+            self.config.data_dir,
+        )
+        expiry = asyncio.create_task(self._expiry_loop())
+        try:
+            await self._stopping.wait()
+        finally:
+            expiry.cancel()
+            server.close()
+            await server.wait_closed()
+            replica = self.replica
+            await self._loop.run_in_executor(None, replica.close)
+            log.info("node %s stopped", self.config.node_id)
+
+    def stop(self) -> None:
+        if self._stopping is not None:
+            self._stopping.set()
+
+    # --------------------------------------------------------- connections
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        if self._connections >= self.config.max_connections:
+            writer.close()
+            return
+        self._connections += 1
+        decoder = FrameDecoder(self.config.max_frame)
+        slots = asyncio.Semaphore(MAX_INFLIGHT_PER_CONNECTION)
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                data = await reader.read(1 << 16)
+                if not data:
+                    break
+                try:
+                    frames = list(decoder.feed(data))
+                except (FrameTooLargeError, ProtocolError) as exc:
+                    # The stream cannot be resynchronised: answer once, then close.
+                    writer.write(encode_frame(error_response(None, exc)))
+                    break
+                for message in frames:
+                    await slots.acquire()
+                    task = asyncio.create_task(self._answer(message, writer, slots))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._connections -= 1
+            with contextlib.suppress(Exception):
+                await writer.drain()
+            writer.close()
+
+    async def _answer(
+        self, message: dict[str, Any], writer: asyncio.StreamWriter, slots: asyncio.Semaphore
+    ) -> None:
+        try:
+            rid = request_id(message)
+            try:
+                request = parse_request(message, self.limits)
+                response = ok_response(request.id, await self.handle(request))
+            except RaftLeaseError as exc:
+                response = error_response(rid, exc)
+            except Exception:  # never let a bug take the node down
+                log.exception("request handler failed")
+                response = error_response(rid, InternalError("request handler failed"))
+            if not writer.is_closing():
+                writer.write(encode_frame(response))
+                await writer.drain()
+        except (ConnectionError, RuntimeError):
+            pass
+        finally:
+            slots.release()
+
+    # ------------------------------------------------------------ requests
+
+    async def handle(self, request: Request) -> dict[str, Any]:
+        """Execute one validated request; raises a ``RaftLeaseError`` on failure."""
+        self.requests_total += 1
+        replica = self._replica()
+        if request.op == "ping":
+            return {"node": self.config.node_id, "version": __version__}
+        if request.op == "status":
+            return self.status()
+        if not replica.is_leader():
+            leader = replica.leader_raft_addr()
+            client_addr = self.config.client_addr_for_raft(leader) if leader else None
+            if client_addr is None:
+                raise UnavailableError("no leader is known to this node; election in progress?")
+            raise NotLeaderError(
+                f"not the leader; the leader is {client_addr}", {"leader": client_addr}
+            )
+        entry: dict[str, Any] = {"op": request.op, **request.args}
+        if request.cid is not None:
+            entry["cid"] = request.cid
+            entry["seq"] = request.seq
+            entry["ack"] = request.ack
+        if request.op == "acquire":
+            # Randomness is drawn here, never inside the state machine.
+            entry["lid"] = secrets.token_hex(16)
+        result = await self.propose(entry)
+        if not result.get("ok"):
+            code = str(result.get("code", "INTERNAL"))
+            raise error_class(code)(str(result.get("message", code)), result.get("detail"))
+        result.pop("ok", None)
+        return result
+
+    async def propose(self, entry: dict[str, Any]) -> Result:
+        """Stamp ``entry`` with log time and term, replicate it, return its result."""
+        replica = self._replica()
+        loop = self._loop
+        assert loop is not None
+        term = replica.term()
+        entry["term"] = term
+        entry["now"] = self.log_clock.stamp(term, replica.store.now)
+        data: bytes = msgpack.packb(entry, use_bin_type=True)
+        future: asyncio.Future[Result] = loop.create_future()
+
+        def settle(result: Result | None, err: RaftLeaseError | None) -> None:
+            if future.done():
+                return
+            if err is not None:
+                future.set_exception(err)
+            else:
+                assert result is not None
+                future.set_result(result)
+
+        def on_done(result: Result | None, err: RaftLeaseError | None) -> None:
+            # Tick thread: hop to the event loop.
+            with contextlib.suppress(RuntimeError):  # loop closed during shutdown
+                loop.call_soon_threadsafe(settle, result, err)
+
+        replica.propose(data, on_done)
+        try:
+            return await asyncio.wait_for(future, self.config.request_timeout)
+        except TimeoutError:
+            raise TimeoutError_(
+                f"no commit within {self.config.request_timeout} s; the outcome is unknown"
+            ) from None
+
+    def status(self) -> dict[str, Any]:
+        replica = self._replica()
+        leader = replica.leader_raft_addr()
+        store = replica.store
+        return {
+            "node": self.config.node_id,
+            "client": self.config.self_node.client,
+            "raft": self.config.self_node.raft,
+            "role": replica.role(),
+            "term": replica.term(),
+            "commit_index": replica.commit_index(),
+            "applied_index": replica.last_applied(),
+            "leader": self.config.client_addr_for_raft(leader) if leader else None,
+            "ready": replica.is_ready(),
+            "log_time": store.now,
+            "revision": store.revision,
+            "leases": len(store.leases),
+            "sessions": len(store.sessions),
+            "version": __version__,
+        }
+
+    def _replica(self) -> Replica:
+        if self.replica is None:
+            raise UnavailableError("node is starting")
+        return self.replica
+
+    # -------------------------------------------------------------- expiry
+
+    async def _expiry_loop(self) -> None:
+        """On the leader, propose a ``tick`` entry when a lease is due, so expired
+        leases are removed (and memory freed) even when no request touches them.
+        Every command also expires what is due, so this loop is not needed for
+        correctness, only for timeliness."""
+        interval = self.config.heartbeat_interval
+        while True:
+            await asyncio.sleep(interval)
+            replica = self.replica
+            if replica is None or self._tick_in_flight or not replica.is_leader():
+                continue
+            try:
+                due = replica.store.next_deadline()
+            except IndexError:  # raced with the tick thread popping the heap
+                continue
+            if due is None or due > self.log_clock.stamp(replica.term(), replica.store.now):
+                continue
+            self._tick_in_flight = True
+            try:
+                await self.propose({"op": "tick"})
+            except RaftLeaseError as exc:
+                log.debug("expiry tick not applied: %s", exc)
+            finally:
+                self._tick_in_flight = False
+
+
+def run_node(config: NodeConfig, clock: Clock | None = None) -> None:
+    """Run one node until SIGINT/SIGTERM (blocking)."""
+    asyncio.run(NodeServer(config, clock).run())

@@ -1,0 +1,299 @@
+"""Run a real local cluster of node processes: for tests, ``raftlease up``, the
+benchmark and the chaos suite (hashicorp/raft's ``MakeCluster`` idea, with real
+processes on 127.0.0.1 instead of in-memory transports).
+
+Each node runs as ``python -m raftlease node --config <data>/<id>/node.toml`` with its
+stderr in ``<data>/<id>/node.log``. Nothing here sleeps to guess: waits poll a
+condition until a deadline and raise ``TimeoutError`` naming what did not happen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .client import Client
+from .config import NodeAddress, local_cluster
+from .errors import RaftLeaseError
+
+T = TypeVar("T")
+
+#: Ports for test clusters are drawn below the ephemeral range (32768+) so that
+#: outgoing connections' source ports never collide with a node's listening port.
+PORT_RANGE = (20000, 32000)
+
+
+def wait_for(
+    condition: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+) -> T:
+    """Poll ``condition`` until it returns a truthy value; return that value.
+    Raises ``TimeoutError(what)`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+        except (RaftLeaseError, OSError) as exc:
+            last_exc = exc
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_exc})" if last_exc else ""
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(count: int, seed: int | None = None) -> int:
+    """A base port such that ``base .. base+count-1`` and ``base+100 ..`` are free."""
+    low, high = PORT_RANGE
+    start = (seed if seed is not None else os.getpid() * 7 + int(time.time() * 1000)) % (
+        high - low - 200
+    )
+    for offset in range(0, high - low - 200, 10):
+        base = low + (start + offset) % (high - low - 200)
+        ports = [base + i for i in range(count)] + [base + 100 + i for i in range(count)]
+        if all(_port_free(p) for p in ports):
+            return base
+    raise RuntimeError(f"no free block of {count} ports in {PORT_RANGE}")
+
+
+class LocalCluster:
+    """A cluster of ``count`` node processes on 127.0.0.1.
+
+    ``settings`` are extra ``NodeConfig`` fields written into every node's TOML.
+    Use as a context manager (stops and, if it made it, removes the data directory).
+    """
+
+    def __init__(
+        self,
+        count: int = 3,
+        *,
+        client_port: int | None = None,
+        data_dir: str | Path | None = None,
+        settings: dict[str, Any] | None = None,
+        python: str = sys.executable,
+        quiet: bool = True,
+    ) -> None:
+        self.count = count
+        base = client_port if client_port is not None else free_port_block(count)
+        self.nodes: tuple[NodeAddress, ...] = local_cluster(count, base)
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="raftlease-"))
+        self.settings = dict(settings or {})
+        self.python = python
+        self.quiet = quiet
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    # ------------------------------------------------------------- layout
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [n.client for n in self.nodes]
+
+    def node(self, node_id: str) -> NodeAddress:
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        raise KeyError(node_id)
+
+    def node_dir(self, node_id: str) -> Path:
+        return self.data_dir / node_id
+
+    def config_path(self, node_id: str) -> Path:
+        return self.node_dir(node_id) / "node.toml"
+
+    def log_path(self, node_id: str) -> Path:
+        return self.node_dir(node_id) / "node.log"
+
+    def write_config(self, node_id: str) -> Path:
+        lines = [f'node_id = "{node_id}"', 'data_dir = "."']
+        for key, value in sorted(self.settings.items()):
+            lines.append(f"{key} = {_toml_value(value)}")
+        for node in self.nodes:
+            lines += [
+                "",
+                "[[nodes]]",
+                f'id = "{node.id}"',
+                f'raft = "{node.raft}"',
+                f'client = "{node.client}"',
+            ]
+        path = self.config_path(node_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    # ---------------------------------------------------------- processes
+
+    def start(self, wait: bool = True, timeout: float = 30.0) -> LocalCluster:
+        for node in self.nodes:
+            self.start_node(node.id)
+        if wait:
+            self.wait_for_leader(timeout)
+        return self
+
+    def start_node(self, node_id: str) -> subprocess.Popen[bytes]:
+        if node_id in self.procs and self.procs[node_id].poll() is None:
+            raise RuntimeError(f"node {node_id} is already running")
+        config = self.write_config(node_id)
+        log = open(self.log_path(node_id), "ab")  # noqa: SIM115 - owned by the child
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        proc = subprocess.Popen(
+            [self.python, "-m", "raftlease", "node", "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        log.close()
+        self.procs[node_id] = proc
+        return proc
+
+    def pid(self, node_id: str) -> int:
+        return self.procs[node_id].pid
+
+    def is_running(self, node_id: str) -> bool:
+        proc = self.procs.get(node_id)
+        return proc is not None and proc.poll() is None
+
+    def kill_node(self, node_id: str) -> None:
+        """SIGKILL the node and reap it."""
+        proc = self.procs[node_id]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def stop_node(self, node_id: str, timeout: float = 10.0) -> int:
+        """SIGTERM the node and wait for a clean exit; returns the exit code."""
+        proc = self.procs[node_id]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+                raise RuntimeError(f"node {node_id} did not stop within {timeout} s") from None
+        return int(proc.returncode)
+
+    def pause_node(self, node_id: str) -> None:
+        os.kill(self.pid(node_id), signal.SIGSTOP)
+
+    def resume_node(self, node_id: str) -> None:
+        os.kill(self.pid(node_id), signal.SIGCONT)
+
+    def restart_node(self, node_id: str) -> None:
+        self.stop_node(node_id)
+        self.start_node(node_id)
+
+    def stop(self) -> None:
+        """Stop every node this cluster started (SIGCONT first, in case paused)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
+                    proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ queries
+
+    def client(self, **options: Any) -> Client:
+        return Client(self.endpoints, **options)
+
+    def statuses(self, timeout: float = 1.0) -> list[dict[str, Any]]:
+        with Client(self.endpoints) as c:
+            return c.cluster_status(timeout=timeout)
+
+    def leader(self, timeout: float = 1.0) -> dict[str, Any] | None:
+        """The status of the node that is leader and that every reachable running
+        node agrees on, or None."""
+        statuses = [s for s in self.statuses(timeout) if s.get("reachable")]
+        leaders = [s for s in statuses if s.get("role") == "leader"]
+        if len(leaders) != 1:
+            return None
+        leader = leaders[0]
+        if any(s.get("leader") != leader["client"] for s in statuses):
+            return None
+        return leader
+
+    def wait_for_leader(self, timeout: float = 30.0, exclude: str | None = None) -> dict[str, Any]:
+        """Wait until one leader is agreed on (and is not ``exclude``); returns its status."""
+
+        def check() -> dict[str, Any] | None:
+            leader = self.leader()
+            if leader is None or leader["node"] == exclude:
+                return None
+            return leader
+
+        return wait_for(check, timeout, "an agreed leader")
+
+    def leader_id(self, timeout: float = 30.0) -> str:
+        return str(self.wait_for_leader(timeout)["node"])
+
+    def logs(self, tail: int = 80) -> str:
+        out = []
+        for node in self.nodes:
+            path = self.log_path(node.id)
+            if path.exists():
+                lines = path.read_text(errors="replace").splitlines()[-tail:]
+                out.append(f"----- {node.id} ({path}) -----")
+                out.extend(lines)
+        return "\n".join(out)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@contextlib.contextmanager
+def running_cluster(count: int = 3, **options: Any) -> Iterator[LocalCluster]:
+    """``with running_cluster(3) as cluster:`` starts, waits for a leader, cleans up."""
+    cluster = LocalCluster(count, **options)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
