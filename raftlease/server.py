@@ -228,8 +228,9 @@ class NodeServer:
         if not result.get("ok"):
             code = str(result.get("code", "INTERNAL"))
             raise error_class(code)(str(result.get("message", code)), result.get("detail"))
-        result.pop("ok", None)
-        return result
+        # The result object may be the one cached in the state machine's session
+        # table (on the leader the callback gets it by reference): never mutate it.
+        return {k: v for k, v in result.items() if k != "ok"}
 
     async def propose(self, entry: dict[str, Any]) -> Result:
         """Stamp ``entry`` with log time and term, replicate it, return its result."""

@@ -1,0 +1,74 @@
+"""Shared fixtures. Integration tests start real node processes on 127.0.0.1 through
+``raftlease.testing.LocalCluster``; node logs are printed only when a test fails."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from raftlease.testing import LocalCluster
+
+# Test clusters use short but not tight timers (tight ones cause needless elections
+# on a loaded 2-core machine, PySyncObj trap 9).
+FAST_SETTINGS: dict[str, Any] = {
+    "election_timeout_min": 0.4,
+    "election_timeout_max": 0.9,
+    "heartbeat_interval": 0.05,
+    "connection_retry": 0.3,
+    "request_timeout": 3.0,
+    "min_ttl": 0.2,
+}
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    setattr(item, "rep_" + report.when, report)
+
+
+def _show_logs_on_failure(request: pytest.FixtureRequest, cluster: LocalCluster) -> None:
+    failed = any(
+        getattr(request.node, f"rep_{phase}", None) is not None
+        and getattr(request.node, f"rep_{phase}").failed
+        for phase in ("setup", "call")
+    )
+    if failed:
+        print(f"\n===== node logs of the cluster in {cluster.data_dir} =====")
+        print(cluster.logs())
+
+
+def make_cluster(count: int = 3, **settings: Any) -> LocalCluster:
+    return LocalCluster(count, settings={**FAST_SETTINGS, **settings})
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """A fresh 3-node cluster for one test (use when the test kills or restarts nodes)."""
+    c = make_cluster()
+    try:
+        c.start()
+        yield c
+    finally:
+        _show_logs_on_failure(request, c)
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[LocalCluster]:
+    """One 3-node cluster shared by a module's tests that do not disturb nodes.
+    Tests must use keys of their own."""
+    c = make_cluster()
+    try:
+        c.start()
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def shared(request: pytest.FixtureRequest, shared_cluster: LocalCluster) -> Iterator[LocalCluster]:
+    yield shared_cluster
+    _show_logs_on_failure(request, shared_cluster)

@@ -1,0 +1,256 @@
+"""Integration tests on real 3-node clusters (processes on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import pytest
+
+from raftlease import (
+    Client,
+    LeaseHeldError,
+    LeaseNotFoundError,
+    NotOwnerError,
+)
+from raftlease.protocol import FrameDecoder, encode_frame
+from raftlease.testing import LocalCluster, wait_for
+
+from .conftest import make_cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def raw_request(addr: str, message: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+    """One request on a fresh connection, bypassing the client library."""
+    host, _, port = addr.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(encode_frame(message))
+        decoder = FrameDecoder()
+        while True:
+            data = sock.recv(65536)
+            assert data, "connection closed without an answer"
+            for frame in decoder.feed(data):
+                return frame
+
+
+def followers(cluster: LocalCluster) -> list[str]:
+    leader = cluster.wait_for_leader()
+    return [n.client for n in cluster.nodes if n.client != leader["client"]]
+
+
+# ---------------------------------------------------------------- basic API
+
+
+def test_acquire_renew_holder_leases_release(shared: LocalCluster) -> None:
+    with shared.client() as c:
+        lease = c.acquire("api/gpu-0", owner="agent-a", ttl=5.0)
+        assert (lease.key, lease.owner, lease.ttl) == ("api/gpu-0", "agent-a", 5.0)
+        assert lease.token > 0 and lease.lease_id and lease.valid
+        # The client trusts the lease for less than the TTL (drift margin).
+        assert lease.remaining < 5.0
+        holder = c.holder("api/gpu-0")
+        assert holder is not None
+        assert (holder.owner, holder.token) == ("agent-a", lease.token)
+        assert 0 < holder.remaining <= 5.0
+        renewed = c.renew(lease)
+        assert renewed.token == lease.token and renewed.lease_id == lease.lease_id
+        assert renewed.valid_until > lease.valid_until
+        longer = c.renew(lease, ttl=20.0)
+        assert longer.ttl == 20.0
+        c.acquire("api/gpu-1", owner="agent-b", ttl=5.0)
+        listed = c.leases(prefix="api/")
+        assert [h.key for h in listed] == ["api/gpu-0", "api/gpu-1"]
+        assert [h.owner for h in listed] == ["agent-a", "agent-b"]
+        c.release(lease)
+        assert c.holder("api/gpu-0") is None
+        with pytest.raises(LeaseNotFoundError) as info:
+            c.release(lease)
+        assert info.value.definite
+
+
+def test_conflict_and_ownership_errors(shared: LocalCluster) -> None:
+    with shared.client() as a, shared.client() as b:
+        lease = a.acquire("own/x", owner="agent-a", ttl=10.0)
+        with pytest.raises(LeaseHeldError) as held:
+            b.acquire("own/x", owner="agent-b", ttl=10.0)
+        err = held.value
+        assert err.definite and err.owner == "agent-a" and err.token == lease.token
+        assert err.remaining is not None and 0 < err.remaining <= 10.0
+        assert "agent-a" in str(err)
+        # A stranger who guesses a lease id can neither renew nor release.
+        from dataclasses import replace
+
+        forged = replace(lease, lease_id="0" * 32)
+        with pytest.raises(NotOwnerError):
+            b.renew(forged)
+        with pytest.raises(NotOwnerError):
+            b.release(forged)
+        holder = a.holder("own/x")
+        assert holder is not None and holder.token == lease.token
+        a.release(lease)
+        later = b.acquire("own/x", owner="agent-b", ttl=10.0)
+        assert later.token > lease.token
+        b.release(later)
+
+
+def test_redirect_from_follower(shared: LocalCluster) -> None:
+    for follower in followers(shared):
+        with Client([follower]) as c:
+            lease = c.acquire(f"redirect/{follower}", owner="agent", ttl=5.0)
+            assert c.holder(f"redirect/{follower}") is not None
+            c.release(lease)
+        response = raw_request(follower, {"id": 7, "op": "holder", "key": "k"})
+        assert response["ok"] is False and response["code"] == "NOT_LEADER"
+        assert response["detail"]["leader"] == shared.wait_for_leader()["client"]
+
+
+def test_expiry_and_client_validity(shared: LocalCluster) -> None:
+    with shared.client() as c:
+        lease = c.acquire("expiry/a", owner="agent", ttl=0.6)
+        gone_at = wait_for(
+            lambda: time.monotonic() if c.holder("expiry/a") is None else None,
+            timeout=10,
+            what="the lease to expire",
+        )
+        # The client must never trust a lease the cluster has already expired.
+        assert gone_at >= lease.valid_until
+        with pytest.raises(LeaseNotFoundError):
+            c.renew(lease)
+        again = c.acquire("expiry/a", owner="other", ttl=5.0)
+        assert again.token > lease.token
+        c.release(again)
+
+
+def test_fencing_tokens_increase_per_key(shared: LocalCluster) -> None:
+    with shared.client() as c:
+        tokens = []
+        for i in range(20):
+            lease = c.acquire("fence/k", owner=f"o{i}", ttl=5.0)
+            tokens.append(lease.token)
+            c.release(lease)
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+def test_retry_with_same_session_seq_is_deduplicated(shared: LocalCluster) -> None:
+    leader = shared.wait_for_leader()["client"]
+    request = {
+        "op": "acquire",
+        "key": "dedupe/k",
+        "owner": "agent",
+        "ttl": 10.0,
+        "cid": "test-dedupe-client",
+        "seq": 1,
+        "ack": 1,
+    }
+    first = raw_request(leader, {**request, "id": 1})
+    second = raw_request(leader, {**request, "id": 2})
+    assert first["ok"] and second["ok"]
+    # The retry got the first answer back: same lease id, same token, no second grant.
+    assert second["result"] == first["result"]
+    with shared.client() as c:
+        holder = c.holder("dedupe/k")
+        assert holder is not None and holder.token == first["result"]["token"]
+    # A new sequence number from the same client is a new request: refused (held).
+    third = raw_request(leader, {**request, "id": 3, "seq": 2, "ack": 2})
+    assert third["ok"] is False and third["code"] == "LEASE_HELD"
+
+
+def test_many_requests_in_flight(shared: LocalCluster) -> None:
+    import concurrent.futures
+
+    with shared.client() as c:
+        keys = [f"flight/{i}" for i in range(200)]
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            leases = list(pool.map(lambda k: c.acquire(k, owner="agent", ttl=30.0), keys))
+        tokens = [lease.token for lease in leases]
+        assert len(set(tokens)) == len(tokens)
+        assert len(c.leases("flight/", limit=1000)) == 200
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            list(pool.map(c.release, leases))
+        assert c.leases("flight/") == []
+
+
+# ----------------------------------------------------- failures and restarts
+
+
+def test_leader_kill_failover_keeps_leases(cluster: LocalCluster) -> None:
+    with cluster.client() as c:
+        before = [c.acquire(f"fail/{i}", owner="agent", ttl=60.0) for i in range(5)]
+        old = cluster.leader_id()
+        cluster.kill_node(old)
+        # The next acquire succeeds once a new leader is elected, transparently.
+        after = c.acquire("fail/new", owner="agent", ttl=60.0, timeout=30)
+        assert after.token > max(lease.token for lease in before)
+        new_leader = cluster.wait_for_leader(exclude=old)
+        assert new_leader["node"] != old
+        for lease in before:
+            holder = c.holder(lease.key)
+            assert holder is not None and holder.token == lease.token
+        # The old leader rejoins as a follower and catches up.
+        cluster.start_node(old)
+        wait_for(
+            lambda: all(
+                s.get("applied_index", -1) >= new_leader["commit_index"] for s in cluster.statuses()
+            ),
+            timeout=30,
+            what="the restarted node to catch up",
+        )
+        for lease in before:
+            c.release(lease)
+
+
+def test_single_follower_restart(cluster: LocalCluster) -> None:
+    with cluster.client() as c:
+        lease = c.acquire("restart/a", owner="agent", ttl=60.0)
+        leader = cluster.leader_id()
+        follower = next(n.id for n in cluster.nodes if n.id != leader)
+        cluster.kill_node(follower)
+        during = c.acquire("restart/b", owner="agent", ttl=60.0)
+        cluster.start_node(follower)
+        target = c.acquire("restart/c", owner="agent", ttl=60.0)
+        wait_for(
+            lambda: cluster.statuses()[int(follower[1:]) - 1].get("revision", 0) >= target.token,
+            timeout=30,
+            what=f"{follower} to replay and catch up",
+        )
+        for key, tok in (("restart/a", lease.token), ("restart/b", during.token)):
+            holder = c.holder(key)
+            assert holder is not None and holder.token == tok
+
+
+def test_full_cluster_restart_keeps_grants_and_remaining_ttl(
+    request: pytest.FixtureRequest,
+) -> None:
+    # Small compaction threshold so the restart goes through snapshot + journal.
+    cluster = make_cluster(compaction_min_entries=40)
+    try:
+        cluster.start()
+        with cluster.client() as c:
+            for i in range(60):  # enough entries to trigger log compaction
+                c.release(c.acquire(f"churn/{i}", owner="agent", ttl=30.0))
+            leases = [c.acquire(f"full/{i}", owner=f"agent-{i}", ttl=30.0) for i in range(5)]
+            before = {h.key: h for h in c.leases("full/")}
+        assert any((cluster.node_dir(n.id) / "raft.dump").exists() for n in cluster.nodes), (
+            "no snapshot was written; the test would not cover snapshot restore"
+        )
+        for node in cluster.nodes:
+            cluster.kill_node(node.id)
+        for node in cluster.nodes:
+            cluster.start_node(node.id)
+        cluster.wait_for_leader(timeout=60)
+        with cluster.client() as c:
+            after = {h.key: h for h in c.leases("full/")}
+            assert set(after) == set(before)
+            for key, h in before.items():
+                assert after[key].token == h.token and after[key].owner == h.owner
+                # Downtime does not count against a lease: the remaining TTL is kept
+                # (minus the time it took to read it again, loosely bounded).
+                assert after[key].remaining > h.remaining - 10.0
+            fresh = c.acquire("full/new", owner="agent", ttl=5.0)
+            assert fresh.token > max(lease.token for lease in leases)
+    finally:
+        if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+            print(cluster.logs())
+        cluster.close()
