@@ -1,0 +1,164 @@
+"""The command line, run as a real subprocess against a real cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from raftlease.testing import LocalCluster, free_port_block, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def run_cli(*args: str, endpoints: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "raftlease", *args]
+    if endpoints is not None:
+        cmd += ["--endpoints", ",".join(endpoints)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def test_lease_commands_json_and_human(shared: LocalCluster) -> None:
+    eps = shared.endpoints
+    out = run_cli(
+        "acquire", "cli/job-1", "--owner", "agent-a", "--ttl", "30", "--json", endpoints=eps
+    )
+    assert out.returncode == 0, out.stderr
+    lease = json.loads(out.stdout)
+    assert lease["ok"] and lease["owner"] == "agent-a" and lease["token"] > 0
+    assert len(lease["lease_id"]) == 32
+
+    held = run_cli(
+        "acquire", "cli/job-1", "--owner", "agent-b", "--ttl", "30", "--json", endpoints=eps
+    )
+    assert held.returncode == 1
+    err = json.loads(held.stdout)
+    assert err["code"] == "LEASE_HELD" and err["definite"] is True
+    assert err["detail"]["owner"] == "agent-a"
+
+    human = run_cli("holder", "cli/job-1", endpoints=eps)
+    assert human.returncode == 0 and "held by agent-a" in human.stdout
+
+    renewed = run_cli(
+        "renew", "cli/job-1", lease["lease_id"], "--ttl", "40", "--json", endpoints=eps
+    )
+    assert renewed.returncode == 0 and json.loads(renewed.stdout)["ttl"] == 40.0
+
+    stranger = run_cli("release", "cli/job-1", "f" * 32, endpoints=eps)
+    assert stranger.returncode == 1 and "NOT_OWNER" in stranger.stderr
+
+    listed = run_cli("leases", "--prefix", "cli/", "--json", endpoints=eps)
+    assert [item["key"] for item in json.loads(listed.stdout)["leases"]] == ["cli/job-1"]
+
+    released = run_cli("release", "cli/job-1", lease["lease_id"], endpoints=eps)
+    assert released.returncode == 0 and "released cli/job-1" in released.stdout
+    free = run_cli("holder", "cli/job-1", "--json", endpoints=eps)
+    assert json.loads(free.stdout)["holder"] is None
+
+    bad = run_cli("acquire", "cli/x", "--owner", "a", "--ttl", "-1", "--json", endpoints=eps)
+    assert bad.returncode == 1 and json.loads(bad.stdout)["code"] == "INVALID_ARGUMENT"
+
+
+def test_status_shows_every_node(shared: LocalCluster) -> None:
+    leader = shared.wait_for_leader()
+    out = run_cli("status", "--json", endpoints=shared.endpoints)
+    assert out.returncode == 0, out.stderr
+    nodes = json.loads(out.stdout)["nodes"]
+    assert len(nodes) == 3
+    for node in nodes:
+        assert node["reachable"] is True
+        assert node["leader"] == leader["client"]
+        assert node["term"] >= 1 and node["applied_index"] >= 1
+        assert node["role"] in ("leader", "follower")
+    assert [n["role"] for n in nodes].count("leader") == 1
+    human = run_cli("status", endpoints=shared.endpoints)
+    assert human.returncode == 0 and "leader" in human.stdout
+
+
+def test_status_reports_unreachable_node(tmp_path: Path) -> None:
+    base = free_port_block(1)
+    out = run_cli("status", "--json", endpoints=[f"127.0.0.1:{base}"])
+    assert out.returncode == 1
+    nodes = json.loads(out.stdout)["nodes"]
+    assert nodes[0]["reachable"] is False and "cannot connect" in nodes[0]["error"]
+
+
+def test_up_demo_then_ctrl_c_stops_every_node(tmp_path: Path) -> None:
+    port = free_port_block(3)
+    demo = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raftlease",
+            "up",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "demo"),
+            "--demo",
+            "--exit-after-demo",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "leader: n" in demo.stdout and "demo: OK" in demo.stdout
+    assert "all nodes stopped" in demo.stdout
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "raftlease",
+            "up",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "run"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        lines: list[str] = []
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "press Ctrl-C" in line:
+                break
+        text = "".join(lines)
+        assert "press Ctrl-C" in text, text
+        pids = [int(p) for p in re.findall(r"pid (\d+)", text)]
+        assert len(pids) == 3
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=30)
+        assert "all nodes stopped" in rest
+        assert proc.returncode == 0
+
+        def all_gone() -> bool:
+            for pid in pids:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    continue
+                return False
+            return True
+
+        wait_for(all_gone, timeout=10, what="every node process to exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
