@@ -288,9 +288,13 @@ class AsyncClient:
                         self._target = self._next_endpoint()
                     elif err.definite:
                         raise err
-                    else:  # indefinite (timeout, leader change): safe to retry
+                    else:
+                        # Indefinite (commit timeout, leader change): the node may be a
+                        # deposed leader that cannot commit; retry (deduplicated by the
+                        # session) on the next endpoint, which redirects if need be.
                         maybe_applied = True
                         last = err
+                        self._target = self._next_endpoint()
                 await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
                 backoff = min(backoff * 2, 0.5) * (0.75 + random.random() / 2)
         finally:

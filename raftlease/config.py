@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,9 @@ class NodeConfig:
     # Snapshot (log compaction) after this many entries or seconds.
     compaction_min_entries: int = 50_000
     compaction_min_time: float = 300.0
+    # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
+    # fault-injecting proxy. The peer keeps its identity (its raft address).
+    dial: dict[str, str] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- derived
 
@@ -147,6 +150,14 @@ class NodeConfig:
             parse_addr(node.client, f"client address of node {node.id!r}")
         if self.node_id not in ids:
             raise ConfigError(f"node_id {self.node_id!r} is not among the node ids {ids}")
+        if not isinstance(self.dial, dict):
+            raise ConfigError(f"dial must be a table of node id -> host:port, got {self.dial!r}")
+        for peer_id, addr in self.dial.items():
+            if peer_id not in ids or peer_id == self.node_id:
+                raise ConfigError(
+                    f"dial names {peer_id!r}, which is not a peer of {self.node_id!r}"
+                )
+            parse_addr(addr, f"dial address for {peer_id!r}")
         for name in (
             "election_timeout_min",
             "election_timeout_max",

@@ -20,6 +20,8 @@ from typing import Any
 
 import msgpack
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj.dns_resolver import globalDnsResolver
+from pysyncobj.node import TCPNode
 
 from .config import NodeConfig
 from .core import LeaseStore, Result
@@ -112,6 +114,26 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
         return result
 
 
+class DialNode(TCPNode):  # type: ignore[misc]
+    """A peer identified by its raft address but dialled at ``dial`` (for example a
+    fault-injecting proxy). PySyncObj identifies nodes by ``address`` (sent on connect,
+    compared to decide who dials) and dials ``ip``/``port``: we change only the latter."""
+
+    def __init__(self, address: str, dial: str) -> None:
+        super().__init__(address)
+        host, _, port = dial.rpartition(":")
+        self._dial_host = host.strip("[]")
+        self._dial_port = int(port)
+
+    @property
+    def ip(self) -> str:
+        return str(globalDnsResolver().resolve(self._dial_host))
+
+    @property
+    def port(self) -> int:
+        return self._dial_port
+
+
 class Replica:
     """One node's Raft replica of the lease store."""
 
@@ -141,9 +163,8 @@ class Replica:
             onStateChanged=self._on_state_changed,
         )
         me = config.self_node
-        self._sync = SyncObj(
-            me.raft, [p.raft for p in config.peers], conf, consumers=[self._consumer]
-        )
+        peers = [DialNode(p.raft, config.dial.get(p.id, p.raft)) for p in config.peers]
+        self._sync = SyncObj(me.raft, peers, conf, consumers=[self._consumer])
 
     # ---------------------------------------------------------------- writes
 

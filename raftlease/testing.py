@@ -94,6 +94,7 @@ class LocalCluster:
         client_port: int | None = None,
         data_dir: str | Path | None = None,
         settings: dict[str, Any] | None = None,
+        node_settings: dict[str, dict[str, Any]] | None = None,
         python: str = sys.executable,
         quiet: bool = True,
     ) -> None:
@@ -103,6 +104,8 @@ class LocalCluster:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="raftlease-"))
         self.settings = dict(settings or {})
+        # Per-node overrides of ``settings`` (e.g. ``dial`` through a proxy).
+        self.node_settings = {k: dict(v) for k, v in (node_settings or {}).items()}
         self.python = python
         self.quiet = quiet
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -130,7 +133,8 @@ class LocalCluster:
 
     def write_config(self, node_id: str) -> Path:
         lines = [f'node_id = "{node_id}"', 'data_dir = "."']
-        for key, value in sorted(self.settings.items()):
+        settings = {**self.settings, **self.node_settings.get(node_id, {})}
+        for key, value in sorted(settings.items()):
             lines.append(f"{key} = {_toml_value(value)}")
         for node in self.nodes:
             lines += [
@@ -281,6 +285,9 @@ class LocalCluster:
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        items = ", ".join(f'"{k}" = {_toml_value(v)}' for k, v in sorted(value.items()))
+        return "{ " + items + " }"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
