@@ -74,6 +74,10 @@ class NodeConfig:
     # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
     # fault-injecting proxy. The peer keeps its identity (its raft address).
     dial: dict[str, str] = field(default_factory=dict)
+    # Test-only: enables the clock-control request (shift/skew this node's clock) and
+    # allows a planted bug. Never set in production.
+    test_hooks: bool = False
+    planted_bug: str = ""
 
     # ---------------------------------------------------------------- derived
 
@@ -150,6 +154,10 @@ class NodeConfig:
             parse_addr(node.client, f"client address of node {node.id!r}")
         if self.node_id not in ids:
             raise ConfigError(f"node_id {self.node_id!r} is not among the node ids {ids}")
+        if self.planted_bug not in ("", "fast_log_clock"):
+            raise ConfigError(f"unknown planted_bug {self.planted_bug!r}")
+        if self.planted_bug and not self.test_hooks:
+            raise ConfigError(f"planted_bug ({self.planted_bug!r}) requires test_hooks = true")
         if not isinstance(self.dial, dict):
             raise ConfigError(f"dial must be a table of node id -> host:port, got {self.dial!r}")
         for peer_id, addr in self.dial.items():

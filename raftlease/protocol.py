@@ -41,6 +41,8 @@ OPS: dict[str, bool] = {
     "leases": False,
     "status": False,
     "ping": False,
+    # Test-only: refused unless the node runs with test_hooks = true.
+    "test_clock": False,
 }
 
 
@@ -210,6 +212,16 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
             if "limit" in message
             else min(1000, limits.max_list)
         )
+    elif op == "test_clock":
+        for name in ("rate", "jump"):
+            value = message.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise BadRequestError(f"field {name!r} must be a number")
+            if not math.isfinite(value) or not (0 < value < 100 if name == "rate" else value >= 0):
+                raise InvalidArgumentError(f"field {name!r} is out of range: {value!r}")
+            args[name] = float(value)
     if not OPS[op]:
         return Request(id=rid, op=op, args=args)
     cid = _str_field(message, "cid", 128)

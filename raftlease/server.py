@@ -24,10 +24,11 @@ from typing import Any
 import msgpack
 
 from . import __version__
-from .clock import Clock, SystemClock
+from .clock import AdjustableClock, Clock, SystemClock
 from .config import NodeConfig, parse_addr
 from .core import Result
 from .errors import (
+    BadRequestError,
     FrameTooLargeError,
     InternalError,
     NotLeaderError,
@@ -66,8 +67,9 @@ class LogClock:
     gap (the safe direction). docs/design.md gives the argument.
     """
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, rate: float = 1.0) -> None:
         self._clock = clock
+        self._rate = rate
         self._term: int | None = None
         self._anchor_log = 0
         self._anchor_mono = 0.0
@@ -77,7 +79,7 @@ class LogClock:
         if term != self._term:
             self._term = term
             self._anchor_log, self._anchor_mono = applied_now, mono
-        projected = self._anchor_log + int((mono - self._anchor_mono) * 1000)
+        projected = self._anchor_log + int((mono - self._anchor_mono) * 1000 * self._rate)
         if applied_now > projected:
             self._anchor_log, self._anchor_mono = applied_now, mono
             projected = applied_now
@@ -89,8 +91,13 @@ class NodeServer:
 
     def __init__(self, config: NodeConfig, clock: Clock | None = None) -> None:
         self.config = config
-        self.clock: Clock = clock or SystemClock()
-        self.log_clock = LogClock(self.clock)
+        if clock is None:
+            clock = AdjustableClock() if config.test_hooks else SystemClock()
+        self.clock: Clock = clock
+        # Planted bug for the chaos suite's self-test: log time runs 3x too fast on
+        # this node's leader, so leases expire early (a leader trusting a skewed clock).
+        rate = 3.0 if config.planted_bug == "fast_log_clock" else 1.0
+        self.log_clock = LogClock(self.clock, rate=rate)
         self.limits = Limits(
             max_key_bytes=config.max_key_bytes,
             max_owner_bytes=config.max_owner_bytes,
@@ -208,6 +215,8 @@ class NodeServer:
             return {"node": self.config.node_id, "version": __version__}
         if request.op == "status":
             return self.status()
+        if request.op == "test_clock":
+            return self._test_clock(request.args)
         if not replica.is_leader():
             leader = replica.leader_raft_addr()
             client_addr = self.config.client_addr_for_raft(leader) if leader else None
@@ -285,6 +294,18 @@ class NodeServer:
             "sessions": len(store.sessions),
             "version": __version__,
         }
+
+    def _test_clock(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Test-only control channel: change this node's clock rate or jump it."""
+        clock = self.clock
+        if not self.config.test_hooks or not isinstance(clock, AdjustableClock):
+            raise BadRequestError("test_clock is disabled (node not started with test_hooks)")
+        if "rate" in args:
+            clock.set_rate(args["rate"])
+        if "jump" in args:
+            clock.jump(args["jump"])
+        log.warning("test clock changed: %s (rate now %s)", args, clock.rate)
+        return {"rate": clock.rate, "monotonic": clock.monotonic()}
 
     def _replica(self) -> Replica:
         if self.replica is None:
