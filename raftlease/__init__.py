@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from .client import AsyncClient, Client, Holder, Lease
+from .client import AsyncClient, Client, Holder, Lease, Read
 from .errors import (
     BadRequestError,
     ConnectionLostError,
@@ -34,6 +34,7 @@ __all__ = [
     "NotLeaderError",
     "NotOwnerError",
     "RaftLeaseError",
+    "Read",
     "SessionExpiredError",
     "TooManyPendingError",
     "UnavailableError",

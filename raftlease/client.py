@@ -91,6 +91,31 @@ class Holder:
     remaining: float
 
 
+@dataclass(frozen=True, slots=True)
+class Read:
+    """A read of one key and how it was served.
+
+    ``consistency`` is what the server actually did: ``"lease"`` (leader memory under a
+    valid leader lease), ``"log"`` (through the Raft log) or ``"stale"``. For stale reads
+    ``applied_index`` is the serving node's applied Raft index and ``age`` how many
+    seconds old its view may be (None if it never heard from a leader).
+    """
+
+    holder: Holder | None
+    consistency: str
+    served_by: str
+    applied_index: int | None = None
+    age: float | None = None
+
+
+CONSISTENCY_MODES = ("linearizable", "log", "stale")
+
+
+def _check_consistency(mode: str) -> None:
+    if mode not in CONSISTENCY_MODES:
+        raise InvalidArgumentError(f"consistency {mode!r} is not one of {list(CONSISTENCY_MODES)}")
+
+
 def _holder(data: dict[str, Any]) -> Holder:
     return Holder(
         key=data["key"],
@@ -360,18 +385,51 @@ class AsyncClient:
             timeout=timeout,
         )
 
-    async def holder(self, key: str, *, timeout: float | None = None) -> Holder | None:
-        """Who holds ``key`` now (a linearizable read through the Raft log)."""
-        result = await self.call("holder", {"key": key}, mutating=False, timeout=timeout)
+    async def read(
+        self, key: str, *, consistency: str = "linearizable", timeout: float | None = None
+    ) -> Read:
+        """Who holds ``key``, with how the answer was served (see ``Read``).
+
+        ``consistency``: ``"linearizable"`` (default; the leader answers from memory
+        while it holds a valid leader lease, otherwise through the log), ``"log"``
+        (always through the Raft log), or ``"stale"`` (whichever node the client is
+        connected to answers at once from its own state; may be out of date, and says
+        how old it may be).
+        """
+        _check_consistency(consistency)
+        result = await self.call(
+            "holder", {"key": key, "consistency": consistency}, mutating=False, timeout=timeout
+        )
         data = result.get("holder")
-        return _holder(data) if data else None
+        return Read(
+            holder=_holder(data) if data else None,
+            consistency=str(result.get("consistency", "log")),
+            served_by=str(result.get("served_by", "")),
+            applied_index=result.get("applied_index"),
+            age=result.get("age"),
+        )
+
+    async def holder(
+        self, key: str, *, consistency: str = "linearizable", timeout: float | None = None
+    ) -> Holder | None:
+        """Who holds ``key`` now, or None. See ``read`` for ``consistency``."""
+        return (await self.read(key, consistency=consistency, timeout=timeout)).holder
 
     async def leases(
-        self, prefix: str = "", *, limit: int = 1000, timeout: float | None = None
+        self,
+        prefix: str = "",
+        *,
+        limit: int = 1000,
+        consistency: str = "linearizable",
+        timeout: float | None = None,
     ) -> list[Holder]:
         """Live leases whose key starts with ``prefix``, sorted by key."""
+        _check_consistency(consistency)
         result = await self.call(
-            "leases", {"prefix": prefix, "limit": limit}, mutating=False, timeout=timeout
+            "leases",
+            {"prefix": prefix, "limit": limit, "consistency": consistency},
+            mutating=False,
+            timeout=timeout,
         )
         return [_holder(item) for item in result.get("leases", [])]
 
@@ -458,13 +516,27 @@ class Client:
     def release(self, lease: Lease, *, timeout: float | None = None) -> None:
         self._run(self._async.release(lease, timeout=timeout))
 
-    def holder(self, key: str, *, timeout: float | None = None) -> Holder | None:
-        return self._run(self._async.holder(key, timeout=timeout))
+    def read(
+        self, key: str, *, consistency: str = "linearizable", timeout: float | None = None
+    ) -> Read:
+        return self._run(self._async.read(key, consistency=consistency, timeout=timeout))
+
+    def holder(
+        self, key: str, *, consistency: str = "linearizable", timeout: float | None = None
+    ) -> Holder | None:
+        return self._run(self._async.holder(key, consistency=consistency, timeout=timeout))
 
     def leases(
-        self, prefix: str = "", *, limit: int = 1000, timeout: float | None = None
+        self,
+        prefix: str = "",
+        *,
+        limit: int = 1000,
+        consistency: str = "linearizable",
+        timeout: float | None = None,
     ) -> list[Holder]:
-        return self._run(self._async.leases(prefix, limit=limit, timeout=timeout))
+        return self._run(
+            self._async.leases(prefix, limit=limit, consistency=consistency, timeout=timeout)
+        )
 
     def call(
         self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None = None

@@ -15,6 +15,9 @@ from typing import Any
 
 from .errors import ConfigError
 
+#: Deliberate bugs the chaos suite must catch (test_hooks only).
+PLANTED_BUGS = ("", "fast_log_clock", "skip_vote_promise")
+
 
 def parse_addr(addr: str, what: str = "address") -> tuple[str, int]:
     """Split ``"host:port"``; raises ``ConfigError`` naming ``what`` when malformed."""
@@ -56,7 +59,7 @@ class NodeConfig:
     heartbeat_interval: float = 0.05
     connection_retry: float = 0.5
     connection_timeout: float = 3.0
-    leader_fallback: float = 1.5
+    leader_fallback: float = 1.0
     # Leases.
     min_ttl: float = 0.5
     max_ttl: float = 3600.0
@@ -154,7 +157,7 @@ class NodeConfig:
             parse_addr(node.client, f"client address of node {node.id!r}")
         if self.node_id not in ids:
             raise ConfigError(f"node_id {self.node_id!r} is not among the node ids {ids}")
-        if self.planted_bug not in ("", "fast_log_clock"):
+        if self.planted_bug not in PLANTED_BUGS:
             raise ConfigError(f"unknown planted_bug {self.planted_bug!r}")
         if self.planted_bug and not self.test_hooks:
             raise ConfigError(f"planted_bug ({self.planted_bug!r}) requires test_hooks = true")

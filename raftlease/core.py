@@ -339,33 +339,46 @@ class LeaseStore:
 
     # ------------------------------------------------------------------ reads
 
-    def holder(self, key: str) -> dict[str, Any] | None:
-        """Who holds ``key`` at the current log time; never reveals the lease id."""
-        lease = self.leases.get(key)
-        if lease is None or lease.expires_at <= self.now:
-            return None
-        return self._public(lease)
+    def holder(self, key: str, now: int | None = None) -> dict[str, Any] | None:
+        """Who holds ``key`` at log time ``now`` (default: the last applied log time);
+        never reveals the lease id.
 
-    def list_leases(self, prefix: str = "", limit: int = 1000) -> list[dict[str, Any]]:
-        """Live leases whose key starts with ``prefix``, sorted by key, at most ``limit``."""
-        keys = sorted(k for k in self.leases if k.startswith(prefix))
+        Safe to call from another thread while ``apply`` runs (a leader-lease read):
+        it does single dict look-ups only and copies what it returns.
+        """
+        at = self.now if now is None else now
+        lease = self.leases.get(key)
+        if lease is None or lease.expires_at <= at:
+            return None
+        return self._public(lease, at)
+
+    def list_leases(
+        self, prefix: str = "", limit: int = 1000, now: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Live leases at log time ``now`` whose key starts with ``prefix``, sorted by
+        key, at most ``limit``. Thread-safe in the same way as ``holder``: ``sorted``
+        over the dict runs without releasing the GIL, and vanished keys are skipped."""
+        at = self.now if now is None else now
         out: list[dict[str, Any]] = []
-        for key in keys:
-            lease = self.leases[key]
-            if lease.expires_at > self.now:
-                out.append(self._public(lease))
+        for key in sorted(self.leases):
+            if not key.startswith(prefix):
+                continue
+            lease = self.leases.get(key)
+            if lease is not None and lease.expires_at > at:
+                out.append(self._public(lease, at))
                 if len(out) >= limit:
                     break
         return out
 
-    def _public(self, lease: LeaseRecord) -> dict[str, Any]:
+    @staticmethod
+    def _public(lease: LeaseRecord, now: int) -> dict[str, Any]:
         return {
             "key": lease.key,
             "owner": lease.owner,
             "token": lease.token,
             "ttl": lease.ttl_ms,
             "expires_at": lease.expires_at,
-            "remaining": lease.expires_at - self.now,
+            "remaining": lease.expires_at - now,
         }
 
     def next_deadline(self) -> int | None:

@@ -32,6 +32,10 @@ HEADER = struct.Struct(">I")
 #: Default frame limit; servers take theirs from config.
 DEFAULT_MAX_FRAME = 1 << 20
 
+#: Read consistency modes: leader lease (falls back to the log), always the log,
+#: or any node's local state labelled with its age.
+CONSISTENCY_MODES = ("linearizable", "log", "stale")
+
 #: Operations and whether they mutate state (and so need a client session).
 OPS: dict[str, bool] = {
     "acquire": True,
@@ -200,7 +204,14 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
             ttl = _ttl_ms(message, limits, required=False)
             if ttl is not None:
                 args["ttl"] = ttl
-    elif op == "leases":
+    if op in ("holder", "leases"):
+        consistency = message.get("consistency", "linearizable")
+        if consistency not in CONSISTENCY_MODES:
+            raise InvalidArgumentError(
+                f"consistency {consistency!r} is not one of {list(CONSISTENCY_MODES)}"
+            )
+        args["consistency"] = consistency
+    if op == "leases":
         prefix = message.get("prefix", "")
         if not isinstance(prefix, str):
             raise BadRequestError("field 'prefix' must be a string")
@@ -212,7 +223,7 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
             if "limit" in message
             else min(1000, limits.max_list)
         )
-    elif op == "test_clock":
+    if op == "test_clock":
         for name in ("rate", "jump"):
             value = message.get(name)
             if value is None:

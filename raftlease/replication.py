@@ -22,7 +22,9 @@ import msgpack
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.node import TCPNode
+from pysyncobj.transport import TCPTransport
 
+from .clock import Clock, SystemClock
 from .config import NodeConfig
 from .core import LeaseStore, Result
 from .errors import (
@@ -31,6 +33,7 @@ from .errors import (
     RaftLeaseError,
     UnavailableError,
 )
+from .leadership import LeaseGuard
 
 log = logging.getLogger("raftlease.replication")
 
@@ -134,11 +137,71 @@ class DialNode(TCPNode):  # type: ignore[misc]
         return self._dial_port
 
 
+class LeaseTransport(TCPTransport):  # type: ignore[misc]
+    """PySyncObj's TCP transport plus the leader-lease protocol (see leadership.py).
+
+    Outgoing ``append_entries`` carry the leader's clock at sending (``rl_s``); replies
+    (``next_node_idx``) echo the stamp of the last accepted ``append_entries`` of the
+    current leader (``rl_et``, ``rl_e``) and carry the follower's clock (``rl_t``).
+    ``request_vote`` is dropped, in both directions, while this node's vote promise
+    holds; a leader still receives it, so a node whose term grew while it was cut off
+    makes the leader step down after the heal and the cluster re-elects (liveness).
+    Runs on the tick thread. ``guard`` is bound by ``Replica`` through a subclass.
+    """
+
+    guard: LeaseGuard
+
+    def send(self, node: Any, message: Any) -> bool:
+        if isinstance(message, dict):
+            kind = message.get("type")
+            if kind == "append_entries":
+                message["rl_s"] = self.guard.stamp_outgoing(message["term"])
+            elif kind == "next_node_idx":
+                echo = self.guard.echo_for(node.id)
+                if echo is not None:
+                    message["rl_et"], message["rl_e"] = echo
+                message["rl_t"] = self.guard.clock.monotonic()
+            elif kind == "request_vote" and self.guard.refuse_vote():
+                return False  # our own promise also forbids running for election
+        return bool(super().send(node, message))
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
+        if isinstance(message, dict):
+            kind = message.get("type")
+            sync = self._syncObj
+            if kind == "request_vote":
+                if not sync._isLeader() and self.guard.refuse_vote():
+                    return
+            elif kind == "append_entries":
+                term = message.get("term")
+                if isinstance(term, int):
+                    self.guard.on_append_entries(
+                        node.id, term, sync.raftCurrentTerm, message.get("rl_s")
+                    )
+            elif kind == "next_node_idx" and sync._isLeader():
+                self.guard.on_reply(
+                    node.id, message.get("rl_et"), message.get("rl_e"), message.get("rl_t")
+                )
+        super()._onMessageReceived(node, message)
+
+
 class Replica:
     """One node's Raft replica of the lease store."""
 
-    def __init__(self, config: NodeConfig, observer: ApplyObserver | None = None) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        observer: ApplyObserver | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.config = config
+        self.guard = LeaseGuard(
+            clock or SystemClock(),
+            cluster_size=len(config.nodes),
+            promise=config.election_timeout_min,
+            rho=config.clock_drift,
+            planted=config.planted_bug,
+        )
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self._consumer = _StoreConsumer(observer)
         self._role = "follower"
@@ -164,7 +227,10 @@ class Replica:
         )
         me = config.self_node
         peers = [DialNode(p.raft, config.dial.get(p.id, p.raft)) for p in config.peers]
-        self._sync = SyncObj(me.raft, peers, conf, consumers=[self._consumer])
+        transport_class = type("BoundLeaseTransport", (LeaseTransport,), {"guard": self.guard})
+        self._sync = SyncObj(
+            me.raft, peers, conf, consumers=[self._consumer], transportClass=transport_class
+        )
 
     # ---------------------------------------------------------------- writes
 
@@ -223,12 +289,24 @@ class Replica:
         """TCP-connected to a majority (not a proof of leadership)."""
         return bool(self._sync.hasQuorum)
 
+    def lease_valid(self) -> bool:
+        """True while this node is leader and holds a valid leader lease, so it may
+        answer reads from local state (the caller also requires an applied entry of
+        this term)."""
+        if not self.is_leader():
+            return False
+        if len(self.config.nodes) == 1:
+            return True
+        return self.guard.lease_valid(self.term())
+
     def role(self) -> str:
         return "leader" if self.is_leader() else self._role
 
     def _on_state_changed(self, old: int, new: int) -> None:
         names = {0: "follower", 1: "candidate", 2: "leader"}
         self._role = names.get(new, str(new))
+        if new != 2:
+            self.guard.stepped_down()
         log.info(
             "raft role %s -> %s (term %s)",
             names.get(old, old),

@@ -122,7 +122,7 @@ class NodeServer:
         server = await asyncio.start_server(
             self._serve_connection, host, port, reuse_address=True, limit=1 << 16
         )
-        self.replica = Replica(self.config)
+        self.replica = Replica(self.config, clock=self.clock)
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 self._loop.add_signal_handler(sig, self.stop)
@@ -217,6 +217,11 @@ class NodeServer:
             return self.status()
         if request.op == "test_clock":
             return self._test_clock(request.args)
+        consistency = request.args.get("consistency")
+        if consistency == "stale":
+            return self._local_read(request, "stale")
+        if consistency == "linearizable" and self._lease_read_allowed():
+            return self._local_read(request, "lease")
         if not replica.is_leader():
             leader = replica.leader_raft_addr()
             client_addr = self.config.client_addr_for_raft(leader) if leader else None
@@ -225,7 +230,8 @@ class NodeServer:
             raise NotLeaderError(
                 f"not the leader; the leader is {client_addr}", {"leader": client_addr}
             )
-        entry: dict[str, Any] = {"op": request.op, **request.args}
+        entry: dict[str, Any] = {k: v for k, v in request.args.items() if k != "consistency"}
+        entry["op"] = request.op
         if request.cid is not None:
             entry["cid"] = request.cid
             entry["seq"] = request.seq
@@ -239,7 +245,47 @@ class NodeServer:
             raise error_class(code)(str(result.get("message", code)), result.get("detail"))
         # The result object may be the one cached in the state machine's session
         # table (on the leader the callback gets it by reference): never mutate it.
-        return {k: v for k, v in result.items() if k != "ok"}
+        out = {k: v for k, v in result.items() if k != "ok"}
+        if consistency is not None:
+            out["consistency"] = "log"
+            out["served_by"] = self.config.node_id
+        return out
+
+    def _lease_read_allowed(self) -> bool:
+        """A leader may answer from local state only while its leader lease is valid
+        (which includes: no clock-drift alarm) and once it has applied an entry of its
+        own term, so its state includes every write acknowledged by earlier leaders."""
+        replica = self.replica
+        if replica is None or not replica.lease_valid():
+            return False
+        return replica.store.term == replica.term()
+
+    def _local_read(self, request: Request, mode: str) -> dict[str, Any]:
+        """Answer a read from this node's state. ``lease``: the leader, at the log
+        time it would stamp now (so a lease past its expiry reads as gone exactly as a
+        read through the log would). ``stale``: any node, at its last applied log
+        time, labelled with its applied index and how long since it heard from a
+        leader."""
+        replica = self._replica()
+        store = replica.store
+        if mode == "lease":
+            now = self.log_clock.stamp(replica.term(), store.now)
+            age: float | None = 0.0
+        else:
+            now = store.now
+            age = replica.guard.staleness(replica.is_leader())
+        out: dict[str, Any] = {
+            "now": now,
+            "consistency": mode,
+            "served_by": self.config.node_id,
+            "applied_index": replica.last_applied(),
+            "age": age,
+        }
+        if request.op == "holder":
+            out["holder"] = store.holder(request.args["key"], now)
+        else:
+            out["leases"] = store.list_leases(request.args["prefix"], request.args["limit"], now)
+        return out
 
     async def propose(self, entry: dict[str, Any]) -> Result:
         """Stamp ``entry`` with log time and term, replicate it, return its result."""
@@ -293,6 +339,9 @@ class NodeServer:
             "leases": len(store.leases),
             "sessions": len(store.sessions),
             "version": __version__,
+            "lease_reads": self._lease_read_allowed(),
+            "clock_rate": getattr(self.clock, "rate", 1.0),
+            **replica.guard.snapshot(),
         }
 
     def _test_clock(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -315,7 +364,8 @@ class NodeServer:
     # -------------------------------------------------------------- expiry
 
     async def _expiry_loop(self) -> None:
-        """On the leader, propose a ``tick`` entry when a lease is due, so expired
+        """On the leader, propose a ``tick`` entry when a lease is due (or when no entry
+        of the current term is applied yet), so expired
         leases are removed (and memory freed) even when no request touches them.
         Every command also expires what is due, so this loop is not needed for
         correctness, only for timeliness."""
@@ -329,7 +379,11 @@ class NodeServer:
                 due = replica.store.next_deadline()
             except IndexError:  # raced with the tick thread popping the heap
                 continue
-            if due is None or due > self.log_clock.stamp(replica.term(), replica.store.now):
+            term = replica.term()
+            # A new leader commits an entry of its own term at once: a barrier before
+            # it may serve lease reads (and a fresh log-time stamp).
+            barrier = replica.store.term < term
+            if not barrier and (due is None or due > self.log_clock.stamp(term, replica.store.now)):
                 continue
             self._tick_in_flight = True
             try:

@@ -1,0 +1,259 @@
+"""Leader lease, vote promise and clock-drift monitor (Raft dissertation §6.4.1).
+
+Pure bookkeeping driven by an injected ``Clock``; the PySyncObj transport in
+``replication.py`` feeds it the stamps it puts on and reads off Raft messages. All
+methods are called on PySyncObj's tick thread except the ``*_valid``/``snapshot``
+readers, which read a few floats and are safe from any thread.
+
+The rule (docs/leader-lease.md has the argument):
+
+* A follower that accepted an ``append_entries`` of the current leader at time ``r``
+  (its own clock) refuses every ``request_vote`` until ``r + S``; it also refuses for
+  ``S`` after its own start, having forgotten any promise it made before a crash.
+  ``S = election_timeout_min``.
+* The leader stamps each ``append_entries`` with its clock at *sending*. A follower
+  echoes the stamp of the last one it accepted in its reply. The leader's lease ends at
+  ``(majority-th newest echoed stamp of its term) + S * (1 - rho) - margin``; the leader
+  itself counts as the newest.
+* A node whose clock rate differs from a peer's by more than ``rho`` (estimated from
+  the same stamps) raises a drift alarm; the leader stops serving lease reads while any
+  alarm is raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .clock import Clock
+
+log = logging.getLogger("raftlease.leadership")
+
+#: Safety margin subtracted from the leader lease (seconds).
+LEASE_MARGIN = 0.01
+
+
+@dataclass
+class _PeerDrift:
+    """Minimum one-way offsets (local receive - remote send) per time bucket."""
+
+    buckets: deque[tuple[float, float]] = field(default_factory=deque)  # (local t, min offset)
+    current_start: float = -1.0
+    current_min: float = float("inf")
+    current_at: float = 0.0
+    rate: float | None = None
+    alarm: bool = False
+
+
+class DriftMonitor:
+    """Estimates each peer's clock rate relative to ours from one-way time stamps.
+
+    Each sample is (remote clock at send, local clock at receipt). Their difference is
+    the clock offset plus a non-negative delay; the minimum per bucket filters the delay
+    out, and the slope of bucket minima over local time is the relative rate error.
+    ``|slope| > rho`` raises the alarm for that peer; it clears when the slope over the
+    window is back in bound. A clock jump shows as a slope spike for one window.
+    """
+
+    def __init__(
+        self, rho: float, bucket: float = 0.5, window: int = 10, min_buckets: int = 4
+    ) -> None:
+        self.rho = rho
+        self.bucket = bucket
+        self.window = window
+        self.min_buckets = min_buckets
+        self._peers: dict[str, _PeerDrift] = {}
+        self._lock = threading.Lock()
+
+    def sample(self, peer: str, remote: float, local: float) -> None:
+        with self._lock:
+            state = self._peers.setdefault(peer, _PeerDrift())
+            offset = local - remote
+            if state.current_start < 0:
+                state.current_start = local
+            if local - state.current_start >= self.bucket:
+                if state.current_min != float("inf"):
+                    state.buckets.append((state.current_at, state.current_min))
+                    while len(state.buckets) > self.window:
+                        state.buckets.popleft()
+                    self._evaluate(peer, state)
+                state.current_start = local
+                state.current_min = float("inf")
+            if offset < state.current_min:
+                state.current_min = offset
+                state.current_at = local
+
+    def _evaluate(self, peer: str, state: _PeerDrift) -> None:
+        points = list(state.buckets)
+        if len(points) < self.min_buckets:
+            return
+        n = len(points)
+        mean_t = sum(t for t, _ in points) / n
+        mean_o = sum(o for _, o in points) / n
+        var = sum((t - mean_t) ** 2 for t, _ in points)
+        if var <= 0:
+            return
+        slope = sum((t - mean_t) * (o - mean_o) for t, o in points) / var
+        # offset = local - remote grows at (local_rate - remote_rate) per local second.
+        state.rate = slope
+        alarm = abs(slope) > self.rho
+        if alarm != state.alarm:
+            state.alarm = alarm
+            if alarm:
+                log.error(
+                    "clock drift alarm: peer %s differs by %.4f (bound %.4f); lease reads disabled",
+                    peer,
+                    slope,
+                    self.rho,
+                )
+            else:
+                log.warning("clock drift back in bound for peer %s (%.4f)", peer, slope)
+
+    def forget(self, peer: str) -> None:
+        with self._lock:
+            self._peers.pop(peer, None)
+
+    @property
+    def alarm(self) -> bool:
+        return any(p.alarm for p in self._peers.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                peer: {"rate_error": p.rate, "alarm": p.alarm, "buckets": len(p.buckets)}
+                for peer, p in self._peers.items()
+            }
+
+
+class LeaseGuard:
+    """Vote promise on followers, leader lease on the leader, drift alarm on both."""
+
+    def __init__(
+        self, clock: Clock, cluster_size: int, promise: float, rho: float, planted: str = ""
+    ) -> None:
+        self.clock = clock
+        self.cluster_size = cluster_size
+        self.promise = promise
+        self.rho = rho
+        self.drift = DriftMonitor(rho)
+        self.started = clock.monotonic()
+        # Planted bug for the chaos suite: followers never refuse votes.
+        self._skip_promise = planted == "skip_vote_promise"
+        # Follower side.
+        self.last_heard = float("-inf")
+        self.heard_term = -1
+        self._echo: dict[str, tuple[int, float]] = {}  # leader id -> (term, stamp)
+        # Leader side.
+        self.leader_term = -1
+        self.leader_since = float("inf")
+        self._acks: dict[str, float] = {}  # follower id -> newest echoed stamp this term
+        self.lease_until = float("-inf")
+        self.votes_refused = 0
+
+    # ------------------------------------------------------------- follower
+
+    def on_append_entries(self, sender: str, term: int, current_term: int, stamp: Any) -> None:
+        """A follower received ``append_entries``; ``current_term`` is its own term."""
+        if term < current_term:
+            return
+        now = self.clock.monotonic()
+        self.last_heard = now
+        self.heard_term = term
+        if isinstance(stamp, float | int):
+            self._echo[sender] = (term, float(stamp))
+            self.drift.sample(sender, float(stamp), now)
+
+    def heard_ago(self) -> float | None:
+        """Seconds since this node accepted a message from a leader (None: never)."""
+        if self.last_heard == float("-inf"):
+            return None
+        return round(self.clock.monotonic() - self.last_heard, 3)
+
+    def staleness(self, is_leader: bool) -> float | None:
+        """How old this node's view may be, in seconds: 0 for a leader whose lease is
+        valid, time since its lease lapsed for a leader without one, time since it last
+        heard from a leader for a follower (None if it never has)."""
+        now = self.clock.monotonic()
+        if is_leader:
+            if now < self.lease_until:
+                return 0.0
+            if self.lease_until == float("-inf"):
+                return None
+            return round(now - self.lease_until, 3)
+        return self.heard_ago()
+
+    def echo_for(self, leader: str) -> tuple[int, float] | None:
+        """(term, stamp) to echo in a reply to ``leader``."""
+        return self._echo.get(leader)
+
+    def refuse_vote(self) -> bool:
+        """True while this node promised not to vote (heard from a leader within S,
+        or started less than S ago)."""
+        if self._skip_promise:
+            return False
+        now = self.clock.monotonic()
+        refuse = now - self.last_heard < self.promise or now - self.started < self.promise
+        if refuse:
+            self.votes_refused += 1
+        return refuse
+
+    # --------------------------------------------------------------- leader
+
+    def stamp_outgoing(self, term: int) -> float:
+        """Clock stamp for an ``append_entries`` the leader sends in ``term``."""
+        now = self.clock.monotonic()
+        if term != self.leader_term:
+            self.leader_term = term
+            self.leader_since = now
+            self._acks.clear()
+            self.lease_until = float("-inf")
+        return now
+
+    def on_reply(self, sender: str, echo_term: Any, echo: Any, sender_clock: Any) -> None:
+        """The leader received a reply carrying the echo of one of its stamps."""
+        now = self.clock.monotonic()
+        if isinstance(sender_clock, float | int):
+            self.drift.sample(sender, float(sender_clock), now)
+        if echo_term != self.leader_term or not isinstance(echo, float | int):
+            return
+        echo = float(echo)
+        if echo < self.leader_since or echo <= self._acks.get(sender, float("-inf")):
+            return
+        self._acks[sender] = echo
+        needed = self.cluster_size // 2  # followers needed besides the leader itself
+        if needed == 0:
+            self.lease_until = now + self.promise * (1 - self.rho) - LEASE_MARGIN
+            return
+        newest = sorted(self._acks.values(), reverse=True)
+        if len(newest) >= needed:
+            base = newest[needed - 1]
+            self.lease_until = max(
+                self.lease_until, base + self.promise * (1 - self.rho) - LEASE_MARGIN
+            )
+
+    def stepped_down(self) -> None:
+        self.leader_term = -1
+        self.leader_since = float("inf")
+        self._acks.clear()
+        self.lease_until = float("-inf")
+
+    def lease_valid(self, term: int) -> bool:
+        """True while the leader of ``term`` may serve reads locally."""
+        return (
+            term == self.leader_term
+            and self.clock.monotonic() < self.lease_until
+            and not self.drift.alarm
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        now = self.clock.monotonic()
+        return {
+            "lease_remaining": max(0.0, self.lease_until - now) if self.lease_until > now else 0.0,
+            "heard_from_leader_ago": self.heard_ago(),
+            "drift_alarm": self.drift.alarm,
+            "drift": self.drift.snapshot(),
+            "votes_refused": self.votes_refused,
+        }
