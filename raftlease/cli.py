@@ -98,7 +98,9 @@ def node(
     if members:
         overrides["nodes"] = [_parse_member(m) for m in members]
     if data_dir:
-        overrides["data_dir"] = data_dir
+        # Relative to where the command runs (a data_dir inside the file is relative
+        # to the file).
+        overrides["data_dir"] = str(Path(data_dir).resolve())
     try:
         if config_file:
             config = load_toml(config_file, **overrides)

@@ -154,23 +154,34 @@ class _Connection:
                 if not data:
                     break
                 for frame in self._decoder.feed(data):
-                    future = self._pending.pop(frame.get("id"), None)  # type: ignore[arg-type]
+                    rid = frame.get("id")
+                    if rid is None and not frame.get("ok", True):
+                        # The server rejected the stream itself (e.g. an oversized
+                        # frame) and closes it: every request on it gets that error.
+                        self._fail_all(
+                            from_wire(
+                                str(frame.get("code")),
+                                str(frame.get("message")),
+                                frame.get("detail"),
+                            )
+                        )
+                        return
+                    future = self._pending.pop(rid, None)  # type: ignore[arg-type]
                     if future is not None and not future.done():
                         future.set_result(frame)
-                    elif frame.get("id") is None and not frame.get("ok", True):
-                        # The server closes the stream after this (broken framing).
-                        break
         except (ConnectionError, RaftLeaseError, OSError):
             pass
         finally:
             self._fail_all()
 
-    def _fail_all(self) -> None:
+    def _fail_all(self, error: RaftLeaseError | None = None) -> None:
         self.closed = True
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
-                future.set_exception(ConnectionLostError(f"connection to {self.addr} lost"))
+                future.set_exception(
+                    error or ConnectionLostError(f"connection to {self.addr} lost")
+                )
         with contextlib.suppress(Exception):
             self._writer.close()
 
@@ -179,10 +190,11 @@ class _Connection:
             raise ConnectionLostError(f"connection to {self.addr} is closed")
         rid = next(self._ids)
         message["id"] = rid
+        frame = encode_frame(message)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
         try:
-            self._writer.write(encode_frame(message))
+            self._writer.write(frame)
             await self._writer.drain()
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
@@ -267,6 +279,14 @@ class AsyncClient:
     ) -> dict[str, Any]:
         """Send one request, retrying until the deadline. Returns the result map."""
         deadline = time.monotonic() + (self.deadline if timeout is None else timeout)
+        # Refuse a request the server would reject as an oversized frame (it would
+        # close the connection every pipelined request shares) before sending it.
+        if sum(len(v) for v in args.values() if isinstance(v, str)) > 4096:
+            size = len(encode_frame({"op": op, **args}))
+            if size > DEFAULT_MAX_FRAME:
+                raise InvalidArgumentError(
+                    f"request of {size} bytes exceeds the frame limit of {DEFAULT_MAX_FRAME}"
+                )
         seq = 0
         if mutating:
             seq = next(self._seq)
@@ -285,15 +305,22 @@ class AsyncClient:
                     message["cid"] = self.client_id
                     message["seq"] = seq
                     message["ack"] = min(self._outstanding)
+                attempt = min(remaining, self.attempt_timeout)
+                response: dict[str, Any] | None = None
                 try:
-                    conn = await self._connection(target, min(remaining, self.attempt_timeout))
-                    response = await conn.request(message, min(remaining, self.attempt_timeout))
-                except (ConnectionLostError, TimeoutError_) as exc:
-                    # The request may have reached the node: outcome unknown.
-                    maybe_applied = maybe_applied or isinstance(exc, TimeoutError_)
+                    conn = await self._connection(target, attempt)
+                except ConnectionLostError as exc:  # never sent: nothing can have applied
                     last = exc
                     self._target = self._next_endpoint()
                 else:
+                    try:
+                        response = await conn.request(message, attempt)
+                    except (ConnectionLostError, TimeoutError_) as exc:
+                        # The request may have reached the node: outcome unknown.
+                        maybe_applied = True
+                        last = exc
+                        self._target = self._next_endpoint()
+                if response is not None:
                     if response.get("ok"):
                         result: dict[str, Any] = response.get("result") or {}
                         return result

@@ -14,9 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .limits import MAX_KEY_BYTES, MAX_LIST, MAX_OWNER_BYTES, MAX_TTL_MS
 
 #: Deliberate bugs the chaos suite must catch (test_hooks only).
 PLANTED_BUGS = ("", "fast_log_clock", "skip_vote_promise")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def parse_addr(addr: str, what: str = "address") -> tuple[str, int]:
@@ -182,12 +187,32 @@ class NodeConfig:
             "compaction_min_time",
         ):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            if not _is_number(value) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
-        for name in ("max_frame", "max_key_bytes", "max_owner_bytes", "max_list"):
+        for name in (
+            "max_frame",
+            "max_key_bytes",
+            "max_owner_bytes",
+            "max_list",
+            "max_connections",
+            "compaction_min_entries",
+        ):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        # The server's limits must sit inside the state machine's hard caps, or the
+        # state machine would reject requests the server accepted.
+        for name, cap in (
+            ("max_key_bytes", MAX_KEY_BYTES),
+            ("max_owner_bytes", MAX_OWNER_BYTES),
+            ("max_list", MAX_LIST),
+        ):
+            if getattr(self, name) > cap:
+                raise ConfigError(f"{name} ({getattr(self, name)}) exceeds the hard cap of {cap}")
+        if not _is_number(self.clock_drift):
+            raise ConfigError(f"clock_drift must be a number, got {self.clock_drift!r}")
+        if not isinstance(self.test_hooks, bool):
+            raise ConfigError(f"test_hooks must be true or false, got {self.test_hooks!r}")
         if self.election_timeout_min >= self.election_timeout_max:
             raise ConfigError(
                 f"election_timeout_min ({self.election_timeout_min}) must be below "
@@ -221,7 +246,7 @@ class NodeConfig:
                 f"and heartbeat_interval ({self.heartbeat_interval}): a client could never "
                 "trust such a lease"
             )
-        if self.max_ttl * 1000 > 365 * 24 * 3600 * 1000:
+        if self.max_ttl * 1000 > MAX_TTL_MS:
             raise ConfigError(f"max_ttl ({self.max_ttl}) exceeds one year")
         if self.max_frame < 1024:
             raise ConfigError(f"max_frame ({self.max_frame}) must be at least 1024 bytes")
@@ -236,6 +261,8 @@ def load_toml(path: str | Path, **overrides: Any) -> NodeConfig:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
     raw.update({k: v for k, v in overrides.items() if v is not None})

@@ -34,6 +34,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+# Hard structural caps (the server enforces tighter, configurable limits first).
+from .limits import MAX_ID_CHARS, MAX_KEY_BYTES, MAX_LIST, MAX_OWNER_BYTES, MAX_TTL_MS
+
 #: Bump when the snapshot layout changes; ``restore`` refuses other versions.
 SNAPSHOT_VERSION = 1
 
@@ -41,13 +44,6 @@ SNAPSHOT_VERSION = 1
 SESSION_IDLE_MS = 10 * 60 * 1000
 #: Most unacknowledged results kept per client session.
 MAX_PENDING_PER_SESSION = 4096
-#: Hard structural caps; the server enforces tighter, configurable limits first.
-MAX_KEY_BYTES = 4096
-MAX_OWNER_BYTES = 4096
-MAX_ID_CHARS = 128
-#: Hard cap on a TTL the state machine accepts (one year).
-MAX_TTL_MS = 365 * 24 * 3600 * 1000
-
 Result = dict[str, Any]
 
 MUTATING_OPS = frozenset({"acquire", "renew", "release"})
@@ -192,7 +188,7 @@ class LeaseStore:
             prefix = entry.get("prefix", "")
             if not isinstance(prefix, str) or _utf8_size(prefix) > MAX_KEY_BYTES:
                 return "'prefix' must be a string"
-            if not _valid_int(entry.get("limit", 1000), 1, 100_000):
+            if not _valid_int(entry.get("limit", 1000), 1, MAX_LIST):
                 return "'limit' must be an integer from 1 to 100000"
         return None
 

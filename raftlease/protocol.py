@@ -137,6 +137,13 @@ def request_id(message: dict[str, Any]) -> int | None:
     return None
 
 
+def _utf8_len(value: str, name: str) -> int:
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"field {name!r} is not valid UTF-8 text") from None
+
+
 def _str_field(message: dict[str, Any], name: str, max_bytes: int) -> str:
     value = message.get(name)
     if value is None:
@@ -145,7 +152,7 @@ def _str_field(message: dict[str, Any], name: str, max_bytes: int) -> str:
         raise BadRequestError(f"field {name!r} must be a string, not {type(value).__name__}")
     if not value:
         raise InvalidArgumentError(f"field {name!r} must not be empty")
-    size = len(value.encode("utf-8"))
+    size = _utf8_len(value, name)
     if size > max_bytes:
         raise InvalidArgumentError(f"field {name!r} is {size} bytes; the limit is {max_bytes}")
     return value
@@ -215,7 +222,7 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
         prefix = message.get("prefix", "")
         if not isinstance(prefix, str):
             raise BadRequestError("field 'prefix' must be a string")
-        if len(prefix.encode("utf-8")) > limits.max_key_bytes:
+        if _utf8_len(prefix, "prefix") > limits.max_key_bytes:
             raise InvalidArgumentError("field 'prefix' is longer than the key limit")
         args["prefix"] = prefix
         args["limit"] = (

@@ -165,17 +165,23 @@ class NodeServer:
                 data = await reader.read(1 << 16)
                 if not data:
                     break
+                frames: list[dict[str, Any]] = []
+                broken: RaftLeaseError | None = None
                 try:
-                    frames = list(decoder.feed(data))
+                    frames.extend(decoder.feed(data))
                 except (FrameTooLargeError, ProtocolError) as exc:
-                    # The stream cannot be resynchronised: answer once, then close.
-                    writer.write(encode_frame(error_response(None, exc)))
-                    break
+                    broken = exc  # the frames before the broken one are still answered
                 for message in frames:
                     await slots.acquire()
                     task = asyncio.create_task(self._answer(message, writer, slots))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
+                if broken is not None:
+                    # The stream cannot be resynchronised: finish what came before,
+                    # answer once with id None, then close.
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    writer.write(encode_frame(error_response(None, broken)))
+                    break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:

@@ -1,0 +1,11 @@
+"""Hard caps shared by the state machine (which enforces them on every entry) and the
+configuration (whose tighter, configurable request limits must sit inside them).
+Bottom layer: imports nothing."""
+
+MAX_KEY_BYTES = 4096
+MAX_OWNER_BYTES = 4096
+MAX_ID_CHARS = 128
+#: Most leases one ``leases`` read may return.
+MAX_LIST = 100_000
+#: Longest TTL the state machine accepts (one year, in milliseconds).
+MAX_TTL_MS = 365 * 24 * 3600 * 1000

@@ -1,0 +1,618 @@
+"""Unit tests of the sans-IO wire protocol (``raftlease.protocol``) and of the error
+registry it answers with (``raftlease.errors``). No sockets, no clocks."""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raftlease import errors
+from raftlease.errors import (
+    BadRequestError,
+    FrameTooLargeError,
+    InternalError,
+    InvalidArgumentError,
+    LeaseHeldError,
+    RaftLeaseError,
+)
+from raftlease.protocol import (
+    CONSISTENCY_MODES,
+    DEFAULT_MAX_FRAME,
+    HEADER,
+    OPS,
+    FrameDecoder,
+    Limits,
+    ProtocolError,
+    Request,
+    decode_body,
+    encode_frame,
+    error_response,
+    ok_response,
+    parse_request,
+    request_id,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+LIMITS = Limits()
+
+
+def frame_of_body(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+# ------------------------------------------------------------------ encode_frame
+
+
+def test_encode_frame_header_is_big_endian_body_length() -> None:
+    message = {"id": 7, "op": "ping"}
+    frame = encode_frame(message)
+    body = msgpack.packb(message, use_bin_type=True)
+    assert HEADER.size == 4
+    assert frame[:4] == len(body).to_bytes(4, "big")
+    assert frame[4:] == body
+
+
+def test_encode_frame_round_trip_keeps_types() -> None:
+    message: dict[str, Any] = {
+        "id": 2**63 - 1,
+        "op": "acquire",
+        "key": "ключ/é",
+        "blob": b"\x00\xff",
+        "ttl": 1.25,
+        "nested": {"a": [1, 2, None, True]},
+    }
+    frames = list(FrameDecoder().feed(encode_frame(message)))
+    assert frames == [message]
+    assert isinstance(frames[0]["blob"], bytes)
+    assert isinstance(frames[0]["ttl"], float)
+
+
+scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+)
+messages = st.dictionaries(
+    st.text(max_size=10),
+    st.recursive(
+        scalar,
+        lambda inner: (
+            st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+        ),
+        max_leaves=10,
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    batch=st.lists(messages, min_size=1, max_size=5),
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=8),
+)
+def test_frames_survive_any_split_of_the_stream(
+    batch: list[dict[str, Any]], cuts: list[int]
+) -> None:
+    stream = b"".join(encode_frame(m) for m in batch)
+    points = sorted({c % (len(stream) + 1) for c in cuts})
+    chunks = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    decoder = FrameDecoder()
+    out: list[dict[str, Any]] = []
+    for chunk in chunks:
+        out.extend(decoder.feed(chunk))
+    assert out == batch
+
+
+# ------------------------------------------------------------------ FrameDecoder
+
+
+def test_decoder_frames_fed_byte_by_byte() -> None:
+    first = {"id": 1, "op": "ping"}
+    second = {"id": 2, "op": "holder", "key": "a" * 300}
+    stream = encode_frame(first) + encode_frame(second)
+    boundary = len(encode_frame(first))
+    decoder = FrameDecoder()
+    seen: list[tuple[int, dict[str, Any]]] = []
+    for i in range(len(stream)):
+        for message in decoder.feed(stream[i : i + 1]):
+            seen.append((i + 1, message))
+    # Each frame appears exactly when its last byte arrives, not before.
+    assert seen == [(boundary, first), (len(stream), second)]
+
+
+def test_decoder_several_frames_in_one_feed() -> None:
+    batch = [{"id": i, "op": "ping"} for i in range(10)]
+    decoder = FrameDecoder()
+    assert list(decoder.feed(b"".join(encode_frame(m) for m in batch))) == batch
+    # Nothing is left over.
+    assert list(decoder.feed(b"")) == []
+
+
+def test_decoder_keeps_partial_tail_for_the_next_feed() -> None:
+    a, b = encode_frame({"id": 1}), encode_frame({"id": 2})
+    decoder = FrameDecoder()
+    assert list(decoder.feed(a + b[:3])) == [{"id": 1}]
+    assert list(decoder.feed(b[3:-1])) == []
+    assert list(decoder.feed(b[-1:])) == [{"id": 2}]
+
+
+def test_decoder_header_above_max_frame_raises_before_the_body_arrives() -> None:
+    decoder = FrameDecoder(max_frame=1000)
+    header = HEADER.pack(100 * 1024 * 1024)
+    # Three bytes of a header are not yet a header.
+    assert list(decoder.feed(header[:3])) == []
+    with pytest.raises(FrameTooLargeError) as info:
+        list(decoder.feed(header[3:]))
+    assert info.value.code == "FRAME_TOO_LARGE"
+    assert info.value.definite
+    assert str(100 * 1024 * 1024) in info.value.message
+    assert "1000" in info.value.message
+
+
+def test_decoder_default_limit_and_exact_limit() -> None:
+    assert FrameDecoder().max_frame == DEFAULT_MAX_FRAME
+    frame = encode_frame({"id": 1, "op": "holder", "key": "x" * 100})
+    body_len = len(frame) - HEADER.size
+    assert list(FrameDecoder(max_frame=body_len).feed(frame)) == [
+        {"id": 1, "op": "holder", "key": "x" * 100}
+    ]
+    with pytest.raises(FrameTooLargeError):
+        list(FrameDecoder(max_frame=body_len - 1).feed(frame))
+
+
+def test_decoder_yields_good_frames_before_a_bad_one() -> None:
+    good = {"id": 1, "op": "ping"}
+    decoder = FrameDecoder(max_frame=1024)
+    frames = decoder.feed(encode_frame(good) + HEADER.pack(1 << 30))
+    assert next(frames) == good
+    with pytest.raises(FrameTooLargeError):
+        next(frames)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"\xc1", id="never-used-byte"),
+        pytest.param(b"\x82\xa1", id="truncated-map"),
+        pytest.param(b"", id="empty-body"),
+        pytest.param(b"\x80\x80", id="extra-data"),
+        pytest.param(b"\x81\x01\x02", id="integer-map-key"),
+        pytest.param(b"\x81\xa1k\xa3\xed\xa0\x80", id="invalid-utf8-string"),
+        pytest.param(b"\xdf\xff\xff\xff\xff", id="map-announcing-4G-entries"),
+    ],
+)
+def test_decoder_undecodable_body_raises_protocol_error(body: bytes) -> None:
+    with pytest.raises(ProtocolError) as info:
+        list(FrameDecoder().feed(frame_of_body(body)))
+    assert isinstance(info.value, RaftLeaseError)
+    assert info.value.code == "BAD_REQUEST"
+    assert info.value.definite
+    assert "undecodable" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "value",
+    [[1, 2, 3], 42, "text", None, b"bytes", True, 1.5],
+    ids=["list", "int", "str", "nil", "bin", "bool", "float"],
+)
+def test_decoder_non_map_body_raises_protocol_error(value: Any) -> None:
+    body = msgpack.packb(value, use_bin_type=True)
+    with pytest.raises(ProtocolError) as info:
+        list(FrameDecoder().feed(frame_of_body(body)))
+    assert info.value.code == "BAD_REQUEST"
+    assert "map" in info.value.message
+    with pytest.raises(ProtocolError):
+        decode_body(body)
+
+
+# ------------------------------------------------------------- good requests
+
+SESSION = {"cid": "client-1", "seq": 5, "ack": 3}
+
+
+def test_parse_acquire() -> None:
+    msg = {"id": 1, "op": "acquire", "key": "k", "owner": "o", "ttl": 1.5, **SESSION}
+    assert parse_request(msg, LIMITS) == Request(
+        id=1,
+        op="acquire",
+        args={"key": "k", "owner": "o", "ttl": 1500},
+        cid="client-1",
+        seq=5,
+        ack=3,
+    )
+
+
+@pytest.mark.parametrize(
+    ("ttl", "ms"),
+    [(2, 2000), (0.5, 500), (3600, 3_600_000), (3600.0, 3_600_000), (1.0004, 1000), (0.7777, 778)],
+)
+def test_parse_acquire_ttl_to_milliseconds(ttl: float, ms: int) -> None:
+    msg = {"id": 1, "op": "acquire", "key": "k", "owner": "o", "ttl": ttl, **SESSION}
+    assert parse_request(msg, LIMITS).args["ttl"] == ms
+
+
+def test_parse_renew_with_and_without_ttl() -> None:
+    msg = {"id": 2, "op": "renew", "key": "k", "lease_id": "L", **SESSION}
+    assert parse_request(msg, LIMITS) == Request(
+        id=2, op="renew", args={"key": "k", "lid": "L"}, cid="client-1", seq=5, ack=3
+    )
+    assert parse_request({**msg, "ttl": 9}, LIMITS).args == {"key": "k", "lid": "L", "ttl": 9000}
+    assert "ttl" not in parse_request({**msg, "ttl": None}, LIMITS).args
+
+
+def test_parse_release() -> None:
+    msg = {"id": 3, "op": "release", "key": "k", "lease_id": "L", **SESSION}
+    assert parse_request(msg, LIMITS) == Request(
+        id=3, op="release", args={"key": "k", "lid": "L"}, cid="client-1", seq=5, ack=3
+    )
+
+
+def test_parse_holder_ignores_session_fields() -> None:
+    msg = {"id": 4, "op": "holder", "key": "k", **SESSION}
+    request = parse_request(msg, LIMITS)
+    assert (request.id, request.op, request.args["key"]) == (4, "holder", "k")
+    assert (request.cid, request.seq, request.ack) == (None, None, None)
+    assert set(request.args) <= {"key", "consistency"}
+
+
+def test_parse_leases_defaults_and_explicit() -> None:
+    request = parse_request({"id": 5, "op": "leases"}, LIMITS)
+    assert (request.id, request.op, request.cid) == (5, "leases", None)
+    assert (request.args["prefix"], request.args["limit"]) == ("", 1000)
+    msg = {"id": 5, "op": "leases", "prefix": "a/", "limit": LIMITS.max_list}
+    args = parse_request(msg, LIMITS).args
+    assert (args["prefix"], args["limit"]) == ("a/", LIMITS.max_list)
+    assert set(args) <= {"prefix", "limit", "consistency"}
+    small = Limits(max_list=10)
+    assert parse_request({"id": 5, "op": "leases"}, small).args["limit"] == 10
+
+
+@pytest.mark.parametrize("op", ["holder", "leases"])
+def test_parse_read_consistency(op: str) -> None:
+    base = good(op)
+    assert parse_request(base, LIMITS).args["consistency"] == "linearizable"
+    for mode in CONSISTENCY_MODES:
+        assert parse_request({**base, "consistency": mode}, LIMITS).args["consistency"] == mode
+    for bad in ("eventual", "", "LOG", 1, ["log"]):
+        with pytest.raises(InvalidArgumentError, match="consistency"):
+            parse_request({**base, "consistency": bad}, LIMITS)
+
+
+@pytest.mark.parametrize("op", ["status", "ping"])
+def test_parse_status_and_ping(op: str) -> None:
+    assert parse_request({"id": 6, "op": op, "junk": [1]}, LIMITS) == Request(id=6, op=op)
+
+
+@pytest.mark.parametrize("rid", [0, 1, 2**63 - 1])
+def test_parse_accepts_id_range(rid: int) -> None:
+    assert parse_request({"id": rid, "op": "ping"}, LIMITS).id == rid
+    assert request_id({"id": rid}) == rid
+
+
+def test_parse_key_limit_counts_utf8_bytes() -> None:
+    limits = Limits(max_key_bytes=8, max_owner_bytes=4)
+    ok = {"id": 1, "op": "acquire", "key": "é" * 4, "owner": "ab", "ttl": 1, **SESSION}
+    assert parse_request(ok, limits).args["key"] == "éééé"
+    with pytest.raises(InvalidArgumentError, match="'key' is 10 bytes; the limit is 8"):
+        parse_request({**ok, "key": "é" * 5}, limits)
+    with pytest.raises(InvalidArgumentError, match="'owner' is 6 bytes; the limit is 4"):
+        parse_request({**ok, "owner": "€€"}, limits)
+
+
+def test_parse_test_clock_fields() -> None:
+    request = parse_request({"id": 1, "op": "test_clock", "rate": 2, "jump": 0}, LIMITS)
+    assert request.args == {"rate": 2.0, "jump": 0.0}
+    assert request.cid is None
+    cases: list[tuple[str, Any, type[RaftLeaseError]]] = [
+        ("rate", 0, InvalidArgumentError),
+        ("rate", 100, InvalidArgumentError),
+        ("rate", math.nan, InvalidArgumentError),
+        ("rate", True, BadRequestError),
+        ("jump", -1, InvalidArgumentError),
+        ("jump", math.inf, InvalidArgumentError),
+        ("jump", "1", BadRequestError),
+    ]
+    for name, value, exc in cases:
+        with pytest.raises(exc, match=f"'{name}'"):
+            parse_request({"id": 1, "op": "test_clock", name: value}, LIMITS)
+
+
+def test_ops_table() -> None:
+    assert {op for op, mutating in OPS.items() if mutating} == {"acquire", "renew", "release"}
+    assert {"acquire", "renew", "release", "holder", "leases", "status", "ping"} <= set(OPS)
+    # The state machine's internal expiry entry is never a client operation.
+    assert "tick" not in OPS
+
+
+# -------------------------------------------------------------- bad requests
+
+
+def good(op: str) -> dict[str, Any]:
+    """A valid request for ``op``; bad cases change exactly one field."""
+    base: dict[str, Any] = {"id": 11, "op": op}
+    if op in ("acquire", "renew", "release", "holder"):
+        base["key"] = "k"
+    if op == "acquire":
+        base.update(owner="o", ttl=1.0)
+    if op in ("renew", "release"):
+        base["lease_id"] = "L"
+    if OPS[op]:
+        base.update(cid="c", seq=2, ack=1)
+    return base
+
+
+MISSING = object()
+
+# (case id, op, field, value or MISSING, error class, substring the message must hold)
+BAD_CASES: list[tuple[str, str, str, Any, type[RaftLeaseError], str]] = [
+    # id
+    ("id-missing", "ping", "id", MISSING, BadRequestError, "'id'"),
+    ("id-bool", "ping", "id", True, BadRequestError, "'id'"),
+    ("id-false", "ping", "id", False, BadRequestError, "'id'"),
+    ("id-negative", "ping", "id", -1, BadRequestError, "'id'"),
+    ("id-2^63", "ping", "id", 2**63, BadRequestError, "'id'"),
+    ("id-float", "ping", "id", 1.0, BadRequestError, "'id'"),
+    ("id-string", "ping", "id", "1", BadRequestError, "'id'"),
+    ("id-nil", "ping", "id", None, BadRequestError, "'id'"),
+    # op
+    ("op-unknown", "ping", "op", "explode", BadRequestError, "unknown operation 'explode'"),
+    ("op-tick", "ping", "op", "tick", BadRequestError, "unknown operation 'tick'"),
+    ("op-case", "ping", "op", "PING", BadRequestError, "unknown operation"),
+    ("op-missing", "ping", "op", MISSING, BadRequestError, "unknown operation None"),
+    ("op-int", "ping", "op", 5, BadRequestError, "unknown operation 5"),
+    ("op-list", "ping", "op", ["ping"], BadRequestError, "unknown operation"),
+    ("op-bytes", "ping", "op", b"ping", BadRequestError, "unknown operation"),
+]
+for _op in ("acquire", "renew", "release", "holder"):
+    BAD_CASES += [
+        (f"{_op}-key-missing", _op, "key", MISSING, BadRequestError, "missing field 'key'"),
+        (f"{_op}-key-nil", _op, "key", None, BadRequestError, "missing field 'key'"),
+        (f"{_op}-key-empty", _op, "key", "", InvalidArgumentError, "'key' must not be empty"),
+        (f"{_op}-key-long", _op, "key", "k" * 513, InvalidArgumentError, "'key' is 513 bytes"),
+        (f"{_op}-key-int", _op, "key", 7, BadRequestError, "'key' must be a string, not int"),
+        (f"{_op}-key-bytes", _op, "key", b"k", BadRequestError, "'key' must be a string"),
+        (f"{_op}-key-list", _op, "key", ["k"], BadRequestError, "'key' must be a string"),
+    ]
+BAD_CASES += [
+    ("owner-missing", "acquire", "owner", MISSING, BadRequestError, "missing field 'owner'"),
+    ("owner-empty", "acquire", "owner", "", InvalidArgumentError, "'owner' must not be empty"),
+    ("owner-long", "acquire", "owner", "o" * 257, InvalidArgumentError, "'owner' is 257 bytes"),
+    ("owner-int", "acquire", "owner", 3, BadRequestError, "'owner' must be a string"),
+    ("owner-map", "acquire", "owner", {"a": 1}, BadRequestError, "'owner' must be a string"),
+    ("ttl-missing", "acquire", "ttl", MISSING, BadRequestError, "missing field 'ttl'"),
+    ("ttl-nil", "acquire", "ttl", None, BadRequestError, "missing field 'ttl'"),
+    ("ttl-zero", "acquire", "ttl", 0, InvalidArgumentError, "ttl 0 s"),
+    ("ttl-zero-float", "acquire", "ttl", 0.0, InvalidArgumentError, "ttl 0.0 s"),
+    ("ttl-negative", "acquire", "ttl", -5, InvalidArgumentError, "ttl -5 s"),
+    ("ttl-nan", "acquire", "ttl", math.nan, InvalidArgumentError, "ttl nan s"),
+    ("ttl-inf", "acquire", "ttl", math.inf, InvalidArgumentError, "ttl inf s"),
+    ("ttl-minus-inf", "acquire", "ttl", -math.inf, InvalidArgumentError, "ttl -inf s"),
+    ("ttl-bool", "acquire", "ttl", True, BadRequestError, "'ttl' must be a number"),
+    ("ttl-string", "acquire", "ttl", "10", BadRequestError, "'ttl' must be a number"),
+    ("ttl-list", "acquire", "ttl", [10], BadRequestError, "'ttl' must be a number"),
+    ("ttl-above-max", "acquire", "ttl", 3600.001, InvalidArgumentError, "ttl 3600.001 s"),
+    ("ttl-huge", "acquire", "ttl", 1e300, InvalidArgumentError, "ttl 1e+300 s"),
+    ("ttl-huge-int", "acquire", "ttl", 2**64 - 1, InvalidArgumentError, "ttl"),
+    ("ttl-below-min", "acquire", "ttl", 0.499, InvalidArgumentError, "ttl 0.499 s"),
+    ("renew-ttl-zero", "renew", "ttl", 0, InvalidArgumentError, "ttl 0 s"),
+    ("renew-ttl-bool", "renew", "ttl", False, BadRequestError, "'ttl' must be a number"),
+    ("renew-ttl-nan", "renew", "ttl", math.nan, InvalidArgumentError, "ttl nan s"),
+    ("renew-ttl-big", "renew", "ttl", 1e9, InvalidArgumentError, "ttl"),
+]
+for _op in ("renew", "release"):
+    BAD_CASES += [
+        (f"{_op}-lid-missing", _op, "lease_id", MISSING, BadRequestError, "'lease_id'"),
+        (f"{_op}-lid-empty", _op, "lease_id", "", InvalidArgumentError, "'lease_id'"),
+        (f"{_op}-lid-int", _op, "lease_id", 1, BadRequestError, "'lease_id'"),
+        (f"{_op}-lid-long", _op, "lease_id", "L" * 129, InvalidArgumentError, "'lease_id'"),
+    ]
+BAD_CASES += [
+    ("prefix-int", "leases", "prefix", 1, BadRequestError, "'prefix'"),
+    ("prefix-nil", "leases", "prefix", None, BadRequestError, "'prefix'"),
+    ("prefix-bytes", "leases", "prefix", b"a", BadRequestError, "'prefix'"),
+    ("prefix-long", "leases", "prefix", "p" * 513, InvalidArgumentError, "'prefix'"),
+    ("limit-zero", "leases", "limit", 0, InvalidArgumentError, "'limit'"),
+    ("limit-negative", "leases", "limit", -1, InvalidArgumentError, "'limit'"),
+    ("limit-above-max", "leases", "limit", 10_001, InvalidArgumentError, "'limit'"),
+    ("limit-string", "leases", "limit", "5", BadRequestError, "'limit'"),
+    ("limit-bool", "leases", "limit", True, BadRequestError, "'limit'"),
+    ("limit-float", "leases", "limit", 5.0, BadRequestError, "'limit'"),
+    ("limit-nil", "leases", "limit", None, BadRequestError, "'limit'"),
+]
+for _op in ("acquire", "renew", "release"):
+    BAD_CASES += [
+        (f"{_op}-cid-missing", _op, "cid", MISSING, BadRequestError, "missing field 'cid'"),
+        (f"{_op}-cid-int", _op, "cid", 1, BadRequestError, "'cid' must be a string"),
+        (f"{_op}-cid-empty", _op, "cid", "", InvalidArgumentError, "'cid'"),
+        (f"{_op}-cid-long", _op, "cid", "c" * 129, InvalidArgumentError, "'cid'"),
+        (f"{_op}-seq-missing", _op, "seq", MISSING, BadRequestError, "missing field 'seq'"),
+        (f"{_op}-seq-zero", _op, "seq", 0, InvalidArgumentError, "'seq'"),
+        (f"{_op}-seq-bool", _op, "seq", True, BadRequestError, "'seq'"),
+        (f"{_op}-seq-float", _op, "seq", 2.0, BadRequestError, "'seq'"),
+        (f"{_op}-seq-huge", _op, "seq", 2**62 + 1, InvalidArgumentError, "'seq'"),
+        (f"{_op}-ack-missing", _op, "ack", MISSING, BadRequestError, "missing field 'ack'"),
+        (f"{_op}-ack-zero", _op, "ack", 0, InvalidArgumentError, "'ack'"),
+        (f"{_op}-ack-negative", _op, "ack", -1, InvalidArgumentError, "'ack'"),
+        (f"{_op}-ack-string", _op, "ack", "1", BadRequestError, "'ack'"),
+        (f"{_op}-seq-below-ack", _op, "ack", 3, InvalidArgumentError, "seq 2 is below ack 3"),
+    ]
+
+
+def with_field(op: str, name: str, value: Any) -> dict[str, Any]:
+    message = good(op)
+    if value is MISSING:
+        message.pop(name, None)
+    else:
+        message[name] = value
+    return message
+
+
+@pytest.mark.parametrize(
+    ("op", "name", "value", "exc", "text"),
+    [pytest.param(*case[1:], id=case[0]) for case in BAD_CASES],
+)
+def test_parse_bad_request(
+    op: str, name: str, value: Any, exc: type[RaftLeaseError], text: str
+) -> None:
+    parse_request(good(op), LIMITS)  # the base request is valid
+    message = with_field(op, name, value)
+    with pytest.raises(RaftLeaseError) as info:
+        parse_request(message, LIMITS)
+    err = info.value
+    assert type(err) is exc, f"{type(err).__name__}: {err}"
+    assert err.definite
+    assert text in err.message
+    # The message names the field (or the operation, for the op field).
+    assert name in err.message or (name == "op" and "operation" in err.message)
+
+
+def test_bad_request_cases_cover_every_op_with_fields() -> None:
+    covered = {(case[1], case[2]) for case in BAD_CASES}
+    for op in OPS:
+        for name in good(op):
+            if name == "op":
+                continue
+            assert (op, name) in covered or name == "id", (op, name)
+
+
+def test_request_id_only_for_usable_ids() -> None:
+    assert request_id({"id": 5}) == 5
+    for bad in (None, True, -1, 2**63, 1.0, "5", [5]):
+        assert request_id({"id": bad}) is None
+    assert request_id({}) is None
+
+
+def test_limits_come_from_the_caller() -> None:
+    tight = Limits(max_key_bytes=3, max_owner_bytes=2, min_ttl=1.0, max_ttl=2.0, max_list=5)
+    msg = {"id": 1, "op": "acquire", "key": "abc", "owner": "ab", "ttl": 1.0, **SESSION}
+    assert parse_request(msg, tight).args == {"key": "abc", "owner": "ab", "ttl": 1000}
+    with pytest.raises(InvalidArgumentError, match="'key'"):
+        parse_request({**msg, "key": "abcd"}, tight)
+    with pytest.raises(InvalidArgumentError, match=re.escape("1.0..2.0")):
+        parse_request({**msg, "ttl": 2.5}, tight)
+    with pytest.raises(InvalidArgumentError, match="'limit' must be from 1 to 5, got 6"):
+        parse_request({"id": 1, "op": "leases", "limit": 6}, tight)
+
+
+@pytest.mark.parametrize("op", ["holder", "leases"])
+def test_parse_lone_surrogate_is_a_request_error(op: str) -> None:
+    field = "key" if op == "holder" else "prefix"
+    with pytest.raises((BadRequestError, InvalidArgumentError)):
+        parse_request({"id": 1, "op": op, field: "\ud800"}, LIMITS)
+
+
+# --------------------------------------------------------------- responses
+
+
+def test_ok_response_shape() -> None:
+    assert ok_response(9, {"a": 1}) == {"id": 9, "ok": True, "result": {"a": 1}}
+
+
+def test_error_response_shape_without_detail() -> None:
+    response = error_response(3, BadRequestError("field 'key' is wrong"))
+    assert response == {
+        "id": 3,
+        "ok": False,
+        "code": "BAD_REQUEST",
+        "message": "field 'key' is wrong",
+        "definite": True,
+    }
+
+
+def test_error_response_shape_with_detail_and_no_id() -> None:
+    err = LeaseHeldError("held", {"owner": "bob", "token": 4, "remaining": 1.5})
+    response = error_response(None, err)
+    assert response == {
+        "id": None,
+        "ok": False,
+        "code": "LEASE_HELD",
+        "message": "held",
+        "definite": True,
+        "detail": {"owner": "bob", "token": 4, "remaining": 1.5},
+    }
+
+
+def test_error_response_of_indefinite_error_and_default_message() -> None:
+    response = error_response(1, errors.TimeoutError_())
+    assert response["definite"] is False
+    assert response["code"] == "TIMEOUT"
+    assert response["message"] == "TIMEOUT"
+
+
+def test_protocol_error_response() -> None:
+    response = error_response(None, ProtocolError("a frame must hold a map"))
+    assert response["code"] == "BAD_REQUEST"
+    assert response["definite"] is True
+    assert "detail" not in response
+
+
+def test_error_response_round_trips_through_a_frame() -> None:
+    err = LeaseHeldError("k is held", {"owner": "bob", "token": 12, "remaining": 0.5})
+    (decoded,) = FrameDecoder().feed(encode_frame(error_response(7, err)))
+    back = errors.from_wire(decoded["code"], decoded["message"], decoded.get("detail"))
+    assert isinstance(back, LeaseHeldError)
+    assert (back.owner, back.token, back.remaining) == ("bob", 12, 0.5)
+    assert back.message == "k is held"
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize("code", sorted(errors.CODES))
+def test_every_code_maps_back_to_its_class(code: str) -> None:
+    cls = errors.error_class(code)
+    assert issubclass(cls, RaftLeaseError)
+    assert cls.code == code
+    err = errors.from_wire(code, "something happened", {"k": 1})
+    assert type(err) is cls
+    assert err.code == code
+    assert err.message == "something happened"
+    assert err.detail == {"k": 1}
+    assert err.definite is cls.definite
+    assert code in str(err)
+    # The wire form of the error names the same code.
+    assert error_response(1, err)["code"] == code
+
+
+def test_codes_are_distinct_upper_case_and_complete() -> None:
+    classes = [
+        obj
+        for obj in vars(errors).values()
+        if isinstance(obj, type) and issubclass(obj, RaftLeaseError) and obj is not RaftLeaseError
+    ]
+    assert {cls.code for cls in classes} == set(errors.CODES)
+    for code in errors.CODES:
+        assert code == code.upper()
+        assert " " not in code
+
+
+def test_definite_flags() -> None:
+    indefinite = {"TIMEOUT", "LEADER_CHANGED", "CONNECTION_LOST", "INTERNAL"}
+    for code in errors.CODES:
+        assert errors.error_class(code).definite is (code not in indefinite), code
+
+
+def test_unknown_code_is_internal() -> None:
+    assert errors.error_class("NO_SUCH_CODE") is InternalError
+    err = errors.from_wire("NO_SUCH_CODE", "boom")
+    assert isinstance(err, InternalError)
+    assert err.definite is False
+    assert err.message == "boom"
+    assert err.detail == {}
+
+
+def test_protocol_error_is_a_bad_request_code() -> None:
+    assert ProtocolError.code == "BAD_REQUEST"
+    assert issubclass(ProtocolError, RaftLeaseError)
+    assert errors.error_class(ProtocolError.code) is BadRequestError
