@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import random
 import secrets
 import threading
@@ -36,6 +37,7 @@ from .errors import (
     LeaderChangedError,
     NotLeaderError,
     RaftLeaseError,
+    SessionExpiredError,
     TimeoutError_,
     UnavailableError,
     from_wire,
@@ -43,6 +45,8 @@ from .errors import (
 from .protocol import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
 
 T = TypeVar("T")
+
+log = logging.getLogger("raftlease.client")
 
 DEFAULT_DEADLINE = 15.0
 DEFAULT_ATTEMPT_TIMEOUT = 3.0
@@ -212,6 +216,28 @@ class _Connection:
             await self._writer.wait_closed()
 
 
+class _Session:
+    """A client session for deduplicated retries (Raft dissertation §6.3): a random id,
+    a sequence number per mutating request, and the requests still awaiting an answer
+    (every seq below the smallest of them is acknowledged to the cluster)."""
+
+    def __init__(self) -> None:
+        self.cid = secrets.token_hex(16)
+        self._seq = itertools.count(1)
+        self._outstanding: set[int] = set()
+
+    def begin(self) -> int:
+        seq = next(self._seq)
+        self._outstanding.add(seq)
+        return seq
+
+    def end(self, seq: int) -> None:
+        self._outstanding.discard(seq)
+
+    def ack(self) -> int:
+        return min(self._outstanding)
+
+
 class AsyncClient:
     """asyncio client. Create it inside a running loop; use ``async with`` or
     ``await close()``. All methods are coroutines; cancellation of a call leaves the
@@ -239,13 +265,16 @@ class AsyncClient:
         self.attempt_timeout = attempt_timeout
         self.clock_drift = clock_drift
         self.margin = margin
-        self.client_id = secrets.token_hex(16)
-        self._seq = itertools.count(1)
-        self._outstanding: set[int] = set()
+        self._session = _Session()
         self._target: str = self.endpoints[0]
         self._conns: dict[str, _Connection] = {}
         self._connect_lock = asyncio.Lock()
         self._rotation = itertools.cycle(self.endpoints)
+
+    @property
+    def client_id(self) -> str:
+        """The id of the client session that deduplicates retries."""
+        return self._session.cid
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -287,26 +316,18 @@ class AsyncClient:
                 raise InvalidArgumentError(
                     f"request of {size} bytes exceeds the frame limit of {DEFAULT_MAX_FRAME}"
                 )
-        seq = 0
-        if mutating:
-            seq = next(self._seq)
-            self._outstanding.add(seq)
+        session = self._session if mutating else None
+        seq = session.begin() if session is not None else 0
         backoff = 0.02
         last: RaftLeaseError | None = None
         maybe_applied = False
         try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
+            while (remaining := deadline - time.monotonic()) > 0:
                 target = self._target
                 message: dict[str, Any] = {"op": op, **args}
-                if mutating:
-                    message["cid"] = self.client_id
-                    message["seq"] = seq
-                    message["ack"] = min(self._outstanding)
+                if session is not None:
+                    message.update(cid=session.cid, seq=seq, ack=session.ack())
                 attempt = min(remaining, self.attempt_timeout)
-                response: dict[str, Any] | None = None
                 try:
                     conn = await self._connection(target, attempt)
                 except ConnectionLostError as exc:  # never sent: nothing can have applied
@@ -320,44 +341,56 @@ class AsyncClient:
                         maybe_applied = True
                         last = exc
                         self._target = self._next_endpoint()
-                if response is not None:
-                    if response.get("ok"):
-                        result: dict[str, Any] = response.get("result") or {}
-                        return result
-                    err = from_wire(
-                        str(response.get("code")),
-                        str(response.get("message")),
-                        response.get("detail"),
-                    )
-                    if isinstance(err, NotLeaderError):
-                        last = err
-                        if err.leader and err.leader != target:
-                            self._target = err.leader
-                            continue  # redirect at once
-                        self._target = self._next_endpoint()
-                    elif isinstance(err, UnavailableError):
-                        last = err
-                        self._target = self._next_endpoint()
-                    elif err.definite:
-                        raise err
                     else:
-                        # Indefinite (commit timeout, leader change): the node may be a
-                        # deposed leader that cannot commit; retry (deduplicated by the
-                        # session) on the next endpoint, which redirects if need be.
-                        maybe_applied = True
-                        last = err
+                        if response.get("ok"):
+                            result: dict[str, Any] = response.get("result") or {}
+                            return result
+                        last = from_wire(
+                            str(response.get("code")),
+                            str(response.get("message")),
+                            response.get("detail"),
+                        )
+                        if isinstance(last, NotLeaderError) and last.leader not in (None, target):
+                            self._target = str(last.leader)
+                            continue  # redirect at once
+                        if isinstance(last, SessionExpiredError) and session is not None:
+                            # Our session was evicted while idle: nothing of this
+                            # request can have applied (applying refreshes a session).
+                            # Continue under a fresh session.
+                            session.end(seq)
+                            session = self._renew_session(session)
+                            seq = session.begin()
+                            continue
+                        if last.definite and not isinstance(
+                            last, NotLeaderError | UnavailableError
+                        ):
+                            raise last
+                        # Not the leader, unavailable, or indefinite (commit timeout,
+                        # leader change: maybe a deposed leader that cannot commit):
+                        # retry, deduplicated by the session, on the next endpoint.
+                        maybe_applied = maybe_applied or not last.definite
                         self._target = self._next_endpoint()
                 await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
                 backoff = min(backoff * 2, 0.5) * (0.75 + random.random() / 2)
         finally:
-            if mutating:
-                self._outstanding.discard(seq)
+            if session is not None:
+                session.end(seq)
         if maybe_applied or last is None:
             cls: type[RaftLeaseError] = (
                 LeaderChangedError if isinstance(last, LeaderChangedError) else TimeoutError_
             )
             raise cls(f"{op} did not complete before its deadline; outcome unknown (last: {last})")
         raise UnavailableError(f"{op} failed before its deadline: {last}")
+
+    def _renew_session(self, expired: _Session) -> _Session:
+        if self._session is expired:
+            self._session = _Session()
+            log.warning(
+                "client session %s expired on the cluster; continuing as %s",
+                expired.cid,
+                self._session.cid,
+            )
+        return self._session
 
     # ----------------------------------------------------------------- API
 

@@ -78,7 +78,7 @@ class NodeConfig:
     request_timeout: float = 5.0
     # Snapshot (log compaction) after this many entries or seconds.
     compaction_min_entries: int = 50_000
-    compaction_min_time: float = 300.0
+    compaction_min_time: float = 30.0
     # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
     # fault-injecting proxy. The peer keeps its identity (its raft address).
     dial: dict[str, str] = field(default_factory=dict)
@@ -200,6 +200,10 @@ class NodeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.compaction_min_entries < 2:
+            raise ConfigError(
+                f"compaction_min_entries must be at least 2, got {self.compaction_min_entries}"
+            )
         # The server's limits must sit inside the state machine's hard caps, or the
         # state machine would reject requests the server accepted.
         for name, cap in (
@@ -218,9 +222,9 @@ class NodeConfig:
                 f"election_timeout_min ({self.election_timeout_min}) must be below "
                 f"election_timeout_max ({self.election_timeout_max})"
             )
-        if self.heartbeat_interval * 3 > self.election_timeout_min:
+        if self.heartbeat_interval * 3 >= self.election_timeout_min:
             raise ConfigError(
-                f"heartbeat_interval ({self.heartbeat_interval}) must be at most a third of "
+                f"heartbeat_interval ({self.heartbeat_interval}) must be less than a third of "
                 f"election_timeout_min ({self.election_timeout_min}) or followers time out "
                 "between heartbeats"
             )

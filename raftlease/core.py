@@ -9,11 +9,11 @@ Rules this module keeps (docs/design.md explains why):
 
 * Time comes only from entries: ``now = max(self.now, entry["now"])``; log time never
   goes backwards. Each entry also carries the Raft ``term`` of the leader that stamped
-  it; a stamp from an older term than one already applied (a deposed leader's request
-  that PySyncObj forwarded to the new leader) does not move time, so a stale leader's
-  clock can never make log time jump ahead and shorten leases. Nothing here reads a
-  clock, draws a random number, or does I/O; a test walks this module's AST to keep it
-  so.
+  it; an entry stamped in an older term than one already applied (a deposed leader's
+  request that reached the log late) is refused with ``NOT_LEADER`` and changes
+  nothing: its stamp is stale, and granting at our last log time instead could let
+  the lease expire before its holder stops trusting it. Nothing here reads a clock,
+  draws a random number, or does I/O; a test walks this module's AST to keep it so.
 * Expiry is deterministic: every entry first advances log time, then removes every
   lease with ``expires_at <= now`` in ``(expires_at, lease_id)`` order.
 * A store-wide ``revision`` grows by one on every change; a grant's fencing token is
@@ -79,6 +79,9 @@ class LeaseRecord:
 class ClientSession:
     last_seen: int
     results: dict[int, Result]
+    #: Highest ``ack`` the client has sent: every seq below it was acknowledged, so a
+    #: late duplicate of one (a retry overtaken by later requests) is never applied.
+    acked: int = 1
 
 
 def error(code: str, message: str, **detail: Any) -> Result:
@@ -141,12 +144,17 @@ class LeaseStore:
         if problem is not None:
             return error("BAD_REQUEST", problem)
 
+        if term < self.term:
+            # Stamped by a leader deposed since: its time stamp and its view are
+            # stale, and applying a grant at our last log time could let the lease
+            # expire early. Refuse it unchanged; the client retries at the leader.
+            return error(
+                "NOT_LEADER",
+                f"entry stamped in term {term} by a deposed leader (term is {self.term})",
+            )
         self.applied += 1
-        if term >= self.term:
-            self.term = term
-            self._advance(now)
-        else:
-            self._advance(self.now)
+        self.term = term
+        self._advance(now)
 
         if op == "tick":
             return {"ok": True, "now": self.now}
@@ -234,12 +242,15 @@ class LeaseStore:
         else:
             session.last_seen = self.now
             self.sessions.move_to_end(cid)
-        if session.results:
+        if ack > session.acked:
+            session.acked = ack
             for done in [s for s in session.results if s < ack]:
                 del session.results[done]
-        if seq < ack:
+        if seq < session.acked:
             return error(
-                "BAD_REQUEST", f"seq {seq} was already acknowledged by the client (ack {ack})"
+                "BAD_REQUEST",
+                f"seq {seq} was already acknowledged by the client (ack {session.acked}); "
+                "a late duplicate is never applied",
             )
         cached = session.results.get(seq)
         if cached is not None:
@@ -395,7 +406,7 @@ class LeaseStore:
             "expired_total": self.expired_total,
             "leases": [lease.to_plain() for lease in self.leases.values()],
             "sessions": [
-                [cid, s.last_seen, [[seq, res] for seq, res in s.results.items()]]
+                [cid, s.last_seen, s.acked, [[seq, res] for seq, res in s.results.items()]]
                 for cid, s in self.sessions.items()
             ],
         }
@@ -416,7 +427,9 @@ class LeaseStore:
             store.leases[key] = LeaseRecord(
                 key, lease_id, owner, token, ttl_ms, granted_at, expires_at
             )
-        for cid, last_seen, results in data["sessions"]:
-            store.sessions[cid] = ClientSession(last_seen, {seq: res for seq, res in results})
+        for cid, last_seen, acked, results in data["sessions"]:
+            store.sessions[cid] = ClientSession(
+                last_seen, {seq: res for seq, res in results}, acked
+            )
         store._rebuild_deadlines()
         return store

@@ -14,13 +14,18 @@ to call from any thread: they read single attributes.
 
 from __future__ import annotations
 
+import gzip
 import logging
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.dns_resolver import globalDnsResolver
+from pysyncobj.journal import FileJournal
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import TCPTransport
 
@@ -146,6 +151,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     ``request_vote`` is dropped, in both directions, while this node's vote promise
     holds; a leader still receives it, so a node whose term grew while it was cut off
     makes the leader step down after the heal and the cluster re-elects (liveness).
+    ``apply_command`` (PySyncObj forwarding a proposal to the leader) is never sent.
     Runs on the tick thread. ``guard`` is bound by ``Replica`` through a subclass.
     """
 
@@ -163,6 +169,22 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                 message["rl_t"] = self.guard.clock.monotonic()
             elif kind == "request_vote" and self.guard.refuse_vote():
                 return False  # our own promise also forbids running for election
+            elif kind == "apply_command":
+                # PySyncObj forwards a proposal to the leader when this node lost
+                # leadership between our check and the tick thread. Never forward: the
+                # entry was stamped with our (now stale) log time. Fail it at once,
+                # definitely (it was not sent), through PySyncObj's own reply path.
+                request_id = message.get("request_id")
+                if request_id is not None:
+                    super()._onMessageReceived(
+                        node,
+                        {
+                            "type": "apply_command_response",
+                            "request_id": request_id,
+                            "error": FAIL_REASON.REQUEST_DENIED,
+                        },
+                    )
+                return False
         return bool(super().send(node, message))
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:
@@ -185,6 +207,57 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         super()._onMessageReceived(node, message)
 
 
+def repair_journal(journal_path: Path, dump_path: Path) -> int:
+    """Make a journal consistent with a newer snapshot, before PySyncObj loads them.
+
+    PySyncObj compacts by (1) writing the snapshot in a forked child, then, a tick
+    later, (2) rewriting the journal to start at the snapshot's last two entries. A
+    crash between the two leaves a journal whose head is older than the snapshot, and
+    PySyncObj's loader then *clears the whole journal*, dropping every entry after the
+    snapshot: acknowledged grants lost (reproduced with a SIGKILL of all nodes right
+    after a burst of writes). Here, when the journal holds the snapshot's two entries
+    further in, we drop what precedes them (atomically: a new file renamed over the
+    old), so the loader keeps the tail. Returns how many entries were dropped.
+    """
+    if not journal_path.exists() or not dump_path.exists():
+        return 0
+    try:
+        with gzip.open(dump_path, "rb") as f:
+            dump = pysyncobj_pickle.load(f)
+        before_last, last = dump[2], dump[1]
+    except Exception:
+        log.exception("cannot read snapshot %s; leaving the journal alone", dump_path)
+        return 0
+    journal = FileJournal(str(journal_path))
+    try:
+        entries = [journal[i] for i in range(len(journal))]
+    finally:
+        journal._destroy()
+    if len(entries) >= 2 and entries[0] == before_last and entries[1] == last:
+        return 0
+    for k in range(len(entries) - 1):
+        if entries[k] == before_last and entries[k + 1] == last:
+            break
+    else:
+        return 0  # the loader's own handling applies (snapshot newer than all entries)
+    tmp = journal_path.with_name(journal_path.name + ".repair")
+    tmp.unlink(missing_ok=True)
+    fresh = FileJournal(str(tmp))
+    try:
+        for command, idx, term in entries[k:]:
+            fresh.add(command, idx, term)
+    finally:
+        fresh._destroy()
+    os.replace(tmp, journal_path)
+    log.warning(
+        "journal head was older than the snapshot (crash during log compaction): "
+        "dropped %d entries before it, kept %d after",
+        k,
+        len(entries) - k,
+    )
+    return k
+
+
 class Replica:
     """One node's Raft replica of the lease store."""
 
@@ -203,8 +276,10 @@ class Replica:
             planted=config.planted_bug,
         )
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        repair_journal(config.journal_file, config.dump_file)
         self._consumer = _StoreConsumer(observer)
         self._role = "follower"
+        me = config.self_node
         conf = SyncObjConf(
             journalFile=str(config.journal_file),
             # Trap 2: a journal without a dump file comes back empty after compaction.
@@ -216,16 +291,21 @@ class Replica:
             raftMinTimeout=config.election_timeout_min,
             raftMaxTimeout=config.election_timeout_max,
             connectionRetryTime=config.connection_retry,
+            # Listen on the raft address's host only (PySyncObj binds 0.0.0.0 by
+            # default, and its peer protocol is unauthenticated pickle).
+            bindAddress=me.raft,
             connectionTimeout=config.connection_timeout,
             leaderFallbackTimeout=config.leader_fallback,
             logCompactionMinEntries=config.compaction_min_entries,
             logCompactionMinTime=config.compaction_min_time,
+            # Each node compacts in its own time slot, never two at once, so a crash of
+            # the whole cluster cannot catch a majority inside a compaction.
+            logCompactionSplit=True,
             # Fail fast with MISSING_LEADER (definite) instead of queueing forever.
             commandsWaitLeader=False,
             dynamicMembershipChange=False,
             onStateChanged=self._on_state_changed,
         )
-        me = config.self_node
         peers = [DialNode(p.raft, config.dial.get(p.id, p.raft)) for p in config.peers]
         transport_class = type("BoundLeaseTransport", (LeaseTransport,), {"guard": self.guard})
         self._sync = SyncObj(

@@ -52,6 +52,9 @@ from .replication import Replica
 
 log = logging.getLogger("raftlease.server")
 
+#: The leader proposes a tick at least this often (seconds) to keep log time fresh.
+LOG_TIME_REFRESH = 1.0
+
 #: Requests in flight on one connection before the server stops reading from it.
 MAX_INFLIGHT_PER_CONNECTION = 1024
 
@@ -370,12 +373,20 @@ class NodeServer:
     # -------------------------------------------------------------- expiry
 
     async def _expiry_loop(self) -> None:
-        """On the leader, propose a ``tick`` entry when a lease is due (or when no entry
-        of the current term is applied yet), so expired
-        leases are removed (and memory freed) even when no request touches them.
-        Every command also expires what is due, so this loop is not needed for
-        correctness, only for timeliness."""
+        """The leader's housekeeping entries (``tick``), proposed one at a time:
+
+        * at once after an election: an entry of its own term, the barrier before it
+          may serve lease reads;
+        * when a lease is due, so expired leases are removed (and waiters woken, and
+          memory freed) even when no request touches them; every command also expires
+          what is due, so this is for timeliness, not correctness;
+        * at least every ``LOG_TIME_REFRESH`` seconds, so log time in the state never
+          lags real time by more than that. A new leader continues log time from the
+          last applied stamp: without these ticks an idle period before a failover
+          would lengthen every lease by its whole length.
+        """
         interval = self.config.heartbeat_interval
+        last_tick = -1.0
         while True:
             await asyncio.sleep(interval)
             replica = self.replica
@@ -386,16 +397,20 @@ class NodeServer:
             except IndexError:  # raced with the tick thread popping the heap
                 continue
             term = replica.term()
-            # A new leader commits an entry of its own term at once: a barrier before
-            # it may serve lease reads (and a fresh log-time stamp).
-            barrier = replica.store.term < term
-            if not barrier and (due is None or due > self.log_clock.stamp(term, replica.store.now)):
+            now_mono = self.clock.monotonic()
+            needed = (
+                replica.store.term < term
+                or now_mono - last_tick >= LOG_TIME_REFRESH
+                or (due is not None and due <= self.log_clock.stamp(term, replica.store.now))
+            )
+            if not needed:
                 continue
             self._tick_in_flight = True
+            last_tick = now_mono
             try:
                 await self.propose({"op": "tick"})
             except RaftLeaseError as exc:
-                log.debug("expiry tick not applied: %s", exc)
+                log.debug("tick not applied: %s", exc)
             finally:
                 self._tick_in_flight = False
 

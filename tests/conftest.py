@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -42,6 +42,26 @@ def _show_logs_on_failure(request: pytest.FixtureRequest, cluster: LocalCluster)
 
 def make_cluster(count: int = 3, **settings: Any) -> LocalCluster:
     return LocalCluster(count, settings={**FAST_SETTINGS, **settings})
+
+
+@pytest.fixture
+def cluster_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., LocalCluster]]:
+    """``cluster_factory(count=3, **settings)`` starts a cluster with extra settings;
+    every cluster made is stopped at teardown, with its logs shown if the test failed."""
+    made: list[LocalCluster] = []
+
+    def factory(count: int = 3, **settings: Any) -> LocalCluster:
+        c = make_cluster(count, **settings)
+        made.append(c)
+        c.start()
+        return c
+
+    try:
+        yield factory
+    finally:
+        for c in made:
+            _show_logs_on_failure(request, c)
+            c.close()
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,8 +17,6 @@ from raftlease import (
 )
 from raftlease.protocol import FrameDecoder, encode_frame
 from raftlease.testing import LocalCluster, wait_for
-
-from .conftest import make_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -221,36 +220,31 @@ def test_single_follower_restart(cluster: LocalCluster) -> None:
 
 
 def test_full_cluster_restart_keeps_grants_and_remaining_ttl(
-    request: pytest.FixtureRequest,
+    cluster_factory: Callable[..., LocalCluster],
 ) -> None:
-    # Small compaction threshold so the restart goes through snapshot + journal.
-    cluster = make_cluster(compaction_min_entries=40)
-    try:
-        cluster.start()
-        with cluster.client() as c:
-            for i in range(60):  # enough entries to trigger log compaction
-                c.release(c.acquire(f"churn/{i}", owner="agent", ttl=30.0))
-            leases = [c.acquire(f"full/{i}", owner=f"agent-{i}", ttl=30.0) for i in range(5)]
-            before = {h.key: h for h in c.leases("full/")}
-        assert any((cluster.node_dir(n.id) / "raft.dump").exists() for n in cluster.nodes), (
-            "no snapshot was written; the test would not cover snapshot restore"
-        )
-        for node in cluster.nodes:
-            cluster.kill_node(node.id)
-        for node in cluster.nodes:
-            cluster.start_node(node.id)
-        cluster.wait_for_leader(timeout=60)
-        with cluster.client() as c:
-            after = {h.key: h for h in c.leases("full/")}
-            assert set(after) == set(before)
-            for key, h in before.items():
-                assert after[key].token == h.token and after[key].owner == h.owner
-                # Downtime does not count against a lease: the remaining TTL is kept
-                # (minus the time it took to read it again, loosely bounded).
-                assert after[key].remaining > h.remaining - 10.0
-            fresh = c.acquire("full/new", owner="agent", ttl=5.0)
-            assert fresh.token > max(lease.token for lease in leases)
-    finally:
-        if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
-            print(cluster.logs())
-        cluster.close()
+    # Small compaction thresholds so the restart goes through snapshot + journal.
+    cluster = cluster_factory(compaction_min_entries=40, compaction_min_time=1.5)
+    dumps = [cluster.node_dir(n.id) / "raft.dump" for n in cluster.nodes]
+    with cluster.client() as c:
+        for i in range(3000):  # churn until every node has written a snapshot
+            c.release(c.acquire(f"churn/{i}", owner="agent", ttl=30.0))
+            if i >= 60 and all(d.exists() for d in dumps):
+                break
+        assert all(d.exists() for d in dumps), "the test would not cover snapshot restore"
+        leases = [c.acquire(f"full/{i}", owner=f"agent-{i}", ttl=30.0) for i in range(5)]
+        before = {h.key: h for h in c.leases("full/")}
+    for node in cluster.nodes:
+        cluster.kill_node(node.id)
+    for node in cluster.nodes:
+        cluster.start_node(node.id)
+    cluster.wait_for_leader(timeout=60)
+    with cluster.client() as c:
+        after = {h.key: h for h in c.leases("full/")}
+        assert set(after) == set(before)
+        for key, h in before.items():
+            assert after[key].token == h.token and after[key].owner == h.owner
+            # Downtime does not count against a lease: the remaining TTL is kept
+            # (minus the time it took to read it again, loosely bounded).
+            assert after[key].remaining > h.remaining - 10.0
+        fresh = c.acquire("full/new", owner="agent", ttl=5.0)
+        assert fresh.token > max(lease.token for lease in leases)

@@ -128,7 +128,12 @@ def test_cross_check_names_both_values(overrides: dict[str, Any], values: tuple[
 
 def test_cross_checks_accept_their_boundaries() -> None:
     # Each relation's boundary value is allowed on the side the rule says.
-    make(heartbeat_interval=0.125, election_timeout_min=0.375, election_timeout_max=0.5)
+    make(heartbeat_interval=0.124, election_timeout_min=0.375, election_timeout_max=0.5)
+    # Exactly a third is refused: PySyncObj asserts raftMinTimeout > 3 * period.
+    assert "heartbeat_interval (0.125)" in config_error(
+        heartbeat_interval=0.125, election_timeout_min=0.375, election_timeout_max=0.5
+    )
+    assert "compaction_min_entries" in config_error(compaction_min_entries=1)
     make(leader_fallback=1.0, election_timeout_max=1.0)
     make(connection_timeout=1.01, election_timeout_max=1.0)
     make(min_ttl=7.0, max_ttl=7.0)

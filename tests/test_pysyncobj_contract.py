@@ -6,17 +6,20 @@ behaviour in production.
 
 from __future__ import annotations
 
+import gzip
 import pickle
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import pysyncobj
 import pytest
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConsumer
+from pysyncobj.journal import FileJournal
 from pysyncobj.version import VERSION
 
 from raftlease.core import LeaseStore
-from raftlease.replication import _fail_reason_error, _StoreConsumer
+from raftlease.replication import _fail_reason_error, _StoreConsumer, repair_journal
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -98,3 +101,52 @@ def test_snapshot_is_msgpack_bytes_not_a_pickled_object() -> None:
     restored._deserialize(data)
     assert restored.store.to_plain() == consumer.store.to_plain()
     assert isinstance(restored.store, LeaseStore)
+
+
+def _write_dump(
+    path: Path, before_last: tuple[bytes, int, int], last: tuple[bytes, int, int]
+) -> None:
+    """A dump in PySyncObj's format: gzip(pickle((data, last, before_last, cluster)))."""
+    from pysyncobj import pickle as pysyncobj_pickle
+
+    with gzip.open(path, "wb") as f:
+        pysyncobj_pickle.dump((None, last, before_last, set()), f)
+
+
+def test_repair_keeps_entries_after_a_snapshot_newer_than_the_journal_head(
+    tmp_path: Path,
+) -> None:
+    journal_path, dump_path = tmp_path / "raft.journal", tmp_path / "raft.dump"
+    journal = FileJournal(str(journal_path))
+    entries = [(b"cmd%d" % i, i, 1) for i in range(1, 11)]
+    for entry in entries:
+        journal.add(*entry)
+    journal._destroy()
+    # The snapshot covers up to entry 6; the journal was not yet truncated (a crash
+    # between PySyncObj's two compaction steps).
+    _write_dump(dump_path, entries[4], entries[5])
+    assert repair_journal(journal_path, dump_path) == 4
+    repaired = FileJournal(str(journal_path))
+    try:
+        assert [repaired[i] for i in range(len(repaired))] == entries[4:]
+    finally:
+        repaired._destroy()
+    # Consistent now: a second repair changes nothing.
+    assert repair_journal(journal_path, dump_path) == 0
+
+
+def test_repair_leaves_consistent_or_unrelated_journals_alone(tmp_path: Path) -> None:
+    journal_path, dump_path = tmp_path / "raft.journal", tmp_path / "raft.dump"
+    assert repair_journal(journal_path, dump_path) == 0  # nothing there yet
+    journal = FileJournal(str(journal_path))
+    entries = [(b"c%d" % i, i, 2) for i in range(1, 5)]
+    for entry in entries:
+        journal.add(*entry)
+    journal._destroy()
+    _write_dump(dump_path, (b"x", 40, 2), (b"y", 41, 2))  # newer than every entry
+    assert repair_journal(journal_path, dump_path) == 0
+    check = FileJournal(str(journal_path))
+    try:
+        assert len(check) == 4
+    finally:
+        check._destroy()
