@@ -316,33 +316,60 @@ def release(key: str, lease_id: str, endpoints: str, as_json: bool, timeout: flo
     click.echo(json.dumps({"ok": True, "key": key}) if as_json else f"released {key}")
 
 
+_consistency_option = click.option(
+    "--consistency",
+    type=click.Choice(["linearizable", "log", "stale"]),
+    default="linearizable",
+    show_default=True,
+    help="linearizable: leader lease or log; log: always the Raft log; stale: any node.",
+)
+
+
 @main.command()
 @click.argument("key")
+@_consistency_option
 @_client_options
-def holder(key: str, endpoints: str, as_json: bool, timeout: float) -> None:
+def holder(key: str, consistency: str, endpoints: str, as_json: bool, timeout: float) -> None:
     """Show who holds KEY."""
     try:
         with Client(endpoints) as c:
-            h = c.holder(key, timeout=timeout)
+            read = c.read(key, consistency=consistency, timeout=timeout)
     except RaftLeaseError as exc:
         _fail(exc, as_json)
+    h = read.holder
+    label = {
+        "consistency": read.consistency,
+        "served_by": read.served_by,
+        "applied_index": read.applied_index,
+        "age": read.age,
+    }
     if as_json:
-        click.echo(json.dumps({"ok": True, "holder": _holder_dict(h) if h else None}))
-    elif h is None:
+        click.echo(json.dumps({"ok": True, "holder": _holder_dict(h) if h else None, **label}))
+        return
+    if h is None:
         click.echo(f"{key}: free")
     else:
         click.echo(f"{key}: held by {h.owner}, token {h.token}, {h.remaining:.2f} s left")
+    if read.consistency == "stale":
+        age = "unknown" if read.age is None else f"{read.age:.3f} s"
+        click.echo(
+            f"(stale read from {read.served_by}: applied index {read.applied_index}, "
+            f"may be {age} behind)"
+        )
 
 
 @main.command()
 @click.option("--prefix", default="", help="Only keys starting with this.")
 @click.option("--limit", default=1000, show_default=True)
+@_consistency_option
 @_client_options
-def leases(prefix: str, limit: int, endpoints: str, as_json: bool, timeout: float) -> None:
+def leases(
+    prefix: str, limit: int, consistency: str, endpoints: str, as_json: bool, timeout: float
+) -> None:
     """List live leases."""
     try:
         with Client(endpoints) as c:
-            items = c.leases(prefix, limit=limit, timeout=timeout)
+            items = c.leases(prefix, limit=limit, consistency=consistency, timeout=timeout)
     except RaftLeaseError as exc:
         _fail(exc, as_json)
     if as_json:
