@@ -45,6 +45,12 @@ def test_lease_commands_json_and_human(shared: LocalCluster) -> None:
 
     human = run_cli("holder", "cli/job-1", endpoints=eps)
     assert human.returncode == 0 and "held by agent-a" in human.stdout
+    stale = run_cli("holder", "cli/job-1", "--consistency", "stale", "--json", endpoints=eps)
+    stale_read = json.loads(stale.stdout)
+    assert stale_read["consistency"] == "stale" and stale_read["applied_index"] > 0
+    assert stale_read["holder"]["owner"] == "agent-a"
+    logged = run_cli("holder", "cli/job-1", "--consistency", "log", "--json", endpoints=eps)
+    assert json.loads(logged.stdout)["consistency"] == "log"
 
     renewed = run_cli(
         "renew", "cli/job-1", lease["lease_id"], "--ttl", "40", "--json", endpoints=eps
