@@ -234,6 +234,11 @@ class LeaseGuard:
                 self.lease_until, base + self.promise * (1 - self.rho) - LEASE_MARGIN
             )
 
+    def has_quorum(self) -> bool:
+        """The leader heard from a majority within the lease window (drift alarms
+        aside): it keeps leading rather than yield to a candidate."""
+        return self.clock.monotonic() < self.lease_until
+
     def stepped_down(self) -> None:
         self.leader_term = -1
         self.leader_since = float("inf")

@@ -149,13 +149,20 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     (``next_node_idx``) echo the stamp of the last accepted ``append_entries`` of the
     current leader (``rl_et``, ``rl_e``) and carry the follower's clock (``rl_t``).
     ``request_vote`` is dropped, in both directions, while this node's vote promise
-    holds; a leader still receives it, so a node whose term grew while it was cut off
-    makes the leader step down after the heal and the cluster re-elects (liveness).
+    holds, and by a leader while a majority acknowledges it (so a node that cannot
+    hear the leader cannot depose it). A node whose term grew while it was cut off
+    answers the leader's stale-term ``append_entries`` with a term notice after the
+    heal, the leader steps down and the cluster re-elects (liveness).
     ``apply_command`` (PySyncObj forwarding a proposal to the leader) is never sent.
     Runs on the tick thread. ``guard`` is bound by ``Replica`` through a subclass.
     """
 
     guard: LeaseGuard
+    _bumped: dict[str, float]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._bumped = {}
+        super().__init__(*args, **kwargs)
 
     def send(self, node: Any, message: Any) -> bool:
         if isinstance(message, dict):
@@ -192,11 +199,20 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             kind = message.get("type")
             sync = self._syncObj
             if kind == "request_vote":
-                if not sync._isLeader() and self.guard.refuse_vote():
+                if message.get("rl_bump"):
+                    pass  # "your term is stale": always let PySyncObj see it
+                elif sync._isLeader():
+                    # Leader stickiness (CheckQuorum): while a majority acknowledges
+                    # us, a candidate that cannot hear us must not depose us.
+                    if self.guard.has_quorum():
+                        return
+                elif self.guard.refuse_vote():
                     return
             elif kind == "append_entries":
                 term = message.get("term")
                 if isinstance(term, int):
+                    if term < sync.raftCurrentTerm:
+                        self._tell_stale_leader(node, sync.raftCurrentTerm)
                     self.guard.on_append_entries(
                         node.id, term, sync.raftCurrentTerm, message.get("rl_s")
                     )
@@ -205,6 +221,28 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                     node.id, message.get("rl_et"), message.get("rl_e"), message.get("rl_t")
                 )
         super()._onMessageReceived(node, message)
+
+
+    def _tell_stale_leader(self, node: Any, term: int) -> None:
+        """Answer an ``append_entries`` of an older term (PySyncObj ignores it
+        silently) with our term, so a leader that cannot otherwise learn it steps down.
+        This is how a node whose term grew while it was cut off rejoins: leaders and
+        followers drop its vote requests, but not this notice. It carries an empty log
+        position, so it never wins a vote. At most one per peer per heartbeat."""
+        now = self.guard.clock.monotonic()
+        if now - self._bumped.get(node.id, float("-inf")) < self.guard.promise / 4:
+            return
+        self._bumped[node.id] = now
+        super().send(
+            node,
+            {
+                "type": "request_vote",
+                "term": term,
+                "last_log_index": 0,
+                "last_log_term": 0,
+                "rl_bump": True,
+            },
+        )
 
 
 def repair_journal(journal_path: Path, dump_path: Path) -> int:
@@ -307,6 +345,7 @@ class Replica:
             onStateChanged=self._on_state_changed,
         )
         peers = [DialNode(p.raft, config.dial.get(p.id, p.raft)) for p in config.peers]
+        self._peers = {peer: p.id for peer, p in zip(peers, config.peers, strict=True)}
         transport_class = type("BoundLeaseTransport", (LeaseTransport,), {"guard": self.guard})
         self._sync = SyncObj(
             me.raft, peers, conf, consumers=[self._consumer], transportClass=transport_class
@@ -364,6 +403,10 @@ class Replica:
         """True once the node has applied the log up to the leader's commit index
         seen at start (PySyncObj's onReady)."""
         return bool(self._sync.isReady())
+
+    def connected_peers(self) -> list[str]:
+        """Ids of the peers with a live Raft connection (as PySyncObj sees it)."""
+        return [pid for peer, pid in self._peers.items() if self._sync.isNodeConnected(peer)]
 
     def has_quorum_connections(self) -> bool:
         """TCP-connected to a majority (not a proof of leadership)."""

@@ -348,6 +348,7 @@ class NodeServer:
             "leases": len(store.leases),
             "sessions": len(store.sessions),
             "version": __version__,
+            "connected_peers": replica.connected_peers(),
             "lease_reads": self._lease_read_allowed(),
             "clock_rate": getattr(self.clock, "rate", 1.0),
             **replica.guard.snapshot(),
