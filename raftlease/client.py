@@ -27,14 +27,15 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import (
     ConnectionLostError,
     InvalidArgumentError,
     LeaderChangedError,
+    LeaseHeldError,
     NotLeaderError,
     RaftLeaseError,
     SessionExpiredError,
@@ -43,6 +44,9 @@ from .errors import (
     from_wire,
 )
 from .protocol import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
+
+if TYPE_CHECKING:
+    from .locks import AsyncHeldLock, HeldLock
 
 T = TypeVar("T")
 
@@ -394,28 +398,130 @@ class AsyncClient:
 
     # ----------------------------------------------------------------- API
 
-    def _lease(self, result: dict[str, Any], sent: float, owner: str | None = None) -> Lease:
+    def _lease(self, result: dict[str, Any], sent: float, remaining: float | None = None) -> Lease:
+        """``remaining``: log-time seconds left when the server answered (default: the
+        full TTL, for a lease granted by the request sent at ``sent``)."""
         ttl = result["ttl"] / 1000.0
+        window = ttl if remaining is None else min(ttl, remaining)
         return Lease(
             key=result["key"],
-            owner=owner if owner is not None else result["owner"],
+            owner=result["owner"],
             token=int(result["token"]),
             ttl=ttl,
             lease_id=result["lease_id"],
-            valid_until=sent + ttl * (1 - self.clock_drift) - self.margin,
+            valid_until=sent + window * (1 - self.clock_drift) - self.margin,
             expires_at_ms=int(result["expires_at"]),
         )
 
     async def acquire(
-        self, key: str, *, owner: str, ttl: float, timeout: float | None = None
+        self,
+        key: str,
+        *,
+        owner: str,
+        ttl: float,
+        wait: float = 0.0,
+        priority: int = 0,
+        timeout: float | None = None,
     ) -> Lease:
-        """Take ``key`` for ``owner`` for ``ttl`` seconds. Raises ``LeaseHeldError``
-        (definite) if someone else holds it."""
+        """Take ``key`` for ``owner`` for ``ttl`` seconds.
+
+        With ``wait=0`` (default) raises ``LeaseHeldError`` (definite) at once if
+        someone else holds it. With ``wait > 0`` the request joins the key's queue in
+        the replicated state (higher ``priority`` first, first come first served within
+        a priority) and the call blocks until it is granted, in the same log entry that
+        releases or expires the previous holder, or until ``wait`` seconds pass: then
+        the queued request is withdrawn and ``LeaseHeldError`` is raised. Cancelling the
+        call withdraws it too (best effort).
+        """
         sent = time.monotonic()
-        result = await self.call(
-            "acquire", {"key": key, "owner": owner, "ttl": ttl}, mutating=True, timeout=timeout
-        )
+        args: dict[str, Any] = {"key": key, "owner": owner, "ttl": ttl}
+        if wait > 0:
+            args["wait"] = wait
+            if priority:
+                args["priority"] = priority
+        result = await self.call("acquire", args, mutating=True, timeout=timeout)
+        if not result.get("queued"):
+            return self._lease(result, sent)
+        return await self._await_grant(key, owner, result["lease_id"], sent + wait)
+
+    async def _await_grant(self, key: str, owner: str, lease_id: str, until: float) -> Lease:
+        """Long-poll the leader until our queued acquire is granted or gone."""
+        try:
+            while (left := until - time.monotonic()) > 0:
+                sent = time.monotonic()
+                status = await self.call(
+                    "await_lease",
+                    {"key": key, "lease_id": lease_id, "timeout": min(left, 5.0)},
+                    mutating=False,
+                    timeout=min(left, 5.0) + self.attempt_timeout,
+                )
+                if status["state"] == "held":
+                    remaining = (status["expires_at"] - status["now"]) / 1000.0
+                    return self._lease(status, sent, remaining=remaining)
+                if status["state"] == "gone":
+                    break
+        except BaseException:
+            await self._withdraw(key, lease_id)
+            raise
+        await self._withdraw(key, lease_id)
+        raise LeaseHeldError(f"{key!r} was not granted within the wait", {"key": key})
+
+    async def _withdraw(self, key: str, lease_id: str) -> None:
+        """Leave the queue, or release the lease if it was granted meanwhile."""
+        with contextlib.suppress(RaftLeaseError):
+            await self.call(
+                "release", {"key": key, "lease_id": lease_id}, mutating=True, timeout=5.0
+            )
+
+    async def transfer(
+        self, lease: Lease, *, owner: str, ttl: float | None = None, timeout: float | None = None
+    ) -> Lease:
+        """Hand ``lease`` to ``owner`` atomically: the returned lease (new lease id, new
+        fencing token) starts in the same log entry that ends ours, so no third party
+        can take the key in between. Give the returned lease to the new owner."""
+        sent = time.monotonic()
+        args: dict[str, Any] = {"key": lease.key, "lease_id": lease.lease_id, "owner": owner}
+        if ttl is not None:
+            args["ttl"] = ttl
+        result = await self.call("transfer", args, mutating=True, timeout=timeout)
         return self._lease(result, sent)
+
+    async def fence(
+        self,
+        key: str,
+        token: int,
+        *,
+        consistency: str = "linearizable",
+        timeout: float | None = None,
+    ) -> bool:
+        """Is ``token`` the fencing token of the current holder of ``key``?"""
+        _check_consistency(consistency)
+        result = await self.call(
+            "fence",
+            {"key": key, "token": token, "consistency": consistency},
+            mutating=False,
+            timeout=timeout,
+        )
+        return bool(result.get("current"))
+
+    def lock(
+        self,
+        key: str,
+        *,
+        owner: str,
+        ttl: float,
+        wait: float = 0.0,
+        priority: int = 0,
+        on_lost: Callable[[str], None] | None = None,
+    ) -> AsyncHeldLock:
+        """``async with client.lock(key, owner=..., ttl=...) as held:`` acquires (waiting
+        up to ``wait``), renews in the background every ``ttl / 3``, and releases on
+        exit. See ``raftlease.locks`` for jeopardy and loss."""
+        from .locks import AsyncHeldLock
+
+        return AsyncHeldLock(
+            self, key, owner=owner, ttl=ttl, wait=wait, priority=priority, on_lost=on_lost
+        )
 
     async def renew(
         self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
@@ -565,8 +671,55 @@ class Client:
         self._thread.join(timeout=5)
         self._loop.close()
 
-    def acquire(self, key: str, *, owner: str, ttl: float, timeout: float | None = None) -> Lease:
-        return self._run(self._async.acquire(key, owner=owner, ttl=ttl, timeout=timeout))
+    def acquire(
+        self,
+        key: str,
+        *,
+        owner: str,
+        ttl: float,
+        wait: float = 0.0,
+        priority: int = 0,
+        timeout: float | None = None,
+    ) -> Lease:
+        return self._run(
+            self._async.acquire(
+                key, owner=owner, ttl=ttl, wait=wait, priority=priority, timeout=timeout
+            )
+        )
+
+    def transfer(
+        self, lease: Lease, *, owner: str, ttl: float | None = None, timeout: float | None = None
+    ) -> Lease:
+        return self._run(self._async.transfer(lease, owner=owner, ttl=ttl, timeout=timeout))
+
+    def fence(
+        self,
+        key: str,
+        token: int,
+        *,
+        consistency: str = "linearizable",
+        timeout: float | None = None,
+    ) -> bool:
+        return self._run(self._async.fence(key, token, consistency=consistency, timeout=timeout))
+
+    def lock(
+        self,
+        key: str,
+        *,
+        owner: str,
+        ttl: float,
+        wait: float = 0.0,
+        priority: int = 0,
+        on_lost: Callable[[str], None] | None = None,
+    ) -> HeldLock:
+        """``with client.lock(key, owner=..., ttl=..., wait=...) as held:`` acquires,
+        renews from a daemon thread every ``ttl / 3``, releases on exit; ``held.token``
+        is the fencing token, ``held.lost`` an Event set if the lease is lost."""
+        from .locks import HeldLock
+
+        return HeldLock(
+            self, key, owner=owner, ttl=ttl, wait=wait, priority=priority, on_lost=on_lost
+        )
 
     def renew(
         self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None

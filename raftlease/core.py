@@ -29,6 +29,7 @@ Rules this module keeps (docs/design.md explains why):
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from typing import Any
 from .limits import MAX_ID_CHARS, MAX_KEY_BYTES, MAX_LIST, MAX_OWNER_BYTES, MAX_TTL_MS
 
 #: Bump when the snapshot layout changes; ``restore`` refuses other versions.
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 
 #: A session with no request for this long (log time) is forgotten.
 SESSION_IDLE_MS = 10 * 60 * 1000
@@ -46,8 +47,10 @@ SESSION_IDLE_MS = 10 * 60 * 1000
 MAX_PENDING_PER_SESSION = 4096
 Result = dict[str, Any]
 
-MUTATING_OPS = frozenset({"acquire", "renew", "release"})
-READ_OPS = frozenset({"holder", "leases"})
+MUTATING_OPS = frozenset({"acquire", "renew", "release", "transfer"})
+READ_OPS = frozenset({"holder", "leases", "fence", "lease_status"})
+#: Waiter priorities accepted (higher is served first, FIFO within a priority).
+MAX_PRIORITY = 1000
 ALL_OPS = MUTATING_OPS | READ_OPS | {"tick"}
 
 
@@ -72,6 +75,34 @@ class LeaseRecord:
             self.ttl_ms,
             self.granted_at,
             self.expires_at,
+        ]
+
+
+@dataclass(slots=True)
+class Waiter:
+    """A queued acquire: granted, in the same log entry, when the key frees up and it
+    is first in ``(-priority, order)``; leaves the queue at ``deadline`` (log time)."""
+
+    key: str
+    lease_id: str
+    owner: str
+    ttl_ms: int
+    priority: int
+    order: int
+    deadline: int
+
+    def rank(self) -> tuple[int, int]:
+        return (-self.priority, self.order)
+
+    def to_plain(self) -> list[Any]:
+        return [
+            self.key,
+            self.lease_id,
+            self.owner,
+            self.ttl_ms,
+            self.priority,
+            self.order,
+            self.deadline,
         ]
 
 
@@ -124,11 +155,21 @@ class LeaseStore:
         self.sessions: OrderedDict[str, ClientSession] = OrderedDict()
         self.applied: int = 0
         self.expired_total: int = 0
+        # Wait queues: key -> waiters sorted by rank; lease id -> waiter; and the
+        # waiters' deadlines as (deadline, lease_id) in a heap (stale entries skipped).
+        self.queues: dict[str, list[Waiter]] = {}
+        self.waiting: dict[str, Waiter] = {}
+        self._wait_deadlines: list[tuple[int, str]] = []
+        self.queue_order: int = 0
+        #: What the last ``apply`` changed, for the server (wake long-polls, watches).
+        #: Not part of the state: rebuilt by every apply, never snapshotted.
+        self.events: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ apply
 
     def apply(self, entry: Any) -> Result:
         """Apply one log entry and return its result. Never raises."""
+        self.events = []
         if not isinstance(entry, dict):
             return error("BAD_REQUEST", "entry must be a map")
         op = entry.get("op")
@@ -160,6 +201,10 @@ class LeaseStore:
             return {"ok": True, "now": self.now}
         if op == "holder":
             return {"ok": True, "holder": self.holder(entry["key"]), "now": self.now}
+        if op == "fence":
+            return {"ok": True, **self.fence(entry["key"], entry["token"]), "now": self.now}
+        if op == "lease_status":
+            return {"ok": True, **self.lease_status(entry["key"], entry["lid"]), "now": self.now}
         if op == "leases":
             return {
                 "ok": True,
@@ -180,11 +225,28 @@ class LeaseStore:
                 return "'key' must be a non-empty string"
             if not _valid_str(entry.get("lid"), MAX_ID_CHARS):
                 return "'lid' must be a non-empty string"
+        if op in ("acquire", "transfer") and not _valid_str(entry.get("owner"), MAX_OWNER_BYTES):
+            return "'owner' must be a non-empty string"
         if op == "acquire":
-            if not _valid_str(entry.get("owner"), MAX_OWNER_BYTES):
-                return "'owner' must be a non-empty string"
             if not _valid_int(entry.get("ttl"), 1, MAX_TTL_MS):
                 return "'ttl' must be a positive integer of milliseconds"
+            if not _valid_int(entry.get("wait", 0), 0, MAX_TTL_MS):
+                return "'wait' must be a non-negative integer of milliseconds"
+            if not _valid_int(entry.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY):
+                return f"'priority' must be an integer from {-MAX_PRIORITY} to {MAX_PRIORITY}"
+        elif op == "transfer":
+            if not _valid_str(entry.get("new_lid"), MAX_ID_CHARS):
+                return "'new_lid' must be a non-empty string"
+            ttl = entry.get("ttl")
+            if ttl is not None and not _valid_int(ttl, 1, MAX_TTL_MS):
+                return "'ttl' must be a positive integer of milliseconds or absent"
+        elif op in ("fence", "lease_status"):
+            if not _valid_str(entry.get("key"), MAX_KEY_BYTES):
+                return "'key' must be a non-empty string"
+            if op == "fence" and not _valid_int(entry.get("token"), 0, 2**62):
+                return "'token' must be a non-negative integer"
+            if op == "lease_status" and not _valid_str(entry.get("lid"), MAX_ID_CHARS):
+                return "'lid' must be a non-empty string"
         elif op == "renew":
             ttl = entry.get("ttl")
             if ttl is not None and not _valid_int(ttl, 1, MAX_TTL_MS):
@@ -212,6 +274,14 @@ class LeaseStore:
                 del self.leases[key]
                 self.revision += 1
                 self.expired_total += 1
+                self._event("expire", lease)
+                self._grant_next(key)
+        waits = self._wait_deadlines
+        while waits and waits[0][0] <= self.now:
+            deadline, lease_id = heapq.heappop(waits)
+            waiter = self.waiting.get(lease_id)
+            if waiter is not None and waiter.deadline == deadline:
+                self._dequeue(waiter, "deadline")
         # Stale heap entries (from renewals) accumulate; rebuild when they dominate.
         if len(deadlines) > 64 and len(deadlines) > 4 * len(self.leases):
             self._rebuild_deadlines()
@@ -264,6 +334,8 @@ class LeaseStore:
             result = self._acquire(entry)
         elif op == "renew":
             result = self._renew(entry)
+        elif op == "transfer":
+            result = self._transfer(entry)
         else:
             result = self._release(entry)
         session.results[seq] = result
@@ -274,20 +346,55 @@ class LeaseStore:
     def _acquire(self, entry: dict[str, Any]) -> Result:
         key: str = entry["key"]
         current = self.leases.get(key)
-        if current is not None:
+        lease_id: str = entry["lid"]
+        if lease_id in self.waiting or (current is not None and current.lease_id == lease_id):
+            # The leader draws fresh ids; a reused one is a bug or forged, never applied.
+            return error("BAD_REQUEST", "lease id already in use")
+        if current is None:
+            # A free key has no queue: a waiter is granted the moment a key frees up.
+            return self._lease_result(self._grant(key, entry["lid"], entry["owner"], entry["ttl"]))
+        wait: int = entry.get("wait", 0)
+        if wait <= 0:
             return error(
                 "LEASE_HELD",
                 f"{key!r} is held by {current.owner!r}",
                 owner=current.owner,
                 token=current.token,
                 remaining=(current.expires_at - self.now) / 1000.0,
+                waiting=len(self.queues.get(key, ())),
             )
-        self.revision += 1
-        ttl: int = entry["ttl"]
-        lease = LeaseRecord(
+        self.queue_order += 1
+        waiter = Waiter(
             key=key,
             lease_id=entry["lid"],
             owner=entry["owner"],
+            ttl_ms=entry["ttl"],
+            priority=entry.get("priority", 0),
+            order=self.queue_order,
+            deadline=self.now + wait,
+        )
+        queue = self.queues.setdefault(key, [])
+        position = bisect.bisect_right([w.rank() for w in queue], waiter.rank())
+        queue.insert(position, waiter)
+        self.waiting[waiter.lease_id] = waiter
+        heapq.heappush(self._wait_deadlines, (waiter.deadline, waiter.lease_id))
+        return {
+            "ok": True,
+            "queued": True,
+            "key": key,
+            "owner": waiter.owner,
+            "lease_id": waiter.lease_id,
+            "position": position + 1,
+            "deadline": waiter.deadline,
+            "now": self.now,
+        }
+
+    def _grant(self, key: str, lease_id: str, owner: str, ttl: int) -> LeaseRecord:
+        self.revision += 1
+        lease = LeaseRecord(
+            key=key,
+            lease_id=lease_id,
+            owner=owner,
             token=self.revision,
             ttl_ms=ttl,
             granted_at=self.now,
@@ -295,7 +402,41 @@ class LeaseStore:
         )
         self.leases[key] = lease
         heapq.heappush(self._deadlines, (lease.expires_at, lease.lease_id, key))
-        return self._lease_result(lease)
+        self._event("grant", lease)
+        return lease
+
+    def _grant_next(self, key: str) -> None:
+        """The key just became free: hand it to the first waiter, in this entry."""
+        queue = self.queues.get(key)
+        if not queue:
+            return
+        waiter = queue.pop(0)
+        if not queue:
+            del self.queues[key]
+        del self.waiting[waiter.lease_id]
+        self._grant(key, waiter.lease_id, waiter.owner, waiter.ttl_ms)
+
+    def _dequeue(self, waiter: Waiter, reason: str) -> None:
+        queue = self.queues.get(waiter.key, [])
+        queue.remove(waiter)
+        if not queue:
+            self.queues.pop(waiter.key, None)
+        del self.waiting[waiter.lease_id]
+        self.events.append(
+            {"type": "dequeue", "key": waiter.key, "lease_id": waiter.lease_id, "reason": reason}
+        )
+
+    def _event(self, kind: str, lease: LeaseRecord) -> None:
+        self.events.append(
+            {
+                "type": kind,
+                "key": lease.key,
+                "owner": lease.owner,
+                "token": lease.token,
+                "revision": self.revision,
+                "lease_id": lease.lease_id,
+            }
+        )
 
     def _owned(self, entry: dict[str, Any]) -> LeaseRecord | Result:
         key: str = entry["key"]
@@ -321,15 +462,33 @@ class LeaseStore:
         lease.expires_at = self.now + lease.ttl_ms
         self.revision += 1
         heapq.heappush(self._deadlines, (lease.expires_at, lease.lease_id, lease.key))
+        self._event("renew", lease)
         return self._lease_result(lease)
 
     def _release(self, entry: dict[str, Any]) -> Result:
+        waiter = self.waiting.get(entry["lid"])
+        if waiter is not None and waiter.key == entry["key"]:
+            self._dequeue(waiter, "cancelled")
+            return {"ok": True, "key": waiter.key, "cancelled": True}
         lease = self._owned(entry)
         if not isinstance(lease, LeaseRecord):
             return lease
         del self.leases[lease.key]
         self.revision += 1
+        self._event("release", lease)
+        self._grant_next(lease.key)
         return {"ok": True, "key": lease.key, "token": lease.token, "revision": self.revision}
+
+    def _transfer(self, entry: dict[str, Any]) -> Result:
+        """Hand a held lease to ``owner`` atomically: the old lease ends and the new one
+        (new lease id, new token) starts in the same entry; waiters keep their place."""
+        lease = self._owned(entry)
+        if not isinstance(lease, LeaseRecord):
+            return lease
+        del self.leases[lease.key]
+        self._event("transfer", lease)
+        ttl = entry.get("ttl") or lease.ttl_ms
+        return self._lease_result(self._grant(lease.key, entry["new_lid"], entry["owner"], ttl))
 
     def _lease_result(self, lease: LeaseRecord) -> Result:
         return {
@@ -377,6 +536,26 @@ class LeaseStore:
                     break
         return out
 
+    def fence(self, key: str, token: int, now: int | None = None) -> dict[str, Any]:
+        """Is ``token`` the current holder's fencing token on ``key``?"""
+        holder = self.holder(key, now)
+        current = holder["token"] if holder is not None else None
+        return {"key": key, "current": current == token, "holder_token": current}
+
+    def lease_status(self, key: str, lease_id: str, now: int | None = None) -> dict[str, Any]:
+        """State of one lease or queued acquire, for whoever knows its id: ``held``
+        (with the lease), ``waiting`` (with its queue position) or ``gone``."""
+        at = self.now if now is None else now
+        lease = self.leases.get(key)
+        if lease is not None and lease.lease_id == lease_id and lease.expires_at > at:
+            return {"state": "held", **self._lease_result(lease), "now": at}
+        waiter = self.waiting.get(lease_id)
+        if waiter is not None and waiter.key == key and waiter.deadline > at:
+            queue = list(self.queues.get(key, ()))
+            position = next((i for i, w in enumerate(queue) if w is waiter), len(queue)) + 1
+            return {"state": "waiting", "position": position, "deadline": waiter.deadline}
+        return {"state": "gone"}
+
     @staticmethod
     def _public(lease: LeaseRecord, now: int) -> dict[str, Any]:
         return {
@@ -405,6 +584,8 @@ class LeaseStore:
             "applied": self.applied,
             "expired_total": self.expired_total,
             "leases": [lease.to_plain() for lease in self.leases.values()],
+            "queue_order": self.queue_order,
+            "waiters": [w.to_plain() for q in self.queues.values() for w in q],
             "sessions": [
                 [cid, s.last_seen, s.acked, [[seq, res] for seq, res in s.results.items()]]
                 for cid, s in self.sessions.items()
@@ -431,5 +612,12 @@ class LeaseStore:
             store.sessions[cid] = ClientSession(
                 last_seen, {seq: res for seq, res in results}, acked
             )
+        store.queue_order = data["queue_order"]
+        for plain in data["waiters"]:
+            waiter = Waiter(*plain)
+            store.queues.setdefault(waiter.key, []).append(waiter)
+            store.waiting[waiter.lease_id] = waiter
+        store._wait_deadlines = [(w.deadline, w.lease_id) for w in store.waiting.values()]
+        heapq.heapify(store._wait_deadlines)
         store._rebuild_deadlines()
         return store

@@ -34,6 +34,8 @@ log = logging.getLogger("raftlease.leadership")
 
 #: Safety margin subtracted from the leader lease (seconds).
 LEASE_MARGIN = 0.01
+#: A shift of the one-way offset larger than this (seconds) counts as a clock jump.
+JUMP_THRESHOLD = 0.1
 
 
 @dataclass
@@ -46,6 +48,7 @@ class _PeerDrift:
     current_at: float = 0.0
     rate: float | None = None
     alarm: bool = False
+    strikes: int = 0
 
 
 class DriftMonitor:
@@ -59,7 +62,7 @@ class DriftMonitor:
     """
 
     def __init__(
-        self, rho: float, bucket: float = 0.5, window: int = 10, min_buckets: int = 4
+        self, rho: float, bucket: float = 1.0, window: int = 10, min_buckets: int = 5
     ) -> None:
         self.rho = rho
         self.bucket = bucket
@@ -90,16 +93,29 @@ class DriftMonitor:
         points = list(state.buckets)
         if len(points) < self.min_buckets:
             return
-        n = len(points)
-        mean_t = sum(t for t, _ in points) / n
-        mean_o = sum(o for _, o in points) / n
-        var = sum((t - mean_t) ** 2 for t, _ in points)
-        if var <= 0:
+        # Theil-Sen: the median of pairwise slopes, robust to a few buckets whose
+        # minimum a long scheduling stall inflated (a least-squares fit was not:
+        # 1.1-1.3 % false alarms on a loaded 2-core machine).
+        slopes = sorted(
+            (o2 - o1) / (t2 - t1)
+            for i, (t1, o1) in enumerate(points)
+            for t2, o2 in points[i + 1 :]
+            if t2 > t1
+        )
+        if not slopes:
             return
-        slope = sum((t - mean_t) * (o - mean_o) for t, o in points) / var
+        slope = slopes[len(slopes) // 2]
         # offset = local - remote grows at (local_rate - remote_rate) per local second.
         state.rate = slope
-        alarm = abs(slope) > self.rho
+        # A jump is a level shift, which the median slope ignores: compare the newest
+        # bucket with the median of the earlier ones.
+        earlier = sorted(o for _, o in points[:-1])
+        step = abs(points[-1][1] - earlier[len(earlier) // 2])
+        beyond = abs(slope) > self.rho or step > JUMP_THRESHOLD
+        # Raise only after two evaluations in a row beyond the bound (a single stalled
+        # bucket is not a clock fault); clear at once.
+        state.strikes = state.strikes + 1 if beyond else 0
+        alarm = state.strikes >= 2
         if alarm != state.alarm:
             state.alarm = alarm
             if alarm:

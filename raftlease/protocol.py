@@ -41,8 +41,11 @@ OPS: dict[str, bool] = {
     "acquire": True,
     "renew": True,
     "release": True,
+    "transfer": True,
     "holder": False,
     "leases": False,
+    "fence": False,
+    "await_lease": False,
     "status": False,
     "ping": False,
     # Test-only: refused unless the node runs with test_hooks = true.
@@ -114,6 +117,7 @@ class Limits:
     max_owner_bytes: int = 256
     min_ttl: float = 0.5
     max_ttl: float = 3600.0
+    max_wait: float = 3600.0
     max_list: int = 10_000
 
 
@@ -187,6 +191,15 @@ def _ttl_ms(message: dict[str, Any], limits: Limits, required: bool) -> int | No
     return round(seconds * 1000)
 
 
+def _seconds_ms(message: dict[str, Any], name: str, low: float, high: float) -> int:
+    value = message.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadRequestError(f"field {name!r} must be a number of seconds")
+    if not math.isfinite(value) or not low <= value <= high:
+        raise InvalidArgumentError(f"{name} {value!r} s is outside {low}..{high} s")
+    return round(float(value) * 1000)
+
+
 def parse_request(message: dict[str, Any], limits: Limits) -> Request:
     """Validate a decoded frame into a ``Request``.
 
@@ -200,18 +213,27 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
     if not isinstance(op, str) or op not in OPS:
         raise BadRequestError(f"unknown operation {op!r}; expected one of {sorted(OPS)}")
     args: dict[str, Any] = {}
-    if op in ("acquire", "renew", "release", "holder"):
+    if op in ("acquire", "renew", "release", "holder", "transfer", "fence", "await_lease"):
         args["key"] = _str_field(message, "key", limits.max_key_bytes)
-    if op == "acquire":
+    if op in ("acquire", "transfer"):
         args["owner"] = _str_field(message, "owner", limits.max_owner_bytes)
+    if op == "acquire":
         args["ttl"] = _ttl_ms(message, limits, required=True)
-    elif op in ("renew", "release"):
+        if message.get("wait") is not None:
+            args["wait"] = _seconds_ms(message, "wait", 0.0, limits.max_wait)
+        if message.get("priority") is not None:
+            args["priority"] = _int_field(message, "priority", -1000, 1000)
+    elif op in ("renew", "release", "transfer", "await_lease"):
         args["lid"] = _str_field(message, "lease_id", 128)
-        if op == "renew":
+        if op in ("renew", "transfer"):
             ttl = _ttl_ms(message, limits, required=False)
             if ttl is not None:
                 args["ttl"] = ttl
-    if op in ("holder", "leases"):
+        if op == "await_lease":
+            args["timeout"] = _seconds_ms(message, "timeout", 0.0, 60.0) / 1000.0
+    elif op == "fence":
+        args["token"] = _int_field(message, "token", 0, 2**62)
+    if op in ("holder", "leases", "fence"):
         consistency = message.get("consistency", "linearizable")
         if consistency not in CONSISTENCY_MODES:
             raise InvalidArgumentError(

@@ -42,6 +42,9 @@ from .leadership import LeaseGuard
 
 log = logging.getLogger("raftlease.replication")
 
+#: Exit status of a node that cannot load its snapshot.
+SNAPSHOT_LOAD_FAILED = 70
+
 #: Called on the tick thread with (result, error); exactly one of them is None.
 ProposeCallback = Callable[[Result | None, RaftLeaseError | None], None]
 #: Called on the tick thread after each applied entry with (entry, result).
@@ -92,8 +95,23 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
         return _PackedSnapshot(self.store)
 
     def _deserialize(self, data: Any) -> None:
-        plain = msgpack.unpackb(data, raw=False, strict_map_key=False)
-        self.store = LeaseStore.from_plain(plain)
+        try:
+            plain = msgpack.unpackb(data, raw=False, strict_map_key=False)
+            store = LeaseStore.from_plain(plain)
+        except Exception:
+            # PySyncObj would only log this and go on with an empty state machine, and
+            # such a node can even win an election and wedge the cluster. A node that
+            # cannot load its snapshot must not take part at all: stop the process.
+            log.critical(
+                "cannot load the snapshot (%s); stopping this node. Restore its data "
+                "directory, or remove it to resync from the leader while the other "
+                "nodes are healthy.",
+                "corrupt or from another snapshot version",
+                exc_info=True,
+            )
+            logging.shutdown()
+            os._exit(SNAPSHOT_LOAD_FAILED)
+        self.store = store
         log.info(
             "restored snapshot: %d leases, revision %d, log time %d ms",
             len(self.store.leases),
@@ -221,7 +239,6 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                     node.id, message.get("rl_et"), message.get("rl_e"), message.get("rl_t")
                 )
         super()._onMessageReceived(node, message)
-
 
     def _tell_stale_leader(self, node: Any, term: int) -> None:
         """Answer an ``append_entries`` of an older term (PySyncObj ignores it

@@ -113,6 +113,8 @@ class NodeServer:
         self._stopping: asyncio.Event | None = None
         self._connections = 0
         self._tick_in_flight = False
+        # Long-polls for queued acquires: lease id -> futures to wake (event loop only).
+        self._awaiting: dict[str, list[asyncio.Future[None]]] = {}
         self.requests_total = 0
 
     # ----------------------------------------------------------- lifecycle
@@ -125,7 +127,7 @@ class NodeServer:
         server = await asyncio.start_server(
             self._serve_connection, host, port, reuse_address=True, limit=1 << 16
         )
-        self.replica = Replica(self.config, clock=self.clock)
+        self.replica = Replica(self.config, observer=self._on_applied, clock=self.clock)
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 self._loop.add_signal_handler(sig, self.stop)
@@ -219,35 +221,31 @@ class NodeServer:
     async def handle(self, request: Request) -> dict[str, Any]:
         """Execute one validated request; raises a ``RaftLeaseError`` on failure."""
         self.requests_total += 1
-        replica = self._replica()
         if request.op == "ping":
             return {"node": self.config.node_id, "version": __version__}
         if request.op == "status":
             return self.status()
         if request.op == "test_clock":
             return self._test_clock(request.args)
+        if request.op == "await_lease":
+            return await self._await_lease(request)
         consistency = request.args.get("consistency")
         if consistency == "stale":
             return self._local_read(request, "stale")
         if consistency == "linearizable" and self._lease_read_allowed():
             return self._local_read(request, "lease")
-        if not replica.is_leader():
-            leader = replica.leader_raft_addr()
-            client_addr = self.config.client_addr_for_raft(leader) if leader else None
-            if client_addr is None:
-                raise UnavailableError("no leader is known to this node; election in progress?")
-            raise NotLeaderError(
-                f"not the leader; the leader is {client_addr}", {"leader": client_addr}
-            )
+        self._require_leader()
         entry: dict[str, Any] = {k: v for k, v in request.args.items() if k != "consistency"}
         entry["op"] = request.op
         if request.cid is not None:
             entry["cid"] = request.cid
             entry["seq"] = request.seq
             entry["ack"] = request.ack
+        # Randomness is drawn here, never inside the state machine.
         if request.op == "acquire":
-            # Randomness is drawn here, never inside the state machine.
             entry["lid"] = secrets.token_hex(16)
+        elif request.op == "transfer":
+            entry["new_lid"] = secrets.token_hex(16)
         result = await self.propose(entry)
         if not result.get("ok"):
             code = str(result.get("code", "INTERNAL"))
@@ -259,6 +257,72 @@ class NodeServer:
             out["consistency"] = "log"
             out["served_by"] = self.config.node_id
         return out
+
+    def _require_leader(self) -> None:
+        replica = self._replica()
+        if replica.is_leader():
+            return
+        leader = replica.leader_raft_addr()
+        client_addr = self.config.client_addr_for_raft(leader) if leader else None
+        if client_addr is None:
+            raise UnavailableError("no leader is known to this node; election in progress?")
+        raise NotLeaderError(
+            f"not the leader; the leader is {client_addr}", {"leader": client_addr}
+        )
+
+    async def _await_lease(self, request: Request) -> dict[str, Any]:
+        """Long-poll for a queued acquire: answer when it is granted (``held``), gone
+        (deadline passed or cancelled), or after ``timeout`` (``waiting``). Answered
+        by the leader, from memory under its leader lease or through the log, so a
+        ``held`` answer's remaining time is safe for the client to count from its
+        request's send time."""
+        key, lid, timeout = request.args["key"], request.args["lid"], request.args["timeout"]
+        loop = self._loop
+        assert loop is not None
+        deadline = loop.time() + timeout
+        while True:
+            self._require_leader()
+            if self._lease_read_allowed():
+                replica = self._replica()
+                now = self.log_clock.stamp(replica.term(), replica.store.now)
+                status = replica.store.lease_status(key, lid, now)
+                status["now"] = now
+            else:
+                result = await self.propose({"op": "lease_status", "key": key, "lid": lid})
+                status = {k: v for k, v in result.items() if k != "ok"}
+            remaining = deadline - loop.time()
+            if status["state"] != "waiting" or remaining <= 0:
+                return status
+            wake = loop.create_future()
+            self._awaiting.setdefault(lid, []).append(wake)
+            try:
+                await asyncio.wait_for(wake, remaining)
+            except TimeoutError:
+                pass
+            finally:
+                waiters = self._awaiting.get(lid, [])
+                if wake in waiters:
+                    waiters.remove(wake)
+                if not waiters:
+                    self._awaiting.pop(lid, None)
+
+    def _on_applied(self, entry: dict[str, Any], result: Result) -> None:
+        """Tick thread, after each applied entry: wake long-polls whose queued acquire
+        was granted or left the queue."""
+        replica = self.replica
+        loop = self._loop
+        if replica is None or loop is None or not self._awaiting:
+            return
+        for event in replica.store.events:
+            lid = event.get("lease_id")
+            if lid in self._awaiting and event["type"] in ("grant", "dequeue"):
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._wake, lid)
+
+    def _wake(self, lid: str) -> None:
+        for wake in self._awaiting.get(lid, []):
+            if not wake.done():
+                wake.set_result(None)
 
     def _lease_read_allowed(self) -> bool:
         """A leader may answer from local state only while its leader lease is valid
@@ -292,6 +356,8 @@ class NodeServer:
         }
         if request.op == "holder":
             out["holder"] = store.holder(request.args["key"], now)
+        elif request.op == "fence":
+            out.update(store.fence(request.args["key"], request.args["token"], now))
         else:
             out["leases"] = store.list_leases(request.args["prefix"], request.args["limit"], now)
         return out

@@ -248,3 +248,25 @@ def test_full_cluster_restart_keeps_grants_and_remaining_ttl(
             assert after[key].remaining > h.remaining - 10.0
         fresh = c.acquire("full/new", owner="agent", ttl=5.0)
         assert fresh.token > max(lease.token for lease in leases)
+
+
+def test_node_that_cannot_load_its_snapshot_stops(cluster: LocalCluster) -> None:
+    """PySyncObj would log the failure and run on with an empty state machine (which
+    could then win an election). Ours stops the process with a clear message."""
+    import gzip
+
+    from pysyncobj import pickle as pysyncobj_pickle
+
+    from raftlease.replication import SNAPSHOT_LOAD_FAILED
+
+    leader = cluster.leader_id()
+    victim = next(n.id for n in cluster.nodes if n.id != leader)
+    cluster.kill_node(victim)
+    dump = cluster.node_dir(victim) / "raft.dump"
+    with gzip.open(dump, "wb") as f:  # PySyncObj's envelope around bytes that are not ours
+        pysyncobj_pickle.dump(([{}, b"\x93not-a-snapshot"], (b"", 2, 1), (b"", 1, 1), set()), f)
+    proc = cluster.start_node(victim)
+    assert proc.wait(timeout=30) == SNAPSHOT_LOAD_FAILED
+    assert "cannot load the snapshot" in cluster.log_path(victim).read_text()
+    with cluster.client() as c:  # the rest of the cluster carries on
+        c.release(c.acquire("after-bad-snapshot", owner="agent", ttl=5.0))

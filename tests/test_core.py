@@ -155,7 +155,7 @@ def test_acquire_of_held_key_is_lease_held_with_owner_token_remaining() -> None:
     before = s.to_plain()["leases"]
     r = s.apply(acquire(1500, owner="bob", lid="L2", cid="c2"))
     assert code(r) == "LEASE_HELD"
-    assert r["detail"] == {"owner": "alice", "token": 1, "remaining": 4.5}
+    assert r["detail"] == {"owner": "alice", "token": 1, "remaining": 4.5, "waiting": 0}
     assert s.to_plain()["leases"] == before
     assert s.revision == 1
     # The detail decodes into the library's exception with typed accessors.

@@ -148,6 +148,7 @@ class Model:
                     "owner": lease.owner,
                     "token": lease.token,
                     "remaining": (lease.expires_at - self.now) / 1000.0,
+                    "waiting": 0,  # this model never queues (wait is 0)
                 }
                 return {"ok": False, "code": "LEASE_HELD", "detail": detail}
             self.revision += 1
