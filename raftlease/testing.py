@@ -28,6 +28,17 @@ from .errors import RaftLeaseError
 
 T = TypeVar("T")
 
+#: Node settings for test clusters: short timers, but not tight ones (tight timers
+#: cause needless elections on a loaded 2-core machine, PySyncObj trap 9).
+TEST_SETTINGS: dict[str, Any] = {
+    "election_timeout_min": 0.4,
+    "election_timeout_max": 0.9,
+    "heartbeat_interval": 0.05,
+    "connection_retry": 0.3,
+    "request_timeout": 3.0,
+    "min_ttl": 0.2,
+}
+
 #: Ports for test clusters are drawn below the ephemeral range (32768+) so that
 #: outgoing connections' source ports never collide with a node's listening port.
 PORT_RANGE = (20000, 32000)
@@ -56,7 +67,8 @@ def wait_for(
         time.sleep(interval)
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """True if ``port`` on 127.0.0.1 can be bound now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -75,7 +87,7 @@ def free_port_block(count: int, seed: int | None = None) -> int:
     for offset in range(0, high - low - 200, 10):
         base = low + (start + offset) % (high - low - 200)
         ports = [base + i for i in range(count)] + [base + 100 + i for i in range(count)]
-        if all(_port_free(p) for p in ports):
+        if all(port_free(p) for p in ports):
             return base
     raise RuntimeError(f"no free block of {count} ports in {PORT_RANGE}")
 

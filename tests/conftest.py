@@ -8,18 +8,9 @@ from typing import Any
 
 import pytest
 
-from raftlease.testing import LocalCluster
+from raftlease.testing import TEST_SETTINGS, LocalCluster
 
-# Test clusters use short but not tight timers (tight ones cause needless elections
-# on a loaded 2-core machine, PySyncObj trap 9).
-FAST_SETTINGS: dict[str, Any] = {
-    "election_timeout_min": 0.4,
-    "election_timeout_max": 0.9,
-    "heartbeat_interval": 0.05,
-    "connection_retry": 0.3,
-    "request_timeout": 3.0,
-    "min_ttl": 0.2,
-}
+FAST_SETTINGS: dict[str, Any] = dict(TEST_SETTINGS)
 
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)

@@ -1,0 +1,742 @@
+"""Safety and liveness checkers over a chaos-suite history.
+
+The history is a list of events (``workload.History``): client operations as
+``invoke`` then ``ok`` / ``fail`` / ``info`` (paired by ``op``), fenced-resource
+accesses (``fenced``) and faults (``nemesis``). All times are one monotonic clock.
+
+Checkers (each returns ``{"valid": True | False | "unknown", "violations": [...]}``):
+
+1. ``mutual_exclusion``: a client holds a lease from the ``ok`` of its acquire (or
+   renew) until its own ``valid_until`` (``send + ttl*(1-rho) - margin``) or the
+   invocation of its release, whichever is first. Holding intervals of different leases
+   on one key must never overlap.
+2. ``fencing``: per key, a grant that completed before another was invoked has the
+   smaller token; no token is handed to two clients; the fenced resource accepted
+   tokens in non-decreasing order, never one below the highest it had seen, and no
+   accepted write overwrote a value its writer had not read (lost update).
+3. ``no_lost_grant``: a read (or an error naming the holder) that began after a grant
+   completed never shows an older token, and shows that grant (or a newer one) while
+   the grant's holder still certainly holds it.
+4. ``linearizable``: per key, the operations are linearizable under the lease model
+   of ``linearizability.py`` (uncertain expiry, ``info`` ops optional). A search that
+   runs out of budget answers ``"unknown"``.
+5. ``liveness``: after every heal some operation completes (an ``ok``, or a refusal
+   decided by the state machine) within ``liveness_bound`` seconds.
+6. ``replicas``: after the run, with clients stopped, every node catches up to one
+   applied index and all replicas hold the same state there.
+
+``check(events)`` runs all of them; the overall verdict is False if any is False,
+else "unknown" if any is unknown, else True.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from linearizability import LOp, check_ops
+
+Event = dict[str, Any]
+MAX_REPORTED = 50
+DOMAIN_CODES = frozenset({"LEASE_HELD", "NOT_OWNER", "LEASE_NOT_FOUND"})
+
+
+@dataclass(frozen=True)
+class Params:
+    rho: float = 0.01
+    margin: float = 0.05
+    liveness_bound: float = 10.0
+    lin_budget: int = 500_000
+    lin_segment_budget: int = 200_000
+    lin_time_limit: float = 60.0
+
+    @classmethod
+    def from_meta(cls, events: Iterable[Event], **overrides: Any) -> Params:
+        values: dict[str, Any] = {}
+        for event in events:
+            if event.get("type") == "meta":
+                for name in ("rho", "margin", "liveness_bound"):
+                    if name in event:
+                        values[name] = event[name]
+                break
+        values.update(overrides)
+        return cls(**values)
+
+
+@dataclass
+class Op:
+    """A client operation: its invocation and completion."""
+
+    id: str
+    process: str
+    f: str
+    key: str
+    inv: float
+    ret: float = math.inf
+    type: str = "info"  # ok | fail | info
+    args: dict[str, Any] = field(default_factory=dict)
+    value: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def token(self) -> int | None:
+        token = self.value.get("token", self.args.get("token"))
+        return int(token) if token is not None else None
+
+    def brief(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "op": self.id,
+            "process": self.process,
+            "f": self.f,
+            "key": self.key,
+            "type": self.type,
+            "inv": round(self.inv, 4),
+            "ret": None if math.isinf(self.ret) else round(self.ret, 4),
+        }
+        if self.token is not None:
+            out["token"] = self.token
+        if self.error:
+            out["error"] = self.error
+        if self.detail:
+            out["detail"] = self.detail
+        if self.f == "read" and self.type == "ok":
+            out["saw"] = self.value.get("holder")
+            if "consistency" in self.value:
+                out["consistency"] = self.value["consistency"]
+                out["served_by"] = self.value.get("served_by")
+        return out
+
+
+@dataclass
+class Observation:
+    """What an operation saw of a key's holder: a token and owner, or nobody."""
+
+    op: Op
+    token: int | None
+    owner: str | None
+
+
+def load_history(path: str | Path) -> list[Event]:
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def pair_ops(events: Iterable[Event]) -> list[Op]:
+    """Pair invocations with completions. An invocation without one stays ``info``."""
+    ops: dict[str, Op] = {}
+    for event in sorted(events, key=lambda e: (e.get("t", 0.0), e.get("i", 0))):
+        kind = event.get("type")
+        if kind == "invoke":
+            ops[event["op"]] = Op(
+                id=event["op"],
+                process=event["process"],
+                f=event["f"],
+                key=event["key"],
+                inv=float(event["t"]),
+                args=dict(event.get("value") or {}),
+            )
+        elif kind in ("ok", "fail", "info"):
+            op = ops.get(event.get("op", ""))
+            if op is None:
+                continue
+            op.ret = float(event["t"])
+            op.type = kind
+            op.value = dict(event.get("value") or {})
+            op.error = event.get("error")
+            op.detail = dict(event.get("detail") or {})
+    return sorted(ops.values(), key=lambda o: o.inv)
+
+
+def observations(ops: Iterable[Op]) -> list[Observation]:
+    """Every completed op that tells who held its key (reads in a linearizable mode,
+    and refusals that name the holder or say there is none)."""
+    out = []
+    for op in ops:
+        if op.f == "read" and op.type == "ok":
+            if op.value.get("consistency") == "stale":
+                continue
+            holder = op.value.get("holder")
+            if holder is None:
+                out.append(Observation(op, None, None))
+            else:
+                out.append(Observation(op, int(holder["token"]), holder.get("owner")))
+        elif op.type == "fail" and op.error in ("LEASE_HELD", "NOT_OWNER"):
+            if "token" in op.detail:
+                out.append(Observation(op, int(op.detail["token"]), op.detail.get("owner")))
+        elif op.type == "fail" and op.error == "LEASE_NOT_FOUND":
+            out.append(Observation(op, None, None))
+    return out
+
+
+@dataclass
+class LeaseView:
+    """One granted lease as its client saw it."""
+
+    grant: Op
+    renews: list[Op] = field(default_factory=list)
+    release_inv: float = math.inf
+    release: Op | None = None
+
+    @property
+    def token(self) -> int:
+        token = self.grant.token
+        assert token is not None
+        return token
+
+    def intervals(self, params: Params) -> list[tuple[float, float]]:
+        """Holding intervals: from each ok (acquire or renew) to its valid_until,
+        cut at the release invocation."""
+        out = []
+        for op in [self.grant, *self.renews]:
+            start = op.ret
+            end = _valid_until(op, params)
+            end = min(end, self.release_inv)
+            if end > start:
+                out.append((start, end))
+        return out
+
+    def certainly_live_until(self, before: float, params: Params) -> float:
+        """The latest valid_until among this lease's oks that completed before ``before``."""
+        best = -math.inf
+        for op in [self.grant, *self.renews]:
+            if op.ret < before:
+                best = max(best, _valid_until(op, params))
+        return best
+
+
+def _valid_until(op: Op, params: Params) -> float:
+    recorded = op.value.get("valid_until")
+    if isinstance(recorded, int | float):
+        return float(recorded)
+    ttl = float(op.value.get("ttl", op.args.get("ttl", 0.0)))
+    return op.inv + ttl * (1 - params.rho) - params.margin
+
+
+def leases(ops: Iterable[Op]) -> dict[str, list[LeaseView]]:
+    """Per key, the leases granted to clients (ok acquires) with their ok renewals and
+    the first release each client invoked on them."""
+    by_id: dict[tuple[str, str, int], LeaseView] = {}
+    out: dict[str, list[LeaseView]] = defaultdict(list)
+    for op in sorted(ops, key=lambda o: o.inv):
+        token = op.token
+        if token is None:
+            continue
+        ident = (op.process, op.key, token)
+        if op.f == "acquire" and op.type == "ok":
+            view = LeaseView(op)
+            by_id[ident] = view
+            out[op.key].append(view)
+        elif op.f == "renew" and op.type == "ok" and ident in by_id:
+            by_id[ident].renews.append(op)
+        elif op.f == "release" and ident in by_id and by_id[ident].release is None:
+            by_id[ident].release = op
+            by_id[ident].release_inv = op.inv
+    return out
+
+
+def _result(violations: list[dict[str, Any]], stats: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "valid": not violations,
+        "violation_count": len(violations),
+        "violations": violations[:MAX_REPORTED],
+        "stats": stats,
+    }
+
+
+# ------------------------------------------------------------ 1. mutual exclusion
+
+
+def check_mutual_exclusion(ops: list[Op], params: Params) -> dict[str, Any]:
+    violations = []
+    count = 0
+    for key, views in sorted(leases(ops).items()):
+        spans = sorted(
+            (start, end, view) for view in views for start, end in _union(view.intervals(params))
+        )
+        count += len(spans)
+        active: list[tuple[float, float, LeaseView]] = []
+        reported: set[tuple[int, int]] = set()
+        for start, end, view in spans:
+            active = [a for a in active if a[1] > start]
+            for a_start, a_end, other in active:
+                pair = (min(other.token, view.token), max(other.token, view.token))
+                if other.token != view.token and pair not in reported:
+                    reported.add(pair)
+                    violations.append(
+                        {
+                            "key": key,
+                            "t": start,
+                            "overlap": round(min(a_end, end) - start, 4),
+                            "first": {
+                                "process": other.grant.process,
+                                "token": other.token,
+                                "holding": [round(a_start, 4), round(a_end, 4)],
+                                "grant": other.grant.id,
+                            },
+                            "second": {
+                                "process": view.grant.process,
+                                "token": view.token,
+                                "holding": [round(start, 4), round(end, 4)],
+                                "grant": view.grant.id,
+                            },
+                        }
+                    )
+            active.append((start, end, view))
+    return _result(violations, {"holding_intervals": count})
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+# ---------------------------------------------------------------------- 2. fencing
+
+
+def check_fencing(ops: list[Op], events: list[Event], params: Params) -> dict[str, Any]:
+    violations: list[dict[str, Any]] = []
+    grants_by_key: dict[str, list[Op]] = defaultdict(list)
+    for op in ops:
+        if op.f == "acquire" and op.type == "ok" and op.token is not None:
+            grants_by_key[op.key].append(op)
+    for key, grants in grants_by_key.items():
+        owner_of: dict[int, Op] = {}
+        for g in grants:
+            token = g.token
+            assert token is not None
+            first = owner_of.setdefault(token, g)
+            if first is not g and first.process != g.process:
+                violations.append(
+                    {
+                        "key": key,
+                        "kind": "token handed out twice",
+                        "t": g.ret,
+                        "token": token,
+                        "grants": [first.brief(), g.brief()],
+                    }
+                )
+        by_ret = sorted(grants, key=lambda o: o.ret)
+        rets = [g.ret for g in by_ret]
+        prefix: list[Op] = []
+        for g in by_ret:
+            if not prefix or (g.token or 0) > (prefix[-1].token or 0):
+                prefix.append(g)
+            else:
+                prefix.append(prefix[-1])
+        for b in grants:
+            n = bisect.bisect_left(rets, b.inv)
+            if n and (prefix[n - 1].token or 0) >= (b.token or 0):
+                a = prefix[n - 1]
+                violations.append(
+                    {
+                        "key": key,
+                        "kind": "token not increasing in real-time order",
+                        "t": b.ret,
+                        "earlier": a.brief(),
+                        "later": b.brief(),
+                    }
+                )
+    accesses = [e for e in events if e.get("type") == "fenced"]
+    highest: dict[str, tuple[int, str]] = {}
+    accepted = rejected = 0
+    for e in sorted(accesses, key=lambda e: e.get("i", 0)):
+        key, token, proc = e["key"], int(e["token"]), e["process"]
+        if not e["accepted"]:
+            rejected += 1
+            continue
+        accepted += 1
+        top = highest.get(key)
+        if top is not None and token < top[0]:
+            violations.append(
+                {
+                    "key": key,
+                    "kind": "resource accepted a lower token",
+                    "t": e["t"],
+                    "token": token,
+                    "process": proc,
+                    "highest": top[0],
+                }
+            )
+        elif top is not None and token == top[0] and proc != top[1]:
+            violations.append(
+                {
+                    "key": key,
+                    "kind": "two clients used one token",
+                    "t": e["t"],
+                    "token": token,
+                    "processes": [top[1], proc],
+                }
+            )
+        if top is None or token >= top[0]:
+            highest[key] = (token, proc)
+        if e["f"] == "write" and e.get("value") is not None and e["before"] != e["value"] - 1:
+            violations.append(
+                {
+                    "key": key,
+                    "kind": "lost update",
+                    "t": e["t"],
+                    "token": token,
+                    "process": proc,
+                    "read": e["value"] - 1,
+                    "overwrote": e["before"],
+                }
+            )
+    stale = _stale_accesses(ops, accesses, params)
+    return _result(
+        violations,
+        {
+            "grants": sum(len(g) for g in grants_by_key.values()),
+            "resource_accepted": accepted,
+            "resource_rejected": rejected,
+            **stale,
+        },
+    )
+
+
+def _stale_accesses(ops: list[Op], accesses: list[Event], params: Params) -> dict[str, Any]:
+    """Accesses made outside the client's own holding interval (a paused client):
+    how many the resource refused (the fence worked) or accepted (nobody newer had
+    touched the resource yet, which is harmless)."""
+    spans: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
+    for key, views in leases(ops).items():
+        for view in views:
+            spans[(view.grant.process, key, view.token)] = view.intervals(params)
+    refused = accepted = 0
+    for e in accesses:
+        ivs = spans.get((e["process"], e["key"], int(e["token"])), [])
+        if not any(s <= e["t"] < end for s, end in ivs):
+            if e["accepted"]:
+                accepted += 1
+            else:
+                refused += 1
+    return {"late_accesses_refused": refused, "late_accesses_accepted": accepted}
+
+
+# -------------------------------------------------------------- 3. no lost grant
+
+
+def check_no_lost_grant(ops: list[Op], params: Params) -> dict[str, Any]:
+    violations = []
+    views_by_key = leases(ops)
+    obs_by_key: dict[str, list[Observation]] = defaultdict(list)
+    for o in observations(ops):
+        obs_by_key[o.op.key].append(o)
+    checked = 0
+    for key, obs in obs_by_key.items():
+        views = sorted(views_by_key.get(key, []), key=lambda v: v.grant.ret)
+        rets = [v.grant.ret for v in views]
+        best: list[LeaseView] = []
+        for v in views:
+            best.append(v if not best or v.token > best[-1].token else best[-1])
+        for o in obs:
+            checked += 1
+            n = bisect.bisect_left(rets, o.op.inv)
+            if n == 0:
+                continue
+            newest = best[n - 1]
+            if o.token is not None and o.token < newest.token:
+                violations.append(
+                    {
+                        "key": key,
+                        "kind": "stale read: older token than a completed grant",
+                        "t": o.op.ret,
+                        "read": o.op.brief(),
+                        "grant": newest.grant.brief(),
+                    }
+                )
+                continue
+            for v in views[:n]:
+                if o.token is not None and o.token >= v.token:
+                    continue
+                live = v.certainly_live_until(o.op.inv, params)
+                if o.op.ret < min(live, v.release_inv):
+                    violations.append(
+                        {
+                            "key": key,
+                            "kind": "acknowledged grant lost",
+                            "t": o.op.ret,
+                            "read": o.op.brief(),
+                            "grant": v.grant.brief(),
+                            "certainly_held_until": round(live, 4),
+                        }
+                    )
+                    break
+    return _result(violations, {"observations": checked})
+
+
+# ------------------------------------------------------------ 4. linearizability
+
+
+def model_ops(
+    ops: list[Op], params: Params
+) -> dict[str, tuple[list[LOp], dict[int, str], list[str]]]:
+    """Translate the history into model operations per key. Returns
+    ``key -> (ops, owner of each token, notes)``."""
+    out: dict[str, tuple[list[LOp], dict[int, str], list[str]]] = {}
+    by_key: dict[str, list[Op]] = defaultdict(list)
+    for op in ops:
+        by_key[op.key].append(op)
+    slack = 1 - params.rho
+
+    def earliest_expiry(op: Op) -> float:
+        ttl = float(op.value.get("ttl", op.args.get("ttl", 0.0)))
+        return op.inv + ttl * slack - params.margin
+
+    for key, kops in by_key.items():
+        lops: list[LOp] = []
+        owners: dict[int, str] = {}
+        notes: list[str] = []
+        expiry_of: dict[int, float] = {}
+        for op in kops:
+            if op.f == "acquire" and op.type == "ok" and op.token is not None:
+                owners[op.token] = op.process
+                expiry_of[op.token] = earliest_expiry(op)
+                lops.append(
+                    LOp(
+                        "grant",
+                        op.inv,
+                        op.ret,
+                        op.token,
+                        op.process,
+                        expiry_of[op.token],
+                        src=op.id,
+                    )
+                )
+        for op in kops:
+            token = op.token
+            if op.f == "renew" and op.type == "ok" and token is not None:
+                exp = op.inv + float(op.value.get("ttl", 0.0)) * slack - params.margin
+                expiry_of[token] = max(expiry_of.get(token, -math.inf), exp)
+                lops.append(LOp("renew", op.inv, op.ret, token, expiry=exp, src=op.id))
+            elif op.f == "release" and op.type == "ok" and token is not None:
+                lops.append(LOp("release", op.inv, op.ret, token, src=op.id))
+        for op in kops:
+            if op.f == "release" and op.type == "info" and op.token is not None:
+                until = expiry_of.get(op.token, -math.inf)
+                if until > op.inv:  # after that, releasing is the same as expiring
+                    lops.append(
+                        LOp(
+                            "release",
+                            op.inv,
+                            until,
+                            op.token,
+                            optional=True,
+                            src=op.id,
+                            note="info: may or may not have happened",
+                        )
+                    )
+        obs = observations(kops)
+        for o in obs:
+            lops.append(LOp("observe", o.op.inv, o.op.ret, o.token, o.owner, src=o.op.id))
+        # Tokens seen but granted to nobody who heard back: an ``info`` acquire by the
+        # owner may explain them (it then happened before the first sighting).
+        first_seen: dict[int, Observation] = {}
+        for o in sorted(obs, key=lambda o: o.op.ret):
+            if o.token is not None and o.token not in owners:
+                first_seen.setdefault(o.token, o)
+        for token, o in sorted(first_seen.items()):
+            owners.setdefault(token, o.owner or "?")
+            cands = [
+                a
+                for a in kops
+                if a.f == "acquire"
+                and a.type == "info"
+                and a.process == o.owner
+                and a.inv < o.op.ret
+            ]
+            for a in cands:
+                lops.append(
+                    LOp(
+                        "grant",
+                        a.inv,
+                        o.op.ret,
+                        token,
+                        o.owner,
+                        earliest_expiry(a),
+                        optional=True,
+                        group=a.id,
+                        src=a.id,
+                        note=f"info acquire, may explain token {token}",
+                    )
+                )
+            if not cands:
+                failed = [
+                    a.id
+                    for a in kops
+                    if a.f == "acquire"
+                    and a.type == "fail"
+                    and a.process == o.owner
+                    and a.inv < o.op.ret
+                    and a.error not in DOMAIN_CODES
+                ]
+                notes.append(
+                    f"token {token} (owner {o.owner}) was seen by {o.op.id} but no acquire "
+                    "could have produced it"
+                    + (f"; {o.owner}'s acquires {failed} failed definitely" if failed else "")
+                )
+        out[key] = (lops, owners, notes)
+    return out
+
+
+def check_linearizable(ops: list[Op], params: Params) -> dict[str, Any]:
+    violations = []
+    unknown = []
+    stats: dict[str, Any] = {}
+    for key, (lops, owners, notes) in sorted(model_ops(ops, params).items()):
+        outcome = check_ops(
+            lops,
+            owners,
+            budget=params.lin_budget,
+            segment_budget=params.lin_segment_budget,
+            time_limit=params.lin_time_limit,
+        )
+        stats[key] = {
+            "ops": len(lops),
+            "segments": outcome.segments,
+            "explored": outcome.explored,
+            "seconds": round(outcome.seconds, 3),
+            "result": outcome.valid,
+        }
+        if outcome.valid is False:
+            t = outcome.detail.get("segment_window", [None])[0]
+            violations.append({"key": key, "t": t, "notes": notes, **outcome.detail})
+        elif outcome.valid == "unknown":
+            unknown.append({"key": key, **outcome.detail})
+    result = _result(violations, stats)
+    if not violations and unknown:
+        result["valid"] = "unknown"
+    result["unknown"] = unknown
+    return result
+
+
+# ---------------------------------------------------------------- 5. liveness
+
+
+def check_liveness(ops: list[Op], events: list[Event], params: Params) -> dict[str, Any]:
+    bound = params.liveness_bound
+    progress = sorted(
+        op.ret for op in ops if op.type == "ok" or (op.type == "fail" and op.error in DOMAIN_CODES)
+    )
+    faults = sorted(
+        (e for e in events if e.get("type") == "nemesis" and e.get("f") in ("start", "stop")),
+        key=lambda e: e["t"],
+    )
+    end = max((e.get("t", 0.0) for e in events), default=0.0)
+    violations = []
+    unknown = []
+    recoveries = []
+    for n, e in enumerate(faults):
+        if e["f"] != "stop":
+            continue
+        heal = e["t"]
+        nxt = next((f["t"] for f in faults[n + 1 :] if f["f"] == "start"), end)
+        i = bisect.bisect_left(progress, heal)
+        first = progress[i] if i < len(progress) else math.inf
+        took = first - heal
+        entry = {"fault": e.get("fault"), "id": e.get("id"), "healed": round(heal, 4)}
+        if took <= bound:
+            recoveries.append({**entry, "recovered_in": round(took, 3)})
+        elif nxt - heal >= bound:
+            violations.append(
+                {
+                    **entry,
+                    "t": heal,
+                    "kind": f"no progress within {bound} s",
+                    "first_progress_after": None if math.isinf(took) else round(took, 3),
+                }
+            )
+        else:
+            unknown.append({**entry, "window": round(nxt - heal, 3)})
+    result = _result(
+        violations,
+        {
+            "bound": bound,
+            "heals": len(recoveries) + len(violations) + len(unknown),
+            "max_recovery": max((r["recovered_in"] for r in recoveries), default=None),
+            "recoveries": recoveries,
+        },
+    )
+    if not violations and unknown:
+        result["valid"] = "unknown"
+    result["unknown"] = unknown
+    return result
+
+
+# ------------------------------------------------------------ 6. replicas agree
+
+
+def check_replicas(events: list[Event]) -> dict[str, Any]:
+    """Once the clients have stopped and the faults are healed, every node must catch
+    up to one applied index, and replicas at one index must hold one state (revision,
+    log time, lease and session counts). A replica that applied a different entry at
+    some index (its log was rewritten under it) shows up here."""
+    final = next((e for e in reversed(events) if e.get("type") == "final"), None)
+    if final is None:
+        return {**_result([], {"recorded": False}), "valid": True}
+    nodes = {k: v for k, v in final.get("nodes", {}).items() if v}
+    violations: list[dict[str, Any]] = []
+    t = final.get("t")
+    if not final.get("converged"):
+        violations.append(
+            {
+                "kind": f"replicas did not catch up within {final.get('waited')} s of quiet",
+                "t": t,
+                "nodes": final.get("nodes"),
+            }
+        )
+    by_index: dict[Any, dict[str, Any]] = defaultdict(dict)
+    for nid, st in nodes.items():
+        by_index[st.get("applied_index")][nid] = st
+    for index, group in by_index.items():
+        states = {
+            nid: tuple(st.get(k) for k in ("revision", "log_time", "leases", "sessions"))
+            for nid, st in group.items()
+        }
+        if len(set(states.values())) > 1:
+            violations.append(
+                {"kind": "replicas diverged", "t": t, "applied_index": index, "states": states}
+            )
+    return _result(violations, {"recorded": True, "nodes": len(nodes)})
+
+
+# ------------------------------------------------------------------ everything
+
+
+def check(events: list[Event], params: Params | None = None) -> dict[str, Any]:
+    params = params or Params.from_meta(events)
+    ops = pair_ops(events)
+    results = {
+        "mutual_exclusion": check_mutual_exclusion(ops, params),
+        "fencing": check_fencing(ops, events, params),
+        "no_lost_grant": check_no_lost_grant(ops, params),
+        "linearizable": check_linearizable(ops, params),
+        "liveness": check_liveness(ops, events, params),
+        "replicas": check_replicas(events),
+    }
+    verdicts = [r["valid"] for r in results.values()]
+    valid: bool | str = True
+    if any(v is False for v in verdicts):
+        valid = False
+    elif any(v == "unknown" for v in verdicts):
+        valid = "unknown"
+    counts: dict[str, int] = defaultdict(int)
+    for op in ops:
+        counts[f"{op.f}:{op.type}"] += 1
+    return {
+        "valid": valid,
+        "checkers": results,
+        "params": params.__dict__,
+        "ops": dict(sorted(counts.items())),
+    }

@@ -1,0 +1,589 @@
+"""Faults (nemeses) on a real cluster, and the schedules that order them.
+
+Every fault kind has a start and a heal; ``Nemesis.run`` applies one fault, holds it for
+its duration, heals it and records ``nemesis`` start/stop events in the history (the
+stop event's time is when the heal took effect: liveness is measured from it).
+
+Kinds (``KINDS``), by what they break:
+
+* network, through the ``proxy.ProxyNet`` on every node pair: ``isolate-leader``,
+  ``split-majority`` (random minority/majority), ``bridge`` (two halves that only one
+  node sees both of), ``partial-leader`` (leader cut from one follower only),
+  ``one-way`` (the leader's outbound or inbound bytes lost), ``stall-leader`` (the
+  leader's bytes held, then delivered late), ``reset-refuse-leader`` (connections reset
+  and new ones refused), ``latency`` (delay on every link);
+* processes: ``kill-leader``, ``kill-follower``, ``kill-all`` (SIGKILL, then restart
+  from the data directory), ``pause-leader``, ``pause-follower`` (SIGSTOP/SIGCONT),
+  ``pause-client`` (SIGSTOP of the client process in the window between its lease
+  check and its fenced write: the fenced resource must refuse it);
+* clocks, through the test-only ``test_clock`` request: ``clock-within`` (rates within
+  ``clock_drift``, jumps below the margins: safe by assumption) and ``clock-beyond``
+  (a slow leader, a fast and jumped follower: beyond the drift bound, where the drift
+  monitor must stop lease reads). A fast *leader* clock beyond the bound is outside
+  the safety model (it is what the ``fast_log_clock`` planted bug does) and is not
+  scheduled; ``clock-beyond`` withdraws its fault if its fast target becomes leader.
+
+Schedules: ``schedule(profile, seed, minutes)`` returns every kind alone once, then a
+random mix drawn from ``seed``. Every random choice a fault makes at run time (which
+follower, which split) comes from ``random.Random(spec.seed)``, so a seed reproduces
+the schedule exactly; which node is leader when a fault starts is up to the cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from proxy import DROP, HOLD, ProxyNet
+from workload import History
+
+from raftlease.protocol import FrameDecoder, encode_frame
+from raftlease.testing import LocalCluster
+
+#: kind -> (category, default duration in seconds)
+KINDS: dict[str, tuple[str, float]] = {
+    "isolate-leader": ("network", 3.5),
+    "split-majority": ("network", 3.5),
+    "bridge": ("network", 3.5),
+    "partial-leader": ("network", 3.0),
+    "one-way": ("network", 3.0),
+    "stall-leader": ("network", 2.5),
+    "reset-refuse-leader": ("network", 3.0),
+    "latency": ("network", 3.0),
+    "kill-leader": ("process", 2.5),
+    "kill-follower": ("process", 2.0),
+    "kill-all": ("process", 1.5),
+    "pause-leader": ("process", 3.0),
+    "pause-follower": ("process", 2.0),
+    "pause-client": ("client", 4.5),
+    "clock-within": ("clock", 3.5),
+    "clock-beyond": ("clock", 3.5),
+}
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One scheduled fault: ``kind`` held for ``duration`` s, then ``recovery`` s of
+    quiet before the next one. ``seed`` drives its run-time choices."""
+
+    kind: str
+    duration: float
+    recovery: float
+    seed: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def schedule(
+    profile: str, seed: int, minutes: float | None = None, kinds: list[str] | None = None
+) -> list[FaultSpec]:
+    """The fault schedule of a profile. ``ci``: every kind alone, then a short random
+    mix. ``long``: every kind alone, then a random mix filling ``minutes``. ``smoke``:
+    three quick faults (used by the planted-bug self-test). ``kinds`` restricts the
+    kinds used."""
+    rng = random.Random(seed)
+    names = [k for k in KINDS if kinds is None or k in kinds]
+    if not names:
+        raise ValueError(f"no fault kinds selected; known: {sorted(KINDS)}")
+    recovery = 2.5
+    specs: list[FaultSpec] = []
+    if profile == "smoke":
+        picks = [k for k in ("isolate-leader", "kill-leader", "pause-client") if k in names]
+        return [FaultSpec(k, KINDS[k][1], recovery, rng.randrange(1 << 30)) for k in picks or names]
+    alone = list(names)
+    rng.shuffle(alone)
+    specs += [FaultSpec(k, KINDS[k][1], recovery, rng.randrange(1 << 30)) for k in alone]
+    if profile == "ci":
+        budget = 3 * 6.0 if minutes is None else max(0.0, minutes * 60 - _length(specs) - 15)
+    elif profile == "long":
+        budget = max(0.0, (minutes if minutes is not None else 10.0) * 60 - _length(specs) - 15)
+    else:
+        raise ValueError(f"unknown profile {profile!r}; expected ci, long or smoke")
+    while _length(specs) < _length(specs[: len(alone)]) + budget and len(specs) < 10_000:
+        kind = rng.choice(names)
+        duration = round(rng.uniform(0.6, 1.5) * KINDS[kind][1], 2)
+        specs.append(
+            FaultSpec(kind, duration, round(rng.uniform(2.0, 4.0), 2), rng.randrange(1 << 30))
+        )
+    return specs
+
+
+def _length(specs: list[FaultSpec]) -> float:
+    return sum(s.duration + s.recovery for s in specs)
+
+
+def raw_request(addr: str, message: dict[str, Any], timeout: float = 1.0) -> dict[str, Any]:
+    """One request to one node on a fresh connection (no redirect, no retry)."""
+    host, _, port = addr.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.settimeout(timeout)
+        sock.sendall(encode_frame(message))
+        decoder = FrameDecoder()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            data = sock.recv(65536)
+            if not data:
+                break
+            for frame in decoder.feed(data):
+                return dict(frame)
+    raise OSError(f"no answer from {addr}")
+
+
+class Nemesis:
+    """Applies faults to ``cluster`` (through ``proxies``) and records them.
+
+    ``client_proc`` (a ``proc_client.ClientProcess``) is the target of ``pause-client``.
+    ``say`` prints progress. Methods block the calling thread; they are not
+    thread-safe (one fault at a time, from the harness thread).
+    """
+
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        proxies: ProxyNet,
+        history: History,
+        rho: float,
+        client_proc: Any = None,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.cluster = cluster
+        self.proxies = proxies
+        self.history = history
+        self.rho = rho
+        self.client_proc = client_proc
+        self.say = say
+        self.ids = [n.id for n in cluster.nodes]
+        self.count = 0
+        self._heal: list[Callable[[], Any]] = []
+        self._paused: set[str] = set()
+        self._killed: set[str] = set()
+        self._skewed: set[str] = set()
+
+    # -------------------------------------------------------------- queries
+
+    def status(self, node_id: str, timeout: float = 0.5) -> dict[str, Any] | None:
+        if not self.cluster.is_running(node_id) or node_id in self._paused:
+            return None
+        try:
+            reply = raw_request(
+                self.cluster.node(node_id).client, {"id": 1, "op": "status"}, timeout
+            )
+        except OSError:
+            return None
+        result = reply.get("result") if reply.get("ok") else None
+        return result if isinstance(result, dict) else None
+
+    def raft_status(self, node_id: str) -> dict[str, Any] | None:
+        """PySyncObj's own status of a node (its admin request on the raft port, sent
+        directly, not through the proxy): match/next indexes and connections."""
+        if not self.cluster.is_running(node_id) or node_id in self._paused:
+            return None
+        try:
+            from pysyncobj.utility import TcpUtility
+
+            status = TcpUtility(timeout=1.0).executeCommand(
+                self.cluster.node(node_id).raft, ["status"]
+            )
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        if not isinstance(status, dict):
+            return {"error": repr(status)[:200]}
+        return {str(k): str(v) if not isinstance(v, int | float) else v for k, v in status.items()}
+
+    def leader(self, wait: float = 5.0) -> str | None:
+        """The node that claims leadership in the highest term (None if none within
+        ``wait`` seconds)."""
+        deadline = time.monotonic() + wait
+        while True:
+            best: tuple[int, str] | None = None
+            for nid in self.ids:
+                st = self.status(nid)
+                if st and st.get("role") == "leader":
+                    cand = (int(st.get("term", 0)), nid)
+                    best = cand if best is None or cand > best else best
+            if best is not None:
+                return best[1]
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
+
+    def set_clock(self, node_id: str, rate: float | None = None, jump: float | None = None) -> bool:
+        message: dict[str, Any] = {"id": 1, "op": "test_clock"}
+        if rate is not None:
+            message["rate"] = rate
+        if jump is not None:
+            message["jump"] = jump
+        try:
+            reply = raw_request(self.cluster.node(node_id).client, message, 2.0)
+        except OSError:
+            return False
+        if rate is not None:
+            (self._skewed.discard if rate == 1.0 else self._skewed.add)(node_id)
+        return bool(reply.get("ok"))
+
+    # ------------------------------------------------------------- running
+
+    def run(self, spec: FaultSpec) -> dict[str, Any]:
+        """Apply ``spec``, hold it, heal it; returns the recorded detail."""
+        self.count += 1
+        fid = self.count
+        rng = random.Random(spec.seed)
+        start = getattr(self, "_start_" + spec.kind.replace("-", "_"))
+        self._heal = []
+        detail: dict[str, Any] = start(rng, spec)
+        watch = detail.pop("_watch", None)
+        self.history.append(
+            {"type": "nemesis", "f": "start", "fault": spec.kind, "id": fid, "detail": detail}
+        )
+        self.say(f"fault #{fid} {spec.kind} start {_brief(detail)}")
+        end = time.monotonic() + spec.duration
+        while time.monotonic() < end:
+            if watch is not None and watch():
+                detail["withdrawn"] = True
+                break
+            time.sleep(0.05)
+        healed = self.heal()
+        self.history.append(
+            {"type": "nemesis", "f": "stop", "fault": spec.kind, "id": fid, "detail": healed}
+        )
+        self.say(f"fault #{fid} {spec.kind} healed {_brief(healed)}")
+        return detail
+
+    def snapshot(self, why: str) -> dict[str, Any]:
+        """Record every node's Raft view and the proxies' state (for diagnosis)."""
+        nodes = {}
+        for nid in self.ids:
+            st = self.status(nid, timeout=0.5)
+            nodes[nid] = (
+                {
+                    k: st.get(k)
+                    for k in (
+                        "role",
+                        "term",
+                        "leader",
+                        "commit_index",
+                        "applied_index",
+                        "lease_reads",
+                        "drift_alarm",
+                    )
+                }
+                if st
+                else None
+            )
+        raft = {nid: self.raft_status(nid) for nid in self.ids}
+        links = [
+            {
+                k: d[k]
+                for k in ("dialer", "acceptor", "connections", "accepted", "refused", "forwarded")
+            }
+            for d in self.proxies.describe()
+        ]
+        event = {
+            "type": "nemesis",
+            "f": "snapshot",
+            "why": why,
+            "nodes": nodes,
+            "raft": raft,
+            "links": links,
+        }
+        self.history.append(event)
+        return event
+
+    def final_state(self, timeout: float = 15.0) -> dict[str, Any]:
+        """After the clients stopped: wait (at most ``timeout`` s) until every node has
+        applied the same log index twice in a row, and record each node's state summary
+        so the checker can compare the replicas."""
+        fields = (
+            "applied_index",
+            "commit_index",
+            "term",
+            "revision",
+            "log_time",
+            "leases",
+            "sessions",
+            "role",
+        )
+        deadline = time.monotonic() + timeout
+        previous: dict[str, Any] | None = None
+        nodes: dict[str, Any] = {}
+        converged = False
+        while time.monotonic() < deadline:
+            nodes = {}
+            for nid in self.ids:
+                st = self.status(nid, timeout=1.0)
+                nodes[nid] = {k: st.get(k) for k in fields} if st else None
+            applied = {n["applied_index"] for n in nodes.values() if n}
+            if len(applied) == 1 and None not in nodes.values() and nodes == previous:
+                converged = True
+                break
+            previous = nodes
+            time.sleep(0.5)
+        event = {"type": "final", "converged": converged, "waited": timeout, "nodes": nodes}
+        if not converged:
+            event["raft"] = {nid: self.raft_status(nid) for nid in self.ids}
+        self.history.append(event)
+        return event
+
+    def heal(self) -> dict[str, Any]:
+        """Undo the current fault (runs every registered heal step, in reverse)."""
+        out: dict[str, Any] = {}
+        steps, self._heal = self._heal, []
+        for step in reversed(steps):
+            try:
+                result = step()
+                for key, value in (result or {}).items():
+                    if isinstance(value, list) and isinstance(out.get(key), list):
+                        out[key] = [*out[key], *value]
+                    else:
+                        out[key] = value
+            except Exception as exc:  # keep healing the rest
+                out.setdefault("errors", []).append(f"{type(exc).__name__}: {exc}")
+        return out
+
+    def heal_all(self) -> None:
+        """Best-effort cleanup: heal the network, resume and restart nodes, reset clocks."""
+        with contextlib.suppress(Exception):
+            self.heal()
+        with contextlib.suppress(Exception):
+            self.proxies.heal()
+        for nid in list(self._paused):
+            with contextlib.suppress(Exception):
+                self.cluster.resume_node(nid)
+            self._paused.discard(nid)
+        for nid in list(self._killed):
+            with contextlib.suppress(Exception):
+                self.cluster.start_node(nid)
+            self._killed.discard(nid)
+        for nid in list(self._skewed):
+            self.set_clock(nid, rate=1.0)
+        if self.client_proc is not None:
+            self.client_proc.resume()
+
+    # -------------------------------------------------------------- helpers
+
+    def _target_leader(self) -> tuple[str, bool]:
+        leader = self.leader()
+        if leader is None:
+            return self.ids[0], False
+        return leader, True
+
+    def _followers(self, leader: str) -> list[str]:
+        return [n for n in self.ids if n != leader]
+
+    def _heal_net(self) -> None:
+        self._heal.append(lambda: {"resets": self.proxies.heal()})
+
+    # ----------------------------------------------------------- network
+
+    def _start_isolate_leader(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        leader, known = self._target_leader()
+        groups = [[leader], self._followers(leader)]
+        self.proxies.partition(groups, DROP)
+        self._heal_net()
+        return {"groups": groups, "leader": leader, "leader_known": known}
+
+    def _start_split_majority(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        nodes = list(self.ids)
+        rng.shuffle(nodes)
+        minority = nodes[: (len(nodes) - 1) // 2 or 1]
+        groups = [sorted(minority), sorted(n for n in nodes if n not in minority)]
+        self.proxies.partition(groups, DROP)
+        self._heal_net()
+        return {"groups": groups}
+
+    def _start_bridge(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        nodes = list(self.ids)
+        rng.shuffle(nodes)
+        half = len(nodes) // 2
+        bridge = nodes[half]
+        groups = [sorted(nodes[:half]), sorted(nodes[half + 1 :])]
+        self.proxies.partition(groups, DROP)
+        self._heal_net()
+        return {"groups": groups, "bridge": bridge}
+
+    def _start_partial_leader(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        leader, known = self._target_leader()
+        other = rng.choice(self._followers(leader))
+        self.proxies.partition([[leader], [other]], DROP)
+        self._heal_net()
+        return {"cut": [leader, other], "leader": leader, "leader_known": known}
+
+    def _start_one_way(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        leader, known = self._target_leader()
+        direction = rng.choice(["out", "in"])
+        others = self._followers(leader)
+        if direction == "out":
+            pairs = [(leader, o) for o in others]
+        else:
+            pairs = [(o, leader) for o in others]
+        self.proxies.block(pairs, DROP)
+        self._heal_net()
+        return {"leader": leader, "direction": direction, "leader_known": known}
+
+    def _start_stall_leader(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        leader, known = self._target_leader()
+        others = self._followers(leader)
+        self.proxies.block([*((leader, o) for o in others), *((o, leader) for o in others)], HOLD)
+        self._heal_net()
+        return {"leader": leader, "mode": "hold", "leader_known": known}
+
+    def _start_reset_refuse_leader(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        leader, known = self._target_leader()
+        self.proxies.refuse(leader, True)
+        resets = self.proxies.reset(leader)
+        self._heal_net()
+        return {"leader": leader, "resets": resets, "leader_known": known}
+
+    def _start_latency(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        delay = round(rng.uniform(0.03, 0.12), 3)
+        scope = rng.choice(["all", "one"])
+        nodes = None if scope == "all" else [rng.choice(self.ids)]
+        self.proxies.delay_all(delay, nodes)
+        self._heal_net()
+        return {"delay": delay, "nodes": nodes or "all"}
+
+    # ----------------------------------------------------------- processes
+
+    def _kill(self, nid: str) -> None:
+        self.cluster.kill_node(nid)
+        self._killed.add(nid)
+
+        def restart() -> dict[str, Any]:
+            self.cluster.start_node(nid)
+            self._killed.discard(nid)
+            return {"restarted": [nid]}
+
+        self._heal.append(restart)
+
+    def _start_kill_leader(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        leader, known = self._target_leader()
+        self._kill(leader)
+        return {"killed": [leader], "leader_known": known}
+
+    def _start_kill_follower(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        leader, _ = self._target_leader()
+        victim = rng.choice(self._followers(leader))
+        self._kill(victim)
+        return {"killed": [victim], "leader": leader}
+
+    def _start_kill_all(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        order = list(self.ids)
+        rng.shuffle(order)
+        for nid in order:
+            self._kill(nid)
+        return {"killed": order}
+
+    def _pause(self, nid: str) -> None:
+        self.cluster.pause_node(nid)
+        self._paused.add(nid)
+
+        def resume() -> dict[str, Any]:
+            self.cluster.resume_node(nid)
+            self._paused.discard(nid)
+            return {"resumed": nid}
+
+        self._heal.append(resume)
+
+    def _start_pause_leader(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        leader, known = self._target_leader()
+        self._pause(leader)
+        return {"paused": leader, "leader_known": known}
+
+    def _start_pause_follower(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        leader, _ = self._target_leader()
+        victim = rng.choice(self._followers(leader))
+        self._pause(victim)
+        return {"paused": victim, "leader": leader}
+
+    def _start_pause_client(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        proc = self.client_proc
+        if proc is None or not proc.alive():
+            return {"skipped": "no client process"}
+        marker = proc.wait_for_marker(timeout=10.0)
+        proc.pause()
+
+        def resume() -> dict[str, Any]:
+            proc.resume()
+            return {"resumed": proc.name}
+
+        self._heal.append(resume)
+        detail: dict[str, Any] = {"paused": proc.name, "pid": proc.pid}
+        if marker is not None:
+            detail.update({"key": marker.get("key"), "token": marker.get("token")})
+        else:
+            detail["marker"] = "none within 10 s (paused anyway)"
+        return detail
+
+    # --------------------------------------------------------------- clocks
+
+    def _skew(self, nid: str, rate: float | None, jump: float | None) -> dict[str, Any]:
+        ok = self.set_clock(nid, rate=rate, jump=jump)
+        if rate is not None:
+            self._heal.append(
+                lambda: {f"rate_{nid}": 1.0 if self.set_clock(nid, rate=1.0) else None}
+            )
+        return {"node": nid, "rate": rate, "jump": jump, "applied": ok}
+
+    def _start_clock_within(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        leader, known = self._target_leader()
+        changes = []
+        for nid in self.ids:
+            rate = round(1.0 + rng.choice([-1, 1]) * rng.uniform(0.2, 0.5) * self.rho, 5)
+            jump = round(rng.uniform(0.0, 0.005), 4) if rng.random() < 0.5 else None
+            changes.append(self._skew(nid, rate, jump))
+        return {"changes": changes, "leader": leader, "leader_known": known, "within": True}
+
+    def _start_clock_beyond(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        leader, known = self._target_leader()
+        fast = rng.choice(self._followers(leader))
+        changes = [
+            self._skew(leader, round(rng.uniform(0.7, 0.85), 3), None),
+            self._skew(fast, round(rng.uniform(1.3, 1.6), 3), round(rng.uniform(1.0, 3.0), 2)),
+        ]
+
+        def watch() -> bool:
+            # A fast clock on a leader is outside the safety model: withdraw at once.
+            st = self.status(fast, timeout=0.3)
+            if st is not None and st.get("role") == "leader":
+                self.set_clock(fast, rate=1.0)
+                self.history.append(
+                    {
+                        "type": "nemesis",
+                        "f": "note",
+                        "fault": "clock-beyond",
+                        "detail": {"withdrawn": f"{fast} became leader with a fast clock"},
+                    }
+                )
+                return True
+            return False
+
+        return {
+            "changes": changes,
+            "leader": leader,
+            "leader_known": known,
+            "within": False,
+            "_watch": watch,
+        }
+
+
+def _brief(detail: dict[str, Any]) -> str:
+    parts = []
+    for key, value in detail.items():
+        if key.startswith("_") or key == "changes":
+            continue
+        parts.append(f"{key}={value}")
+    if "changes" in detail:
+        parts.append(
+            "clocks="
+            + ",".join(
+                f"{c['node']}:{c['rate']}{'+' + str(c['jump']) if c['jump'] else ''}"
+                for c in detail["changes"]
+            )
+        )
+    return " ".join(parts)

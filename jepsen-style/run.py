@@ -1,0 +1,265 @@
+"""Run the raftlease chaos suite: a real cluster, faults, a recorded history, checkers.
+
+    python jepsen-style/run.py --profile ci|long|smoke [--minutes N] [--seed S]
+                               [--out DIR] [--planted-bug fast_log_clock]
+
+Starts ``--nodes`` node processes on 127.0.0.1 (``raftlease.testing.LocalCluster``,
+test hooks on, short timers) with a fault proxy on every node pair, runs ``--clients``
+client threads plus one client process against them while the nemesis applies the
+profile's schedule, then checks the history. Writes ``DIR/history.jsonl``,
+``DIR/results.json``, ``DIR/timeline.html`` and the node logs (``DIR/cluster``).
+
+Exit status: 0 when every checker passes; 1 on any violation; 2 when a checker could
+not decide (unknown); 3 when the harness itself failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import checker  # noqa: E402
+import nemesis  # noqa: E402
+import timeline  # noqa: E402
+from proc_client import ClientProcess  # noqa: E402
+from proxy import ProxyNet  # noqa: E402
+from workload import (  # noqa: E402
+    FencedStore,
+    FencedStoreServer,
+    History,
+    WorkerThread,
+    WorkloadConfig,
+)
+
+from raftlease.config import local_cluster  # noqa: E402
+from raftlease.testing import PORT_RANGE, TEST_SETTINGS, LocalCluster, port_free  # noqa: E402
+
+#: Node settings: the test timers of raftlease.testing plus the test hooks.
+NODE_SETTINGS: dict[str, Any] = {**TEST_SETTINGS, "clock_drift": 0.01, "test_hooks": True}
+#: After a heal, some operation must complete within this many seconds. The worst
+#: path: an election (election_timeout_max, possibly twice when a rejoining node
+#: forces another one), a node restart replaying its journal, connection retries
+#: (connection_retry) and the client's backoff (0.5 s) and attempt timeout (1 s).
+LIVENESS_BOUND = 8.0
+WARMUP = 3.0
+COOLDOWN = 3.0
+
+
+def find_ports(nodes: int, seed: int) -> int:
+    """A base port: clients base.., raft base+100.., proxies base+200.., store base+300,
+    all free and below the ephemeral range."""
+    pairs = nodes * (nodes - 1) // 2
+    rng = random.Random(seed ^ os.getpid())
+    low, high = PORT_RANGE
+    for _ in range(200):
+        base = rng.randrange(low, high - 400) // 10 * 10
+        wanted = [
+            *range(base, base + nodes),
+            *range(base + 100, base + 100 + nodes),
+            *range(base + 200, base + 200 + pairs),
+            base + 300,
+        ]
+        if all(port_free(p) for p in wanted):
+            return base
+    raise RuntimeError(f"no free port block in {PORT_RANGE}")
+
+
+class Progress:
+    def __init__(self, history: History, t0: float) -> None:
+        self.history = history
+        self.t0 = t0
+
+    def __call__(self, message: str) -> None:
+        c = self.history.counts
+        elapsed = time.monotonic() - self.t0
+        print(
+            f"[{elapsed:6.1f}s] {message}  (ops ok={c['ok']} fail={c['fail']} info={c['info']})",
+            flush=True,
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    kinds = args.kinds.split(",") if args.kinds else None
+    specs = nemesis.schedule(args.profile, seed, args.minutes, kinds)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out or HERE / "runs" / f"{stamp}-{args.profile}-seed{seed}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    planned = sum(s.duration + s.recovery for s in specs) + WARMUP + COOLDOWN
+    print(
+        f"raftlease chaos suite: profile={args.profile} seed={seed} nodes={args.nodes} "
+        f"clients={args.clients}+1 faults={len(specs)} planned={planned:.0f}s "
+        f"planted_bug={args.planted_bug or '-'}\noutput: {out}",
+        flush=True,
+    )
+    (out / "schedule.json").write_text(json.dumps([s.to_json() for s in specs], indent=1))
+
+    base = find_ports(args.nodes, seed)
+    addresses = local_cluster(args.nodes, base)
+    pairs = args.nodes * (args.nodes - 1) // 2
+    proxies = ProxyNet(addresses, [base + 200 + i for i in range(pairs)])
+    settings = dict(NODE_SETTINGS)
+    if args.planted_bug:
+        settings["planted_bug"] = args.planted_bug
+    cluster = LocalCluster(
+        args.nodes,
+        client_port=base,
+        data_dir=out / "cluster",
+        settings=settings,
+        node_settings=proxies.dial_settings(),
+    )
+    history = History(out / "history.jsonl")
+    config = WorkloadConfig(clock_drift=settings["clock_drift"])
+    t0 = time.monotonic()
+    say = Progress(history, t0)
+    history.append(
+        {
+            "type": "meta",
+            "t": t0,
+            "profile": args.profile,
+            "seed": seed,
+            "nodes": args.nodes,
+            "clients": args.clients,
+            "keys": list(config.keys),
+            "ttls": list(config.ttls),
+            "rho": config.clock_drift,
+            "margin": config.margin,
+            "liveness_bound": LIVENESS_BOUND,
+            "planted_bug": args.planted_bug or "",
+            "settings": settings,
+            "schedule": [s.to_json() for s in specs],
+        }
+    )
+    stop = threading.Event()
+    workers: list[WorkerThread] = []
+    proc: ClientProcess | None = None
+    server: FencedStoreServer | None = None
+    nem: nemesis.Nemesis | None = None
+    status = 0
+    deadline = t0 + planned + 120
+    try:
+        proxies.start()
+        cluster.start(timeout=60)
+        say(f"cluster up: leader {cluster.leader_id()}")
+        store = FencedStore(history)
+        server = FencedStoreServer(store, base + 300).start()
+        end = t0 + 10 * planned + 600  # workers stop on ``stop``; this is a backstop
+        for i in range(args.clients):
+            worker = WorkerThread(
+                f"c{i + 1}", cluster.endpoints, store, history, config, seed * 1000 + i, stop, end
+            )
+            worker.start()
+            workers.append(worker)
+        proc = ClientProcess(
+            "p1", cluster.endpoints, server.addr, history, planned + 60, seed + 7, config.keys
+        )
+        nem = nemesis.Nemesis(cluster, proxies, history, config.clock_drift, proc, say)
+        time.sleep(WARMUP)
+        say("warm-up done")
+        for n, spec in enumerate(specs):
+            if time.monotonic() > deadline:
+                say(f"time budget exhausted: skipping the last {len(specs) - n} faults")
+                break
+            nem.run(spec)
+            stop.wait(spec.recovery)
+            if time.monotonic() - history.last_progress > spec.recovery:
+                snap = nem.snapshot(f"no progress {spec.recovery} s after healing {spec.kind}")
+                time.sleep(1.0)
+                nem.snapshot("one second later")
+                say(f"WARNING: no progress since the heal; cluster: {json.dumps(snap['nodes'])}")
+        nem.heal_all()
+        stop.wait(COOLDOWN)
+        say("schedule done; stopping clients")
+    except Exception:
+        traceback.print_exc()
+        status = 3
+    finally:
+        stop.set()
+        if nem is not None:
+            with contextlib.suppress(Exception):
+                nem.heal_all()
+        for worker in workers:
+            worker.join(timeout=15)
+        if proc is not None:
+            proc.stop()
+        if nem is not None and status == 0:
+            final = nem.final_state()
+            say(f"replicas converged: {final['converged']}")
+        with contextlib.suppress(Exception):
+            cluster.stop()
+        proxies.stop()
+        if server is not None:
+            server.stop()
+        history.close()
+    errors = [f"{w.worker_name}: {w.error!r}" for w in workers if w.error is not None]
+    if errors:
+        print("worker errors:", *errors, sep="\n  ")
+    events = checker.load_history(out / "history.jsonl")
+    say(f"checking {len(events)} events")
+    results = checker.check(events)
+    results["seed"] = seed
+    results["profile"] = args.profile
+    results["planted_bug"] = args.planted_bug or ""
+    results["faults_run"] = sorted(
+        {e["fault"] for e in events if e.get("type") == "nemesis" and e.get("f") == "start"}
+    )
+    results["wall_seconds"] = round(time.monotonic() - t0, 1)
+    results["harness_errors"] = errors + (["harness failed (see output)"] if status == 3 else [])
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    categories = {k: v[0] for k, v in nemesis.KINDS.items()}
+    (out / "timeline.html").write_text(timeline.render(events, results, categories))
+    _summary(results, out)
+    if status:
+        return status
+    if results["valid"] is False:
+        return 1
+    if results["valid"] != "unknown" and not errors:
+        return 0
+    return 2 if results["valid"] == "unknown" else 3
+
+
+def _summary(results: dict[str, Any], out: Path) -> None:
+    print("\n== results ==")
+    for name, result in results["checkers"].items():
+        line = f"{name:18} {result['valid']!s:8} violations={result['violation_count']}"
+        print(line)
+        for v in result["violations"][:3]:
+            print("    ", json.dumps(v, default=str)[:400])
+        for u in result.get("unknown", [])[:3]:
+            print("     unknown:", json.dumps(u, default=str)[:300])
+    print(f"ops: {results['ops']}")
+    live = results["checkers"]["liveness"]["stats"]
+    print(f"liveness: bound {live['bound']} s, max recovery {live['max_recovery']} s")
+    print(f"VERDICT: {results['valid']}   ({results['wall_seconds']} s)   {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", choices=["ci", "long", "smoke"], default="ci")
+    parser.add_argument("--minutes", type=float, default=None, help="length of the run")
+    parser.add_argument("--seed", type=int, default=None, help="reproduce a schedule")
+    parser.add_argument("--out", default=None, help="output directory")
+    parser.add_argument("--planted-bug", default="", help="e.g. fast_log_clock")
+    parser.add_argument("--nodes", type=int, default=5)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--kinds", default="", help="comma-separated fault kinds (default all)")
+    args = parser.parse_args(argv)
+    if args.nodes < 3:
+        parser.error("--nodes must be at least 3")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,420 @@
+"""The chaos workload: concurrent lease clients, a fenced resource and the history.
+
+* ``History`` records every event as one JSON line. Times are ``time.monotonic()``
+  (CLOCK_MONOTONIC, one clock for every thread and every process on the machine), so
+  the harness, its client threads and the separate client process share one reference.
+* ``FencedStore`` is the resource the leases protect: per key it keeps a value and the
+  highest fencing token it has seen, and refuses any read or write with a lower token.
+  Every access (accepted or refused) goes into the history. ``FencedStoreServer`` puts
+  it on a 127.0.0.1 port for the client process.
+* ``Worker`` is one client: it acquires, renews, releases and reads a small key set
+  with short TTLs and, while it trusts its lease, does a fenced read-modify-write of
+  the key's value. Each operation is recorded as ``invoke`` then ``ok``, ``fail`` (only
+  when the error is definite: ``err.definite``) or ``info`` (outcome unknown).
+
+Threads: ``History`` and ``FencedStore`` are thread-safe. A ``Worker`` runs in its own
+thread (``WorkerThread``) or as the main loop of ``proc_client.py``; it stops at
+``stop`` or ``end`` and each call is bounded by the client deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from raftlease import Client, Lease
+from raftlease.errors import RaftLeaseError
+
+Event = dict[str, Any]
+
+#: Codes the state machine itself answers: their arrival proves the log made progress.
+DOMAIN_CODES = frozenset({"LEASE_HELD", "NOT_OWNER", "LEASE_NOT_FOUND"})
+
+
+class History:
+    """Append-only event log, mirrored line by line to ``path`` (crash-safe)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self._lock = threading.Lock()
+        self.events: list[Event] = []
+        self.counts: dict[str, int] = {"invoke": 0, "ok": 0, "fail": 0, "info": 0}
+        self.last_progress = time.monotonic()
+        self._file = open(path, "w", buffering=1) if path else None  # noqa: SIM115
+
+    def append(self, event: Event) -> Event:
+        event.setdefault("t", time.monotonic())
+        with self._lock:
+            event["i"] = len(self.events)
+            self.events.append(event)
+            kind = event.get("type")
+            if kind in self.counts:
+                self.counts[kind] += 1
+            if kind == "ok" or (kind == "fail" and event.get("error") in DOMAIN_CODES):
+                self.last_progress = max(self.last_progress, event["t"])
+            if self._file is not None:
+                self._file.write(json.dumps(event, sort_keys=True) + "\n")
+        return event
+
+    def snapshot(self) -> list[Event]:
+        with self._lock:
+            return list(self.events)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+class Store(Protocol):
+    def access(
+        self, process: str, key: str, token: int, f: str, value: int | None = None
+    ) -> tuple[bool, int]: ...
+
+
+class FencedStore:
+    """A fenced resource: per key a value and the highest token seen.
+
+    ``access`` with ``f="read"`` or ``"write"`` is accepted only if ``token`` is at
+    least the highest token seen for ``key``; an accepted access raises that mark. A
+    write records the value it replaced, so the checker can spot a lost update. Returns
+    ``(accepted, value after)``.
+    """
+
+    def __init__(self, history: History) -> None:
+        self.history = history
+        self._lock = threading.Lock()
+        self.values: dict[str, int] = {}
+        self.max_token: dict[str, int] = {}
+
+    def access(
+        self, process: str, key: str, token: int, f: str, value: int | None = None
+    ) -> tuple[bool, int]:
+        with self._lock:
+            highest = self.max_token.get(key, 0)
+            before = self.values.get(key, 0)
+            accepted = token >= highest
+            if accepted:
+                self.max_token[key] = token
+                if f == "write" and value is not None:
+                    self.values[key] = value
+            after = self.values.get(key, 0)
+            self.history.append(
+                {
+                    "type": "fenced",
+                    "f": f,
+                    "process": process,
+                    "key": key,
+                    "token": token,
+                    "accepted": accepted,
+                    "highest": highest,
+                    "before": before,
+                    "value": value,
+                    "after": after,
+                }
+            )
+            return accepted, after
+
+
+class FencedStoreServer:
+    """``FencedStore`` on a TCP port of 127.0.0.1: one JSON request per line,
+    ``{"process","key","token","f","value"}`` -> ``{"accepted","value"}``."""
+
+    def __init__(self, store: FencedStore, port: int) -> None:
+        outer = store
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                for line in self.rfile:
+                    req = json.loads(line)
+                    accepted, value = outer.access(
+                        req["process"], req["key"], int(req["token"]), req["f"], req.get("value")
+                    )
+                    self.wfile.write(
+                        (json.dumps({"accepted": accepted, "value": value}) + "\n").encode()
+                    )
+
+        socketserver.ThreadingTCPServer.allow_reuse_address = True
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", port), Handler)
+        self.server.daemon_threads = True
+        self.addr = f"127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
+        )
+
+    def start(self) -> FencedStoreServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5)
+
+
+class RemoteStore:
+    """Client of ``FencedStoreServer`` (used by the client process)."""
+
+    def __init__(self, addr: str) -> None:
+        host, _, port = addr.rpartition(":")
+        self._sock = socket.create_connection((host, int(port)), timeout=10)
+        self._file = self._sock.makefile("rwb")
+
+    def access(
+        self, process: str, key: str, token: int, f: str, value: int | None = None
+    ) -> tuple[bool, int]:
+        req = {"process": process, "key": key, "token": token, "f": f, "value": value}
+        self._file.write((json.dumps(req) + "\n").encode())
+        self._file.flush()
+        reply = json.loads(self._file.readline())
+        return bool(reply["accepted"]), int(reply["value"])
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._file.close()
+            self._sock.close()
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    keys: tuple[str, ...] = ("k1", "k2", "k3", "k4")
+    ttls: tuple[float, ...] = (1.0, 1.5, 2.0)
+    deadlines: tuple[float, ...] = (1.5, 3.0, 4.0)
+    attempt_timeout: float = 1.0
+    clock_drift: float = 0.01
+    margin: float = 0.05
+    think: tuple[float, float] = (0.01, 0.12)
+    #: Read modes drawn for holder reads (``linearizable`` may be served by the leader
+    #: lease, ``log`` always goes through the Raft log).
+    read_modes: tuple[str, ...] = ("linearizable", "linearizable", "log")
+    max_ops: int = 100_000
+
+
+def short(lease_id: str) -> str:
+    return lease_id[:8]
+
+
+class Worker:
+    """One lease client. ``emit`` records an event; ``store`` is the fenced resource.
+
+    ``pause_window`` > 0 makes the worker announce (``marker`` event) each fenced
+    write it is about to do and wait that long first, without re-checking its lease:
+    the moment a stop-the-world pause (SIGSTOP, GC) hurts most. The nemesis stops the
+    client process in that window; the fenced resource must then refuse the write.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        client: Client,
+        store: Store,
+        emit: Callable[[Event], Any],
+        config: WorkloadConfig,
+        seed: int,
+        pause_window: float = 0.0,
+    ) -> None:
+        self.name = name
+        self.client = client
+        self.store = store
+        self.emit = emit
+        self.config = config
+        self.rng = random.Random(seed)
+        self.pause_window = pause_window
+        self.lease: Lease | None = None
+        self.ops = 0
+        self.has_read = hasattr(client, "read")
+
+    # ------------------------------------------------------------ recording
+
+    def _op(self, f: str, key: str, value: dict[str, Any], call: Callable[[], Any]) -> Any:
+        """Run one client call, recording invoke and completion. Returns the call's
+        result, or the ``RaftLeaseError`` it raised."""
+        self.ops += 1
+        op = f"{self.name}:{self.ops}"
+        base = {"op": op, "process": self.name, "f": f, "key": key}
+        self.emit({**base, "type": "invoke", "value": value, "t": time.monotonic()})
+        try:
+            result = call()
+        except RaftLeaseError as err:
+            done = {
+                **base,
+                "type": "fail" if err.definite else "info",
+                "error": err.code,
+                "message": err.message[:200],
+                "t": time.monotonic(),
+            }
+            detail = {k: v for k, v in err.detail.items() if k in ("owner", "token")}
+            if detail:
+                done["detail"] = detail
+            self.emit(done)
+            return err
+        except Exception as exc:  # a client bug: unknown outcome, keep going
+            self.emit({**base, "type": "info", "error": type(exc).__name__, "t": time.monotonic()})
+            return exc
+        self.emit({**base, "type": "ok", "value": self._describe(f, result), "t": time.monotonic()})
+        return result
+
+    @staticmethod
+    def _describe(f: str, result: Any) -> dict[str, Any]:
+        if isinstance(result, Lease):
+            return {
+                "token": result.token,
+                "owner": result.owner,
+                "lease": short(result.lease_id),
+                "ttl": result.ttl,
+                "valid_until": result.valid_until,
+                "expires_at_ms": result.expires_at_ms,
+            }
+        if f == "read":
+            holder = getattr(result, "holder", result)
+            out: dict[str, Any] = {"holder": None}
+            if holder is not None:
+                out["holder"] = {"owner": holder.owner, "token": holder.token}
+            for name in ("consistency", "served_by"):
+                if hasattr(result, name):
+                    out[name] = getattr(result, name)
+            return out
+        return {}
+
+    # ------------------------------------------------------------------ ops
+
+    def step(self) -> None:
+        """One workload step: a call plus, when holding, a fenced access."""
+        cfg, rng = self.config, self.rng
+        timeout = rng.choice(cfg.deadlines)
+        lease = self.lease
+        if lease is not None and not lease.valid:
+            self.lease = lease = None  # lapsed on our clock: never trust it again
+        if lease is None:
+            key = rng.choice(cfg.keys)
+            if rng.random() < 0.3:
+                self._read(key, timeout)
+                return
+            ttl = rng.choice(cfg.ttls)
+            result = self._op(
+                "acquire",
+                key,
+                {"ttl": ttl, "owner": self.name},
+                lambda: self.client.acquire(key, owner=self.name, ttl=ttl, timeout=timeout),
+            )
+            if isinstance(result, Lease):
+                self.lease = result
+                self._fenced(result, write=False)
+            return
+        roll = rng.random()
+        ident = {"token": lease.token, "lease": short(lease.lease_id)}
+        if roll < 0.45:
+            self._fenced(lease, write=True)
+        elif roll < 0.8:
+            renewed = self._op(
+                "renew", lease.key, ident, lambda: self.client.renew(lease, timeout=timeout)
+            )
+            if isinstance(renewed, Lease):
+                self.lease = renewed
+            elif isinstance(renewed, RaftLeaseError) and renewed.definite:
+                self.lease = None  # refused: it is gone (or someone else's now)
+        else:
+            # Stop trusting the lease before asking to release it, whatever the answer.
+            self.lease = None
+            self._op(
+                "release", lease.key, ident, lambda: self.client.release(lease, timeout=timeout)
+            )
+
+    def _read(self, key: str, timeout: float) -> None:
+        if self.has_read:
+            mode = self.rng.choice(self.config.read_modes)
+            self._op(
+                "read",
+                key,
+                {"consistency": mode},
+                lambda: self.client.read(key, consistency=mode, timeout=timeout),
+            )
+        else:
+            self._op("read", key, {}, lambda: self.client.holder(key, timeout=timeout))
+
+    def _fenced(self, lease: Lease, write: bool) -> None:
+        """A fenced read, or a read-modify-write, of the key's value under ``lease``."""
+        if write and self.pause_window > 0:
+            self.emit(
+                {
+                    "type": "marker",
+                    "f": "about-to-write",
+                    "process": self.name,
+                    "key": lease.key,
+                    "token": lease.token,
+                    "t": time.monotonic(),
+                }
+            )
+            time.sleep(self.pause_window)
+        elif not lease.valid:
+            self.lease = None
+            return
+        ok, value = self.store.access(self.name, lease.key, lease.token, "read")
+        if not ok:
+            self.lease = None  # fenced off: a newer holder exists
+            return
+        if write:
+            ok, _ = self.store.access(self.name, lease.key, lease.token, "write", value + 1)
+            if not ok:
+                self.lease = None
+
+    def run(self, stop: threading.Event, end: float) -> None:
+        low, high = self.config.think
+        while not stop.is_set() and time.monotonic() < end and self.ops < self.config.max_ops:
+            self.step()
+            stop.wait(self.rng.uniform(low, high))
+
+
+class WorkerThread(threading.Thread):
+    """A ``Worker`` on its own thread with its own ``raftlease.Client``."""
+
+    def __init__(
+        self,
+        name: str,
+        endpoints: Sequence[str],
+        store: Store,
+        history: History,
+        config: WorkloadConfig,
+        seed: int,
+        stop: threading.Event,
+        end: float,
+    ) -> None:
+        super().__init__(name=f"worker-{name}", daemon=True)
+        self.worker_name = name
+        self.endpoints = list(endpoints)
+        self.store = store
+        self.history = history
+        self.config = config
+        self.seed = seed
+        self.stop_event = stop
+        self.end = end
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with Client(
+                self.endpoints,
+                deadline=max(self.config.deadlines),
+                attempt_timeout=self.config.attempt_timeout,
+                clock_drift=self.config.clock_drift,
+                margin=self.config.margin,
+            ) as client:
+                Worker(
+                    self.worker_name,
+                    client,
+                    self.store,
+                    self.history.append,
+                    self.config,
+                    self.seed,
+                ).run(self.stop_event, self.end)
+        except BaseException as exc:  # reported by the harness
+            self.error = exc

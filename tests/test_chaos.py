@@ -1,0 +1,685 @@
+"""The chaos suite (jepsen-style/): its checkers, proxy and schedules, then real runs.
+
+Part 1 (fast, no cluster): every checker passes a correct hand-made history and fails
+one that breaks its property; the linearizability search reports "unknown" when its
+budget runs out; the fault proxy passes, drops, holds, delays, refuses and resets.
+
+Part 2 (integration): a CI-profile run on the correct build passes, and a run on a
+build with the planted bug ``fast_log_clock`` fails with a mutual-exclusion or
+fencing violation.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SUITE = Path(__file__).resolve().parent.parent / "jepsen-style"
+sys.path.insert(0, str(SUITE))
+
+import checker  # noqa: E402
+import linearizability  # noqa: E402
+import nemesis  # noqa: E402
+import proxy  # noqa: E402
+from workload import FencedStore, History  # noqa: E402
+
+from raftlease.config import NodeAddress  # noqa: E402
+
+RHO, MARGIN = 0.01, 0.05
+
+
+# ------------------------------------------------------------------ history DSL
+
+
+class H:
+    """A hand-made history. Times are seconds from 0; TTLs default to 1 s, so a lease
+    acquired by an op invoked at ``t`` is trusted until ``t + 0.94``."""
+
+    def __init__(self, liveness_bound: float = 5.0) -> None:
+        self.events: list[dict[str, Any]] = [
+            {
+                "type": "meta",
+                "t": 0.0,
+                "rho": RHO,
+                "margin": MARGIN,
+                "liveness_bound": liveness_bound,
+            }
+        ]
+        self.n = 0
+
+    def _add(self, event: dict[str, Any]) -> None:
+        event["i"] = len(self.events)
+        self.events.append(event)
+
+    def op(
+        self,
+        process: str,
+        f: str,
+        key: str,
+        inv: float,
+        ret: float | None,
+        type: str = "ok",
+        args: dict[str, Any] | None = None,
+        value: dict[str, Any] | None = None,
+        error: str | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> str:
+        self.n += 1
+        op = f"{process}:{self.n}"
+        base = {"op": op, "process": process, "f": f, "key": key}
+        self._add({**base, "type": "invoke", "t": inv, "value": args or {}})
+        if ret is not None:
+            done: dict[str, Any] = {**base, "type": type, "t": ret, "value": value or {}}
+            if error:
+                done["error"] = error
+            if detail:
+                done["detail"] = detail
+            self._add(done)
+        return op
+
+    def acquire(
+        self, p: str, key: str, inv: float, ret: float, token: int, ttl: float = 1.0
+    ) -> str:
+        return self.op(
+            p,
+            "acquire",
+            key,
+            inv,
+            ret,
+            args={"ttl": ttl, "owner": p},
+            value={
+                "token": token,
+                "owner": p,
+                "ttl": ttl,
+                "valid_until": inv + ttl * (1 - RHO) - MARGIN,
+            },
+        )
+
+    def renew(self, p: str, key: str, inv: float, ret: float, token: int, ttl: float = 1.0) -> str:
+        return self.op(
+            p,
+            "renew",
+            key,
+            inv,
+            ret,
+            args={"token": token},
+            value={
+                "token": token,
+                "owner": p,
+                "ttl": ttl,
+                "valid_until": inv + ttl * (1 - RHO) - MARGIN,
+            },
+        )
+
+    def release(
+        self, p: str, key: str, inv: float, ret: float | None, token: int, type: str = "ok"
+    ) -> str:
+        return self.op(p, "release", key, inv, ret, type=type, args={"token": token})
+
+    def read(
+        self,
+        p: str,
+        key: str,
+        inv: float,
+        ret: float,
+        token: int | None = None,
+        owner: str | None = None,
+    ) -> str:
+        holder = None if token is None else {"token": token, "owner": owner}
+        return self.op(p, "read", key, inv, ret, value={"holder": holder, "consistency": "log"})
+
+    def held(self, p: str, key: str, inv: float, ret: float, token: int, owner: str) -> str:
+        return self.op(
+            p,
+            "acquire",
+            key,
+            inv,
+            ret,
+            type="fail",
+            args={"ttl": 1.0, "owner": p},
+            error="LEASE_HELD",
+            detail={"token": token, "owner": owner},
+        )
+
+    def fenced(
+        self,
+        p: str,
+        key: str,
+        t: float,
+        token: int,
+        f: str,
+        accepted: bool,
+        highest: int,
+        before: int = 0,
+        value: int | None = None,
+    ) -> None:
+        self._add(
+            {
+                "type": "fenced",
+                "t": t,
+                "process": p,
+                "key": key,
+                "token": token,
+                "f": f,
+                "accepted": accepted,
+                "highest": highest,
+                "before": before,
+                "value": value,
+                "after": value if accepted and value is not None else before,
+            }
+        )
+
+    def fault(self, kind: str, start: float, stop: float, fid: int = 1) -> None:
+        self._add({"type": "nemesis", "f": "start", "fault": kind, "id": fid, "t": start})
+        self._add({"type": "nemesis", "f": "stop", "fault": kind, "id": fid, "t": stop})
+
+    def check(self, **overrides: Any) -> dict[str, Any]:
+        params = checker.Params.from_meta(self.events, **overrides)
+        return checker.check(self.events, params)
+
+
+def verdicts(result: dict[str, Any]) -> dict[str, Any]:
+    return {name: r["valid"] for name, r in result["checkers"].items()}
+
+
+def correct_history() -> H:
+    h = H()
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    h.fenced("a", "k", 0.02, 1, "read", True, 0, 0)
+    h.fenced("a", "k", 0.03, 1, "write", True, 1, 0, 1)
+    h.read("b", "k", 0.1, 0.11, token=1, owner="a")
+    h.held("b", "k", 0.2, 0.21, token=1, owner="a")
+    h.renew("a", "k", 0.5, 0.51, token=1)
+    h.release("a", "k", 1.0, 1.01, token=1)
+    h.read("b", "k", 1.1, 1.11)
+    h.acquire("b", "k", 1.2, 1.21, token=5)
+    h.fenced("b", "k", 1.22, 5, "read", True, 1, 1)
+    h.fenced("a", "k", 1.25, 1, "write", False, 5, 1, 2)  # a late write is refused
+    h.fault("kill-leader", 1.3, 1.5)
+    h.read("c", "k", 1.6, 1.7, token=5, owner="b")
+    return h
+
+
+# ------------------------------------------------------------ part 1: checkers
+
+
+def test_correct_history_passes_every_checker() -> None:
+    result = correct_history().check()
+    assert verdicts(result) == dict.fromkeys(verdicts(result), True), result
+    assert result["valid"] is True
+    fencing = result["checkers"]["fencing"]["stats"]
+    assert fencing["resource_rejected"] == 1 and fencing["late_accesses_refused"] == 1
+
+
+def test_mutual_exclusion_catches_overlapping_holders() -> None:
+    h = H()
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    h.acquire("b", "k", 0.5, 0.51, token=2)  # a trusts its lease until 0.94
+    result = h.check()
+    me = result["checkers"]["mutual_exclusion"]
+    assert me["valid"] is False and me["violation_count"] == 1
+    v = me["violations"][0]
+    assert v["first"]["process"] == "a" and v["second"]["process"] == "b"
+    assert v["overlap"] == pytest.approx(0.43, abs=1e-3)
+    assert result["valid"] is False
+
+
+def test_mutual_exclusion_respects_release_and_expiry() -> None:
+    h = H()
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    h.release("a", "k", 0.3, None, token=1, type="info")  # stops trusting at invocation
+    h.acquire("b", "k", 0.4, 0.41, token=2)
+    h.acquire("c", "k", 1.5, 1.51, token=3)  # b's lease ran out at 1.34
+    assert h.check()["checkers"]["mutual_exclusion"]["valid"] is True
+
+
+def test_mutual_exclusion_counts_renewals() -> None:
+    h = H()
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    h.renew("a", "k", 0.8, 0.81, token=1)  # trusted until 1.74
+    h.acquire("b", "k", 1.2, 1.21, token=2)
+    assert h.check()["checkers"]["mutual_exclusion"]["valid"] is False
+
+
+def test_fencing_catches_token_order_against_real_time() -> None:
+    h = H()
+    h.acquire("a", "k", 0.0, 0.01, token=7)
+    h.release("a", "k", 0.1, 0.11, token=7)
+    h.acquire("b", "k", 0.2, 0.21, token=3)  # began after a's grant ended: must be > 7
+    result = h.check()["checkers"]["fencing"]
+    assert result["valid"] is False
+    assert result["violations"][0]["kind"] == "token not increasing in real-time order"
+
+
+def test_fencing_catches_resource_accepting_lower_token() -> None:
+    h = H()
+    h.fenced("a", "k", 0.1, 5, "read", True, 0)
+    h.fenced("b", "k", 0.2, 3, "read", True, 5)  # a buggy resource let it through
+    kinds = [v["kind"] for v in h.check()["checkers"]["fencing"]["violations"]]
+    assert kinds == ["resource accepted a lower token"]
+
+
+def test_fencing_catches_lost_update_and_shared_token() -> None:
+    h = H()
+    h.fenced("a", "k", 0.1, 5, "read", True, 0, 0)
+    h.fenced("b", "k", 0.2, 5, "read", True, 5, 0)
+    h.fenced("b", "k", 0.3, 5, "write", True, 5, 0, 1)
+    h.fenced("a", "k", 0.4, 5, "write", True, 5, 1, 1)  # read 0, overwrote b's 1
+    kinds = {v["kind"] for v in h.check()["checkers"]["fencing"]["violations"]}
+    assert kinds == {"two clients used one token", "lost update"}
+
+
+def test_fencing_catches_token_granted_twice() -> None:
+    h = H()
+    h.acquire("a", "k", 0.0, 0.05, token=4)
+    h.acquire("b", "k", 0.01, 0.04, token=4)
+    kinds = {v["kind"] for v in h.check()["checkers"]["fencing"]["violations"]}
+    assert "token handed out twice" in kinds
+
+
+def test_no_lost_grant_catches_a_read_missing_a_live_lease() -> None:
+    h = H()
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    h.read("b", "k", 0.2, 0.21)  # nobody? a holds it until at least 0.94
+    result = h.check()
+    v = result["checkers"]["no_lost_grant"]
+    assert v["valid"] is False and v["violations"][0]["kind"] == "acknowledged grant lost"
+    assert result["checkers"]["linearizable"]["valid"] is False
+
+
+def test_no_lost_grant_catches_early_expiry_seen_by_the_holder() -> None:
+    h = H()
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    h.op("a", "renew", "k", 0.3, 0.31, type="fail", args={"token": 1}, error="LEASE_NOT_FOUND")
+    assert h.check()["checkers"]["no_lost_grant"]["valid"] is False
+
+
+def test_no_lost_grant_catches_a_stale_token() -> None:
+    h = H()
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    h.release("a", "k", 0.1, 0.11, token=1)
+    h.acquire("b", "k", 0.2, 0.21, token=4)
+    h.held("c", "k", 2.0, 2.01, token=1, owner="a")  # long after b's grant: token 1 is stale
+    v = h.check()["checkers"]["no_lost_grant"]
+    assert v["valid"] is False
+    assert v["violations"][0]["kind"] == "stale read: older token than a completed grant"
+
+
+def test_no_lost_grant_allows_expiry_after_the_trusted_window() -> None:
+    h = H()
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    h.read("b", "k", 1.0, 1.01)  # after 0.94 the lease may be gone
+    assert h.check()["checkers"]["no_lost_grant"]["valid"] is True
+
+
+def test_linearizable_orders_concurrent_operations() -> None:
+    h = H()
+    h.read("r", "k", 0.0, 0.3, token=2, owner="a")  # overlaps the grant: may follow it
+    h.acquire("a", "k", 0.1, 0.2, token=2)
+    h.read("s", "k", 0.05, 0.35)  # may precede the grant
+    assert h.check()["checkers"]["linearizable"]["valid"] is True
+
+
+def test_linearizable_catches_an_impossible_read_order() -> None:
+    h = H()
+    h.acquire("a", "k", 0.0, 0.01, token=2)
+    h.read("r", "k", 0.1, 0.2, token=2, owner="a")
+    h.release("a", "k", 0.3, 0.31, token=2)
+    h.read("s", "k", 0.4, 0.5, token=2, owner="a")  # after the release completed
+    result = h.check()["checkers"]["linearizable"]
+    assert result["valid"] is False
+    assert result["violations"][0]["stuck_ops"][0]["op"].startswith("s:")
+
+
+def test_linearizable_allows_uncertain_expiry_but_not_too_early() -> None:
+    h = H()
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    h.read("r", "k", 0.5, 0.6, token=1, owner="a")
+    h.acquire("b", "k", 1.0, 1.01, token=3)  # a's lease may have expired at 0.94
+    h.read("r", "k", 2.5, 2.6, token=3, owner="b")  # b's may linger past its TTL
+    assert h.check()["checkers"]["linearizable"]["valid"] is True
+    h2 = H()
+    h2.acquire("a", "k", 0.0, 0.01, token=1)
+    h2.acquire("b", "k", 0.6, 0.61, token=3)  # too early
+    assert h2.check()["checkers"]["linearizable"]["valid"] is False
+
+
+def test_linearizable_lets_info_acquire_explain_a_token() -> None:
+    h = H()
+    h.op("a", "acquire", "k", 0.0, None, args={"ttl": 1.0, "owner": "a"})  # no answer
+    h.held("b", "k", 0.3, 0.31, token=9, owner="a")
+    assert h.check()["checkers"]["linearizable"]["valid"] is True
+
+
+def test_linearizable_catches_a_definite_failure_that_took_effect() -> None:
+    h = H()
+    h.op(
+        "a",
+        "acquire",
+        "k",
+        0.0,
+        0.5,
+        type="fail",
+        args={"ttl": 1.0, "owner": "a"},
+        error="UNAVAILABLE",
+    )
+    h.held("b", "k", 0.6, 0.61, token=9, owner="a")
+    result = h.check()["checkers"]["linearizable"]
+    assert result["valid"] is False
+    assert "failed definitely" in result["violations"][0]["notes"][0]
+
+
+def test_linearizable_info_release_may_or_may_not_have_happened() -> None:
+    for later in (None, 3):
+        h = H()
+        h.acquire("a", "k", 0.0, 0.01, token=1)
+        h.release("a", "k", 0.2, None, token=1, type="info")
+        if later is None:
+            h.read("r", "k", 0.4, 0.41, token=1, owner="a")  # not yet released
+        else:
+            h.acquire("b", "k", 0.4, 0.41, token=later)  # released
+        assert h.check()["checkers"]["linearizable"]["valid"] is True
+
+
+def test_linearizable_budget_exhaustion_is_unknown_never_pass() -> None:
+    h = H()
+    for i in range(8):  # eight concurrent reads of nobody: many orders to explore
+        h.read(f"r{i}", "k", 0.0 + i * 0.001, 1.0)
+    result = h.check(lin_budget=3, lin_segment_budget=3)
+    assert result["checkers"]["linearizable"]["valid"] == "unknown"
+    assert result["valid"] == "unknown"
+
+
+def test_liveness_requires_progress_after_each_heal() -> None:
+    h = H(liveness_bound=1.0)
+    h.fault("isolate-leader", 0.0, 1.0)
+    h.read("r", "k", 1.1, 1.2)
+    assert h.check()["checkers"]["liveness"]["valid"] is True
+    h = H(liveness_bound=1.0)
+    h.fault("isolate-leader", 0.0, 1.0)
+    h.read("r", "k", 1.1, 3.5)  # first answer 2.5 s after the heal
+    h.op("q", "read", "k", 4.0, 4.1)
+    live = h.check()["checkers"]["liveness"]
+    assert live["valid"] is False and live["violations"][0]["fault"] == "isolate-leader"
+
+
+def test_liveness_with_too_short_a_window_is_unknown() -> None:
+    h = H(liveness_bound=5.0)
+    h.fault("kill-leader", 0.0, 1.0, fid=1)
+    h.fault("kill-follower", 1.5, 2.0, fid=2)
+    h.read("r", "k", 2.1, 6.5)  # 5.5 s after the first heal, 4.5 s after the second
+    live = h.check()["checkers"]["liveness"]
+    assert live["valid"] == "unknown" and live["unknown"][0]["fault"] == "kill-leader"
+
+
+def _final(converged: bool, **nodes: tuple[int, int]) -> dict[str, Any]:
+    return {
+        "type": "final",
+        "t": 9.0,
+        "converged": converged,
+        "waited": 15.0,
+        "nodes": {
+            nid: {
+                "applied_index": idx,
+                "revision": rev,
+                "log_time": 100,
+                "leases": 0,
+                "sessions": 3,
+            }
+            for nid, (idx, rev) in nodes.items()
+        },
+    }
+
+
+def test_replicas_must_converge_and_agree() -> None:
+    h = correct_history()
+    h.events.append(_final(True, n1=(50, 20), n2=(50, 20), n3=(50, 20)))
+    assert h.check()["checkers"]["replicas"]["valid"] is True
+    h = correct_history()
+    h.events.append(_final(True, n1=(50, 20), n2=(50, 21), n3=(50, 20)))
+    result = h.check()["checkers"]["replicas"]
+    assert result["valid"] is False and result["violations"][0]["kind"] == "replicas diverged"
+    h = correct_history()
+    h.events.append(_final(False, n1=(50, 20), n2=(31, 12), n3=(50, 20)))
+    result = h.check()["checkers"]["replicas"]
+    assert result["valid"] is False and "did not catch up" in result["violations"][0]["kind"]
+
+
+def test_segments_cut_only_at_quiescent_points() -> None:
+    ops = [
+        linearizability.LOp("observe", 0.0, 1.0, None),
+        linearizability.LOp("observe", 0.5, 2.0, None),
+        linearizability.LOp("observe", 2.5, 3.0, None),
+    ]
+    assert [len(s) for s in linearizability.segments(ops)] == [2, 1]
+
+
+def test_fenced_store_refuses_lower_tokens_and_records_everything() -> None:
+    history = History()
+    store = FencedStore(history)
+    assert store.access("a", "k", 3, "read") == (True, 0)
+    assert store.access("a", "k", 3, "write", 1) == (True, 1)
+    assert store.access("b", "k", 2, "write", 5) == (False, 1)
+    assert store.access("b", "k", 4, "read") == (True, 1)
+    fenced = [e for e in history.events if e["type"] == "fenced"]
+    assert [e["accepted"] for e in fenced] == [True, True, False, True]
+    assert checker.check(history.events)["checkers"]["fencing"]["valid"] is True
+
+
+# -------------------------------------------------------------- part 1: schedules
+
+
+def test_ci_schedule_has_every_fault_kind_and_is_reproducible() -> None:
+    first = nemesis.schedule("ci", 7)
+    assert {s.kind for s in first} == set(nemesis.KINDS)
+    assert first == nemesis.schedule("ci", 7)
+    assert first != nemesis.schedule("ci", 8)
+    long = nemesis.schedule("long", 7, minutes=5)
+    assert sum(s.duration + s.recovery for s in long) >= 4 * 60
+
+
+# ------------------------------------------------------------------ part 1: proxy
+
+
+def _free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+class EchoServer:
+    """Stands in for the accepting node: echoes every byte back."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        self.received = bytearray()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    def _echo(self, conn: socket.socket) -> None:
+        with conn:
+            while True:
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                self.received += data
+                conn.sendall(data)
+
+
+@pytest.fixture
+def proxied() -> Iterator[tuple[proxy.ProxyNet, EchoServer, str]]:
+    echo = EchoServer()
+    a = NodeAddress("a", f"127.0.0.1:{echo.port}", "127.0.0.1:1")  # acceptor (smaller)
+    # The greater raft address dials: "b" (never dialled itself) plays the dialer.
+    b = NodeAddress("b", "127.0.0.1:65535", "127.0.0.1:2")
+    net = proxy.ProxyNet([a, b], _free_ports(1)).start()
+    link = net.link("a", "b")
+    try:
+        yield net, echo, link.listen
+    finally:
+        net.stop()
+        echo.sock.close()
+
+
+def _connect(addr: str) -> socket.socket:
+    host, _, port = addr.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=2)
+    sock.settimeout(0.5)
+    return sock
+
+
+def _recv(sock: socket.socket, n: int, timeout: float = 2.0) -> bytes:
+    out = b""
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        try:
+            data = sock.recv(n - len(out))
+        except TimeoutError:
+            continue
+        if not data:
+            break
+        out += data
+    return out
+
+
+def _closed(sock: socket.socket) -> bool:
+    """True once the peer has closed or reset the connection."""
+    sock.settimeout(2.0)
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionError, OSError):
+        return True
+
+
+def test_proxy_dial_settings_follow_pysyncobj_rule() -> None:
+    nodes = [
+        NodeAddress(f"n{i}", f"127.0.0.1:{20100 + i}", f"127.0.0.1:{20000 + i}") for i in (1, 2, 3)
+    ]
+    net = proxy.ProxyNet(nodes, [21001, 21002, 21003])
+    dial = net.dial_settings()
+    assert dial["n1"]["dial"] == {}
+    assert set(dial["n2"]["dial"]) == {"n1"}
+    assert set(dial["n3"]["dial"]) == {"n1", "n2"}
+
+
+def test_proxy_passes_holds_delays_drops_refuses_and_resets(
+    proxied: tuple[proxy.ProxyNet, EchoServer, str],
+) -> None:
+    net, echo, listen = proxied
+    with _connect(listen) as sock:
+        sock.sendall(b"ping")
+        assert _recv(sock, 4) == b"ping"
+        # hold b->a: nothing arrives, then everything arrives on release
+        net.set_flow("b", "a", proxy.HOLD)
+        sock.sendall(b"held")
+        assert _recv(sock, 4, timeout=0.4) == b""
+        net.set_flow("b", "a", proxy.PASS)
+        assert _recv(sock, 4) == b"held"
+        # delay a->b answers by 0.3 s
+        net.set_flow("a", "b", proxy.PASS, delay=0.3)
+        started = time.monotonic()
+        sock.sendall(b"slow")
+        assert _recv(sock, 4) == b"slow"
+        assert time.monotonic() - started >= 0.28
+        # drop b->a: bytes vanish; heal resets the tainted connection
+        net.set_flow("a", "b", proxy.PASS)
+        net.block([("b", "a")])
+        sock.sendall(b"lost")
+        assert _recv(sock, 4, timeout=0.4) == b""
+        assert net.heal() == 1
+        assert _closed(sock)
+    assert b"lost" not in echo.received
+    net.refuse(None, True)
+    try:
+        sock = _connect(listen)
+    except ConnectionError:
+        pass  # reset during the handshake: refused too
+    else:
+        with sock:
+            assert _closed(sock)
+    net.refuse(None, False)
+    with _connect(listen) as sock:
+        sock.sendall(b"back")
+        assert _recv(sock, 4) == b"back"
+        assert net.reset() == 1
+        assert _closed(sock)
+
+
+# --------------------------------------------------------- part 2: integration
+
+RUN = SUITE / "run.py"
+
+
+def _run_suite(tmp_path: Path, *args: str, timeout: float) -> tuple[int, dict[str, Any], str]:
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(RUN), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    results_path = out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    return (
+        proc.returncode,
+        results,
+        f"output dir: {out}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}",
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_ci_profile_passes_on_the_correct_build(tmp_path: Path) -> None:
+    code, results, output = _run_suite(tmp_path, "--profile", "ci", "--seed", "1", timeout=230)
+    print(output)
+    assert code == 0, output
+    assert results["valid"] is True, output
+    assert set(results["faults_run"]) == set(nemesis.KINDS), output
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150)
+def test_planted_bug_fast_log_clock_is_caught(tmp_path: Path) -> None:
+    code, results, output = _run_suite(
+        tmp_path,
+        "--profile",
+        "smoke",
+        "--seed",
+        "2",
+        "--planted-bug",
+        "fast_log_clock",
+        timeout=140,
+    )
+    print(output)
+    assert code == 1, output
+    failed = {n for n, r in results["checkers"].items() if r["valid"] is False}
+    assert failed & {"mutual_exclusion", "fencing"}, output
