@@ -47,6 +47,9 @@ SESSION_IDLE_MS = 10 * 60 * 1000
 MAX_PENDING_PER_SESSION = 4096
 Result = dict[str, Any]
 
+#: Most requests one batch entry may carry.
+MAX_BATCH = 4096
+
 MUTATING_OPS = frozenset({"acquire", "renew", "release", "transfer"})
 READ_OPS = frozenset({"holder", "leases", "fence", "lease_status"})
 #: Waiter priorities accepted (higher is served first, FIFO within a priority).
@@ -168,8 +171,32 @@ class LeaseStore:
     # ------------------------------------------------------------------ apply
 
     def apply(self, entry: Any) -> Result:
-        """Apply one log entry and return its result. Never raises."""
+        """Apply one log entry and return its result. Never raises.
+
+        A ``batch`` entry (``{"op": "batch", "now", "term", "entries": [...]}``) carries
+        several requests the leader proposed together; each is applied in order with
+        the batch's time stamp and term, exactly as if it were its own entry, and the
+        result is ``{"ok": True, "results": [...]}`` in the same order.
+        """
         self.events = []
+        if isinstance(entry, dict) and entry.get("op") == "batch":
+            return self._apply_batch(entry)
+        return self._apply_one(entry)
+
+    def _apply_batch(self, batch: dict[str, Any]) -> Result:
+        entries = batch.get("entries")
+        if not isinstance(entries, list) or not 0 < len(entries) <= MAX_BATCH:
+            return error("BAD_REQUEST", f"'entries' must be a list of 1 to {MAX_BATCH} entries")
+        stamp = {"now": batch.get("now"), "term": batch.get("term", 0)}
+        results = []
+        for sub in entries:
+            if not isinstance(sub, dict) or sub.get("op") == "batch":
+                results.append(error("BAD_REQUEST", "a batch holds request maps only"))
+            else:
+                results.append(self._apply_one({**sub, **stamp}))
+        return {"ok": True, "results": results}
+
+    def _apply_one(self, entry: Any) -> Result:
         if not isinstance(entry, dict):
             return error("BAD_REQUEST", "entry must be a map")
         op = entry.get("op")

@@ -55,6 +55,9 @@ log = logging.getLogger("raftlease.server")
 #: The leader proposes a tick at least this often (seconds) to keep log time fresh.
 LOG_TIME_REFRESH = 1.0
 
+#: Most requests replicated together in one batch log entry.
+MAX_BATCH_ENTRIES = 64
+
 #: Requests in flight on one connection before the server stops reading from it.
 MAX_INFLIGHT_PER_CONNECTION = 1024
 
@@ -115,6 +118,9 @@ class NodeServer:
         self._tick_in_flight = False
         # Long-polls for queued acquires: lease id -> futures to wake (event loop only).
         self._awaiting: dict[str, list[asyncio.Future[None]]] = {}
+        # Proposals waiting for the end of this event-loop turn (see ``propose``).
+        self._pending: list[tuple[dict[str, Any], asyncio.Future[Result]]] = []
+        self._flush_scheduled = False
         self.requests_total = 0
 
     # ----------------------------------------------------------- lifecycle
@@ -363,37 +369,64 @@ class NodeServer:
         return out
 
     async def propose(self, entry: dict[str, Any]) -> Result:
-        """Stamp ``entry`` with log time and term, replicate it, return its result."""
-        replica = self._replica()
+        """Replicate ``entry`` and return its result.
+
+        Entries proposed in the same turn of the event loop are stamped together and
+        replicated as one ``batch`` log entry (up to ``MAX_BATCH_ENTRIES``): PySyncObj's
+        cost is per log entry (a pickled, compressed message to every follower, twice),
+        so under concurrent load batching multiplies throughput; a lone request is
+        proposed as itself, with no added wait.
+        """
         loop = self._loop
         assert loop is not None
-        term = replica.term()
-        entry["term"] = term
-        entry["now"] = self.log_clock.stamp(term, replica.store.now)
-        data: bytes = msgpack.packb(entry, use_bin_type=True)
         future: asyncio.Future[Result] = loop.create_future()
-
-        def settle(result: Result | None, err: RaftLeaseError | None) -> None:
-            if future.done():
-                return
-            if err is not None:
-                future.set_exception(err)
-            else:
-                assert result is not None
-                future.set_result(result)
-
-        def on_done(result: Result | None, err: RaftLeaseError | None) -> None:
-            # Tick thread: hop to the event loop.
-            with contextlib.suppress(RuntimeError):  # loop closed during shutdown
-                loop.call_soon_threadsafe(settle, result, err)
-
-        replica.propose(data, on_done)
+        self._pending.append((entry, future))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
         try:
             return await asyncio.wait_for(future, self.config.request_timeout)
         except TimeoutError:
             raise TimeoutError_(
                 f"no commit within {self.config.request_timeout} s; the outcome is unknown"
             ) from None
+
+    def _flush(self) -> None:
+        """Event loop: propose what accumulated, stamped with log time and term."""
+        self._flush_scheduled = False
+        pending, self._pending = self._pending, []
+        replica = self.replica
+        loop = self._loop
+        if replica is None or loop is None:
+            for _, future in pending:
+                if not future.done():
+                    future.set_exception(UnavailableError("node is stopping"))
+            return
+        term = replica.term()
+        now = self.log_clock.stamp(term, replica.store.now)
+        for start in range(0, len(pending), MAX_BATCH_ENTRIES):
+            chunk = pending[start : start + MAX_BATCH_ENTRIES]
+            if len(chunk) == 1:
+                body: dict[str, Any] = {**chunk[0][0], "term": term, "now": now}
+            else:
+                body = {
+                    "op": "batch",
+                    "term": term,
+                    "now": now,
+                    "entries": [entry for entry, _ in chunk],
+                }
+            futures = [future for _, future in chunk]
+
+            def on_done(
+                result: Result | None,
+                err: RaftLeaseError | None,
+                futures: list[asyncio.Future[Result]] = futures,
+            ) -> None:
+                # Tick thread: hop to the event loop.
+                with contextlib.suppress(RuntimeError):  # loop closed during shutdown
+                    loop.call_soon_threadsafe(_settle, futures, result, err)
+
+            replica.propose(msgpack.packb(body, use_bin_type=True), on_done)
 
     def status(self) -> dict[str, Any]:
         replica = self._replica()
@@ -480,6 +513,28 @@ class NodeServer:
                 log.debug("tick not applied: %s", exc)
             finally:
                 self._tick_in_flight = False
+
+
+def _settle(
+    futures: list[asyncio.Future[Result]], result: Result | None, err: RaftLeaseError | None
+) -> None:
+    """Event loop: hand a (batch) entry's outcome to the requests it carried."""
+    if err is None and result is not None and len(futures) > 1:
+        results = result.get("results")
+        if result.get("ok") and isinstance(results, list) and len(results) == len(futures):
+            for future, one in zip(futures, results, strict=True):
+                if not future.done():
+                    future.set_result(one)
+            return
+        err = InternalError(f"batch not applied: {result.get('message', result)}")
+    for future in futures:
+        if future.done():
+            continue
+        if err is not None:
+            future.set_exception(err)
+        else:
+            assert result is not None
+            future.set_result(result)
 
 
 def run_node(config: NodeConfig, clock: Clock | None = None) -> None:

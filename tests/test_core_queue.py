@@ -237,3 +237,33 @@ def test_queues_survive_snapshot_and_replay_is_deterministic() -> None:
     # And at most one holder per key, with waiters never left behind on a free key.
     for key, queue in whole.queues.items():
         assert queue and key in whole.leases
+
+
+def test_batch_applies_each_request_in_order_with_the_batch_stamp() -> None:
+    s, one_by_one = LeaseStore(), LeaseStore()
+    subs = [
+        acquire(0, key="b1", lid="X1"),
+        acquire(0, key="b1", lid="X2", wait=100),
+        release(0, "X1", key="b1"),
+    ]
+    for sub in subs:
+        sub.pop("now")
+    r = s.apply({"op": "batch", "now": 50, "term": 3, "entries": subs})
+    assert r["ok"] and len(r["results"]) == 3
+    assert r["results"][1]["queued"] is True
+    assert [e["type"] for e in s.events] == ["grant", "release", "grant"]
+    assert s.holder("b1")["token"] == 3 and s.now == 50 and s.term == 3
+    expected = [one_by_one.apply({**sub, "now": 50, "term": 3}) for sub in subs]
+    assert r["results"] == expected and s.to_plain() == one_by_one.to_plain()
+
+
+@pytest.mark.parametrize("entries", [[], "nope", [{"op": "batch", "entries": []}], [None]], ids=str)
+def test_bad_batches_change_nothing_or_refuse_the_bad_part(entries: Any) -> None:
+    s = LeaseStore()
+    before = s.to_plain()
+    r = s.apply({"op": "batch", "now": 5, "term": 1, "entries": entries})
+    if isinstance(entries, list) and entries:
+        assert r["ok"] and all(x["code"] == "BAD_REQUEST" for x in r["results"])
+    else:
+        assert r["code"] == "BAD_REQUEST"
+    assert s.to_plain() == before
