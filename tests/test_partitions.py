@@ -96,20 +96,31 @@ def test_partial_partition_keeps_the_leader_thanks_to_the_vote_promise(
 def test_node_with_inflated_term_rejoins_after_heal(proxied: Proxied) -> None:
     cluster = proxied.cluster
     leader = cluster.leader_id()
-    # PySyncObj campaigns only while connected to someone, and a connection counts on
-    # the dialling side (the greater address dials): take the follower that dials.
-    victim = max((n for n in cluster.nodes if n.id != leader), key=lambda n: n.raft).id
-    others = [n.id for n in cluster.nodes if n.id != victim]
-    # Cut the victim off from everyone while its connections stay up: it keeps
-    # starting elections and raising its term.
-    proxied.proxies.block([(victim, o) for o in others], mode=DROP)
-    try:
-        start_term = proxied.status(leader)["term"]
-        wait_for(
-            lambda: proxied.status(victim)["term"] >= start_term + 3,
-            timeout=30,
-            what="the isolated node to inflate its term",
+    start_term = proxied.status(leader)["term"]
+    # Cut a follower off from everyone while its connections stay up: it keeps
+    # starting elections and raising its term. PySyncObj campaigns only while it counts
+    # a connection as up, which through the proxy depends on who dials whom (the
+    # greater address dials), so try the followers that dial first, then the other.
+    followers = sorted((n for n in cluster.nodes if n.id != leader), key=lambda n: n.raft)
+    victim = None
+    for candidate in reversed(followers):
+        others = [n.id for n in cluster.nodes if n.id != candidate.id]
+        proxied.proxies.block(
+            [(candidate.id, o) for o in others] + [(o, candidate.id) for o in others], mode=DROP
         )
+        try:
+            wait_for(
+                lambda c=candidate.id: proxied.status(c)["term"] >= start_term + 3,
+                timeout=15,
+                what=f"{candidate.id} to inflate its term",
+            )
+        except TimeoutError:
+            proxied.proxies.heal()
+            continue
+        victim = candidate.id
+        break
+    assert victim is not None, "no isolated follower ever campaigned"
+    try:
         with cluster.client() as c:
             lease = c.acquire("inflate/k", owner="agent", ttl=30.0, timeout=20)
     finally:
