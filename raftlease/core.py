@@ -513,6 +513,7 @@ class LeaseStore:
         if not isinstance(lease, LeaseRecord):
             return lease
         del self.leases[lease.key]
+        self.revision += 1
         self._event("transfer", lease)
         ttl = entry.get("ttl") or lease.ttl_ms
         return self._lease_result(self._grant(lease.key, entry["new_lid"], entry["owner"], ttl))

@@ -224,8 +224,10 @@ def test_queues_survive_snapshot_and_replay_is_deterministic() -> None:
     whole, split = LeaseStore(), None
     results_whole = []
     results_split = []
+    revisions: list[int] = []
     for i, entry in enumerate(log):
         results_whole.append(whole.apply(entry))
+        revisions += [e["revision"] for e in whole.events if "revision" in e]
         if i == 150:
             plain = msgpack.unpackb(msgpack.packb(whole.to_plain()), strict_map_key=False)
             split = LeaseStore.from_plain(plain)
@@ -234,6 +236,8 @@ def test_queues_survive_snapshot_and_replay_is_deterministic() -> None:
         results_split.append(split.apply(entry))
     assert results_split == results_whole[151:]
     assert split.to_plain() == whole.to_plain()
+    # Every change has its own revision, in order (what watches will stream).
+    assert revisions == sorted(set(revisions)) and revisions
     # And at most one holder per key, with waiters never left behind on a free key.
     for key, queue in whole.queues.items():
         assert queue and key in whole.leases
