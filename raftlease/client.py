@@ -449,11 +449,14 @@ class AsyncClient:
         try:
             while (left := until - time.monotonic()) > 0:
                 sent = time.monotonic()
+                # The server holds the poll at most half an attempt, so a poll that
+                # simply waits is never mistaken for a dead node.
+                hold = min(left, self.attempt_timeout / 2)
                 status = await self.call(
                     "await_lease",
-                    {"key": key, "lease_id": lease_id, "timeout": min(left, 5.0)},
+                    {"key": key, "lease_id": lease_id, "timeout": hold},
                     mutating=False,
-                    timeout=min(left, 5.0) + self.attempt_timeout,
+                    timeout=hold + self.attempt_timeout,
                 )
                 if status["state"] == "held":
                     remaining = (status["expires_at"] - status["now"]) / 1000.0
