@@ -2,9 +2,10 @@
 
 __version__ = "0.1.0"
 
-from .client import AsyncClient, Client, Holder, Lease, Read
+from .client import AsyncClient, Client, Holder, Lease, Read, WatchEvent
 from .errors import (
     BadRequestError,
+    CompactedError,
     ConnectionLostError,
     InvalidArgumentError,
     LeaderChangedError,
@@ -23,6 +24,7 @@ __all__ = [
     "AsyncClient",
     "BadRequestError",
     "Client",
+    "CompactedError",
     "ConnectionLostError",
     "Holder",
     "InvalidArgumentError",
@@ -38,5 +40,6 @@ __all__ = [
     "SessionExpiredError",
     "TooManyPendingError",
     "UnavailableError",
+    "WatchEvent",
     "__version__",
 ]

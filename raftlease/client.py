@@ -27,7 +27,7 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -100,6 +100,18 @@ class Holder:
 
 
 @dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change seen by a watch: ``type`` is grant, renew, release, expire or
+    transfer (the end of a lease handed to a new owner; its grant follows)."""
+
+    type: str
+    key: str
+    owner: str
+    token: int
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
 class Read:
     """A read of one key and how it was served.
 
@@ -142,6 +154,7 @@ class _Connection:
         self._reader = reader
         self._writer = writer
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._streams: dict[int, asyncio.Queue[dict[str, Any] | RaftLeaseError]] = {}
         self._ids = itertools.count(1)
         self._decoder = FrameDecoder(DEFAULT_MAX_FRAME * 16)
         self.closed = False
@@ -163,6 +176,10 @@ class _Connection:
                     break
                 for frame in self._decoder.feed(data):
                     rid = frame.get("id")
+                    stream = self._streams.get(rid)  # type: ignore[arg-type]
+                    if stream is not None:
+                        stream.put_nowait(frame)
+                        continue
                     if rid is None and not frame.get("ok", True):
                         # The server rejected the stream itself (e.g. an oversized
                         # frame) and closes it: every request on it gets that error.
@@ -184,6 +201,9 @@ class _Connection:
 
     def _fail_all(self, error: RaftLeaseError | None = None) -> None:
         self.closed = True
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.put_nowait(error or ConnectionLostError(f"connection to {self.addr} lost"))
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
@@ -212,6 +232,23 @@ class _Connection:
             raise ConnectionLostError(f"connection to {self.addr} lost: {exc}") from None
         finally:
             self._pending.pop(rid, None)
+
+    def open_stream(
+        self, message: dict[str, Any]
+    ) -> tuple[int, asyncio.Queue[dict[str, Any] | RaftLeaseError]]:
+        """Send a request whose answers keep coming (a watch); they arrive in the
+        returned queue, an error instance when the connection ends."""
+        if self.closed:
+            raise ConnectionLostError(f"connection to {self.addr} is closed")
+        rid = next(self._ids)
+        message["id"] = rid
+        queue: asyncio.Queue[dict[str, Any] | RaftLeaseError] = asyncio.Queue()
+        self._streams[rid] = queue
+        self._writer.write(encode_frame(message))
+        return rid, queue
+
+    def close_stream(self, rid: int) -> None:
+        self._streams.pop(rid, None)
 
     async def close(self) -> None:
         self._task.cancel()
@@ -602,6 +639,61 @@ class AsyncClient:
         )
         return [_holder(item) for item in result.get("leases", [])]
 
+    async def watch(
+        self, prefix: str = "", *, from_revision: int = 0
+    ) -> AsyncGenerator[WatchEvent, None]:
+        """Changes to keys under ``prefix``, in order: an async iterator of
+        ``WatchEvent`` (grant, renew, release, expire, transfer), each with its
+        revision. ``from_revision=0`` starts from now; otherwise from that revision.
+
+        On a dropped connection or a dead node it reconnects to another endpoint and
+        resumes after the last revision it yielded, so no event is missed or repeated.
+        Raises ``CompactedError`` if the serving node no longer has the revision
+        (re-read the state, then watch from ``err.detail['revision'] + 1``).
+        """
+        next_rev = from_revision
+        target = self._target
+        failures = 0
+        while True:
+            message = {"op": "watch", "prefix": prefix, "from_revision": next_rev}
+            try:
+                conn = await self._connection(target, self.attempt_timeout)
+                rid, queue = conn.open_stream(message)
+            except ConnectionLostError:
+                failures += 1
+                target = self._next_endpoint()
+                await asyncio.sleep(min(0.5, 0.02 * 2**failures))
+                continue
+            try:
+                while True:
+                    frame = await queue.get()
+                    if isinstance(frame, RaftLeaseError):
+                        raise frame
+                    if not frame.get("ok"):
+                        raise from_wire(
+                            str(frame.get("code")), str(frame.get("message")), frame.get("detail")
+                        )
+                    failures = 0
+                    if next_rev == 0 and "revision" in frame.get("result", {}):
+                        next_rev = int(frame["result"]["revision"]) + 1
+                    for event in frame.get("result", {}).get("events", []):
+                        if event["revision"] < next_rev:
+                            continue  # already yielded before a reconnect
+                        next_rev = event["revision"] + 1
+                        yield WatchEvent(
+                            type=event["type"],
+                            key=event["key"],
+                            owner=event["owner"],
+                            token=int(event["token"]),
+                            revision=int(event["revision"]),
+                        )
+            except (ConnectionLostError, UnavailableError):
+                failures += 1
+                target = self._next_endpoint()
+                await asyncio.sleep(min(0.5, 0.02 * 2**failures))
+            finally:
+                conn.close_stream(rid)
+
     async def node_status(self, endpoint: str, *, timeout: float = 2.0) -> dict[str, Any]:
         """The status of one node (no redirect, no retry)."""
         conn = await self._connection(endpoint, timeout)
@@ -762,6 +854,24 @@ class Client:
 
     def node_status(self, endpoint: str, *, timeout: float = 2.0) -> dict[str, Any]:
         return self._run(self._async.node_status(endpoint, timeout=timeout))
+
+    def watch(self, prefix: str = "", *, from_revision: int = 0) -> Iterator[WatchEvent]:
+        """Blocking iterator over ``AsyncClient.watch``; stop by breaking out of it."""
+        agen = self._async.watch(prefix, from_revision=from_revision)
+
+        async def step() -> WatchEvent:
+            event: WatchEvent = await agen.__anext__()
+            return event
+
+        try:
+            while True:
+                try:
+                    yield self._run(step())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:
+                self._run(agen.aclose())
 
     def cluster_status(self, *, timeout: float = 2.0) -> list[dict[str, Any]]:
         return self._run(self._async.cluster_status(timeout=timeout))

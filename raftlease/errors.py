@@ -92,6 +92,15 @@ class TooManyPendingError(RaftLeaseError):
     definite = True
 
 
+class CompactedError(RaftLeaseError):
+    """A watch asked to resume from a revision this node no longer has (its history
+    starts later, e.g. after a restart or snapshot). Re-read the state and watch from
+    ``detail['revision'] + 1``."""
+
+    code = "COMPACTED"
+    definite = True
+
+
 # --- request errors (rejected before proposing; definite) -------------------------
 
 
@@ -186,6 +195,7 @@ _REGISTRY: dict[str, type[RaftLeaseError]] = {
         LeaseNotFoundError,
         SessionExpiredError,
         TooManyPendingError,
+        CompactedError,
         BadRequestError,
         InvalidArgumentError,
         FrameTooLargeError,

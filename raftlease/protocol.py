@@ -46,6 +46,7 @@ OPS: dict[str, bool] = {
     "leases": False,
     "fence": False,
     "await_lease": False,
+    "watch": False,
     "status": False,
     "ping": False,
     # Test-only: refused unless the node runs with test_hooks = true.
@@ -251,6 +252,16 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
             _int_field(message, "limit", 1, limits.max_list)
             if "limit" in message
             else min(1000, limits.max_list)
+        )
+    if op == "watch":
+        prefix = message.get("prefix", "")
+        if not isinstance(prefix, str):
+            raise BadRequestError("field 'prefix' must be a string")
+        if _utf8_len(prefix, "prefix") > limits.max_key_bytes:
+            raise InvalidArgumentError("field 'prefix' is longer than the key limit")
+        args["prefix"] = prefix
+        args["from_revision"] = (
+            _int_field(message, "from_revision", 0, 2**62) if "from_revision" in message else 0
         )
     if op == "test_clock":
         for name in ("rate", "jump"):

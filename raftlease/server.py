@@ -15,6 +15,7 @@ client address, so the client redirects.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import secrets
@@ -29,6 +30,7 @@ from .config import NodeConfig, parse_addr
 from .core import Result
 from .errors import (
     BadRequestError,
+    CompactedError,
     FrameTooLargeError,
     InternalError,
     NotLeaderError,
@@ -54,6 +56,9 @@ log = logging.getLogger("raftlease.server")
 
 #: The leader proposes a tick at least this often (seconds) to keep log time fresh.
 LOG_TIME_REFRESH = 1.0
+
+#: Changes each node keeps for watches to resume from.
+WATCH_HISTORY = 100_000
 
 #: Most requests replicated together in one batch log entry.
 MAX_BATCH_ENTRIES = 64
@@ -121,6 +126,9 @@ class NodeServer:
         # Proposals waiting for the end of this event-loop turn (see ``propose``).
         self._pending: list[tuple[dict[str, Any], asyncio.Future[Result]]] = []
         self._flush_scheduled = False
+        # Watches: recent changes (public fields only) and the live subscribers.
+        self._history: collections.deque[dict[str, Any]] = collections.deque(maxlen=WATCH_HISTORY)
+        self._watchers: dict[object, tuple[asyncio.Queue[list[dict[str, Any]] | None], str]] = {}
         self.requests_total = 0
 
     # ----------------------------------------------------------- lifecycle
@@ -208,6 +216,9 @@ class NodeServer:
             rid = request_id(message)
             try:
                 request = parse_request(message, self.limits)
+                if request.op == "watch":
+                    await self._stream_watch(request, writer)
+                    return
                 response = ok_response(request.id, await self.handle(request))
             except RaftLeaseError as exc:
                 response = error_response(rid, exc)
@@ -314,16 +325,87 @@ class NodeServer:
 
     def _on_applied(self, entry: dict[str, Any], result: Result) -> None:
         """Tick thread, after each applied entry: wake long-polls whose queued acquire
-        was granted or left the queue."""
+        was granted or left the queue, and publish the entry's changes to watches."""
         replica = self.replica
         loop = self._loop
-        if replica is None or loop is None or not self._awaiting:
+        if replica is None or loop is None:
             return
-        for event in replica.store.events:
-            lid = event.get("lease_id")
-            if lid in self._awaiting and event["type"] in ("grant", "dequeue"):
-                with contextlib.suppress(RuntimeError):
+        events = replica.store.events
+        if not events:
+            return
+        public = [
+            {k: e[k] for k in ("type", "key", "owner", "token", "revision")}
+            for e in events
+            if "revision" in e
+        ]
+        with contextlib.suppress(RuntimeError):  # loop closed during shutdown
+            if public:
+                loop.call_soon_threadsafe(self._publish, public)
+            for event in events:
+                lid = event.get("lease_id")
+                if lid in self._awaiting and event["type"] in ("grant", "dequeue"):
                     loop.call_soon_threadsafe(self._wake, lid)
+
+    # --------------------------------------------------------------- watches
+
+    def _publish(self, events: list[dict[str, Any]]) -> None:
+        """Event loop: record changes in the watch history and feed live watches.
+
+        Revisions are contiguous (every change adds one), so a gap means this node
+        skipped history (it installed a snapshot): the history restarts there and
+        live watches end with ``COMPACTED`` rather than silently miss events."""
+        history = self._history
+        if history and events[0]["revision"] != history[-1]["revision"] + 1:
+            history.clear()
+            for queue, _ in self._watchers.values():
+                queue.put_nowait(None)
+        history.extend(events)
+        for queue, prefix in self._watchers.values():
+            matching = [e for e in events if e["key"].startswith(prefix)]
+            if matching:
+                queue.put_nowait(matching)
+
+    async def _stream_watch(self, request: Request, writer: asyncio.StreamWriter) -> None:
+        """Stream changes under a prefix, from ``from_revision`` (0: from now), as
+        frames that all carry the request's id, until the connection closes. Any node
+        serves watches: every replica applies the same log, so it produces the same
+        events with the same revisions, in the same order."""
+        prefix: str = request.args["prefix"]
+        start: int = request.args["from_revision"]
+        current = self._replica().store.revision
+        history = self._history
+        oldest = history[0]["revision"] if history else current + 1
+        if start == 0:
+            start = current + 1
+        if start < oldest and start <= current:
+            err = CompactedError(
+                f"revision {start} is not in this node's watch history (it starts at "
+                f"{oldest}); re-read and watch from {current + 1}",
+                {"revision": current},
+            )
+            writer.write(encode_frame(error_response(request.id, err)))
+            await writer.drain()
+            return
+        queue: asyncio.Queue[list[dict[str, Any]] | None] = asyncio.Queue()
+        token = object()
+        self._watchers[token] = (queue, prefix)
+        try:
+            backlog = [e for e in history if e["revision"] >= start and e["key"].startswith(prefix)]
+            writer.write(
+                encode_frame(ok_response(request.id, {"events": backlog, "revision": current}))
+            )
+            await writer.drain()
+            while not writer.is_closing():
+                events = await queue.get()
+                if events is None:
+                    err = CompactedError("this node skipped history; resume elsewhere", {})
+                    writer.write(encode_frame(error_response(request.id, err)))
+                    await writer.drain()
+                    return
+                writer.write(encode_frame(ok_response(request.id, {"events": events})))
+                await writer.drain()
+        finally:
+            self._watchers.pop(token, None)
 
     def _wake(self, lid: str) -> None:
         for wake in self._awaiting.get(lid, []):
