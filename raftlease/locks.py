@@ -36,9 +36,24 @@ LostCallback = Callable[[str], None]
 class _HeldState:
     """What both lock flavours share: the current lease and the loss/jeopardy flags."""
 
-    def __init__(self, key: str, ttl: float, on_lost: LostCallback | None) -> None:
+    def __init__(
+        self,
+        key: str,
+        *,
+        owner: str,
+        ttl: float,
+        wait: float,
+        priority: int,
+        on_lost: LostCallback | None,
+    ) -> None:
         self.key = key
         self.ttl = ttl
+        self._acquire_args: dict[str, Any] = {
+            "owner": owner,
+            "ttl": ttl,
+            "wait": wait,
+            "priority": priority,
+        }
         self.lease: Lease | None = None
         self.on_lost = on_lost
         self.lost_reason: str | None = None
@@ -107,14 +122,8 @@ class HeldLock(_HeldState):
         priority: int = 0,
         on_lost: LostCallback | None = None,
     ) -> None:
-        super().__init__(key, ttl, on_lost)
+        super().__init__(key, owner=owner, ttl=ttl, wait=wait, priority=priority, on_lost=on_lost)
         self._client = client
-        self._acquire_args: dict[str, Any] = {
-            "owner": owner,
-            "ttl": ttl,
-            "wait": wait,
-            "priority": priority,
-        }
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -160,14 +169,8 @@ class AsyncHeldLock(_HeldState):
         priority: int = 0,
         on_lost: LostCallback | None = None,
     ) -> None:
-        super().__init__(key, ttl, on_lost)
+        super().__init__(key, owner=owner, ttl=ttl, wait=wait, priority=priority, on_lost=on_lost)
         self._client = client
-        self._acquire_args: dict[str, Any] = {
-            "owner": owner,
-            "ttl": ttl,
-            "wait": wait,
-            "priority": priority,
-        }
         self.lost = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,23 +11,15 @@ import pytest
 from raftlease import Client, InvalidArgumentError
 from raftlease.testing import LocalCluster, wait_for
 
-from .conftest import make_cluster
 from .test_cluster import raw_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 @pytest.fixture
-def hooked(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+def hooked(cluster_factory: Callable[..., LocalCluster]) -> LocalCluster:
     """A cluster whose nodes accept the test-only clock control."""
-    cluster = make_cluster(test_hooks=True)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
-            print(cluster.logs())
-        cluster.close()
+    return cluster_factory(test_hooks=True)
 
 
 def set_rate(addr: str, rate: float) -> None:
@@ -69,17 +61,10 @@ def test_read_modes_report_how_they_were_served(shared: LocalCluster) -> None:
 
 
 @pytest.fixture
-def slow_fallback(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+def slow_fallback(cluster_factory: Callable[..., LocalCluster]) -> LocalCluster:
     """PySyncObj's own step-down (leader_fallback) set long, so that only the leader
     lease stands between a deposed leader and a stale read."""
-    cluster = make_cluster(leader_fallback=15.0)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
-            print(cluster.logs())
-        cluster.close()
+    return cluster_factory(leader_fallback=15.0)
 
 
 def test_paused_leader_never_returns_the_old_holder(slow_fallback: LocalCluster) -> None:
