@@ -313,6 +313,37 @@ def repair_journal(journal_path: Path, dump_path: Path) -> int:
     return k
 
 
+def syncobj_conf(config: NodeConfig) -> SyncObjConf:
+    """PySyncObj's configuration for a node (no callbacks). Shared with the
+    benchmark's raw-PySyncObj baseline, so both run with the same settings."""
+    me = config.self_node
+    return SyncObjConf(
+        journalFile=str(config.journal_file),
+        # Trap 2: a journal without a dump file comes back empty after compaction.
+        fullDumpFile=str(config.dump_file),
+        useFork=True,
+        # Trap 8: batching makes every write wait for the next heartbeat.
+        appendEntriesUseBatch=False,
+        appendEntriesPeriod=config.heartbeat_interval,
+        raftMinTimeout=config.election_timeout_min,
+        raftMaxTimeout=config.election_timeout_max,
+        connectionRetryTime=config.connection_retry,
+        # Listen on the raft address's host only (PySyncObj binds 0.0.0.0 by
+        # default, and its peer protocol is unauthenticated pickle).
+        bindAddress=me.raft,
+        connectionTimeout=config.connection_timeout,
+        leaderFallbackTimeout=config.leader_fallback,
+        logCompactionMinEntries=config.compaction_min_entries,
+        logCompactionMinTime=config.compaction_min_time,
+        # Each node compacts in its own time slot, never two at once, so a crash of
+        # the whole cluster cannot catch a majority inside a compaction.
+        logCompactionSplit=True,
+        # Fail fast with MISSING_LEADER (definite) instead of queueing forever.
+        commandsWaitLeader=False,
+        dynamicMembershipChange=False,
+    )
+
+
 class Replica:
     """One node's Raft replica of the lease store."""
 
@@ -335,32 +366,8 @@ class Replica:
         self._consumer = _StoreConsumer(observer)
         self._role = "follower"
         me = config.self_node
-        conf = SyncObjConf(
-            journalFile=str(config.journal_file),
-            # Trap 2: a journal without a dump file comes back empty after compaction.
-            fullDumpFile=str(config.dump_file),
-            useFork=True,
-            # Trap 8: batching makes every write wait for the next heartbeat.
-            appendEntriesUseBatch=False,
-            appendEntriesPeriod=config.heartbeat_interval,
-            raftMinTimeout=config.election_timeout_min,
-            raftMaxTimeout=config.election_timeout_max,
-            connectionRetryTime=config.connection_retry,
-            # Listen on the raft address's host only (PySyncObj binds 0.0.0.0 by
-            # default, and its peer protocol is unauthenticated pickle).
-            bindAddress=me.raft,
-            connectionTimeout=config.connection_timeout,
-            leaderFallbackTimeout=config.leader_fallback,
-            logCompactionMinEntries=config.compaction_min_entries,
-            logCompactionMinTime=config.compaction_min_time,
-            # Each node compacts in its own time slot, never two at once, so a crash of
-            # the whole cluster cannot catch a majority inside a compaction.
-            logCompactionSplit=True,
-            # Fail fast with MISSING_LEADER (definite) instead of queueing forever.
-            commandsWaitLeader=False,
-            dynamicMembershipChange=False,
-            onStateChanged=self._on_state_changed,
-        )
+        conf = syncobj_conf(config)
+        conf.onStateChanged = self._on_state_changed
         peers = [DialNode(p.raft, config.dial.get(p.id, p.raft)) for p in config.peers]
         self._peers = {peer: p.id for peer, p in zip(peers, config.peers, strict=True)}
         transport_class = type("BoundLeaseTransport", (LeaseTransport,), {"guard": self.guard})
