@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
 import logging
 import random
@@ -56,6 +57,7 @@ DEFAULT_DEADLINE = 15.0
 DEFAULT_ATTEMPT_TIMEOUT = 3.0
 DEFAULT_CLOCK_DRIFT = 0.01
 DEFAULT_MARGIN = 0.05
+MAX_BACKOFF = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,17 +268,22 @@ class _Session:
         self.cid = secrets.token_hex(16)
         self._seq = itertools.count(1)
         self._outstanding: set[int] = set()
+        self._heap: list[int] = []  # outstanding seqs, ended ones removed lazily
 
     def begin(self) -> int:
         seq = next(self._seq)
         self._outstanding.add(seq)
+        heapq.heappush(self._heap, seq)
         return seq
 
     def end(self, seq: int) -> None:
         self._outstanding.discard(seq)
 
     def ack(self) -> int:
-        return min(self._outstanding)
+        heap = self._heap
+        while heap[0] not in self._outstanding:
+            heapq.heappop(heap)
+        return heap[0]
 
 
 class AsyncClient:
@@ -412,7 +419,9 @@ class AsyncClient:
                         maybe_applied = maybe_applied or not last.definite
                         self._target = self._next_endpoint()
                 await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
-                backoff = min(backoff * 2, 0.5) * (0.75 + random.random() / 2)
+                # Capped low: while a leader is being elected the next try should come
+                # soon after it is (failover time is election + this backoff).
+                backoff = min(backoff * 2, MAX_BACKOFF) * (0.75 + random.random() / 2)
         finally:
             if session is not None:
                 session.end(seq)

@@ -324,8 +324,9 @@ class NodeServer:
                     self._awaiting.pop(lid, None)
 
     def _on_applied(self, entry: dict[str, Any], result: Result) -> None:
-        """Tick thread, after each applied entry: wake long-polls whose queued acquire
-        was granted or left the queue, and publish the entry's changes to watches."""
+        """Tick thread, after each applied entry: record its changes in the watch
+        history, and hop to the event loop only when someone listens (a watch, or a
+        long-poll whose queued acquire was granted or left the queue)."""
         replica = self.replica
         loop = self._loop
         if replica is None or loop is None:
@@ -338,29 +339,33 @@ class NodeServer:
             for e in events
             if "revision" in e
         ]
+        gap = False
+        if public:
+            history = self._history
+            # Revisions are contiguous (every change adds one): a gap means this node
+            # skipped history (it installed a snapshot). The history restarts there.
+            if history and public[0]["revision"] != history[-1]["revision"] + 1:
+                history.clear()
+                gap = True
+            history.extend(public)  # deque appends are atomic; readers copy first
         with contextlib.suppress(RuntimeError):  # loop closed during shutdown
-            if public:
-                loop.call_soon_threadsafe(self._publish, public)
-            for event in events:
-                lid = event.get("lease_id")
-                if lid in self._awaiting and event["type"] in ("grant", "dequeue"):
-                    loop.call_soon_threadsafe(self._wake, lid)
+            if public and self._watchers:
+                loop.call_soon_threadsafe(self._publish, public, gap)
+            if self._awaiting:
+                for event in events:
+                    lid = event.get("lease_id")
+                    if lid in self._awaiting and event["type"] in ("grant", "dequeue"):
+                        loop.call_soon_threadsafe(self._wake, lid)
 
     # --------------------------------------------------------------- watches
 
-    def _publish(self, events: list[dict[str, Any]]) -> None:
-        """Event loop: record changes in the watch history and feed live watches.
-
-        Revisions are contiguous (every change adds one), so a gap means this node
-        skipped history (it installed a snapshot): the history restarts there and
-        live watches end with ``COMPACTED`` rather than silently miss events."""
-        history = self._history
-        if history and events[0]["revision"] != history[-1]["revision"] + 1:
-            history.clear()
-            for queue, _ in self._watchers.values():
-                queue.put_nowait(None)
-        history.extend(events)
+    def _publish(self, events: list[dict[str, Any]], gap: bool) -> None:
+        """Event loop: feed live watches; after a history gap they end with
+        ``COMPACTED`` rather than silently miss events."""
         for queue, prefix in self._watchers.values():
+            if gap:
+                queue.put_nowait(None)
+                continue
             matching = [e for e in events if e["key"].startswith(prefix)]
             if matching:
                 queue.put_nowait(matching)
@@ -372,29 +377,33 @@ class NodeServer:
         events with the same revisions, in the same order."""
         prefix: str = request.args["prefix"]
         start: int = request.args["from_revision"]
-        current = self._replica().store.revision
-        history = self._history
-        oldest = history[0]["revision"] if history else current + 1
-        if start == 0:
-            start = current + 1
-        if start < oldest and start <= current:
-            err = CompactedError(
-                f"revision {start} is not in this node's watch history (it starts at "
-                f"{oldest}); re-read and watch from {current + 1}",
-                {"revision": current},
-            )
-            writer.write(encode_frame(error_response(request.id, err)))
-            await writer.drain()
-            return
+        # Subscribe before copying the history: an event the tick thread records in
+        # between then reaches us twice (copy and queue) instead of never; revisions
+        # already sent are skipped below.
         queue: asyncio.Queue[list[dict[str, Any]] | None] = asyncio.Queue()
         token = object()
         self._watchers[token] = (queue, prefix)
         try:
+            history = list(self._history)  # a copy: the tick thread appends to it
+            current = max(self._replica().store.revision, history[-1]["revision"] if history else 0)
+            oldest = history[0]["revision"] if history else current + 1
+            if start == 0:
+                start = current + 1
+            if start < oldest and start <= current:
+                err = CompactedError(
+                    f"revision {start} is not in this node's watch history (it starts at "
+                    f"{oldest}); re-read and watch from {current + 1}",
+                    {"revision": current},
+                )
+                writer.write(encode_frame(error_response(request.id, err)))
+                await writer.drain()
+                return
             backlog = [e for e in history if e["revision"] >= start and e["key"].startswith(prefix)]
             writer.write(
                 encode_frame(ok_response(request.id, {"events": backlog, "revision": current}))
             )
             await writer.drain()
+            next_rev = max(start, history[-1]["revision"] + 1 if history else start)
             while not writer.is_closing():
                 events = await queue.get()
                 if events is None:
@@ -402,8 +411,11 @@ class NodeServer:
                     writer.write(encode_frame(error_response(request.id, err)))
                     await writer.drain()
                     return
-                writer.write(encode_frame(ok_response(request.id, {"events": events})))
-                await writer.drain()
+                fresh = [e for e in events if e["revision"] >= next_rev]
+                if fresh:
+                    next_rev = fresh[-1]["revision"] + 1
+                    writer.write(encode_frame(ok_response(request.id, {"events": fresh})))
+                    await writer.drain()
         finally:
             self._watchers.pop(token, None)
 
