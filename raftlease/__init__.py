@@ -19,6 +19,7 @@ from .errors import (
     TooManyPendingError,
     UnavailableError,
 )
+from .fencing import FencedResource, StaleTokenError
 
 __all__ = [
     "AsyncClient",
@@ -26,6 +27,7 @@ __all__ = [
     "Client",
     "CompactedError",
     "ConnectionLostError",
+    "FencedResource",
     "Holder",
     "InvalidArgumentError",
     "LeaderChangedError",
@@ -38,6 +40,7 @@ __all__ = [
     "RaftLeaseError",
     "Read",
     "SessionExpiredError",
+    "StaleTokenError",
     "TooManyPendingError",
     "UnavailableError",
     "WatchEvent",

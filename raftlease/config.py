@@ -250,6 +250,15 @@ class NodeConfig:
                 f"and heartbeat_interval ({self.heartbeat_interval}): a client could never "
                 "trust such a lease"
             )
+        # The leader lease lasts election_timeout_min * (1 - clock_drift) minus a 10 ms
+        # margin from a heartbeat's send time; it must outlast a heartbeat interval or
+        # lease reads would never be possible.
+        if self.election_timeout_min * (1 - self.clock_drift) - 0.01 <= self.heartbeat_interval:
+            raise ConfigError(
+                f"election_timeout_min ({self.election_timeout_min}) with clock_drift "
+                f"({self.clock_drift}) leaves no leader lease beyond heartbeat_interval "
+                f"({self.heartbeat_interval})"
+            )
         if self.max_ttl * 1000 > MAX_TTL_MS:
             raise ConfigError(f"max_ttl ({self.max_ttl}) exceeds one year")
         if self.max_frame < 1024:

@@ -189,3 +189,22 @@ def test_async_lock_and_blocking_acquire(shared: LocalCluster) -> None:
         return order
 
     assert asyncio.run(scenario()) == ["a", "b"]
+
+
+def test_fenced_resource_rejects_a_paused_holder(shared: LocalCluster) -> None:
+    """The recipe a protected resource uses: a holder whose lease lapsed and was
+    replaced cannot write after its successor, whatever it believes."""
+    from raftlease import FencedResource, StaleTokenError
+
+    fence = FencedResource()
+    with shared.client() as c:
+        old = c.acquire("fenced/k", owner="slow", ttl=0.3)
+        fence.check("fenced/k", old.token)
+        new = c.acquire("fenced/k", owner="fast", ttl=5.0, wait=10.0)  # after old expires
+        fence.check("fenced/k", new.token)
+        fence.check("fenced/k", new.token)  # the same holder writes again
+        assert not fence.accepts("fenced/k", old.token)
+        with pytest.raises(StaleTokenError) as info:
+            fence.check("fenced/k", old.token)  # the paused holder wakes up and writes
+        assert info.value.detail["highest"] == new.token
+        c.release(new)

@@ -25,11 +25,12 @@ ALLOWED: dict[str, set[str]] = {
     "replication": {"clock", "config", "core", "leadership", "errors"},
     "client": {"errors", "protocol", "locks"},
     "locks": {"errors", "client"},
+    "fencing": {"errors"},
     "server": {"__init__", "clock", "config", "core", "errors", "protocol", "replication"},
     "testing": {"client", "config", "errors"},
     "cli": {"__init__", "client", "config", "errors", "server", "testing"},
     "__main__": {"cli"},
-    "__init__": {"client", "errors"},
+    "__init__": {"client", "errors", "fencing"},
 }
 
 #: Third-party modules a layer must never import.

@@ -329,7 +329,12 @@ def test_parse_test_clock_fields() -> None:
 
 
 def test_ops_table() -> None:
-    assert {op for op, mutating in OPS.items() if mutating} == {"acquire", "renew", "release"}
+    assert {op for op, mutating in OPS.items() if mutating} == {
+        "acquire",
+        "renew",
+        "release",
+        "transfer",
+    }
     assert {"acquire", "renew", "release", "holder", "leases", "status", "ping"} <= set(OPS)
     # The state machine's internal expiry entry is never a client operation.
     assert "tick" not in OPS
@@ -341,12 +346,18 @@ def test_ops_table() -> None:
 def good(op: str) -> dict[str, Any]:
     """A valid request for ``op``; bad cases change exactly one field."""
     base: dict[str, Any] = {"id": 11, "op": op}
-    if op in ("acquire", "renew", "release", "holder"):
+    if op in ("acquire", "renew", "release", "holder", "transfer", "fence", "await_lease"):
         base["key"] = "k"
     if op == "acquire":
         base.update(owner="o", ttl=1.0)
-    if op in ("renew", "release"):
+    if op == "transfer":
+        base["owner"] = "o2"
+    if op in ("renew", "release", "transfer", "await_lease"):
         base["lease_id"] = "L"
+    if op == "fence":
+        base["token"] = 3
+    if op == "await_lease":
+        base["timeout"] = 1.0
     if OPS[op]:
         base.update(cid="c", seq=2, ack=1)
     return base
@@ -374,7 +385,7 @@ BAD_CASES: list[tuple[str, str, str, Any, type[RaftLeaseError], str]] = [
     ("op-list", "ping", "op", ["ping"], BadRequestError, "unknown operation"),
     ("op-bytes", "ping", "op", b"ping", BadRequestError, "unknown operation"),
 ]
-for _op in ("acquire", "renew", "release", "holder"):
+for _op in ("acquire", "renew", "release", "holder", "transfer", "fence", "await_lease"):
     BAD_CASES += [
         (f"{_op}-key-missing", _op, "key", MISSING, BadRequestError, "missing field 'key'"),
         (f"{_op}-key-nil", _op, "key", None, BadRequestError, "missing field 'key'"),
@@ -410,7 +421,7 @@ BAD_CASES += [
     ("renew-ttl-nan", "renew", "ttl", math.nan, InvalidArgumentError, "ttl nan s"),
     ("renew-ttl-big", "renew", "ttl", 1e9, InvalidArgumentError, "ttl"),
 ]
-for _op in ("renew", "release"):
+for _op in ("renew", "release", "transfer", "await_lease"):
     BAD_CASES += [
         (f"{_op}-lid-missing", _op, "lease_id", MISSING, BadRequestError, "'lease_id'"),
         (f"{_op}-lid-empty", _op, "lease_id", "", InvalidArgumentError, "'lease_id'"),
@@ -418,6 +429,22 @@ for _op in ("renew", "release"):
         (f"{_op}-lid-long", _op, "lease_id", "L" * 129, InvalidArgumentError, "'lease_id'"),
     ]
 BAD_CASES += [
+    ("transfer-owner-missing", "transfer", "owner", MISSING, BadRequestError, "'owner'"),
+    ("transfer-owner-int", "transfer", "owner", 5, BadRequestError, "'owner'"),
+    ("fence-token-missing", "fence", "token", MISSING, BadRequestError, "'token'"),
+    ("fence-token-negative", "fence", "token", -1, InvalidArgumentError, "'token'"),
+    ("fence-token-float", "fence", "token", 1.5, BadRequestError, "'token'"),
+    ("await-timeout-missing", "await_lease", "timeout", MISSING, BadRequestError, "'timeout'"),
+    ("await-timeout-negative", "await_lease", "timeout", -1, InvalidArgumentError, "timeout"),
+    ("await-timeout-huge", "await_lease", "timeout", 1e9, InvalidArgumentError, "timeout"),
+    ("await-timeout-nan", "await_lease", "timeout", math.nan, InvalidArgumentError, "timeout"),
+    ("acquire-wait-negative", "acquire", "wait", -1, InvalidArgumentError, "wait"),
+    ("acquire-wait-string", "acquire", "wait", "5", BadRequestError, "'wait'"),
+    ("acquire-priority-huge", "acquire", "priority", 10**6, InvalidArgumentError, "'priority'"),
+    ("acquire-priority-float", "acquire", "priority", 1.5, BadRequestError, "'priority'"),
+    ("watch-prefix-int", "watch", "prefix", 3, BadRequestError, "'prefix'"),
+    ("watch-from-negative", "watch", "from_revision", -1, InvalidArgumentError, "from_revision"),
+    ("watch-from-string", "watch", "from_revision", "1", BadRequestError, "from_revision"),
     ("prefix-int", "leases", "prefix", 1, BadRequestError, "'prefix'"),
     ("prefix-nil", "leases", "prefix", None, BadRequestError, "'prefix'"),
     ("prefix-bytes", "leases", "prefix", b"a", BadRequestError, "'prefix'"),
@@ -430,7 +457,7 @@ BAD_CASES += [
     ("limit-float", "leases", "limit", 5.0, BadRequestError, "'limit'"),
     ("limit-nil", "leases", "limit", None, BadRequestError, "'limit'"),
 ]
-for _op in ("acquire", "renew", "release"):
+for _op in ("acquire", "renew", "release", "transfer"):
     BAD_CASES += [
         (f"{_op}-cid-missing", _op, "cid", MISSING, BadRequestError, "missing field 'cid'"),
         (f"{_op}-cid-int", _op, "cid", 1, BadRequestError, "'cid' must be a string"),
