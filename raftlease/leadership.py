@@ -120,10 +120,13 @@ class DriftMonitor:
             state.alarm = alarm
             if alarm:
                 log.error(
-                    "clock drift alarm: peer %s differs by %.4f (bound %.4f); lease reads disabled",
+                    "clock drift alarm: peer %s rate differs by %.4f (bound %.4f), offset "
+                    "stepped by %.3f s (bound %.3f s); lease reads disabled",
                     peer,
                     slope,
                     self.rho,
+                    step,
+                    JUMP_THRESHOLD,
                 )
             else:
                 log.warning("clock drift back in bound for peer %s (%.4f)", peer, slope)
