@@ -131,10 +131,6 @@ class DriftMonitor:
             else:
                 log.warning("clock drift back in bound for peer %s (%.4f)", peer, slope)
 
-    def forget(self, peer: str) -> None:
-        with self._lock:
-            self._peers.pop(peer, None)
-
     @property
     def alarm(self) -> bool:
         return any(p.alarm for p in self._peers.values())

@@ -432,10 +432,6 @@ class Replica:
         """Ids of the peers with a live Raft connection (as PySyncObj sees it)."""
         return [pid for peer, pid in self._peers.items() if self._sync.isNodeConnected(peer)]
 
-    def has_quorum_connections(self) -> bool:
-        """TCP-connected to a majority (not a proof of leadership)."""
-        return bool(self._sync.hasQuorum)
-
     def lease_valid(self) -> bool:
         """True while this node is leader and holds a valid leader lease, so it may
         answer reads from local state (the caller also requires an applied entry of
