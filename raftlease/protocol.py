@@ -241,25 +241,20 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
                 f"consistency {consistency!r} is not one of {list(CONSISTENCY_MODES)}"
             )
         args["consistency"] = consistency
-    if op == "leases":
+    if op in ("leases", "watch"):
         prefix = message.get("prefix", "")
         if not isinstance(prefix, str):
             raise BadRequestError("field 'prefix' must be a string")
         if _utf8_len(prefix, "prefix") > limits.max_key_bytes:
             raise InvalidArgumentError("field 'prefix' is longer than the key limit")
         args["prefix"] = prefix
+    if op == "leases":
         args["limit"] = (
             _int_field(message, "limit", 1, limits.max_list)
             if "limit" in message
             else min(1000, limits.max_list)
         )
     if op == "watch":
-        prefix = message.get("prefix", "")
-        if not isinstance(prefix, str):
-            raise BadRequestError("field 'prefix' must be a string")
-        if _utf8_len(prefix, "prefix") > limits.max_key_bytes:
-            raise InvalidArgumentError("field 'prefix' is longer than the key limit")
-        args["prefix"] = prefix
         args["from_revision"] = (
             _int_field(message, "from_revision", 0, 2**62) if "from_revision" in message else 0
         )
