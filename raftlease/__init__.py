@@ -2,9 +2,11 @@
 
 __version__ = "0.1.0"
 
-from .client import AsyncClient, Client, Holder, Lease, Read, WatchEvent
+from .client import RW_CAPACITY, AsyncClient, Client, Holder, Lease, Read, WatchEvent
+from .election import AsyncElection, Election, Leader
 from .errors import (
     BadRequestError,
+    CapacityMismatchError,
     CompactedError,
     ConnectionLostError,
     InvalidArgumentError,
@@ -16,20 +18,31 @@ from .errors import (
     NotOwnerError,
     RaftLeaseError,
     SessionExpiredError,
+    SessionNotFoundError,
     TooManyPendingError,
     UnavailableError,
 )
 from .fencing import FencedResource, StaleTokenError
+from .locks import AsyncHeldLock, HeldLock
+from .sessions import AsyncSession, Session
 
 __all__ = [
+    "RW_CAPACITY",
     "AsyncClient",
+    "AsyncElection",
+    "AsyncHeldLock",
+    "AsyncSession",
     "BadRequestError",
+    "CapacityMismatchError",
     "Client",
     "CompactedError",
     "ConnectionLostError",
+    "Election",
     "FencedResource",
+    "HeldLock",
     "Holder",
     "InvalidArgumentError",
+    "Leader",
     "LeaderChangedError",
     "Lease",
     "LeaseHeldError",
@@ -39,7 +52,9 @@ __all__ = [
     "NotOwnerError",
     "RaftLeaseError",
     "Read",
+    "Session",
     "SessionExpiredError",
+    "SessionNotFoundError",
     "StaleTokenError",
     "TooManyPendingError",
     "UnavailableError",

@@ -29,8 +29,8 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .errors import (
     ConnectionLostError,
@@ -47,7 +47,9 @@ from .errors import (
 from .protocol import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
 
 if TYPE_CHECKING:
+    from .election import AsyncElection, Election
     from .locks import AsyncHeldLock, HeldLock
+    from .sessions import AsyncSession, Session
 
 T = TypeVar("T")
 
@@ -58,6 +60,22 @@ DEFAULT_ATTEMPT_TIMEOUT = 3.0
 DEFAULT_CLOCK_DRIFT = 0.01
 DEFAULT_MARGIN = 0.05
 MAX_BACKOFF = 0.1
+#: Capacity of a read/write lock key: a reader takes one unit, a writer all of them.
+RW_CAPACITY = 1_000_000
+
+
+class Attachable(Protocol):
+    """A live lease session as seen by a lease attached to it (``AsyncSession`` or
+    ``Session``): the lease is valid exactly as long as the session."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def owner(self) -> str: ...
+
+    @property
+    def valid_until(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,15 +97,31 @@ class Lease:
     lease_id: str
     valid_until: float
     expires_at_ms: int
+    #: Units of the key's capacity it takes (1 for a plain lock).
+    units: int = 1
+    #: The value it publishes (an elected leader's address), "" for none.
+    value: str = ""
+    #: The lease session it is attached to; its validity is then the session's.
+    session: Attachable | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def trusted_until(self) -> float:
+        """``valid_until``, or the session's for an attached lease (kept alive by the
+        session's keep-alive, not by renewals of its own)."""
+        if self.session is not None:
+            # The cluster extends an attached lease with every keep-alive of its
+            # session, to the session's expiry: the session's window is the lease's.
+            return self.session.valid_until
+        return self.valid_until
 
     @property
     def remaining(self) -> float:
         """Seconds this client may still trust the lease (0 when no longer valid)."""
-        return max(0.0, self.valid_until - time.monotonic())
+        return max(0.0, self.trusted_until - time.monotonic())
 
     @property
     def valid(self) -> bool:
-        return time.monotonic() < self.valid_until
+        return time.monotonic() < self.trusted_until
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,18 +133,22 @@ class Holder:
     token: int
     ttl: float
     remaining: float
+    units: int = 1
+    value: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
-    """One change seen by a watch: ``type`` is grant, renew, release, expire or
-    transfer (the end of a lease handed to a new owner; its grant follows)."""
+    """One change seen by a watch: ``type`` is grant, renew, release, expire,
+    transfer (the end of a lease handed to a new owner; its grant follows) or proclaim
+    (a holder changed the value it publishes)."""
 
     type: str
     key: str
     owner: str
     token: int
     revision: int
+    value: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +166,13 @@ class Read:
     served_by: str
     applied_index: int | None = None
     age: float | None = None
+    #: Every live holder (for a shared key; the one holder of a plain lock).
+    holders: tuple[Holder, ...] = ()
+    #: The key's capacity and units in use (1 and 0 or 1 for a plain lock).
+    capacity: int = 1
+    used: int = 0
+    #: The store revision the answer reflects (exact for reads through the log).
+    revision: int | None = None
 
 
 CONSISTENCY_MODES = ("linearizable", "log", "stale")
@@ -145,6 +190,8 @@ def _holder(data: dict[str, Any]) -> Holder:
         token=int(data["token"]),
         ttl=data["ttl"] / 1000.0,
         remaining=max(0.0, data["remaining"] / 1000.0),
+        units=int(data.get("units", 1)),
+        value=str(data.get("value", "")),
     )
 
 
@@ -444,7 +491,13 @@ class AsyncClient:
 
     # ----------------------------------------------------------------- API
 
-    def _lease(self, result: dict[str, Any], sent: float, remaining: float | None = None) -> Lease:
+    def _lease(
+        self,
+        result: dict[str, Any],
+        sent: float,
+        remaining: float | None = None,
+        session: Attachable | None = None,
+    ) -> Lease:
         """``remaining``: log-time seconds left when the server answered (default: the
         full TTL, for a lease granted by the request sent at ``sent``)."""
         ttl = result["ttl"] / 1000.0
@@ -455,42 +508,79 @@ class AsyncClient:
             token=int(result["token"]),
             ttl=ttl,
             lease_id=result["lease_id"],
-            valid_until=sent + window * (1 - self.clock_drift) - self.margin,
+            valid_until=self.valid_until(sent, window),
             expires_at_ms=int(result["expires_at"]),
+            units=int(result.get("units", 1)),
+            value=str(result.get("value", "")),
+            session=session,
         )
+
+    def valid_until(self, sent: float, seconds: float) -> float:
+        """Until when (``time.monotonic()``) this client trusts something the cluster
+        keeps for ``seconds`` of log time from a request first sent at ``sent``."""
+        return sent + seconds * (1 - self.clock_drift) - self.margin
 
     async def acquire(
         self,
         key: str,
         *,
-        owner: str,
-        ttl: float,
+        owner: str | None = None,
+        ttl: float | None = None,
         wait: float = 0.0,
         priority: int = 0,
+        capacity: int = 1,
+        units: int = 1,
+        value: str | None = None,
+        session: Attachable | None = None,
         timeout: float | None = None,
     ) -> Lease:
-        """Take ``key`` for ``owner`` for ``ttl`` seconds.
+        """Take ``key`` for ``owner`` for ``ttl`` seconds, or for as long as the lease
+        ``session`` lives (then ``owner`` defaults to the session's and ``ttl`` must
+        not be given: the session's keep-alive keeps the lease).
 
-        With ``wait=0`` (default) raises ``LeaseHeldError`` (definite) at once if
-        someone else holds it. With ``wait > 0`` the request joins the key's queue in
-        the replicated state (higher ``priority`` first, first come first served within
-        a priority) and the call blocks until it is granted, in the same log entry that
-        releases or expires the previous holder, or until ``wait`` seconds pass: then
-        the queued request is withdrawn and ``LeaseHeldError`` is raised. Cancelling the
-        call withdraws it too (best effort).
+        With ``wait=0`` (default) raises ``LeaseHeldError`` (definite) at once if the
+        key is taken. With ``wait > 0`` the request joins the key's queue in the
+        replicated state (higher ``priority`` first, first come first served within a
+        priority; nobody overtakes the head) and the call blocks until it is granted,
+        in the same log entry that frees the units, or until ``wait`` seconds pass:
+        then the queued request is withdrawn and ``LeaseHeldError`` is raised.
+        Cancelling the call withdraws it too (best effort).
+
+        Shared keys: ``capacity`` is the key's size (a semaphore of N slots, a pool of
+        N units; every user of the key must give the same, else
+        ``CapacityMismatchError``), ``units`` how many this lease takes. ``value`` is
+        published with the lease (see ``election``).
         """
+        if session is not None:
+            if ttl is not None:
+                raise InvalidArgumentError("give ttl or session, not both")
+            owner = owner or session.owner
+        elif ttl is None:
+            raise InvalidArgumentError("ttl is required (or attach the lease to a session)")
+        if not owner:
+            raise InvalidArgumentError("owner is required")
         sent = time.monotonic()
-        args: dict[str, Any] = {"key": key, "owner": owner, "ttl": ttl}
+        args: dict[str, Any] = {"key": key, "owner": owner}
+        if session is not None:
+            args["session"] = session.session_id
+        else:
+            args["ttl"] = ttl
         if wait > 0:
             args["wait"] = wait
             if priority:
                 args["priority"] = priority
+        if capacity != 1 or units != 1:
+            args.update(capacity=capacity, units=units)
+        if value is not None:
+            args["value"] = value
         result = await self.call("acquire", args, mutating=True, timeout=timeout)
         if not result.get("queued"):
-            return self._lease(result, sent)
-        return await self._await_grant(key, owner, result["lease_id"], sent + wait)
+            return self._lease(result, sent, session=session)
+        return await self._await_grant(key, result["lease_id"], sent + wait, session)
 
-    async def _await_grant(self, key: str, owner: str, lease_id: str, until: float) -> Lease:
+    async def _await_grant(
+        self, key: str, lease_id: str, until: float, session: Attachable | None
+    ) -> Lease:
         """Long-poll the leader until our queued acquire is granted or gone."""
         try:
             while (left := until - time.monotonic()) > 0:
@@ -506,7 +596,7 @@ class AsyncClient:
                 )
                 if status["state"] == "held":
                     remaining = (status["expires_at"] - status["now"]) / 1000.0
-                    return self._lease(status, sent, remaining=remaining)
+                    return self._lease(status, sent, remaining=remaining, session=session)
                 if status["state"] == "gone":
                     break
         except BaseException:
@@ -535,6 +625,17 @@ class AsyncClient:
         result = await self.call("transfer", args, mutating=True, timeout=timeout)
         return self._lease(result, sent)
 
+    async def proclaim(self, lease: Lease, value: str, *, timeout: float | None = None) -> Lease:
+        """Publish a new ``value`` with a held lease (an elected leader's new address);
+        watchers see a ``proclaim`` event. The fencing token stays the same."""
+        result = await self.call(
+            "proclaim",
+            {"key": lease.key, "lease_id": lease.lease_id, "value": value},
+            mutating=True,
+            timeout=timeout,
+        )
+        return replace(lease, value=str(result.get("value", "")))
+
     async def fence(
         self,
         key: str,
@@ -553,24 +654,53 @@ class AsyncClient:
         )
         return bool(result.get("current"))
 
-    def lock(
+    def lock(self, key: str, **options: Any) -> AsyncHeldLock:
+        """``async with client.lock(key, owner=..., ttl=...) as held:`` acquires (waiting
+        up to ``wait``), renews in the background every ``ttl / 3``, and releases on
+        exit. Options: those of ``acquire`` (``session=`` attaches it to a lease
+        session instead of renewing it) and ``on_lost``. See ``raftlease.locks``."""
+        from .locks import AsyncHeldLock
+
+        return AsyncHeldLock(self, key, **options)
+
+    def semaphore(self, key: str, *, limit: int, **options: Any) -> AsyncHeldLock:
+        """One of ``limit`` slots of ``key`` (every user gives the same ``limit``)."""
+        return self.lock(key, capacity=limit, units=1, **options)
+
+    def pool(self, key: str, *, capacity: int, units: int, **options: Any) -> AsyncHeldLock:
+        """``units`` of a pool of ``capacity`` units (a job taking 2 of 8 GPUs)."""
+        return self.lock(key, capacity=capacity, units=units, **options)
+
+    def read_lock(self, key: str, **options: Any) -> AsyncHeldLock:
+        """Shared with other readers; waits behind a queued writer (no starvation)."""
+        return self.lock(key, capacity=RW_CAPACITY, units=1, **options)
+
+    def write_lock(self, key: str, **options: Any) -> AsyncHeldLock:
+        """Exclusive: no reader and no other writer while held."""
+        return self.lock(key, capacity=RW_CAPACITY, units=RW_CAPACITY, **options)
+
+    def session(
         self,
-        key: str,
         *,
         owner: str,
         ttl: float,
-        wait: float = 0.0,
-        priority: int = 0,
         on_lost: Callable[[str], None] | None = None,
-    ) -> AsyncHeldLock:
-        """``async with client.lock(key, owner=..., ttl=...) as held:`` acquires (waiting
-        up to ``wait``), renews in the background every ``ttl / 3``, and releases on
-        exit. See ``raftlease.locks`` for jeopardy and loss."""
-        from .locks import AsyncHeldLock
+        on_jeopardy: Callable[[str], None] | None = None,
+    ) -> AsyncSession:
+        """A lease session: ``async with client.session(owner=..., ttl=10) as s:``.
+        Leases acquired with ``session=s`` (or ``s.acquire``/``s.lock``) are kept
+        alive by its one keep-alive and released when it ends. See
+        ``raftlease.sessions``."""
+        from .sessions import AsyncSession
 
-        return AsyncHeldLock(
-            self, key, owner=owner, ttl=ttl, wait=wait, priority=priority, on_lost=on_lost
-        )
+        return AsyncSession(self, owner=owner, ttl=ttl, on_lost=on_lost, on_jeopardy=on_jeopardy)
+
+    def election(self, name: str) -> AsyncElection:
+        """Leader election on key ``name``: campaign, leader, observe, proclaim,
+        resign. See ``raftlease.election``."""
+        from .election import AsyncElection
+
+        return AsyncElection(self, name)
 
     async def renew(
         self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
@@ -616,12 +746,21 @@ class AsyncClient:
             "holder", {"key": key, "consistency": consistency}, mutating=False, timeout=timeout
         )
         data = result.get("holder")
+        holder = _holder(data) if data else None
+        if data and "holders" in data:
+            holders = tuple(_holder(item) for item in data["holders"])
+        else:
+            holders = (holder,) if holder is not None else ()
         return Read(
-            holder=_holder(data) if data else None,
+            holder=holder,
             consistency=str(result.get("consistency", "log")),
             served_by=str(result.get("served_by", "")),
             applied_index=result.get("applied_index"),
             age=result.get("age"),
+            holders=holders,
+            capacity=int(data.get("capacity", 1)) if data else 1,
+            used=int(data.get("used", 1)) if data else 0,
+            revision=result.get("revision"),
         )
 
     async def holder(
@@ -695,6 +834,7 @@ class AsyncClient:
                             owner=event["owner"],
                             token=int(event["token"]),
                             revision=int(event["revision"]),
+                            value=str(event.get("value", "")),
                         )
             except (ConnectionLostError, UnavailableError):
                 failures += 1
@@ -779,17 +919,33 @@ class Client:
         self,
         key: str,
         *,
-        owner: str,
-        ttl: float,
+        owner: str | None = None,
+        ttl: float | None = None,
         wait: float = 0.0,
         priority: int = 0,
+        capacity: int = 1,
+        units: int = 1,
+        value: str | None = None,
+        session: Attachable | None = None,
         timeout: float | None = None,
     ) -> Lease:
         return self._run(
             self._async.acquire(
-                key, owner=owner, ttl=ttl, wait=wait, priority=priority, timeout=timeout
+                key,
+                owner=owner,
+                ttl=ttl,
+                wait=wait,
+                priority=priority,
+                capacity=capacity,
+                units=units,
+                value=value,
+                session=session,
+                timeout=timeout,
             )
         )
+
+    def proclaim(self, lease: Lease, value: str, *, timeout: float | None = None) -> Lease:
+        return self._run(self._async.proclaim(lease, value, timeout=timeout))
 
     def transfer(
         self, lease: Lease, *, owner: str, ttl: float | None = None, timeout: float | None = None
@@ -806,24 +962,44 @@ class Client:
     ) -> bool:
         return self._run(self._async.fence(key, token, consistency=consistency, timeout=timeout))
 
-    def lock(
+    def lock(self, key: str, **options: Any) -> HeldLock:
+        """``with client.lock(key, owner=..., ttl=..., wait=...) as held:`` acquires,
+        renews from a daemon thread every ``ttl / 3``, releases on exit; ``held.token``
+        is the fencing token, ``held.lost`` an Event set if the lease is lost.
+        Options: those of ``acquire`` (``session=`` attaches it) and ``on_lost``."""
+        from .locks import HeldLock
+
+        return HeldLock(self, key, **options)
+
+    def semaphore(self, key: str, *, limit: int, **options: Any) -> HeldLock:
+        return self.lock(key, capacity=limit, units=1, **options)
+
+    def pool(self, key: str, *, capacity: int, units: int, **options: Any) -> HeldLock:
+        return self.lock(key, capacity=capacity, units=units, **options)
+
+    def read_lock(self, key: str, **options: Any) -> HeldLock:
+        return self.lock(key, capacity=RW_CAPACITY, units=1, **options)
+
+    def write_lock(self, key: str, **options: Any) -> HeldLock:
+        return self.lock(key, capacity=RW_CAPACITY, units=RW_CAPACITY, **options)
+
+    def session(
         self,
-        key: str,
         *,
         owner: str,
         ttl: float,
-        wait: float = 0.0,
-        priority: int = 0,
         on_lost: Callable[[str], None] | None = None,
-    ) -> HeldLock:
-        """``with client.lock(key, owner=..., ttl=..., wait=...) as held:`` acquires,
-        renews from a daemon thread every ``ttl / 3``, releases on exit; ``held.token``
-        is the fencing token, ``held.lost`` an Event set if the lease is lost."""
-        from .locks import HeldLock
+        on_jeopardy: Callable[[str], None] | None = None,
+    ) -> Session:
+        """``with client.session(owner=..., ttl=10) as s:`` (see ``AsyncClient.session``)."""
+        from .sessions import Session
 
-        return HeldLock(
-            self, key, owner=owner, ttl=ttl, wait=wait, priority=priority, on_lost=on_lost
-        )
+        return Session(self, owner=owner, ttl=ttl, on_lost=on_lost, on_jeopardy=on_jeopardy)
+
+    def election(self, name: str) -> Election:
+        from .election import Election
+
+        return Election(self, name)
 
     def renew(
         self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None

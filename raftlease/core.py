@@ -32,14 +32,24 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 # Hard structural caps (the server enforces tighter, configurable limits first).
-from .limits import MAX_ID_CHARS, MAX_KEY_BYTES, MAX_LIST, MAX_OWNER_BYTES, MAX_TTL_MS
+from .limits import (
+    MAX_CAPACITY,
+    MAX_ID_CHARS,
+    MAX_KEY_BYTES,
+    MAX_LIST,
+    MAX_OWNER_BYTES,
+    MAX_SESSION_LEASES,
+    MAX_TTL_MS,
+    MAX_VALUE_BYTES,
+)
 
 #: Bump when the snapshot layout changes; ``restore`` refuses other versions.
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3
 
 #: A session with no request for this long (log time) is forgotten.
 SESSION_IDLE_MS = 10 * 60 * 1000
@@ -50,7 +60,10 @@ Result = dict[str, Any]
 #: Most requests one batch entry may carry.
 MAX_BATCH = 4096
 
-MUTATING_OPS = frozenset({"acquire", "renew", "release", "transfer"})
+#: Operations on one lease, named by ``key`` and ``lid``.
+LEASE_OPS = frozenset({"acquire", "renew", "release", "transfer", "proclaim"})
+SESSION_OPS = frozenset({"session_open", "session_keepalive", "session_close"})
+MUTATING_OPS = LEASE_OPS | SESSION_OPS
 READ_OPS = frozenset({"holder", "leases", "fence", "lease_status"})
 #: Waiter priorities accepted (higher is served first, FIFO within a priority).
 MAX_PRIORITY = 1000
@@ -59,7 +72,12 @@ ALL_OPS = MUTATING_OPS | READ_OPS | {"tick"}
 
 @dataclass(slots=True)
 class LeaseRecord:
-    """One live lease. ``expires_at`` and ``granted_at`` are log-time milliseconds."""
+    """One live lease. ``expires_at`` and ``granted_at`` are log-time milliseconds.
+
+    ``units`` is how much of the key's capacity the lease takes (1 for a plain lock);
+    ``value`` is free text the holder publishes (an elected leader's address);
+    ``session`` is the lease session it is attached to ("" for none): an attached
+    lease expires with its session and is renewed by the session's keep-alive."""
 
     key: str
     lease_id: str
@@ -68,6 +86,9 @@ class LeaseRecord:
     ttl_ms: int
     granted_at: int
     expires_at: int
+    units: int = 1
+    value: str = ""
+    session: str = ""
 
     def to_plain(self) -> list[Any]:
         return [
@@ -78,13 +99,17 @@ class LeaseRecord:
             self.ttl_ms,
             self.granted_at,
             self.expires_at,
+            self.units,
+            self.value,
+            self.session,
         ]
 
 
 @dataclass(slots=True)
 class Waiter:
-    """A queued acquire: granted, in the same log entry, when the key frees up and it
-    is first in ``(-priority, order)``; leaves the queue at ``deadline`` (log time)."""
+    """A queued acquire: granted, in the same log entry, when it is first in
+    ``(-priority, order)`` and its units fit; leaves the queue at ``deadline`` (log
+    time) or when its session ends."""
 
     key: str
     lease_id: str
@@ -93,6 +118,9 @@ class Waiter:
     priority: int
     order: int
     deadline: int
+    units: int = 1
+    value: str = ""
+    session: str = ""
 
     def rank(self) -> tuple[int, int]:
         return (-self.priority, self.order)
@@ -106,7 +134,27 @@ class Waiter:
             self.priority,
             self.order,
             self.deadline,
+            self.units,
+            self.value,
+            self.session,
         ]
+
+
+@dataclass(slots=True)
+class LeaseSession:
+    """A lease session: one keep-alive for any number of attached leases and queued
+    acquires. When it expires (or is closed) everything attached is released."""
+
+    session_id: str
+    owner: str
+    ttl_ms: int
+    expires_at: int
+    #: Attached live leases and queued acquires, by lease id, in attach order.
+    leases: dict[str, None]
+    waiters: dict[str, None]
+
+    def to_plain(self) -> list[Any]:
+        return [self.session_id, self.owner, self.ttl_ms, self.expires_at]
 
 
 @dataclass(slots=True)
@@ -144,18 +192,36 @@ def _valid_int(value: Any, low: int, high: int) -> bool:
 
 
 class LeaseStore:
-    """The replicated lease state. Single-threaded: the caller serializes ``apply``."""
+    """The replicated lease state. Single-threaded: the caller serializes ``apply``.
+
+    A key has a *capacity* (1 for a plain lock; N for a semaphore or a pool of N
+    units; ``RW_CAPACITY`` for a read/write lock, where a reader takes one unit and a
+    writer all of them) and any number of holders whose units fit in it. Every holder
+    has its own lease id and fencing token. Acquires that do not fit queue in
+    ``(-priority, arrival)`` order, and nobody overtakes the head of the queue: a
+    request that would fit is still queued behind an earlier one that does not (so a
+    waiting writer is never starved by a stream of readers).
+    """
 
     def __init__(self) -> None:
         self.now: int = 0
         self.term: int = 0
         self.revision: int = 0
+        #: Live leases by lease id.
         self.leases: dict[str, LeaseRecord] = {}
-        # (expires_at, lease_id, key); entries go stale on renew/release and are
-        # skipped when popped. Rebuilt from ``leases`` on restore.
-        self._deadlines: list[tuple[int, str, str]] = []
+        #: key -> its live leases by lease id, in grant (token) order.
+        self.holders: dict[str, dict[str, LeaseRecord]] = {}
+        #: key -> capacity, and units in use, while the key has holders or waiters.
+        self.capacity: dict[str, int] = {}
+        self.used: dict[str, int] = {}
+        # (expires_at, lease_id); entries go stale on renew/release and are skipped
+        # when popped. Rebuilt from ``leases`` on restore.
+        self._deadlines: list[tuple[int, str]] = []
         # Ordered by last_seen (oldest first) so idle sessions are evicted in order.
         self.sessions: OrderedDict[str, ClientSession] = OrderedDict()
+        #: Lease sessions by id, and their expiry times as (expires_at, id) in a heap.
+        self.lease_sessions: dict[str, LeaseSession] = {}
+        self._session_deadlines: list[tuple[int, str]] = []
         self.applied: int = 0
         self.expired_total: int = 0
         # Wait queues: key -> waiters sorted by rank; lease id -> waiter; and the
@@ -227,7 +293,8 @@ class LeaseStore:
         if op == "tick":
             return {"ok": True, "now": self.now}
         if op == "holder":
-            return {"ok": True, "holder": self.holder(entry["key"]), "now": self.now}
+            holder = self.holder(entry["key"])
+            return {"ok": True, "holder": holder, "now": self.now, "revision": self.revision}
         if op == "fence":
             return {"ok": True, **self.fence(entry["key"], entry["token"]), "now": self.now}
         if op == "lease_status":
@@ -248,25 +315,52 @@ class LeaseStore:
                 return "'seq' must be a positive integer"
             if not _valid_int(entry.get("ack"), 1, 2**62):
                 return "'ack' must be a positive integer"
+        if op in LEASE_OPS:
             if not _valid_str(entry.get("key"), MAX_KEY_BYTES):
                 return "'key' must be a non-empty string"
             if not _valid_str(entry.get("lid"), MAX_ID_CHARS):
                 return "'lid' must be a non-empty string"
-        if op in ("acquire", "transfer") and not _valid_str(entry.get("owner"), MAX_OWNER_BYTES):
+        if op in SESSION_OPS and not _valid_str(entry.get("sid"), MAX_ID_CHARS):
+            return "'sid' must be a non-empty string"
+        if op in ("acquire", "transfer", "session_open") and not _valid_str(
+            entry.get("owner"), MAX_OWNER_BYTES
+        ):
             return "'owner' must be a non-empty string"
+        if "value" in entry and not (
+            isinstance(entry["value"], str) and _utf8_size(entry["value"]) <= MAX_VALUE_BYTES
+        ):
+            return f"'value' must be a string of at most {MAX_VALUE_BYTES} bytes"
         if op == "acquire":
-            if not _valid_int(entry.get("ttl"), 1, MAX_TTL_MS):
+            ttl = entry.get("ttl")
+            if "session" in entry:
+                if not _valid_str(entry["session"], MAX_ID_CHARS):
+                    return "'session' must be a non-empty string"
+                if ttl is not None:
+                    return "'ttl' must be absent: an attached lease lives as long as its session"
+            elif not _valid_int(ttl, 1, MAX_TTL_MS):
                 return "'ttl' must be a positive integer of milliseconds"
             if not _valid_int(entry.get("wait", 0), 0, MAX_TTL_MS):
                 return "'wait' must be a non-negative integer of milliseconds"
             if not _valid_int(entry.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY):
                 return f"'priority' must be an integer from {-MAX_PRIORITY} to {MAX_PRIORITY}"
+            capacity = entry.get("capacity", 1)
+            if not _valid_int(capacity, 1, MAX_CAPACITY):
+                return f"'capacity' must be an integer from 1 to {MAX_CAPACITY}"
+            if not _valid_int(entry.get("units", 1), 1, capacity):
+                return "'units' must be an integer from 1 to the key's capacity"
         elif op == "transfer":
             if not _valid_str(entry.get("new_lid"), MAX_ID_CHARS):
                 return "'new_lid' must be a non-empty string"
             ttl = entry.get("ttl")
             if ttl is not None and not _valid_int(ttl, 1, MAX_TTL_MS):
                 return "'ttl' must be a positive integer of milliseconds or absent"
+        elif op == "proclaim":
+            if not isinstance(entry.get("value"), str):
+                return "'value' must be a string"
+        elif op in ("session_open", "session_keepalive"):
+            ttl = entry.get("ttl")
+            if (op == "session_open" or ttl is not None) and not _valid_int(ttl, 1, MAX_TTL_MS):
+                return "'ttl' must be a positive integer of milliseconds"
         elif op in ("fence", "lease_status"):
             if not _valid_str(entry.get("key"), MAX_KEY_BYTES):
                 return "'key' must be a non-empty string"
@@ -290,19 +384,24 @@ class LeaseStore:
         return None
 
     def _advance(self, now: int) -> None:
-        """Move log time forward and expire what is due, in a deterministic order."""
+        """Move log time forward and expire what is due, in a deterministic order:
+        lease sessions first (with everything attached), then leases, then waiters
+        whose deadline passed."""
         if now > self.now:
             self.now = now
+        ends = self._session_deadlines
+        while ends and ends[0][0] <= self.now:
+            expires_at, sid = heapq.heappop(ends)
+            session = self.lease_sessions.get(sid)
+            if session is not None and session.expires_at == expires_at:
+                self._end_session(session, "expire")
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= self.now:
-            expires_at, lease_id, key = heapq.heappop(deadlines)
-            lease = self.leases.get(key)
-            if lease is not None and lease.lease_id == lease_id and lease.expires_at == expires_at:
-                del self.leases[key]
-                self.revision += 1
+            expires_at, lease_id = heapq.heappop(deadlines)
+            lease = self.leases.get(lease_id)
+            if lease is not None and lease.expires_at == expires_at:
                 self.expired_total += 1
-                self._event("expire", lease)
-                self._grant_next(key)
+                self._end_lease(lease, "expire")
         waits = self._wait_deadlines
         while waits and waits[0][0] <= self.now:
             deadline, lease_id = heapq.heappop(waits)
@@ -314,13 +413,13 @@ class LeaseStore:
             self._rebuild_deadlines()
         sessions = self.sessions
         while sessions:
-            cid, session = next(iter(sessions.items()))
-            if session.last_seen + SESSION_IDLE_MS > self.now:
+            cid, client = next(iter(sessions.items()))
+            if client.last_seen + SESSION_IDLE_MS > self.now:
                 break
             del sessions[cid]
 
     def _rebuild_deadlines(self) -> None:
-        self._deadlines = [(r.expires_at, r.lease_id, r.key) for r in self.leases.values()]
+        self._deadlines = [(r.expires_at, r.lease_id) for r in self.leases.values()]
         heapq.heapify(self._deadlines)
 
     def _apply_mutation(self, op: str, entry: dict[str, Any]) -> Result:
@@ -357,14 +456,7 @@ class LeaseStore:
                 "TOO_MANY_PENDING",
                 f"client has {len(session.results)} unacknowledged requests",
             )
-        if op == "acquire":
-            result = self._acquire(entry)
-        elif op == "renew":
-            result = self._renew(entry)
-        elif op == "transfer":
-            result = self._transfer(entry)
-        else:
-            result = self._release(entry)
+        result = self._MUTATIONS[op](self, entry)
         session.results[seq] = result
         return result
 
@@ -372,52 +464,104 @@ class LeaseStore:
 
     def _acquire(self, entry: dict[str, Any]) -> Result:
         key: str = entry["key"]
-        current = self.leases.get(key)
         lease_id: str = entry["lid"]
-        if lease_id in self.waiting or (current is not None and current.lease_id == lease_id):
+        if lease_id in self.waiting or lease_id in self.leases:
             # The leader draws fresh ids; a reused one is a bug or forged, never applied.
             return error("BAD_REQUEST", "lease id already in use")
-        if current is None:
-            # A free key has no queue: a waiter is granted the moment a key frees up.
-            return self._lease_result(self._grant(key, entry["lid"], entry["owner"], entry["ttl"]))
+        capacity: int = entry.get("capacity", 1)
+        units: int = entry.get("units", 1)
+        known = self.capacity.get(key)
+        if known is not None and known != capacity:
+            return error(
+                "CAPACITY_MISMATCH",
+                f"{key!r} is in use with capacity {known}, not {capacity}",
+                capacity=known,
+            )
+        sid: str = entry.get("session", "")
+        session = self.lease_sessions.get(sid) if sid else None
+        if sid:
+            if session is None:
+                return error("SESSION_NOT_FOUND", f"lease session {sid!r} does not exist")
+            if len(session.leases) + len(session.waiters) >= MAX_SESSION_LEASES:
+                return error(
+                    "INVALID_ARGUMENT",
+                    f"lease session {sid!r} already carries {MAX_SESSION_LEASES} leases",
+                )
+        ttl: int = session.ttl_ms if session is not None else entry["ttl"]
+        value: str = entry.get("value", "")
+        queue = self.queues.get(key)
+        if not queue and self.used.get(key, 0) + units <= capacity:
+            # Nobody is waiting and the units fit: granted now.
+            self.capacity[key] = capacity
+            lease = self._grant(key, lease_id, entry["owner"], ttl, units, value, sid)
+            return self._lease_result(lease)
         wait: int = entry.get("wait", 0)
         if wait <= 0:
-            return error(
-                "LEASE_HELD",
-                f"{key!r} is held by {current.owner!r}",
-                owner=current.owner,
-                token=current.token,
-                remaining=(current.expires_at - self.now) / 1000.0,
-                waiting=len(self.queues.get(key, ())),
-            )
+            return self._held_error(key, capacity, queue)
+        self.capacity[key] = capacity
         self.queue_order += 1
         waiter = Waiter(
             key=key,
-            lease_id=entry["lid"],
+            lease_id=lease_id,
             owner=entry["owner"],
-            ttl_ms=entry["ttl"],
+            ttl_ms=ttl,
             priority=entry.get("priority", 0),
             order=self.queue_order,
             deadline=self.now + wait,
+            units=units,
+            value=value,
+            session=sid,
         )
         queue = self.queues.setdefault(key, [])
         position = bisect.bisect_right([w.rank() for w in queue], waiter.rank())
         queue.insert(position, waiter)
-        self.waiting[waiter.lease_id] = waiter
-        heapq.heappush(self._wait_deadlines, (waiter.deadline, waiter.lease_id))
+        self.waiting[lease_id] = waiter
+        if session is not None:
+            session.waiters[lease_id] = None
+        heapq.heappush(self._wait_deadlines, (waiter.deadline, lease_id))
         return {
             "ok": True,
             "queued": True,
             "key": key,
             "owner": waiter.owner,
-            "lease_id": waiter.lease_id,
+            "lease_id": lease_id,
             "position": position + 1,
             "deadline": waiter.deadline,
             "now": self.now,
         }
 
-    def _grant(self, key: str, lease_id: str, owner: str, ttl: int) -> LeaseRecord:
+    def _held_error(self, key: str, capacity: int, queue: list[Waiter] | None) -> Result:
+        holders = self.holders.get(key)
+        newest = next(reversed(holders.values())) if holders else None
+        detail: dict[str, Any] = {"waiting": len(queue or ())}
+        if newest is not None:
+            detail.update(
+                owner=newest.owner,
+                token=newest.token,
+                remaining=(newest.expires_at - self.now) / 1000.0,
+            )
+        if capacity > 1:
+            detail.update(capacity=capacity, used=self.used.get(key, 0))
+            why = f"{self.used.get(key, 0)} of {capacity} units are taken"
+            if queue:
+                why += f" and {len(queue)} acquire(s) wait ahead"
+            return error("LEASE_HELD", f"{key!r}: {why}", **detail)
+        if newest is None:  # free, but earlier acquires are queued: no overtaking
+            return error("LEASE_HELD", f"{key!r} is promised to queued acquires", **detail)
+        return error("LEASE_HELD", f"{key!r} is held by {newest.owner!r}", **detail)
+
+    def _grant(
+        self,
+        key: str,
+        lease_id: str,
+        owner: str,
+        ttl: int,
+        units: int = 1,
+        value: str = "",
+        sid: str = "",
+    ) -> LeaseRecord:
         self.revision += 1
+        session = self.lease_sessions.get(sid) if sid else None
         lease = LeaseRecord(
             key=key,
             lease_id=lease_id,
@@ -425,33 +569,94 @@ class LeaseStore:
             token=self.revision,
             ttl_ms=ttl,
             granted_at=self.now,
-            expires_at=self.now + ttl,
+            expires_at=self.now + ttl if session is None else session.expires_at,
+            units=units,
+            value=value,
+            session=sid if session is not None else "",
         )
-        self.leases[key] = lease
-        heapq.heappush(self._deadlines, (lease.expires_at, lease.lease_id, key))
+        self.leases[lease_id] = lease
+        self.holders.setdefault(key, {})[lease_id] = lease
+        self.used[key] = self.used.get(key, 0) + units
+        if session is not None:
+            session.leases[lease_id] = None
+        heapq.heappush(self._deadlines, (lease.expires_at, lease_id))
         self._event("grant", lease)
         return lease
 
-    def _grant_next(self, key: str) -> None:
-        """The key just became free: hand it to the first waiter, in this entry."""
-        queue = self.queues.get(key)
-        if not queue:
-            return
-        waiter = queue.pop(0)
-        if not queue:
-            del self.queues[key]
-        del self.waiting[waiter.lease_id]
-        self._grant(key, waiter.lease_id, waiter.owner, waiter.ttl_ms)
+    def _end_lease(self, lease: LeaseRecord, kind: str, grant_next: bool = True) -> None:
+        """Remove a live lease (released, expired, transferred, its session ended),
+        record the change, and hand freed units to the queue."""
+        key = lease.key
+        del self.leases[lease.lease_id]
+        holders = self.holders[key]
+        del holders[lease.lease_id]
+        if not holders:
+            del self.holders[key]
+        self.used[key] -= lease.units
+        if lease.session:
+            session = self.lease_sessions.get(lease.session)
+            if session is not None:
+                session.leases.pop(lease.lease_id, None)
+        self.revision += 1
+        self._event(kind, lease)
+        if grant_next:
+            self._grant_next(key)
 
-    def _dequeue(self, waiter: Waiter, reason: str) -> None:
-        queue = self.queues.get(waiter.key, [])
-        queue.remove(waiter)
+    def _grant_next(self, key: str) -> None:
+        """Units on ``key`` were freed (or the queue's head left): grant waiters from
+        the head of the queue while they fit, in this entry. Then forget the key's
+        capacity if nothing holds or waits on it."""
+        queue = self.queues.get(key)
+        capacity = self.capacity.get(key, 1)
+        while queue:
+            waiter = queue[0]
+            session = self.lease_sessions.get(waiter.session) if waiter.session else None
+            if waiter.session and session is None:
+                # Its session ended in this entry: never grant it.
+                self._dequeue(waiter, "session", grant_next=False)
+                continue
+            if waiter.deadline <= self.now:
+                # Its deadline passed in this same entry, before its turn in
+                # ``_advance``: never grant it.
+                self._dequeue(waiter, "deadline", grant_next=False)
+                continue
+            if self.used.get(key, 0) + waiter.units > capacity:
+                break
+            queue.pop(0)
+            del self.waiting[waiter.lease_id]
+            if session is not None:
+                session.waiters.pop(waiter.lease_id, None)
+            self._grant(
+                key,
+                waiter.lease_id,
+                waiter.owner,
+                waiter.ttl_ms,
+                waiter.units,
+                waiter.value,
+                waiter.session,
+            )
         if not queue:
-            self.queues.pop(waiter.key, None)
+            self.queues.pop(key, None)
+            if key not in self.holders:
+                self.capacity.pop(key, None)
+                self.used.pop(key, None)
+
+    def _dequeue(self, waiter: Waiter, reason: str, grant_next: bool = True) -> None:
+        queue = self.queues.get(waiter.key, [])
+        head = bool(queue) and queue[0] is waiter
+        queue.remove(waiter)
         del self.waiting[waiter.lease_id]
+        if waiter.session:
+            session = self.lease_sessions.get(waiter.session)
+            if session is not None:
+                session.waiters.pop(waiter.lease_id, None)
         self.events.append(
             {"type": "dequeue", "key": waiter.key, "lease_id": waiter.lease_id, "reason": reason}
         )
+        if grant_next and (head or not queue):
+            # The head left: those behind it may fit now (a reader behind a writer
+            # whose deadline passed), and a key with nothing left is forgotten.
+            self._grant_next(waiter.key)
 
     def _event(self, kind: str, lease: LeaseRecord) -> None:
         self.events.append(
@@ -462,35 +667,52 @@ class LeaseStore:
                 "token": lease.token,
                 "revision": self.revision,
                 "lease_id": lease.lease_id,
+                "value": lease.value,
             }
         )
 
     def _owned(self, entry: dict[str, Any]) -> LeaseRecord | Result:
         key: str = entry["key"]
-        lease = self.leases.get(key)
-        if lease is None:
+        lease = self.leases.get(entry["lid"])
+        if lease is not None and lease.key == key:
+            return lease
+        holders = self.holders.get(key)
+        if not holders:
             return error("LEASE_NOT_FOUND", f"no live lease on {key!r} (expired or released)")
-        if lease.lease_id != entry["lid"]:
+        newest = next(reversed(holders.values()))
+        if self.capacity.get(key, 1) > 1:
             return error(
-                "NOT_OWNER",
-                f"{key!r} is held under another lease (owner {lease.owner!r})",
-                owner=lease.owner,
-                token=lease.token,
+                "LEASE_NOT_FOUND",
+                f"the lease is not among the holders of {key!r} (expired or released)",
             )
-        return lease
+        return error(
+            "NOT_OWNER",
+            f"{key!r} is held under another lease (owner {newest.owner!r})",
+            owner=newest.owner,
+            token=newest.token,
+        )
 
     def _renew(self, entry: dict[str, Any]) -> Result:
         lease = self._owned(entry)
         if not isinstance(lease, LeaseRecord):
             return lease
+        if lease.session:
+            return error(
+                "INVALID_ARGUMENT",
+                f"the lease is attached to lease session {lease.session!r} and lives as "
+                "long as it: keep the session alive instead",
+            )
         ttl = entry.get("ttl")
         if ttl is not None:
             lease.ttl_ms = ttl
-        lease.expires_at = self.now + lease.ttl_ms
-        self.revision += 1
-        heapq.heappush(self._deadlines, (lease.expires_at, lease.lease_id, lease.key))
-        self._event("renew", lease)
+        self._extend(lease, self.now + lease.ttl_ms)
         return self._lease_result(lease)
+
+    def _extend(self, lease: LeaseRecord, expires_at: int) -> None:
+        lease.expires_at = expires_at
+        self.revision += 1
+        heapq.heappush(self._deadlines, (expires_at, lease.lease_id))
+        self._event("renew", lease)
 
     def _release(self, entry: dict[str, Any]) -> Result:
         waiter = self.waiting.get(entry["lid"])
@@ -500,26 +722,123 @@ class LeaseStore:
         lease = self._owned(entry)
         if not isinstance(lease, LeaseRecord):
             return lease
-        del self.leases[lease.key]
-        self.revision += 1
-        self._event("release", lease)
-        self._grant_next(lease.key)
+        self._end_lease(lease, "release")
         return {"ok": True, "key": lease.key, "token": lease.token, "revision": self.revision}
 
     def _transfer(self, entry: dict[str, Any]) -> Result:
         """Hand a held lease to ``owner`` atomically: the old lease ends and the new one
-        (new lease id, new token) starts in the same entry; waiters keep their place."""
+        (new lease id, new token, same units and value, not attached to any session)
+        starts in the same entry; waiters keep their place."""
         lease = self._owned(entry)
         if not isinstance(lease, LeaseRecord):
             return lease
-        del self.leases[lease.key]
-        self.revision += 1
-        self._event("transfer", lease)
+        if entry["new_lid"] in self.leases or entry["new_lid"] in self.waiting:
+            return error("BAD_REQUEST", "lease id already in use")
+        self._end_lease(lease, "transfer", grant_next=False)
         ttl = entry.get("ttl") or lease.ttl_ms
-        return self._lease_result(self._grant(lease.key, entry["new_lid"], entry["owner"], ttl))
+        new = self._grant(
+            lease.key, entry["new_lid"], entry["owner"], ttl, lease.units, lease.value
+        )
+        return self._lease_result(new)
+
+    def _proclaim(self, entry: dict[str, Any]) -> Result:
+        """Change the value a held lease publishes (an elected leader's new address);
+        watchers see a ``proclaim`` event. The token stays."""
+        lease = self._owned(entry)
+        if not isinstance(lease, LeaseRecord):
+            return lease
+        lease.value = entry["value"]
+        self.revision += 1
+        self._event("proclaim", lease)
+        return self._lease_result(lease)
+
+    def _session_open(self, entry: dict[str, Any]) -> Result:
+        sid: str = entry["sid"]
+        if sid in self.lease_sessions:
+            return error("BAD_REQUEST", "session id already in use")
+        session = LeaseSession(
+            session_id=sid,
+            owner=entry["owner"],
+            ttl_ms=entry["ttl"],
+            expires_at=self.now + entry["ttl"],
+            leases={},
+            waiters={},
+        )
+        self.lease_sessions[sid] = session
+        heapq.heappush(self._session_deadlines, (session.expires_at, sid))
+        return self._session_result(session)
+
+    def _session_keepalive(self, entry: dict[str, Any]) -> Result:
+        """Extend a lease session, and with it every attached lease, by its TTL."""
+        session = self.lease_sessions.get(entry["sid"])
+        if session is None:
+            return self._no_session(entry["sid"])
+        if entry.get("ttl") is not None:
+            session.ttl_ms = entry["ttl"]
+        session.expires_at = self.now + session.ttl_ms
+        heapq.heappush(self._session_deadlines, (session.expires_at, session.session_id))
+        for lease_id in session.leases:
+            lease = self.leases[lease_id]
+            lease.ttl_ms = session.ttl_ms
+            self._extend(lease, session.expires_at)
+        return self._session_result(session)
+
+    def _session_close(self, entry: dict[str, Any]) -> Result:
+        session = self.lease_sessions.get(entry["sid"])
+        if session is None:
+            return self._no_session(entry["sid"])
+        released = len(session.leases)
+        self._end_session(session, "release")
+        return {"ok": True, "session_id": session.session_id, "released": released}
+
+    def _end_session(self, session: LeaseSession, kind: str) -> None:
+        """The session expired or was closed: its queued acquires leave their queues
+        and its leases end (``kind``: expire or release), in attach order."""
+        del self.lease_sessions[session.session_id]
+        for lease_id in list(session.waiters):
+            # Gone already if an earlier step of this loop skipped it (it was next
+            # in a queue whose head left); the session is deleted first so that
+            # none of its waiters is granted on the way.
+            waiter = self.waiting.get(lease_id)
+            if waiter is not None:
+                self._dequeue(waiter, "session")
+        for lease_id in list(session.leases):
+            if kind == "expire":
+                self.expired_total += 1
+            self._end_lease(self.leases[lease_id], kind)
+        self.events.append({"type": "session_end", "session_id": session.session_id})
+
+    @staticmethod
+    def _no_session(sid: str) -> Result:
+        return error(
+            "SESSION_NOT_FOUND",
+            f"lease session {sid!r} does not exist (it expired or was closed; "
+            "everything attached to it was released)",
+        )
+
+    def _session_result(self, session: LeaseSession) -> Result:
+        return {
+            "ok": True,
+            "session_id": session.session_id,
+            "ttl": session.ttl_ms,
+            "expires_at": session.expires_at,
+            "leases": len(session.leases),
+            "now": self.now,
+        }
+
+    _MUTATIONS: ClassVar[dict[str, Callable[[LeaseStore, dict[str, Any]], Result]]] = {
+        "acquire": _acquire,
+        "renew": _renew,
+        "release": _release,
+        "transfer": _transfer,
+        "proclaim": _proclaim,
+        "session_open": _session_open,
+        "session_keepalive": _session_keepalive,
+        "session_close": _session_close,
+    }
 
     def _lease_result(self, lease: LeaseRecord) -> Result:
-        return {
+        result: Result = {
             "ok": True,
             "key": lease.key,
             "owner": lease.owner,
@@ -530,52 +849,83 @@ class LeaseStore:
             "now": self.now,
             "revision": self.revision,
         }
+        return self._extras(lease, result)
+
+    @staticmethod
+    def _extras(lease: LeaseRecord, out: dict[str, Any]) -> dict[str, Any]:
+        """Fields shown only when they differ from a plain lock's."""
+        if lease.units != 1:
+            out["units"] = lease.units
+        if lease.value:
+            out["value"] = lease.value
+        if lease.session:
+            out["session"] = lease.session
+        return out
 
     # ------------------------------------------------------------------ reads
 
+    def _live(self, key: str, at: int) -> list[LeaseRecord]:
+        """The live leases on ``key`` at log time ``at``, oldest grant first. Safe
+        from another thread while ``apply`` runs (``list`` copies the dict's values
+        in one step under the GIL)."""
+        holders = self.holders.get(key)
+        if holders is None:
+            return []
+        return [lease for lease in list(holders.values()) if lease.expires_at > at]
+
     def holder(self, key: str, now: int | None = None) -> dict[str, Any] | None:
         """Who holds ``key`` at log time ``now`` (default: the last applied log time);
-        never reveals the lease id.
+        never reveals a lease id. For a shared key (capacity > 1) the answer is the
+        newest holder plus ``capacity``, ``used`` and every live holder in ``holders``.
 
         Safe to call from another thread while ``apply`` runs (a leader-lease read):
-        it does single dict look-ups only and copies what it returns.
+        it copies before it iterates and copies what it returns.
         """
         at = self.now if now is None else now
-        lease = self.leases.get(key)
-        if lease is None or lease.expires_at <= at:
+        live = self._live(key, at)
+        if not live:
             return None
-        return self._public(lease, at)
+        out = self._public(live[-1], at)
+        capacity = self.capacity.get(key, 1)
+        if capacity > 1:
+            out["capacity"] = capacity
+            out["used"] = sum(lease.units for lease in live)
+            out["holders"] = [self._public(lease, at) for lease in live]
+        return out
 
     def list_leases(
         self, prefix: str = "", limit: int = 1000, now: int | None = None
     ) -> list[dict[str, Any]]:
         """Live leases at log time ``now`` whose key starts with ``prefix``, sorted by
-        key, at most ``limit``. Thread-safe in the same way as ``holder``: ``sorted``
-        over the dict runs without releasing the GIL, and vanished keys are skipped."""
+        key (and by grant within a key), at most ``limit``. Thread-safe in the same
+        way as ``holder``: ``sorted`` copies the keys in one step."""
         at = self.now if now is None else now
         out: list[dict[str, Any]] = []
-        for key in sorted(self.leases):
+        for key in sorted(self.holders):
             if not key.startswith(prefix):
                 continue
-            lease = self.leases.get(key)
-            if lease is not None and lease.expires_at > at:
+            for lease in self._live(key, at):
                 out.append(self._public(lease, at))
                 if len(out) >= limit:
-                    break
+                    return out
         return out
 
     def fence(self, key: str, token: int, now: int | None = None) -> dict[str, Any]:
-        """Is ``token`` the current holder's fencing token on ``key``?"""
-        holder = self.holder(key, now)
-        current = holder["token"] if holder is not None else None
-        return {"key": key, "current": current == token, "holder_token": current}
+        """Is ``token`` the fencing token of a current holder of ``key``?
+        ``holder_token`` is the newest holder's token (None when nobody holds it)."""
+        live = self._live(key, self.now if now is None else now)
+        return {
+            "key": key,
+            "current": any(lease.token == token for lease in live),
+            "holder_token": live[-1].token if live else None,
+        }
 
     def lease_status(self, key: str, lease_id: str, now: int | None = None) -> dict[str, Any]:
         """State of one lease or queued acquire, for whoever knows its id: ``held``
         (with the lease), ``waiting`` (with its queue position) or ``gone``."""
         at = self.now if now is None else now
-        lease = self.leases.get(key)
-        if lease is not None and lease.lease_id == lease_id and lease.expires_at > at:
+        lease = self.leases.get(lease_id)
+        if lease is not None and lease.key == key and lease.expires_at > at:
             return {"state": "held", **self._lease_result(lease), "now": at}
         waiter = self.waiting.get(lease_id)
         if waiter is not None and waiter.key == key and waiter.deadline > at:
@@ -584,9 +934,8 @@ class LeaseStore:
             return {"state": "waiting", "position": position, "deadline": waiter.deadline}
         return {"state": "gone"}
 
-    @staticmethod
-    def _public(lease: LeaseRecord, now: int) -> dict[str, Any]:
-        return {
+    def _public(self, lease: LeaseRecord, now: int) -> dict[str, Any]:
+        public = {
             "key": lease.key,
             "owner": lease.owner,
             "token": lease.token,
@@ -594,11 +943,13 @@ class LeaseStore:
             "expires_at": lease.expires_at,
             "remaining": lease.expires_at - now,
         }
+        return self._extras(lease, public)
 
     def next_deadline(self) -> int | None:
-        """Earliest log time at which some lease may expire (a hint for the leader)."""
-        deadlines = self._deadlines
-        return deadlines[0][0] if deadlines else None
+        """Earliest log time at which some lease or lease session may expire (a hint
+        for the leader)."""
+        heads = [h[0][0] for h in (self._deadlines, self._session_deadlines) if h]
+        return min(heads) if heads else None
 
     # -------------------------------------------------------------- snapshots
 
@@ -611,7 +962,9 @@ class LeaseStore:
             "revision": self.revision,
             "applied": self.applied,
             "expired_total": self.expired_total,
+            "capacity": [[key, cap] for key, cap in self.capacity.items()],
             "leases": [lease.to_plain() for lease in self.leases.values()],
+            "lease_sessions": [s.to_plain() for s in self.lease_sessions.values()],
             "queue_order": self.queue_order,
             "waiters": [w.to_plain() for q in self.queues.values() for w in q],
             "sessions": [
@@ -632,10 +985,18 @@ class LeaseStore:
         store.revision = data["revision"]
         store.applied = data["applied"]
         store.expired_total = data["expired_total"]
-        for key, lease_id, owner, token, ttl_ms, granted_at, expires_at in data["leases"]:
-            store.leases[key] = LeaseRecord(
-                key, lease_id, owner, token, ttl_ms, granted_at, expires_at
-            )
+        for sid, owner, ttl_ms, expires_at in data["lease_sessions"]:
+            store.lease_sessions[sid] = LeaseSession(sid, owner, ttl_ms, expires_at, {}, {})
+        store._session_deadlines = [(s.expires_at, sid) for sid, s in store.lease_sessions.items()]
+        heapq.heapify(store._session_deadlines)
+        store.capacity = {key: cap for key, cap in data["capacity"]}
+        for plain in data["leases"]:
+            lease = LeaseRecord(*plain)
+            store.leases[lease.lease_id] = lease
+            store.holders.setdefault(lease.key, {})[lease.lease_id] = lease
+            store.used[lease.key] = store.used.get(lease.key, 0) + lease.units
+            if lease.session:
+                store.lease_sessions[lease.session].leases[lease.lease_id] = None
         for cid, last_seen, acked, results in data["sessions"]:
             store.sessions[cid] = ClientSession(
                 last_seen, {seq: res for seq, res in results}, acked
@@ -645,6 +1006,9 @@ class LeaseStore:
             waiter = Waiter(*plain)
             store.queues.setdefault(waiter.key, []).append(waiter)
             store.waiting[waiter.lease_id] = waiter
+            store.used.setdefault(waiter.key, 0)
+            if waiter.session:
+                store.lease_sessions[waiter.session].waiters[waiter.lease_id] = None
         store._wait_deadlines = [(w.deadline, w.lease_id) for w in store.waiting.values()]
         heapq.heapify(store._wait_deadlines)
         store._rebuild_deadlines()

@@ -92,6 +92,22 @@ class TooManyPendingError(RaftLeaseError):
     definite = True
 
 
+class SessionNotFoundError(RaftLeaseError):
+    """The lease session does not exist: it expired (no keep-alive within its TTL) or
+    was closed, and everything attached to it was released. Open a new session."""
+
+    code = "SESSION_NOT_FOUND"
+    definite = True
+
+
+class CapacityMismatchError(RaftLeaseError):
+    """The key is in use as a semaphore, pool or rwlock of another capacity (or as a
+    plain lock, capacity 1). ``detail['capacity']`` is the capacity in use."""
+
+    code = "CAPACITY_MISMATCH"
+    definite = True
+
+
 class CompactedError(RaftLeaseError):
     """A watch asked to resume from a revision this node no longer has (its history
     starts later, e.g. after a restart or snapshot). Re-read the state and watch from
@@ -195,6 +211,8 @@ _REGISTRY: dict[str, type[RaftLeaseError]] = {
         LeaseNotFoundError,
         SessionExpiredError,
         TooManyPendingError,
+        SessionNotFoundError,
+        CapacityMismatchError,
         CompactedError,
         BadRequestError,
         InvalidArgumentError,

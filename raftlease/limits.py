@@ -9,3 +9,10 @@ MAX_ID_CHARS = 128
 MAX_LIST = 100_000
 #: Longest TTL the state machine accepts (one year, in milliseconds).
 MAX_TTL_MS = 365 * 24 * 3600 * 1000
+#: Largest capacity of a shared key (semaphore slots, pool units, rwlock readers).
+MAX_CAPACITY = 1_000_000
+#: Largest value a lease may carry (an election candidate's address, say).
+MAX_VALUE_BYTES = 4096
+#: Most leases and queued acquires one lease session may carry (a keep-alive renews
+#: every attached lease in one entry).
+MAX_SESSION_LEASES = 10_000

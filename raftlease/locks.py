@@ -12,52 +12,48 @@ Renewal runs every ``ttl / 3``. A failed renewal sets ``jeopardy`` (and logs a
 warning) while the lease is still valid on the client's clock; once it is not, or the
 cluster says the lease is gone, ``lost`` is set and logged as an error, renewal stops,
 and exit does not release. ``on_lost`` is called once, from the renewal thread/task.
+
+The same holders serve shared keys (``capacity``/``units``: semaphores, read/write
+locks, pools; see ``Client.semaphore``, ``read_lock``, ``write_lock``, ``pool``) and
+leases attached to a lease session (``session=``): those are not renewed one by one;
+the session's keep-alive keeps them, and they are lost when the session is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .errors import LeaseNotFoundError, NotOwnerError, RaftLeaseError
+from .errors import RaftLeaseError
+from .keepalive import KeepAliveState, LostCallback
 
 if TYPE_CHECKING:
     from .client import AsyncClient, Client, Lease
-
-log = logging.getLogger("raftlease.locks")
-
-LostCallback = Callable[[str], None]
+    from .sessions import AsyncSession, Session
 
 
-class _HeldState:
-    """What both lock flavours share: the current lease and the loss/jeopardy flags."""
+class _HeldState(KeepAliveState):
+    """What both lock flavours share: the acquire arguments and the current lease."""
 
     def __init__(
         self,
         key: str,
         *,
-        owner: str,
-        ttl: float,
-        wait: float,
-        priority: int,
+        owner: str | None,
+        ttl: float | None,
+        acquire: dict[str, Any],
         on_lost: LostCallback | None,
     ) -> None:
+        super().__init__(f"lock {key}", ttl or 0.0, on_lost=on_lost)
         self.key = key
-        self.ttl = ttl
-        self._acquire_args: dict[str, Any] = {
-            "owner": owner,
-            "ttl": ttl,
-            "wait": wait,
-            "priority": priority,
-        }
+        self._acquire_args: dict[str, Any] = {"owner": owner, "ttl": ttl, **acquire}
         self.lease: Lease | None = None
-        self.on_lost = on_lost
-        self.lost_reason: str | None = None
-        self.jeopardy = False
+
+    @property
+    def attached(self) -> bool:
+        return self._acquire_args.get("session") is not None
 
     @property
     def token(self) -> int:
@@ -71,124 +67,130 @@ class _HeldState:
         """True while the lock is held and its lease valid on this client's clock."""
         return self.lease is not None and self.lost_reason is None and self.lease.valid
 
-    def _renewed(self, lease: Lease) -> None:
+    @property
+    def remaining(self) -> float:
+        if self.lease is None or self.lost_reason is not None:
+            return 0.0
+        return self.lease.remaining
+
+    def _held(self, lease: Lease) -> None:
         self.lease = lease
-        if self.jeopardy:
-            log.warning("lock %s out of jeopardy (renewed)", self.key)
-        self.jeopardy = False
+        self.renewed(lease.trusted_until)
 
-    def _renew_failed(self, exc: RaftLeaseError) -> bool:
-        """Classify a failed renewal; True when the lock is lost."""
-        if isinstance(exc, LeaseNotFoundError | NotOwnerError):
-            return self._lose(f"the cluster no longer has our lease: {exc}")
-        if self.lease is None or not self.lease.valid:
-            return self._lose(f"could not renew before the lease ran out: {exc}")
-        if not self.jeopardy:
-            log.warning(
-                "lock %s in jeopardy: renewal failed (%s); %.2f s of validity left",
-                self.key,
-                exc,
-                self.lease.remaining,
-            )
-        self.jeopardy = True
-        return False
 
-    def _lose(self, reason: str) -> bool:
-        if self.lost_reason is None:
-            self.lost_reason = reason
-            log.error("lock %s LOST: %s", self.key, reason)
-            if self.on_lost is not None:
-                try:
-                    self.on_lost(reason)
-                except Exception:
-                    log.exception("on_lost callback raised")
-        return True
-
-    def _interval(self) -> float:
-        return max(0.05, self.ttl / 3)
+def _acquire_options(
+    wait: float,
+    priority: int,
+    capacity: int,
+    units: int,
+    value: str | None,
+    session: object | None,
+) -> dict[str, Any]:
+    return {
+        "wait": wait,
+        "priority": priority,
+        "capacity": capacity,
+        "units": units,
+        "value": value,
+        "session": session,
+    }
 
 
 class HeldLock(_HeldState):
-    """A lock held through a blocking ``Client``; renewed by a daemon thread."""
+    """A lock held through a blocking ``Client``; renewed by a daemon thread (or by
+    its lease session's keep-alive when ``session`` is given)."""
 
     def __init__(
         self,
         client: Client,
         key: str,
         *,
-        owner: str,
-        ttl: float,
+        owner: str | None = None,
+        ttl: float | None = None,
         wait: float = 0.0,
         priority: int = 0,
+        capacity: int = 1,
+        units: int = 1,
+        value: str | None = None,
+        session: Session | None = None,
         on_lost: LostCallback | None = None,
     ) -> None:
-        super().__init__(key, owner=owner, ttl=ttl, wait=wait, priority=priority, on_lost=on_lost)
+        options = _acquire_options(wait, priority, capacity, units, value, session)
+        super().__init__(key, owner=owner, ttl=ttl, acquire=options, on_lost=on_lost)
         self._client = client
-        self.lost = threading.Event()
+        #: Set when the lock is lost (for an attached lock: when its session is).
+        self.lost = session.lost if session is not None else threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> HeldLock:
-        self.lease = self._client.acquire(self.key, **self._acquire_args)
-        self._thread = threading.Thread(
-            target=self._keep_alive, name=f"raftlease-lock-{self.key}", daemon=True
-        )
-        self._thread.start()
+        self._held(self._client.acquire(self.key, **self._acquire_args))
+        if not self.attached:
+            self._thread = threading.Thread(
+                target=self._keep_alive, name=f"raftlease-lock-{self.key}", daemon=True
+            )
+            self._thread.start()
         return self
 
     def _keep_alive(self) -> None:
-        while not self._stop.wait(self._interval()):
+        while not self._stop.wait(self.interval()):
             assert self.lease is not None
             try:
-                self._renewed(self._client.renew(self.lease, timeout=max(0.1, self._interval())))
+                self._held(self._client.renew(self.lease, timeout=max(0.1, self.interval())))
             except RaftLeaseError as exc:
-                if self._renew_failed(exc):
+                if self.renew_failed(exc):
                     self.lost.set()
                     return
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self._interval() + 10)
-        if self.lease is not None and self.lost_reason is None:
+            self._thread.join(timeout=self.interval() + 10)
+        if self.lease is not None and self.lost_reason is None and not self.lost.is_set():
             with contextlib.suppress(RaftLeaseError):
                 self._client.release(self.lease, timeout=5.0)
 
 
 class AsyncHeldLock(_HeldState):
-    """A lock held through an ``AsyncClient``; renewed by an asyncio task."""
+    """A lock held through an ``AsyncClient``; renewed by an asyncio task (or by its
+    lease session's keep-alive when ``session`` is given)."""
 
     def __init__(
         self,
         client: AsyncClient,
         key: str,
         *,
-        owner: str,
-        ttl: float,
+        owner: str | None = None,
+        ttl: float | None = None,
         wait: float = 0.0,
         priority: int = 0,
+        capacity: int = 1,
+        units: int = 1,
+        value: str | None = None,
+        session: AsyncSession | None = None,
         on_lost: LostCallback | None = None,
     ) -> None:
-        super().__init__(key, owner=owner, ttl=ttl, wait=wait, priority=priority, on_lost=on_lost)
+        options = _acquire_options(wait, priority, capacity, units, value, session)
+        super().__init__(key, owner=owner, ttl=ttl, acquire=options, on_lost=on_lost)
         self._client = client
-        self.lost = asyncio.Event()
+        #: Set when the lock is lost (for an attached lock: when its session is).
+        self.lost = session.lost if session is not None else asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncHeldLock:
-        self.lease = await self._client.acquire(self.key, **self._acquire_args)
-        self._task = asyncio.create_task(self._keep_alive())
+        self._held(await self._client.acquire(self.key, **self._acquire_args))
+        if not self.attached:
+            self._task = asyncio.create_task(self._keep_alive())
         return self
 
     async def _keep_alive(self) -> None:
         while True:
-            await asyncio.sleep(self._interval())
+            await asyncio.sleep(self.interval())
             assert self.lease is not None
             try:
-                self._renewed(
-                    await self._client.renew(self.lease, timeout=max(0.1, self._interval()))
-                )
+                self._held(await self._client.renew(self.lease, timeout=max(0.1, self.interval())))
             except RaftLeaseError as exc:
-                if self._renew_failed(exc):
+                if self.renew_failed(exc):
                     self.lost.set()
                     return
 
@@ -197,6 +199,6 @@ class AsyncHeldLock(_HeldState):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self.lease is not None and self.lost_reason is None:
+        if self.lease is not None and self.lost_reason is None and not self.lost.is_set():
             with contextlib.suppress(RaftLeaseError):
                 await self._client.release(self.lease, timeout=5.0)

@@ -27,6 +27,7 @@ from .errors import (
     InvalidArgumentError,
     RaftLeaseError,
 )
+from .limits import MAX_CAPACITY, MAX_ID_CHARS, MAX_VALUE_BYTES
 
 HEADER = struct.Struct(">I")
 #: Default frame limit; servers take theirs from config.
@@ -42,6 +43,10 @@ OPS: dict[str, bool] = {
     "renew": True,
     "release": True,
     "transfer": True,
+    "proclaim": True,
+    "session_open": True,
+    "session_keepalive": True,
+    "session_close": True,
     "holder": False,
     "leases": False,
     "fence": False,
@@ -201,6 +206,42 @@ def _seconds_ms(message: dict[str, Any], name: str, low: float, high: float) -> 
     return round(float(value) * 1000)
 
 
+#: Operations on one key.
+KEYED_OPS = frozenset(
+    {"acquire", "renew", "release", "holder", "transfer", "fence", "await_lease", "proclaim"}
+)
+
+
+def _value_field(message: dict[str, Any]) -> str:
+    value = message.get("value")
+    if not isinstance(value, str):
+        raise BadRequestError(f"field 'value' must be a string, not {type(value).__name__}")
+    if _utf8_len(value, "value") > MAX_VALUE_BYTES:
+        raise InvalidArgumentError(f"field 'value' is longer than {MAX_VALUE_BYTES} bytes")
+    return value
+
+
+def _acquire_args(message: dict[str, Any], limits: Limits, args: dict[str, Any]) -> None:
+    """An acquire's own fields: a TTL, or a lease session to attach to (whose TTL it
+    then lives by); a wait and priority; and for shared keys capacity and units."""
+    if message.get("session") is not None:
+        args["session"] = _str_field(message, "session", MAX_ID_CHARS)
+        if message.get("ttl") is not None:
+            raise InvalidArgumentError(
+                "give 'ttl' or 'session', not both: an attached lease lives by its session"
+            )
+    else:
+        args["ttl"] = _ttl_ms(message, limits, required=True)
+    if message.get("wait") is not None:
+        args["wait"] = _seconds_ms(message, "wait", 0.0, limits.max_wait)
+    if message.get("priority") is not None:
+        args["priority"] = _int_field(message, "priority", -1000, 1000)
+    if message.get("capacity") is not None:
+        args["capacity"] = _int_field(message, "capacity", 1, MAX_CAPACITY)
+    if message.get("units") is not None:
+        args["units"] = _int_field(message, "units", 1, args.get("capacity", 1))
+
+
 def parse_request(message: dict[str, Any], limits: Limits) -> Request:
     """Validate a decoded frame into a ``Request``.
 
@@ -214,18 +255,22 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
     if not isinstance(op, str) or op not in OPS:
         raise BadRequestError(f"unknown operation {op!r}; expected one of {sorted(OPS)}")
     args: dict[str, Any] = {}
-    if op in ("acquire", "renew", "release", "holder", "transfer", "fence", "await_lease"):
+    if op in KEYED_OPS:
         args["key"] = _str_field(message, "key", limits.max_key_bytes)
-    if op in ("acquire", "transfer"):
+    if op in ("acquire", "transfer", "session_open"):
         args["owner"] = _str_field(message, "owner", limits.max_owner_bytes)
+    if op in ("acquire", "proclaim") and (op == "proclaim" or message.get("value") is not None):
+        args["value"] = _value_field(message)
+    if op in ("session_keepalive", "session_close"):
+        args["sid"] = _str_field(message, "session_id", MAX_ID_CHARS)
+    if op in ("session_open", "session_keepalive"):
+        ttl = _ttl_ms(message, limits, required=op == "session_open")
+        if ttl is not None:
+            args["ttl"] = ttl
     if op == "acquire":
-        args["ttl"] = _ttl_ms(message, limits, required=True)
-        if message.get("wait") is not None:
-            args["wait"] = _seconds_ms(message, "wait", 0.0, limits.max_wait)
-        if message.get("priority") is not None:
-            args["priority"] = _int_field(message, "priority", -1000, 1000)
-    elif op in ("renew", "release", "transfer", "await_lease"):
-        args["lid"] = _str_field(message, "lease_id", 128)
+        _acquire_args(message, limits, args)
+    elif op in ("renew", "release", "transfer", "await_lease", "proclaim"):
+        args["lid"] = _str_field(message, "lease_id", MAX_ID_CHARS)
         if op in ("renew", "transfer"):
             ttl = _ttl_ms(message, limits, required=False)
             if ttl is not None:

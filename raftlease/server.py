@@ -263,6 +263,8 @@ class NodeServer:
             entry["lid"] = secrets.token_hex(16)
         elif request.op == "transfer":
             entry["new_lid"] = secrets.token_hex(16)
+        elif request.op == "session_open":
+            entry["sid"] = secrets.token_hex(16)
         result = await self.propose(entry)
         if not result.get("ok"):
             code = str(result.get("code", "INTERNAL"))
@@ -335,7 +337,7 @@ class NodeServer:
         if not events:
             return
         public = [
-            {k: e[k] for k in ("type", "key", "owner", "token", "revision")}
+            {k: e[k] for k in ("type", "key", "owner", "token", "revision", "value")}
             for e in events
             if "revision" in e
         ]
@@ -455,6 +457,7 @@ class NodeServer:
             "age": age,
         }
         if request.op == "holder":
+            out["revision"] = store.revision  # read first: the holder is at least as new
             out["holder"] = store.holder(request.args["key"], now)
         elif request.op == "fence":
             out.update(store.fence(request.args["key"], request.args["token"], now))
@@ -540,6 +543,7 @@ class NodeServer:
             "revision": store.revision,
             "leases": len(store.leases),
             "sessions": len(store.sessions),
+            "lease_sessions": len(store.lease_sessions),
             "version": __version__,
             "connected_peers": replica.connected_peers(),
             "lease_reads": self._lease_read_allowed(),

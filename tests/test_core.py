@@ -14,6 +14,7 @@ from raftlease.core import (
     MAX_PENDING_PER_SESSION,
     SESSION_IDLE_MS,
     SNAPSHOT_VERSION,
+    LeaseRecord,
     LeaseStore,
 )
 from raftlease.limits import MAX_ID_CHARS, MAX_KEY_BYTES, MAX_LIST, MAX_OWNER_BYTES, MAX_TTL_MS
@@ -112,6 +113,12 @@ def held_by(store: LeaseStore, key: str) -> str | None:
     owner = public["owner"]
     assert isinstance(owner, str)
     return owner
+
+
+def held(store: LeaseStore, key: str) -> LeaseRecord:
+    """The one lease on ``key`` (a plain lock)."""
+    (lease,) = store.holders[key].values()
+    return lease
 
 
 def roundtrip(store: LeaseStore) -> LeaseStore:
@@ -299,7 +306,7 @@ def test_expiry_happens_on_any_entry_even_tick() -> None:
     assert s.next_deadline() == 10
     r = ok(s.apply(tick(25)))
     assert r == {"ok": True, "now": 25}
-    assert sorted(s.leases) == ["c"]
+    assert sorted(s.holders) == ["c"]
     assert s.expired_total == 2
     assert s.revision == 5
     assert s.next_deadline() == 30
@@ -326,7 +333,7 @@ def test_many_renewals_rebuild_the_deadline_heap_and_expiry_still_works() -> Non
         ok(s.apply(renew(i, seq=2 + i, ack=2 + i)))
     assert len(s._deadlines) <= 65
     assert s.next_deadline() is not None
-    assert s.leases["k"].expires_at == 199 + 1000
+    assert held(s, "k").expires_at == 199 + 1000
     assert ok(s.apply(holder(1198)))["holder"] is not None
     assert ok(s.apply(holder(1199)))["holder"] is None
     assert s.expired_total == 1
@@ -343,7 +350,7 @@ def test_log_time_never_goes_backwards() -> None:
     r = ok(s.apply(acquire(400, ttl=50)))
     assert r["now"] == 1000
     assert r["expires_at"] == 1050
-    assert s.leases["k"].granted_at == 1000
+    assert held(s, "k").granted_at == 1000
     assert ok(s.apply(holder(0)))["now"] == 1000
     assert ok(s.apply(tick(1001)))["now"] == 1001
 
@@ -406,7 +413,7 @@ def test_reads_never_reveal_the_lease_id() -> None:
 
 def test_holder_of_unknown_key_is_none() -> None:
     s = LeaseStore()
-    assert s.apply(holder(7, key="nobody")) == {"ok": True, "holder": None, "now": 7}
+    assert s.apply(holder(7, key="nobody")) == {"ok": True, "holder": None, "now": 7, "revision": 0}
 
 
 def test_leases_filters_by_prefix_sorts_and_limits() -> None:
@@ -461,7 +468,7 @@ def test_duplicate_seq_returns_the_identical_first_result_and_does_not_grant_twi
     after = s.to_plain()
     assert after["revision"] == plain["revision"] == 1
     assert after["leases"] == plain["leases"]
-    assert s.leases["k"].lease_id == "L1"
+    assert held(s, "k").lease_id == "L1"
 
 
 def test_duplicate_of_a_failed_request_returns_the_cached_failure() -> None:
@@ -480,7 +487,7 @@ def test_duplicate_release_and_renew_are_not_applied_twice() -> None:
     r1 = ok(s.apply(renew(10, seq=2)))
     r2 = s.apply(renew(50, seq=2))
     assert r2 is r1
-    assert s.leases["k"].expires_at == 110
+    assert held(s, "k").expires_at == 110
     rel = ok(s.apply(release(60, seq=3)))
     assert s.apply(release(61, seq=3)) is rel
     assert s.revision == 3
@@ -523,7 +530,7 @@ def test_seq_below_ack_is_bad_request_and_applies_nothing() -> None:
     after = s.to_plain()
     assert after["revision"] == before["revision"]
     assert after["leases"] == before["leases"]
-    assert "z" not in s.leases
+    assert "z" not in s.holders
 
 
 def test_unknown_session_with_ack_above_one_is_session_expired() -> None:

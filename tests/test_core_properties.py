@@ -115,7 +115,8 @@ class Model:
         if op == "tick":
             return {"ok": True, "now": self.now}
         if op == "holder":
-            return {"ok": True, "holder": self.public(entry["key"]), "now": self.now}
+            holder = self.public(entry["key"])
+            return {"ok": True, "holder": holder, "now": self.now, "revision": self.revision}
         if op == "leases":
             prefix = entry.get("prefix", "")
             limit = entry.get("limit", 1000)

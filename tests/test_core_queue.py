@@ -240,7 +240,7 @@ def test_queues_survive_snapshot_and_replay_is_deterministic() -> None:
     assert revisions == sorted(set(revisions)) and revisions
     # And at most one holder per key, with waiters never left behind on a free key.
     for key, queue in whole.queues.items():
-        assert queue and key in whole.leases
+        assert queue and key in whole.holders
 
 
 def test_batch_applies_each_request_in_order_with_the_batch_stamp() -> None:

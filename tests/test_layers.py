@@ -20,23 +20,29 @@ ALLOWED: dict[str, set[str]] = {
     "clock": set(),
     "config": {"errors", "limits"},
     "core": {"limits"},
-    "protocol": {"errors"},
+    "protocol": {"errors", "limits"},
     "leadership": {"clock"},
     "replication": {"clock", "config", "core", "leadership", "errors"},
-    "client": {"errors", "protocol", "locks"},
-    "locks": {"errors", "client"},
+    "client": {"errors", "protocol", "locks", "sessions", "election"},
+    "keepalive": {"errors"},
+    "locks": {"errors", "client", "keepalive", "sessions"},
+    "sessions": {"errors", "client", "keepalive", "locks"},
+    "election": {"errors", "client"},
     "fencing": {"errors"},
     "server": {"__init__", "clock", "config", "core", "errors", "protocol", "replication"},
     "testing": {"client", "config", "errors"},
     "cli": {"__init__", "client", "config", "errors", "server", "testing"},
     "__main__": {"cli"},
-    "__init__": {"client", "errors", "fencing"},
+    "__init__": {"client", "errors", "fencing", "election", "locks", "sessions"},
 }
 
 #: Third-party modules a layer must never import.
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "client": {"pysyncobj"},
     "locks": {"pysyncobj"},
+    "keepalive": {"pysyncobj"},
+    "sessions": {"pysyncobj"},
+    "election": {"pysyncobj"},
     "protocol": {"pysyncobj"},
     "core": {"pysyncobj", "msgpack"},
 }

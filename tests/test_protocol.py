@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raftlease import errors
+from raftlease import core, errors
 from raftlease.errors import (
     BadRequestError,
     FrameTooLargeError,
@@ -26,6 +26,7 @@ from raftlease.protocol import (
     CONSISTENCY_MODES,
     DEFAULT_MAX_FRAME,
     HEADER,
+    KEYED_OPS,
     OPS,
     FrameDecoder,
     Limits,
@@ -329,12 +330,8 @@ def test_parse_test_clock_fields() -> None:
 
 
 def test_ops_table() -> None:
-    assert {op for op, mutating in OPS.items() if mutating} == {
-        "acquire",
-        "renew",
-        "release",
-        "transfer",
-    }
+    # Every mutating wire operation is one the state machine deduplicates, and back.
+    assert {op for op, mutating in OPS.items() if mutating} == core.MUTATING_OPS
     assert {"acquire", "renew", "release", "holder", "leases", "status", "ping"} <= set(OPS)
     # The state machine's internal expiry entry is never a client operation.
     assert "tick" not in OPS
@@ -346,14 +343,20 @@ def test_ops_table() -> None:
 def good(op: str) -> dict[str, Any]:
     """A valid request for ``op``; bad cases change exactly one field."""
     base: dict[str, Any] = {"id": 11, "op": op}
-    if op in ("acquire", "renew", "release", "holder", "transfer", "fence", "await_lease"):
+    if op in KEYED_OPS:
         base["key"] = "k"
     if op == "acquire":
         base.update(owner="o", ttl=1.0)
-    if op == "transfer":
+    if op in ("transfer", "session_open"):
         base["owner"] = "o2"
-    if op in ("renew", "release", "transfer", "await_lease"):
+    if op in ("renew", "release", "transfer", "await_lease", "proclaim"):
         base["lease_id"] = "L"
+    if op == "proclaim":
+        base["value"] = "10.0.0.7:8000"
+    if op == "session_open":
+        base["ttl"] = 5.0
+    if op in ("session_keepalive", "session_close"):
+        base["session_id"] = "S"
     if op == "fence":
         base["token"] = 3
     if op == "await_lease":
@@ -457,7 +460,37 @@ BAD_CASES += [
     ("limit-float", "leases", "limit", 5.0, BadRequestError, "'limit'"),
     ("limit-nil", "leases", "limit", None, BadRequestError, "'limit'"),
 ]
-for _op in ("acquire", "renew", "release", "transfer"):
+BAD_CASES += [
+    ("acquire-capacity-zero", "acquire", "capacity", 0, InvalidArgumentError, "'capacity'"),
+    ("acquire-capacity-huge", "acquire", "capacity", 10**7, InvalidArgumentError, "'capacity'"),
+    ("acquire-capacity-str", "acquire", "capacity", "2", BadRequestError, "'capacity'"),
+    ("acquire-units-over-cap", "acquire", "units", 2, InvalidArgumentError, "'units'"),
+    ("acquire-units-zero", "acquire", "units", 0, InvalidArgumentError, "'units'"),
+    ("acquire-units-float", "acquire", "units", 1.0, BadRequestError, "'units'"),
+    ("acquire-session-int", "acquire", "session", 7, BadRequestError, "'session'"),
+    ("acquire-session-empty", "acquire", "session", "", InvalidArgumentError, "'session'"),
+    ("acquire-session-and-ttl", "acquire", "session", "S", InvalidArgumentError, "'session'"),
+    ("acquire-value-int", "acquire", "value", 3, BadRequestError, "'value'"),
+    ("acquire-value-long", "acquire", "value", "v" * 4097, InvalidArgumentError, "'value'"),
+    ("proclaim-value-missing", "proclaim", "value", MISSING, BadRequestError, "'value'"),
+    ("proclaim-value-bytes", "proclaim", "value", b"x", BadRequestError, "'value'"),
+    ("proclaim-value-long", "proclaim", "value", "v" * 4097, InvalidArgumentError, "'value'"),
+    ("proclaim-key-missing", "proclaim", "key", MISSING, BadRequestError, "'key'"),
+    ("proclaim-lid-missing", "proclaim", "lease_id", MISSING, BadRequestError, "'lease_id'"),
+    ("open-owner-missing", "session_open", "owner", MISSING, BadRequestError, "'owner'"),
+    ("open-owner-int", "session_open", "owner", 1, BadRequestError, "'owner'"),
+    ("open-ttl-missing", "session_open", "ttl", MISSING, BadRequestError, "'ttl'"),
+    ("open-ttl-zero", "session_open", "ttl", 0, InvalidArgumentError, "ttl 0 s"),
+    ("open-ttl-nan", "session_open", "ttl", math.nan, InvalidArgumentError, "ttl nan s"),
+    ("keepalive-ttl-str", "session_keepalive", "ttl", "1", BadRequestError, "'ttl'"),
+]
+for _op in ("session_keepalive", "session_close"):
+    BAD_CASES += [
+        (f"{_op}-sid-missing", _op, "session_id", MISSING, BadRequestError, "'session_id'"),
+        (f"{_op}-sid-int", _op, "session_id", 5, BadRequestError, "'session_id'"),
+        (f"{_op}-sid-long", _op, "session_id", "s" * 129, InvalidArgumentError, "'session_id'"),
+    ]
+for _op in sorted(op for op, mutating in OPS.items() if mutating):
     BAD_CASES += [
         (f"{_op}-cid-missing", _op, "cid", MISSING, BadRequestError, "missing field 'cid'"),
         (f"{_op}-cid-int", _op, "cid", 1, BadRequestError, "'cid' must be a string"),

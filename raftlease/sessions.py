@@ -1,0 +1,198 @@
+"""Lease sessions: one keep-alive for any number of leases.
+
+Recipes layer over the ``session_open`` / ``session_keepalive`` / ``session_close``
+operations. A session lives in the replicated state with its own TTL; leases (and
+queued acquires) attached to it have no TTL of their own: each keep-alive extends them
+all in one log entry, and when the session expires (its holder died, hung or lost the
+network for longer than the TTL) or is closed, the state machine releases every
+attached lease and drops every attached queued acquire, in that same entry.
+
+    async with aclient.session(owner="agent-7", ttl=10) as session:
+        gpu = await session.acquire("gpu/3", wait=30)
+        part = await session.acquire("partition/17")
+        ...            # check session.valid / session.lost before protected work
+
+    with client.session(owner="agent-7", ttl=10) as session:   # blocking flavour
+        with session.lock("planner", wait=5) as held: ...
+
+The keep-alive runs every ``ttl / 3`` (an asyncio task; for the blocking ``Client``, a
+task on the client's own event-loop thread). Jeopardy and loss are reported as for
+held locks (``raftlease.keepalive``): ``jeopardy`` while keep-alives fail but the
+session is still valid on this client's clock, ``lost`` (an ``asyncio.Event`` or a
+``threading.Event``) once the cluster says it is gone or validity ran out; the
+callbacks ``on_jeopardy`` / ``on_lost`` are called once per episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidArgumentError, RaftLeaseError
+from .keepalive import KeepAliveState, LostCallback
+
+if TYPE_CHECKING:
+    from .client import AsyncClient, Client, Lease
+    from .locks import AsyncHeldLock, HeldLock
+
+
+class AsyncSession(KeepAliveState):
+    """A lease session kept alive by an asyncio task. Open it with ``async with`` (or
+    ``await open()`` / ``await close()``)."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        owner: str,
+        ttl: float,
+        on_lost: LostCallback | None = None,
+        on_jeopardy: LostCallback | None = None,
+    ) -> None:
+        if not owner:
+            raise InvalidArgumentError("a session needs an owner")
+        super().__init__("session (not open)", ttl, on_lost=on_lost, on_jeopardy=on_jeopardy)
+        self._client = client
+        self._owner = owner
+        self._id: str | None = None
+        self.lost = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def owner(self) -> str:
+        return self._owner
+
+    @property
+    def session_id(self) -> str:
+        if self._id is None:
+            raise RuntimeError("the session is not open")
+        return self._id
+
+    async def open(self, *, timeout: float | None = None) -> AsyncSession:
+        if self._id is not None:
+            raise RuntimeError("the session is already open")
+        sent = time.monotonic()
+        result = await self._client.call(
+            "session_open", {"owner": self._owner, "ttl": self.ttl}, mutating=True, timeout=timeout
+        )
+        self._id = str(result["session_id"])
+        self.what = f"session {self._id[:8]} ({self._owner})"
+        self.renewed(self._client.valid_until(sent, result["ttl"] / 1000.0))
+        self._task = asyncio.create_task(self._keep_alive())
+        return self
+
+    async def keepalive(self, *, timeout: float | None = None) -> None:
+        """One keep-alive now (the background task sends them every ``ttl / 3``)."""
+        sent = time.monotonic()
+        result = await self._client.call(
+            "session_keepalive", {"session_id": self.session_id}, mutating=True, timeout=timeout
+        )
+        self.renewed(self._client.valid_until(sent, result["ttl"] / 1000.0))
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval())
+            try:
+                await self.keepalive(timeout=max(0.1, self.interval()))
+            except RaftLeaseError as exc:
+                if self.renew_failed(exc):
+                    self.lost.set()
+                    return
+
+    async def close(self, *, timeout: float = 5.0) -> None:
+        """Stop the keep-alive and close the session on the cluster: every attached
+        lease is released at once (best effort: if the cluster cannot be reached, the
+        session and its leases expire after the TTL)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._id is not None and self.lost_reason is None:
+            with contextlib.suppress(RaftLeaseError):
+                await self._client.call(
+                    "session_close", {"session_id": self._id}, mutating=True, timeout=timeout
+                )
+        if self.lost_reason is None:
+            self.lost_reason = "closed"  # deliberately: not reported as a loss
+        self.lost.set()
+
+    async def __aenter__(self) -> AsyncSession:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def acquire(self, key: str, **options: Any) -> Lease:
+        """``client.acquire(key, session=self, ...)``: the lease lives as long as the
+        session. Options as for ``AsyncClient.acquire`` (wait, capacity, value...)."""
+        return await self._client.acquire(key, session=self, **options)
+
+    def lock(self, key: str, **options: Any) -> AsyncHeldLock:
+        """``async with session.lock(key, wait=...) as held:``, released on exit,
+        kept alive by this session."""
+        return self._client.lock(key, session=self, **options)
+
+
+class Session:
+    """A lease session for the blocking ``Client``: the same as ``AsyncSession``, run
+    on the client's event-loop thread; ``lost`` is a ``threading.Event``."""
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        owner: str,
+        ttl: float,
+        on_lost: LostCallback | None = None,
+        on_jeopardy: LostCallback | None = None,
+    ) -> None:
+        self._client = client
+        self.lost = threading.Event()
+
+        def lost(reason: str) -> None:
+            self.lost.set()
+            if on_lost is not None:
+                on_lost(reason)
+
+        async def make() -> AsyncSession:
+            return AsyncSession(
+                client._async, owner=owner, ttl=ttl, on_lost=lost, on_jeopardy=on_jeopardy
+            )
+
+        self._async = client._run(make())
+
+    owner = property(lambda self: self._async.owner)
+    session_id = property(lambda self: self._async.session_id)
+    valid_until = property(lambda self: self._async.valid_until)
+    valid = property(lambda self: self._async.valid)
+    remaining = property(lambda self: self._async.remaining)
+    jeopardy = property(lambda self: self._async.jeopardy)
+    lost_reason = property(lambda self: self._async.lost_reason)
+    ttl = property(lambda self: self._async.ttl)
+
+    def open(self, *, timeout: float | None = None) -> Session:
+        self._client._run(self._async.open(timeout=timeout))
+        return self
+
+    def keepalive(self, *, timeout: float | None = None) -> None:
+        self._client._run(self._async.keepalive(timeout=timeout))
+
+    def close(self, *, timeout: float = 5.0) -> None:
+        self._client._run(self._async.close(timeout=timeout))
+        self.lost.set()
+
+    def __enter__(self) -> Session:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def acquire(self, key: str, **options: Any) -> Lease:
+        return self._client.acquire(key, session=self._async, **options)
+
+    def lock(self, key: str, **options: Any) -> HeldLock:
+        return self._client.lock(key, session=self, **options)
