@@ -149,6 +149,8 @@ class WatchEvent:
     token: int
     revision: int
     value: str = ""
+    #: Units of the key's capacity the lease takes (1 for a plain lock).
+    units: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -835,6 +837,7 @@ class AsyncClient:
                             token=int(event["token"]),
                             revision=int(event["revision"]),
                             value=str(event.get("value", "")),
+                            units=int(event.get("units", 1)),
                         )
             except (ConnectionLostError, UnavailableError):
                 failures += 1

@@ -668,6 +668,7 @@ class LeaseStore:
                 "revision": self.revision,
                 "lease_id": lease.lease_id,
                 "value": lease.value,
+                "units": lease.units,
             }
         )
 

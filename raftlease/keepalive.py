@@ -90,6 +90,7 @@ class KeepAliveState:
     def lose(self, reason: str) -> bool:
         if self.lost_reason is None:
             self.lost_reason = reason
+            self.valid_until = 0.0  # leases attached to a session read this
             log.error("%s LOST: %s", self.what, reason)
             self._call(self.on_lost, reason)
         return True

@@ -337,7 +337,7 @@ class NodeServer:
         if not events:
             return
         public = [
-            {k: e[k] for k in ("type", "key", "owner", "token", "revision", "value")}
+            {k: e[k] for k in ("type", "key", "owner", "token", "revision", "value", "units")}
             for e in events
             if "revision" in e
         ]

@@ -118,6 +118,7 @@ class AsyncSession(KeepAliveState):
                 )
         if self.lost_reason is None:
             self.lost_reason = "closed"  # deliberately: not reported as a loss
+        self.valid_until = 0.0
         self.lost.set()
 
     async def __aenter__(self) -> AsyncSession:
