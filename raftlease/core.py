@@ -976,10 +976,17 @@ class LeaseStore:
 
     @classmethod
     def from_plain(cls, data: dict[str, Any]) -> LeaseStore:
-        """Rebuild a store from ``to_plain`` output. Raises ``ValueError`` if the
-        snapshot has another layout version."""
-        if data.get("v") != SNAPSHOT_VERSION:
-            raise ValueError(f"snapshot version {data.get('v')!r} is not {SNAPSHOT_VERSION}")
+        """Rebuild a store from ``to_plain`` output (this layout version or version 2,
+        which it upgrades). Raises ``ValueError`` on any other version."""
+        version = data.get("v")
+        if version not in (2, SNAPSHOT_VERSION):
+            raise ValueError(f"snapshot version {version!r} is not 2 or {SNAPSHOT_VERSION}")
+        if version == 2:
+            # Before shared keys and lease sessions: every key had capacity 1, leases
+            # and waiters had no units, value or session (their fields default).
+            keys = [plain[0] for plain in data["leases"]] + [w[0] for w in data["waiters"]]
+            data = {**data, "capacity": [[key, 1] for key in dict.fromkeys(keys)]}
+            data["lease_sessions"] = []
         store = cls()
         store.now = data["now"]
         store.term = data["term"]

@@ -857,3 +857,23 @@ def test_snapshot_with_another_version_is_refused(version: Any) -> None:
         plain["v"] = version
     with pytest.raises(ValueError, match="snapshot version"):
         LeaseStore.from_plain(plain)
+
+
+def test_version_2_snapshot_is_upgraded() -> None:
+    """A snapshot written before shared keys and lease sessions (layout 2: seven
+    fields per lease and waiter, no capacities, no lease sessions) still loads, and
+    the store then behaves exactly like one that applied the same log."""
+    s = _busy_store()
+    ok(s.apply(acquire(46, key="q", ttl=50, lid="Q1", cid="cq", seq=1)))
+    queued = {**acquire(47, key="q", ttl=50, lid="Q2", cid="cq2", seq=1), "wait": 100}
+    assert ok(s.apply(queued))["queued"]
+    plain = s.to_plain()
+    old = {k: v for k, v in plain.items() if k not in ("capacity", "lease_sessions")}
+    old["v"] = 2
+    old["leases"] = [lease[:7] for lease in plain["leases"]]
+    old["waiters"] = [waiter[:7] for waiter in plain["waiters"]]
+    upgraded = LeaseStore.from_plain(msgpack.unpackb(msgpack.packb(old), strict_map_key=False))
+    assert upgraded.to_plain() == plain
+    rest = [release(48, key="q", lid="Q1", cid="cq", seq=2), tick(200)]
+    assert [upgraded.apply(e) for e in rest] == [s.apply(e) for e in rest]
+    assert upgraded.to_plain() == s.to_plain()
