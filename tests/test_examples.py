@@ -31,3 +31,25 @@ def test_example_runs(shared: LocalCluster, script: str, args: list[str]) -> Non
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip()
+
+
+def test_planning_agents_fence_out_a_crashed_agent(shared: LocalCluster) -> None:
+    script = EXAMPLES / "planning_agents.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--endpoints", ",".join(shared.endpoints)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("crash: agent-0") for line in lines), out.stdout
+    assert any(line.startswith("expiry: agent-0's session expired") for line in lines), out.stdout
+    assert any(line.startswith("reclaim: ") for line in lines), out.stdout
+    assert any(
+        line.startswith("rejected: stale write") and "by agent-0" in line for line in lines
+    ), out.stdout
+    assert "  [ok] every subtask done exactly once" in lines
+    assert "  [ok] agent-0's late write was rejected by the fence" in lines
+    assert "  [ok] agent-0's subtasks were completed by others" in lines
+    assert lines[-1] == "OK"
