@@ -390,11 +390,17 @@ class LeaseStore:
         if now > self.now:
             self.now = now
         ends = self._session_deadlines
+        due: list[LeaseSession] = []
         while ends and ends[0][0] <= self.now:
             expires_at, sid = heapq.heappop(ends)
             session = self.lease_sessions.get(sid)
             if session is not None and session.expires_at == expires_at:
-                self._end_session(session, "expire")
+                # Every session due now is gone before any of them frees units, so
+                # none of their waiters can be granted on the way.
+                del self.lease_sessions[sid]
+                due.append(session)
+        for session in due:
+            self._end_session(session, "expire")
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= self.now:
             expires_at, lease_id = heapq.heappop(deadlines)
@@ -490,8 +496,11 @@ class LeaseStore:
         ttl: int = session.ttl_ms if session is not None else entry["ttl"]
         value: str = entry.get("value", "")
         queue = self.queues.get(key)
-        if not queue and self.used.get(key, 0) + units <= capacity:
-            # Nobody is waiting and the units fit: granted now.
+        priority: int = entry.get("priority", 0)
+        first = not queue or priority > queue[0].priority
+        if first and self.used.get(key, 0) + units <= capacity:
+            # Nobody waits ahead of it (the queue is empty, or it outranks the head)
+            # and the units fit: granted now.
             self.capacity[key] = capacity
             lease = self._grant(key, lease_id, entry["owner"], ttl, units, value, sid)
             return self._lease_result(lease)
@@ -505,7 +514,7 @@ class LeaseStore:
             lease_id=lease_id,
             owner=entry["owner"],
             ttl_ms=ttl,
-            priority=entry.get("priority", 0),
+            priority=priority,
             order=self.queue_order,
             deadline=self.now + wait,
             units=units,
@@ -562,6 +571,8 @@ class LeaseStore:
     ) -> LeaseRecord:
         self.revision += 1
         session = self.lease_sessions.get(sid) if sid else None
+        if session is not None:
+            ttl = session.ttl_ms  # a queued acquire's TTL is its session's, as of now
         lease = LeaseRecord(
             key=key,
             lease_id=lease_id,
@@ -789,17 +800,18 @@ class LeaseStore:
         if session is None:
             return self._no_session(entry["sid"])
         released = len(session.leases)
+        del self.lease_sessions[session.session_id]
         self._end_session(session, "release")
         return {"ok": True, "session_id": session.session_id, "released": released}
 
     def _end_session(self, session: LeaseSession, kind: str) -> None:
-        """The session expired or was closed: its queued acquires leave their queues
-        and its leases end (``kind``: expire or release), in attach order."""
-        del self.lease_sessions[session.session_id]
+        """The session expired or was closed, and the caller already removed it from
+        ``lease_sessions`` (so none of its waiters can be granted on the way): its
+        queued acquires leave their queues and its leases end (``kind``: expire or
+        release), in attach order."""
         for lease_id in list(session.waiters):
-            # Gone already if an earlier step of this loop skipped it (it was next
-            # in a queue whose head left); the session is deleted first so that
-            # none of its waiters is granted on the way.
+            # Gone already if an earlier step skipped it (it was next in a queue
+            # whose head left, and its session was already gone).
             waiter = self.waiting.get(lease_id)
             if waiter is not None:
                 self._dequeue(waiter, "session")
@@ -1017,6 +1029,10 @@ class LeaseStore:
             store.used.setdefault(waiter.key, 0)
             if waiter.session:
                 store.lease_sessions[waiter.session].waiters[waiter.lease_id] = None
+        for session in store.lease_sessions.values():
+            # Attach order (= arrival order): ending a session dequeues in this order.
+            ordered = sorted(session.waiters, key=lambda lid: store.waiting[lid].order)
+            session.waiters = dict.fromkeys(ordered)
         store._wait_deadlines = [(w.deadline, w.lease_id) for w in store.waiting.values()]
         heapq.heapify(store._wait_deadlines)
         store._rebuild_deadlines()
