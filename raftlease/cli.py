@@ -246,6 +246,8 @@ def _holder_dict(holder: Holder) -> dict[str, Any]:
         "token": holder.token,
         "ttl": holder.ttl,
         "remaining": round(holder.remaining, 3),
+        "units": holder.units,
+        "value": holder.value,
     }
 
 
@@ -253,14 +255,39 @@ def _holder_dict(holder: Holder) -> dict[str, Any]:
 @click.argument("key")
 @click.option("--owner", required=True, help="Who takes the lease.")
 @click.option("--ttl", type=float, required=True, help="Lease time to live, seconds.")
+@click.option("--wait", type=float, default=0.0, help="Wait in the key's queue up to this long.")
+@click.option("--capacity", type=int, default=1, show_default=True, help="Shared key's size.")
+@click.option("--units", type=int, default=1, show_default=True, help="Units this lease takes.")
+@click.option("--value", default=None, help="A value to publish with the lease.")
 @_client_options
 def acquire(
-    key: str, owner: str, ttl: float, endpoints: str, as_json: bool, timeout: float
+    key: str,
+    owner: str,
+    ttl: float,
+    wait: float,
+    capacity: int,
+    units: int,
+    value: str | None,
+    endpoints: str,
+    as_json: bool,
+    timeout: float,
 ) -> None:
-    """Acquire KEY; prints the lease id needed to renew or release it."""
+    """Acquire KEY; prints the lease id needed to renew or release it.
+
+    A shared key (a semaphore or pool) takes --capacity and --units; everyone using
+    the key must give the same capacity."""
     try:
         with Client(endpoints) as c:
-            lease = c.acquire(key, owner=owner, ttl=ttl, timeout=timeout)
+            lease = c.acquire(
+                key,
+                owner=owner,
+                ttl=ttl,
+                wait=wait,
+                capacity=capacity,
+                units=units,
+                value=value,
+                timeout=max(timeout, wait + 5.0) if wait else timeout,
+            )
     except RaftLeaseError as exc:
         _fail(exc, as_json)
     if as_json:
@@ -343,11 +370,21 @@ def holder(key: str, consistency: str, endpoints: str, as_json: bool, timeout: f
         "applied_index": read.applied_index,
         "age": read.age,
     }
+    if read.capacity > 1:
+        label.update(capacity=read.capacity, used=read.used)
+        label["holders"] = [_holder_dict(item) for item in read.holders]
     if as_json:
         click.echo(json.dumps({"ok": True, "holder": _holder_dict(h) if h else None, **label}))
         return
     if h is None:
         click.echo(f"{key}: free")
+    elif read.capacity > 1:
+        click.echo(f"{key}: {read.used} of {read.capacity} units held")
+        for item in read.holders:
+            click.echo(
+                f"  {item.owner}: {item.units} unit(s), token {item.token}, "
+                f"{item.remaining:.2f} s left"
+            )
     else:
         click.echo(f"{key}: held by {h.owner}, token {h.token}, {h.remaining:.2f} s left")
     if read.consistency == "stale":

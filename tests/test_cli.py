@@ -72,6 +72,29 @@ def test_lease_commands_json_and_human(shared: LocalCluster) -> None:
     assert bad.returncode == 1 and json.loads(bad.stdout)["code"] == "INVALID_ARGUMENT"
 
 
+def test_shared_key_from_the_command_line(shared: LocalCluster) -> None:
+    eps = shared.endpoints
+    args = ["--ttl", "30", "--capacity", "3", "--json"]
+    first = run_cli("acquire", "cli/pool", "--owner", "a", "--units", "2", *args, endpoints=eps)
+    assert first.returncode == 0, first.stderr
+    second = run_cli("acquire", "cli/pool", "--owner", "b", *args, endpoints=eps)
+    assert second.returncode == 0, second.stderr
+    full = run_cli("acquire", "cli/pool", "--owner", "c", *args, endpoints=eps)
+    assert json.loads(full.stdout)["code"] == "LEASE_HELD"
+    mismatch = run_cli(
+        "acquire", "cli/pool", "--owner", "c", "--ttl", "30", "--json", endpoints=eps
+    )
+    assert json.loads(mismatch.stdout)["code"] == "CAPACITY_MISMATCH"
+    read = json.loads(run_cli("holder", "cli/pool", "--json", endpoints=eps).stdout)
+    assert (read["capacity"], read["used"]) == (3, 3)
+    assert sorted((h["owner"], h["units"]) for h in read["holders"]) == [("a", 2), ("b", 1)]
+    human = run_cli("holder", "cli/pool", endpoints=eps).stdout
+    assert "3 of 3 units held" in human and "a: 2 unit(s)" in human
+    for lease in (first, second):
+        lid = json.loads(lease.stdout)["lease_id"]
+        assert run_cli("release", "cli/pool", lid, endpoints=eps).returncode == 0
+
+
 def test_status_shows_every_node(shared: LocalCluster) -> None:
     leader = shared.wait_for_leader()
     out = run_cli("status", "--json", endpoints=shared.endpoints)
