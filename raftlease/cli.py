@@ -364,7 +364,7 @@ def holder(key: str, consistency: str, endpoints: str, as_json: bool, timeout: f
     except RaftLeaseError as exc:
         _fail(exc, as_json)
     h = read.holder
-    label = {
+    label: dict[str, Any] = {
         "consistency": read.consistency,
         "served_by": read.served_by,
         "applied_index": read.applied_index,

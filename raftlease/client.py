@@ -1045,11 +1045,14 @@ class Client:
 
     def watch(self, prefix: str = "", *, from_revision: int = 0) -> Iterator[WatchEvent]:
         """Blocking iterator over ``AsyncClient.watch``; stop by breaking out of it."""
-        agen = self._async.watch(prefix, from_revision=from_revision)
+        return self._iterate(self._async.watch(prefix, from_revision=from_revision))
 
-        async def step() -> WatchEvent:
-            event: WatchEvent = await agen.__anext__()
-            return event
+    def _iterate(self, agen: AsyncGenerator[T, None]) -> Iterator[T]:
+        """A blocking iterator over an async generator run on the client's loop;
+        breaking out of it (or closing it) closes the generator there."""
+
+        async def step() -> T:
+            return await agen.__anext__()
 
         try:
             while True:

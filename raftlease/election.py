@@ -165,17 +165,4 @@ class Election:
 
     def observe(self) -> Iterator[Leader | None]:
         """Blocking iterator over ``AsyncElection.observe``; break out to stop."""
-        agen = self._async.observe()
-
-        async def step() -> Leader | None:
-            return await agen.__anext__()
-
-        try:
-            while True:
-                try:
-                    yield self._client._run(step())
-                except StopAsyncIteration:
-                    return
-        finally:
-            if not self._client._closed:
-                self._client._run(agen.aclose())
+        return self._client._iterate(self._async.observe())
