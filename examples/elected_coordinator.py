@@ -53,8 +53,10 @@ def main() -> int:
 
     procs = {
         f"agent-{i}": subprocess.Popen(
-            [sys.executable, __file__, "--endpoints", args.endpoints, "--agent", f"agent-{i}"]
-            + ["--ttl", str(args.ttl)]
+            [
+                *(sys.executable, __file__, "--endpoints", args.endpoints),
+                *("--agent", f"agent-{i}", "--ttl", str(args.ttl)),
+            ]
         )
         for i in range(args.agents)
     }

@@ -17,9 +17,9 @@ from __future__ import annotations
 import gzip
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
@@ -44,6 +44,9 @@ log = logging.getLogger("raftlease.replication")
 
 #: Exit status of a node that cannot load its snapshot.
 SNAPSHOT_LOAD_FAILED = 70
+
+#: A follower rejecting every append_entries of the leader for this long is logged.
+REJECTING_WARN_AFTER = 5.0
 
 #: Called on the tick thread with (result, error); exactly one of them is None.
 ProposeCallback = Callable[[Result | None, RaftLeaseError | None], None]
@@ -160,6 +163,169 @@ class DialNode(TCPNode):  # type: ignore[misc]
         return self._dial_port
 
 
+# ----------------------------------------------------- follower side of AppendEntries
+#
+# PySyncObj's follower handling of ``append_entries`` (syncobj.py, SyncObj.
+# __onMessageReceived) has defects that ``LeaseTransport`` corrects before the message
+# reaches it (docs/pysyncobj.md trap 5, jepsen-style/README.md findings 1 and 2; the
+# snapshot path is corrected by ``LeaseTransport._snapshot_message``):
+#
+# B. When ``prevLogIdx`` matches but is below the log end it deletes everything after
+#    ``prevLogIdx`` and appends the message's entries, conflict or not. Raft (§5.3)
+#    deletes only from the first conflicting entry (same index, other term). With
+#    several messages in flight (no batching, 64 KiB per message) a late or repeated
+#    message shortens the log below what the follower already acknowledged.
+# A. Its rejections are absolute: ``prevLogIdx`` outside the log is answered "reset,
+#    next = log end + 1", a term mismatch at ``prevLogIdx`` "reset, next =
+#    prevLogIdx", and the leader sets its next index to whichever arrives last. A
+#    follower whose last entries conflict with the leader's (a deposed leader's
+#    uncommitted tail) answers the first probe "next = P" and the message sent behind
+#    it "next = log end + 1", which undoes the step back: the leader probes the same
+#    index forever. Only a snapshot (once the leader's compacted log start passes the
+#    follower's end) or a change of leader ends it.
+
+
+class Conflict(NamedTuple):
+    """What a follower knows about its log against the leader of ``term``: its entry
+    at ``at`` (of term ``our_term``) is not the leader's, so the leader should probe
+    from ``hint`` (<= ``at``) while that entry is still there."""
+
+    term: int
+    at: int
+    our_term: int
+    hint: int
+
+
+class AppendPlan(NamedTuple):
+    """How to hand an ``append_entries`` to PySyncObj: ``message`` to pass on (the
+    original or a rewrite), ``reply_next`` to put in PySyncObj's reply instead of its
+    ``next_node_idx`` (None: leave it), the follower's ``conflict`` knowledge, and
+    whether PySyncObj will accept the message (False: it rejects it)."""
+
+    message: dict[str, Any]
+    reply_next: int | None
+    conflict: Conflict | None
+    accepted: bool = True
+
+
+def plan_append_entries(
+    log: Sequence[Any], commit_index: int, message: dict[str, Any], conflict: Conflict | None
+) -> AppendPlan:
+    """Plan a follower's handling of a current-term ``append_entries`` that carries
+    ``prevLogIdx``, so that PySyncObj's own code does what Raft §5.3 says.
+
+    ``log`` is PySyncObj's log (entries ``(command, index, term)``, contiguous, from
+    the compacted log start), ``commit_index`` the follower's. Pure: it reads ``log``
+    and returns the plan. Cases, with what PySyncObj does with the plan:
+
+    - ``prevLogIdx`` in the log with the same term (accepted): entries already in the
+      log with the same term are dropped from the message and ``prevLogIdx`` moves
+      past them, so PySyncObj deletes only from a real conflict. A message that adds
+      nothing is passed with ``prevLogIdx`` = log end (nothing deleted) and its reply
+      is set back to what the message verified (end of its entries + 1), its
+      ``commit_index`` capped there (Raft: min(leaderCommit, last new entry)).
+    - term mismatch at ``prevLogIdx``: rejected as before, but the reply asks the
+      leader to probe from the first entry of our conflicting term (never at or below
+      our commit index), and the conflict is remembered.
+    - ``prevLogIdx`` outside the log, or None (the leader has no entry there: our log
+      is longer than its): rejected as before; the reply is log end + 1, lowered to
+      what the leader can hold (its commit index + 1) when ``prevLogIdx`` is None,
+      and to a remembered conflict's hint while that conflict stands, so a rejection
+      of a message sent behind a probe no longer undoes the step back (bug A).
+    """
+    first, last = log[0][1], log[-1][1]
+
+    def term_at(index: int) -> int:
+        return int(log[index - first][2])
+
+    term = message["term"]
+    if (
+        conflict is not None
+        and conflict.term == term
+        and first <= conflict.at <= last
+        and term_at(conflict.at) == conflict.our_term
+    ):
+        standing: Conflict | None = conflict
+    else:
+        standing = None
+    prev = message.get("prevLogIdx")
+    if not isinstance(prev, int) or prev < first or prev > last:
+        # PySyncObj: rejected, "reset, next = last + 1".
+        nxt = last + 1
+        if prev is None:
+            leader_commit = message.get("commit_index")
+            held = max(commit_index, leader_commit if isinstance(leader_commit, int) else 0)
+            nxt = min(nxt, max(held + 1, first + 1))
+        if standing is not None:
+            nxt = min(nxt, standing.hint)
+        return AppendPlan(message, nxt if nxt != last + 1 else None, standing, False)
+    if term_at(prev) != message.get("prevLogTerm"):
+        # PySyncObj: rejected, "reset, next = prev". Probe from the first entry of our
+        # term there instead (bounded by what is certainly the leader's: committed
+        # entries and the compacted start), and remember it.
+        our_term = term_at(prev)
+        floor = max(commit_index + 1, first + 1)
+        hint = prev
+        while hint > floor and term_at(hint - 1) == our_term:
+            hint -= 1
+        hint = min(prev, max(hint, floor))
+        if standing is not None:
+            hint = min(hint, standing.hint)
+        conflict = Conflict(term, prev, our_term, hint)
+        return AppendPlan(message, hint if hint != prev else None, conflict, False)
+    if "transmission" in message:
+        return AppendPlan(message, None, standing)  # one large entry: left to PySyncObj
+    entries = message.get("entries") or []
+    if any(
+        not isinstance(e, tuple | list) or len(e) != 3 or e[1] != prev + 1 + i
+        for i, e in enumerate(entries)
+    ):
+        return AppendPlan(message, None, standing)  # not the shape we know: untouched
+    skip = 0
+    while (
+        skip < len(entries)
+        and entries[skip][1] <= last
+        and term_at(entries[skip][1]) == entries[skip][2]
+    ):
+        skip += 1
+    if skip < len(entries):
+        # New entries from entries[skip]: appended at the log end, or replacing ours
+        # from a real conflict (PySyncObj deletes from there).
+        if skip == 0:
+            return AppendPlan(message, None, standing)
+        at = prev + skip
+        rewritten = dict(message, prevLogIdx=at, prevLogTerm=term_at(at), entries=entries[skip:])
+        return AppendPlan(rewritten, None, standing)
+    end = prev + len(entries)  # every entry is already ours: nothing to delete
+    if end == last and not entries:
+        return AppendPlan(message, None, standing)
+    rewritten = dict(message, prevLogIdx=last, prevLogTerm=term_at(last), entries=[])
+    leader_commit = message.get("commit_index")
+    if end < last and isinstance(leader_commit, int) and leader_commit > end:
+        rewritten["commit_index"] = end
+    return AppendPlan(rewritten, end + 1 if end < last else None, standing)
+
+
+def snapshot_is_behind(log: Sequence[Any], dump: bytes) -> bool:
+    """True if a snapshot received from the leader (PySyncObj's gzip+pickle dump: data,
+    last entry, the entry before, cluster) ends inside ``log``, at an entry of the same
+    term, before the log end. PySyncObj would install it anyway and clear the log
+    (``__loadDumpFile(clearJournal=True)``), dropping entries the follower may already
+    have acknowledged; Raft (§7) keeps the entries that follow it. Undecodable: False
+    (PySyncObj handles it as before)."""
+    try:
+        entry = pysyncobj_pickle.loads(gzip.decompress(dump))[1]
+        index, term = int(entry[1]), int(entry[2])
+    except Exception:
+        return False
+    first, last = log[0][1], log[-1][1]
+    if index >= last:
+        return False
+    if index < first:
+        return True  # older than our own compacted (committed) start
+    return bool(log[index - first][2] == term)
+
+
 class LeaseTransport(TCPTransport):  # type: ignore[misc]
     """PySyncObj's TCP transport plus the leader-lease protocol (see leadership.py).
 
@@ -172,14 +338,27 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     answers the leader's stale-term ``append_entries`` with a term notice after the
     heal, the leader steps down and the cluster re-elects (liveness).
     ``apply_command`` (PySyncObj forwarding a proposal to the leader) is never sent.
+    On a follower, a current-term ``append_entries`` is corrected before PySyncObj
+    handles it (``plan_append_entries``, ``_snapshot_message``: no truncation without
+    a conflict, rejections that keep the leader's step back, no commit or snapshot
+    install the message does not justify).
     Runs on the tick thread. ``guard`` is bound by ``Replica`` through a subclass.
     """
 
     guard: LeaseGuard
     _bumped: dict[str, float]
+    #: Follower side: see plan_append_entries.
+    _conflict: Conflict | None
+    _reply_next: int | None
+    _snapshot_in: bytearray | None
+    _rejecting: tuple[float, float] | None  # (since, last warned)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._bumped = {}
+        self._conflict = None
+        self._reply_next = None
+        self._snapshot_in = None
+        self._rejecting = None
         super().__init__(*args, **kwargs)
 
     def send(self, node: Any, message: Any) -> bool:
@@ -188,6 +367,10 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             if kind == "append_entries":
                 message["rl_s"] = self.guard.stamp_outgoing(message["term"])
             elif kind == "next_node_idx":
+                if self._reply_next is not None:
+                    # PySyncObj's reply to the append_entries being handled (plan).
+                    message["next_node_idx"] = self._reply_next
+                    self._reply_next = None
                 echo = self.guard.echo_for(node.id)
                 if echo is not None:
                     message["rl_et"], message["rl_e"] = echo
@@ -234,11 +417,92 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                     self.guard.on_append_entries(
                         node.id, term, sync.raftCurrentTerm, message.get("rl_s")
                     )
+                    if (
+                        term >= sync.raftCurrentTerm
+                        and "prevLogIdx" in message
+                        and message.get("transmission") in (None, "finish")
+                    ):
+                        plan = plan_append_entries(
+                            sync._SyncObj__raftLog, sync.raftCommitIndex, message, self._conflict
+                        )
+                        self._conflict = plan.conflict
+                        self._reply_next = plan.reply_next
+                        self._note_rejection(node, term, plan)
+                        try:
+                            super()._onMessageReceived(node, plan.message)
+                        finally:
+                            self._reply_next = None
+                        return
+                    if term >= sync.raftCurrentTerm and "prevLogIdx" not in message:
+                        message = self._snapshot_message(sync, message)
             elif kind == "next_node_idx" and sync._isLeader():
                 self.guard.on_reply(
                     node.id, message.get("rl_et"), message.get("rl_e"), message.get("rl_t")
                 )
         super()._onMessageReceived(node, message)
+
+    def _note_rejection(self, node: Any, term: int, plan: AppendPlan) -> None:
+        """Warn while this follower keeps rejecting the leader's log (finding 1 of
+        jepsen-style/README.md was a follower stuck this way for tens of seconds)."""
+        now = self.guard.clock.monotonic()
+        if plan.accepted:
+            if self._rejecting is not None and now - self._rejecting[0] >= REJECTING_WARN_AFTER:
+                log.warning("taking the leader's log again after %.1f s", now - self._rejecting[0])
+            self._rejecting = None
+            return
+        if self._rejecting is None:
+            self._rejecting = (now, now)
+        elif now - self._rejecting[1] >= REJECTING_WARN_AFTER:
+            self._rejecting = (self._rejecting[0], now)
+            log_ = self._syncObj._SyncObj__raftLog
+            log.warning(
+                "rejecting leader %s's log (term %d) for %.1f s: its prevLogIdx %s, our log "
+                "%d..%d (last term %d), answering next %s",
+                node.id,
+                term,
+                now - self._rejecting[0],
+                plan.message.get("prevLogIdx"),
+                log_[0][1],
+                log_[-1][1],
+                log_[-1][2],
+                plan.reply_next,
+            )
+
+    def _snapshot_message(self, sync: Any, message: dict[str, Any]) -> dict[str, Any]:
+        """An ``append_entries`` of the snapshot path (no ``prevLogIdx``: a chunk of
+        the leader's dump, or ``serialized`` None while it has none ready).
+
+        PySyncObj sets the follower's commit index to min(leader's, own log end) after
+        any such message, though it verified none of the follower's entries: a deposed
+        leader whose uncommitted tail the new leader cannot probe (it is behind the
+        leader's compacted log start) would apply that tail, and answer its own
+        clients' proposals in it with success. Such a message therefore commits
+        nothing here (the installed snapshot itself is committed; later entries are
+        committed by the messages that verify them).
+
+        A dump that ends inside our log at an entry of the same term (a repeat sent
+        after a stale rejection) is not installed (``snapshot_is_behind``): the
+        message goes on with ``serialized`` None, and the leader, which already moved
+        its next index past the dump, verifies our log with its next message."""
+        out = dict(message)
+        leader_commit = message.get("commit_index")
+        if isinstance(leader_commit, int) and leader_commit > sync.raftCommitIndex:
+            out["commit_index"] = sync.raftCommitIndex
+        chunk = message.get("serialized")
+        if isinstance(chunk, tuple | list) and len(chunk) == 3:
+            data, is_first, is_last = chunk
+            if is_first:
+                self._snapshot_in = bytearray()
+            if self._snapshot_in is not None and isinstance(data, bytes | bytearray):
+                self._snapshot_in += data
+            if is_last:
+                received, self._snapshot_in = self._snapshot_in, None
+                if received is not None and snapshot_is_behind(
+                    sync._SyncObj__raftLog, bytes(received)
+                ):
+                    log.info("snapshot from the leader ends inside our log: not installed")
+                    out["serialized"] = None
+        return out
 
     def _tell_stale_leader(self, node: Any, term: int) -> None:
         """Answer an ``append_entries`` of an older term (PySyncObj ignores it

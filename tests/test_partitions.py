@@ -3,7 +3,9 @@ promise under a partial partition, and a node that inflated its term rejoining."
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,12 +15,13 @@ import pytest
 
 from raftlease import Client
 from raftlease.config import local_cluster
+from raftlease.errors import RaftLeaseError
 from raftlease.testing import LocalCluster, free_port_block, wait_for
 
 from .conftest import FAST_SETTINGS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jepsen-style"))
-from proxy import DROP, ProxyNet
+from proxy import DROP, PASS, ProxyNet
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -141,3 +144,99 @@ def test_node_with_inflated_term_rejoins_after_heal(proxied: Proxied) -> None:
     with Client([cluster.node(victim).client]) as c:
         read = c.read("inflate/k", consistency="stale")
         assert read.holder is not None and read.holder.token == lease.token
+
+
+def _raft_log(cluster: LocalCluster, node_id: str) -> tuple[int, int]:
+    """(log length, commit index) from PySyncObj's own status on the node's raft port
+    (sent directly, not through the proxy). With compaction off the log starts at
+    index 1, so the length is the last index."""
+    from pysyncobj.utility import TcpUtility
+
+    status = TcpUtility(timeout=1.0).executeCommand(cluster.node(node_id).raft, ["status"])
+    assert isinstance(status, dict), status
+    return int(status["log_len"]), int(status["commit_idx"])
+
+
+@pytest.fixture
+def proxied_no_compaction(request: pytest.FixtureRequest) -> Iterator[Proxied]:
+    # No log compaction: a snapshot must not be what repairs the deposed leader's log.
+    yield from _proxied(request, compaction_min_time=3600.0, compaction_min_entries=1_000_000)
+
+
+@pytest.mark.timeout(120)
+def test_deposed_leader_takes_the_new_leaders_log_after_heal(
+    proxied_no_compaction: Proxied,
+) -> None:
+    """Finding 1 of jepsen-style/README.md. A leader cut off from the others appends
+    proposals in its own term that never commit. Once a leader elected with a longer
+    log probes it (its next index starts past that tail) while busy with writes
+    (several append_entries in flight per round trip), PySyncObj's follower answered
+    the message behind each probe "next = log end + 1", undoing the step back: the old
+    leader never took the new log (match index 0) until a snapshot or a change of
+    leader, and with it a majority could be stuck."""
+    p = proxied_no_compaction
+    cluster = p.cluster
+    ids = [n.id for n in cluster.nodes]
+    old = cluster.leader_id()
+    p.proxies.partition([[old], [n for n in ids if n != old]])
+    with Client([cluster.node(old).client], deadline=0.4, attempt_timeout=0.2) as c:
+        for i in range(4):
+            with contextlib.suppress(RaftLeaseError, TimeoutError, OSError):
+                c.acquire(f"deposed/{i}", owner="cut-off", ttl=5.0, timeout=0.3)
+    tail_end, old_commit = _raft_log(cluster, old)
+    assert tail_end > old_commit, "the cut-off leader appended nothing uncommitted"
+
+    def sole_leader(among: list[str]) -> str | None:
+        roles = {n: p.status(n)["role"] for n in among}
+        leaders = [n for n, role in roles.items() if role == "leader"]
+        return leaders[0] if len(leaders) == 1 else None
+
+    stop = threading.Event()
+    written = [0]
+
+    def load(name: str) -> None:
+        deadline = time.monotonic() + 60
+        with Client([cluster.node(n).client for n in ids], deadline=3.0) as c:
+            i = 0
+            while not stop.is_set() and time.monotonic() < deadline:
+                with contextlib.suppress(RaftLeaseError, TimeoutError, OSError):
+                    c.acquire(f"load/{name}/{i}", owner=name, ttl=30.0)
+                    written[0] += 1
+                i += 1
+
+    writers = [threading.Thread(target=load, args=(f"w{k}",), daemon=True) for k in range(4)]
+    for w in writers:
+        w.start()
+    try:
+        first = wait_for(
+            lambda: sole_leader([n for n in ids if n != old]), timeout=20, what="a leader"
+        )
+        # Far enough that the leader's first probe spans several 64 KiB messages.
+        wait_for(
+            lambda: _raft_log(cluster, first)[1] > tail_end + 1000,
+            timeout=40,
+            what="the majority to commit well past the old leader's tail",
+        )
+        # Cut that leader off and let the old one back in: the remaining node wins the
+        # election (its log is newer) with a next index past the old leader's tail.
+        second = next(n for n in ids if n not in (old, first))
+        p.proxies.set_flows(
+            [(first, n, DROP, 0.0) for n in (old, second)]
+            + [(n, first, DROP, 0.0) for n in (old, second)]
+            + [(old, second, PASS, 0.0), (second, old, PASS, 0.0)]
+        )
+        p.proxies.reset(old)  # that stream lost bytes while it was cut
+        wait_for(lambda: sole_leader([second]), timeout=20, what=f"{second} to lead")
+        p.proxies.heal()
+        target = _raft_log(cluster, second)[1]
+        wait_for(
+            lambda: _raft_log(cluster, old)[1] >= target,
+            timeout=10,
+            what=f"the deposed leader {old} to commit the leader's log up to {target}",
+        )
+        done = written[0]
+        wait_for(lambda: written[0] > done + 20, timeout=10, what="writes after the heal")
+    finally:
+        stop.set()
+        for w in writers:
+            w.join(timeout=10)

@@ -150,3 +150,29 @@ def test_repair_leaves_consistent_or_unrelated_journals_alone(tmp_path: Path) ->
         assert len(check) == 4
     finally:
         check._destroy()
+
+
+def test_follower_code_that_lease_transport_corrects_is_unchanged() -> None:
+    """``LeaseTransport`` rewrites ``append_entries`` before PySyncObj's follower code
+    (``plan_append_entries``, ``_snapshot_message``; tests/test_follower_log.py) and
+    reads the private ``_SyncObj__raftLog``. Its corrections assume exactly this code:
+    an upgrade that changes it must re-check them (docs/pysyncobj.md trap 5)."""
+    import inspect
+
+    source = inspect.getsource(SyncObj)
+    for fragment in (
+        # deletes everything after a matching prevLogIdx, conflict or not (bug B)
+        "self.__deleteEntriesFrom(prevLogIdx + 1)",
+        # prevLogIdx outside the log: "reset, next = log end + 1" (bug A)
+        "self.__sendNextNodeIdx(node, success=False, reset=True)",
+        # term mismatch: "reset, next = prevLogIdx"
+        "self.__sendNextNodeIdx(node, nextNodeIdx = prevLogIdx, success = False, reset=True)",
+        # the leader takes any reset at its word
+        "self.__raftNextIndex[node] = nextNodeIdx",
+        # commit after any current-term append_entries, the snapshot path included
+        "self.__raftCommitIndex = min(leaderCommitIndex, self.__getCurrentLogIndex())",
+        # a received snapshot always replaces the whole log
+        "self.__loadDumpFile(clearJournal=True)",
+        "self.__raftLog = createJournal(",
+    ):
+        assert fragment in source, f"pysyncobj changed: {fragment!r}"
