@@ -316,6 +316,15 @@ def bad_requests(
         msg.update(fields)
         return {k: v for k, v in msg.items() if v is not DROP}
 
+    def proclaim(**fields: Any) -> dict[str, Any]:
+        msg = {"op": "proclaim", "key": key, "lease_id": "f" * 32, "value": "v"}
+        msg.update(session(cid, next(seqs)))
+        msg.update(fields)
+        return {k: v for k, v in msg.items() if v is not DROP}
+
+    def session_op(op: str, **fields: Any) -> dict[str, Any]:
+        return {"op": op, **session(cid, next(seqs)), **fields}
+
     def holder(**fields: Any) -> dict[str, Any]:
         msg = {"op": "holder", "key": key, **fields}
         return {k: v for k, v in msg.items() if v is not DROP}
@@ -396,6 +405,21 @@ def bad_requests(
         ("leases limit huge", leases(limit=10**12), INV, "'limit'"),
         ("leases limit string", leases(limit="10"), BAD, "'limit' must be an integer"),
         ("leases limit bool", leases(limit=True), BAD, "'limit' must be an integer"),
+        ("capacity zero", acquire(capacity=0), INV, "'capacity'"),
+        ("capacity 10**7", acquire(capacity=10**7), INV, "'capacity'"),
+        ("capacity string", acquire(capacity="2"), BAD, "'capacity' must be an integer"),
+        ("units above capacity", acquire(capacity=2, units=3), INV, "'units'"),
+        ("units bool", acquire(units=True), BAD, "'units' must be an integer"),
+        ("value 100 KB", acquire(value="v" * 100_000), INV, "'value'"),
+        ("value int", acquire(value=5), BAD, "'value' must be a string"),
+        ("session int", acquire(ttl=DROP, session=5), BAD, "'session' must be a string"),
+        ("session and ttl", acquire(session="s" * 32), INV, "not both"),
+        ("proclaim value missing", proclaim(value=DROP), BAD, "'value'"),
+        ("proclaim value map", proclaim(value={"a": 1}), BAD, "'value' must be a string"),
+        ("open ttl NaN", session_op("session_open", owner="m", ttl=math.nan), INV, "ttl nan"),
+        ("open owner missing", session_op("session_open", ttl=5.0), BAD, "'owner'"),
+        ("keepalive id missing", session_op("session_keepalive"), BAD, "'session_id'"),
+        ("close id int", session_op("session_close", session_id=3), BAD, "'session_id'"),
         ("holder consistency", holder(consistency="eventual"), INV, "consistency"),
         ("leases consistency", leases(consistency=1), INV, "consistency"),
     ]
@@ -530,6 +554,31 @@ def test_strangers_cannot_touch_held_leases(shared: LocalCluster, baseline: Base
             ("release with a made-up lease id", {"op": "release", "key": held.key}, "NOT_OWNER"),
             ("renew of an unknown key", {"op": "renew", "key": unknown}, "LEASE_NOT_FOUND"),
             ("release of an unknown key", {"op": "release", "key": unknown}, "LEASE_NOT_FOUND"),
+            (
+                "proclaim with a made-up lease id",
+                {"op": "proclaim", "key": held.key, "value": "evil"},
+                "NOT_OWNER",
+            ),
+            (
+                "acquire as a semaphore of another capacity",
+                {"op": "acquire", "key": held.key, "owner": "m", "ttl": 5, "capacity": 2},
+                "CAPACITY_MISMATCH",
+            ),
+            (
+                "acquire attached to a made-up session",
+                {"op": "acquire", "key": unknown, "owner": "m", "session": fake_id},
+                "SESSION_NOT_FOUND",
+            ),
+            (
+                "keep-alive of a made-up session",
+                {"op": "session_keepalive", "session_id": fake_id},
+                "SESSION_NOT_FOUND",
+            ),
+            (
+                "close of a made-up session",
+                {"op": "session_close", "session_id": fake_id},
+                "SESSION_NOT_FOUND",
+            ),
         ]
         for label, message, code in cases:
             full = {**message, "lease_id": fake_id, "cid": cid}
