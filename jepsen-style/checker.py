@@ -9,17 +9,20 @@ Checkers (each returns ``{"valid": True | False | "unknown", "violations": [...]
 1. ``mutual_exclusion``: a client holds a lease from the ``ok`` of its acquire (or
    renew) until its own ``valid_until`` (``send + ttl*(1-rho) - margin``) or the
    invocation of its release, whichever is first. Holding intervals of different leases
-   on one key must never overlap.
+   on one plain key must never overlap; on a shared key (a semaphore or pool, acquired
+   with ``capacity`` > 1) they may, as long as the units of the intervals that overlap
+   at any instant never add up to more than the capacity.
 2. ``fencing``: per key, a grant that completed before another was invoked has the
-   smaller token; no token is handed to two clients; the fenced resource accepted
+   smaller token; no token is handed to two grants (tokens are the store-wide revision,
+   so this is checked across keys, shared keys included); the fenced resource accepted
    tokens in non-decreasing order, never one below the highest it had seen, and no
    accepted write overwrote a value its writer had not read (lost update).
 3. ``no_lost_grant``: a read (or an error naming the holder) that began after a grant
    completed never shows an older token, and shows that grant (or a newer one) while
-   the grant's holder still certainly holds it.
+   the grant's holder still certainly holds it. Plain keys only.
 4. ``linearizable``: per key, the operations are linearizable under the lease model
    of ``linearizability.py`` (uncertain expiry, ``info`` ops optional). A search that
-   runs out of budget answers ``"unknown"``.
+   runs out of budget answers ``"unknown"``. Plain keys only.
 5. ``liveness``: after every heal some operation completes (an ``ok``, or a refusal
    decided by the state machine) within ``liveness_bound`` seconds.
 6. ``replicas``: after the run, with clients stopped, every node catches up to one
@@ -35,7 +38,7 @@ import bisect
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,6 +157,23 @@ def pair_ops(events: Iterable[Event]) -> list[Op]:
     return sorted(ops.values(), key=lambda o: o.inv)
 
 
+def shared_keys(ops: Iterable[Op], events: Iterable[Event] = ()) -> dict[str, int]:
+    """Keys used as shared keys (capacity > 1) and their capacity: those the run's
+    ``meta`` event lists, and every key some acquire asked for with ``capacity`` > 1."""
+    out: dict[str, int] = {}
+    for event in events:
+        if event.get("type") == "meta":
+            for key, capacity in (event.get("shared_keys") or {}).items():
+                if int(capacity) > 1:
+                    out[key] = max(out.get(key, 1), int(capacity))
+            break
+    for op in ops:
+        capacity = int(op.args.get("capacity", 1)) if op.f == "acquire" else 1
+        if capacity > 1:
+            out[op.key] = max(out.get(op.key, 1), capacity)
+    return out
+
+
 def observations(ops: Iterable[Op]) -> list[Observation]:
     """Every completed op that tells who held its key (reads in a linearizable mode,
     and refusals that name the holder or say there is none)."""
@@ -189,6 +209,16 @@ class LeaseView:
         token = self.grant.token
         assert token is not None
         return token
+
+    @property
+    def units(self) -> int:
+        """Units of the key's capacity the lease takes (1 for a plain lease)."""
+        return int(self.grant.args.get("units", 1))
+
+    @property
+    def capacity(self) -> int:
+        """The capacity the grant was asked for (1 for a plain lease)."""
+        return int(self.grant.args.get("capacity", 1))
 
     def intervals(self, params: Params) -> list[tuple[float, float]]:
         """Holding intervals: from each ok (acquire or renew) to its valid_until,
@@ -253,14 +283,26 @@ def _result(violations: list[dict[str, Any]], stats: dict[str, Any]) -> dict[str
 # ------------------------------------------------------------ 1. mutual exclusion
 
 
-def check_mutual_exclusion(ops: list[Op], params: Params) -> dict[str, Any]:
-    violations = []
+def check_mutual_exclusion(
+    ops: list[Op], params: Params, shared: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """Plain keys: no two leases' holding intervals overlap. Shared keys (``shared``:
+    key -> capacity; default: from the acquires' ``capacity``): the units of the
+    intervals that overlap never add up to more than the capacity."""
+    shared = shared_keys(ops) if shared is None else shared
+    violations: list[dict[str, Any]] = []
     count = 0
+    shared_stats: dict[str, Any] = {}
     for key, views in sorted(leases(ops).items()):
         spans = sorted(
-            (start, end, view) for view in views for start, end in _union(view.intervals(params))
+            ((start, end, view) for view in views for start, end in _union(view.intervals(params))),
+            key=lambda s: (s[0], s[1]),
         )
         count += len(spans)
+        if key in shared:
+            found, shared_stats[key] = _over_capacity(key, spans, shared[key])
+            violations.extend(found)
+            continue
         active: list[tuple[float, float, LeaseView]] = []
         reported: set[tuple[int, int]] = set()
         for start, end, view in spans:
@@ -289,7 +331,69 @@ def check_mutual_exclusion(ops: list[Op], params: Params) -> dict[str, Any]:
                         }
                     )
             active.append((start, end, view))
-    return _result(violations, {"holding_intervals": count})
+    return _result(violations, {"holding_intervals": count, "shared": shared_stats})
+
+
+def _over_capacity(
+    key: str, spans: list[tuple[float, float, LeaseView]], capacity: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Sweep a shared key's holding intervals (half-open: an interval ending at t and
+    one starting at t do not overlap). At every instant the units held must fit in the
+    capacity: the smallest one any current holder was granted with (a grant without
+    ``capacity`` is a plain one, capacity 1). One violation per stretch of time spent
+    over capacity, naming the holders at its peak."""
+    points = sorted(
+        [(s[0], 1, n) for n, s in enumerate(spans)] + [(s[1], 0, n) for n, s in enumerate(spans)]
+    )
+    active: dict[int, tuple[float, float, LeaseView]] = {}
+    violations: list[dict[str, Any]] = []
+    episode: dict[str, Any] | None = None
+    max_units = max_holders = 0
+    full = 0.0
+    last = points[0][0] if points else 0.0
+    for t, starts, n in points:
+        used = sum(v.units for _, _, v in active.values())
+        if used >= capacity:
+            full += t - last
+        last = t
+        if starts:
+            active[n] = spans[n]
+        else:
+            del active[n]
+        used = sum(v.units for _, _, v in active.values())
+        limit = min([capacity, *(v.capacity for _, _, v in active.values())])
+        max_units = max(max_units, used)
+        max_holders = max(max_holders, len(active))
+        if used > limit and (episode is None or used > episode["units_held"]):
+            since = t if episode is None else episode["t"]
+            episode = {
+                "key": key,
+                "t": since,
+                "capacity": limit,
+                "units_held": used,
+                "holders": [
+                    {
+                        "process": v.grant.process,
+                        "token": v.token,
+                        "units": v.units,
+                        "holding": [round(a, 4), round(b, 4)],
+                        "grant": v.grant.id,
+                    }
+                    for a, b, v in sorted(active.values(), key=lambda s: (s[0], s[1]))
+                ],
+            }
+        elif used <= limit and episode is not None:
+            episode["overlap"] = round(t - episode["t"], 4)
+            violations.append(episode)
+            episode = None
+    stats = {
+        "capacity": capacity,
+        "holding_intervals": len(spans),
+        "max_units_held": max_units,
+        "max_holders": max_holders,
+        "seconds_full": round(full, 3),
+    }
+    return violations, stats
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -305,28 +409,35 @@ def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
 # ---------------------------------------------------------------------- 2. fencing
 
 
-def check_fencing(ops: list[Op], events: list[Event], params: Params) -> dict[str, Any]:
+def check_fencing(
+    ops: list[Op], events: list[Event], params: Params, shared: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    shared = shared_keys(ops, events) if shared is None else shared
     violations: list[dict[str, Any]] = []
     grants_by_key: dict[str, list[Op]] = defaultdict(list)
     for op in ops:
         if op.f == "acquire" and op.type == "ok" and op.token is not None:
             grants_by_key[op.key].append(op)
+    # Grant tokens: every grant, shared keys included (each holder of a shared key gets
+    # its own token), and store-wide: a token is the store revision of its grant, so
+    # two grants never share one, not even on different keys.
+    owner_of: dict[int, Op] = {}
+    for g in ops:
+        token = g.token
+        if g.f != "acquire" or g.type != "ok" or token is None:
+            continue
+        first = owner_of.setdefault(token, g)
+        if first is not g and (first.process != g.process or first.key != g.key):
+            violations.append(
+                {
+                    "key": g.key,
+                    "kind": "token handed out twice",
+                    "t": g.ret,
+                    "token": token,
+                    "grants": [first.brief(), g.brief()],
+                }
+            )
     for key, grants in grants_by_key.items():
-        owner_of: dict[int, Op] = {}
-        for g in grants:
-            token = g.token
-            assert token is not None
-            first = owner_of.setdefault(token, g)
-            if first is not g and first.process != g.process:
-                violations.append(
-                    {
-                        "key": key,
-                        "kind": "token handed out twice",
-                        "t": g.ret,
-                        "token": token,
-                        "grants": [first.brief(), g.brief()],
-                    }
-                )
         by_ret = sorted(grants, key=lambda o: o.ret)
         rets = [g.ret for g in by_ret]
         prefix: list[Op] = []
@@ -348,7 +459,10 @@ def check_fencing(ops: list[Op], events: list[Event], params: Params) -> dict[st
                         "later": b.brief(),
                     }
                 )
-    accesses = [e for e in events if e.get("type") == "fenced"]
+    # The fenced store's rules (one token at a time, no lost update) model a single
+    # holder: several holders of a shared key at once would break them by design. The
+    # workload makes no fenced access under a shared key; any that appears is skipped.
+    accesses = [e for e in events if e.get("type") == "fenced" and e.get("key") not in shared]
     highest: dict[str, tuple[int, str]] = {}
     accepted = rejected = 0
     for e in sorted(accesses, key=lambda e: e.get("i", 0)):
@@ -393,7 +507,7 @@ def check_fencing(ops: list[Op], events: list[Event], params: Params) -> dict[st
                     "overwrote": e["before"],
                 }
             )
-    stale = _stale_accesses(ops, accesses, params)
+    stale = _stale_accesses(ops, accesses, params)  # accesses: plain keys only
     return _result(
         violations,
         {
@@ -427,11 +541,18 @@ def _stale_accesses(ops: list[Op], accesses: list[Event], params: Params) -> dic
 # -------------------------------------------------------------- 3. no lost grant
 
 
-def check_no_lost_grant(ops: list[Op], params: Params) -> dict[str, Any]:
+def check_no_lost_grant(
+    ops: list[Op], params: Params, shared: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    shared = shared_keys(ops) if shared is None else shared
     violations = []
     views_by_key = leases(ops)
     obs_by_key: dict[str, list[Observation]] = defaultdict(list)
-    for o in observations(ops):
+    # Plain keys only: the rule "a read after a grant shows that grant or a newer one"
+    # assumes a single holder. A read of a shared key names only its newest holder, and
+    # a refusal (LEASE_HELD when it is full) any one of several: an older token there
+    # is no stale read.
+    for o in observations(op for op in ops if op.key not in shared):
         obs_by_key[o.op.key].append(o)
     checked = 0
     for key, obs in obs_by_key.items():
@@ -473,7 +594,7 @@ def check_no_lost_grant(ops: list[Op], params: Params) -> dict[str, Any]:
                         }
                     )
                     break
-    return _result(violations, {"observations": checked})
+    return _result(violations, {"observations": checked, "skipped_shared_keys": sorted(shared)})
 
 
 # ------------------------------------------------------------ 4. linearizability
@@ -590,11 +711,18 @@ def model_ops(
     return out
 
 
-def check_linearizable(ops: list[Op], params: Params) -> dict[str, Any]:
+def check_linearizable(
+    ops: list[Op], params: Params, shared: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    shared = shared_keys(ops) if shared is None else shared
     violations = []
     unknown = []
     stats: dict[str, Any] = {}
-    for key, (lops, owners, notes) in sorted(model_ops(ops, params).items()):
+    # Plain keys only: the model of linearizability.py is a single-holder lease (a grant
+    # needs no holder), which a shared key with two holders at once would violate by
+    # design. Their safety is the capacity rule of mutual_exclusion.
+    single = [op for op in ops if op.key not in shared]
+    for key, (lops, owners, notes) in sorted(model_ops(single, params).items()):
         outcome = check_ops(
             lops,
             owners,
@@ -618,6 +746,7 @@ def check_linearizable(ops: list[Op], params: Params) -> dict[str, Any]:
     if not violations and unknown:
         result["valid"] = "unknown"
     result["unknown"] = unknown
+    result["skipped_shared_keys"] = sorted(shared)
     return result
 
 
@@ -717,11 +846,12 @@ def check_replicas(events: list[Event]) -> dict[str, Any]:
 def check(events: list[Event], params: Params | None = None) -> dict[str, Any]:
     params = params or Params.from_meta(events)
     ops = pair_ops(events)
+    shared = shared_keys(ops, events)
     results = {
-        "mutual_exclusion": check_mutual_exclusion(ops, params),
-        "fencing": check_fencing(ops, events, params),
-        "no_lost_grant": check_no_lost_grant(ops, params),
-        "linearizable": check_linearizable(ops, params),
+        "mutual_exclusion": check_mutual_exclusion(ops, params, shared),
+        "fencing": check_fencing(ops, events, params, shared),
+        "no_lost_grant": check_no_lost_grant(ops, params, shared),
+        "linearizable": check_linearizable(ops, params, shared),
         "liveness": check_liveness(ops, events, params),
         "replicas": check_replicas(events),
     }
@@ -738,5 +868,6 @@ def check(events: list[Event], params: Params | None = None) -> dict[str, Any]:
         "valid": valid,
         "checkers": results,
         "params": params.__dict__,
+        "shared_keys": shared,
         "ops": dict(sorted(counts.items())),
     }

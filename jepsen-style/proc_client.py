@@ -44,6 +44,7 @@ class ClientProcess:
         seed: int,
         keys: tuple[str, ...],
         pause_window: float = 0.15,
+        shared_keys: tuple[tuple[str, int, tuple[int, ...]], ...] = (),
     ) -> None:
         self.name = name
         self.history = history
@@ -69,6 +70,8 @@ class ClientProcess:
             ",".join(keys),
             "--pause-window",
             str(pause_window),
+            "--shared",
+            json.dumps(shared_keys),
         ]
         self.proc = subprocess.Popen(
             args,
@@ -144,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keys", default="k1,k2,k3,k4")
     parser.add_argument("--pause-window", type=float, default=0.15)
+    parser.add_argument(
+        "--shared", default="[]", help='shared keys as JSON: [["sem1", 2, [1]], ...]'
+    )
     args = parser.parse_args(argv)
 
     from raftlease import Client
@@ -157,7 +163,11 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(json.dumps(event, sort_keys=True) + "\n")
             sys.stdout.flush()
 
-    config = WorkloadConfig(keys=tuple(args.keys.split(",")))
+    shared = tuple(
+        (str(key), int(capacity), tuple(int(u) for u in units))
+        for key, capacity, units in json.loads(args.shared)
+    )
+    config = WorkloadConfig(keys=tuple(args.keys.split(",")), shared_keys=shared)
     store = RemoteStore(args.store)
     try:
         with Client(

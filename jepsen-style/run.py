@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             "nodes": args.nodes,
             "clients": args.clients,
             "keys": list(config.keys),
+            "shared_keys": config.capacities,
             "ttls": list(config.ttls),
             "rho": config.clock_drift,
             "margin": config.margin,
@@ -163,7 +164,14 @@ def run(args: argparse.Namespace) -> int:
             worker.start()
             workers.append(worker)
         proc = ClientProcess(
-            "p1", cluster.endpoints, server.addr, history, planned + 60, seed + 7, config.keys
+            "p1",
+            cluster.endpoints,
+            server.addr,
+            history,
+            planned + 60,
+            seed + 7,
+            config.keys,
+            shared_keys=config.shared_keys,
         )
         nem = nemesis.Nemesis(cluster, proxies, history, config.clock_drift, proc, say)
         time.sleep(WARMUP)

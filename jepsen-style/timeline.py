@@ -2,9 +2,11 @@
 
 One lane per key shows who held it when (a bar per holding interval, coloured by
 client, labelled with the fencing token); overlapping bars stack, so a double holder
-is visible at a glance. Faults are shaded bands across every lane, refused fenced
-writes are small red ticks, and every violation is a red line with its description
-as a tooltip. Hover anything for details. No JavaScript libraries, no network.
+is visible at a glance. A shared key's lane is labelled with its capacity (its holders
+may stack up to it) and each bar's tooltip gives the units it holds. Faults are shaded
+bands across every lane, refused fenced writes are small red ticks, and every violation
+is a red line with its description as a tooltip. Hover anything for details. No
+JavaScript libraries, no network.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from checker import Params, leases, pair_ops
+from checker import Params, leases, pair_ops, shared_keys
 
 Event = dict[str, Any]
 
@@ -63,11 +65,15 @@ def render(events: list[Event], results: dict[str, Any], categories: dict[str, s
     body: list[str] = []
     y = TOP
     views = leases(ops)
+    shared = shared_keys(ops, events)
     keys = sorted({op.key for op in ops})
     lane_y: dict[str, tuple[float, float]] = {}
     for key in keys:
         rows: list[float] = []  # end time of the last bar in each row
-        bars = sorted((s, e, v) for v in views.get(key, []) for s, e in v.intervals(params))
+        bars = sorted(
+            ((s, e, v) for v in views.get(key, []) for s, e in v.intervals(params)),
+            key=lambda b: (b[0], b[1]),
+        )
         placed = []
         for start, end, view in bars:
             row = next((i for i, last in enumerate(rows) if last <= start), len(rows))
@@ -76,12 +82,14 @@ def render(events: list[Event], results: dict[str, Any], categories: dict[str, s
             else:
                 rows[row] = end
             placed.append((row, start, end, view))
-        height = max(1, len(rows)) * ROW
+        height = max(2 if key in shared else 1, len(rows)) * ROW
         lane_y[key] = (y, y + height)
         lanes.append(
             f'<rect x="0" y="{y}" width="{width:.0f}" height="{height}" fill="#f7f7f7"/>'
             f'<text x="6" y="{y + 12}" class="lane">{_esc(key)}</text>'
         )
+        if key in shared:
+            lanes.append(f'<text x="6" y="{y + 24}" class="fault">capacity {shared[key]}</text>')
         for row, start, end, view in placed:
             by = y + row * ROW + 2
             bw = max(1.0, (end - start) * scale)
@@ -90,6 +98,8 @@ def render(events: list[Event], results: dict[str, Any], categories: dict[str, s
                 f"{proc} token {view.token} on {key}: held {start - t0:.3f}-{end - t0:.3f} s"
                 f" (grant {view.grant.id})"
             )
+            if key in shared:
+                tip += f", {view.units} of {shared[key]} units"
             label = f"{proc} #{view.token}" if bw > 48 else ""
             body.append(
                 f'<g><title>{_esc(tip)}</title><rect x="{x(start):.1f}" y="{by}" '

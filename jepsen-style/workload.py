@@ -11,6 +11,9 @@
   with short TTLs and, while it trusts its lease, does a fenced read-modify-write of
   the key's value. Each operation is recorded as ``invoke`` then ``ok``, ``fail`` (only
   when the error is definite: ``err.definite``) or ``info`` (outcome unknown).
+  Sometimes it takes units of a *shared* key (a semaphore or pool: ``capacity`` and
+  ``units`` go into the acquire's invoke value) and renews and releases it the same
+  way, but makes no fenced accesses under it: several holders at once are the point.
 
 Threads: ``History`` and ``FencedStore`` are thread-safe. A ``Worker`` runs in its own
 thread (``WorkerThread``) or as the main loop of ``proc_client.py``; it stops at
@@ -187,6 +190,14 @@ class RemoteStore:
 @dataclass(frozen=True)
 class WorkloadConfig:
     keys: tuple[str, ...] = ("k1", "k2", "k3", "k4")
+    #: Shared keys: ``(key, capacity, units to draw from)``. A semaphore of 2 (one unit
+    #: each) and a pool of 3 (one or two units), so holders overlap and keys fill up.
+    shared_keys: tuple[tuple[str, int, tuple[int, ...]], ...] = (
+        ("sem1", 2, (1,)),
+        ("pool1", 3, (1, 1, 2)),
+    )
+    #: Chance that a step without a lease targets a shared key instead of a plain one.
+    shared_share: float = 0.25
     ttls: tuple[float, ...] = (1.0, 1.5, 2.0)
     deadlines: tuple[float, ...] = (1.5, 3.0, 4.0)
     attempt_timeout: float = 1.0
@@ -197,6 +208,10 @@ class WorkloadConfig:
     #: lease, ``log`` always goes through the Raft log).
     read_modes: tuple[str, ...] = ("linearizable", "linearizable", "log")
     max_ops: int = 100_000
+
+    @property
+    def capacities(self) -> dict[str, int]:
+        return {key: capacity for key, capacity, _ in self.shared_keys}
 
 
 def short(lease_id: str) -> str:
@@ -282,6 +297,12 @@ class Worker:
             for name in ("consistency", "served_by"):
                 if hasattr(result, name):
                     out[name] = getattr(result, name)
+            if getattr(result, "capacity", 1) > 1:  # a shared key: every holder
+                out["capacity"] = result.capacity
+                out["used"] = result.used
+                out["holders"] = [
+                    {"owner": h.owner, "token": h.token, "units": h.units} for h in result.holders
+                ]
             return out
         return {}
 
@@ -295,25 +316,39 @@ class Worker:
         if lease is not None and not lease.valid:
             self.lease = lease = None  # lapsed on our clock: never trust it again
         if lease is None:
-            key = rng.choice(cfg.keys)
+            shared = bool(cfg.shared_keys) and rng.random() < cfg.shared_share
+            if shared:
+                key, capacity, choices = rng.choice(cfg.shared_keys)
+                units = rng.choice(choices)
+            else:
+                key, capacity, units = rng.choice(cfg.keys), 1, 1
             if rng.random() < 0.3:
                 self._read(key, timeout)
                 return
             ttl = rng.choice(cfg.ttls)
+            args: dict[str, Any] = {"ttl": ttl, "owner": self.name}
+            if shared:
+                args.update(capacity=capacity, units=units)
             result = self._op(
                 "acquire",
                 key,
-                {"ttl": ttl, "owner": self.name},
-                lambda: self.client.acquire(key, owner=self.name, ttl=ttl, timeout=timeout),
+                args,
+                lambda: self.client.acquire(
+                    key, owner=self.name, ttl=ttl, capacity=capacity, units=units, timeout=timeout
+                ),
             )
             if isinstance(result, Lease):
                 self.lease = result
-                self._fenced(result, write=False)
+                if not shared:
+                    self._fenced(result, write=False)
             return
         roll = rng.random()
         ident = {"token": lease.token, "lease": short(lease.lease_id)}
         if roll < 0.45:
-            self._fenced(lease, write=True)
+            # No fenced access under a shared key: its holders share it by design, so
+            # the store's one-writer-at-a-time rules do not apply (just hold it).
+            if lease.key not in cfg.capacities:
+                self._fenced(lease, write=True)
         elif roll < 0.8:
             renewed = self._op(
                 "renew", lease.key, ident, lambda: self.client.renew(lease, timeout=timeout)
