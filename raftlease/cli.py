@@ -189,6 +189,33 @@ def _demo(endpoints: list[str]) -> None:
             f"demo: after release agent-b acquired it, token {lease_b.token} > {lease.token}"
         )
         c.release(lease_b)
+
+        # One session keeps several leases alive; closing it releases them all.
+        with c.session(owner="agent-c", ttl=3.0) as session:
+            gpus = [session.acquire(f"demo/gpu-{i}") for i in (1, 2)]
+            session.acquire("demo/pool", capacity=4, units=3)
+            read = c.read("demo/pool")
+            click.echo(
+                f"demo: agent-c's session holds {len(gpus)} GPUs and {read.used} of "
+                f"{read.capacity} pool units, kept alive by one keep-alive"
+            )
+            try:
+                c.acquire("demo/pool", owner="agent-d", ttl=5.0, capacity=4, units=2)
+            except LeaseHeldError as exc:
+                click.echo(f"demo: agent-d asking for 2 more units was refused: {exc.message}")
+        freed = [c.holder(f"demo/gpu-{i}") for i in (1, 2)] + [c.holder("demo/pool")]
+        click.echo(f"demo: session closed, everything released: {freed == [None] * 3}")
+
+        # Leader election: campaign with a value; observers read who leads.
+        election = c.election("demo/coordinator")
+        with c.session(owner="agent-e", ttl=3.0) as session:
+            elected = election.campaign("10.0.0.5:7000", session=session, wait=5.0)
+            leader = election.leader()
+            click.echo(
+                f"demo: {leader.owner if leader else None} leads at "
+                f"{leader.value if leader else None}, token {elected.token}"
+            )
+            election.resign()
     click.echo("demo: OK")
 
 

@@ -140,6 +140,9 @@ def test_up_demo_then_ctrl_c_stops_every_node(tmp_path: Path) -> None:
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "leader: n" in demo.stdout and "demo: OK" in demo.stdout
+    assert "3 of 4 pool units" in demo.stdout
+    assert "everything released: True" in demo.stdout
+    assert "agent-e leads at 10.0.0.5:7000" in demo.stdout
     assert "all nodes stopped" in demo.stdout
 
     proc = subprocess.Popen(
