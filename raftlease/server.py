@@ -20,7 +20,8 @@ import contextlib
 import logging
 import secrets
 import signal
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -62,6 +63,12 @@ WATCH_HISTORY = 100_000
 
 #: Most requests replicated together in one batch log entry.
 MAX_BATCH_ENTRIES = 64
+#: Most bytes of strings in one batch entry. PySyncObj sends a log entry of 64 KiB or
+#: more (``appendEntriesBatchSizeBytes``) through its ``transmission`` path, which our
+#: follower-side correction of ``append_entries`` does not cover (docs/pysyncobj.md
+#: trap 5); batches stay well below it. A single request is far smaller (its key,
+#: owner and value are capped at a few KiB).
+MAX_BATCH_BYTES = 32 * 1024
 
 #: Requests in flight on one connection before the server stops reading from it.
 MAX_INFLIGHT_PER_CONNECTION = 1024
@@ -501,8 +508,7 @@ class NodeServer:
             return
         term = replica.term()
         now = self.log_clock.stamp(term, replica.store.now)
-        for start in range(0, len(pending), MAX_BATCH_ENTRIES):
-            chunk = pending[start : start + MAX_BATCH_ENTRIES]
+        for chunk in split_batches(pending, lambda item: _text_bytes(item[0])):
             if len(chunk) == 1:
                 body: dict[str, Any] = {**chunk[0][0], "term": term, "now": now}
             else:
@@ -611,6 +617,40 @@ class NodeServer:
                 log.debug("tick not applied: %s", exc)
             finally:
                 self._tick_in_flight = False
+
+
+def _text_bytes(entry: dict[str, Any]) -> int:
+    """A cheap upper bound of an entry's packed size: its strings (4 bytes a character
+    unless ASCII, a constant-time check) plus 16 bytes per field (msgpack's field
+    names here are short, its numbers at most 9 bytes)."""
+    text = sum(len(v) if v.isascii() else 4 * len(v) for v in entry.values() if isinstance(v, str))
+    return text + 16 * len(entry)
+
+
+T = TypeVar("T")
+
+
+def split_batches(
+    items: list[T],
+    size: Callable[[T], int],
+    max_entries: int = MAX_BATCH_ENTRIES,
+    max_bytes: int = MAX_BATCH_BYTES,
+) -> list[list[T]]:
+    """Consecutive chunks of ``items``, in order, each of at most ``max_entries`` items
+    and ``max_bytes`` (by ``size``); an item larger than ``max_bytes`` goes alone."""
+    chunks: list[list[T]] = []
+    current: list[T] = []
+    used = 0
+    for item in items:
+        n = size(item)
+        if current and (len(current) >= max_entries or used + n > max_bytes):
+            chunks.append(current)
+            current, used = [], 0
+        current.append(item)
+        used += n
+    if current:
+        chunks.append(current)
+    return chunks
 
 
 def _settle(
