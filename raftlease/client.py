@@ -551,7 +551,8 @@ class AsyncClient:
         Shared keys: ``capacity`` is the key's size (a semaphore of N slots, a pool of
         N units; every user of the key must give the same, else
         ``CapacityMismatchError``), ``units`` how many this lease takes. ``value`` is
-        published with the lease (see ``election``).
+        published with the lease (see ``election``). An acquire attached to a session
+        that ends while it waits raises ``SessionNotFoundError``.
         """
         if session is not None:
             if ttl is not None:
@@ -600,6 +601,15 @@ class AsyncClient:
                     remaining = (status["expires_at"] - status["now"]) / 1000.0
                     return self._lease(status, sent, remaining=remaining, session=session)
                 if status["state"] == "gone":
+                    if session is not None:
+                        # Dropped at its deadline, or because its session ended? A
+                        # keep-alive of the session tells (SessionNotFoundError).
+                        await self.call(
+                            "session_keepalive",
+                            {"session_id": session.session_id},
+                            mutating=True,
+                            timeout=self.attempt_timeout,
+                        )
                     break
         except BaseException:
             await self._withdraw(key, lease_id)

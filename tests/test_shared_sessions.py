@@ -530,3 +530,28 @@ def test_async_sessions_pools_and_election(shared: LocalCluster) -> None:
         return out
 
     assert asyncio.run(scenario()) == ["pool used 4", "leader here", "after close None"]
+
+
+def test_a_campaign_whose_session_ends_says_so(shared: LocalCluster) -> None:
+    """A queued acquire dropped because its session ended raises
+    SessionNotFoundError (not "not granted within the wait")."""
+    with shared.client() as c, shared.client() as other:
+        holder = c.acquire("endq/k", owner="holder", ttl=30.0)
+        session = c.session(owner="waiter", ttl=5.0).open()
+        outcome: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                session.acquire("endq/k", wait=30.0)
+            except RaftLeaseError as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        wait_for(lambda: waiting_on(c, "endq/k") == 1, 20, "queued")
+        other.call("session_close", {"session_id": session.session_id}, mutating=True)
+        thread.join(20)
+        assert outcome and isinstance(outcome[0], SessionNotFoundError), outcome
+        assert c.holder("endq/k") is not None  # the holder is untouched
+        c.release(holder)
+        session.close()
