@@ -11,7 +11,11 @@ Checkers (each returns ``{"valid": True | False | "unknown", "violations": [...]
    invocation of its release, whichever is first. Holding intervals of different leases
    on one plain key must never overlap; on a shared key (a semaphore or pool, acquired
    with ``capacity`` > 1) they may, as long as the units of the intervals that overlap
-   at any instant never add up to more than the capacity.
+   at any instant never add up to more than the capacity. A lease attached to a lease
+   session (acquire invoke value ``session``) has no TTL of its own: it is held from
+   the acquire's ok to the largest ``valid_until`` of its session the client recorded
+   (the ok value and ``keepalive`` events observed before the release invocation), cut
+   at the release invocation.
 2. ``fencing``: per key, a grant that completed before another was invoked has the
    smaller token; no token is handed to two grants (tokens are the store-wide revision,
    so this is checked across keys, shared keys included); the fenced resource accepted
@@ -19,10 +23,16 @@ Checkers (each returns ``{"valid": True | False | "unknown", "violations": [...]
    accepted write overwrote a value its writer had not read (lost update).
 3. ``no_lost_grant``: a read (or an error naming the holder) that began after a grant
    completed never shows an older token, and shows that grant (or a newer one) while
-   the grant's holder still certainly holds it. Plain keys only.
+   the grant's holder still certainly holds it. Plain keys only. An attached lease is
+   certainly held up to its session's largest recorded ``valid_until`` (observed before
+   the read began): the cluster accepted that keep-alive, so the session lived until
+   then and keeps the lease at least to ``send + ttl*(1-rho) - margin``.
 4. ``linearizable``: per key, the operations are linearizable under the lease model
    of ``linearizability.py`` (uncertain expiry, ``info`` ops optional). A search that
-   runs out of budget answers ``"unknown"``. Plain keys only.
+   runs out of budget answers ``"unknown"``. Plain keys only. An attached lease's
+   earliest expiry is not TTL-based but its mutual-exclusion end (the session's largest
+   recorded ``valid_until`` before the release invocation); an unanswered attached
+   acquire, whose window is unknown, may expire at any time.
 5. ``liveness``: after every heal some operation completes (an ``ok``, or a refusal
    decided by the state machine) within ``liveness_bound`` seconds.
 6. ``replicas``: after the run, with clients stopped, every node catches up to one
@@ -87,6 +97,15 @@ class Op:
     value: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    #: An acquire attached to a lease session (``args["session"]``): the ``keepalive``
+    #: events its process recorded for that session, as ``(t, valid_until)`` by time.
+    keepalives: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def session(self) -> str | None:
+        """The lease session an acquire attached its lease to (None: a TTL lease)."""
+        session = self.args.get("session") if self.f == "acquire" else None
+        return str(session) if session is not None else None
 
     @property
     def token(self) -> int | None:
@@ -132,11 +151,18 @@ def load_history(path: str | Path) -> list[Event]:
 
 
 def pair_ops(events: Iterable[Event]) -> list[Op]:
-    """Pair invocations with completions. An invocation without one stays ``info``."""
+    """Pair invocations with completions. An invocation without one stays ``info``.
+    An acquire attached to a lease session gets the ``keepalive`` events of that
+    session (same process and session id) in ``Op.keepalives``."""
     ops: dict[str, Op] = {}
+    keepalives: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
     for event in sorted(events, key=lambda e: (e.get("t", 0.0), e.get("i", 0))):
         kind = event.get("type")
-        if kind == "invoke":
+        if kind == "keepalive":
+            keepalives[(str(event["process"]), str(event["session"]))].append(
+                (float(event["t"]), float(event["valid_until"]))
+            )
+        elif kind == "invoke":
             ops[event["op"]] = Op(
                 id=event["op"],
                 process=event["process"],
@@ -154,6 +180,9 @@ def pair_ops(events: Iterable[Event]) -> list[Op]:
             op.value = dict(event.get("value") or {})
             op.error = event.get("error")
             op.detail = dict(event.get("detail") or {})
+    for op in ops.values():
+        if op.session is not None:
+            op.keepalives = keepalives.get((op.process, op.session), [])
     return sorted(ops.values(), key=lambda o: o.inv)
 
 
@@ -220,9 +249,32 @@ class LeaseView:
         """The capacity the grant was asked for (1 for a plain lease)."""
         return int(self.grant.args.get("capacity", 1))
 
+    @property
+    def attached(self) -> bool:
+        """Attached to a lease session: no TTL of its own, kept by the session."""
+        return self.grant.session is not None
+
+    def session_valid_until(self, before: float = math.inf) -> float:
+        """An attached lease: the largest ``valid_until`` of its session the client
+        recorded (the acquire's ok value, and ``keepalive`` events observed before
+        ``before`` and before the release invocation): the client's own trusted window.
+        The cluster keeps the session (and so the lease) at least that long unless it
+        is released: each value is ``send + ttl*(1-rho) - margin`` of an open or
+        keep-alive the cluster accepted, which it could not have if the session had
+        ended in between."""
+        best = _valid_until(self.grant, params=None) if self.grant.ret < before else -math.inf
+        for t, valid_until in self.grant.keepalives:
+            if t < before and t < self.release_inv:
+                best = max(best, valid_until)
+        return best
+
     def intervals(self, params: Params) -> list[tuple[float, float]]:
         """Holding intervals: from each ok (acquire or renew) to its valid_until,
-        cut at the release invocation."""
+        cut at the release invocation. An attached lease: one interval, from the
+        acquire's ok to its session's largest recorded ``valid_until``."""
+        if self.attached:
+            start, end = self.grant.ret, min(self.session_valid_until(), self.release_inv)
+            return [(start, end)] if end > start else []
         out = []
         for op in [self.grant, *self.renews]:
             start = op.ret
@@ -233,7 +285,11 @@ class LeaseView:
         return out
 
     def certainly_live_until(self, before: float, params: Params) -> float:
-        """The latest valid_until among this lease's oks that completed before ``before``."""
+        """The latest valid_until among this lease's oks that completed before ``before``
+        (an attached lease: among its session's recorded values, see
+        ``session_valid_until``)."""
+        if self.attached:
+            return self.session_valid_until(before)
         best = -math.inf
         for op in [self.grant, *self.renews]:
             if op.ret < before:
@@ -241,10 +297,12 @@ class LeaseView:
         return best
 
 
-def _valid_until(op: Op, params: Params) -> float:
+def _valid_until(op: Op, params: Params | None) -> float:
     recorded = op.value.get("valid_until")
     if isinstance(recorded, int | float):
         return float(recorded)
+    if params is None or op.session is not None:
+        return -math.inf  # an attached lease records its session's window, or none
     ttl = float(op.value.get("ttl", op.args.get("ttl", 0.0)))
     return op.inv + ttl * (1 - params.rho) - params.margin
 
@@ -612,7 +670,9 @@ def model_ops(
     slack = 1 - params.rho
 
     def earliest_expiry(op: Op) -> float:
-        ttl = float(op.value.get("ttl", op.args.get("ttl", 0.0)))
+        # An attached acquire has no TTL: with no ok value, its lease may expire at
+        # any time (its session's window is unknown); see ``attached_expiry``.
+        ttl = float(op.value.get("ttl", op.args.get("ttl", 0.0))) if op.session is None else 0.0
         return op.inv + ttl * slack - params.margin
 
     for key, kops in by_key.items():
@@ -620,10 +680,17 @@ def model_ops(
         owners: dict[int, str] = {}
         notes: list[str] = []
         expiry_of: dict[int, float] = {}
+        # An attached lease (lease session) has no TTL-based expiry: keep-alives extend
+        # it. Its earliest expiry is the largest session valid_until its client recorded
+        # before releasing (it cannot end earlier unless released; it may end any time
+        # after, or much later), exactly its mutual-exclusion window.
+        attached_expiry = {
+            (v.grant.id): v.session_valid_until() for v in leases(kops).get(key, []) if v.attached
+        }
         for op in kops:
             if op.f == "acquire" and op.type == "ok" and op.token is not None:
                 owners[op.token] = op.process
-                expiry_of[op.token] = earliest_expiry(op)
+                expiry_of[op.token] = attached_expiry.get(op.id, earliest_expiry(op))
                 lops.append(
                     LOp(
                         "grant",

@@ -135,6 +135,10 @@ def run(args: argparse.Namespace) -> int:
             "keys": list(config.keys),
             "shared_keys": config.capacities,
             "ttls": list(config.ttls),
+            "session_workers": [
+                f"c{i + 1}" for i in range(min(args.clients, config.session_workers))
+            ],
+            "session_ttl": config.session_ttl,
             "rho": config.clock_drift,
             "margin": config.margin,
             "liveness_bound": LIVENESS_BOUND,
@@ -159,7 +163,16 @@ def run(args: argparse.Namespace) -> int:
         end = t0 + 10 * planned + 600  # workers stop on ``stop``; this is a backstop
         for i in range(args.clients):
             worker = WorkerThread(
-                f"c{i + 1}", cluster.endpoints, store, history, config, seed * 1000 + i, stop, end
+                f"c{i + 1}",
+                cluster.endpoints,
+                store,
+                history,
+                config,
+                seed * 1000 + i,
+                stop,
+                end,
+                # The first few threads hold their plain-key leases through a session.
+                session_ttl=config.session_ttl if i < config.session_workers else None,
             )
             worker.start()
             workers.append(worker)

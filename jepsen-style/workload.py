@@ -14,6 +14,15 @@
   Sometimes it takes units of a *shared* key (a semaphore or pool: ``capacity`` and
   ``units`` go into the acquire's invoke value) and renews and releases it the same
   way, but makes no fenced accesses under it: several holders at once are the point.
+* A ``Worker`` with ``session_ttl`` holds its plain-key leases through a lease session
+  (``client.session``): it opens one when it has none (again after one is lost),
+  acquires attached to it (invoke value ``session``: the session id prefix; ok value
+  ``valid_until``: the session's at that moment), never renews them and uses them while
+  the session's window lasts. The session's background keep-alive cannot be hooked, so
+  the worker polls ``session.valid_until`` before every use and records each increase
+  as a ``keepalive`` event (``process``, ``session``, ``valid_until``, ``t`` = when it
+  was observed); it trusts a lease only up to the largest value it has recorded, so
+  the checkers' window is never shorter than the client's.
 
 Threads: ``History`` and ``FencedStore`` are thread-safe. A ``Worker`` runs in its own
 thread (``WorkerThread``) or as the main loop of ``proc_client.py``; it stops at
@@ -34,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from raftlease import Client, Lease
+from raftlease import Client, Lease, Session
 from raftlease.errors import RaftLeaseError
 
 Event = dict[str, Any]
@@ -208,6 +217,11 @@ class WorkloadConfig:
     #: lease, ``log`` always goes through the Raft log).
     read_modes: tuple[str, ...] = ("linearizable", "linearizable", "log")
     max_ops: int = 100_000
+    #: How many of the client threads hold their plain-key leases through a lease
+    #: session (attached leases, kept alive by the session, never renewed) instead of
+    #: a TTL of their own; and the sessions' TTL.
+    session_workers: int = 2
+    session_ttl: float = 1.5
 
     @property
     def capacities(self) -> dict[str, int]:
@@ -236,6 +250,7 @@ class Worker:
         config: WorkloadConfig,
         seed: int,
         pause_window: float = 0.0,
+        session_ttl: float | None = None,
     ) -> None:
         self.name = name
         self.client = client
@@ -247,6 +262,13 @@ class Worker:
         self.lease: Lease | None = None
         self.ops = 0
         self.has_read = hasattr(client, "read")
+        #: Lease session of a session worker (``session_ttl`` set), the largest
+        #: ``valid_until`` of it recorded so far, and an attached lease whose release
+        #: is still to be confirmed (retried, so it does not stay held by the session).
+        self.session_ttl = session_ttl
+        self.session: Session | None = None
+        self.session_seen = 0.0
+        self.unreleased: Lease | None = None
 
     # ------------------------------------------------------------ recording
 
@@ -281,17 +303,21 @@ class Worker:
     @staticmethod
     def _describe(f: str, result: Any) -> dict[str, Any]:
         if isinstance(result, Lease):
-            return {
+            out: dict[str, Any] = {
                 "token": result.token,
                 "owner": result.owner,
                 "lease": short(result.lease_id),
                 "ttl": result.ttl,
-                "valid_until": result.valid_until,
+                # An attached lease: the session's window at this moment.
+                "valid_until": result.trusted_until,
                 "expires_at_ms": result.expires_at_ms,
             }
+            if result.session is not None:
+                out["session"] = short(result.session.session_id)
+            return out
         if f == "read":
             holder = getattr(result, "holder", result)
-            out: dict[str, Any] = {"holder": None}
+            out = {"holder": None}
             if holder is not None:
                 out["holder"] = {"owner": holder.owner, "token": holder.token}
             for name in ("consistency", "served_by"):
@@ -312,9 +338,16 @@ class Worker:
         """One workload step: a call plus, when holding, a fenced access."""
         cfg, rng = self.config, self.rng
         timeout = rng.choice(cfg.deadlines)
+        if self.session_ttl is not None:
+            if not self._session_ready(timeout):
+                return
+            if self.unreleased is not None:
+                self._retry_release(timeout)
+                return
         lease = self.lease
-        if lease is not None and not lease.valid:
-            self.lease = lease = None  # lapsed on our clock: never trust it again
+        if lease is not None and not self._trusted(lease):
+            self._forget()  # lapsed on our clock: never trust it again
+            lease = None
         if lease is None:
             shared = bool(cfg.shared_keys) and rng.random() < cfg.shared_share
             if shared:
@@ -325,18 +358,33 @@ class Worker:
             if rng.random() < 0.3:
                 self._read(key, timeout)
                 return
-            ttl = rng.choice(cfg.ttls)
-            args: dict[str, Any] = {"ttl": ttl, "owner": self.name}
-            if shared:
-                args.update(capacity=capacity, units=units)
-            result = self._op(
-                "acquire",
-                key,
-                args,
-                lambda: self.client.acquire(
-                    key, owner=self.name, ttl=ttl, capacity=capacity, units=units, timeout=timeout
-                ),
-            )
+            session = None if shared else self.session
+            if session is not None:
+                # Attached to the session: no TTL of its own (plain keys only).
+                result = self._op(
+                    "acquire",
+                    key,
+                    {"owner": self.name, "session": short(session.session_id)},
+                    lambda: session.acquire(key, timeout=timeout),
+                )
+            else:
+                ttl = rng.choice(cfg.ttls)
+                args: dict[str, Any] = {"ttl": ttl, "owner": self.name}
+                if shared:
+                    args.update(capacity=capacity, units=units)
+                result = self._op(
+                    "acquire",
+                    key,
+                    args,
+                    lambda: self.client.acquire(
+                        key,
+                        owner=self.name,
+                        ttl=ttl,
+                        capacity=capacity,
+                        units=units,
+                        timeout=timeout,
+                    ),
+                )
             if isinstance(result, Lease):
                 self.lease = result
                 if not shared:
@@ -350,6 +398,11 @@ class Worker:
             if lease.key not in cfg.capacities:
                 self._fenced(lease, write=True)
         elif roll < 0.8:
+            if lease.session is not None:
+                # Attached: the session's keep-alive keeps it (renewing it is
+                # refused); just keep using it.
+                self._fenced(lease, write=False)
+                return
             renewed = self._op(
                 "renew", lease.key, ident, lambda: self.client.renew(lease, timeout=timeout)
             )
@@ -360,9 +413,117 @@ class Worker:
         else:
             # Stop trusting the lease before asking to release it, whatever the answer.
             self.lease = None
-            self._op(
-                "release", lease.key, ident, lambda: self.client.release(lease, timeout=timeout)
+            self._release(lease, timeout)
+
+    def _release(self, lease: Lease, timeout: float) -> None:
+        ident = {"token": lease.token, "lease": short(lease.lease_id)}
+        result = self._op(
+            "release", lease.key, ident, lambda: self.client.release(lease, timeout=timeout)
+        )
+        if lease.session is not None:
+            # An attached lease not certainly released would stay held as long as the
+            # session lives: retry until the cluster answers.
+            done = result is None or (
+                isinstance(result, RaftLeaseError) and result.code in DOMAIN_CODES
             )
+            self.unreleased = None if done else lease
+
+    def _retry_release(self, timeout: float) -> None:
+        lease, session = self.unreleased, self.session
+        assert lease is not None and lease.session is not None
+        if session is None or lease.session.session_id != session.session_id:
+            self.unreleased = None  # its session was lost: the lease went with it
+            return
+        self._release(lease, timeout)
+
+    def _forget(self) -> None:
+        """Stop trusting the current lease. An attached one is also released (else the
+        session would keep it alive)."""
+        lease, self.lease = self.lease, None
+        if lease is not None and lease.session is not None:
+            self.unreleased = lease
+
+    # ------------------------------------------------------------- sessions
+
+    def _session_ready(self, timeout: float) -> bool:
+        """A session worker's session: the current one (its keep-alive polled), or a
+        new one if it has none or it was lost. False if none could be opened."""
+        session = self.session
+        if session is not None:
+            if not session.lost.is_set():
+                self._poll_session()
+                return True
+            self.emit(
+                {
+                    "type": "session",
+                    "f": "lost",
+                    "process": self.name,
+                    "session": short(session.session_id),
+                    "reason": str(session.lost_reason)[:200],
+                    "t": time.monotonic(),
+                }
+            )
+            self.session = None
+            if self.lease is not None and self.lease.session is not None:
+                self.lease = None  # gone with its session
+        assert self.session_ttl is not None
+        session = self.client.session(owner=self.name, ttl=self.session_ttl)
+        try:
+            session.open(timeout=timeout)
+        except RaftLeaseError as err:
+            self.emit(
+                {
+                    "type": "session",
+                    "f": "open-failed",
+                    "process": self.name,
+                    "error": err.code,
+                    "t": time.monotonic(),
+                }
+            )
+            return False
+        self.session, self.session_seen = session, 0.0
+        self.emit(
+            {
+                "type": "session",
+                "f": "open",
+                "process": self.name,
+                "session": short(session.session_id),
+                "ttl": self.session_ttl,
+                "t": time.monotonic(),
+            }
+        )
+        self._poll_session()
+        return True
+
+    def _poll_session(self) -> None:
+        """Record the session's ``valid_until`` if it grew since last seen (its
+        keep-alive ran): a ``keepalive`` event at the time it was observed."""
+        session = self.session
+        if session is None:
+            return
+        seen = session.valid_until
+        if seen > self.session_seen:
+            self.session_seen = seen
+            self.emit(
+                {
+                    "type": "keepalive",
+                    "process": self.name,
+                    "session": short(session.session_id),
+                    "valid_until": seen,
+                    "t": time.monotonic(),
+                }
+            )
+
+    def _trusted(self, lease: Lease) -> bool:
+        """Whether to trust ``lease`` now. An attached lease: only while its session is
+        the current one and up to the largest ``valid_until`` recorded (polled first)."""
+        if lease.session is None:
+            return lease.valid
+        session = self.session
+        if session is None or lease.session.session_id != session.session_id:
+            return False
+        self._poll_session()
+        return lease.valid and time.monotonic() < self.session_seen
 
     def _read(self, key: str, timeout: float) -> None:
         if self.has_read:
@@ -390,17 +551,17 @@ class Worker:
                 }
             )
             time.sleep(self.pause_window)
-        elif not lease.valid:
-            self.lease = None
+        elif not self._trusted(lease):
+            self._forget()
             return
         ok, value = self.store.access(self.name, lease.key, lease.token, "read")
         if not ok:
-            self.lease = None  # fenced off: a newer holder exists
+            self._forget()  # fenced off: a newer holder exists
             return
         if write:
             ok, _ = self.store.access(self.name, lease.key, lease.token, "write", value + 1)
             if not ok:
-                self.lease = None
+                self._forget()
 
     def run(self, stop: threading.Event, end: float) -> None:
         low, high = self.config.think
@@ -422,6 +583,7 @@ class WorkerThread(threading.Thread):
         seed: int,
         stop: threading.Event,
         end: float,
+        session_ttl: float | None = None,
     ) -> None:
         super().__init__(name=f"worker-{name}", daemon=True)
         self.worker_name = name
@@ -432,6 +594,7 @@ class WorkerThread(threading.Thread):
         self.seed = seed
         self.stop_event = stop
         self.end = end
+        self.session_ttl = session_ttl
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -450,6 +613,7 @@ class WorkerThread(threading.Thread):
                     self.history.append,
                     self.config,
                     self.seed,
+                    session_ttl=self.session_ttl,
                 ).run(self.stop_event, self.end)
         except BaseException as exc:  # reported by the harness
             self.error = exc

@@ -117,6 +117,39 @@ class H:
             },
         )
 
+    def attached(
+        self, p: str, key: str, inv: float, ret: float, token: int, session: str, ttl: float = 1.5
+    ) -> str:
+        """A granted acquire attached to lease session ``session`` (opened at 0 with
+        ``ttl``): its ok value carries the session's valid_until then, as the workload
+        records it."""
+        return self.op(
+            p,
+            "acquire",
+            key,
+            inv,
+            ret,
+            args={"owner": p, "session": session},
+            value={
+                "token": token,
+                "owner": p,
+                "ttl": ttl,
+                "session": session,
+                "valid_until": 0.0 + ttl * (1 - RHO) - MARGIN,
+            },
+        )
+
+    def keepalive(self, p: str, session: str, t: float, valid_until: float) -> None:
+        self._add(
+            {
+                "type": "keepalive",
+                "process": p,
+                "session": session,
+                "valid_until": valid_until,
+                "t": t,
+            }
+        )
+
     def renew(self, p: str, key: str, inv: float, ret: float, token: int, ttl: float = 1.0) -> str:
         return self.op(
             p,
@@ -261,6 +294,59 @@ def test_mutual_exclusion_counts_renewals() -> None:
     h.renew("a", "k", 0.8, 0.81, token=1)  # trusted until 1.74
     h.acquire("b", "k", 1.2, 1.21, token=2)
     assert h.check()["checkers"]["mutual_exclusion"]["valid"] is False
+
+
+def _attached_history(keepalive: bool, read_at: float | None = None) -> H:
+    """a's lease on k is attached to session s1 (ttl 1.5, opened at 0: trusted until
+    1.435); a keep-alive observed at 1.0 extends the session to 2.4; b (TTL lease) is
+    granted k at 2.0."""
+    h = H()
+    h.attached("a", "k", 0.1, 0.11, token=1, session="s1")
+    h.fenced("a", "k", 0.12, 1, "write", True, 0, 0, 1)
+    if keepalive:
+        h.keepalive("a", "s1", 1.0, 2.4)
+    h.keepalive("a", "s1", 2.5, 3.9)  # observed after the release invocation: ignored
+    if read_at is not None:
+        h.read("c", "k", read_at, read_at + 0.01)  # nobody holds k?
+    h.acquire("b", "k", 2.0, 2.01, token=2)
+    h.op(  # a's release: refused, b holds k now
+        "a",
+        "release",
+        "k",
+        2.45,
+        2.46,
+        type="fail",
+        args={"token": 1},
+        error="NOT_OWNER",
+        detail={"token": 2, "owner": "b"},
+    )
+    return h
+
+
+def test_mutual_exclusion_extends_an_attached_lease_by_its_sessions_keepalives() -> None:
+    result = _attached_history(keepalive=True).check()
+    me = result["checkers"]["mutual_exclusion"]
+    assert me["valid"] is False and me["violation_count"] == 1
+    v = me["violations"][0]
+    assert v["first"]["process"] == "a" and v["first"]["holding"] == [0.11, 2.4]
+    assert v["overlap"] == pytest.approx(0.39, abs=1e-3)
+    assert result["checkers"]["linearizable"]["valid"] is False  # a held k until 2.4
+    # Without the keep-alive, a trusted its lease only until 1.435: b's grant is fine.
+    result = _attached_history(keepalive=False).check()
+    assert verdicts(result) == dict.fromkeys(verdicts(result), True), result
+    spans = checker.leases(checker.pair_ops(_attached_history(keepalive=True).events))["k"]
+    assert spans[0].intervals(checker.Params()) == [(0.11, 2.4)]
+
+
+def test_an_attached_lease_is_certainly_held_up_to_its_last_recorded_keepalive() -> None:
+    # A read at 1.8 sees nobody: fine if the session's window ended at 1.435, a lost
+    # grant if a keep-alive had extended it to 2.4.
+    result = _attached_history(keepalive=False, read_at=1.8).check()
+    assert verdicts(result) == dict.fromkeys(verdicts(result), True), result
+    result = _attached_history(keepalive=True, read_at=1.8).check()
+    nlg = result["checkers"]["no_lost_grant"]
+    assert nlg["valid"] is False and nlg["violations"][0]["kind"] == "acknowledged grant lost"
+    assert nlg["violations"][0]["certainly_held_until"] == 2.4
 
 
 def test_mutual_exclusion_on_a_shared_key_allows_holders_up_to_its_capacity() -> None:
