@@ -28,6 +28,7 @@ import random
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -367,6 +368,8 @@ class AsyncClient:
         self._conns: dict[str, _Connection] = {}
         self._connect_lock = asyncio.Lock()
         self._rotation = itertools.cycle(self.endpoints)
+        #: Open lease sessions, whose keep-alive tasks stop when the client closes.
+        self._sessions: weakref.WeakSet[AsyncSession] = weakref.WeakSet()
 
     @property
     def client_id(self) -> str:
@@ -380,6 +383,11 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        """Close the connections. Open lease sessions stop their keep-alives (they are
+        not closed on the cluster: their leases expire after the session TTL); close
+        sessions first to release their leases at once."""
+        for session in list(self._sessions):
+            await session.stop_keepalive()
         conns, self._conns = self._conns, {}
         for conn in conns.values():
             await conn.close()

@@ -82,6 +82,7 @@ class AsyncSession(KeepAliveState):
         self.what = f"session {self._id[:8]} ({self._owner})"
         self.renewed(self._client.valid_until(sent, result["ttl"] / 1000.0))
         self._task = asyncio.create_task(self._keep_alive())
+        self._client._sessions.add(self)
         return self
 
     async def keepalive(self, *, timeout: float | None = None) -> None:
@@ -102,15 +103,21 @@ class AsyncSession(KeepAliveState):
                     self.lost.set()
                     return
 
-    async def close(self, *, timeout: float = 5.0) -> None:
-        """Stop the keep-alive and close the session on the cluster: every attached
-        lease is released at once (best effort: if the cluster cannot be reached, the
-        session and its leases expire after the TTL)."""
+    async def stop_keepalive(self) -> None:
+        """Stop the background keep-alive (the session then expires after its TTL,
+        unless ``keepalive`` is called). ``close`` does this first."""
+        self._client._sessions.discard(self)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    async def close(self, *, timeout: float = 5.0) -> None:
+        """Stop the keep-alive and close the session on the cluster: every attached
+        lease is released at once (best effort: if the cluster cannot be reached, the
+        session and its leases expire after the TTL)."""
+        await self.stop_keepalive()
         if self._id is not None and self.lost_reason is None:
             with contextlib.suppress(RaftLeaseError):
                 await self._client.call(

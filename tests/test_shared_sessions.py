@@ -555,3 +555,15 @@ def test_a_campaign_whose_session_ends_says_so(shared: LocalCluster) -> None:
         assert c.holder("endq/k") is not None  # the holder is untouched
         c.release(holder)
         session.close()
+
+
+def test_closing_the_client_stops_its_sessions_keepalives(shared: LocalCluster) -> None:
+    """A client closed with a session still open stops that session's keep-alive (no
+    task left pending); the session then expires and its leases are released."""
+    c = shared.client()
+    session = c.session(owner="forgetful", ttl=1.0).open()
+    session.acquire("forgot/a")
+    c.close()
+    assert session._async._task is None
+    with shared.client() as other:
+        wait_for(lambda: other.holder("forgot/a") is None, 15, "the session expired")
