@@ -508,9 +508,13 @@ class AsyncClient:
         remaining: float | None = None,
         session: Attachable | None = None,
     ) -> Lease:
-        """``remaining``: log-time seconds left when the server answered (default: the
-        full TTL, for a lease granted by the request sent at ``sent``)."""
+        """``remaining``: log-time seconds left when the server answered (default: what
+        the result says, ``expires_at - now``: the full TTL for a lease granted or
+        renewed by the request sent at ``sent``, less for a lease attached to a session
+        that was last kept alive before it)."""
         ttl = result["ttl"] / 1000.0
+        if remaining is None and isinstance(result.get("now"), int):
+            remaining = (int(result["expires_at"]) - int(result["now"])) / 1000.0
         window = ttl if remaining is None else min(ttl, remaining)
         return Lease(
             key=result["key"],
@@ -911,6 +915,12 @@ class Client:
         if self._closed:
             coro.close()
             raise UnavailableError("client is closed")
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError(
+                "a blocking Client call from the client's own event-loop thread would "
+                "deadlock (callbacks of this client run there? hand the work to a thread)"
+            )
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     @property

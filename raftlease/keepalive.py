@@ -48,6 +48,8 @@ class KeepAliveState:
         self.valid_until = 0.0
         self.lost_reason: str | None = None
         self.jeopardy = False
+        #: The cluster said it no longer has it (as opposed to: we could not reach it).
+        self.gone = False
 
     @property
     def remaining(self) -> float:
@@ -61,7 +63,10 @@ class KeepAliveState:
         return self.remaining > 0
 
     def interval(self) -> float:
-        """Renew every third of the TTL: two renewals may fail before it runs out."""
+        """Renew every third of the TTL, counted from the previous try's send, each
+        try bounded by the same: after a success the next try starts a third of the
+        TTL later and a failed one is retried a third later still, both before the
+        validity (a little under one TTL from the success's send) runs out."""
         return max(0.05, self.ttl / 3)
 
     def renewed(self, valid_until: float) -> None:
@@ -73,6 +78,7 @@ class KeepAliveState:
     def renew_failed(self, exc: RaftLeaseError) -> bool:
         """Classify a failed renewal; True when it is lost (stop renewing)."""
         if isinstance(exc, GONE):
+            self.gone = True
             return self.lose(f"the cluster no longer has our {self.noun}: {exc}")
         if time.monotonic() >= self.valid_until:
             return self.lose(f"could not renew before it ran out: {exc}")

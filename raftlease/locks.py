@@ -24,9 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
-from .errors import RaftLeaseError
+from .errors import InvalidArgumentError, RaftLeaseError
 from .keepalive import KeepAliveState, LostCallback
 
 if TYPE_CHECKING:
@@ -96,6 +97,14 @@ def _acquire_options(
     }
 
 
+def _no_own_callback(session: object | None, on_lost: LostCallback | None) -> None:
+    if session is not None and on_lost is not None:
+        raise InvalidArgumentError(
+            "a lock attached to a session is lost exactly when its session is: give "
+            "on_lost to the session"
+        )
+
+
 class HeldLock(_HeldState):
     """A lock held through a blocking ``Client``; renewed by a daemon thread (or by
     its lease session's keep-alive when ``session`` is given)."""
@@ -116,6 +125,7 @@ class HeldLock(_HeldState):
         on_lost: LostCallback | None = None,
     ) -> None:
         options = _acquire_options(wait, priority, capacity, units, value, session)
+        _no_own_callback(session, on_lost)
         super().__init__(key, owner=owner, ttl=ttl, acquire=options, on_lost=on_lost)
         self._client = client
         #: Set when the lock is lost (for an attached lock: when its session is).
@@ -133,7 +143,9 @@ class HeldLock(_HeldState):
         return self
 
     def _keep_alive(self) -> None:
-        while not self._stop.wait(self.interval()):
+        next_try = time.monotonic() + self.interval()
+        while not self._stop.wait(max(0.0, next_try - time.monotonic())):
+            next_try = time.monotonic() + self.interval()  # counted from this try's send
             assert self.lease is not None
             try:
                 self._held(self._client.renew(self.lease, timeout=max(0.1, self.interval())))
@@ -171,6 +183,7 @@ class AsyncHeldLock(_HeldState):
         on_lost: LostCallback | None = None,
     ) -> None:
         options = _acquire_options(wait, priority, capacity, units, value, session)
+        _no_own_callback(session, on_lost)
         super().__init__(key, owner=owner, ttl=ttl, acquire=options, on_lost=on_lost)
         self._client = client
         #: Set when the lock is lost (for an attached lock: when its session is).
@@ -184,8 +197,11 @@ class AsyncHeldLock(_HeldState):
         return self
 
     async def _keep_alive(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_try = loop.time() + self.interval()
         while True:
-            await asyncio.sleep(self.interval())
+            await asyncio.sleep(max(0.0, next_try - loop.time()))
+            next_try = loop.time() + self.interval()  # counted from this try's send
             assert self.lease is not None
             try:
                 self._held(await self._client.renew(self.lease, timeout=max(0.1, self.interval())))

@@ -94,8 +94,11 @@ class AsyncSession(KeepAliveState):
         self.renewed(self._client.valid_until(sent, result["ttl"] / 1000.0))
 
     async def _keep_alive(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_try = loop.time() + self.interval()
         while True:
-            await asyncio.sleep(self.interval())
+            await asyncio.sleep(max(0.0, next_try - loop.time()))
+            next_try = loop.time() + self.interval()  # counted from this try's send
             try:
                 await self.keepalive(timeout=max(0.1, self.interval()))
             except RaftLeaseError as exc:
@@ -118,7 +121,9 @@ class AsyncSession(KeepAliveState):
         lease is released at once (best effort: if the cluster cannot be reached, the
         session and its leases expire after the TTL)."""
         await self.stop_keepalive()
-        if self._id is not None and self.lost_reason is None:
+        if self._id is not None and not self.gone and self.lost_reason != "closed":
+            # Also after a loss on our side (keep-alives failed until validity ran
+            # out): the cluster may still hold the session and its leases.
             with contextlib.suppress(RaftLeaseError):
                 await self._client.call(
                     "session_close", {"session_id": self._id}, mutating=True, timeout=timeout
@@ -161,14 +166,18 @@ class Session:
         self._client = client
         self.lost = threading.Event()
 
+        # The keep-alive runs on the client's event-loop thread, where a blocking
+        # client call would deadlock: user callbacks run on a thread of their own.
         def lost(reason: str) -> None:
             self.lost.set()
-            if on_lost is not None:
-                on_lost(reason)
+            _in_thread(on_lost, reason)
+
+        def jeopardy(reason: str) -> None:
+            _in_thread(on_jeopardy, reason)
 
         async def make() -> AsyncSession:
             return AsyncSession(
-                client._async, owner=owner, ttl=ttl, on_lost=lost, on_jeopardy=on_jeopardy
+                client._async, owner=owner, ttl=ttl, on_lost=lost, on_jeopardy=jeopardy
             )
 
         self._async = client._run(make())
@@ -204,3 +213,10 @@ class Session:
 
     def lock(self, key: str, **options: Any) -> HeldLock:
         return self._client.lock(key, session=self, **options)
+
+
+def _in_thread(callback: LostCallback | None, reason: str) -> None:
+    if callback is not None:
+        threading.Thread(
+            target=callback, args=(reason,), name="raftlease-session-callback", daemon=True
+        ).start()

@@ -33,6 +33,7 @@ from raftlease import (
     AsyncClient,
     CapacityMismatchError,
     Client,
+    InvalidArgumentError,
     Leader,
     LeaseHeldError,
     RaftLeaseError,
@@ -375,16 +376,45 @@ def waiting_on(c: Client, key: str) -> int:
     return -1
 
 
+def test_attached_lease_is_trusted_only_to_its_sessions_expiry() -> None:
+    """A lease attached to a session expires with the session, which may have been
+    kept alive last well before the acquire: the lease's own window is the log time
+    it had left when granted, not a full TTL."""
+
+    async def build() -> Any:
+        client = AsyncClient(["127.0.0.1:9"], clock_drift=0.01, margin=0.05)
+        result = {"key": "k", "owner": "o", "token": 7, "ttl": 10_000, "lease_id": "L"}
+        attached = client._lease({**result, "now": 1_000, "expires_at": 5_000}, sent=100.0)
+        plain = client._lease({**result, "now": 1_000, "expires_at": 11_000}, sent=100.0)
+        return attached, plain
+
+    attached, plain = asyncio.run(build())
+    assert attached.valid_until == pytest.approx(100.0 + 4.0 * 0.99 - 0.05)
+    assert plain.valid_until == pytest.approx(100.0 + 10.0 * 0.99 - 0.05)
+
+
 def test_session_closed_behind_its_back_is_reported_lost(shared: LocalCluster) -> None:
     reasons: list[str] = []
+    seen_from_callback: list[Any] = []
+
+    def on_lost(reason: str) -> None:
+        reasons.append(reason)
+        # A blocking call from the callback: it runs on its own thread, not on the
+        # client's event loop (where it would deadlock).
+        seen_from_callback.append(c.holder("lost-sess/a"))
+
     with shared.client() as c, shared.client() as other:
-        session = c.session(owner="agent", ttl=1.0, on_lost=reasons.append).open()
+        session = c.session(owner="agent", ttl=1.0, on_lost=on_lost).open()
+        with pytest.raises(InvalidArgumentError):
+            session.lock("lost-sess/b", on_lost=print)  # the session reports loss
         with session.lock("lost-sess/a") as held:
             assert held.valid and held.lease is not None and held.lease.session is not None
             other.call("session_close", {"session_id": session.session_id}, mutating=True)
             assert session.lost.wait(10) and held.lost.is_set()
             assert not held.valid and not session.valid
+            wait_for(lambda: bool(seen_from_callback), 10, "the callback's client call")
             assert reasons and "no longer has our session" in reasons[0]
+            assert seen_from_callback == [None]
             assert c.holder("lost-sess/a") is None
         session.close()
 
