@@ -31,7 +31,7 @@ import time
 import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .errors import (
     ConnectionLostError,
@@ -336,7 +336,34 @@ class _Session:
         return heap[0]
 
 
-class AsyncClient:
+L = TypeVar("L")
+
+
+class _SharedKeyLocks(Generic[L]):
+    """Held locks on shared keys, for both clients (``L``: the lock type their
+    ``lock`` returns): each is ``lock`` with a capacity and units."""
+
+    def lock(self, key: str, **options: Any) -> L:
+        raise NotImplementedError
+
+    def semaphore(self, key: str, *, limit: int, **options: Any) -> L:
+        """One of ``limit`` slots of ``key`` (every user gives the same ``limit``)."""
+        return self.lock(key, capacity=limit, units=1, **options)
+
+    def pool(self, key: str, *, capacity: int, units: int, **options: Any) -> L:
+        """``units`` of a pool of ``capacity`` units (a job taking 2 of 8 GPUs)."""
+        return self.lock(key, capacity=capacity, units=units, **options)
+
+    def read_lock(self, key: str, **options: Any) -> L:
+        """Shared with other readers; waits behind a queued writer (no starvation)."""
+        return self.lock(key, capacity=RW_CAPACITY, units=1, **options)
+
+    def write_lock(self, key: str, **options: Any) -> L:
+        """Exclusive: no reader and no other writer while held."""
+        return self.lock(key, capacity=RW_CAPACITY, units=RW_CAPACITY, **options)
+
+
+class AsyncClient(_SharedKeyLocks["AsyncHeldLock"]):
     """asyncio client. Create it inside a running loop; use ``async with`` or
     ``await close()``. All methods are coroutines; cancellation of a call leaves the
     outcome unknown, exactly like a timeout.
@@ -687,22 +714,6 @@ class AsyncClient:
 
         return AsyncHeldLock(self, key, **options)
 
-    def semaphore(self, key: str, *, limit: int, **options: Any) -> AsyncHeldLock:
-        """One of ``limit`` slots of ``key`` (every user gives the same ``limit``)."""
-        return self.lock(key, capacity=limit, units=1, **options)
-
-    def pool(self, key: str, *, capacity: int, units: int, **options: Any) -> AsyncHeldLock:
-        """``units`` of a pool of ``capacity`` units (a job taking 2 of 8 GPUs)."""
-        return self.lock(key, capacity=capacity, units=units, **options)
-
-    def read_lock(self, key: str, **options: Any) -> AsyncHeldLock:
-        """Shared with other readers; waits behind a queued writer (no starvation)."""
-        return self.lock(key, capacity=RW_CAPACITY, units=1, **options)
-
-    def write_lock(self, key: str, **options: Any) -> AsyncHeldLock:
-        """Exclusive: no reader and no other writer while held."""
-        return self.lock(key, capacity=RW_CAPACITY, units=RW_CAPACITY, **options)
-
     def session(
         self,
         *,
@@ -891,7 +902,7 @@ class AsyncClient:
         return list(await asyncio.gather(*(one(e) for e in self.endpoints)))
 
 
-class Client:
+class Client(_SharedKeyLocks["HeldLock"]):
     """Blocking, thread-safe client with the same methods as ``AsyncClient``.
 
     Use as a context manager, or call ``close()``. Calls block the calling thread up to
@@ -1001,18 +1012,6 @@ class Client:
         from .locks import HeldLock
 
         return HeldLock(self, key, **options)
-
-    def semaphore(self, key: str, *, limit: int, **options: Any) -> HeldLock:
-        return self.lock(key, capacity=limit, units=1, **options)
-
-    def pool(self, key: str, *, capacity: int, units: int, **options: Any) -> HeldLock:
-        return self.lock(key, capacity=capacity, units=units, **options)
-
-    def read_lock(self, key: str, **options: Any) -> HeldLock:
-        return self.lock(key, capacity=RW_CAPACITY, units=1, **options)
-
-    def write_lock(self, key: str, **options: Any) -> HeldLock:
-        return self.lock(key, capacity=RW_CAPACITY, units=RW_CAPACITY, **options)
 
     def session(
         self,

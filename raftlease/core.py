@@ -1026,7 +1026,6 @@ class LeaseStore:
             waiter = Waiter(*plain)
             store.queues.setdefault(waiter.key, []).append(waiter)
             store.waiting[waiter.lease_id] = waiter
-            store.used.setdefault(waiter.key, 0)
             if waiter.session:
                 store.lease_sessions[waiter.session].waiters[waiter.lease_id] = None
         for session in store.lease_sessions.values():

@@ -14,9 +14,11 @@ successful renewal and ``renew_failed(exc)`` after each failed one:
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from .errors import LeaseNotFoundError, NotOwnerError, RaftLeaseError, SessionNotFoundError
 
@@ -36,12 +38,13 @@ class KeepAliveState:
         what: str,
         ttl: float,
         *,
+        noun: str,
         on_lost: LostCallback | None = None,
         on_jeopardy: LostCallback | None = None,
     ) -> None:
         self.what = what
         #: What the cluster keeps for us, in messages: "lease" or "session".
-        self.noun = "lease" if what.startswith("lock") else "session"
+        self.noun = noun
         self.ttl = ttl
         self.on_lost = on_lost
         self.on_jeopardy = on_jeopardy
@@ -68,6 +71,38 @@ class KeepAliveState:
         TTL later and a failed one is retried a third later still, both before the
         validity (a little under one TTL from the success's send) runs out."""
         return max(0.05, self.ttl / 3)
+
+    async def keep_alive_task(
+        self, renew: Callable[[float], Awaitable[None]], lost: asyncio.Event
+    ) -> None:
+        """The renewal loop as an asyncio task: ``renew(timeout)`` once per
+        ``interval()`` counted from the previous try's send, until lost (then
+        ``lost`` is set). Cancel the task to stop it."""
+        loop = asyncio.get_running_loop()
+        next_try = loop.time() + self.interval()
+        while True:
+            await asyncio.sleep(max(0.0, next_try - loop.time()))
+            next_try = loop.time() + self.interval()  # counted from this try's send
+            try:
+                await renew(max(0.1, self.interval()))
+            except RaftLeaseError as exc:
+                if self.renew_failed(exc):
+                    lost.set()
+                    return
+
+    def keep_alive_thread(
+        self, renew: Callable[[float], None], stop: threading.Event, lost: threading.Event
+    ) -> None:
+        """The same loop for a thread; returns when ``stop`` is set or when lost."""
+        next_try = time.monotonic() + self.interval()
+        while not stop.wait(max(0.0, next_try - time.monotonic())):
+            next_try = time.monotonic() + self.interval()  # counted from this try's send
+            try:
+                renew(max(0.1, self.interval()))
+            except RaftLeaseError as exc:
+                if self.renew_failed(exc):
+                    lost.set()
+                    return
 
     def renewed(self, valid_until: float) -> None:
         self.valid_until = valid_until

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidArgumentError, RaftLeaseError
@@ -38,18 +37,16 @@ if TYPE_CHECKING:
 class _HeldState(KeepAliveState):
     """What both lock flavours share: the acquire arguments and the current lease."""
 
-    def __init__(
-        self,
-        key: str,
-        *,
-        owner: str | None,
-        ttl: float | None,
-        acquire: dict[str, Any],
-        on_lost: LostCallback | None,
-    ) -> None:
-        super().__init__(f"lock {key}", ttl or 0.0, on_lost=on_lost)
+    def __init__(self, key: str, on_lost: LostCallback | None, acquire: dict[str, Any]) -> None:
+        if acquire.get("session") is not None and on_lost is not None:
+            raise InvalidArgumentError(
+                "a lock attached to a session is lost exactly when its session is: give "
+                "on_lost to the session"
+            )
+        super().__init__(f"lock {key}", acquire.get("ttl") or 0.0, noun="lease", on_lost=on_lost)
         self.key = key
-        self._acquire_args: dict[str, Any] = {"owner": owner, "ttl": ttl, **acquire}
+        #: Keyword arguments of ``acquire`` (owner, ttl or session, wait, capacity...).
+        self._acquire_args = acquire
         self.lease: Lease | None = None
 
     @property
@@ -79,55 +76,17 @@ class _HeldState(KeepAliveState):
         self.renewed(lease.trusted_until)
 
 
-def _acquire_options(
-    wait: float,
-    priority: int,
-    capacity: int,
-    units: int,
-    value: str | None,
-    session: object | None,
-) -> dict[str, Any]:
-    return {
-        "wait": wait,
-        "priority": priority,
-        "capacity": capacity,
-        "units": units,
-        "value": value,
-        "session": session,
-    }
-
-
-def _no_own_callback(session: object | None, on_lost: LostCallback | None) -> None:
-    if session is not None and on_lost is not None:
-        raise InvalidArgumentError(
-            "a lock attached to a session is lost exactly when its session is: give "
-            "on_lost to the session"
-        )
-
-
 class HeldLock(_HeldState):
     """A lock held through a blocking ``Client``; renewed by a daemon thread (or by
     its lease session's keep-alive when ``session`` is given)."""
 
     def __init__(
-        self,
-        client: Client,
-        key: str,
-        *,
-        owner: str | None = None,
-        ttl: float | None = None,
-        wait: float = 0.0,
-        priority: int = 0,
-        capacity: int = 1,
-        units: int = 1,
-        value: str | None = None,
-        session: Session | None = None,
-        on_lost: LostCallback | None = None,
+        self, client: Client, key: str, *, on_lost: LostCallback | None = None, **acquire: Any
     ) -> None:
-        options = _acquire_options(wait, priority, capacity, units, value, session)
-        _no_own_callback(session, on_lost)
-        super().__init__(key, owner=owner, ttl=ttl, acquire=options, on_lost=on_lost)
+        """``acquire``: keyword arguments of ``Client.acquire``."""
+        super().__init__(key, on_lost, acquire)
         self._client = client
+        session: Session | None = acquire.get("session")
         #: Set when the lock is lost (for an attached lock: when its session is).
         self.lost = session.lost if session is not None else threading.Event()
         self._stop = threading.Event()
@@ -137,22 +96,17 @@ class HeldLock(_HeldState):
         self._held(self._client.acquire(self.key, **self._acquire_args))
         if not self.attached:
             self._thread = threading.Thread(
-                target=self._keep_alive, name=f"raftlease-lock-{self.key}", daemon=True
+                target=self.keep_alive_thread,
+                args=(self._renew, self._stop, self.lost),
+                name=f"raftlease-lock-{self.key}",
+                daemon=True,
             )
             self._thread.start()
         return self
 
-    def _keep_alive(self) -> None:
-        next_try = time.monotonic() + self.interval()
-        while not self._stop.wait(max(0.0, next_try - time.monotonic())):
-            next_try = time.monotonic() + self.interval()  # counted from this try's send
-            assert self.lease is not None
-            try:
-                self._held(self._client.renew(self.lease, timeout=max(0.1, self.interval())))
-            except RaftLeaseError as exc:
-                if self.renew_failed(exc):
-                    self.lost.set()
-                    return
+    def _renew(self, timeout: float) -> None:
+        assert self.lease is not None
+        self._held(self._client.renew(self.lease, timeout=timeout))
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -168,24 +122,12 @@ class AsyncHeldLock(_HeldState):
     lease session's keep-alive when ``session`` is given)."""
 
     def __init__(
-        self,
-        client: AsyncClient,
-        key: str,
-        *,
-        owner: str | None = None,
-        ttl: float | None = None,
-        wait: float = 0.0,
-        priority: int = 0,
-        capacity: int = 1,
-        units: int = 1,
-        value: str | None = None,
-        session: AsyncSession | None = None,
-        on_lost: LostCallback | None = None,
+        self, client: AsyncClient, key: str, *, on_lost: LostCallback | None = None, **acquire: Any
     ) -> None:
-        options = _acquire_options(wait, priority, capacity, units, value, session)
-        _no_own_callback(session, on_lost)
-        super().__init__(key, owner=owner, ttl=ttl, acquire=options, on_lost=on_lost)
+        """``acquire``: keyword arguments of ``AsyncClient.acquire``."""
+        super().__init__(key, on_lost, acquire)
         self._client = client
+        session: AsyncSession | None = acquire.get("session")
         #: Set when the lock is lost (for an attached lock: when its session is).
         self.lost = session.lost if session is not None else asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -193,22 +135,12 @@ class AsyncHeldLock(_HeldState):
     async def __aenter__(self) -> AsyncHeldLock:
         self._held(await self._client.acquire(self.key, **self._acquire_args))
         if not self.attached:
-            self._task = asyncio.create_task(self._keep_alive())
+            self._task = asyncio.create_task(self.keep_alive_task(self._renew, self.lost))
         return self
 
-    async def _keep_alive(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_try = loop.time() + self.interval()
-        while True:
-            await asyncio.sleep(max(0.0, next_try - loop.time()))
-            next_try = loop.time() + self.interval()  # counted from this try's send
-            assert self.lease is not None
-            try:
-                self._held(await self._client.renew(self.lease, timeout=max(0.1, self.interval())))
-            except RaftLeaseError as exc:
-                if self.renew_failed(exc):
-                    self.lost.set()
-                    return
+    async def _renew(self, timeout: float) -> None:
+        assert self.lease is not None
+        self._held(await self._client.renew(self.lease, timeout=timeout))
 
     async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:

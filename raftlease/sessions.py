@@ -54,7 +54,9 @@ class AsyncSession(KeepAliveState):
     ) -> None:
         if not owner:
             raise InvalidArgumentError("a session needs an owner")
-        super().__init__("session (not open)", ttl, on_lost=on_lost, on_jeopardy=on_jeopardy)
+        super().__init__(
+            "session (not open)", ttl, noun="session", on_lost=on_lost, on_jeopardy=on_jeopardy
+        )
         self._client = client
         self._owner = owner
         self._id: str | None = None
@@ -81,7 +83,9 @@ class AsyncSession(KeepAliveState):
         self._id = str(result["session_id"])
         self.what = f"session {self._id[:8]} ({self._owner})"
         self.renewed(self._client.valid_until(sent, result["ttl"] / 1000.0))
-        self._task = asyncio.create_task(self._keep_alive())
+        self._task = asyncio.create_task(
+            self.keep_alive_task(lambda timeout: self.keepalive(timeout=timeout), self.lost)
+        )
         self._client._sessions.add(self)
         return self
 
@@ -92,19 +96,6 @@ class AsyncSession(KeepAliveState):
             "session_keepalive", {"session_id": self.session_id}, mutating=True, timeout=timeout
         )
         self.renewed(self._client.valid_until(sent, result["ttl"] / 1000.0))
-
-    async def _keep_alive(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_try = loop.time() + self.interval()
-        while True:
-            await asyncio.sleep(max(0.0, next_try - loop.time()))
-            next_try = loop.time() + self.interval()  # counted from this try's send
-            try:
-                await self.keepalive(timeout=max(0.1, self.interval()))
-            except RaftLeaseError as exc:
-                if self.renew_failed(exc):
-                    self.lost.set()
-                    return
 
     async def stop_keepalive(self) -> None:
         """Stop the background keep-alive (the session then expires after its TTL,

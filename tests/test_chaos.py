@@ -40,6 +40,12 @@ RHO, MARGIN = 0.01, 0.05
 # ------------------------------------------------------------------ history DSL
 
 
+def lease_value(p: str, token: int, ttl: float, sent: float) -> dict[str, Any]:
+    """The ok value the workload records for a lease granted or renewed by a request
+    sent at ``sent``: trusted until ``sent + ttl*(1-rho) - margin``."""
+    return {"token": token, "owner": p, "ttl": ttl, "valid_until": sent + ttl * (1 - RHO) - MARGIN}
+
+
 class H:
     """A hand-made history. Times are seconds from 0; TTLs default to 1 s, so a lease
     acquired by an op invoked at ``t`` is trusted until ``t + 0.94``."""
@@ -109,12 +115,7 @@ class H:
             inv,
             ret,
             args=args,
-            value={
-                "token": token,
-                "owner": p,
-                "ttl": ttl,
-                "valid_until": inv + ttl * (1 - RHO) - MARGIN,
-            },
+            value=lease_value(p, token, ttl, inv),
         )
 
     def attached(
@@ -130,13 +131,7 @@ class H:
             inv,
             ret,
             args={"owner": p, "session": session},
-            value={
-                "token": token,
-                "owner": p,
-                "ttl": ttl,
-                "session": session,
-                "valid_until": 0.0 + ttl * (1 - RHO) - MARGIN,
-            },
+            value={**lease_value(p, token, ttl, 0.0), "session": session},
         )
 
     def keepalive(self, p: str, session: str, t: float, valid_until: float) -> None:
@@ -158,12 +153,7 @@ class H:
             inv,
             ret,
             args={"token": token},
-            value={
-                "token": token,
-                "owner": p,
-                "ttl": ttl,
-                "valid_until": inv + ttl * (1 - RHO) - MARGIN,
-            },
+            value=lease_value(p, token, ttl, inv),
         )
 
     def release(
