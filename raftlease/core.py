@@ -286,6 +286,14 @@ class LeaseStore:
                 "NOT_LEADER",
                 f"entry stamped in term {term} by a deposed leader (term is {self.term})",
             )
+        reused = self._reused_id(op, entry)
+        if reused is not None and not self._answered(entry):
+            # Checked before anything moves, so a refused entry changes nothing (not
+            # log time, not ``applied``, not the client's dedup table): a retry of the
+            # same request carries a fresh id drawn by the leader and must not find a
+            # cached refusal. A retry of a request already answered is replayed from
+            # the dedup table below (its id is in use: by its own lease).
+            return error("BAD_REQUEST", reused)
         self.applied += 1
         self.term = term
         self._advance(now)
@@ -383,6 +391,24 @@ class LeaseStore:
                 return "'limit' must be an integer from 1 to 100000"
         return None
 
+    def _answered(self, entry: dict[str, Any]) -> bool:
+        """Is this mutation a retry whose answer the client's dedup table holds?"""
+        session = self.sessions.get(entry["cid"])
+        return session is not None and entry["seq"] in session.results
+
+    def _reused_id(self, op: str, entry: dict[str, Any]) -> str | None:
+        """The leader draws fresh lease and session ids; one already known here (live,
+        queued, or due to expire in this very entry) is a bug or forged."""
+        if op == "acquire" and (entry["lid"] in self.leases or entry["lid"] in self.waiting):
+            return "lease id already in use"
+        if op == "transfer" and (
+            entry["new_lid"] in self.leases or entry["new_lid"] in self.waiting
+        ):
+            return "lease id already in use"
+        if op == "session_open" and entry["sid"] in self.lease_sessions:
+            return "session id already in use"
+        return None
+
     def _advance(self, now: int) -> None:
         """Move log time forward and expire what is due, in a deterministic order:
         lease sessions first (with everything attached), then leases, then waiters
@@ -471,9 +497,6 @@ class LeaseStore:
     def _acquire(self, entry: dict[str, Any]) -> Result:
         key: str = entry["key"]
         lease_id: str = entry["lid"]
-        if lease_id in self.waiting or lease_id in self.leases:
-            # The leader draws fresh ids; a reused one is a bug or forged, never applied.
-            return error("BAD_REQUEST", "lease id already in use")
         capacity: int = entry.get("capacity", 1)
         units: int = entry.get("units", 1)
         known = self.capacity.get(key)
@@ -744,8 +767,6 @@ class LeaseStore:
         lease = self._owned(entry)
         if not isinstance(lease, LeaseRecord):
             return lease
-        if entry["new_lid"] in self.leases or entry["new_lid"] in self.waiting:
-            return error("BAD_REQUEST", "lease id already in use")
         self._end_lease(lease, "transfer", grant_next=False)
         ttl = entry.get("ttl") or lease.ttl_ms
         new = self._grant(
@@ -766,8 +787,6 @@ class LeaseStore:
 
     def _session_open(self, entry: dict[str, Any]) -> Result:
         sid: str = entry["sid"]
-        if sid in self.lease_sessions:
-            return error("BAD_REQUEST", "session id already in use")
         session = LeaseSession(
             session_id=sid,
             owner=entry["owner"],

@@ -3,14 +3,40 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from raftlease.testing import TEST_SETTINGS, LocalCluster
 
 FAST_SETTINGS: dict[str, Any] = dict(TEST_SETTINGS)
+
+# Hypothesis profiles (CONTRIBUTING.md). "ci", the default, is derandomized and keeps
+# no example database: the same examples run on every machine and every run, so a
+# submission never fails by chance; a failure found there fails every time. "explore"
+# searches: random, many more examples, with the local database so that a failure
+# found is replayed next time. Select with HYPOTHESIS_PROFILE=explore.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    max_examples=200,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "explore",
+    derandomize=False,
+    max_examples=5000,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)

@@ -562,8 +562,11 @@ def test_unknown_session_is_session_not_found_and_changes_nothing() -> None:
     }
     assert code(apply_refused(s, keepalive(3, "nope"))) == "SESSION_NOT_FOUND"
     assert code(apply_refused(s, session_close(4, "nope"))) == "SESSION_NOT_FOUND"
-    # A session id that is in use cannot be opened again.
-    assert code(apply_refused(s, session_open(5, "S", ttl=1000))) == "BAD_REQUEST"
+    # A session id that is in use cannot be opened again; the refusal changes nothing
+    # (no log time, no ``applied``, no cached result: a retry draws a fresh id).
+    before = s.to_plain()
+    assert code(s.apply(session_open(5, "S", ttl=1000))) == "BAD_REQUEST"
+    assert s.to_plain() == before
     # An attached acquire must not carry a ttl of its own.
     before = s.to_plain()
     assert code(s.apply({**acquire(6, "C", key="z", session="S"), "ttl": 10})) == "BAD_REQUEST"
