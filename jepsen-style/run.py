@@ -44,10 +44,16 @@ from workload import (  # noqa: E402
 )
 
 from raftlease.config import local_cluster  # noqa: E402
-from raftlease.testing import PORT_RANGE, TEST_SETTINGS, LocalCluster, port_free  # noqa: E402
+from raftlease.testing import (  # noqa: E402
+    PLANTED_BUGS,
+    PORT_RANGE,
+    TEST_SETTINGS,
+    LocalCluster,
+    port_free,
+)
 
-#: Node settings: the test timers of raftlease.testing plus the test hooks.
-NODE_SETTINGS: dict[str, Any] = {**TEST_SETTINGS, "clock_drift": 0.01, "test_hooks": True}
+#: Node settings: the test timers of raftlease.testing.
+NODE_SETTINGS: dict[str, Any] = {**TEST_SETTINGS, "clock_drift": 0.01}
 #: After a heal, some operation must complete within this many seconds. The worst
 #: path: an election (election_timeout_max, possibly twice when a rejoining node
 #: forces another one), a node restart replaying its journal, connection retries
@@ -111,14 +117,18 @@ def run(args: argparse.Namespace) -> int:
     pairs = args.nodes * (args.nodes - 1) // 2
     proxies = ProxyNet(addresses, [base + 200 + i for i in range(pairs)])
     settings = dict(NODE_SETTINGS)
+    # The nodes run the test build (raftlease.testing.node): clock control for the
+    # clock faults, and the planted bug of a self-test run.
+    hooks: dict[str, Any] = {"clock_control": True}
     if args.planted_bug:
-        settings["planted_bug"] = args.planted_bug
+        hooks["planted_bug"] = args.planted_bug
     cluster = LocalCluster(
         args.nodes,
         client_port=base,
         data_dir=out / "cluster",
         settings=settings,
         node_settings=proxies.dial_settings(),
+        hooks=hooks,
     )
     history = History(out / "history.jsonl")
     config = WorkloadConfig(clock_drift=settings["clock_drift"])
@@ -272,7 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=None, help="length of the run")
     parser.add_argument("--seed", type=int, default=None, help="reproduce a schedule")
     parser.add_argument("--out", default=None, help="output directory")
-    parser.add_argument("--planted-bug", default="", help="e.g. fast_log_clock")
+    parser.add_argument(
+        "--planted-bug",
+        default="",
+        choices=["", *sorted(PLANTED_BUGS)],
+        help="run the nodes as a planted-bug test build (raftlease.testing.hooks)",
+    )
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--kinds", default="", help="comma-separated fault kinds (default all)")

@@ -1,30 +1,79 @@
 """raftlease: a Raft-replicated lease and coordination service with fencing tokens."""
 
-__version__ = "0.1.0"
+from typing import TYPE_CHECKING, Any
 
-from .client import RW_CAPACITY, AsyncClient, Client, Holder, Lease, Read, WatchEvent
-from .election import AsyncElection, Election, Leader
-from .errors import (
-    BadRequestError,
-    CapacityMismatchError,
-    CompactedError,
-    ConnectionLostError,
-    InvalidArgumentError,
-    LeaderChangedError,
-    LeaseHeldError,
-    LeaseNotFoundError,
-    LeaseTimeoutError,
-    NotLeaderError,
-    NotOwnerError,
-    RaftLeaseError,
-    SessionExpiredError,
-    SessionNotFoundError,
-    TooManyPendingError,
-    UnavailableError,
-)
-from .fencing import FencedResource, StaleTokenError
-from .locks import AsyncHeldLock, HeldLock
-from .sessions import AsyncSession, Session
+from ._version import __version__
+
+if TYPE_CHECKING:
+    from .client import RW_CAPACITY, AsyncClient, Client, Holder, Lease, Read, WatchEvent
+    from .errors import (
+        BadRequestError,
+        CapacityMismatchError,
+        ClientExpiredError,
+        CompactedError,
+        ConnectionLostError,
+        InvalidArgumentError,
+        LeaderChangedError,
+        LeaseHeldError,
+        LeaseNotFoundError,
+        LeaseTimeoutError,
+        NotLeaderError,
+        NotOwnerError,
+        RaftLeaseError,
+        SessionExpiredError,
+        SessionNotFoundError,
+        TooManyPendingError,
+        UnavailableError,
+    )
+    from .models import Leader
+    from .recipes import (
+        AsyncElection,
+        AsyncHeldLock,
+        AsyncSession,
+        Election,
+        FencedResource,
+        HeldLock,
+        Session,
+        StaleTokenError,
+    )
+
+# Imported on first use (PEP 562), so that a node process, which imports
+# ``raftlease.server`` and so this package, does not load the client and recipes.
+_EXPORTS = {
+    **dict.fromkeys(
+        ("RW_CAPACITY", "AsyncClient", "Client", "Holder", "Lease", "Read", "WatchEvent"),
+        "client",
+    ),
+    "Leader": "models",
+    **dict.fromkeys(
+        (
+            "AsyncElection",
+            "AsyncHeldLock",
+            "AsyncSession",
+            "Election",
+            "FencedResource",
+            "HeldLock",
+            "Session",
+            "StaleTokenError",
+        ),
+        "recipes",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    module = _EXPORTS.get(name)
+    if module is None:
+        if name.endswith("Error"):
+            module = "errors"
+        else:
+            raise AttributeError(f"module 'raftlease' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"raftlease.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "RW_CAPACITY",
@@ -35,6 +84,7 @@ __all__ = [
     "BadRequestError",
     "CapacityMismatchError",
     "Client",
+    "ClientExpiredError",
     "CompactedError",
     "ConnectionLostError",
     "Election",

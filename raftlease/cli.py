@@ -11,20 +11,34 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from . import __version__
-from .client import Client, Holder, Lease
+from ._version import __version__
+from .models import Holder, Lease
+
+if TYPE_CHECKING:
+    from .client import Client as BlockingClient
 from .config import NodeConfig, load_toml, local_cluster
 from .errors import ConfigError, RaftLeaseError
+
+
+def Client(endpoints: Sequence[str] | str, **options: Any) -> BlockingClient:
+    """A blocking client, imported when a client command runs: ``raftlease node`` must
+    not load the client and recipe stack it never uses."""
+    from .client import Client as ClientClass
+
+    return ClientClass(endpoints, **options)
+
 
 DEFAULT_ENDPOINTS = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
 
 
-def _setup_logging(level: str) -> None:
+def setup_logging(level: str) -> None:
+    """key=value log lines on stderr (the node's and the test node's)."""
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s level=%(levelname)s logger=%(name)s pid=%(process)d %(message)s",
@@ -91,7 +105,7 @@ def node(
     """Run one node of a cluster (until SIGINT/SIGTERM)."""
     from .server import run_node
 
-    _setup_logging(log_level)
+    setup_logging(log_level)
     overrides: dict[str, Any] = dict(_parse_setting(s) for s in settings)
     if node_id:
         overrides["node_id"] = node_id
@@ -132,7 +146,7 @@ def node(
 )
 def up(count: int, port: int, data_dir: str, demo: bool, exit_after_demo: bool) -> None:
     """Start a local cluster of COUNT nodes and keep it running until Ctrl-C."""
-    from .testing import LocalCluster
+    from .testing.cluster import LocalCluster
 
     try:
         local_cluster(count, port)

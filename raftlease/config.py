@@ -16,9 +16,6 @@ from typing import Any
 from .errors import ConfigError
 from .limits import MAX_KEY_BYTES, MAX_LIST, MAX_OWNER_BYTES, MAX_TTL_MS
 
-#: Deliberate bugs the chaos suite must catch (test_hooks only).
-PLANTED_BUGS = ("", "fast_log_clock", "skip_vote_promise")
-
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
@@ -82,10 +79,6 @@ class NodeConfig:
     # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
     # fault-injecting proxy. The peer keeps its identity (its raft address).
     dial: dict[str, str] = field(default_factory=dict)
-    # Test-only: enables the clock-control request (shift/skew this node's clock) and
-    # allows a planted bug. Never set in production.
-    test_hooks: bool = False
-    planted_bug: str = ""
 
     # ---------------------------------------------------------------- derived
 
@@ -162,10 +155,6 @@ class NodeConfig:
             parse_addr(node.client, f"client address of node {node.id!r}")
         if self.node_id not in ids:
             raise ConfigError(f"node_id {self.node_id!r} is not among the node ids {ids}")
-        if self.planted_bug not in PLANTED_BUGS:
-            raise ConfigError(f"unknown planted_bug {self.planted_bug!r}")
-        if self.planted_bug and not self.test_hooks:
-            raise ConfigError(f"planted_bug ({self.planted_bug!r}) requires test_hooks = true")
         if not isinstance(self.dial, dict):
             raise ConfigError(f"dial must be a table of node id -> host:port, got {self.dial!r}")
         for peer_id, addr in self.dial.items():
@@ -215,8 +204,6 @@ class NodeConfig:
                 raise ConfigError(f"{name} ({getattr(self, name)}) exceeds the hard cap of {cap}")
         if not _is_number(self.clock_drift):
             raise ConfigError(f"clock_drift must be a number, got {self.clock_drift!r}")
-        if not isinstance(self.test_hooks, bool):
-            raise ConfigError(f"test_hooks must be true or false, got {self.test_hooks!r}")
         if self.election_timeout_min >= self.election_timeout_max:
             raise ConfigError(
                 f"election_timeout_min ({self.election_timeout_min}) must be below "

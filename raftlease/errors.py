@@ -76,17 +76,23 @@ class LeaseNotFoundError(RaftLeaseError):
     definite = True
 
 
-class SessionExpiredError(RaftLeaseError):
-    """The client session is unknown to the cluster although the client has had
-    requests acknowledged before: the session was evicted after inactivity, so a retry
-    can no longer be deduplicated. The request was not applied."""
+class ClientExpiredError(RaftLeaseError):
+    """The client id is unknown to the cluster although the client has had requests
+    acknowledged under it before: its dedup record was evicted after inactivity, so a
+    retry can no longer be deduplicated. The request was not applied. (Not a lease
+    session: those end with ``SessionNotFoundError``.) The clients recover by
+    themselves, under a fresh client id."""
 
-    code = "SESSION_EXPIRED"
+    code = "SESSION_EXPIRED"  # the wire code keeps its first name
     definite = True
 
 
+#: The former name of ``ClientExpiredError`` (kept for compatibility).
+SessionExpiredError = ClientExpiredError
+
+
 class TooManyPendingError(RaftLeaseError):
-    """The client has too many unacknowledged requests in its session."""
+    """The client has too many unacknowledged requests under its client id."""
 
     code = "TOO_MANY_PENDING"
     definite = True

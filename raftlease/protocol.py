@@ -54,8 +54,6 @@ OPS: dict[str, bool] = {
     "watch": False,
     "status": False,
     "ping": False,
-    # Test-only: refused unless the node runs with test_hooks = true.
-    "test_clock": False,
 }
 
 
@@ -303,16 +301,6 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
         args["from_revision"] = (
             _int_field(message, "from_revision", 0, 2**62) if "from_revision" in message else 0
         )
-    if op == "test_clock":
-        for name in ("rate", "jump"):
-            value = message.get(name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise BadRequestError(f"field {name!r} must be a number")
-            if not math.isfinite(value) or not (0 < value < 100 if name == "rate" else value >= 0):
-                raise InvalidArgumentError(f"field {name!r} is out of range: {value!r}")
-            args[name] = float(value)
     if not OPS[op]:
         return Request(id=rid, op=op, args=args)
     cid = _str_field(message, "cid", 128)

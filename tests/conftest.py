@@ -57,18 +57,25 @@ def _show_logs_on_failure(request: pytest.FixtureRequest, cluster: LocalCluster)
         print(cluster.logs())
 
 
-def make_cluster(count: int = 3, **settings: Any) -> LocalCluster:
-    return LocalCluster(count, settings={**FAST_SETTINGS, **settings})
+def make_cluster(
+    count: int = 3, hooks: dict[str, Any] | None = None, **settings: Any
+) -> LocalCluster:
+    """``hooks``: run the test build of the node with these hooks (``raftlease.testing.
+    hooks``: ``{"clock_control": True}``, ``{"planted_bug": NAME}``)."""
+    return LocalCluster(count, settings={**FAST_SETTINGS, **settings}, hooks=hooks)
 
 
 @pytest.fixture
 def cluster_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., LocalCluster]]:
-    """``cluster_factory(count=3, **settings)`` starts a cluster with extra settings;
-    every cluster made is stopped at teardown, with its logs shown if the test failed."""
+    """``cluster_factory(count=3, hooks=None, **settings)`` starts a cluster with extra
+    settings (and test hooks); every cluster made is stopped at teardown, with its logs
+    shown if the test failed."""
     made: list[LocalCluster] = []
 
-    def factory(count: int = 3, **settings: Any) -> LocalCluster:
-        c = make_cluster(count, **settings)
+    def factory(
+        count: int = 3, hooks: dict[str, Any] | None = None, **settings: Any
+    ) -> LocalCluster:
+        c = make_cluster(count, hooks, **settings)
         made.append(c)
         c.start()
         return c

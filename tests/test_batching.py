@@ -11,7 +11,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from raftlease.server import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, _text_bytes, split_batches
+from raftlease.server.proposer import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, _text_bytes, split_batches
 
 pytestmark = pytest.mark.timeout(60)
 

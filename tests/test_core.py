@@ -11,8 +11,8 @@ import pytest
 
 from raftlease import errors
 from raftlease.core import (
-    MAX_PENDING_PER_SESSION,
-    SESSION_IDLE_MS,
+    CLIENT_IDLE_MS,
+    MAX_PENDING_PER_CLIENT,
     SNAPSHOT_VERSION,
     LeaseRecord,
     LeaseStore,
@@ -498,9 +498,9 @@ def test_ack_drops_cached_results() -> None:
     ok(s.apply(acquire(0, key="a", seq=1, ack=1)))
     ok(s.apply(acquire(0, key="b", lid="L2", seq=2, ack=1)))
     ok(s.apply(acquire(0, key="c", lid="L3", seq=3, ack=1)))
-    assert sorted(s.sessions["c1"].results) == [1, 2, 3]
+    assert sorted(s.clients["c1"].results) == [1, 2, 3]
     ok(s.apply(acquire(1, key="d", lid="L4", seq=4, ack=3)))
-    assert sorted(s.sessions["c1"].results) == [3, 4]
+    assert sorted(s.clients["c1"].results) == [3, 4]
     # An acknowledged seq is gone for good: a late retry is refused, not re-applied.
     r = s.apply(acquire(2, key="a", seq=1, ack=3))
     assert code(r) == "BAD_REQUEST"
@@ -539,7 +539,7 @@ def test_unknown_session_with_ack_above_one_is_session_expired() -> None:
     assert code(r) == "SESSION_EXPIRED"
     assert s.leases == {}
     assert s.revision == 0
-    assert "ghost" not in s.sessions
+    assert "ghost" not in s.clients
     assert isinstance(errors.from_wire(r["code"], r["message"]), errors.SessionExpiredError)
 
 
@@ -547,60 +547,60 @@ def test_idle_session_is_evicted_after_session_idle_ms_of_log_time() -> None:
     s = LeaseStore()
     ok(s.apply(acquire(1000, ttl=10, cid="old", seq=1, ack=1)))
     ok(s.apply(acquire(2000, key="k2", ttl=10, lid="L2", cid="young", seq=1, ack=1)))
-    ok(s.apply(tick(1000 + SESSION_IDLE_MS - 1)))
-    assert list(s.sessions) == ["old", "young"]
-    ok(s.apply(tick(1000 + SESSION_IDLE_MS)))
-    assert list(s.sessions) == ["young"]
+    ok(s.apply(tick(1000 + CLIENT_IDLE_MS - 1)))
+    assert list(s.clients) == ["old", "young"]
+    ok(s.apply(tick(1000 + CLIENT_IDLE_MS)))
+    assert list(s.clients) == ["young"]
     # Its retry can no longer be deduplicated, so it is refused.
-    r = s.apply(acquire(1000 + SESSION_IDLE_MS + 1, key="x", lid="L3", cid="old", seq=2, ack=2))
+    r = s.apply(acquire(1000 + CLIENT_IDLE_MS + 1, key="x", lid="L3", cid="old", seq=2, ack=2))
     assert code(r) == "SESSION_EXPIRED"
-    ok(s.apply(tick(2000 + SESSION_IDLE_MS)))
-    assert list(s.sessions) == []
+    ok(s.apply(tick(2000 + CLIENT_IDLE_MS)))
+    assert list(s.clients) == []
 
 
 def test_activity_keeps_a_session_alive_and_reorders_eviction() -> None:
     s = LeaseStore()
     ok(s.apply(acquire(0, ttl=10, cid="a", seq=1)))
     ok(s.apply(acquire(0, key="k2", ttl=10, lid="L2", cid="b", seq=1)))
-    assert code(s.apply(release(SESSION_IDLE_MS - 1, key="gone", cid="a", seq=2, ack=2))) == (
+    assert code(s.apply(release(CLIENT_IDLE_MS - 1, key="gone", cid="a", seq=2, ack=2))) == (
         "LEASE_NOT_FOUND"
     )
-    assert list(s.sessions) == ["b", "a"]
-    ok(s.apply(tick(SESSION_IDLE_MS)))
-    assert list(s.sessions) == ["a"]
-    assert s.sessions["a"].last_seen == SESSION_IDLE_MS - 1
-    ok(s.apply(tick(2 * SESSION_IDLE_MS - 1)))
-    assert list(s.sessions) == []
+    assert list(s.clients) == ["b", "a"]
+    ok(s.apply(tick(CLIENT_IDLE_MS)))
+    assert list(s.clients) == ["a"]
+    assert s.clients["a"].last_seen == CLIENT_IDLE_MS - 1
+    ok(s.apply(tick(2 * CLIENT_IDLE_MS - 1)))
+    assert list(s.clients) == []
 
 
 def test_evicted_session_with_ack_one_starts_afresh() -> None:
     """Known limit: with ``ack == 1`` an evicted client looks like a new one, so a
     retry of an old, never-acknowledged request is applied again. Clients must not
-    retry past SESSION_IDLE_MS."""
+    retry past CLIENT_IDLE_MS."""
     s = LeaseStore()
     first = ok(s.apply(acquire(0, ttl=10)))
-    ok(s.apply(tick(SESSION_IDLE_MS)))
-    assert s.sessions == {}
-    second = ok(s.apply(acquire(SESSION_IDLE_MS + 1, ttl=10)))
+    ok(s.apply(tick(CLIENT_IDLE_MS)))
+    assert s.clients == {}
+    second = ok(s.apply(acquire(CLIENT_IDLE_MS + 1, ttl=10)))
     assert second["token"] > first["token"]
 
 
 def test_too_many_pending_at_the_session_cap() -> None:
     s = LeaseStore()
-    for seq in range(1, MAX_PENDING_PER_SESSION + 1):
+    for seq in range(1, MAX_PENDING_PER_CLIENT + 1):
         r = s.apply(release(seq, key="missing", seq=seq, ack=1))
         assert code(r) == "LEASE_NOT_FOUND"
-    assert len(s.sessions["c1"].results) == MAX_PENDING_PER_SESSION
+    assert len(s.clients["c1"].results) == MAX_PENDING_PER_CLIENT
     revision = s.revision
-    r = s.apply(acquire(10_000, seq=MAX_PENDING_PER_SESSION + 1, ack=1))
+    r = s.apply(acquire(10_000, seq=MAX_PENDING_PER_CLIENT + 1, ack=1))
     assert code(r) == "TOO_MANY_PENDING"
     assert s.leases == {}
     assert s.revision == revision
-    assert len(s.sessions["c1"].results) == MAX_PENDING_PER_SESSION
+    assert len(s.clients["c1"].results) == MAX_PENDING_PER_CLIENT
     # A retry of a cached seq is still answered from the cache.
     assert code(s.apply(release(10_001, key="missing", seq=7, ack=1))) == "LEASE_NOT_FOUND"
     # Acknowledging frees room.
-    r = s.apply(acquire(10_002, seq=MAX_PENDING_PER_SESSION + 1, ack=2))
+    r = s.apply(acquire(10_002, seq=MAX_PENDING_PER_CLIENT + 1, ack=2))
     assert ok(r)["token"] == revision + 1
     assert isinstance(errors.from_wire("TOO_MANY_PENDING", ""), errors.TooManyPendingError)
 

@@ -21,7 +21,7 @@ from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 from raftlease import errors
-from raftlease.core import SESSION_IDLE_MS, LeaseStore
+from raftlease.core import CLIENT_IDLE_MS, LeaseStore
 from raftlease.limits import MAX_TTL_MS
 
 pytestmark = pytest.mark.timeout(60)
@@ -111,7 +111,7 @@ class Model:
             self.revision += 1
             self.expired += 1
         for cid in [
-            c for c, s in self.sessions.items() if s.last_seen + SESSION_IDLE_MS <= self.now
+            c for c, s in self.sessions.items() if s.last_seen + CLIENT_IDLE_MS <= self.now
         ]:
             del self.sessions[cid]
 
@@ -332,7 +332,7 @@ def build_log(seeds: list[int], jumps: bool) -> list[Step]:
         client = dice.pick(clients)
         clock += dice.pick(CLOCK_STEPS)
         if jumps and dice.chance(60):
-            clock += SESSION_IDLE_MS + dice.roll(11) - 5
+            clock += CLIENT_IDLE_MS + dice.roll(11) - 5
         if dice.chance(20):
             term += 1
         now, entry_term = clock, term
@@ -465,7 +465,7 @@ def test_store_agrees_with_the_model_and_tokens_increase(steps: list[Step]) -> N
 
         assert (store.now, store.term, store.revision) == (model.now, model.term, model.revision)
         assert (store.applied, store.expired_total) == (model.applied, model.expired)
-        assert {c: (s.acked, sorted(s.results)) for c, s in store.sessions.items()} == {
+        assert {c: (s.acked, sorted(s.results)) for c, s in store.clients.items()} == {
             c: (s.acked, sorted(s.results)) for c, s in model.sessions.items()
         }
         listed = store.list_leases(limit=100)

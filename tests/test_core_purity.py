@@ -82,8 +82,12 @@ def banned_calls(source: str) -> list[str]:
     )
 
 
+CORE_DIR = Path(inspect.getfile(raftlease.core)).resolve().parent
+
+
 def core_source() -> str:
-    return inspect.getsource(raftlease.core)
+    """Every module of the ``raftlease.core`` package, concatenated."""
+    return "\n".join(p.read_text(encoding="utf-8") for p in sorted(CORE_DIR.glob("*.py")))
 
 
 def sibling_modules(source: str, package_dir: Path) -> list[Path]:
@@ -105,9 +109,8 @@ def sibling_modules(source: str, package_dir: Path) -> list[Path]:
 def core_and_its_package_imports() -> dict[str, str]:
     """Source of core and, transitively, of every package module it imports: a module
     core relies on must be just as pure."""
-    core_file = Path(inspect.getfile(raftlease.core)).resolve()
     sources: dict[str, str] = {}
-    pending = [core_file]
+    pending = sorted(CORE_DIR.glob("*.py"))
     while pending:
         path = pending.pop()
         if str(path) in sources:

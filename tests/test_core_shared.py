@@ -159,7 +159,7 @@ def apply_refused(s: LeaseStore, entry: Entry) -> dict[str, Any]:
     assert {k: v for k, v in after.items() if k not in ("applied", "sessions")} == {
         k: v for k, v in before.items() if k not in ("applied", "sessions")
     }
-    assert s.sessions[entry["cid"]].results[entry["seq"]] is result
+    assert s.clients[entry["cid"]].results[entry["seq"]] is result
     assert s.events == []
     return result
 

@@ -31,16 +31,15 @@ from pysyncobj.transport import TCPTransport
 
 from raftlease.clock import SystemClock
 from raftlease.core import LeaseStore
-from raftlease.leadership import LeaseGuard
 from raftlease.replication import (
     AppendPlan,
     Conflict,
+    LeaseGuard,
     LeaseTransport,
-    _PackedSnapshot,
-    _StoreConsumer,
     plan_append_entries,
     snapshot_is_behind,
 )
+from raftlease.replication.replica import _PackedSnapshot, _StoreConsumer
 from raftlease.testing import free_port_block
 
 pytestmark = pytest.mark.timeout(30)

@@ -1,100 +1,176 @@
-"""The layer arrows of ARCHITECTURE.md §1, enforced: each module imports only the
-modules below it (an import-linter-style contract, written as an AST walk so it needs
-no extra tool). A client process must not need the server's dependencies."""
+"""The layer arrows of ARCHITECTURE §1 and docs/architecture.md, enforced with no
+exception list: each package imports only the layers below it (an import-linter-style
+contract, written as an AST walk so it needs no extra tool), only ``replication``
+imports pysyncobj, and a client process can import the client without pysyncobj or
+the server. Type-only imports count too: a circle is a design bug even for hints.
+"""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(60)
 
 PACKAGE = Path(__file__).resolve().parent.parent / "raftlease"
 
-#: module -> the raftlease modules it may import (directly or lazily).
+#: Shared ground: value types, the wire protocol, errors, config, clocks, limits.
+GROUND = {"_version", "errors", "limits", "clock", "config", "protocol", "models"}
+
+#: layer -> the raftlease layers it may import (directly, lazily or for types).
+#: A layer is a subpackage, or a top-level module of ground or the entry points.
 ALLOWED: dict[str, set[str]] = {
-    "limits": set(),
+    "_version": set(),
     "errors": set(),
+    "limits": set(),
     "clock": set(),
     "config": {"errors", "limits"},
-    "core": {"limits"},
     "protocol": {"errors", "limits"},
-    "leadership": {"clock"},
-    "replication": {"clock", "config", "core", "leadership", "errors"},
-    "client": {"errors", "protocol", "locks", "sessions", "election"},
-    "keepalive": {"errors"},
-    "locks": {"errors", "client", "keepalive", "sessions"},
-    "sessions": {"errors", "client", "keepalive", "locks"},
-    "election": {"errors", "client"},
-    "fencing": {"errors"},
-    "server": {"__init__", "clock", "config", "core", "errors", "protocol", "replication"},
-    "testing": {"client", "config", "errors"},
-    "cli": {"__init__", "client", "config", "errors", "server", "testing"},
+    "models": {"errors"},
+    "core": {"limits", "errors"},
+    "replication": GROUND | {"core"},
+    "server": GROUND | {"core", "replication"},
+    "recipes": {"errors", "models"},
+    "client": GROUND | {"recipes"},
+    "testing": GROUND | {"client", "server", "replication", "cli"},
+    "cli": GROUND | {"client", "server", "testing"},
     "__main__": {"cli"},
-    "__init__": {"client", "errors", "fencing", "election", "locks", "sessions"},
+    "__init__": {"_version", "client", "errors", "models", "recipes"},
 }
 
-#: Third-party modules a layer must never import.
-FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
-    "client": {"pysyncobj"},
-    "locks": {"pysyncobj"},
-    "keepalive": {"pysyncobj"},
-    "sessions": {"pysyncobj"},
-    "election": {"pysyncobj"},
-    "protocol": {"pysyncobj"},
-    "core": {"pysyncobj", "msgpack"},
+#: Third-party packages each layer may import (the stdlib is always allowed).
+THIRD_PARTY: dict[str, set[str]] = {
+    "replication": {"pysyncobj", "msgpack"},
+    "server": {"msgpack"},
+    "protocol": {"msgpack"},
+    "cli": {"click"},
 }
 
 
-def internal_imports(source: str) -> tuple[set[str], set[str]]:
-    """(raftlease modules, top-level third-party packages) that ``source`` imports."""
+def layer_of(path: Path) -> str:
+    relative = path.relative_to(PACKAGE)
+    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
+
+
+def layer_files() -> dict[str, list[Path]]:
+    layers: dict[str, list[Path]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        layers.setdefault(layer_of(path), []).append(path)
+    return layers
+
+
+def imports_of(path: Path) -> tuple[set[str], set[str]]:
+    """(raftlease layers, top-level third-party packages) that the file imports."""
+    layer_dir = path.parent
     internal: set[str] = set()
     external: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom):
-            package_level = (node.level > 0 and not node.module) or node.module == "raftlease"
-            if package_level:  # from . import x / from raftlease import x
-                internal.update(
-                    alias.name if (PACKAGE / f"{alias.name}.py").exists() else "__init__"
-                    for alias in node.names
-                )
-            elif node.level > 0 and node.module:  # from .x import y
-                internal.add(node.module.split(".")[0])
+            if node.level > 0:
+                base = layer_dir
+                for _ in range(node.level - 1):
+                    base = base.parent
+                if node.module:
+                    target = base.joinpath(*node.module.split("."))
+                    internal.add(_layer_for(target))
+                else:
+                    for alias in node.names:
+                        internal.add(_layer_for(base / alias.name))
             elif node.module and node.module.split(".")[0] == "raftlease":
-                internal.add(node.module.split(".")[1])
+                parts = node.module.split(".")
+                if len(parts) > 1:
+                    internal.add(parts[1])
+                else:
+                    internal.update(_layer_for(PACKAGE / alias.name) for alias in node.names)
             elif node.module:
                 external.add(node.module.split(".")[0])
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                top = alias.name.split(".")[0]
-                if top == "raftlease":
-                    parts = alias.name.split(".")
+                parts = alias.name.split(".")
+                if parts[0] == "raftlease":
                     internal.add(parts[1] if len(parts) > 1 else "__init__")
                 else:
-                    external.add(top)
+                    external.add(parts[0])
     return internal, external
 
 
-def test_every_module_has_a_contract() -> None:
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
-    assert modules == set(ALLOWED), "add the new module to ALLOWED with its layer"
+def _layer_for(target: Path) -> str:
+    """The layer a relative import resolves to (a module, a package, or a name that
+    is neither, i.e. an attribute of the package: its ``__init__``)."""
+    for candidate in (target.with_suffix(".py"), target / "__init__.py"):
+        if candidate.is_file():
+            return layer_of(candidate)
+    return layer_of(target.parent / "__init__.py")
 
 
-@pytest.mark.parametrize("module", sorted(ALLOWED))
-def test_module_imports_only_lower_layers(module: str) -> None:
-    internal, external = internal_imports((PACKAGE / f"{module}.py").read_text())
-    internal.discard(module)
-    assert internal <= ALLOWED[module], f"{module} imports {sorted(internal - ALLOWED[module])}"
-    banned = external & FORBIDDEN_THIRD_PARTY.get(module, set())
-    assert not banned, f"{module} must not import {sorted(banned)}"
+STDLIB = set(sys.stdlib_module_names)
 
 
-def test_the_checker_sees_a_violation() -> None:
-    internal, external = internal_imports(
-        "from .server import NodeServer\nimport pysyncobj.node\nfrom raftlease import core\n"
+def test_every_layer_has_a_contract() -> None:
+    assert set(layer_files()) == set(ALLOWED), "add the new module or package to ALLOWED"
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_layer_imports_only_lower_layers(layer: str) -> None:
+    for path in layer_files()[layer]:
+        internal, external = imports_of(path)
+        internal.discard(layer)
+        assert internal <= ALLOWED[layer], (
+            f"{path.relative_to(PACKAGE)} imports {sorted(internal - ALLOWED[layer])}"
+        )
+        foreign = {name for name in external if name not in STDLIB and name != "__future__"}
+        banned = foreign - THIRD_PARTY.get(layer, set()) - {"raftlease"}
+        # The testing layer drives everything (and may use what it drives).
+        if layer != "testing":
+            assert not banned, f"{path.relative_to(PACKAGE)} must not import {sorted(banned)}"
+
+
+def test_only_replication_imports_pysyncobj() -> None:
+    users = {
+        str(path.relative_to(PACKAGE))
+        for paths in layer_files().values()
+        for path in paths
+        if "pysyncobj" in imports_of(path)[1]
+    }
+    assert users and all(user.startswith("replication/") for user in users), users
+
+
+def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
+    """Self-check: a recipe importing client internals and pysyncobj is reported."""
+    internal, _ = imports_of(PACKAGE / "recipes" / "locks.py")
+    assert internal - {"recipes"} <= ALLOWED["recipes"]
+    bad = tmp_path / "bad.py"
+    bad.write_text("from raftlease.client.transport import Transport\nimport pysyncobj.node\n")
+    internal, external = imports_of(bad)
+    assert internal == {"client"} and "pysyncobj" in external
+    assert "client" not in ALLOWED["recipes"], "the contract would reject it"
+
+
+def _loaded_after(statement: str) -> set[str]:
+    code = f"{statement}\nimport sys\nprint(' '.join(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True
     )
-    assert internal == {"server", "core"}
-    assert "pysyncobj" in external
-    assert not {"server", "core"} <= ALLOWED["client"], "the contract would reject it"
+    return set(out.stdout.split())
+
+
+def test_a_client_process_needs_no_pysyncobj_and_no_server() -> None:
+    loaded = _loaded_after(
+        "import raftlease.client, raftlease.recipes\nfrom raftlease import Client"
+    )
+    assert "raftlease.client" in loaded
+    assert "pysyncobj" not in loaded
+    assert not {m for m in loaded if m.split(".")[:2] in (["raftlease", "server"],)}
+    for layer in ("server", "replication", "core"):
+        assert f"raftlease.{layer}" not in loaded, layer
+
+
+def test_a_node_process_loads_no_client_or_recipes() -> None:
+    loaded = _loaded_after("import raftlease.cli, raftlease.server")
+    assert "raftlease.server" in loaded
+    for layer in ("client", "recipes"):
+        assert f"raftlease.{layer}" not in loaded, layer

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 @pytest.fixture
 def hooked(cluster_factory: Callable[..., LocalCluster]) -> LocalCluster:
     """A cluster whose nodes accept the test-only clock control."""
-    return cluster_factory(test_hooks=True)
+    return cluster_factory(hooks={"clock_control": True})
 
 
 def set_rate(addr: str, rate: float) -> None:

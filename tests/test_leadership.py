@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from raftlease.leadership import LEASE_MARGIN, DriftMonitor, LeaseGuard
+from raftlease.replication.leadership import LEASE_MARGIN, DriftMonitor, LeaseGuard
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -99,9 +99,12 @@ def test_follower_refuses_votes_within_promise_and_after_start() -> None:
 
 
 def test_planted_bug_skips_the_promise() -> None:
-    guard = LeaseGuard(
-        FakeClock(), cluster_size=3, promise=0.4, rho=0.01, planted="skip_vote_promise"
-    )
+    from raftlease.testing.node import PromiselessGuard
+
+    clock = FakeClock()
+    guard = PromiselessGuard(clock, cluster_size=3, promise=0.4, rho=0.01)
+    honest = LeaseGuard(clock, cluster_size=3, promise=0.4, rho=0.01)
+    assert honest.refuse_vote(), "the honest guard refuses right after its start"
     assert not guard.refuse_vote()
 
 

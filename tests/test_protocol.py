@@ -311,10 +311,21 @@ def test_parse_key_limit_counts_utf8_bytes() -> None:
         parse_request({**ok, "owner": "€€"}, limits)
 
 
-def test_parse_test_clock_fields() -> None:
-    request = parse_request({"id": 1, "op": "test_clock", "rate": 2, "jump": 0}, LIMITS)
-    assert request.args == {"rate": 2.0, "jump": 0.0}
-    assert request.cid is None
+def test_test_clock_is_not_a_production_operation() -> None:
+    assert "test_clock" not in OPS
+    with pytest.raises(BadRequestError, match="unknown operation 'test_clock'"):
+        parse_request({"id": 1, "op": "test_clock", "rate": 2}, LIMITS)
+
+
+def test_test_clock_control_fields() -> None:
+    """The test build's clock control validates its own fields (and a bad one
+    leaves the clock unchanged)."""
+    from raftlease.clock import AdjustableClock
+    from raftlease.testing.node import clock_control
+
+    clock = AdjustableClock()
+    control = clock_control(clock)
+    assert control({"id": 1, "op": "test_clock", "rate": 2, "jump": 0})["rate"] == 2.0
     cases: list[tuple[str, Any, type[RaftLeaseError]]] = [
         ("rate", 0, InvalidArgumentError),
         ("rate", 100, InvalidArgumentError),
@@ -326,7 +337,8 @@ def test_parse_test_clock_fields() -> None:
     ]
     for name, value, exc in cases:
         with pytest.raises(exc, match=f"'{name}'"):
-            parse_request({"id": 1, "op": "test_clock", name: value}, LIMITS)
+            control({"id": 1, "op": "test_clock", name: value})
+        assert clock.rate == 2.0
 
 
 def test_ops_table() -> None:

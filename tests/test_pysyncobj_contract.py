@@ -19,7 +19,8 @@ from pysyncobj.journal import FileJournal
 from pysyncobj.version import VERSION
 
 from raftlease.core import LeaseStore
-from raftlease.replication import _fail_reason_error, _StoreConsumer, repair_journal
+from raftlease.replication import repair_journal
+from raftlease.replication.replica import _fail_reason_error, _StoreConsumer
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -3,7 +3,9 @@ benchmark and the chaos suite (hashicorp/raft's ``MakeCluster`` idea, with real
 processes on 127.0.0.1 instead of in-memory transports).
 
 Each node runs as ``python -m raftlease node --config <data>/<id>/node.toml`` with its
-stderr in ``<data>/<id>/node.log``. Nothing here sleeps to guess: waits poll a
+stderr in ``<data>/<id>/node.log``; with ``hooks`` (a planted bug, clock control) it
+runs the test build instead, ``python -m raftlease.testing.node`` (the production node
+has no way to enable them). Nothing here sleeps to guess: waits poll a
 condition until a deadline and raise ``TimeoutError`` naming what did not happen.
 """
 
@@ -22,9 +24,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .client import Client
-from .config import NodeAddress, local_cluster
-from .errors import RaftLeaseError
+from ..client import Client
+from ..config import NodeAddress, local_cluster
+from ..errors import RaftLeaseError
+from .hooks import hook_arguments
 
 T = TypeVar("T")
 
@@ -96,6 +99,9 @@ class LocalCluster:
     """A cluster of ``count`` node processes on 127.0.0.1.
 
     ``settings`` are extra ``NodeConfig`` fields written into every node's TOML.
+    ``hooks`` starts every node as the test build with these test hooks
+    (``raftlease.testing.hooks``: ``{"clock_control": True}``, ``{"planted_bug":
+    "fast_log_clock"}``); ``node_hooks`` does so per node id.
     Use as a context manager (stops and, if it made it, removes the data directory).
     """
 
@@ -109,6 +115,8 @@ class LocalCluster:
         node_settings: dict[str, dict[str, Any]] | None = None,
         python: str = sys.executable,
         quiet: bool = True,
+        hooks: dict[str, Any] | None = None,
+        node_hooks: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.count = count
         base = client_port if client_port is not None else free_port_block(count)
@@ -120,6 +128,8 @@ class LocalCluster:
         self.node_settings = {k: dict(v) for k, v in (node_settings or {}).items()}
         self.python = python
         self.quiet = quiet
+        self.hooks = dict(hooks or {})
+        self.node_hooks = {k: dict(v) for k, v in (node_hooks or {}).items()}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     # ------------------------------------------------------------- layout
@@ -177,8 +187,14 @@ class LocalCluster:
         log = open(self.log_path(node_id), "ab")  # noqa: SIM115 - owned by the child
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        hooks = {**self.hooks, **self.node_hooks.get(node_id, {})}
+        if hooks:
+            command = [self.python, "-m", "raftlease.testing.node", "--config", str(config)]
+            command += hook_arguments(hooks)
+        else:
+            command = [self.python, "-m", "raftlease", "node", "--config", str(config)]
         proc = subprocess.Popen(
-            [self.python, "-m", "raftlease", "node", "--config", str(config)],
+            command,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -17,7 +17,7 @@ attached lease and drops every attached queued acquire, in that same entry.
 
 The keep-alive runs every ``ttl / 3`` (an asyncio task; for the blocking ``Client``, a
 task on the client's own event-loop thread). Jeopardy and loss are reported as for
-held locks (``raftlease.keepalive``): ``jeopardy`` while keep-alives fail but the
+held locks (``raftlease.recipes.keepalive``): ``jeopardy`` while keep-alives fail but the
 session is still valid on this client's clock, ``lost`` (an ``asyncio.Event`` or a
 ``threading.Event``) once the cluster says it is gone or validity ran out; the
 callbacks ``on_jeopardy`` / ``on_lost`` are called once per episode.
@@ -29,14 +29,13 @@ import asyncio
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from .errors import InvalidArgumentError, RaftLeaseError
+from ..errors import InvalidArgumentError, RaftLeaseError
+from ..models import AsyncLeaseClient, Lease, LeaseClient
 from .keepalive import KeepAliveState, LostCallback
-
-if TYPE_CHECKING:
-    from .client import AsyncClient, Client, Lease
-    from .locks import AsyncHeldLock, HeldLock
+from .locks import AsyncHeldLock, HeldLock
 
 
 class AsyncSession(KeepAliveState):
@@ -45,7 +44,7 @@ class AsyncSession(KeepAliveState):
 
     def __init__(
         self,
-        client: AsyncClient,
+        client: AsyncLeaseClient,
         *,
         owner: str,
         ttl: float,
@@ -62,6 +61,8 @@ class AsyncSession(KeepAliveState):
         self._id: str | None = None
         self.lost = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: Cancels our registration with the client's ``on_close`` (while open).
+        self._unregister: Callable[[], None] | None = None
 
     @property
     def owner(self) -> str:
@@ -86,7 +87,8 @@ class AsyncSession(KeepAliveState):
         self._task = asyncio.create_task(
             self.keep_alive_task(lambda timeout: self.keepalive(timeout=timeout), self.lost)
         )
-        self._client._sessions.add(self)
+        # Closing the client stops our keep-alive (the session then expires).
+        self._unregister = self._client.on_close(self.stop_keepalive)
         return self
 
     async def keepalive(self, *, timeout: float | None = None) -> None:
@@ -100,7 +102,9 @@ class AsyncSession(KeepAliveState):
     async def stop_keepalive(self) -> None:
         """Stop the background keep-alive (the session then expires after its TTL,
         unless ``keepalive`` is called). ``close`` does this first."""
-        self._client._sessions.discard(self)
+        if self._unregister is not None:
+            self._unregister()
+            self._unregister = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -138,7 +142,7 @@ class AsyncSession(KeepAliveState):
     def lock(self, key: str, **options: Any) -> AsyncHeldLock:
         """``async with session.lock(key, wait=...) as held:``, released on exit,
         kept alive by this session."""
-        return self._client.lock(key, session=self, **options)
+        return AsyncHeldLock(self._client, key, session=self, **options)
 
 
 class Session:
@@ -147,7 +151,7 @@ class Session:
 
     def __init__(
         self,
-        client: Client,
+        client: LeaseClient,
         *,
         owner: str,
         ttl: float,
@@ -168,10 +172,10 @@ class Session:
 
         async def make() -> AsyncSession:
             return AsyncSession(
-                client._async, owner=owner, ttl=ttl, on_lost=lost, on_jeopardy=jeopardy
+                client.aio, owner=owner, ttl=ttl, on_lost=lost, on_jeopardy=jeopardy
             )
 
-        self._async = client._run(make())
+        self._async = client.portal.run(make())
 
     owner = property(lambda self: self._async.owner)
     session_id = property(lambda self: self._async.session_id)
@@ -183,14 +187,14 @@ class Session:
     ttl = property(lambda self: self._async.ttl)
 
     def open(self, *, timeout: float | None = None) -> Session:
-        self._client._run(self._async.open(timeout=timeout))
+        self._client.portal.run(self._async.open(timeout=timeout))
         return self
 
     def keepalive(self, *, timeout: float | None = None) -> None:
-        self._client._run(self._async.keepalive(timeout=timeout))
+        self._client.portal.run(self._async.keepalive(timeout=timeout))
 
     def close(self, *, timeout: float = 5.0) -> None:
-        self._client._run(self._async.close(timeout=timeout))
+        self._client.portal.run(self._async.close(timeout=timeout))
         self.lost.set()
 
     def __enter__(self) -> Session:
@@ -203,7 +207,7 @@ class Session:
         return self._client.acquire(key, session=self._async, **options)
 
     def lock(self, key: str, **options: Any) -> HeldLock:
-        return self._client.lock(key, session=self, **options)
+        return HeldLock(self._client, key, session=self, **options)
 
 
 def _in_thread(callback: LostCallback | None, reason: str) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 
-from .errors import RaftLeaseError
+from ..errors import RaftLeaseError
 
 
 class StaleTokenError(RaftLeaseError):

@@ -1,7 +1,7 @@
 """Leader lease, vote promise and clock-drift monitor (Raft dissertation §6.4.1).
 
 Pure bookkeeping driven by an injected ``Clock``; the PySyncObj transport in
-``replication.py`` feeds it the stamps it puts on and reads off Raft messages. All
+``transport.py`` feeds it the stamps it puts on and reads off Raft messages. All
 methods are called on PySyncObj's tick thread except the ``*_valid``/``snapshot``
 readers, which read a few floats and are safe from any thread.
 
@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from .clock import Clock
+from ..clock import Clock
 
 log = logging.getLogger("raftlease.leadership")
 
@@ -146,17 +146,13 @@ class DriftMonitor:
 class LeaseGuard:
     """Vote promise on followers, leader lease on the leader, drift alarm on both."""
 
-    def __init__(
-        self, clock: Clock, cluster_size: int, promise: float, rho: float, planted: str = ""
-    ) -> None:
+    def __init__(self, clock: Clock, cluster_size: int, promise: float, rho: float) -> None:
         self.clock = clock
         self.cluster_size = cluster_size
         self.promise = promise
         self.rho = rho
         self.drift = DriftMonitor(rho)
         self.started = clock.monotonic()
-        # Planted bug for the chaos suite: followers never refuse votes.
-        self._skip_promise = planted == "skip_vote_promise"
         # Follower side.
         self.last_heard = float("-inf")
         self.heard_term = -1
@@ -207,8 +203,6 @@ class LeaseGuard:
     def refuse_vote(self) -> bool:
         """True while this node promised not to vote (heard from a leader within S,
         or started less than S ago)."""
-        if self._skip_promise:
-            return False
         now = self.clock.monotonic()
         refuse = now - self.last_heard < self.promise or now - self.started < self.promise
         if refuse:

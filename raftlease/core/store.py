@@ -20,9 +20,10 @@ Rules this module keeps (docs/design.md explains why):
   the revision it created, so tokens strictly increase per key (and store-wide).
 * Renew and release require the ``lease_id`` that only the grantee received; reads
   never reveal it. Lease ids are drawn by the leader and carried in the entry.
-* Client sessions (Raft dissertation §6.3): a mutating entry carries ``(cid, seq, ack)``;
-  results of requests the client has not acknowledged (``seq >= ack``) are kept and
-  returned again for a retried ``seq``, so a retry never applies twice.
+* Client ids (Raft dissertation §6.3): a mutating entry carries ``(cid, seq, ack)``;
+  results of requests the client has not acknowledged (``seq >= ack``) are kept in the
+  dedup table (``dedup.ClientTable``) and returned again for a retried ``seq``, so a
+  retry never applies twice.
 * Outcomes are values. ``apply`` never raises on any input: malformed entries get a
   ``BAD_REQUEST`` result and leave the state unchanged.
 """
@@ -31,208 +32,24 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-# Hard structural caps (the server enforces tighter, configurable limits first).
-from .limits import (
-    MAX_CAPACITY,
-    MAX_ID_CHARS,
-    MAX_KEY_BYTES,
-    MAX_LIST,
-    MAX_OWNER_BYTES,
-    MAX_SESSION_LEASES,
-    MAX_TTL_MS,
-    MAX_VALUE_BYTES,
-)
-
-#: Bump when the snapshot layout changes; ``restore`` refuses other versions.
-SNAPSHOT_VERSION = 3
-
-#: A session with no request for this long (log time) is forgotten.
-SESSION_IDLE_MS = 10 * 60 * 1000
-#: Most unacknowledged results kept per client session.
-MAX_PENDING_PER_SESSION = 4096
-Result = dict[str, Any]
-
-#: Most requests one batch entry may carry.
-MAX_BATCH = 4096
-
-#: Operations on one lease, named by ``key`` and ``lid``.
-LEASE_OPS = frozenset({"acquire", "renew", "release", "transfer", "proclaim"})
-SESSION_OPS = frozenset({"session_open", "session_keepalive", "session_close"})
-MUTATING_OPS = LEASE_OPS | SESSION_OPS
-READ_OPS = frozenset({"holder", "leases", "fence", "lease_status"})
-#: Waiter priorities accepted (higher is served first, FIFO within a priority).
-MAX_PRIORITY = 1000
-ALL_OPS = MUTATING_OPS | READ_OPS | {"tick"}
+from ..limits import MAX_SESSION_LEASES
+from . import snapshot
+from .checks import ALL_OPS, MAX_BATCH, check_args, valid_int
+from .records import ClientRecord, LeaseRecord, LeaseSession, Result, Waiter, error
+from .state import StoreState
 
 
-@dataclass(slots=True)
-class LeaseRecord:
-    """One live lease. ``expires_at`` and ``granted_at`` are log-time milliseconds.
+class LeaseStore(StoreState):
+    """The lease state machine. Single-threaded: the caller serializes ``apply``.
 
-    ``units`` is how much of the key's capacity the lease takes (1 for a plain lock);
-    ``value`` is free text the holder publishes (an elected leader's address);
-    ``session`` is the lease session it is attached to ("" for none): an attached
-    lease expires with its session and is renewed by the session's keep-alive."""
-
-    key: str
-    lease_id: str
-    owner: str
-    token: int
-    ttl_ms: int
-    granted_at: int
-    expires_at: int
-    units: int = 1
-    value: str = ""
-    session: str = ""
-
-    def to_plain(self) -> list[Any]:
-        return [
-            self.key,
-            self.lease_id,
-            self.owner,
-            self.token,
-            self.ttl_ms,
-            self.granted_at,
-            self.expires_at,
-            self.units,
-            self.value,
-            self.session,
-        ]
-
-
-@dataclass(slots=True)
-class Waiter:
-    """A queued acquire: granted, in the same log entry, when it is first in
-    ``(-priority, order)`` and its units fit; leaves the queue at ``deadline`` (log
-    time) or when its session ends."""
-
-    key: str
-    lease_id: str
-    owner: str
-    ttl_ms: int
-    priority: int
-    order: int
-    deadline: int
-    units: int = 1
-    value: str = ""
-    session: str = ""
-
-    def rank(self) -> tuple[int, int]:
-        return (-self.priority, self.order)
-
-    def to_plain(self) -> list[Any]:
-        return [
-            self.key,
-            self.lease_id,
-            self.owner,
-            self.ttl_ms,
-            self.priority,
-            self.order,
-            self.deadline,
-            self.units,
-            self.value,
-            self.session,
-        ]
-
-
-@dataclass(slots=True)
-class LeaseSession:
-    """A lease session: one keep-alive for any number of attached leases and queued
-    acquires. When it expires (or is closed) everything attached is released."""
-
-    session_id: str
-    owner: str
-    ttl_ms: int
-    expires_at: int
-    #: Attached live leases and queued acquires, by lease id, in attach order.
-    leases: dict[str, None]
-    waiters: dict[str, None]
-
-    def to_plain(self) -> list[Any]:
-        return [self.session_id, self.owner, self.ttl_ms, self.expires_at]
-
-
-@dataclass(slots=True)
-class ClientSession:
-    last_seen: int
-    results: dict[int, Result]
-    #: Highest ``ack`` the client has sent: every seq below it was acknowledged, so a
-    #: late duplicate of one (a retry overtaken by later requests) is never applied.
-    acked: int = 1
-
-
-def error(code: str, message: str, **detail: Any) -> Result:
-    """A domain outcome that is not a success (see ``raftlease.errors`` for codes)."""
-    result: Result = {"ok": False, "code": code, "message": message}
-    if detail:
-        result["detail"] = detail
-    return result
-
-
-def _utf8_size(value: str) -> int:
-    """Encoded size of ``value``; a string UTF-8 cannot encode (a lone surrogate) counts
-    as oversized, so it is rejected instead of raising ``UnicodeEncodeError``."""
-    try:
-        return len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        return 2**63
-
-
-def _valid_str(value: Any, max_bytes: int) -> bool:
-    return isinstance(value, str) and len(value) > 0 and _utf8_size(value) <= max_bytes
-
-
-def _valid_int(value: Any, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-class LeaseStore:
-    """The replicated lease state. Single-threaded: the caller serializes ``apply``.
-
-    A key has a *capacity* (1 for a plain lock; N for a semaphore or a pool of N
-    units; ``RW_CAPACITY`` for a read/write lock, where a reader takes one unit and a
-    writer all of them) and any number of holders whose units fit in it. Every holder
-    has its own lease id and fencing token. Acquires that do not fit queue in
-    ``(-priority, arrival)`` order, and nobody overtakes the head of the queue: a
-    request that would fit is still queued behind an earlier one that does not (so a
-    waiting writer is never starved by a stream of readers).
+    Acquires that do not fit queue in ``(-priority, arrival)`` order, and nobody
+    overtakes the head of the queue: a request that would fit is still queued behind
+    an earlier one that does not (so a waiting writer is never starved by a stream of
+    readers).
     """
-
-    def __init__(self) -> None:
-        self.now: int = 0
-        self.term: int = 0
-        self.revision: int = 0
-        #: Live leases by lease id.
-        self.leases: dict[str, LeaseRecord] = {}
-        #: key -> its live leases by lease id, in grant (token) order.
-        self.holders: dict[str, dict[str, LeaseRecord]] = {}
-        #: key -> capacity, and units in use, while the key has holders or waiters.
-        self.capacity: dict[str, int] = {}
-        self.used: dict[str, int] = {}
-        # (expires_at, lease_id); entries go stale on renew/release and are skipped
-        # when popped. Rebuilt from ``leases`` on restore.
-        self._deadlines: list[tuple[int, str]] = []
-        # Ordered by last_seen (oldest first) so idle sessions are evicted in order.
-        self.sessions: OrderedDict[str, ClientSession] = OrderedDict()
-        #: Lease sessions by id, and their expiry times as (expires_at, id) in a heap.
-        self.lease_sessions: dict[str, LeaseSession] = {}
-        self._session_deadlines: list[tuple[int, str]] = []
-        self.applied: int = 0
-        self.expired_total: int = 0
-        # Wait queues: key -> waiters sorted by rank; lease id -> waiter; and the
-        # waiters' deadlines as (deadline, lease_id) in a heap (stale entries skipped).
-        self.queues: dict[str, list[Waiter]] = {}
-        self.waiting: dict[str, Waiter] = {}
-        self._wait_deadlines: list[tuple[int, str]] = []
-        self.queue_order: int = 0
-        #: What the last ``apply`` changed, for the server (wake long-polls, watches).
-        #: Not part of the state: rebuilt by every apply, never snapshotted.
-        self.events: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ apply
 
@@ -269,12 +86,12 @@ class LeaseStore:
         if not isinstance(op, str) or op not in ALL_OPS:  # an unhashable op must not raise
             return error("BAD_REQUEST", f"unknown operation {op!r}")
         now: int = entry.get("now")  # type: ignore[assignment]
-        if not _valid_int(now, 0, 2**62):
+        if not valid_int(now, 0, 2**62):
             return error("BAD_REQUEST", "entry time stamp 'now' must be a non-negative integer")
         term = entry.get("term", 0)
-        if not _valid_int(term, 0, 2**62):
+        if not valid_int(term, 0, 2**62):
             return error("BAD_REQUEST", "entry 'term' must be a non-negative integer")
-        problem = self._check_args(op, entry)
+        problem = check_args(op, entry)
         if problem is not None:
             return error("BAD_REQUEST", problem)
 
@@ -287,7 +104,7 @@ class LeaseStore:
                 f"entry stamped in term {term} by a deposed leader (term is {self.term})",
             )
         reused = self._reused_id(op, entry)
-        if reused is not None and not self._answered(entry):
+        if reused is not None and not self.clients.answered(entry["cid"], entry["seq"]):
             # Checked before anything moves, so a refused entry changes nothing (not
             # log time, not ``applied``, not the client's dedup table): a retry of the
             # same request carries a fresh id drawn by the leader and must not find a
@@ -314,87 +131,6 @@ class LeaseStore:
                 "now": self.now,
             }
         return self._apply_mutation(op, entry)
-
-    def _check_args(self, op: str, entry: dict[str, Any]) -> str | None:
-        if op in MUTATING_OPS:
-            if not _valid_str(entry.get("cid"), MAX_ID_CHARS):
-                return "'cid' must be a non-empty string"
-            if not _valid_int(entry.get("seq"), 1, 2**62):
-                return "'seq' must be a positive integer"
-            if not _valid_int(entry.get("ack"), 1, 2**62):
-                return "'ack' must be a positive integer"
-        if op in LEASE_OPS:
-            if not _valid_str(entry.get("key"), MAX_KEY_BYTES):
-                return "'key' must be a non-empty string"
-            if not _valid_str(entry.get("lid"), MAX_ID_CHARS):
-                return "'lid' must be a non-empty string"
-        if op in SESSION_OPS and not _valid_str(entry.get("sid"), MAX_ID_CHARS):
-            return "'sid' must be a non-empty string"
-        if op in ("acquire", "transfer", "session_open") and not _valid_str(
-            entry.get("owner"), MAX_OWNER_BYTES
-        ):
-            return "'owner' must be a non-empty string"
-        if "value" in entry and not (
-            isinstance(entry["value"], str) and _utf8_size(entry["value"]) <= MAX_VALUE_BYTES
-        ):
-            return f"'value' must be a string of at most {MAX_VALUE_BYTES} bytes"
-        if op == "acquire":
-            ttl = entry.get("ttl")
-            if "session" in entry:
-                if not _valid_str(entry["session"], MAX_ID_CHARS):
-                    return "'session' must be a non-empty string"
-                if ttl is not None:
-                    return "'ttl' must be absent: an attached lease lives as long as its session"
-            elif not _valid_int(ttl, 1, MAX_TTL_MS):
-                return "'ttl' must be a positive integer of milliseconds"
-            if not _valid_int(entry.get("wait", 0), 0, MAX_TTL_MS):
-                return "'wait' must be a non-negative integer of milliseconds"
-            if not _valid_int(entry.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY):
-                return f"'priority' must be an integer from {-MAX_PRIORITY} to {MAX_PRIORITY}"
-            capacity = entry.get("capacity", 1)
-            if not _valid_int(capacity, 1, MAX_CAPACITY):
-                return f"'capacity' must be an integer from 1 to {MAX_CAPACITY}"
-            if not _valid_int(entry.get("units", 1), 1, capacity):
-                return "'units' must be an integer from 1 to the key's capacity"
-        elif op == "transfer":
-            if not _valid_str(entry.get("new_lid"), MAX_ID_CHARS):
-                return "'new_lid' must be a non-empty string"
-            ttl = entry.get("ttl")
-            if ttl is not None and not _valid_int(ttl, 1, MAX_TTL_MS):
-                return "'ttl' must be a positive integer of milliseconds or absent"
-        elif op == "proclaim":
-            if not isinstance(entry.get("value"), str):
-                return "'value' must be a string"
-        elif op in ("session_open", "session_keepalive"):
-            ttl = entry.get("ttl")
-            if (op == "session_open" or ttl is not None) and not _valid_int(ttl, 1, MAX_TTL_MS):
-                return "'ttl' must be a positive integer of milliseconds"
-        elif op in ("fence", "lease_status"):
-            if not _valid_str(entry.get("key"), MAX_KEY_BYTES):
-                return "'key' must be a non-empty string"
-            if op == "fence" and not _valid_int(entry.get("token"), 0, 2**62):
-                return "'token' must be a non-negative integer"
-            if op == "lease_status" and not _valid_str(entry.get("lid"), MAX_ID_CHARS):
-                return "'lid' must be a non-empty string"
-        elif op == "renew":
-            ttl = entry.get("ttl")
-            if ttl is not None and not _valid_int(ttl, 1, MAX_TTL_MS):
-                return "'ttl' must be a positive integer of milliseconds or absent"
-        elif op == "holder":
-            if not _valid_str(entry.get("key"), MAX_KEY_BYTES):
-                return "'key' must be a non-empty string"
-        elif op == "leases":
-            prefix = entry.get("prefix", "")
-            if not isinstance(prefix, str) or _utf8_size(prefix) > MAX_KEY_BYTES:
-                return "'prefix' must be a string"
-            if not _valid_int(entry.get("limit", 1000), 1, MAX_LIST):
-                return "'limit' must be an integer from 1 to 100000"
-        return None
-
-    def _answered(self, entry: dict[str, Any]) -> bool:
-        """Is this mutation a retry whose answer the client's dedup table holds?"""
-        session = self.sessions.get(entry["cid"])
-        return session is not None and entry["seq"] in session.results
 
     def _reused_id(self, op: str, entry: dict[str, Any]) -> str | None:
         """The leader draws fresh lease and session ids; one already known here (live,
@@ -443,56 +179,22 @@ class LeaseStore:
         # Stale heap entries (from renewals) accumulate; rebuild when they dominate.
         if len(deadlines) > 64 and len(deadlines) > 4 * len(self.leases):
             self._rebuild_deadlines()
-        sessions = self.sessions
-        while sessions:
-            cid, client = next(iter(sessions.items()))
-            if client.last_seen + SESSION_IDLE_MS > self.now:
-                break
-            del sessions[cid]
+        self.clients.evict_idle(self.now)
 
     def _rebuild_deadlines(self) -> None:
         self._deadlines = [(r.expires_at, r.lease_id) for r in self.leases.values()]
         heapq.heapify(self._deadlines)
 
     def _apply_mutation(self, op: str, entry: dict[str, Any]) -> Result:
-        cid: str = entry["cid"]
-        seq: int = entry["seq"]
-        ack: int = entry["ack"]
-        session = self.sessions.get(cid)
-        if session is None:
-            if ack > 1:
-                return error(
-                    "SESSION_EXPIRED",
-                    "client session is unknown (evicted after inactivity); request not applied",
-                )
-            session = ClientSession(last_seen=self.now, results={})
-            self.sessions[cid] = session
-        else:
-            session.last_seen = self.now
-            self.sessions.move_to_end(cid)
-        if ack > session.acked:
-            session.acked = ack
-            for done in [s for s in session.results if s < ack]:
-                del session.results[done]
-        if seq < session.acked:
-            return error(
-                "BAD_REQUEST",
-                f"seq {seq} was already acknowledged by the client (ack {session.acked}); "
-                "a late duplicate is never applied",
-            )
-        cached = session.results.get(seq)
+        record = self.clients.admit(entry["cid"], entry["seq"], entry["ack"], self.now)
+        if not isinstance(record, ClientRecord):
+            return record  # refused by the dedup table: the refusal is the answer
+        cached = record.results.get(entry["seq"])
         if cached is not None:
-            return cached
-        if len(session.results) >= MAX_PENDING_PER_SESSION:
-            return error(
-                "TOO_MANY_PENDING",
-                f"client has {len(session.results)} unacknowledged requests",
-            )
+            return cached  # a retry: answered again, never applied twice
         result = self._MUTATIONS[op](self, entry)
-        session.results[seq] = result
+        record.results[entry["seq"]] = result
         return result
-
-    # ------------------------------------------------------------- operations
 
     def _acquire(self, entry: dict[str, Any]) -> Result:
         key: str = entry["key"]
@@ -869,189 +571,16 @@ class LeaseStore:
         "session_close": _session_close,
     }
 
-    def _lease_result(self, lease: LeaseRecord) -> Result:
-        result: Result = {
-            "ok": True,
-            "key": lease.key,
-            "owner": lease.owner,
-            "token": lease.token,
-            "lease_id": lease.lease_id,
-            "ttl": lease.ttl_ms,
-            "expires_at": lease.expires_at,
-            "now": self.now,
-            "revision": self.revision,
-        }
-        return self._extras(lease, result)
-
-    @staticmethod
-    def _extras(lease: LeaseRecord, out: dict[str, Any]) -> dict[str, Any]:
-        """Fields shown only when they differ from a plain lock's."""
-        if lease.units != 1:
-            out["units"] = lease.units
-        if lease.value:
-            out["value"] = lease.value
-        if lease.session:
-            out["session"] = lease.session
-        return out
-
-    # ------------------------------------------------------------------ reads
-
-    def _live(self, key: str, at: int) -> list[LeaseRecord]:
-        """The live leases on ``key`` at log time ``at``, oldest grant first. Safe
-        from another thread while ``apply`` runs (``list`` copies the dict's values
-        in one step under the GIL)."""
-        holders = self.holders.get(key)
-        if holders is None:
-            return []
-        return [lease for lease in list(holders.values()) if lease.expires_at > at]
-
-    def holder(self, key: str, now: int | None = None) -> dict[str, Any] | None:
-        """Who holds ``key`` at log time ``now`` (default: the last applied log time);
-        never reveals a lease id. For a shared key (capacity > 1) the answer is the
-        newest holder plus ``capacity``, ``used`` and every live holder in ``holders``.
-
-        Safe to call from another thread while ``apply`` runs (a leader-lease read):
-        it copies before it iterates and copies what it returns.
-        """
-        at = self.now if now is None else now
-        live = self._live(key, at)
-        if not live:
-            return None
-        out = self._public(live[-1], at)
-        capacity = self.capacity.get(key, 1)
-        if capacity > 1:
-            out["capacity"] = capacity
-            out["used"] = sum(lease.units for lease in live)
-            out["holders"] = [self._public(lease, at) for lease in live]
-        return out
-
-    def list_leases(
-        self, prefix: str = "", limit: int = 1000, now: int | None = None
-    ) -> list[dict[str, Any]]:
-        """Live leases at log time ``now`` whose key starts with ``prefix``, sorted by
-        key (and by grant within a key), at most ``limit``. Thread-safe in the same
-        way as ``holder``: ``sorted`` copies the keys in one step."""
-        at = self.now if now is None else now
-        out: list[dict[str, Any]] = []
-        for key in sorted(self.holders):
-            if not key.startswith(prefix):
-                continue
-            for lease in self._live(key, at):
-                out.append(self._public(lease, at))
-                if len(out) >= limit:
-                    return out
-        return out
-
-    def fence(self, key: str, token: int, now: int | None = None) -> dict[str, Any]:
-        """Is ``token`` the fencing token of a current holder of ``key``?
-        ``holder_token`` is the newest holder's token (None when nobody holds it)."""
-        live = self._live(key, self.now if now is None else now)
-        return {
-            "key": key,
-            "current": any(lease.token == token for lease in live),
-            "holder_token": live[-1].token if live else None,
-        }
-
-    def lease_status(self, key: str, lease_id: str, now: int | None = None) -> dict[str, Any]:
-        """State of one lease or queued acquire, for whoever knows its id: ``held``
-        (with the lease), ``waiting`` (with its queue position) or ``gone``."""
-        at = self.now if now is None else now
-        lease = self.leases.get(lease_id)
-        if lease is not None and lease.key == key and lease.expires_at > at:
-            return {"state": "held", **self._lease_result(lease), "now": at}
-        waiter = self.waiting.get(lease_id)
-        if waiter is not None and waiter.key == key and waiter.deadline > at:
-            queue = list(self.queues.get(key, ()))
-            position = next((i for i, w in enumerate(queue) if w is waiter), len(queue)) + 1
-            return {"state": "waiting", "position": position, "deadline": waiter.deadline}
-        return {"state": "gone"}
-
-    def _public(self, lease: LeaseRecord, now: int) -> dict[str, Any]:
-        public = {
-            "key": lease.key,
-            "owner": lease.owner,
-            "token": lease.token,
-            "ttl": lease.ttl_ms,
-            "expires_at": lease.expires_at,
-            "remaining": lease.expires_at - now,
-        }
-        return self._extras(lease, public)
-
-    def next_deadline(self) -> int | None:
-        """Earliest log time at which some lease or lease session may expire (a hint
-        for the leader)."""
-        heads = [h[0][0] for h in (self._deadlines, self._session_deadlines) if h]
-        return min(heads) if heads else None
-
     # -------------------------------------------------------------- snapshots
 
     def to_plain(self) -> dict[str, Any]:
-        """Plain data (msgpack-able) describing the whole state."""
-        return {
-            "v": SNAPSHOT_VERSION,
-            "now": self.now,
-            "term": self.term,
-            "revision": self.revision,
-            "applied": self.applied,
-            "expired_total": self.expired_total,
-            "capacity": [[key, cap] for key, cap in self.capacity.items()],
-            "leases": [lease.to_plain() for lease in self.leases.values()],
-            "lease_sessions": [s.to_plain() for s in self.lease_sessions.values()],
-            "queue_order": self.queue_order,
-            "waiters": [w.to_plain() for q in self.queues.values() for w in q],
-            "sessions": [
-                [cid, s.last_seen, s.acked, [[seq, res] for seq, res in s.results.items()]]
-                for cid, s in self.sessions.items()
-            ],
-        }
+        """Plain data (msgpack-able) describing the whole state (``snapshot``)."""
+        return snapshot.to_plain(self)
 
     @classmethod
     def from_plain(cls, data: dict[str, Any]) -> LeaseStore:
         """Rebuild a store from ``to_plain`` output (this layout version or version 2,
         which it upgrades). Raises ``ValueError`` on any other version."""
-        version = data.get("v")
-        if version not in (2, SNAPSHOT_VERSION):
-            raise ValueError(f"snapshot version {version!r} is not 2 or {SNAPSHOT_VERSION}")
-        if version == 2:
-            # Before shared keys and lease sessions: every key had capacity 1, leases
-            # and waiters had no units, value or session (their fields default).
-            keys = [plain[0] for plain in data["leases"]] + [w[0] for w in data["waiters"]]
-            data = {**data, "capacity": [[key, 1] for key in dict.fromkeys(keys)]}
-            data["lease_sessions"] = []
         store = cls()
-        store.now = data["now"]
-        store.term = data["term"]
-        store.revision = data["revision"]
-        store.applied = data["applied"]
-        store.expired_total = data["expired_total"]
-        for sid, owner, ttl_ms, expires_at in data["lease_sessions"]:
-            store.lease_sessions[sid] = LeaseSession(sid, owner, ttl_ms, expires_at, {}, {})
-        store._session_deadlines = [(s.expires_at, sid) for sid, s in store.lease_sessions.items()]
-        heapq.heapify(store._session_deadlines)
-        store.capacity = {key: cap for key, cap in data["capacity"]}
-        for plain in data["leases"]:
-            lease = LeaseRecord(*plain)
-            store.leases[lease.lease_id] = lease
-            store.holders.setdefault(lease.key, {})[lease.lease_id] = lease
-            store.used[lease.key] = store.used.get(lease.key, 0) + lease.units
-            if lease.session:
-                store.lease_sessions[lease.session].leases[lease.lease_id] = None
-        for cid, last_seen, acked, results in data["sessions"]:
-            store.sessions[cid] = ClientSession(
-                last_seen, {seq: res for seq, res in results}, acked
-            )
-        store.queue_order = data["queue_order"]
-        for plain in data["waiters"]:
-            waiter = Waiter(*plain)
-            store.queues.setdefault(waiter.key, []).append(waiter)
-            store.waiting[waiter.lease_id] = waiter
-            if waiter.session:
-                store.lease_sessions[waiter.session].waiters[waiter.lease_id] = None
-        for session in store.lease_sessions.values():
-            # Attach order (= arrival order): ending a session dequeues in this order.
-            ordered = sorted(session.waiters, key=lambda lid: store.waiting[lid].order)
-            session.waiters = dict.fromkeys(ordered)
-        store._wait_deadlines = [(w.deadline, w.lease_id) for w in store.waiting.values()]
-        heapq.heapify(store._wait_deadlines)
-        store._rebuild_deadlines()
+        snapshot.restore(store, data)
         return store

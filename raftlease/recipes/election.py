@@ -22,33 +22,18 @@ lease is released or expired in the replicated state.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .errors import InvalidArgumentError, RaftLeaseError
-
-if TYPE_CHECKING:
-    from .client import AsyncClient, Attachable, Client, Lease
+from ..errors import InvalidArgumentError, RaftLeaseError
+from ..models import AsyncLeaseClient, Attachable, Leader, Lease, LeaseClient
 
 #: How long a campaign waits for the lead by default (the longest a node allows).
 DEFAULT_CAMPAIGN_WAIT = 3600.0
 
 
-@dataclass(frozen=True, slots=True)
-class Leader:
-    """Who leads an election: the owner, the value it published, its fencing token,
-    and the revision of the change that made it so."""
-
-    owner: str
-    value: str
-    token: int
-    revision: int | None = None
-
-
 class AsyncElection:
     """One election (a key) seen through an ``AsyncClient``."""
 
-    def __init__(self, client: AsyncClient, name: str) -> None:
+    def __init__(self, client: AsyncLeaseClient, name: str) -> None:
         if not name:
             raise InvalidArgumentError("an election needs a name")
         self._client = client
@@ -125,13 +110,13 @@ class AsyncElection:
 class Election:
     """The same election through the blocking ``Client``."""
 
-    def __init__(self, client: Client, name: str) -> None:
-        self._client = client
+    def __init__(self, client: LeaseClient, name: str) -> None:
+        self._portal = client.portal
 
         async def make() -> AsyncElection:
-            return AsyncElection(client._async, name)
+            return AsyncElection(client.aio, name)
 
-        self._async = client._run(make())
+        self._async = self._portal.run(make())
         self.name = name
 
     @property
@@ -150,19 +135,19 @@ class Election:
         wait: float = DEFAULT_CAMPAIGN_WAIT,
         priority: int = 0,
     ) -> Lease:
-        return self._client._run(
+        return self._portal.run(
             self._async.campaign(value, session=session, wait=wait, priority=priority)
         )
 
     def leader(self, *, consistency: str = "linearizable") -> Leader | None:
-        return self._client._run(self._async.leader(consistency=consistency))
+        return self._portal.run(self._async.leader(consistency=consistency))
 
     def proclaim(self, value: str) -> None:
-        self._client._run(self._async.proclaim(value))
+        self._portal.run(self._async.proclaim(value))
 
     def resign(self) -> None:
-        self._client._run(self._async.resign())
+        self._portal.run(self._async.resign())
 
     def observe(self) -> Iterator[Leader | None]:
         """Blocking iterator over ``AsyncElection.observe``; break out to stop."""
-        return self._client._iterate(self._async.observe())
+        return self._portal.iterate(self._async.observe())

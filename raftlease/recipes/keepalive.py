@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
-from .errors import LeaseNotFoundError, NotOwnerError, RaftLeaseError, SessionNotFoundError
+from ..errors import LeaseNotFoundError, NotOwnerError, RaftLeaseError, SessionNotFoundError
 
 log = logging.getLogger("raftlease.keepalive")
 

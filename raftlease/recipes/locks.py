@@ -1,6 +1,7 @@
 """Held locks: acquire, keep alive in the background, say loudly when lost, release.
 
-Recipes layer: uses only the public client API (``acquire``/``renew``/``release``).
+Recipes layer: uses only the client protocols of ``raftlease.models``
+(``acquire``/``renew``/``release``).
 
 ``with client.lock("gpu-0", owner="agent-a", ttl=10, wait=30) as held:`` (sync, a
 daemon thread renews) and ``async with aclient.lock(...) as held:`` (asyncio, a task
@@ -24,14 +25,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .errors import InvalidArgumentError, RaftLeaseError
+from ..errors import InvalidArgumentError, RaftLeaseError
+from ..models import AsyncLeaseClient, Lease, LeaseClient
 from .keepalive import KeepAliveState, LostCallback
 
-if TYPE_CHECKING:
-    from .client import AsyncClient, Client, Lease
-    from .sessions import AsyncSession, Session
+
+class _WithLost(Protocol):
+    """A lease session as a lock attached to it sees it: its ``lost`` event."""
+
+    lost: Any
 
 
 class _HeldState(KeepAliveState):
@@ -81,12 +85,17 @@ class HeldLock(_HeldState):
     its lease session's keep-alive when ``session`` is given)."""
 
     def __init__(
-        self, client: Client, key: str, *, on_lost: LostCallback | None = None, **acquire: Any
+        self,
+        client: LeaseClient,
+        key: str,
+        *,
+        on_lost: LostCallback | None = None,
+        **acquire: Any,
     ) -> None:
         """``acquire``: keyword arguments of ``Client.acquire``."""
         super().__init__(key, on_lost, acquire)
         self._client = client
-        session: Session | None = acquire.get("session")
+        session: _WithLost | None = acquire.get("session")
         #: Set when the lock is lost (for an attached lock: when its session is).
         self.lost = session.lost if session is not None else threading.Event()
         self._stop = threading.Event()
@@ -122,12 +131,17 @@ class AsyncHeldLock(_HeldState):
     lease session's keep-alive when ``session`` is given)."""
 
     def __init__(
-        self, client: AsyncClient, key: str, *, on_lost: LostCallback | None = None, **acquire: Any
+        self,
+        client: AsyncLeaseClient,
+        key: str,
+        *,
+        on_lost: LostCallback | None = None,
+        **acquire: Any,
     ) -> None:
         """``acquire``: keyword arguments of ``AsyncClient.acquire``."""
         super().__init__(key, on_lost, acquire)
         self._client = client
-        session: AsyncSession | None = acquire.get("session")
+        session: _WithLost | None = acquire.get("session")
         #: Set when the lock is lost (for an attached lock: when its session is).
         self.lost = session.lost if session is not None else asyncio.Event()
         self._task: asyncio.Task[None] | None = None

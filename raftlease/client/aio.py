@@ -1,0 +1,497 @@
+"""The asyncio client: ``AsyncClient``.
+
+It finds the leader itself from any endpoint and retries through elections and dead
+nodes until the call's deadline (``transport.Transport``). Retrying a mutating request
+is safe because every one carries the client id and a sequence number that the state
+machine deduplicates (Raft dissertation §6.3); a retried acquire can never grant twice.
+
+Errors: every failure raises a ``RaftLeaseError`` subclass. ``err.definite`` is True
+when the request certainly did not take effect (``LeaseHeldError``, ``NotOwnerError``,
+a rejected argument...). A ``TimeoutError_`` / ``LeaderChangedError`` after the deadline
+means the outcome is unknown: an acquire may have been granted (it then expires after
+its TTL unless renewed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..errors import (
+    ConnectionLostError,
+    InvalidArgumentError,
+    LeaseHeldError,
+    RaftLeaseError,
+    UnavailableError,
+    from_wire,
+)
+from ..models import Attachable, Holder, Lease, Read, WatchEvent
+from ..protocol import CONSISTENCY_MODES
+from ..recipes.election import AsyncElection
+from ..recipes.locks import AsyncHeldLock
+from ..recipes.sessions import AsyncSession
+from ..recipes.shared import SharedKeyLocks
+from .transport import DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE, Transport
+
+DEFAULT_CLOCK_DRIFT = 0.01
+DEFAULT_MARGIN = 0.05
+
+
+def _check_consistency(mode: str) -> None:
+    if mode not in CONSISTENCY_MODES:
+        raise InvalidArgumentError(f"consistency {mode!r} is not one of {list(CONSISTENCY_MODES)}")
+
+
+def _holder(data: dict[str, Any]) -> Holder:
+    return Holder(
+        key=data["key"],
+        owner=data["owner"],
+        token=int(data["token"]),
+        ttl=data["ttl"] / 1000.0,
+        remaining=max(0.0, data["remaining"] / 1000.0),
+        units=int(data.get("units", 1)),
+        value=str(data.get("value", "")),
+    )
+
+
+class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
+    """asyncio client. Create it inside a running loop; use ``async with`` or
+    ``await close()``. All methods are coroutines; cancellation of a call leaves the
+    outcome unknown, exactly like a timeout.
+
+    ``deadline``: total seconds a call may take, retries included (per call override:
+    ``timeout=``). ``clock_drift`` and ``margin`` shape ``Lease.valid_until``.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str] | str,
+        *,
+        deadline: float = DEFAULT_DEADLINE,
+        attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
+        clock_drift: float = DEFAULT_CLOCK_DRIFT,
+        margin: float = DEFAULT_MARGIN,
+    ) -> None:
+        if isinstance(endpoints, str):
+            endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
+        if not endpoints:
+            raise InvalidArgumentError("at least one endpoint is required")
+        self.transport = Transport(endpoints, deadline=deadline, attempt_timeout=attempt_timeout)
+        self.clock_drift = clock_drift
+        self.margin = margin
+        #: Callbacks run when the client closes (the keep-alives of open lease sessions).
+        self._on_close: dict[int, Callable[[], Awaitable[None]]] = {}
+        self._on_close_ids = itertools.count()
+
+    @property
+    def endpoints(self) -> list[str]:
+        return self.transport.endpoints
+
+    @property
+    def deadline(self) -> float:
+        return self.transport.deadline
+
+    @property
+    def attempt_timeout(self) -> float:
+        return self.transport.attempt_timeout
+
+    @property
+    def client_id(self) -> str:
+        """The client id under which the cluster deduplicates this client's retries."""
+        return self.transport.sequencer.cid
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def on_close(self, callback: Callable[[], Awaitable[None]]) -> Callable[[], None]:
+        """Run ``callback`` on this loop when the client closes (lease sessions stop
+        their keep-alives this way). Returns a function that cancels it."""
+        handle = next(self._on_close_ids)
+        self._on_close[handle] = callback
+        return lambda: self._on_close.pop(handle, None) and None
+
+    async def close(self) -> None:
+        """Close the connections. Open lease sessions stop their keep-alives (they are
+        not closed on the cluster: their leases expire after the session TTL); close
+        sessions first to release their leases at once."""
+        callbacks, self._on_close = list(self._on_close.values()), {}
+        for callback in callbacks:
+            await callback()
+        await self.transport.close()
+
+    async def call(
+        self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Send one request, retrying until the deadline. Returns the result map.
+        Low level: the methods below are built on it."""
+        return await self.transport.call(op, args, mutating=mutating, timeout=timeout)
+
+    def _lease(
+        self,
+        result: dict[str, Any],
+        sent: float,
+        remaining: float | None = None,
+        session: Attachable | None = None,
+    ) -> Lease:
+        """``remaining``: log-time seconds left when the server answered (default: what
+        the result says, ``expires_at - now``: the full TTL for a lease granted or
+        renewed by the request sent at ``sent``, less for a lease attached to a session
+        that was last kept alive before it)."""
+        ttl = result["ttl"] / 1000.0
+        if remaining is None and isinstance(result.get("now"), int):
+            remaining = (int(result["expires_at"]) - int(result["now"])) / 1000.0
+        window = ttl if remaining is None else min(ttl, remaining)
+        return Lease(
+            key=result["key"],
+            owner=result["owner"],
+            token=int(result["token"]),
+            ttl=ttl,
+            lease_id=result["lease_id"],
+            valid_until=self.valid_until(sent, window),
+            expires_at_ms=int(result["expires_at"]),
+            units=int(result.get("units", 1)),
+            value=str(result.get("value", "")),
+            session=session,
+        )
+
+    def valid_until(self, sent: float, seconds: float) -> float:
+        """Until when (``time.monotonic()``) this client trusts something the cluster
+        keeps for ``seconds`` of log time from a request first sent at ``sent``."""
+        return sent + seconds * (1 - self.clock_drift) - self.margin
+
+    async def acquire(
+        self,
+        key: str,
+        *,
+        owner: str | None = None,
+        ttl: float | None = None,
+        wait: float = 0.0,
+        priority: int = 0,
+        capacity: int = 1,
+        units: int = 1,
+        value: str | None = None,
+        session: Attachable | None = None,
+        timeout: float | None = None,
+    ) -> Lease:
+        """Take ``key`` for ``owner`` for ``ttl`` seconds, or for as long as the lease
+        ``session`` lives (then ``owner`` defaults to the session's and ``ttl`` must
+        not be given: the session's keep-alive keeps the lease).
+
+        With ``wait=0`` (default) raises ``LeaseHeldError`` (definite) at once if the
+        key is taken. With ``wait > 0`` the request joins the key's queue in the
+        replicated state (higher ``priority`` first, first come first served within a
+        priority; nobody overtakes the head) and the call blocks until it is granted,
+        in the same log entry that frees the units, or until ``wait`` seconds pass:
+        then the queued request is withdrawn and ``LeaseHeldError`` is raised.
+        Cancelling the call withdraws it too (best effort).
+
+        Shared keys: ``capacity`` is the key's size (a semaphore of N slots, a pool of
+        N units; every user of the key must give the same, else
+        ``CapacityMismatchError``), ``units`` how many this lease takes. ``value`` is
+        published with the lease (see ``election``). An acquire attached to a session
+        that ends while it waits raises ``SessionNotFoundError``.
+        """
+        if session is not None:
+            if ttl is not None:
+                raise InvalidArgumentError("give ttl or session, not both")
+            owner = owner or session.owner
+        elif ttl is None:
+            raise InvalidArgumentError("ttl is required (or attach the lease to a session)")
+        if not owner:
+            raise InvalidArgumentError("owner is required")
+        sent = time.monotonic()
+        args: dict[str, Any] = {"key": key, "owner": owner}
+        if session is not None:
+            args["session"] = session.session_id
+        else:
+            args["ttl"] = ttl
+        if wait > 0:
+            args["wait"] = wait
+            if priority:
+                args["priority"] = priority
+        if capacity != 1 or units != 1:
+            args.update(capacity=capacity, units=units)
+        if value is not None:
+            args["value"] = value
+        result = await self.call("acquire", args, mutating=True, timeout=timeout)
+        if not result.get("queued"):
+            return self._lease(result, sent, session=session)
+        return await self._await_grant(key, result["lease_id"], sent + wait, session)
+
+    async def _await_grant(
+        self, key: str, lease_id: str, until: float, session: Attachable | None
+    ) -> Lease:
+        """Long-poll the leader until our queued acquire is granted or gone."""
+        try:
+            while (left := until - time.monotonic()) > 0:
+                sent = time.monotonic()
+                # The server holds the poll at most half an attempt, so a poll that
+                # simply waits is never mistaken for a dead node.
+                hold = min(left, self.attempt_timeout / 2)
+                status = await self.call(
+                    "await_lease",
+                    {"key": key, "lease_id": lease_id, "timeout": hold},
+                    mutating=False,
+                    timeout=hold + self.attempt_timeout,
+                )
+                if status["state"] == "held":
+                    remaining = (status["expires_at"] - status["now"]) / 1000.0
+                    return self._lease(status, sent, remaining=remaining, session=session)
+                if status["state"] == "gone":
+                    if session is not None:
+                        # Dropped at its deadline, or because its session ended? A
+                        # keep-alive of the session tells (SessionNotFoundError).
+                        await self.call(
+                            "session_keepalive",
+                            {"session_id": session.session_id},
+                            mutating=True,
+                            timeout=self.attempt_timeout,
+                        )
+                    break
+        except BaseException:
+            await self._withdraw(key, lease_id)
+            raise
+        await self._withdraw(key, lease_id)
+        raise LeaseHeldError(f"{key!r} was not granted within the wait", {"key": key})
+
+    async def _withdraw(self, key: str, lease_id: str) -> None:
+        """Leave the queue, or release the lease if it was granted meanwhile."""
+        with contextlib.suppress(RaftLeaseError):
+            await self.call(
+                "release", {"key": key, "lease_id": lease_id}, mutating=True, timeout=5.0
+            )
+
+    async def transfer(
+        self, lease: Lease, *, owner: str, ttl: float | None = None, timeout: float | None = None
+    ) -> Lease:
+        """Hand ``lease`` to ``owner`` atomically: the returned lease (new lease id, new
+        fencing token) starts in the same log entry that ends ours, so no third party
+        can take the key in between. Give the returned lease to the new owner."""
+        sent = time.monotonic()
+        args: dict[str, Any] = {"key": lease.key, "lease_id": lease.lease_id, "owner": owner}
+        if ttl is not None:
+            args["ttl"] = ttl
+        result = await self.call("transfer", args, mutating=True, timeout=timeout)
+        return self._lease(result, sent)
+
+    async def proclaim(self, lease: Lease, value: str, *, timeout: float | None = None) -> Lease:
+        """Publish a new ``value`` with a held lease (an elected leader's new address);
+        watchers see a ``proclaim`` event. The fencing token stays the same."""
+        result = await self.call(
+            "proclaim",
+            {"key": lease.key, "lease_id": lease.lease_id, "value": value},
+            mutating=True,
+            timeout=timeout,
+        )
+        return replace(lease, value=str(result.get("value", "")))
+
+    async def fence(
+        self,
+        key: str,
+        token: int,
+        *,
+        consistency: str = "linearizable",
+        timeout: float | None = None,
+    ) -> bool:
+        """Is ``token`` the fencing token of the current holder of ``key``?"""
+        _check_consistency(consistency)
+        result = await self.call(
+            "fence",
+            {"key": key, "token": token, "consistency": consistency},
+            mutating=False,
+            timeout=timeout,
+        )
+        return bool(result.get("current"))
+
+    def lock(self, key: str, **options: Any) -> AsyncHeldLock:
+        """``async with client.lock(key, owner=..., ttl=...) as held:`` acquires (waiting
+        up to ``wait``), renews in the background every ``ttl / 3``, and releases on
+        exit. Options: those of ``acquire`` (``session=`` attaches it to a lease
+        session instead of renewing it) and ``on_lost``. See ``raftlease.recipes.locks``."""
+        return AsyncHeldLock(self, key, **options)
+
+    def session(
+        self,
+        *,
+        owner: str,
+        ttl: float,
+        on_lost: Callable[[str], None] | None = None,
+        on_jeopardy: Callable[[str], None] | None = None,
+    ) -> AsyncSession:
+        """A lease session: ``async with client.session(owner=..., ttl=10) as s:``.
+        Leases acquired with ``session=s`` (or ``s.acquire``/``s.lock``) are kept
+        alive by its one keep-alive and released when it ends. See
+        ``raftlease.recipes.sessions``."""
+        return AsyncSession(self, owner=owner, ttl=ttl, on_lost=on_lost, on_jeopardy=on_jeopardy)
+
+    def election(self, name: str) -> AsyncElection:
+        """Leader election on key ``name``: campaign, leader, observe, proclaim,
+        resign. See ``raftlease.recipes.election``."""
+        return AsyncElection(self, name)
+
+    async def renew(
+        self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
+    ) -> Lease:
+        """Extend ``lease`` by its TTL (or a new ``ttl``) from now. Raises
+        ``LeaseNotFoundError`` if it already expired, ``NotOwnerError`` if the key is
+        held under another lease."""
+        sent = time.monotonic()
+        args: dict[str, Any] = {"key": lease.key, "lease_id": lease.lease_id}
+        if ttl is not None:
+            args["ttl"] = ttl
+        result = await self.call("renew", args, mutating=True, timeout=timeout)
+        renewed = self._lease(result, sent)
+        return replace(
+            lease,
+            ttl=renewed.ttl,
+            valid_until=renewed.valid_until,
+            expires_at_ms=renewed.expires_at_ms,
+        )
+
+    async def release(self, lease: Lease, *, timeout: float | None = None) -> None:
+        """Give ``lease`` up. Raises ``LeaseNotFoundError`` if it had already expired."""
+        await self.call(
+            "release",
+            {"key": lease.key, "lease_id": lease.lease_id},
+            mutating=True,
+            timeout=timeout,
+        )
+
+    async def read(
+        self, key: str, *, consistency: str = "linearizable", timeout: float | None = None
+    ) -> Read:
+        """Who holds ``key``, with how the answer was served (see ``Read``).
+
+        ``consistency``: ``"linearizable"`` (default; the leader answers from memory
+        while it holds a valid leader lease, otherwise through the log), ``"log"``
+        (always through the Raft log), or ``"stale"`` (whichever node the client is
+        connected to answers at once from its own state; may be out of date, and says
+        how old it may be).
+        """
+        _check_consistency(consistency)
+        result = await self.call(
+            "holder", {"key": key, "consistency": consistency}, mutating=False, timeout=timeout
+        )
+        data = result.get("holder")
+        holder = _holder(data) if data else None
+        if data and "holders" in data:
+            holders = tuple(_holder(item) for item in data["holders"])
+        else:
+            holders = (holder,) if holder is not None else ()
+        return Read(
+            holder=holder,
+            consistency=str(result.get("consistency", "log")),
+            served_by=str(result.get("served_by", "")),
+            applied_index=result.get("applied_index"),
+            age=result.get("age"),
+            holders=holders,
+            capacity=int(data.get("capacity", 1)) if data else 1,
+            used=int(data.get("used", 1)) if data else 0,
+            revision=result.get("revision"),
+        )
+
+    async def holder(
+        self, key: str, *, consistency: str = "linearizable", timeout: float | None = None
+    ) -> Holder | None:
+        """Who holds ``key`` now, or None. See ``read`` for ``consistency``."""
+        return (await self.read(key, consistency=consistency, timeout=timeout)).holder
+
+    async def leases(
+        self,
+        prefix: str = "",
+        *,
+        limit: int = 1000,
+        consistency: str = "linearizable",
+        timeout: float | None = None,
+    ) -> list[Holder]:
+        """Live leases whose key starts with ``prefix``, sorted by key."""
+        _check_consistency(consistency)
+        result = await self.call(
+            "leases",
+            {"prefix": prefix, "limit": limit, "consistency": consistency},
+            mutating=False,
+            timeout=timeout,
+        )
+        return [_holder(item) for item in result.get("leases", [])]
+
+    async def watch(
+        self, prefix: str = "", *, from_revision: int = 0
+    ) -> AsyncGenerator[WatchEvent, None]:
+        """Changes to keys under ``prefix``, in order: an async iterator of
+        ``WatchEvent`` (grant, renew, release, expire, transfer), each with its
+        revision. ``from_revision=0`` starts from now; otherwise from that revision.
+
+        On a dropped connection or a dead node it reconnects to another endpoint and
+        resumes after the last revision it yielded, so no event is missed or repeated.
+        Raises ``CompactedError`` if the serving node no longer has the revision
+        (re-read the state, then watch from ``err.detail['revision'] + 1``).
+        """
+        next_rev = from_revision
+        target = self.transport.target
+        failures = 0
+        while True:
+            message = {"op": "watch", "prefix": prefix, "from_revision": next_rev}
+            try:
+                conn = await self.transport.connection(target, self.attempt_timeout)
+                rid, queue = conn.open_stream(message)
+            except ConnectionLostError:
+                failures += 1
+                target = self.transport.next_endpoint()
+                await asyncio.sleep(min(0.5, 0.02 * 2**failures))
+                continue
+            try:
+                while True:
+                    frame = await queue.get()
+                    if isinstance(frame, RaftLeaseError):
+                        raise frame
+                    if not frame.get("ok"):
+                        raise from_wire(
+                            str(frame.get("code")), str(frame.get("message")), frame.get("detail")
+                        )
+                    failures = 0
+                    if next_rev == 0 and "revision" in frame.get("result", {}):
+                        next_rev = int(frame["result"]["revision"]) + 1
+                    for event in frame.get("result", {}).get("events", []):
+                        if event["revision"] < next_rev:
+                            continue  # already yielded before a reconnect
+                        next_rev = event["revision"] + 1
+                        yield WatchEvent(
+                            type=event["type"],
+                            key=event["key"],
+                            owner=event["owner"],
+                            token=int(event["token"]),
+                            revision=int(event["revision"]),
+                            value=str(event.get("value", "")),
+                            units=int(event.get("units", 1)),
+                        )
+            except (ConnectionLostError, UnavailableError):
+                failures += 1
+                target = self.transport.next_endpoint()
+                await asyncio.sleep(min(0.5, 0.02 * 2**failures))
+            finally:
+                conn.close_stream(rid)
+
+    async def node_status(self, endpoint: str, *, timeout: float = 2.0) -> dict[str, Any]:
+        """The status of one node (no redirect, no retry)."""
+        return await self.transport.node_status(endpoint, timeout=timeout)
+
+    async def cluster_status(self, *, timeout: float = 2.0) -> list[dict[str, Any]]:
+        """Status of every endpoint; unreachable ones are reported, not raised."""
+
+        async def one(endpoint: str) -> dict[str, Any]:
+            try:
+                status = await self.node_status(endpoint, timeout=timeout)
+                status["reachable"] = True
+                return status
+            except RaftLeaseError as exc:
+                return {"client": endpoint, "reachable": False, "error": str(exc)}
+
+        return list(await asyncio.gather(*(one(e) for e in self.endpoints)))

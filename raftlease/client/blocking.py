@@ -1,0 +1,241 @@
+"""The blocking, thread-safe client: ``Client``, a facade over an ``AsyncClient`` run
+on a private event-loop thread. Any number of threads may call it at once; their
+requests are pipelined on one connection. Calls block the calling thread up to their
+deadline and raise what the ``AsyncClient`` call raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
+
+from ..errors import UnavailableError
+from ..models import Attachable, Holder, Lease, Read, WatchEvent
+from ..recipes.election import Election
+from ..recipes.locks import HeldLock
+from ..recipes.sessions import Session
+from ..recipes.shared import SharedKeyLocks
+from .aio import AsyncClient
+
+T = TypeVar("T")
+
+
+class LoopPortal:
+    """Runs coroutines on one event-loop thread for callers on other threads (the
+    ``BlockingPortal`` of ``raftlease.models``)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="raftlease-client", daemon=True
+        )
+        self.thread.start()
+        self.closed = False
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and block until it is done; its result or its
+        exception. Raises ``UnavailableError`` once closed, and ``RuntimeError`` when
+        called from the loop's own thread (it would deadlock)."""
+        if self.closed:
+            coro.close()
+            raise UnavailableError("client is closed")
+        if threading.current_thread() is self.thread:
+            coro.close()
+            raise RuntimeError(
+                "a blocking Client call from the client's own event-loop thread would "
+                "deadlock (callbacks of this client run there? hand the work to a thread)"
+            )
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
+        """A blocking iterator over an async iterator run on the loop; breaking out of
+        it (or closing it) closes an async generator there."""
+
+        async def step() -> T:
+            return await agen.__anext__()
+
+        try:
+            while True:
+                try:
+                    yield self.run(step())
+                except StopAsyncIteration:
+                    return
+        finally:
+            aclose = getattr(agen, "aclose", None)
+            if not self.closed and aclose is not None:
+                self.run(aclose())
+
+    def close(self) -> None:
+        """Stop the loop and join its thread (after the last ``run``)."""
+        self.closed = True
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        self.loop.close()
+
+
+class Client(SharedKeyLocks[HeldLock]):
+    """Blocking, thread-safe client with the same methods as ``AsyncClient``.
+
+    Use as a context manager, or call ``close()``. Calls block the calling thread up to
+    their deadline; they may be made from many threads at once.
+    """
+
+    def __init__(self, endpoints: Sequence[str] | str, **options: Any) -> None:
+        """``options``: those of ``AsyncClient`` (deadline, attempt_timeout, ...)."""
+        self._portal = LoopPortal()
+
+        async def make() -> AsyncClient:
+            return AsyncClient(endpoints, **options)
+
+        self._async = self._portal.run(make())
+
+    @property
+    def aio(self) -> AsyncClient:
+        """The ``AsyncClient`` this client runs on its loop thread (for recipes)."""
+        return self._async
+
+    @property
+    def portal(self) -> LoopPortal:
+        """Runs coroutines of ``aio`` from this thread (for recipes)."""
+        return self._portal
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._portal.run(coro)
+
+    @property
+    def client_id(self) -> str:
+        return self._async.client_id
+
+    @property
+    def endpoints(self) -> list[str]:
+        return self._async.endpoints
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections (see ``AsyncClient.close``) and stop the loop thread.
+        Idempotent; later calls raise ``UnavailableError``."""
+        if self._portal.closed:
+            return
+        self._run(self._async.close())
+        self._portal.close()
+
+    def acquire(
+        self,
+        key: str,
+        *,
+        owner: str | None = None,
+        ttl: float | None = None,
+        wait: float = 0.0,
+        priority: int = 0,
+        capacity: int = 1,
+        units: int = 1,
+        value: str | None = None,
+        session: Attachable | None = None,
+        timeout: float | None = None,
+    ) -> Lease:
+        return self._run(
+            self._async.acquire(
+                key,
+                owner=owner,
+                ttl=ttl,
+                wait=wait,
+                priority=priority,
+                capacity=capacity,
+                units=units,
+                value=value,
+                session=session,
+                timeout=timeout,
+            )
+        )
+
+    def proclaim(self, lease: Lease, value: str, *, timeout: float | None = None) -> Lease:
+        return self._run(self._async.proclaim(lease, value, timeout=timeout))
+
+    def transfer(
+        self, lease: Lease, *, owner: str, ttl: float | None = None, timeout: float | None = None
+    ) -> Lease:
+        return self._run(self._async.transfer(lease, owner=owner, ttl=ttl, timeout=timeout))
+
+    def fence(
+        self,
+        key: str,
+        token: int,
+        *,
+        consistency: str = "linearizable",
+        timeout: float | None = None,
+    ) -> bool:
+        return self._run(self._async.fence(key, token, consistency=consistency, timeout=timeout))
+
+    def lock(self, key: str, **options: Any) -> HeldLock:
+        """``with client.lock(key, owner=..., ttl=..., wait=...) as held:`` acquires,
+        renews from a daemon thread every ``ttl / 3``, releases on exit; ``held.token``
+        is the fencing token, ``held.lost`` an Event set if the lease is lost.
+        Options: those of ``acquire`` (``session=`` attaches it) and ``on_lost``."""
+        return HeldLock(self, key, **options)
+
+    def session(
+        self,
+        *,
+        owner: str,
+        ttl: float,
+        on_lost: Callable[[str], None] | None = None,
+        on_jeopardy: Callable[[str], None] | None = None,
+    ) -> Session:
+        """``with client.session(owner=..., ttl=10) as s:`` (see ``AsyncClient.session``)."""
+        return Session(self, owner=owner, ttl=ttl, on_lost=on_lost, on_jeopardy=on_jeopardy)
+
+    def election(self, name: str) -> Election:
+        return Election(self, name)
+
+    def renew(
+        self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
+    ) -> Lease:
+        return self._run(self._async.renew(lease, ttl=ttl, timeout=timeout))
+
+    def release(self, lease: Lease, *, timeout: float | None = None) -> None:
+        self._run(self._async.release(lease, timeout=timeout))
+
+    def read(
+        self, key: str, *, consistency: str = "linearizable", timeout: float | None = None
+    ) -> Read:
+        return self._run(self._async.read(key, consistency=consistency, timeout=timeout))
+
+    def holder(
+        self, key: str, *, consistency: str = "linearizable", timeout: float | None = None
+    ) -> Holder | None:
+        return self._run(self._async.holder(key, consistency=consistency, timeout=timeout))
+
+    def leases(
+        self,
+        prefix: str = "",
+        *,
+        limit: int = 1000,
+        consistency: str = "linearizable",
+        timeout: float | None = None,
+    ) -> list[Holder]:
+        return self._run(
+            self._async.leases(prefix, limit=limit, consistency=consistency, timeout=timeout)
+        )
+
+    def call(
+        self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Low-level: send any operation (used by tests and tools)."""
+        return self._run(self._async.call(op, args, mutating=mutating, timeout=timeout))
+
+    def node_status(self, endpoint: str, *, timeout: float = 2.0) -> dict[str, Any]:
+        return self._run(self._async.node_status(endpoint, timeout=timeout))
+
+    def watch(self, prefix: str = "", *, from_revision: int = 0) -> Iterator[WatchEvent]:
+        """Blocking iterator over ``AsyncClient.watch``; stop by breaking out of it."""
+        return self._portal.iterate(self._async.watch(prefix, from_revision=from_revision))
+
+    def cluster_status(self, *, timeout: float = 2.0) -> list[dict[str, Any]]:
+        return self._run(self._async.cluster_status(timeout=timeout))

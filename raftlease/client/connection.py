@@ -1,0 +1,156 @@
+"""One TCP connection to a node with many requests in flight (matched by request
+id), and the client id + sequence numbers that make retries idempotent.
+
+Event-loop only: create and use these from the client's asyncio loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import secrets
+from typing import Any
+
+from ..errors import ConnectionLostError, RaftLeaseError, TimeoutError_, from_wire
+from ..protocol import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
+
+
+class Connection:
+    """One TCP connection with many requests in flight, matched by id."""
+
+    def __init__(self, addr: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.addr = addr
+        self._reader = reader
+        self._writer = writer
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._streams: dict[int, asyncio.Queue[dict[str, Any] | RaftLeaseError]] = {}
+        self._ids = itertools.count(1)
+        self._decoder = FrameDecoder(DEFAULT_MAX_FRAME * 16)
+        self.closed = False
+        self._task = asyncio.create_task(self._read_loop())
+
+    @classmethod
+    async def open(cls, addr: str, timeout: float) -> Connection:
+        host, _, port = addr.rpartition(":")
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host.strip("[]"), int(port)), timeout
+        )
+        return cls(addr, reader, writer)
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                data = await self._reader.read(1 << 16)
+                if not data:
+                    break
+                for frame in self._decoder.feed(data):
+                    rid = frame.get("id")
+                    stream = self._streams.get(rid)  # type: ignore[arg-type]
+                    if stream is not None:
+                        stream.put_nowait(frame)
+                        continue
+                    if rid is None and not frame.get("ok", True):
+                        # The server rejected the stream itself (e.g. an oversized
+                        # frame) and closes it: every request on it gets that error.
+                        self._fail_all(
+                            from_wire(
+                                str(frame.get("code")),
+                                str(frame.get("message")),
+                                frame.get("detail"),
+                            )
+                        )
+                        return
+                    future = self._pending.pop(rid, None)  # type: ignore[arg-type]
+                    if future is not None and not future.done():
+                        future.set_result(frame)
+        except (ConnectionError, RaftLeaseError, OSError):
+            pass
+        finally:
+            self._fail_all()
+
+    def _fail_all(self, error: RaftLeaseError | None = None) -> None:
+        self.closed = True
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.put_nowait(error or ConnectionLostError(f"connection to {self.addr} lost"))
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(
+                    error or ConnectionLostError(f"connection to {self.addr} lost")
+                )
+        with contextlib.suppress(Exception):
+            self._writer.close()
+
+    async def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if self.closed:
+            raise ConnectionLostError(f"connection to {self.addr} is closed")
+        rid = next(self._ids)
+        message["id"] = rid
+        frame = encode_frame(message)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        try:
+            self._writer.write(frame)
+            await self._writer.drain()
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise TimeoutError_(f"no answer from {self.addr} within {timeout:.2f} s") from None
+        except (ConnectionError, OSError) as exc:
+            self._fail_all()
+            raise ConnectionLostError(f"connection to {self.addr} lost: {exc}") from None
+        finally:
+            self._pending.pop(rid, None)
+
+    def open_stream(
+        self, message: dict[str, Any]
+    ) -> tuple[int, asyncio.Queue[dict[str, Any] | RaftLeaseError]]:
+        """Send a request whose answers keep coming (a watch); they arrive in the
+        returned queue, an error instance when the connection ends."""
+        if self.closed:
+            raise ConnectionLostError(f"connection to {self.addr} is closed")
+        rid = next(self._ids)
+        message["id"] = rid
+        queue: asyncio.Queue[dict[str, Any] | RaftLeaseError] = asyncio.Queue()
+        self._streams[rid] = queue
+        self._writer.write(encode_frame(message))
+        return rid, queue
+
+    def close_stream(self, rid: int) -> None:
+        self._streams.pop(rid, None)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        self._fail_all()
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+
+
+class RequestSequencer:
+    """The client id and request numbers that make retries idempotent (Raft
+    dissertation §6.3; the cluster's dedup table keys on them): a random id, a sequence
+    number per mutating request, and the requests still awaiting an answer (every seq
+    below the smallest of them is acknowledged to the cluster)."""
+
+    def __init__(self) -> None:
+        self.cid = secrets.token_hex(16)
+        self._seq = itertools.count(1)
+        self._outstanding: set[int] = set()
+        self._heap: list[int] = []  # outstanding seqs, ended ones removed lazily
+
+    def begin(self) -> int:
+        seq = next(self._seq)
+        self._outstanding.add(seq)
+        heapq.heappush(self._heap, seq)
+        return seq
+
+    def end(self, seq: int) -> None:
+        self._outstanding.discard(seq)
+
+    def ack(self) -> int:
+        heap = self._heap
+        while heap[0] not in self._outstanding:
+            heapq.heappop(heap)
+        return heap[0]

@@ -1,0 +1,186 @@
+"""Finding the leader and retrying: one ``Transport`` per client.
+
+It keeps one connection per node, sends each request to the node it believes leads,
+follows ``NOT_LEADER`` redirects, and retries through elections and dead nodes until
+the call's deadline. A mutating request is retried under the same client id and
+sequence number, which the cluster deduplicates, so a retry never applies twice.
+
+Event-loop only. Errors: every failure is a ``RaftLeaseError``; ``definite`` says
+whether the request certainly did not take effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import (
+    ClientExpiredError,
+    ConnectionLostError,
+    InvalidArgumentError,
+    LeaderChangedError,
+    NotLeaderError,
+    RaftLeaseError,
+    TimeoutError_,
+    UnavailableError,
+    from_wire,
+)
+from ..protocol import DEFAULT_MAX_FRAME, encode_frame
+from .connection import Connection, RequestSequencer
+
+log = logging.getLogger("raftlease.client")
+
+DEFAULT_DEADLINE = 15.0
+DEFAULT_ATTEMPT_TIMEOUT = 3.0
+MAX_BACKOFF = 0.1
+
+
+class Transport:
+    """Connections, leader tracking and retries for one client (see module doc).
+
+    ``deadline``: total seconds a call may take, retries included;
+    ``attempt_timeout``: seconds one try may wait for an answer.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        deadline: float = DEFAULT_DEADLINE,
+        attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
+    ) -> None:
+        self.endpoints = list(endpoints)
+        self.deadline = deadline
+        self.attempt_timeout = attempt_timeout
+        self.sequencer = RequestSequencer()
+        #: The node this client believes leads (where the next request goes).
+        self.target: str = self.endpoints[0]
+        self._conns: dict[str, Connection] = {}
+        self._connect_lock = asyncio.Lock()
+        self._rotation = itertools.cycle(self.endpoints)
+
+    async def connection(self, addr: str, timeout: float) -> Connection:
+        """The open connection to ``addr`` (made if needed). Raises
+        ``ConnectionLostError`` (definite: nothing was sent) if it cannot connect."""
+        async with self._connect_lock:
+            conn = self._conns.get(addr)
+            if conn is None or conn.closed:
+                try:
+                    conn = await Connection.open(addr, timeout)
+                except (OSError, TimeoutError) as exc:
+                    raise ConnectionLostError(f"cannot connect to {addr}: {exc}") from None
+                self._conns[addr] = conn
+            return conn
+
+    def next_endpoint(self) -> str:
+        return next(self._rotation)
+
+    async def close(self) -> None:
+        conns, self._conns = self._conns, {}
+        for conn in conns.values():
+            await conn.close()
+
+    async def call(
+        self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Send one request, retrying until the deadline. Returns the result map."""
+        deadline = time.monotonic() + (self.deadline if timeout is None else timeout)
+        # Refuse a request the server would reject as an oversized frame (it would
+        # close the connection every pipelined request shares) before sending it.
+        if sum(len(v) for v in args.values() if isinstance(v, str)) > 4096:
+            size = len(encode_frame({"op": op, **args}))
+            if size > DEFAULT_MAX_FRAME:
+                raise InvalidArgumentError(
+                    f"request of {size} bytes exceeds the frame limit of {DEFAULT_MAX_FRAME}"
+                )
+        ids = self.sequencer if mutating else None  # the client id and seq it retries under
+        seq = ids.begin() if ids is not None else 0
+        backoff = 0.02
+        last: RaftLeaseError | None = None
+        maybe_applied = False
+        try:
+            while (remaining := deadline - time.monotonic()) > 0:
+                target = self.target
+                message: dict[str, Any] = {"op": op, **args}
+                if ids is not None:
+                    message.update(cid=ids.cid, seq=seq, ack=ids.ack())
+                attempt = min(remaining, self.attempt_timeout)
+                try:
+                    conn = await self.connection(target, attempt)
+                except ConnectionLostError as exc:  # never sent: nothing can have applied
+                    last = exc
+                    self.target = self.next_endpoint()
+                else:
+                    try:
+                        response = await conn.request(message, attempt)
+                    except (ConnectionLostError, TimeoutError_) as exc:
+                        # The request may have reached the node: outcome unknown.
+                        maybe_applied = True
+                        last = exc
+                        self.target = self.next_endpoint()
+                    else:
+                        if response.get("ok"):
+                            result: dict[str, Any] = response.get("result") or {}
+                            return result
+                        last = from_wire(
+                            str(response.get("code")),
+                            str(response.get("message")),
+                            response.get("detail"),
+                        )
+                        if isinstance(last, NotLeaderError) and last.leader not in (None, target):
+                            self.target = str(last.leader)
+                            continue  # redirect at once
+                        if isinstance(last, ClientExpiredError) and ids is not None:
+                            # Our client id was evicted while idle: nothing of this
+                            # request can have applied (applying refreshes the id's
+                            # record). Continue under a fresh client id.
+                            ids.end(seq)
+                            ids = self._renew_ids(ids)
+                            seq = ids.begin()
+                            continue
+                        if last.definite and not isinstance(
+                            last, NotLeaderError | UnavailableError
+                        ):
+                            raise last
+                        # Not the leader, unavailable, or indefinite (commit timeout,
+                        # leader change: maybe a deposed leader that cannot commit):
+                        # retry, deduplicated by the client id and seq, on the next endpoint.
+                        maybe_applied = maybe_applied or not last.definite
+                        self.target = self.next_endpoint()
+                await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+                # Capped low: while a leader is being elected the next try should come
+                # soon after it is (failover time is election + this backoff).
+                backoff = min(backoff * 2, MAX_BACKOFF) * (0.75 + random.random() / 2)
+        finally:
+            if ids is not None:
+                ids.end(seq)
+        if maybe_applied or last is None:
+            cls: type[RaftLeaseError] = (
+                LeaderChangedError if isinstance(last, LeaderChangedError) else TimeoutError_
+            )
+            raise cls(f"{op} did not complete before its deadline; outcome unknown (last: {last})")
+        raise UnavailableError(f"{op} failed before its deadline: {last}")
+
+    def _renew_ids(self, expired: RequestSequencer) -> RequestSequencer:
+        if self.sequencer is expired:
+            self.sequencer = RequestSequencer()
+            log.warning(
+                "client id %s expired on the cluster (idle too long); continuing as %s",
+                expired.cid,
+                self.sequencer.cid,
+            )
+        return self.sequencer
+
+    async def node_status(self, endpoint: str, *, timeout: float = 2.0) -> dict[str, Any]:
+        """The status of one node (no redirect, no retry)."""
+        conn = await self.connection(endpoint, timeout)
+        response = await conn.request({"op": "status"}, timeout)
+        if not response.get("ok"):
+            raise from_wire(str(response.get("code")), str(response.get("message")))
+        status: dict[str, Any] = response["result"]
+        return status

@@ -1,0 +1,135 @@
+"""Structural validation of log entries: field types, sizes and ranges, checked
+before an entry touches the state (a malformed entry changes nothing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..limits import (
+    MAX_CAPACITY,
+    MAX_ID_CHARS,
+    MAX_KEY_BYTES,
+    MAX_LIST,
+    MAX_OWNER_BYTES,
+    MAX_TTL_MS,
+    MAX_VALUE_BYTES,
+)
+
+#: Most requests one batch entry may carry.
+MAX_BATCH = 4096
+
+
+#: Operations on one lease, named by ``key`` and ``lid``.
+LEASE_OPS = frozenset({"acquire", "renew", "release", "transfer", "proclaim"})
+
+
+SESSION_OPS = frozenset({"session_open", "session_keepalive", "session_close"})
+
+
+MUTATING_OPS = LEASE_OPS | SESSION_OPS
+
+
+READ_OPS = frozenset({"holder", "leases", "fence", "lease_status"})
+
+
+#: Waiter priorities accepted (higher is served first, FIFO within a priority).
+MAX_PRIORITY = 1000
+
+
+ALL_OPS = MUTATING_OPS | READ_OPS | {"tick"}
+
+
+def utf8_size(value: str) -> int:
+    """Encoded size of ``value``; a string UTF-8 cannot encode (a lone surrogate) counts
+    as oversized, so it is rejected instead of raising ``UnicodeEncodeError``."""
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return 2**63
+
+
+def valid_str(value: Any, max_bytes: int) -> bool:
+    return isinstance(value, str) and len(value) > 0 and utf8_size(value) <= max_bytes
+
+
+def valid_int(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def check_args(op: str, entry: dict[str, Any]) -> str | None:
+    """Why ``entry`` (of a known ``op``) is malformed, or None. Structural only: it
+    reads the entry, never the state."""
+    if op in MUTATING_OPS:
+        if not valid_str(entry.get("cid"), MAX_ID_CHARS):
+            return "'cid' must be a non-empty string"
+        if not valid_int(entry.get("seq"), 1, 2**62):
+            return "'seq' must be a positive integer"
+        if not valid_int(entry.get("ack"), 1, 2**62):
+            return "'ack' must be a positive integer"
+    if op in LEASE_OPS:
+        if not valid_str(entry.get("key"), MAX_KEY_BYTES):
+            return "'key' must be a non-empty string"
+        if not valid_str(entry.get("lid"), MAX_ID_CHARS):
+            return "'lid' must be a non-empty string"
+    if op in SESSION_OPS and not valid_str(entry.get("sid"), MAX_ID_CHARS):
+        return "'sid' must be a non-empty string"
+    if op in ("acquire", "transfer", "session_open") and not valid_str(
+        entry.get("owner"), MAX_OWNER_BYTES
+    ):
+        return "'owner' must be a non-empty string"
+    if "value" in entry and not (
+        isinstance(entry["value"], str) and utf8_size(entry["value"]) <= MAX_VALUE_BYTES
+    ):
+        return f"'value' must be a string of at most {MAX_VALUE_BYTES} bytes"
+    if op == "acquire":
+        ttl = entry.get("ttl")
+        if "session" in entry:
+            if not valid_str(entry["session"], MAX_ID_CHARS):
+                return "'session' must be a non-empty string"
+            if ttl is not None:
+                return "'ttl' must be absent: an attached lease lives as long as its session"
+        elif not valid_int(ttl, 1, MAX_TTL_MS):
+            return "'ttl' must be a positive integer of milliseconds"
+        if not valid_int(entry.get("wait", 0), 0, MAX_TTL_MS):
+            return "'wait' must be a non-negative integer of milliseconds"
+        if not valid_int(entry.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY):
+            return f"'priority' must be an integer from {-MAX_PRIORITY} to {MAX_PRIORITY}"
+        capacity = entry.get("capacity", 1)
+        if not valid_int(capacity, 1, MAX_CAPACITY):
+            return f"'capacity' must be an integer from 1 to {MAX_CAPACITY}"
+        if not valid_int(entry.get("units", 1), 1, capacity):
+            return "'units' must be an integer from 1 to the key's capacity"
+    elif op == "transfer":
+        if not valid_str(entry.get("new_lid"), MAX_ID_CHARS):
+            return "'new_lid' must be a non-empty string"
+        ttl = entry.get("ttl")
+        if ttl is not None and not valid_int(ttl, 1, MAX_TTL_MS):
+            return "'ttl' must be a positive integer of milliseconds or absent"
+    elif op == "proclaim":
+        if not isinstance(entry.get("value"), str):
+            return "'value' must be a string"
+    elif op in ("session_open", "session_keepalive"):
+        ttl = entry.get("ttl")
+        if (op == "session_open" or ttl is not None) and not valid_int(ttl, 1, MAX_TTL_MS):
+            return "'ttl' must be a positive integer of milliseconds"
+    elif op in ("fence", "lease_status"):
+        if not valid_str(entry.get("key"), MAX_KEY_BYTES):
+            return "'key' must be a non-empty string"
+        if op == "fence" and not valid_int(entry.get("token"), 0, 2**62):
+            return "'token' must be a non-negative integer"
+        if op == "lease_status" and not valid_str(entry.get("lid"), MAX_ID_CHARS):
+            return "'lid' must be a non-empty string"
+    elif op == "renew":
+        ttl = entry.get("ttl")
+        if ttl is not None and not valid_int(ttl, 1, MAX_TTL_MS):
+            return "'ttl' must be a positive integer of milliseconds or absent"
+    elif op == "holder":
+        if not valid_str(entry.get("key"), MAX_KEY_BYTES):
+            return "'key' must be a non-empty string"
+    elif op == "leases":
+        prefix = entry.get("prefix", "")
+        if not isinstance(prefix, str) or utf8_size(prefix) > MAX_KEY_BYTES:
+            return "'prefix' must be a string"
+        if not valid_int(entry.get("limit", 1000), 1, MAX_LIST):
+            return "'limit' must be an integer from 1 to 100000"
+    return None

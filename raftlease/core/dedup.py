@@ -1,0 +1,83 @@
+"""The dedup table: idempotent retries of mutating requests (Raft dissertation §6.3).
+
+Every mutating entry carries ``(cid, seq, ack)``: the client id, the request's sequence
+number and the smallest sequence number the client still waits for. The table keeps,
+per client id, the results of requests the client has not acknowledged (``seq >=
+ack``), so a retry of one is answered from here and never applied twice. Pure: log
+time comes from the caller.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from .records import ClientRecord, Result, error
+
+#: A client id with no request for this long (log time) is forgotten.
+CLIENT_IDLE_MS = 10 * 60 * 1000
+#: Most unacknowledged results kept per client id.
+MAX_PENDING_PER_CLIENT = 4096
+
+
+class ClientTable(OrderedDict[str, ClientRecord]):
+    """Client id -> its record, ordered by last request (oldest first), so idle
+    clients are evicted in order."""
+
+    def answered(self, cid: str, seq: int) -> bool:
+        """Does the table hold the answer to request ``seq`` of ``cid``?"""
+        record = self.get(cid)
+        return record is not None and seq in record.results
+
+    def admit(self, cid: str, seq: int, ack: int, now: int) -> ClientRecord | Result:
+        """Account a mutating request at log time ``now``: the client's record (to
+        look the answer up in, or store it in), or a refusal that is the answer."""
+        record = self.get(cid)
+        if record is None:
+            if ack > 1:
+                return error(
+                    "SESSION_EXPIRED",
+                    "client id is unknown (evicted after inactivity); request not applied",
+                )
+            record = ClientRecord(last_seen=now, results={})
+            self[cid] = record
+        else:
+            record.last_seen = now
+            self.move_to_end(cid)
+        if ack > record.acked:
+            record.acked = ack
+            for done in [s for s in record.results if s < ack]:
+                del record.results[done]
+        if seq < record.acked:
+            return error(
+                "BAD_REQUEST",
+                f"seq {seq} was already acknowledged by the client (ack {record.acked}); "
+                "a late duplicate is never applied",
+            )
+        if seq not in record.results and len(record.results) >= MAX_PENDING_PER_CLIENT:
+            return error(
+                "TOO_MANY_PENDING",
+                f"client has {len(record.results)} unacknowledged requests",
+            )
+        return record
+
+    def evict_idle(self, now: int) -> None:
+        """Forget every client whose last request is ``CLIENT_IDLE_MS`` before ``now``."""
+        while self:
+            cid, record = next(iter(self.items()))
+            if record.last_seen + CLIENT_IDLE_MS > now:
+                break
+            del self[cid]
+
+    def to_plain(self) -> list[Any]:
+        return [
+            [cid, r.last_seen, r.acked, [[seq, res] for seq, res in r.results.items()]]
+            for cid, r in self.items()
+        ]
+
+    @classmethod
+    def from_plain(cls, rows: list[Any]) -> ClientTable:
+        table = cls()
+        for cid, last_seen, acked, results in rows:
+            table[cid] = ClientRecord(last_seen, {seq: res for seq, res in results}, acked)
+        return table

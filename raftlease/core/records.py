@@ -1,0 +1,116 @@
+"""The state machine's record types (plain data, snapshotted as lists) and the shape
+of a result. Pure: no I/O, no clock, no randomness."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Result = dict[str, Any]
+
+
+@dataclass(slots=True)
+class LeaseRecord:
+    """One live lease. ``expires_at`` and ``granted_at`` are log-time milliseconds.
+
+    ``units`` is how much of the key's capacity the lease takes (1 for a plain lock);
+    ``value`` is free text the holder publishes (an elected leader's address);
+    ``session`` is the lease session it is attached to ("" for none): an attached
+    lease expires with its session and is renewed by the session's keep-alive."""
+
+    key: str
+    lease_id: str
+    owner: str
+    token: int
+    ttl_ms: int
+    granted_at: int
+    expires_at: int
+    units: int = 1
+    value: str = ""
+    session: str = ""
+
+    def to_plain(self) -> list[Any]:
+        return [
+            self.key,
+            self.lease_id,
+            self.owner,
+            self.token,
+            self.ttl_ms,
+            self.granted_at,
+            self.expires_at,
+            self.units,
+            self.value,
+            self.session,
+        ]
+
+
+@dataclass(slots=True)
+class Waiter:
+    """A queued acquire: granted, in the same log entry, when it is first in
+    ``(-priority, order)`` and its units fit; leaves the queue at ``deadline`` (log
+    time) or when its session ends."""
+
+    key: str
+    lease_id: str
+    owner: str
+    ttl_ms: int
+    priority: int
+    order: int
+    deadline: int
+    units: int = 1
+    value: str = ""
+    session: str = ""
+
+    def rank(self) -> tuple[int, int]:
+        return (-self.priority, self.order)
+
+    def to_plain(self) -> list[Any]:
+        return [
+            self.key,
+            self.lease_id,
+            self.owner,
+            self.ttl_ms,
+            self.priority,
+            self.order,
+            self.deadline,
+            self.units,
+            self.value,
+            self.session,
+        ]
+
+
+@dataclass(slots=True)
+class LeaseSession:
+    """A lease session: one keep-alive for any number of attached leases and queued
+    acquires. When it expires (or is closed) everything attached is released."""
+
+    session_id: str
+    owner: str
+    ttl_ms: int
+    expires_at: int
+    #: Attached live leases and queued acquires, by lease id, in attach order.
+    leases: dict[str, None]
+    waiters: dict[str, None]
+
+    def to_plain(self) -> list[Any]:
+        return [self.session_id, self.owner, self.ttl_ms, self.expires_at]
+
+
+@dataclass(slots=True)
+class ClientRecord:
+    """What the dedup table keeps for one client id (Raft dissertation §6.3): when it
+    was last seen (log time) and the results of its requests not yet acknowledged."""
+
+    last_seen: int
+    results: dict[int, Result]
+    #: Highest ``ack`` the client has sent: every seq below it was acknowledged, so a
+    #: late duplicate of one (a retry overtaken by later requests) is never applied.
+    acked: int = 1
+
+
+def error(code: str, message: str, **detail: Any) -> Result:
+    """A domain outcome that is not a success (see ``raftlease.errors`` for codes)."""
+    result: Result = {"ok": False, "code": code, "message": message}
+    if detail:
+        result["detail"] = detail
+    return result

@@ -1,0 +1,84 @@
+"""Snapshots: the whole state as plain msgpack-able data, and back.
+
+The layout is versioned (``SNAPSHOT_VERSION``); older layouts this code knows are
+upgraded on load, any other is refused. Restoring a snapshot and replaying the rest of
+the log gives exactly the state that never snapshotted (tests/test_core_shared.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+from .dedup import ClientTable
+from .records import LeaseRecord, LeaseSession, Waiter
+from .state import StoreState
+
+#: Bump when the snapshot layout changes; ``restore`` refuses other versions.
+SNAPSHOT_VERSION = 3
+
+
+def to_plain(store: StoreState) -> dict[str, Any]:
+    """Plain data (msgpack-able) describing the whole state."""
+    return {
+        "v": SNAPSHOT_VERSION,
+        "now": store.now,
+        "term": store.term,
+        "revision": store.revision,
+        "applied": store.applied,
+        "expired_total": store.expired_total,
+        "capacity": [[key, cap] for key, cap in store.capacity.items()],
+        "leases": [lease.to_plain() for lease in store.leases.values()],
+        "lease_sessions": [s.to_plain() for s in store.lease_sessions.values()],
+        "queue_order": store.queue_order,
+        "waiters": [w.to_plain() for q in store.queues.values() for w in q],
+        # "sessions" is the dedup table's name in the layout (the client records).
+        "sessions": store.clients.to_plain(),
+    }
+
+
+def restore(store: StoreState, data: dict[str, Any]) -> None:
+    """Fill a fresh ``store`` from ``to_plain`` output (this layout version or version
+    2, which it upgrades). Raises ``ValueError`` on any other version."""
+    version = data.get("v")
+    if version not in (2, SNAPSHOT_VERSION):
+        raise ValueError(f"snapshot version {version!r} is not 2 or {SNAPSHOT_VERSION}")
+    if version == 2:
+        # Before shared keys and lease sessions: every key had capacity 1, leases
+        # and waiters had no units, value or session (their fields default).
+        keys = [plain[0] for plain in data["leases"]] + [w[0] for w in data["waiters"]]
+        data = {**data, "capacity": [[key, 1] for key in dict.fromkeys(keys)]}
+        data["lease_sessions"] = []
+    store.now = data["now"]
+    store.term = data["term"]
+    store.revision = data["revision"]
+    store.applied = data["applied"]
+    store.expired_total = data["expired_total"]
+    for sid, owner, ttl_ms, expires_at in data["lease_sessions"]:
+        store.lease_sessions[sid] = LeaseSession(sid, owner, ttl_ms, expires_at, {}, {})
+    store._session_deadlines = [(s.expires_at, sid) for sid, s in store.lease_sessions.items()]
+    heapq.heapify(store._session_deadlines)
+    store.capacity = {key: cap for key, cap in data["capacity"]}
+    for plain in data["leases"]:
+        lease = LeaseRecord(*plain)
+        store.leases[lease.lease_id] = lease
+        store.holders.setdefault(lease.key, {})[lease.lease_id] = lease
+        store.used[lease.key] = store.used.get(lease.key, 0) + lease.units
+        if lease.session:
+            store.lease_sessions[lease.session].leases[lease.lease_id] = None
+    store.clients = ClientTable.from_plain(data["sessions"])
+    store.queue_order = data["queue_order"]
+    for plain in data["waiters"]:
+        waiter = Waiter(*plain)
+        store.queues.setdefault(waiter.key, []).append(waiter)
+        store.waiting[waiter.lease_id] = waiter
+        if waiter.session:
+            store.lease_sessions[waiter.session].waiters[waiter.lease_id] = None
+    for session in store.lease_sessions.values():
+        # Attach order (= arrival order): ending a session dequeues in this order.
+        ordered = sorted(session.waiters, key=lambda lid: store.waiting[lid].order)
+        session.waiters = dict.fromkeys(ordered)
+    store._wait_deadlines = [(w.deadline, w.lease_id) for w in store.waiting.values()]
+    heapq.heapify(store._wait_deadlines)
+    store._deadlines = [(r.expires_at, r.lease_id) for r in store.leases.values()]
+    heapq.heapify(store._deadlines)

@@ -1,0 +1,171 @@
+"""The lease store's state and its reads (what a read through the log, a leader-lease
+read and a stale read all answer from). Mutations live in ``store.LeaseStore``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .dedup import ClientTable
+from .records import LeaseRecord, LeaseSession, Result, Waiter
+
+
+class StoreState:
+    """The replicated lease state. Single-threaded writes (``LeaseStore.apply``);
+    the read methods are also safe from another thread while ``apply`` runs (a
+    leader-lease read): they copy before they iterate and copy what they return.
+
+    A key has a *capacity* (1 for a plain lock; N for a semaphore or a pool of N
+    units; ``RW_CAPACITY`` for a read/write lock, where a reader takes one unit and a
+    writer all of them) and any number of holders whose units fit in it. Every holder
+    has its own lease id and fencing token.
+    """
+
+    def __init__(self) -> None:
+        self.now: int = 0
+        self.term: int = 0
+        self.revision: int = 0
+        #: Live leases by lease id.
+        self.leases: dict[str, LeaseRecord] = {}
+        #: key -> its live leases by lease id, in grant (token) order.
+        self.holders: dict[str, dict[str, LeaseRecord]] = {}
+        #: key -> capacity, and units in use, while the key has holders or waiters.
+        self.capacity: dict[str, int] = {}
+        self.used: dict[str, int] = {}
+        # (expires_at, lease_id); entries go stale on renew/release and are skipped
+        # when popped. Rebuilt from ``leases`` on restore.
+        self._deadlines: list[tuple[int, str]] = []
+        #: The dedup table: client id -> its unacknowledged results (``dedup``).
+        self.clients = ClientTable()
+        #: Lease sessions by id, and their expiry times as (expires_at, id) in a heap.
+        self.lease_sessions: dict[str, LeaseSession] = {}
+        self._session_deadlines: list[tuple[int, str]] = []
+        self.applied: int = 0
+        self.expired_total: int = 0
+        # Wait queues: key -> waiters sorted by rank; lease id -> waiter; and the
+        # waiters' deadlines as (deadline, lease_id) in a heap (stale entries skipped).
+        self.queues: dict[str, list[Waiter]] = {}
+        self.waiting: dict[str, Waiter] = {}
+        self._wait_deadlines: list[tuple[int, str]] = []
+        self.queue_order: int = 0
+        #: What the last ``apply`` changed, for the server (wake long-polls, watches).
+        #: Not part of the state: rebuilt by every apply, never snapshotted.
+        self.events: list[dict[str, Any]] = []
+
+    @property
+    def sessions(self) -> ClientTable:
+        """Deprecated name of ``clients`` (the dedup table, not lease sessions)."""
+        return self.clients
+
+    # ------------------------------------------------------------------ reads
+
+    def _lease_result(self, lease: LeaseRecord) -> Result:
+        result: Result = {
+            "ok": True,
+            "key": lease.key,
+            "owner": lease.owner,
+            "token": lease.token,
+            "lease_id": lease.lease_id,
+            "ttl": lease.ttl_ms,
+            "expires_at": lease.expires_at,
+            "now": self.now,
+            "revision": self.revision,
+        }
+        return self._extras(lease, result)
+
+    @staticmethod
+    def _extras(lease: LeaseRecord, out: dict[str, Any]) -> dict[str, Any]:
+        """Fields shown only when they differ from a plain lock's."""
+        if lease.units != 1:
+            out["units"] = lease.units
+        if lease.value:
+            out["value"] = lease.value
+        if lease.session:
+            out["session"] = lease.session
+        return out
+
+    def _live(self, key: str, at: int) -> list[LeaseRecord]:
+        """The live leases on ``key`` at log time ``at``, oldest grant first. Safe
+        from another thread while ``apply`` runs (``list`` copies the dict's values
+        in one step under the GIL)."""
+        holders = self.holders.get(key)
+        if holders is None:
+            return []
+        return [lease for lease in list(holders.values()) if lease.expires_at > at]
+
+    def holder(self, key: str, now: int | None = None) -> dict[str, Any] | None:
+        """Who holds ``key`` at log time ``now`` (default: the last applied log time);
+        never reveals a lease id. For a shared key (capacity > 1) the answer is the
+        newest holder plus ``capacity``, ``used`` and every live holder in ``holders``.
+
+        Safe to call from another thread while ``apply`` runs (a leader-lease read):
+        it copies before it iterates and copies what it returns.
+        """
+        at = self.now if now is None else now
+        live = self._live(key, at)
+        if not live:
+            return None
+        out = self._public(live[-1], at)
+        capacity = self.capacity.get(key, 1)
+        if capacity > 1:
+            out["capacity"] = capacity
+            out["used"] = sum(lease.units for lease in live)
+            out["holders"] = [self._public(lease, at) for lease in live]
+        return out
+
+    def list_leases(
+        self, prefix: str = "", limit: int = 1000, now: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Live leases at log time ``now`` whose key starts with ``prefix``, sorted by
+        key (and by grant within a key), at most ``limit``. Thread-safe in the same
+        way as ``holder``: ``sorted`` copies the keys in one step."""
+        at = self.now if now is None else now
+        out: list[dict[str, Any]] = []
+        for key in sorted(self.holders):
+            if not key.startswith(prefix):
+                continue
+            for lease in self._live(key, at):
+                out.append(self._public(lease, at))
+                if len(out) >= limit:
+                    return out
+        return out
+
+    def fence(self, key: str, token: int, now: int | None = None) -> dict[str, Any]:
+        """Is ``token`` the fencing token of a current holder of ``key``?
+        ``holder_token`` is the newest holder's token (None when nobody holds it)."""
+        live = self._live(key, self.now if now is None else now)
+        return {
+            "key": key,
+            "current": any(lease.token == token for lease in live),
+            "holder_token": live[-1].token if live else None,
+        }
+
+    def lease_status(self, key: str, lease_id: str, now: int | None = None) -> dict[str, Any]:
+        """State of one lease or queued acquire, for whoever knows its id: ``held``
+        (with the lease), ``waiting`` (with its queue position) or ``gone``."""
+        at = self.now if now is None else now
+        lease = self.leases.get(lease_id)
+        if lease is not None and lease.key == key and lease.expires_at > at:
+            return {"state": "held", **self._lease_result(lease), "now": at}
+        waiter = self.waiting.get(lease_id)
+        if waiter is not None and waiter.key == key and waiter.deadline > at:
+            queue = list(self.queues.get(key, ()))
+            position = next((i for i, w in enumerate(queue) if w is waiter), len(queue)) + 1
+            return {"state": "waiting", "position": position, "deadline": waiter.deadline}
+        return {"state": "gone"}
+
+    def _public(self, lease: LeaseRecord, now: int) -> dict[str, Any]:
+        public = {
+            "key": lease.key,
+            "owner": lease.owner,
+            "token": lease.token,
+            "ttl": lease.ttl_ms,
+            "expires_at": lease.expires_at,
+            "remaining": lease.expires_at - now,
+        }
+        return self._extras(lease, public)
+
+    def next_deadline(self) -> int | None:
+        """Earliest log time at which some lease or lease session may expire (a hint
+        for the leader)."""
+        heads = [h[0][0] for h in (self._deadlines, self._session_deadlines) if h]
+        return min(heads) if heads else None

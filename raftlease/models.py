@@ -1,0 +1,236 @@
+"""Value types every layer above the protocol shares, and the client protocols the
+recipes are typed against (ARCHITECTURE §1: recipes use only these, never a client's
+internals).
+
+* ``Lease``, ``Holder``, ``WatchEvent``, ``Read``, ``Leader``: what the client returns;
+* ``Attachable``: a live lease session as a lease attached to it sees it;
+* ``AsyncLeaseClient``: the asyncio client API the recipes use (``AsyncClient``);
+* ``BlockingPortal``: runs a coroutine, or iterates an async iterator, on a blocking
+  client's event-loop thread from any other thread;
+* ``LeaseClient``: the blocking client API the recipes use (``Client``), with its
+  ``aio`` client and its ``portal``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+
+#: Capacity of a read/write lock key: a reader takes one unit, a writer all of them.
+RW_CAPACITY = 1_000_000
+
+
+class Attachable(Protocol):
+    """A live lease session as seen by a lease attached to it (``AsyncSession`` or
+    ``Session``): the lease is valid exactly as long as the session."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def owner(self) -> str: ...
+
+    @property
+    def valid_until(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A lease this client holds.
+
+    ``valid_until`` is on this process's ``time.monotonic()`` clock: the lease is
+    trusted until ``send_time + ttl * (1 - clock_drift) - margin``, counted from when the
+    request was first sent, so the client never believes it holds a lease the cluster
+    has already expired. ``lease_id`` is the secret that proves ownership for renew and
+    release; do not share it. ``token`` is the fencing token to hand to any resource the
+    lease protects.
+    """
+
+    key: str
+    owner: str
+    token: int
+    ttl: float
+    lease_id: str
+    valid_until: float
+    expires_at_ms: int
+    #: Units of the key's capacity it takes (1 for a plain lock).
+    units: int = 1
+    #: The value it publishes (an elected leader's address), "" for none.
+    value: str = ""
+    #: The lease session it is attached to; its validity is then the session's.
+    session: Attachable | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def trusted_until(self) -> float:
+        """``valid_until``, or the session's for an attached lease (kept alive by the
+        session's keep-alive, not by renewals of its own)."""
+        if self.session is not None:
+            # The cluster extends an attached lease with every keep-alive of its
+            # session, to the session's expiry: the session's window is the lease's.
+            return self.session.valid_until
+        return self.valid_until
+
+    @property
+    def remaining(self) -> float:
+        """Seconds this client may still trust the lease (0 when no longer valid)."""
+        return max(0.0, self.trusted_until - time.monotonic())
+
+    @property
+    def valid(self) -> bool:
+        return time.monotonic() < self.trusted_until
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who holds a key, as seen by the cluster at read time. No lease id."""
+
+    key: str
+    owner: str
+    token: int
+    ttl: float
+    remaining: float
+    units: int = 1
+    value: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change seen by a watch: ``type`` is grant, renew, release, expire,
+    transfer (the end of a lease handed to a new owner; its grant follows) or proclaim
+    (a holder changed the value it publishes)."""
+
+    type: str
+    key: str
+    owner: str
+    token: int
+    revision: int
+    value: str = ""
+    #: Units of the key's capacity the lease takes (1 for a plain lock).
+    units: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """A read of one key and how it was served.
+
+    ``consistency`` is what the server actually did: ``"lease"`` (leader memory under a
+    valid leader lease), ``"log"`` (through the Raft log) or ``"stale"``. For stale reads
+    ``applied_index`` is the serving node's applied Raft index and ``age`` how many
+    seconds old its view may be (None if it never heard from a leader).
+    """
+
+    holder: Holder | None
+    consistency: str
+    served_by: str
+    applied_index: int | None = None
+    age: float | None = None
+    #: Every live holder (for a shared key; the one holder of a plain lock).
+    holders: tuple[Holder, ...] = ()
+    #: The key's capacity and units in use (1 and 0 or 1 for a plain lock).
+    capacity: int = 1
+    used: int = 0
+    #: The store revision the answer reflects (exact for reads through the log).
+    revision: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    """Who leads an election: the owner, the value it published, its fencing token,
+    and the revision of the change that made it so."""
+
+    owner: str
+    value: str
+    token: int
+    revision: int | None = None
+
+
+class AsyncLeaseClient(Protocol):
+    """The asyncio client API recipes are written against (``AsyncClient`` has it)."""
+
+    async def acquire(
+        self,
+        key: str,
+        *,
+        owner: str | None = None,
+        ttl: float | None = None,
+        wait: float = 0.0,
+        priority: int = 0,
+        capacity: int = 1,
+        units: int = 1,
+        value: str | None = None,
+        session: Attachable | None = None,
+        timeout: float | None = None,
+    ) -> Lease: ...
+
+    async def renew(
+        self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
+    ) -> Lease: ...
+
+    async def release(self, lease: Lease, *, timeout: float | None = None) -> None: ...
+
+    async def proclaim(
+        self, lease: Lease, value: str, *, timeout: float | None = None
+    ) -> Lease: ...
+
+    async def read(
+        self, key: str, *, consistency: str = "linearizable", timeout: float | None = None
+    ) -> Read: ...
+
+    def watch(self, prefix: str = "", *, from_revision: int = 0) -> AsyncIterator[WatchEvent]: ...
+
+    async def call(
+        self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None = None
+    ) -> dict[str, Any]: ...
+
+    def valid_until(self, sent: float, seconds: float) -> float:
+        """Until when (``time.monotonic()``) the client trusts something the cluster
+        keeps for ``seconds`` of log time from a request first sent at ``sent``."""
+        ...
+
+    def on_close(self, callback: Callable[[], Awaitable[None]]) -> Callable[[], None]:
+        """Run ``callback`` (on the client's loop) when the client closes; returns a
+        function that cancels the registration."""
+        ...
+
+
+class BlockingPortal(Protocol):
+    """Hands work to a blocking client's event-loop thread (blocks the caller)."""
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T: ...
+
+    def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]: ...
+
+
+class LeaseClient(Protocol):
+    """The blocking client API recipes are written against (``Client`` has it)."""
+
+    @property
+    def aio(self) -> AsyncLeaseClient: ...
+
+    @property
+    def portal(self) -> BlockingPortal: ...
+
+    def acquire(
+        self,
+        key: str,
+        *,
+        owner: str | None = None,
+        ttl: float | None = None,
+        wait: float = 0.0,
+        priority: int = 0,
+        capacity: int = 1,
+        units: int = 1,
+        value: str | None = None,
+        session: Attachable | None = None,
+        timeout: float | None = None,
+    ) -> Lease: ...
+
+    def renew(
+        self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
+    ) -> Lease: ...
+
+    def release(self, lease: Lease, *, timeout: float | None = None) -> None: ...

@@ -1,0 +1,221 @@
+"""PySyncObj's TCP transport with the leader-lease protocol and the follower-log
+corrections (the seam where our Raft behaviour differs from PySyncObj's).
+
+Runs on PySyncObj's tick thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pysyncobj import FAIL_REASON
+from pysyncobj.transport import TCPTransport
+
+from .follower_log import AppendPlan, Conflict, plan_append_entries, snapshot_is_behind
+from .leadership import LeaseGuard
+
+log = logging.getLogger("raftlease.replication")
+
+#: A follower rejecting every append_entries of the leader for this long is logged.
+REJECTING_WARN_AFTER = 5.0
+
+
+class LeaseTransport(TCPTransport):  # type: ignore[misc]
+    """PySyncObj's TCP transport plus the leader-lease protocol (see leadership.py).
+
+    Outgoing ``append_entries`` carry the leader's clock at sending (``rl_s``); replies
+    (``next_node_idx``) echo the stamp of the last accepted ``append_entries`` of the
+    current leader (``rl_et``, ``rl_e``) and carry the follower's clock (``rl_t``).
+    ``request_vote`` is dropped, in both directions, while this node's vote promise
+    holds, and by a leader while a majority acknowledges it (so a node that cannot
+    hear the leader cannot depose it). A node whose term grew while it was cut off
+    answers the leader's stale-term ``append_entries`` with a term notice after the
+    heal, the leader steps down and the cluster re-elects (liveness).
+    ``apply_command`` (PySyncObj forwarding a proposal to the leader) is never sent.
+    On a follower, a current-term ``append_entries`` is corrected before PySyncObj
+    handles it (``plan_append_entries``, ``_snapshot_message``: no truncation without
+    a conflict, rejections that keep the leader's step back, no commit or snapshot
+    install the message does not justify).
+    Runs on the tick thread. ``guard`` is bound by ``Replica`` through a subclass.
+    """
+
+    guard: LeaseGuard
+    _bumped: dict[str, float]
+    #: Follower side: see plan_append_entries.
+    _conflict: Conflict | None
+    _reply_next: int | None
+    _snapshot_in: bytearray | None
+    _rejecting: tuple[float, float] | None  # (since, last warned)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._bumped = {}
+        self._conflict = None
+        self._reply_next = None
+        self._snapshot_in = None
+        self._rejecting = None
+        super().__init__(*args, **kwargs)
+
+    def send(self, node: Any, message: Any) -> bool:
+        if isinstance(message, dict):
+            kind = message.get("type")
+            if kind == "append_entries":
+                message["rl_s"] = self.guard.stamp_outgoing(message["term"])
+            elif kind == "next_node_idx":
+                if self._reply_next is not None:
+                    # PySyncObj's reply to the append_entries being handled (plan).
+                    message["next_node_idx"] = self._reply_next
+                    self._reply_next = None
+                echo = self.guard.echo_for(node.id)
+                if echo is not None:
+                    message["rl_et"], message["rl_e"] = echo
+                message["rl_t"] = self.guard.clock.monotonic()
+            elif kind == "request_vote" and self.guard.refuse_vote():
+                return False  # our own promise also forbids running for election
+            elif kind == "apply_command":
+                # PySyncObj forwards a proposal to the leader when this node lost
+                # leadership between our check and the tick thread. Never forward: the
+                # entry was stamped with our (now stale) log time. Fail it at once,
+                # definitely (it was not sent), through PySyncObj's own reply path.
+                request_id = message.get("request_id")
+                if request_id is not None:
+                    super()._onMessageReceived(
+                        node,
+                        {
+                            "type": "apply_command_response",
+                            "request_id": request_id,
+                            "error": FAIL_REASON.REQUEST_DENIED,
+                        },
+                    )
+                return False
+        return bool(super().send(node, message))
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
+        if isinstance(message, dict):
+            kind = message.get("type")
+            sync = self._syncObj
+            if kind == "request_vote":
+                if message.get("rl_bump"):
+                    pass  # "your term is stale": always let PySyncObj see it
+                elif sync._isLeader():
+                    # Leader stickiness (CheckQuorum): while a majority acknowledges
+                    # us, a candidate that cannot hear us must not depose us.
+                    if self.guard.has_quorum():
+                        return
+                elif self.guard.refuse_vote():
+                    return
+            elif kind == "append_entries":
+                term = message.get("term")
+                if isinstance(term, int):
+                    if term < sync.raftCurrentTerm:
+                        self._tell_stale_leader(node, sync.raftCurrentTerm)
+                    self.guard.on_append_entries(
+                        node.id, term, sync.raftCurrentTerm, message.get("rl_s")
+                    )
+                    if (
+                        term >= sync.raftCurrentTerm
+                        and "prevLogIdx" in message
+                        and message.get("transmission") in (None, "finish")
+                    ):
+                        plan = plan_append_entries(
+                            sync._SyncObj__raftLog, sync.raftCommitIndex, message, self._conflict
+                        )
+                        self._conflict = plan.conflict
+                        self._reply_next = plan.reply_next
+                        self._note_rejection(node, term, plan)
+                        try:
+                            super()._onMessageReceived(node, plan.message)
+                        finally:
+                            self._reply_next = None
+                        return
+                    if term >= sync.raftCurrentTerm and "prevLogIdx" not in message:
+                        message = self._snapshot_message(sync, message)
+            elif kind == "next_node_idx" and sync._isLeader():
+                self.guard.on_reply(
+                    node.id, message.get("rl_et"), message.get("rl_e"), message.get("rl_t")
+                )
+        super()._onMessageReceived(node, message)
+
+    def _note_rejection(self, node: Any, term: int, plan: AppendPlan) -> None:
+        """Warn while this follower keeps rejecting the leader's log (finding 1 of
+        jepsen-style/README.md was a follower stuck this way for tens of seconds)."""
+        now = self.guard.clock.monotonic()
+        if plan.accepted:
+            if self._rejecting is not None and now - self._rejecting[0] >= REJECTING_WARN_AFTER:
+                log.warning("taking the leader's log again after %.1f s", now - self._rejecting[0])
+            self._rejecting = None
+            return
+        if self._rejecting is None:
+            self._rejecting = (now, now)
+        elif now - self._rejecting[1] >= REJECTING_WARN_AFTER:
+            self._rejecting = (self._rejecting[0], now)
+            log_ = self._syncObj._SyncObj__raftLog
+            log.warning(
+                "rejecting leader %s's log (term %d) for %.1f s: its prevLogIdx %s, our log "
+                "%d..%d (last term %d), answering next %s",
+                node.id,
+                term,
+                now - self._rejecting[0],
+                plan.message.get("prevLogIdx"),
+                log_[0][1],
+                log_[-1][1],
+                log_[-1][2],
+                plan.reply_next,
+            )
+
+    def _snapshot_message(self, sync: Any, message: dict[str, Any]) -> dict[str, Any]:
+        """An ``append_entries`` of the snapshot path (no ``prevLogIdx``: a chunk of
+        the leader's dump, or ``serialized`` None while it has none ready).
+
+        PySyncObj sets the follower's commit index to min(leader's, own log end) after
+        any such message, though it verified none of the follower's entries: a deposed
+        leader whose uncommitted tail the new leader cannot probe (it is behind the
+        leader's compacted log start) would apply that tail, and answer its own
+        clients' proposals in it with success. Such a message therefore commits
+        nothing here (the installed snapshot itself is committed; later entries are
+        committed by the messages that verify them).
+
+        A dump that ends inside our log at an entry of the same term (a repeat sent
+        after a stale rejection) is not installed (``snapshot_is_behind``): the
+        message goes on with ``serialized`` None, and the leader, which already moved
+        its next index past the dump, verifies our log with its next message."""
+        out = dict(message)
+        leader_commit = message.get("commit_index")
+        if isinstance(leader_commit, int) and leader_commit > sync.raftCommitIndex:
+            out["commit_index"] = sync.raftCommitIndex
+        chunk = message.get("serialized")
+        if isinstance(chunk, tuple | list) and len(chunk) == 3:
+            data, is_first, is_last = chunk
+            if is_first:
+                self._snapshot_in = bytearray()
+            if self._snapshot_in is not None and isinstance(data, bytes | bytearray):
+                self._snapshot_in += data
+            if is_last:
+                received, self._snapshot_in = self._snapshot_in, None
+                if received is not None and snapshot_is_behind(
+                    sync._SyncObj__raftLog, bytes(received)
+                ):
+                    log.info("snapshot from the leader ends inside our log: not installed")
+                    out["serialized"] = None
+        return out
+
+    def _tell_stale_leader(self, node: Any, term: int) -> None:
+        """Answer an ``append_entries`` of an older term (PySyncObj ignores it
+        silently) with our term, so a leader that cannot otherwise learn it steps down.
+        This is how a node whose term grew while it was cut off rejoins: leaders and
+        followers drop its vote requests, but not this notice. It carries an empty log
+        position, so it never wins a vote. At most one per peer per heartbeat."""
+        now = self.guard.clock.monotonic()
+        if now - self._bumped.get(node.id, float("-inf")) < self.guard.promise / 4:
+            return
+        self._bumped[node.id] = now
+        super().send(
+            node,
+            {
+                "type": "request_vote",
+                "term": term,
+                "last_log_index": 0,
+                "last_log_term": 0,
+                "rl_bump": True,
+            },
+        )

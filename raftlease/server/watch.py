@@ -1,0 +1,113 @@
+"""The watch hub of one node: recent changes for watches to resume from, and the
+live subscribers. Any node serves watches: every replica applies the same log, so it
+produces the same events with the same revisions, in the same order.
+
+Threads: ``record`` runs on PySyncObj's tick thread (after each applied entry); the
+rest on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import CompactedError
+from ..protocol import Request, encode_frame, error_response, ok_response
+
+#: Changes each node keeps for watches to resume from.
+WATCH_HISTORY = 100_000
+
+
+#: The fields of a store event a watch may see (never a lease id).
+PUBLIC_FIELDS = ("type", "key", "owner", "token", "revision", "value", "units")
+
+
+class WatchHub:
+    """History and subscribers of one node's watches."""
+
+    def __init__(self, history: int = WATCH_HISTORY) -> None:
+        # Recent changes (public fields only) and the live subscribers.
+        self._history: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
+        self._watchers: dict[object, tuple[asyncio.Queue[list[dict[str, Any]] | None], str]] = {}
+
+    def record(self, events: list[dict[str, Any]], loop: asyncio.AbstractEventLoop) -> None:
+        """Tick thread: add an applied entry's changes to the history and hand them to
+        the live watches on the event loop (only if there are any)."""
+        public = [{k: e[k] for k in PUBLIC_FIELDS} for e in events if "revision" in e]
+        if not public:
+            return
+        gap = False
+        history = self._history
+        # Revisions are contiguous (every change adds one): a gap means this node
+        # skipped history (it installed a snapshot). The history restarts there.
+        if history and public[0]["revision"] != history[-1]["revision"] + 1:
+            history.clear()
+            gap = True
+        history.extend(public)  # deque appends are atomic; readers copy first
+        if self._watchers:
+            with contextlib.suppress(RuntimeError):  # loop closed during shutdown
+                loop.call_soon_threadsafe(self._publish, public, gap)
+
+    def _publish(self, events: list[dict[str, Any]], gap: bool) -> None:
+        """Event loop: feed live watches; after a history gap they end with
+        ``COMPACTED`` rather than silently miss events."""
+        for queue, prefix in self._watchers.values():
+            if gap:
+                queue.put_nowait(None)
+                continue
+            matching = [e for e in events if e["key"].startswith(prefix)]
+            if matching:
+                queue.put_nowait(matching)
+
+    async def stream(
+        self, request: Request, writer: asyncio.StreamWriter, revision: Callable[[], int]
+    ) -> None:
+        """Stream changes under a prefix, from ``from_revision`` (0: from now), as
+        frames that all carry the request's id, until the connection closes.
+        ``revision`` returns the node's applied store revision."""
+        prefix: str = request.args["prefix"]
+        start: int = request.args["from_revision"]
+        # Subscribe before copying the history: an event the tick thread records in
+        # between then reaches us twice (copy and queue) instead of never; revisions
+        # already sent are skipped below.
+        queue: asyncio.Queue[list[dict[str, Any]] | None] = asyncio.Queue()
+        token = object()
+        self._watchers[token] = (queue, prefix)
+        try:
+            history = list(self._history)  # a copy: the tick thread appends to it
+            current = max(revision(), history[-1]["revision"] if history else 0)
+            oldest = history[0]["revision"] if history else current + 1
+            if start == 0:
+                start = current + 1
+            if start < oldest and start <= current:
+                err = CompactedError(
+                    f"revision {start} is not in this node's watch history (it starts at "
+                    f"{oldest}); re-read and watch from {current + 1}",
+                    {"revision": current},
+                )
+                writer.write(encode_frame(error_response(request.id, err)))
+                await writer.drain()
+                return
+            backlog = [e for e in history if e["revision"] >= start and e["key"].startswith(prefix)]
+            writer.write(
+                encode_frame(ok_response(request.id, {"events": backlog, "revision": current}))
+            )
+            await writer.drain()
+            next_rev = max(start, history[-1]["revision"] + 1 if history else start)
+            while not writer.is_closing():
+                events = await queue.get()
+                if events is None:
+                    err = CompactedError("this node skipped history; resume elsewhere", {})
+                    writer.write(encode_frame(error_response(request.id, err)))
+                    await writer.drain()
+                    return
+                fresh = [e for e in events if e["revision"] >= next_rev]
+                if fresh:
+                    next_rev = fresh[-1]["revision"] + 1
+                    writer.write(encode_frame(ok_response(request.id, {"events": fresh})))
+                    await writer.drain()
+        finally:
+            self._watchers.pop(token, None)

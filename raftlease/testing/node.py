@@ -1,0 +1,103 @@
+"""The test build of a node: ``python -m raftlease.testing.node --config FILE
+[--clock-control] [--planted-bug NAME]``.
+
+It runs the same ``NodeServer`` as ``raftlease node``, with test hooks injected
+(``raftlease.server.ServerHooks``): an adjustable clock and the ``test_clock`` control
+operation, and optionally a planted bug (``hooks.PLANTED_BUGS``). etcd keeps its
+failpoints out of release builds the same way: a production node has no switch that
+turns any of this on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+from typing import Any
+
+from ..clock import AdjustableClock
+from ..config import load_toml
+from ..errors import BadRequestError, ConfigError, InvalidArgumentError
+from ..replication import LeaseGuard
+from ..server import ServerHooks, run_node
+from .hooks import PLANTED_BUGS
+
+log = logging.getLogger("raftlease.testing")
+
+#: How fast a ``fast_log_clock`` leader's log time runs.
+FAST_LOG_CLOCK_RATE = 3.0
+
+
+class PromiselessGuard(LeaseGuard):
+    """Planted bug ``skip_vote_promise``: followers never refuse a vote."""
+
+    def refuse_vote(self) -> bool:
+        return False
+
+
+def clock_control(clock: AdjustableClock) -> Any:
+    """The ``test_clock`` control operation on ``clock``: ``rate`` (0 < r < 100) sets
+    its rate, ``jump`` (>= 0 seconds) moves it forward. Raises ``BadRequestError`` /
+    ``InvalidArgumentError`` naming a bad field; the clock is then unchanged."""
+
+    def test_clock(message: dict[str, Any]) -> dict[str, Any]:
+        changes: dict[str, float] = {}
+        for name in ("rate", "jump"):
+            value = message.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise BadRequestError(f"field {name!r} must be a number")
+            if not math.isfinite(value) or not (0 < value < 100 if name == "rate" else value >= 0):
+                raise InvalidArgumentError(f"field {name!r} is out of range: {value!r}")
+            changes[name] = float(value)
+        if "rate" in changes:
+            clock.set_rate(changes["rate"])
+        if "jump" in changes:
+            clock.jump(changes["jump"])
+        log.warning("test clock changed: %s (rate now %s)", changes, clock.rate)
+        return {"rate": clock.rate, "monotonic": clock.monotonic()}
+
+    return test_clock
+
+
+def build_hooks(planted_bug: str = "", clock: bool = True) -> ServerHooks:
+    """The hooks of a test node. Raises ``ValueError`` for an unknown planted bug."""
+    if planted_bug and planted_bug not in PLANTED_BUGS:
+        raise ValueError(f"unknown planted bug {planted_bug!r}; known: {sorted(PLANTED_BUGS)}")
+    adjustable = AdjustableClock() if clock or planted_bug else None
+    return ServerHooks(
+        clock=adjustable,
+        log_clock_rate=FAST_LOG_CLOCK_RATE if planted_bug == "fast_log_clock" else 1.0,
+        guard_class=PromiselessGuard if planted_bug == "skip_vote_promise" else LeaseGuard,
+        control_ops={"test_clock": clock_control(adjustable)} if adjustable else {},
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m raftlease.testing.node", description=__doc__)
+    parser.add_argument("--config", required=True, help="the node's TOML config file")
+    parser.add_argument("--clock-control", action="store_true", help="answer test_clock")
+    parser.add_argument("--planted-bug", default="", choices=["", *sorted(PLANTED_BUGS)])
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    from ..cli import setup_logging
+
+    setup_logging(args.log_level)
+    try:
+        config = load_toml(args.config)
+    except ConfigError as exc:
+        parser.error(f"invalid configuration: {exc.message}")
+    hooks = build_hooks(args.planted_bug, args.clock_control)
+    if args.planted_bug:
+        log.warning(
+            "TEST BUILD with planted bug %s: %s", args.planted_bug, PLANTED_BUGS[args.planted_bug]
+        )
+    else:
+        log.warning("TEST BUILD: clock control enabled")
+    run_node(config, hooks)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
