@@ -2,7 +2,8 @@
 
 No timed assertions: the figures depend on the machine. This only checks that
 ``scripts/bench --quick`` starts its clusters, runs every workload and reports a
-positive figure for each.
+positive figure for each, and that ``scripts/bench --render`` turns the saved JSON
+back into the same Markdown (tests/test_bench_report.py covers the renderer alone).
 """
 
 from __future__ import annotations
@@ -87,3 +88,16 @@ def test_quick_profile_writes_json_and_markdown(tmp_path: Path) -> None:
 
     assert result["targets"], "targets were not evaluated"
     assert {"target", "figure", "met"} <= set(result["targets"][0])
+
+    # The saved JSON renders again, without a cluster, to the same Markdown; judged
+    # again from the targets file, it gets the same targets.
+    for extra in ([], ["--retarget"]):
+        render = subprocess.run(
+            [sys.executable, str(BENCH), "--render", str(out / "bench.json"), *extra],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert render.returncode == 0, render.stderr
+        assert render.stdout == markdown.read_text(), extra

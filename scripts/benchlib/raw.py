@@ -1,21 +1,20 @@
-"""The ceiling for ``scripts/bench``: raw PySyncObj no-op commits on 3 local processes.
+"""The ceiling for the benchmark: raw PySyncObj no-op commits on 3 local processes.
 
-Each node process (``python scripts/bench_raw.py node --config <node.toml>``) runs one
-PySyncObj replica whose only replicated method is a no-op taking a bytes payload of the
-size of a typical raftlease log entry. It uses *the same* ``SyncObjConf`` as
-``raftlease.replication.Replica``: the conf is captured by letting ``Replica`` build it
-against a stand-in ``SyncObj`` (so it follows any change to replication.py), with the
-raftlease-specific callbacks removed. If capturing fails, an equivalent conf is built
-from the same ``NodeConfig`` fields and the report says so.
+Each node process (``python -m benchlib.raw node --config <node.toml>``, with
+``scripts/`` on PYTHONPATH) runs one PySyncObj replica whose only replicated method is
+a no-op taking a bytes payload of the size of a typical raftlease log entry. It uses
+the same ``SyncObjConf`` as raftlease's replica: ``raftlease.replication.syncobj_conf``
+builds it from the node's ``NodeConfig`` (so it follows any change there); only the
+transport differs, raw runs PySyncObj's own TCP transport.
 
 The parent drives each process with JSON lines on stdin and reads JSON lines from
 stdout (stderr goes to the node's log file). The load runs *inside the leader's
 process*, as "sync writes, 1 thread at the leader" and "pipelined, N in flight" in
-docs/PYSYNCOBJ.md: ``sync`` (one thread, each call waits for its commit) and
+docs/pysyncobj.md: ``sync`` (one thread, each call waits for its commit) and
 ``pipelined`` (one driver thread keeps ``inflight`` calls outstanding; callbacks fire
 on the tick thread when the entry is applied at the leader).
 
-``RawCluster`` is the parent side, used by ``scripts/bench``.
+``RawCluster`` is the parent side, used by the raw workload (workloads/throughput.py).
 """
 
 from __future__ import annotations
@@ -29,36 +28,42 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+from raftlease.config import NodeConfig
+
+from .measure import percentile
 
 #: Bytes per no-op entry: about one msgpack-encoded raftlease acquire entry.
 PAYLOAD_BYTES = 150
 
 CONTROL_TIMEOUT = 120.0
 
-
-# ----------------------------------------------------------------- statistics
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q``-quantile (0..1) of ``values`` by nearest rank; 0.0 when empty."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return float(ordered[rank])
+#: The directory holding the benchlib package (put on the node processes' PYTHONPATH).
+SCRIPTS_DIR = Path(__file__).resolve().parent.parent
 
 
 # ------------------------------------------------------------- node process
 
 
-def _capture_conf(config: Any) -> tuple[Any, list[Any], str]:
+def _load_config(path: str) -> NodeConfig:
+    """The node's config from the TOML a ``LocalCluster`` wrote (relative data_dir
+    taken relative to the file), validated by ``NodeConfig.create``."""
+    config_path = Path(path)
+    raw = tomllib.loads(config_path.read_text())
+    if "data_dir" in raw and not Path(raw["data_dir"]).is_absolute():
+        raw["data_dir"] = config_path.parent / raw["data_dir"]
+    return NodeConfig.create(**raw)
+
+
+def _capture_conf(config: NodeConfig) -> tuple[Any, list[str], str]:
     """The SyncObjConf and peer list raftlease.replication uses for this node.
 
-    Returns ``(conf, peers, how)``; the transport (raftlease's LeaseTransport) is not
-    reused: raw runs PySyncObj's own TCP transport."""
+    Returns ``(conf, peers, how)``; the transport (raftlease's own) is not reused:
+    raw runs PySyncObj's TCP transport."""
     from raftlease.replication import syncobj_conf
 
     conf = syncobj_conf(config)
@@ -75,19 +80,21 @@ def _conf_summary(conf: Any) -> dict[str, Any]:
 
 
 class _NodeRunner:
-    """One raw PySyncObj node plus the load generators run at the leader."""
+    """One raw PySyncObj node plus the load generators run at the leader.
+
+    Commands are handled one at a time on the process's main thread; PySyncObj's
+    tick thread applies entries and runs the pipelined callbacks."""
 
     def __init__(self, config_path: str) -> None:
+        # Imported here: only node processes need PySyncObj's classes.
         from pysyncobj import SyncObj, SyncObjConsumer, replicated
-
-        from raftlease.config import load_toml
 
         class NoopConsumer(SyncObjConsumer):  # type: ignore[misc]
             @replicated  # type: ignore[untyped-decorator]
             def noop(self, data: bytes) -> int:
                 return len(data)
 
-        self.config = load_toml(config_path)
+        self.config = _load_config(config_path)
         conf, peers, self.conf_source = _capture_conf(self.config)
         self.conf = conf
         self.consumer = NoopConsumer()
@@ -114,6 +121,7 @@ class _NodeRunner:
         }
 
     def run_sync(self, duration: float, max_ops: int) -> dict[str, Any]:
+        """One thread, each call blocking until its entry is committed."""
         latencies: list[float] = []
         errors = 0
         start = time.perf_counter()
@@ -132,6 +140,8 @@ class _NodeRunner:
         return _summary(latencies, errors, elapsed)
 
     def run_pipelined(self, duration: float, inflight: int, max_ops: int) -> dict[str, Any]:
+        """This thread keeps ``inflight`` calls outstanding (a semaphore slot each,
+        given back by the callback on PySyncObj's tick thread), then drains them."""
         from pysyncobj import FAIL_REASON
 
         slots = threading.Semaphore(inflight)
@@ -199,6 +209,8 @@ def _summary(latencies: list[float], errors: int, elapsed: float) -> dict[str, A
 
 
 def node_main(config_path: str, max_lifetime: float) -> int:
+    """A node process: answer one JSON line on stdout per JSON line on stdin until
+    stdin closes (blocking reads on the main thread)."""
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
@@ -231,7 +243,8 @@ class RawNode:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ask(self, command: dict[str, Any], timeout: float = CONTROL_TIMEOUT) -> dict[str, Any]:
-        """Send one command, wait (bounded) for its one-line reply."""
+        """Send one command, block (at most ``timeout`` s) for its one-line reply.
+        Thread-safe: one command at a time per node."""
         with self.lock:
             stdin: IO[str] | None = self.proc.stdin
             stdout: IO[str] | None = self.proc.stdout
@@ -240,6 +253,7 @@ class RawNode:
             stdin.write(json.dumps(command) + "\n")
             stdin.flush()
             result: dict[str, Any] = {}
+            # readline has no timeout: read on a helper thread and bound the wait.
             reader = threading.Thread(
                 target=lambda: result.update(line=stdout.readline()), daemon=True
             )
@@ -267,14 +281,23 @@ class RawCluster:
         self.nodes: dict[str, RawNode] = {}
 
     def start(self, timeout: float = 30.0) -> RawCluster:
-        script = str(Path(__file__).resolve())
+        """Start the node processes and block until they elected a leader."""
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            # After the frozen raftlease copy (if any), so that copy stays first.
+            "PYTHONPATH": os.pathsep.join(
+                [*filter(None, [os.environ.get("PYTHONPATH")]), str(SCRIPTS_DIR)]
+            ),
+        }
         for node in self.layout.nodes:
             config = self.layout.write_config(node.id)
             log = open(self.layout.log_path(node.id), "ab")  # noqa: SIM115 - owned by child
             proc = subprocess.Popen(
                 [
                     sys.executable,
-                    script,
+                    "-m",
+                    "benchlib.raw",
                     "node",
                     "--config",
                     str(config),
@@ -285,7 +308,10 @@ class RawCluster:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=env,
+                # Not the caller's directory: ``-m`` puts the working directory first
+                # on sys.path, where a raftlease checkout would shadow the frozen copy.
+                cwd=config.parent,
             )
             log.close()
             self.nodes[node.id] = RawNode(node.id, proc)
@@ -299,6 +325,7 @@ class RawCluster:
         return {node_id: n.ask({"cmd": "status"}, 10.0) for node_id, n in self.nodes.items()}
 
     def wait_for_leader(self, timeout: float = 30.0) -> str:
+        """Block until exactly one node leads and all are ready; its node id."""
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -316,6 +343,7 @@ class RawCluster:
         return self.nodes[self.wait_for_leader()]
 
     def close(self) -> None:
+        """SIGTERM every node, wait (then SIGKILL), remove the data directory."""
         for node in self.nodes.values():
             if node.proc.poll() is None:
                 node.proc.send_signal(signal.SIGTERM)
@@ -338,7 +366,7 @@ class RawCluster:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="one raw PySyncObj node of the benchmark")
     sub = parser.add_subparsers(dest="command", required=True)
     node = sub.add_parser("node", help="run one raw PySyncObj node (driven over stdin)")
     node.add_argument("--config", required=True)

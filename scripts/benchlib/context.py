@@ -1,0 +1,287 @@
+"""What one benchmark run shares: its profile, constants, the result document being
+built, progress lines on stderr, and the frozen copy of the raftlease code it runs.
+
+Nothing here imports raftlease when the module loads: ``freeze_raftlease`` has to run
+before the first ``import raftlease`` of the process, and ``scripts/bench --render``
+needs no raftlease at all.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import importlib.metadata
+import importlib.util
+import itertools
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raftlease.client import Lease
+
+#: The result of a run: the document written to bench.json (JSON types only), with
+#: the top-level keys meta, raw, workloads, targets, methods, then raw_conf and
+#: node_log_alerts when those phases ran.
+Result = dict[str, Any]
+
+#: TTLs (seconds) of the leases the workloads create.
+TTL_FRESH = 30.0
+TTL_POOL = 120.0
+TTL_MEMORY = 3600.0
+
+#: Workload groups run on the main cluster, in order (``--only`` names).
+MAIN_GROUPS = ("acquire", "renew", "release", "holder", "handoff", "failover")
+GROUPS = ("raw", *MAIN_GROUPS, "memory")
+
+#: Groups that are not throughput tables (no ops/s row, no election count under load).
+NON_THROUGHPUT_GROUPS = ("failover", "memory", "snapshot")
+
+#: Bounds on error loops: a workload stops after this many failed calls.
+MAX_ERRORS = 2000
+
+#: Start of the run (monotonic); progress lines and meta.elapsed_s count from here.
+T0 = time.monotonic()
+
+
+def progress(message: str) -> None:
+    """One progress line on stderr, stamped with the seconds since the run started.
+    Called from the main thread and from workload threads (one ``print`` each)."""
+    print(f"[{time.monotonic() - T0:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+def fmt(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``, or "-" when it was not measured."""
+    return "-" if value is None else format(value, spec)
+
+
+# ------------------------------------------------------------------- profiles
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes and durations of one kind of run (the full one or ``--quick``)."""
+
+    name: str
+    repeat: int
+    duration: float  # seconds per measured repetition
+    warmup: float  # seconds of warm-up per workload
+    threads: int
+    async_tasks: int
+    raw_inflight: tuple[int, ...]
+    renew_pool: int
+    handoff_clients: int
+    failover_reps: int
+    memory_leases: int
+    preload_inflight: int
+    snapshot_compaction_entries: int
+    snapshot_compaction_time: float
+    snapshot_steady: float
+    max_seconds: float
+    settle: float  # max seconds to wait for a quiet machine before each repetition
+
+    @property
+    def concurrent_modes(self) -> list[str]:
+        """Names of the concurrent modes of the throughput workloads (besides
+        "1 thread"), as they appear in the result."""
+        return [f"{self.threads} threads", f"async {self.async_tasks}"]
+
+
+FULL = Profile(
+    name="full",
+    repeat=5,
+    duration=3.0,
+    warmup=1.0,
+    threads=16,
+    async_tasks=256,
+    raw_inflight=(100, 1000),
+    renew_pool=2000,
+    handoff_clients=8,
+    failover_reps=5,
+    memory_leases=100_000,
+    preload_inflight=512,
+    snapshot_compaction_entries=20_000,
+    snapshot_compaction_time=3.0,
+    snapshot_steady=15.0,
+    max_seconds=3600.0,
+    settle=10.0,
+)
+
+QUICK = Profile(
+    name="quick",
+    repeat=2,
+    duration=0.25,
+    warmup=0.1,
+    threads=16,
+    async_tasks=256,
+    raw_inflight=(100, 1000),
+    renew_pool=300,
+    handoff_clients=8,
+    failover_reps=1,
+    memory_leases=5_000,
+    preload_inflight=512,
+    snapshot_compaction_entries=1_000,
+    snapshot_compaction_time=1.0,
+    snapshot_steady=3.0,
+    max_seconds=150.0,
+    settle=0.0,
+)
+
+#: By ``Profile.name``, as recorded in meta.profile (a saved result names its profile).
+PROFILES = {p.name: p for p in (FULL, QUICK)}
+
+
+# ------------------------------------------------------------------- context
+
+
+class Context:
+    """The state the workloads of one run share: profile, output directory, the
+    ``--only`` selection and the result being built.
+
+    Workloads run one after another on the main thread and write the result there;
+    their load threads only call ``key``, which is safe from any thread (``next`` on
+    an ``itertools.count`` is atomic under the GIL)."""
+
+    def __init__(self, profile: Profile, out: Path, only: set[str] | None = None) -> None:
+        self.profile = profile
+        self.out = out
+        self.only = only
+        self._keys = itertools.count()
+        #: Leases created by the renew workload, reused by the holder reads.
+        self.renew_pool: list[Lease] = []
+        self.result: Result = {
+            "meta": {},
+            "raw": {},
+            "workloads": {},
+            "targets": [],
+            "methods": {},
+        }
+
+    @property
+    def workloads(self) -> dict[str, Any]:
+        workloads: dict[str, Any] = self.result["workloads"]
+        return workloads
+
+    def key(self, prefix: str) -> str:
+        """A key no earlier call of this run returned."""
+        return f"bench/{prefix}/{next(self._keys)}"
+
+    def wanted(self, group: str) -> bool:
+        return self.only is None or group in self.only
+
+    def record(self, group: str, mode: str, entry: dict[str, Any]) -> None:
+        self.workloads.setdefault(group, {})[mode] = entry
+
+    def method(self, name: str, text: str) -> None:
+        """The report's description of how ``name`` was measured."""
+        self.result["methods"][name] = text
+
+
+# ------------------------------------------------------ reading the result
+
+
+def first_variant(workloads: dict[str, Any], group: str) -> dict[str, Any] | None:
+    """The first measured variant of ``group`` (None if absent or failed)."""
+    for value in workloads.get(group, {}).values():
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def raw_sync(result: Result) -> float:
+    """Raw PySyncObj's median ops/s with one synchronous thread (0.0 if not run)."""
+    entry = result["raw"].get("sync_1thread")
+    return float(entry["ops_per_s"]["median"]) if entry else 0.0
+
+
+def raw_pipelined(result: Result) -> float:
+    """Raw PySyncObj's best median ops/s pipelined (0.0 if not run)."""
+    return max(
+        (
+            float(v["ops_per_s"]["median"])
+            for k, v in result["raw"].items()
+            if k.startswith("pipelined")
+        ),
+        default=0.0,
+    )
+
+
+# ------------------------------------------------------- code and machine
+
+
+def freeze_raftlease() -> dict[str, str]:
+    """Copy the raftlease package to a temporary directory and import it from there,
+    in this process and (through PYTHONPATH) in every node process started later, so
+    that edits to the working tree during a long run cannot mix two versions of the
+    code in one measurement (e.g. a node restarted by the failover workload).
+
+    Must run before anything in this process imports raftlease. Returns the
+    meta.code record: the source directory, a hash of every ``.py`` file of the
+    package (subpackages included) and the git HEAD. The copy is removed at exit."""
+    spec = importlib.util.find_spec("raftlease")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    src = Path(next(iter(spec.submodule_search_locations)))
+    frozen = Path(tempfile.mkdtemp(prefix="raftlease-bench-src-"))
+    # copytree copies subpackages too; caches would only make the copy slower.
+    shutil.copytree(src, frozen / "raftlease", ignore=shutil.ignore_patterns("__pycache__"))
+    atexit.register(shutil.rmtree, frozen, ignore_errors=True)
+    sys.path.insert(0, str(frozen))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(frozen), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    # Node processes run ``python -m raftlease``, which puts their working directory
+    # first on sys.path, ahead of PYTHONPATH: started from the repository root they
+    # would import the working tree, not the copy. Python >= 3.11 leaves it out.
+    os.environ["PYTHONSAFEPATH"] = "1"
+    package = frozen / "raftlease"
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        # The path inside the package (not just the name): two subpackages may both
+        # have an __init__.py. For top-level files it is the name, as before.
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    info = {"source": str(src), "sha256": digest.hexdigest()[:16]}
+    with contextlib.suppress(Exception):
+        info["git_head"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    return info
+
+
+def loadavg() -> list[float]:
+    """The machine's 1, 5 and 15 minute load averages ([] if unreadable)."""
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return []
+
+
+def run_meta(profile: Profile, code: dict[str, str]) -> dict[str, Any]:
+    """meta at the start of a run: profile, time, versions, CPUs, load, code."""
+    # Imported here, not at the top: after freeze_raftlease this is the frozen copy.
+    import raftlease
+
+    meta: dict[str, Any] = {
+        "profile": profile.name,
+        "repeat": profile.repeat,
+        "duration_s": profile.duration,
+        "warmup_s": profile.warmup,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "python": platform.python_version(),
+        "raftlease": raftlease.__version__,
+        "cpus": os.cpu_count(),
+        "loadavg_start": loadavg(),
+        "settings": "raftlease NodeConfig defaults (both clusters)",
+        "code": code,
+    }
+    with contextlib.suppress(Exception):
+        meta["pysyncobj"] = importlib.metadata.version("pysyncobj")
+    return meta

@@ -1,0 +1,255 @@
+"""The targets a run is judged against: the data is in ``targets.toml``, the checks
+(one evaluator per ``kind``) are here.
+
+``evaluate`` turns a result document into the rows of result["targets"]: ``target``
+(label), ``figure`` (what was measured, as text), ``met`` (True, False, or None for
+"not applicable") and ``note``. It reads only the result, so a saved bench.json can
+be judged again after the targets change (``scripts/bench --render ... --retarget``).
+Pure functions; no raftlease import.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .context import NON_THROUGHPUT_GROUPS, PROFILES, Result, first_variant, raw_pipelined
+
+#: The targets of the report, next to this module.
+TARGETS_FILE = Path(__file__).with_name("targets.toml")
+
+#: The single-threaded mode of the throughput workloads.
+ONE_THREAD = "1 thread"
+
+#: One [[target]] table of targets.toml.
+Spec = Mapping[str, Any]
+#: One row of result["targets"].
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What the evaluators read: the result and its throughput modes."""
+
+    result: Result
+    #: The concurrent modes (e.g. "16 threads", "async 256"), in profile order.
+    concurrent: list[str]
+
+    @property
+    def workloads(self) -> dict[str, Any]:
+        workloads: dict[str, Any] = self.result.get("workloads", {})
+        return workloads
+
+    @property
+    def all_modes(self) -> list[str]:
+        return [ONE_THREAD, *self.concurrent]
+
+    def rate(self, group: str, mode: str) -> float:
+        """Median ops/s of ``group`` in ``mode``; 0.0 if not measured or failed."""
+        try:
+            return float(self.workloads[group][mode]["ops_per_s"]["median"])
+        except (KeyError, TypeError):
+            return 0.0
+
+    def best_concurrent(self, group: str) -> tuple[str, float]:
+        """The concurrent mode of ``group`` with the highest rate, and that rate."""
+        mode = max(self.concurrent, key=lambda m: self.rate(group, m), default="")
+        return mode, self.rate(group, mode)
+
+
+Evaluator = Callable[[Spec, Judged], Row | None]
+
+
+def _row(spec: Spec, figure: str, met: bool | None, note: str | None = None) -> Row:
+    label = str(spec["name"])
+    return {
+        "target": label,
+        "figure": figure,
+        "met": met,
+        "note": str(spec.get("note", "")) if note is None else note,
+    }
+
+
+# ----------------------------------------------------------------- evaluators
+
+
+def _rate(spec: Spec, j: Judged) -> Row:
+    rate = j.rate(spec["group"], spec["mode"])
+    return _row(spec, f"{rate:,.0f}/s", rate >= spec["min_per_s"])
+
+
+def _best_concurrent_rate(spec: Spec, j: Judged) -> Row:
+    mode, rate = j.best_concurrent(spec["group"])
+    return _row(spec, f"{rate:,.0f}/s ({mode})", rate >= spec["min_per_s"])
+
+
+def _concurrent_vs_raw_pipelined(spec: Spec, j: Judged) -> Row:
+    _, rate = j.best_concurrent(spec["group"])
+    raw_pipe = raw_pipelined(j.result)
+    ratio = rate / raw_pipe if raw_pipe else 0.0
+    return _row(
+        spec,
+        f"{100 * ratio:.0f} % ({rate:,.0f} vs {raw_pipe:,.0f}/s)",
+        ratio >= spec["min_ratio"],
+    )
+
+
+def _as_fast_as(spec: Spec, j: Judged) -> Row:
+    parts = []
+    ok = True
+    for mode in j.all_modes:
+        r, a = j.rate(spec["group"], mode), j.rate(spec["baseline"], mode)
+        parts.append(f"{mode}: {r / a if a else 0:.2f}x")
+        ok = ok and a > 0 and r >= spec["min_ratio"] * a
+    return _row(spec, "; ".join(parts), ok)
+
+
+def _read_speedup(spec: Spec, j: Judged) -> Row:
+    fast, slow = spec["fast"], spec["slow"]
+    if fast not in j.workloads or slow not in j.workloads:
+        return _row(spec, spec["missing"], None)
+    parts = []
+    for mode in j.all_modes:
+        f, s = j.rate(fast, mode), j.rate(slow, mode)
+        parts.append(f"{mode}: {f / s if s else 0:.1f}x")
+    best_fast = max(j.rate(fast, m) for m in j.all_modes)
+    best_slow = max(j.rate(slow, m) for m in j.all_modes)
+    return _row(
+        spec,
+        f"best {best_fast:,.0f} vs {best_slow:,.0f}/s = "
+        f"{best_fast / best_slow if best_slow else 0:.1f}x ({'; '.join(parts)})",
+        best_slow > 0 and best_fast >= spec["min_ratio"] * best_slow,
+    )
+
+
+def _handoff(spec: Spec, j: Judged) -> Row | None:
+    handoffs = [e for e in j.workloads.get("handoff", {}).values() if isinstance(e, dict)]
+    if not handoffs:
+        return None
+    handoff = max(handoffs, key=lambda e: float(e["ops_per_s"]["median"]))
+    rate = float(handoff["ops_per_s"]["median"])
+    fair = handoff["fairness"]
+    fair_ok = fair["jain_index"] >= spec["min_jain"] and (
+        fair["min_share_x_n"] >= spec["min_share_x_n"]
+    )
+    return _row(
+        spec,
+        f"{rate:,.0f}/s ({handoff['mode']}); Jain {fair['jain_index']:.3f}, min share x n "
+        f"{fair['min_share_x_n']:.2f}, longest streak "
+        f"{fair['longest_same_client_streak']:.0f}",
+        rate >= spec["min_per_s"] and fair_ok,
+    )
+
+
+def _failover(spec: Spec, j: Judged) -> Row | None:
+    fo = first_variant(j.workloads, "failover")
+    if not fo:
+        return None
+    median = float(fo["time_to_success_s"]["median"])
+    return _row(spec, f"{median:.3f} s", median < spec["max_s"])
+
+
+def _no_elections(spec: Spec, j: Judged) -> Row:
+    elections = sum(
+        int(e.get("elections", 0))
+        for group, modes in j.workloads.items()
+        if group not in NON_THROUGHPUT_GROUPS
+        for e in modes.values()
+        if isinstance(e, dict)
+    )
+    # A negative count (a node's term unreadable at the end) is not a pass either.
+    return _row(
+        spec,
+        f"{elections} term change(s) during workloads 1-5",
+        0 <= elections <= spec["max_elections"],
+    )
+
+
+def _memory(spec: Spec, j: Judged) -> Row | None:
+    mem = first_variant(j.workloads, "memory")
+    if not mem:
+        return None
+    peak = max(mem["rss_loaded_mib"].values())
+    full_size = mem["leases_requested"] >= spec["min_leases"]
+    row = _row(
+        spec,
+        f"max {peak:.0f} MiB ("
+        + ", ".join(f"{k} {v:.0f}" for k, v in mem["rss_loaded_mib"].items())
+        + ")",
+        peak < spec["max_mib"] if full_size else None,
+        "" if full_size else str(spec["note_small"]),
+    )
+    row["target"] = str(spec["name"]).format(leases=mem["leases_requested"])
+    return row
+
+
+def _snapshot_stall(spec: Spec, j: Judged) -> Row | None:
+    snap = first_variant(j.workloads, "snapshot")
+    if not snap:
+        return None
+    gap = float(snap["max_no_apply_certain_ms"])
+    return _row(
+        spec,
+        f"{snap['snapshots_seen']} snapshots; longest interval without an apply "
+        f"{gap:.0f} ms (upper bound {snap['max_no_apply_bound_ms']:.0f} ms; election "
+        f"timeout min {snap['election_timeout_min_ms']:.0f} ms); "
+        f"{snap['elections']} election(s)",
+        gap < snap["election_timeout_min_ms"] and 0 <= snap["elections"] <= spec["max_elections"],
+    )
+
+
+#: ``kind`` in targets.toml -> its evaluator.
+EVALUATORS: dict[str, Evaluator] = {
+    "rate": _rate,
+    "best_concurrent_rate": _best_concurrent_rate,
+    "concurrent_vs_raw_pipelined": _concurrent_vs_raw_pipelined,
+    "as_fast_as": _as_fast_as,
+    "read_speedup": _read_speedup,
+    "handoff": _handoff,
+    "failover": _failover,
+    "no_elections": _no_elections,
+    "memory": _memory,
+    "snapshot_stall": _snapshot_stall,
+}
+
+
+# ------------------------------------------------------------------- public
+
+
+def load_specs(path: Path = TARGETS_FILE) -> list[Spec]:
+    """The [[target]] tables of ``path``, checked for a known kind and a name."""
+    with path.open("rb") as f:
+        specs: list[Spec] = tomllib.load(f).get("target", [])
+    for i, spec in enumerate(specs, 1):
+        if spec.get("kind") not in EVALUATORS:
+            raise ValueError(f"{path}: target {i} has unknown kind {spec.get('kind')!r}")
+        if not spec.get("name"):
+            raise ValueError(f"{path}: target {i} ({spec['kind']}) has no name")
+    return specs
+
+
+def concurrent_modes(result: Result) -> list[str]:
+    """The concurrent modes of a saved result: those of the profile it names, else
+    the acquire modes it holds other than one thread."""
+    profile = PROFILES.get(str(result.get("meta", {}).get("profile")))
+    if profile is not None:
+        return profile.concurrent_modes
+    acquire = result.get("workloads", {}).get("acquire", {})
+    return [m for m, e in acquire.items() if m != ONE_THREAD and isinstance(e, dict)]
+
+
+def evaluate(
+    result: Result, concurrent: list[str] | None = None, specs: list[Spec] | None = None
+) -> list[Row]:
+    """The target rows for ``result``, in the order of ``specs`` (default: the
+    targets file); a target whose workload did not run has no row."""
+    judged = Judged(result, concurrent if concurrent is not None else concurrent_modes(result))
+    rows = []
+    for spec in load_specs() if specs is None else specs:
+        row = EVALUATORS[spec["kind"]](spec, judged)
+        if row is not None:
+            rows.append(row)
+    return rows

@@ -1,0 +1,11 @@
+"""What the benchmark measures, one module per kind of workload:
+
+- ``throughput``: the raw PySyncObj ceiling, then acquire, renew, release and holder
+  reads, each with 1 thread, N threads on one Client, and an AsyncClient;
+- ``handoff``: contended handoff of one lock between N clients, with fairness;
+- ``failover``: SIGKILL of the leader while a client loops acquire/release;
+- ``memory``: RSS with many live leases, then the snapshot stall on that cluster.
+
+Each workload function takes the run's ``Context`` (and the cluster it runs on),
+blocks until it is done, and records its entries in the result.
+"""
