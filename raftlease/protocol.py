@@ -37,7 +37,7 @@ DEFAULT_MAX_FRAME = 1 << 20
 #: or any node's local state labelled with its age.
 CONSISTENCY_MODES = ("linearizable", "log", "stale")
 
-#: Operations and whether they mutate state (and so need a client session).
+#: Operations and whether they mutate state (and so carry a client id, seq and ack).
 OPS: dict[str, bool] = {
     "acquire": True,
     "renew": True,

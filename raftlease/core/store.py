@@ -3,7 +3,7 @@
 ``LeaseStore.apply(entry)`` is the only way state changes. An entry is a plain dict
 (decoded from the msgpack bytes in the Raft log) carrying an operation, its arguments,
 the leader's time stamp ``now`` (integer milliseconds of *log time*) and, for mutating
-operations, the client session fields ``cid``/``seq``/``ack``.
+operations, the client id fields ``cid``/``seq``/``ack``.
 
 Rules this module keeps (docs/design.md explains why):
 
