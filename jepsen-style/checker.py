@@ -4,23 +4,35 @@ The history is a list of events (``workload.History``): client operations as
 ``invoke`` then ``ok`` / ``fail`` / ``info`` (paired by ``op``), fenced-resource
 accesses (``fenced``) and faults (``nemesis``). All times are one monotonic clock.
 
-Checkers (each returns ``{"valid": True | False | "unknown", "violations": [...]}``):
+Checkers (each returns ``{"valid": True | False | "unknown", "violations": [...]}``).
+A checker that cannot see part of the history, or had nothing to judge, must not
+pass: that is ``unknown`` (a warning, never a pass).
 
+0. ``history``: the history is fit to judge (``history_problems``): every completion
+   has its invocation, every ``ok`` acquire and renew has an integer token and a
+   holding window (``valid_until`` or a positive ``ttl``), reads name their holder,
+   fenced accesses are complete and carry tokens their process was granted, and so
+   on. Anything else is ``unknown``: what the other checkers skip cannot fail them.
 1. ``mutual_exclusion``: a client holds a lease from the ``ok`` of its acquire (or
    renew) until its own ``valid_until`` (``send + ttl*(1-rho) - margin``) or the
    invocation of its release, whichever is first. Holding intervals of different leases
-   on one plain key must never overlap; on a shared key (a semaphore or pool, acquired
-   with ``capacity`` > 1) they may, as long as the units of the intervals that overlap
-   at any instant never add up to more than the capacity. A lease attached to a lease
-   session (acquire invoke value ``session``) has no TTL of its own: it is held from
-   the acquire's ok to the largest ``valid_until`` of its session the client recorded
-   (the ok value and ``keepalive`` events observed before the release invocation), cut
-   at the release invocation.
+   on one plain key must never overlap; on a shared key (one whose holders were
+   *granted* with ``capacity`` > 1: a semaphore or pool) they may, as long as the units
+   of the intervals that overlap at any instant never add up to more than the
+   capacity. A lease attached to a lease session (acquire invoke value ``session``)
+   has no TTL of its own: it is held from the acquire's ok to the largest
+   ``valid_until`` of its session the client recorded (the ok value and ``keepalive``
+   events observed before the release invocation), cut at the release invocation.
 2. ``fencing``: per key, a grant that completed before another was invoked has the
    smaller token; no token is handed to two grants (tokens are the store-wide revision,
    so this is checked across keys, shared keys included); the fenced resource accepted
    tokens in non-decreasing order, never one below the highest it had seen, and no
-   accepted write overwrote a value its writer had not read (lost update).
+   accepted write overwrote a value its writer had not read (lost update). The
+   resource asks the cluster before each write (``Client.fence``) and records the
+   answer, which is judged against the grants and reads the history holds: the
+   cluster never calls a replaced (or a lower, later) token current, never denies a
+   holder whose lease was certainly live, and its current token is never below one
+   the resource already accepted.
 3. ``no_lost_grant``: a read (or an error naming the holder) that began after a grant
    completed never shows an older token, and shows that grant (or a newer one) while
    the grant's holder still certainly holds it. Plain keys only. An attached lease is
@@ -34,12 +46,19 @@ Checkers (each returns ``{"valid": True | False | "unknown", "violations": [...]
    recorded ``valid_until`` before the release invocation); an unanswered attached
    acquire, whose window is unknown, may expire at any time.
 5. ``liveness``: after every heal some operation completes (an ``ok``, or a refusal
-   decided by the state machine) within ``liveness_bound`` seconds.
+   decided by the state machine) within ``liveness_bound`` seconds. A fault that never
+   healed, or a history with no heal measured, is ``unknown``.
 6. ``replicas``: after the run, with clients stopped, every node catches up to one
-   applied index and all replicas hold the same state there.
+   applied index, and the replicas' whole states, rebuilt offline from each stopped
+   node's data directory at one committed index (``replay.py``), are identical, and so
+   are the committed log entries they share. No final state, or no (or a partial)
+   replay, is ``unknown``.
 
 ``check(events)`` runs all of them; the overall verdict is False if any is False,
-else "unknown" if any is unknown, else True.
+else "unknown" if any is unknown, else True. ``volume_stats`` measures what the run
+did (grants and contention per key, reads during faults, refused late writes, heals,
+fault kinds) and ``check_volume`` holds it to ``VolumeRequirements``: with them,
+``check`` calls a run that fell short ``unknown``, since it proved nothing.
 """
 
 from __future__ import annotations
@@ -51,13 +70,21 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from linearizability import LOp, check_ops
 
 Event = dict[str, Any]
 MAX_REPORTED = 50
 DOMAIN_CODES = frozenset({"LEASE_HELD", "NOT_OWNER", "LEASE_NOT_FOUND"})
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_num(value: Any) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -109,8 +136,10 @@ class Op:
 
     @property
     def token(self) -> int | None:
+        """The lease's token (None if it has none, or not an integer: the ``history``
+        checker reports that)."""
         token = self.value.get("token", self.args.get("token"))
-        return int(token) if token is not None else None
+        return token if _is_int(token) else None
 
     def brief(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -150,19 +179,34 @@ def load_history(path: str | Path) -> list[Event]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+def _time_order(event: Event) -> tuple[float, int]:
+    t, i = event.get("t"), event.get("i")
+    return (float(t) if _is_num(t) else 0.0, i if _is_int(i) else 0)
+
+
 def pair_ops(events: Iterable[Event]) -> list[Op]:
     """Pair invocations with completions. An invocation without one stays ``info``.
     An acquire attached to a lease session gets the ``keepalive`` events of that
-    session (same process and session id) in ``Op.keepalives``."""
+    session (same process and session id) in ``Op.keepalives``. Events too malformed
+    to pair (no op id, no time, a completion without an invocation) are left out
+    here; ``history_problems`` reports every one of them."""
     ops: dict[str, Op] = {}
     keepalives: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
-    for event in sorted(events, key=lambda e: (e.get("t", 0.0), e.get("i", 0))):
+    for event in sorted(events, key=_time_order):
         kind = event.get("type")
+        if kind in ("keepalive", "invoke", "ok", "fail", "info") and not _is_num(event.get("t")):
+            continue
         if kind == "keepalive":
-            keepalives[(str(event["process"]), str(event["session"]))].append(
+            if not _is_num(event.get("valid_until")):
+                continue
+            keepalives[(str(event.get("process")), str(event.get("session")))].append(
                 (float(event["t"]), float(event["valid_until"]))
             )
         elif kind == "invoke":
+            if not all(isinstance(event.get(k), str) for k in ("op", "process", "f", "key")):
+                continue
+            if event["op"] in ops:
+                continue  # a second invocation of one id: reported, the first one kept
             ops[event["op"]] = Op(
                 id=event["op"],
                 process=event["process"],
@@ -173,8 +217,8 @@ def pair_ops(events: Iterable[Event]) -> list[Op]:
             )
         elif kind in ("ok", "fail", "info"):
             op = ops.get(event.get("op", ""))
-            if op is None:
-                continue
+            if op is None or not math.isinf(op.ret):
+                continue  # no invocation, or a second completion: both reported
             op.ret = float(event["t"])
             op.type = kind
             op.value = dict(event.get("value") or {})
@@ -187,20 +231,188 @@ def pair_ops(events: Iterable[Event]) -> list[Op]:
 
 
 def shared_keys(ops: Iterable[Op], events: Iterable[Event] = ()) -> dict[str, int]:
-    """Keys used as shared keys (capacity > 1) and their capacity: those the run's
-    ``meta`` event lists, and every key some acquire asked for with ``capacity`` > 1."""
+    """Shared keys (semaphores, pools) and their capacity: the keys some lease was
+    *granted* on with ``capacity`` > 1 (an ``ok`` acquire whose invoke asked for it;
+    the cluster refuses a capacity that does not match the key's). Not a key someone
+    only asked about (a refused or unanswered acquire with ``capacity`` 2 makes no
+    lease share anything), nor one the run's ``meta`` merely declares: calling a plain
+    key shared switches off its stale-read and linearizability checks. ``events`` is
+    accepted for the callers that pass it and not used, for that reason."""
+    del events
     out: dict[str, int] = {}
-    for event in events:
-        if event.get("type") == "meta":
-            for key, capacity in (event.get("shared_keys") or {}).items():
-                if int(capacity) > 1:
-                    out[key] = max(out.get(key, 1), int(capacity))
-            break
     for op in ops:
-        capacity = int(op.args.get("capacity", 1)) if op.f == "acquire" else 1
-        if capacity > 1:
+        if op.f != "acquire" or op.type != "ok":
+            continue
+        capacity = op.args.get("capacity", 1)
+        if isinstance(capacity, int) and capacity > 1:
             out[op.key] = max(out.get(op.key, 1), capacity)
     return out
+
+
+# ------------------------------------------------------- 0. a history to judge
+
+#: The operations the workload records; any other ``f`` would be ignored by every
+#: checker, so it makes the history malformed.
+KNOWN_FS = frozenset({"acquire", "renew", "release", "read"})
+
+
+def history_problems(events: list[Event], ops: list[Op]) -> list[dict[str, Any]]:
+    """What makes the history unfit to judge: anything a checker would silently skip
+    or misread, so that a pass would prove nothing. Each entry names the event or
+    operation and what is wrong with it.
+
+    * no ``meta`` event (the run's parameters);
+    * an invocation without an ``op`` id, or one id invoked twice;
+    * a completion with no matching invocation (pairing would drop it), a second
+      completion, one for another process, operation or key, or one before its
+      invocation;
+    * an operation other than acquire, renew, release, read;
+    * an ``ok`` acquire or renew without an integer ``token``, or without a holding
+      window: neither ``valid_until`` nor a positive ``ttl`` (an attached acquire
+      needs ``valid_until``: it has no TTL of its own);
+    * a renew or release invoked without a ``token`` (it could not be matched to its
+      lease);
+    * an ``ok`` read without ``holder``, or with a holder without an integer token;
+    * a fenced access without process, key, integer token, ``read``/``write`` or a
+      boolean ``accepted``; an accepted one whose process was never granted that
+      token on that key (an ``ok`` acquire completed before it); an accepted write
+      the cluster did not confirm, in a run whose resource asks the cluster
+      (``meta`` ``fence`` = ``"cluster"``);
+    * a ``keepalive`` without process, session, numeric ``valid_until`` and ``t``;
+    * a fault ``stop`` with no ``start`` of the same id.
+    """
+    problems: list[dict[str, Any]] = []
+
+    def add(kind: str, **detail: Any) -> None:
+        problems.append({"kind": kind, **detail})
+
+    meta = next((e for e in events if e.get("type") == "meta"), None)
+    if meta is None:
+        add("no meta event")
+    invokes: dict[str, Event] = {}
+    for e in events:
+        if e.get("type") != "invoke":
+            continue
+        op_id = e.get("op")
+        if not isinstance(op_id, str) or not op_id:
+            add("invocation without an op id", event=e)
+        elif not (
+            all(isinstance(e.get(k), str) for k in ("process", "f", "key")) and _is_num(e.get("t"))
+        ):
+            add("malformed invocation (process, f, key, t)", event=e)
+        elif op_id in invokes:
+            add("op id invoked twice", op=op_id)
+        else:
+            invokes[op_id] = e
+    completed: set[str] = set()
+    for e in events:
+        if e.get("type") not in ("ok", "fail", "info"):
+            continue
+        op_id = e.get("op")
+        inv = invokes.get(op_id) if isinstance(op_id, str) else None
+        if inv is None:
+            add("completion without an invocation", event=e)
+            continue
+        assert isinstance(op_id, str)
+        if not _is_num(e.get("t")):
+            add("completion without a time", op=op_id)
+        if op_id in completed:
+            add("second completion", op=op_id, event=e)
+        completed.add(op_id)
+        if any(e.get(k) != inv.get(k) for k in ("process", "f", "key") if k in e):
+            add("completion does not match its invocation", op=op_id)
+        if _is_num(e.get("t")) and _is_num(inv.get("t")) and e["t"] < inv["t"]:
+            add("completion before its invocation", op=op_id)
+    for op in ops:
+        if op.f not in KNOWN_FS:
+            add("unknown operation", op=op.id, f=op.f)
+            continue
+        if op.f in ("renew", "release") and not _is_int(op.args.get("token")):
+            add(f"{op.f} invoked without a token", op=op.id)
+        if op.type != "ok":
+            continue
+        if op.f in ("acquire", "renew"):
+            token = op.value.get("token", op.args.get("token"))
+            if not _is_int(token):
+                add(f"ok {op.f} without a token", op=op.id)
+            ttl = op.value.get("ttl", op.args.get("ttl"))
+            has_window = _is_num(op.value.get("valid_until")) or (
+                op.session is None and _is_num(ttl) and ttl > 0
+            )
+            if not has_window:
+                add(f"ok {op.f} without valid_until or ttl (no holding window)", op=op.id)
+        elif op.f == "read":
+            if "holder" not in op.value:
+                add("ok read without holder", op=op.id)
+            else:
+                holder = op.value["holder"]
+                if holder is not None and not (
+                    isinstance(holder, dict) and _is_int(holder.get("token"))
+                ):
+                    add("ok read with a malformed holder", op=op.id)
+    granted: dict[tuple[str, str, int], float] = {}
+    for op in ops:
+        token = op.value.get("token")
+        if op.f == "acquire" and op.type == "ok" and _is_int(token):
+            ident = (op.process, op.key, token)
+            granted[ident] = min(granted.get(ident, math.inf), op.ret)
+    cluster_fenced = (meta or {}).get("fence") == "cluster"
+    for e in events:
+        kind = e.get("type")
+        if kind == "fenced":
+            fields_ok = (
+                isinstance(e.get("process"), str)
+                and isinstance(e.get("key"), str)
+                and _is_int(e.get("token"))
+                and e.get("f") in ("read", "write")
+                and isinstance(e.get("accepted"), bool)
+                and _is_num(e.get("t"))
+            )
+            if not fields_ok:
+                add("malformed fenced access", event=e)
+                continue
+            if not e["accepted"]:
+                continue
+            when = granted.get((e["process"], e["key"], e["token"]))
+            if when is None or when > e["t"]:
+                add(
+                    "resource accepted a token its process was not granted on that key",
+                    event={k: e.get(k) for k in ("t", "process", "key", "token", "f")},
+                )
+            answer = e.get("cluster")
+            if (
+                cluster_fenced
+                and e["f"] == "write"
+                and not (isinstance(answer, dict) and answer.get("current") is True)
+            ):
+                add(
+                    "accepted write the cluster did not confirm",
+                    event={k: e.get(k) for k in ("t", "process", "key", "token")},
+                )
+        elif kind == "keepalive" and not (
+            isinstance(e.get("process"), str)
+            and isinstance(e.get("session"), str)
+            and _is_num(e.get("valid_until"))
+            and _is_num(e.get("t"))
+        ):
+            add("malformed keepalive", event=e)
+    started = {e.get("id") for e in events if e.get("type") == "nemesis" and e.get("f") == "start"}
+    for e in events:
+        if e.get("type") == "nemesis" and e.get("f") == "stop" and e.get("id") not in started:
+            add("fault stop without a start", id=e.get("id"), fault=e.get("fault"))
+    return problems
+
+
+def check_history(events: list[Event], ops: list[Op]) -> dict[str, Any]:
+    """``True`` when the history is fit to judge, else ``"unknown"`` with the problems
+    (``history_problems``): a malformed history is never a pass, whatever the other
+    checkers found in the part they could read."""
+    problems = history_problems(events, ops)
+    result = _result([], {"events": len(events), "ops": len(ops), "problems": len(problems)})
+    result["unknown"] = problems[:MAX_REPORTED]
+    if problems:
+        result["valid"] = "unknown"
+    return result
 
 
 def observations(ops: Iterable[Op]) -> list[Observation]:
@@ -211,14 +423,16 @@ def observations(ops: Iterable[Op]) -> list[Observation]:
         if op.f == "read" and op.type == "ok":
             if op.value.get("consistency") == "stale":
                 continue
-            holder = op.value.get("holder")
+            if "holder" not in op.value:
+                continue  # malformed: reported by the history checker, not read as "nobody"
+            holder = op.value["holder"]
             if holder is None:
                 out.append(Observation(op, None, None))
-            else:
-                out.append(Observation(op, int(holder["token"]), holder.get("owner")))
+            elif isinstance(holder, dict) and _is_int(holder.get("token")):
+                out.append(Observation(op, holder["token"], holder.get("owner")))
         elif op.type == "fail" and op.error in ("LEASE_HELD", "NOT_OWNER"):
-            if "token" in op.detail:
-                out.append(Observation(op, int(op.detail["token"]), op.detail.get("owner")))
+            if _is_int(op.detail.get("token")):
+                out.append(Observation(op, op.detail["token"], op.detail.get("owner")))
         elif op.type == "fail" and op.error == "LEASE_NOT_FOUND":
             out.append(Observation(op, None, None))
     return out
@@ -520,11 +734,11 @@ def check_fencing(
     # The fenced store's rules (one token at a time, no lost update) model a single
     # holder: several holders of a shared key at once would break them by design. The
     # workload makes no fenced access under a shared key; any that appears is skipped.
-    accesses = [e for e in events if e.get("type") == "fenced" and e.get("key") not in shared]
+    accesses = [e for e in fenced_events(events) if e["key"] not in shared]
     highest: dict[str, tuple[int, str]] = {}
     accepted = rejected = 0
     for e in sorted(accesses, key=lambda e: e.get("i", 0)):
-        key, token, proc = e["key"], int(e["token"]), e["process"]
+        key, token, proc = e["key"], e["token"], e["process"]
         if not e["accepted"]:
             rejected += 1
             continue
@@ -565,6 +779,8 @@ def check_fencing(
                     "overwrote": e["before"],
                 }
             )
+    answered = _against_cluster_answers(ops, accesses, params, shared)
+    violations.extend(answered.pop("violations"))
     stale = _stale_accesses(ops, accesses, params)  # accesses: plain keys only
     return _result(
         violations,
@@ -572,9 +788,139 @@ def check_fencing(
             "grants": sum(len(g) for g in grants_by_key.values()),
             "resource_accepted": accepted,
             "resource_rejected": rejected,
+            **answered,
             **stale,
         },
     )
+
+
+def fenced_events(events: Iterable[Event]) -> list[Event]:
+    """The well-formed fenced accesses (the ``history`` checker reports the others)."""
+    return [
+        e
+        for e in events
+        if e.get("type") == "fenced"
+        and isinstance(e.get("process"), str)
+        and isinstance(e.get("key"), str)
+        and _is_int(e.get("token"))
+        and e.get("f") in ("read", "write")
+        and isinstance(e.get("accepted"), bool)
+        and _is_num(e.get("t"))
+    ]
+
+
+def _against_cluster_answers(
+    ops: list[Op], accesses: list[Event], params: Params, shared: Mapping[str, int]
+) -> dict[str, Any]:
+    """The resource asks the cluster before each write (``Client.fence``: is this
+    token the current holder's?) and records the answer; judge raftlease by it. The
+    answer is linearizable: it took effect at one instant of the call ``[inv, ret]``.
+
+    * *stale holder's write accepted*: the cluster called a token current although a
+      grant of a higher token on the key (or a read that saw one) had completed
+      before the call began: the older lease had ended by then, for good (if the
+      writer's own grant began after that, raftlease handed out a lower token later);
+    * *current token below one already used*: the cluster called a token current but
+      the resource had already accepted a higher one for the key (it refused the
+      write): raftlease handed out a lower token after a higher one;
+    * *holder denied while its lease was certainly live*: the cluster said "not
+      current" (an answer, not an error) to the writer's own token during a call that
+      lay wholly inside the writer's certain holding window (``certainly_live_until``
+      of what completed before the call, and before its release): a lost grant.
+    """
+    violations: list[dict[str, Any]] = []
+    seen: dict[str, list[tuple[float, int, Op]]] = defaultdict(list)
+    for op in ops:
+        if op.key in shared:
+            continue
+        if op.f == "acquire" and op.type == "ok" and op.token is not None:
+            seen[op.key].append((op.ret, op.token, op))
+    for o in observations(op for op in ops if op.key not in shared):
+        if o.token is not None:
+            seen[o.op.key].append((o.op.ret, o.token, o.op))
+    newest: dict[str, tuple[list[float], list[tuple[int, Op]]]] = {}
+    for key, rows in seen.items():
+        rows.sort(key=lambda r: r[0])
+        best: list[tuple[int, Op]] = []
+        for _, token, op in rows:
+            best.append((token, op) if not best or token > best[-1][0] else best[-1])
+        newest[key] = ([r[0] for r in rows], best)
+    views = {(v.grant.process, key, v.token): v for key, vs in leases(ops).items() for v in vs}
+    asked = confirmed = denied = errors = 0
+    for e in accesses:
+        answer = e.get("cluster")
+        if not isinstance(answer, dict) or not (
+            _is_num(answer.get("inv")) and _is_num(answer.get("ret"))
+        ):
+            continue
+        asked += 1
+        key, token = e["key"], e["token"]
+        where = {"key": key, "t": e["t"], "token": token, "process": e["process"]}
+        if answer.get("current") is True:
+            confirmed += 1
+            rets, best = newest.get(key, ([], []))
+            n = bisect.bisect_left(rets, answer["inv"])
+            if n and best[n - 1][0] > token:
+                newer = best[n - 1][1]
+                own = views.get((e["process"], key, token))
+                # The writer's own grant began after the higher token was known: not a
+                # replaced holder but a lower token handed out later.
+                lower = own is not None and own.grant.inv > newer.ret
+                if not e["accepted"]:
+                    kind = "the cluster called a replaced or lower token current"
+                elif lower:
+                    kind = "the cluster called current a token granted after a higher one"
+                else:
+                    kind = (
+                        "stale holder's write accepted: the cluster called a replaced token current"
+                    )
+                violations.append(
+                    {
+                        **where,
+                        "kind": kind,
+                        "asked": [round(answer["inv"], 4), round(answer["ret"], 4)],
+                        "newer": newer.brief(),
+                    }
+                )
+            if (
+                not e["accepted"]
+                and e.get("refused_by", "resource") == "resource"
+                and _is_int(e.get("highest"))
+                and e["highest"] > token
+            ):
+                violations.append(
+                    {
+                        **where,
+                        "kind": "the cluster's current token is below one the resource "
+                        "already accepted",
+                        "highest": e["highest"],
+                    }
+                )
+        elif answer.get("current") is False:
+            denied += 1
+            view = views.get((e["process"], key, token))
+            if view is None:
+                continue
+            live = view.certainly_live_until(answer["inv"], params)
+            if answer["ret"] < min(live, view.release_inv):
+                violations.append(
+                    {
+                        **where,
+                        "kind": "the cluster denied a holder whose lease was certainly live",
+                        "asked": [round(answer["inv"], 4), round(answer["ret"], 4)],
+                        "certainly_held_until": round(live, 4),
+                        "grant": view.grant.brief(),
+                    }
+                )
+        else:
+            errors += 1
+    return {
+        "violations": violations,
+        "cluster_asked": asked,
+        "cluster_confirmed": confirmed,
+        "cluster_denied": denied,
+        "cluster_errors": errors,
+    }
 
 
 def _stale_accesses(ops: list[Op], accesses: list[Event], params: Params) -> dict[str, Any]:
@@ -585,15 +931,21 @@ def _stale_accesses(ops: list[Op], accesses: list[Event], params: Params) -> dic
     for key, views in leases(ops).items():
         for view in views:
             spans[(view.grant.process, key, view.token)] = view.intervals(params)
-    refused = accepted = 0
+    refused = accepted = writes_refused = 0
     for e in accesses:
-        ivs = spans.get((e["process"], e["key"], int(e["token"])), [])
+        ivs = spans.get((e["process"], e["key"], e["token"]), [])
         if not any(s <= e["t"] < end for s, end in ivs):
             if e["accepted"]:
                 accepted += 1
             else:
                 refused += 1
-    return {"late_accesses_refused": refused, "late_accesses_accepted": accepted}
+                writes_refused += bool(e["f"] == "write" or e.get("for_write"))
+    return {
+        "late_accesses_refused": refused,
+        "late_accesses_accepted": accepted,
+        # Refused attempts to write late (a write, or the read of a read-modify-write).
+        "late_writes_refused": writes_refused,
+    }
 
 
 # -------------------------------------------------------------- 3. no lost grant
@@ -821,18 +1173,38 @@ def check_linearizable(
 
 
 def check_liveness(ops: list[Op], events: list[Event], params: Params) -> dict[str, Any]:
+    """After every heal some operation completes within the bound. Passes only when
+    recovery was measured: a fault that never healed (a ``start`` with no ``stop``)
+    or a run with no heal at all (nothing measured) is ``unknown``, never a pass."""
     bound = params.liveness_bound
     progress = sorted(
         op.ret for op in ops if op.type == "ok" or (op.type == "fail" and op.error in DOMAIN_CODES)
     )
     faults = sorted(
-        (e for e in events if e.get("type") == "nemesis" and e.get("f") in ("start", "stop")),
+        (
+            e
+            for e in events
+            if e.get("type") == "nemesis"
+            and e.get("f") in ("start", "stop")
+            and _is_num(e.get("t"))
+        ),
         key=lambda e: e["t"],
     )
-    end = max((e.get("t", 0.0) for e in events), default=0.0)
+    end = max((e["t"] for e in events if _is_num(e.get("t"))), default=0.0)
     violations = []
     unknown = []
     recoveries = []
+    stopped = {e.get("id") for e in faults if e["f"] == "stop"}
+    for e in faults:
+        if e["f"] == "start" and e.get("id") not in stopped:
+            unknown.append(
+                {
+                    "fault": e.get("fault"),
+                    "id": e.get("id"),
+                    "started": round(e["t"], 4),
+                    "kind": "never healed: recovery not measured",
+                }
+            )
     for n, e in enumerate(faults):
         if e["f"] != "stop":
             continue
@@ -855,11 +1227,16 @@ def check_liveness(ops: list[Op], events: list[Event], params: Params) -> dict[s
             )
         else:
             unknown.append({**entry, "window": round(nxt - heal, 3)})
+    heals = len(recoveries) + len(violations) + sum(1 for u in unknown if "window" in u)
+    if not recoveries and not violations:
+        unknown.append({"kind": "no heal measured: liveness was not tested", "heals": heals})
     result = _result(
         violations,
         {
             "bound": bound,
-            "heals": len(recoveries) + len(violations) + len(unknown),
+            "heals": heals,
+            "heals_measured": len(recoveries),
+            "never_healed": sum(1 for u in unknown if "started" in u),
             "max_recovery": max((r["recovered_in"] for r in recoveries), default=None),
             "recoveries": recoveries,
         },
@@ -875,14 +1252,24 @@ def check_liveness(ops: list[Op], events: list[Event], params: Params) -> dict[s
 
 def check_replicas(events: list[Event]) -> dict[str, Any]:
     """Once the clients have stopped and the faults are healed, every node must catch
-    up to one applied index, and replicas at one index must hold one state (revision,
-    log time, lease and session counts). A replica that applied a different entry at
-    some index (its log was rewritten under it) shows up here."""
+    up to one applied index, and the replicas must hold one whole state there.
+
+    The ``final`` event carries both: ``converged`` and each node's live status (as the
+    nodes reported it), and ``replay``: each stopped node's state machine rebuilt from
+    its own data directory at one committed index (``replay.py``), with a digest of the
+    whole state, and the committed log entries two nodes hold that differ. A replica
+    that applied a different entry at some index (its log was rewritten under it), or
+    that holds anything else differently, shows up here. ``unknown`` (never a pass)
+    when there is no final state, no replay, or the replay could not compare every
+    node of the run."""
     final = next((e for e in reversed(events) if e.get("type") == "final"), None)
     if final is None:
-        return {**_result([], {"recorded": False}), "valid": True}
-    nodes = {k: v for k, v in final.get("nodes", {}).items() if v}
+        result = _result([], {"recorded": False})
+        result.update(valid="unknown", unknown=[{"kind": "no final state recorded"}])
+        return result
+    nodes = {k: v for k, v in (final.get("nodes") or {}).items() if v}
     violations: list[dict[str, Any]] = []
+    unknown: list[dict[str, Any]] = []
     t = final.get("t")
     if not final.get("converged"):
         violations.append(
@@ -892,6 +1279,7 @@ def check_replicas(events: list[Event]) -> dict[str, Any]:
                 "nodes": final.get("nodes"),
             }
         )
+    # The live status counters (cheap, and available even when a replay is not).
     by_index: dict[Any, dict[str, Any]] = defaultdict(dict)
     for nid, st in nodes.items():
         by_index[st.get("applied_index")][nid] = st
@@ -902,19 +1290,260 @@ def check_replicas(events: list[Event]) -> dict[str, Any]:
         }
         if len(set(states.values())) > 1:
             violations.append(
-                {"kind": "replicas diverged", "t": t, "applied_index": index, "states": states}
+                {
+                    "kind": "replicas diverged",
+                    "compared": "status counters",
+                    "t": t,
+                    "applied_index": index,
+                    "states": states,
+                }
             )
-    return _result(violations, {"recorded": True, "nodes": len(nodes)})
+    replay = final.get("replay")
+    expected = _run_nodes(events, final)
+    compared: dict[str, Any] = {}
+    if not isinstance(replay, dict):
+        unknown.append({"kind": "whole state not compared: no replay of the nodes' data"})
+    else:
+        unknown.extend({"kind": "replay", "problem": p} for p in replay.get("problems") or [])
+        compared = {
+            nid: st
+            for nid, st in (replay.get("nodes") or {}).items()
+            if isinstance(st, dict) and isinstance(st.get("digest"), str)
+        }
+        missing = sorted(set(expected) - set(compared))
+        if missing or not compared:
+            unknown.append({"kind": "replicas not rebuilt", "nodes": missing})
+        digests = {nid: st["digest"] for nid, st in compared.items()}
+        if len(set(digests.values())) > 1:
+            violations.append(
+                {
+                    "kind": "replicas diverged",
+                    "compared": "whole state",
+                    "t": t,
+                    "index": replay.get("index"),
+                    "digests": {nid: d[:16] for nid, d in digests.items()},
+                    "states": {
+                        nid: {k: st.get(k) for k in ("revision", "leases", "dump_index")}
+                        for nid, st in compared.items()
+                    },
+                }
+            )
+        for conflict in replay.get("log_conflicts") or []:
+            violations.append({"kind": "committed log entries differ", "t": t, **conflict})
+    result = _result(
+        violations,
+        {
+            "recorded": True,
+            "nodes": len(nodes),
+            "replayed": len(compared),
+            "index": replay.get("index") if isinstance(replay, dict) else None,
+            "entries_compared": replay.get("entries_compared") if isinstance(replay, dict) else 0,
+        },
+    )
+    if not violations and unknown:
+        result["valid"] = "unknown"
+    result["unknown"] = unknown
+    return result
+
+
+def _run_nodes(events: list[Event], final: Event) -> list[str]:
+    """The nodes of the run: the final event's, or ``n1..nN`` from the meta's count."""
+    if final.get("nodes"):
+        return sorted(final["nodes"])
+    meta = next((e for e in events if e.get("type") == "meta"), {})
+    count = meta.get("nodes")
+    return [f"n{i + 1}" for i in range(count)] if _is_int(count) else []
+
+
+# -------------------------------------------------- volume: did anything happen?
+
+
+@dataclass(frozen=True)
+class VolumeRequirements:
+    """What a run must have done for its verdict to mean anything: a checker that saw
+    no contention, no fault and no late write passes for want of a chance to fail.
+
+    ``keys``: each granted at least ``min_grants`` times; ``plain_keys``: each with at
+    least ``min_contended`` holding intervals that met another client's acquire
+    attempt (an acquire invoked on the key by another process while it was held);
+    at least ``min_reads_during_faults`` reads answered while a fault was on; every
+    fault kind of ``kinds`` executed (started, not skipped, and healed); at least
+    ``min_heals`` heals, each with its recovery measured; at least
+    ``min_pause_client_refused`` refused late writes by the client process after a
+    ``pause-client`` fault; at least ``min_ok_ops`` operations that succeeded."""
+
+    keys: tuple[str, ...] = ()
+    plain_keys: tuple[str, ...] = ()
+    min_grants: int = 1
+    min_contended: int = 1
+    min_reads_during_faults: int = 1
+    kinds: tuple[str, ...] = ()
+    min_heals: int = 1
+    min_pause_client_refused: int = 0
+    min_ok_ops: int = 1
+
+    @classmethod
+    def from_meta(cls, events: Iterable[Event], **overrides: Any) -> VolumeRequirements:
+        """The requirements of the run the ``meta`` event describes: its keys, the
+        fault kinds of its schedule, a refused late write if it paused the client."""
+        meta = next((e for e in events if e.get("type") == "meta"), {})
+        plain = tuple(str(k) for k in meta.get("keys") or ())
+        shared = tuple(str(k) for k in meta.get("shared_keys") or {})
+        kinds = tuple(sorted({str(s.get("kind")) for s in meta.get("schedule") or ()}))
+        values: dict[str, Any] = {
+            "keys": plain + shared,
+            "plain_keys": plain,
+            "kinds": kinds,
+            "min_heals": max(1, len(meta.get("schedule") or ())),
+            "min_pause_client_refused": 1 if "pause-client" in kinds else 0,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+def _fault_windows(events: Iterable[Event]) -> list[tuple[float, float, Event]]:
+    """``(start, stop, start event)`` of every fault that started and healed."""
+    starts: dict[Any, Event] = {}
+    out = []
+    for e in sorted(
+        (e for e in events if e.get("type") == "nemesis" and _is_num(e.get("t"))),
+        key=_time_order,
+    ):
+        if e.get("f") == "start":
+            starts[e.get("id")] = e
+        elif e.get("f") == "stop" and e.get("id") in starts:
+            s = starts.pop(e.get("id"))
+            out.append((float(s["t"]), float(e["t"]), s))
+    return out
+
+
+def volume_stats(
+    events: list[Event], ops: list[Op], params: Params, liveness: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """How much the run did: grants per key, contended holding intervals per key,
+    reads answered during faults, refused late writes (and those of the paused client
+    process), heals and measured recoveries, fault kinds executed."""
+    grants: dict[str, int] = defaultdict(int)
+    attempts: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for op in ops:
+        if op.f == "acquire":
+            attempts[op.key].append((op.inv, op.process))
+            if op.type == "ok":
+                grants[op.key] += 1
+    contended: dict[str, int] = defaultdict(int)
+    intervals: dict[str, int] = defaultdict(int)
+    for key, views in leases(ops).items():
+        rows = sorted(attempts[key])
+        invs = [r[0] for r in rows]
+        for view in views:
+            for start, end in _union(view.intervals(params)):
+                intervals[key] += 1
+                lo, hi = bisect.bisect_left(invs, start), bisect.bisect_left(invs, end)
+                if any(rows[j][1] != view.grant.process for j in range(lo, hi)):
+                    contended[key] += 1
+    windows = _fault_windows(events)
+    during = 0
+    for op in ops:
+        if op.f == "read" and op.type == "ok":
+            during += any(start <= op.ret <= stop for start, stop, _ in windows)
+    accesses = fenced_events(events)
+    stale = _stale_accesses(ops, accesses, params)
+    refused = accepted = unwritten = 0
+    for start, _, s in windows:
+        detail = s.get("detail") or {}
+        if s.get("fault") != "pause-client" or "paused" not in detail or "token" not in detail:
+            continue
+        later = [
+            e
+            for e in accesses
+            if e["process"] == detail["paused"]
+            and e["key"] == detail.get("key")
+            and e["token"] == detail["token"]
+            and e["t"] > start
+        ]
+        first = min(later, key=lambda e: e["t"], default=None)
+        if first is None:
+            unwritten += 1
+        elif first["accepted"] and all(e["accepted"] for e in later):
+            accepted += 1
+        else:
+            refused += 1
+    executed = sorted(
+        {str(s.get("fault")) for _, _, s in windows if "skipped" not in (s.get("detail") or {})}
+    )
+    live = (liveness or {}).get("stats", {})
+    ok_ops = sum(1 for op in ops if op.type == "ok")
+    return {
+        "ok_ops": ok_ops,
+        "grants_per_key": dict(sorted(grants.items())),
+        "holding_intervals_per_key": dict(sorted(intervals.items())),
+        "contended_per_key": dict(sorted(contended.items())),
+        "reads_during_faults": during,
+        "late_writes_refused": stale["late_writes_refused"],
+        "late_accesses_accepted": stale["late_accesses_accepted"],
+        "pause_client_writes_refused": refused,
+        "pause_client_writes_accepted": accepted,
+        "pause_client_no_write": unwritten,
+        "faults": len(windows),
+        "heals": live.get("heals", len(windows)),
+        "heals_measured": live.get("heals_measured", 0),
+        "fault_kinds_executed": executed,
+    }
+
+
+def check_volume(stats: Mapping[str, Any], req: VolumeRequirements) -> dict[str, Any]:
+    """``valid`` False (with what fell short) unless the run did what ``req`` asks."""
+    short: list[dict[str, Any]] = []
+
+    def need(kind: str, got: Any, want: Any) -> None:
+        short.append({"kind": kind, "got": got, "need": want})
+
+    if stats["ok_ops"] < req.min_ok_ops:
+        need("operations that succeeded", stats["ok_ops"], req.min_ok_ops)
+    for key in req.keys:
+        got = stats["grants_per_key"].get(key, 0)
+        if got < req.min_grants:
+            need(f"grants on {key}", got, req.min_grants)
+    for key in req.plain_keys:
+        got = stats["contended_per_key"].get(key, 0)
+        if got < req.min_contended:
+            need(f"contended holding intervals on {key}", got, req.min_contended)
+    during = stats["reads_during_faults"]
+    if during < req.min_reads_during_faults:
+        need("reads answered during faults", during, req.min_reads_during_faults)
+    missing = sorted(set(req.kinds) - set(stats["fault_kinds_executed"]))
+    if missing:
+        need("fault kinds executed", stats["fault_kinds_executed"], sorted(req.kinds))
+    if stats["heals"] < req.min_heals:
+        need("heals", stats["heals"], req.min_heals)
+    if stats["heals_measured"] < max(req.min_heals, stats["heals"]):
+        need("heals with recovery measured", stats["heals_measured"], stats["heals"])
+    if stats["pause_client_writes_refused"] < req.min_pause_client_refused:
+        need(
+            "refused late writes of the paused client",
+            stats["pause_client_writes_refused"],
+            req.min_pause_client_refused,
+        )
+    return {"valid": not short, "violations": short, "stats": dict(stats), "required": req.__dict__}
 
 
 # ------------------------------------------------------------------ everything
 
 
-def check(events: list[Event], params: Params | None = None) -> dict[str, Any]:
+def check(
+    events: list[Event],
+    params: Params | None = None,
+    volume: VolumeRequirements | None = None,
+) -> dict[str, Any]:
+    """Every checker. The verdict is False if any is False, else ``"unknown"`` if any
+    is unknown (the ``history`` checker is unknown on a malformed history), else
+    True. With ``volume``, a run that fell short of it is ``"unknown"`` too (it proved
+    nothing); its stats are in ``volume`` either way."""
     params = params or Params.from_meta(events)
     ops = pair_ops(events)
-    shared = shared_keys(ops, events)
+    shared = shared_keys(ops)
     results = {
+        "history": check_history(events, ops),
         "mutual_exclusion": check_mutual_exclusion(ops, params, shared),
         "fencing": check_fencing(ops, events, params, shared),
         "no_lost_grant": check_no_lost_grant(ops, params, shared),
@@ -928,12 +1557,19 @@ def check(events: list[Event], params: Params | None = None) -> dict[str, Any]:
         valid = False
     elif any(v == "unknown" for v in verdicts):
         valid = "unknown"
+    stats = volume_stats(events, ops, params, results["liveness"])
+    volume_result: dict[str, Any] = {"valid": None, "violations": [], "stats": stats}
+    if volume is not None:
+        volume_result = check_volume(stats, volume)
+        if not volume_result["valid"] and valid is True:
+            valid = "unknown"
     counts: dict[str, int] = defaultdict(int)
     for op in ops:
         counts[f"{op.f}:{op.type}"] += 1
     return {
         "valid": valid,
         "checkers": results,
+        "volume": volume_result,
         "params": params.__dict__,
         "shared_keys": shared,
         "ops": dict(sorted(counts.items())),

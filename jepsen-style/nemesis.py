@@ -295,10 +295,11 @@ class Nemesis:
         self.history.append(event)
         return event
 
-    def final_state(self, timeout: float = 15.0) -> dict[str, Any]:
+    def final_state(self, timeout: float = 15.0, record: bool = True) -> dict[str, Any]:
         """After the clients stopped: wait (at most ``timeout`` s) until every node has
         applied the same log index twice in a row, and record each node's state summary
-        so the checker can compare the replicas."""
+        so the checker can compare the replicas. ``record=False`` returns the event
+        without recording it (run.py adds the offline replay of every node first)."""
         fields = (
             "applied_index",
             "commit_index",
@@ -327,7 +328,8 @@ class Nemesis:
         event = {"type": "final", "converged": converged, "waited": timeout, "nodes": nodes}
         if not converged:
             event["raft"] = {nid: self.raft_status(nid) for nid in self.ids}
-        self.history.append(event)
+        if record:
+            self.history.append(event)
         return event
 
     def heal(self) -> dict[str, Any]:

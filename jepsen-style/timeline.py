@@ -112,9 +112,15 @@ def render(events: list[Event], results: dict[str, Any], categories: dict[str, s
     for e in events:
         if e.get("type") == "fenced" and not e.get("accepted") and e.get("key") in lane_y:
             top, _ = lane_y[e["key"]]
+            by = e.get("refused_by", "resource")
+            why = (
+                f"the cluster answered {e.get('cluster')}"
+                if by == "cluster"
+                else f"< {e.get('highest')} already accepted"
+            )
             tip = (
-                f"fenced {e['f']} refused: {e['process']} token {e['token']} < "
-                f"{e['highest']} at {e['t'] - t0:.3f} s"
+                f"fenced {e['f']} refused by the {by}: {e['process']} token {e['token']} "
+                f"{why}, at {e['t'] - t0:.3f} s"
             )
             body.append(
                 f'<g><title>{_esc(tip)}</title><rect x="{x(e["t"]) - 1:.1f}" y="{top - 4}" '
@@ -229,7 +235,8 @@ table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding
 <h2>raftlease chaos run: <span style="color:{colour}">{_esc(verdict)}</span></h2>
 <p><code>{_esc(json.dumps(header))}</code></p>
 <p>Fault categories: {legend}. Bars: holding intervals (client, token).
-Red ticks: fenced accesses refused. Red lines: violations (hover for details).</p>
+Red ticks: fenced accesses refused (by the cluster's answer or the resource's fence).
+Red lines: violations (hover for details).</p>
 <div class="scroll">{svg}</div>
 <h3>Checkers</h3>
 <table><tr><th>checker</th><th>valid</th><th>violations</th><th>stats</th></tr>

@@ -3,10 +3,11 @@
 * ``History`` records every event as one JSON line. Times are ``time.monotonic()``
   (CLOCK_MONOTONIC, one clock for every thread and every process on the machine), so
   the harness, its client threads and the separate client process share one reference.
-* ``FencedStore`` is the resource the leases protect: per key it keeps a value and the
-  highest fencing token it has seen, and refuses any read or write with a lower token.
-  Every access (accepted or refused) goes into the history. ``FencedStoreServer`` puts
-  it on a 127.0.0.1 port for the client process.
+* ``FencedStore`` is the resource the leases protect: per key it keeps a value, fenced
+  by ``raftlease.FencedResource`` (refuses a token below the highest accepted) and, for
+  a write, by the cluster's own answer (``Client.fence``: is this token the current
+  holder's?). Every access (accepted or refused, and by whom) goes into the history.
+  ``FencedStoreServer`` puts it on a 127.0.0.1 port for the client process.
 * ``Worker`` is one client: it acquires, renews, releases and reads a small key set
   with short TTLs and, while it trusts its lease, does a fenced read-modify-write of
   the key's value. Each operation is recorded as ``invoke`` then ``ok``, ``fail`` (only
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from raftlease import Client, Lease, Session
+from raftlease import Client, FencedResource, Lease, Session, StaleTokenError
 from raftlease.errors import RaftLeaseError
 
 Event = dict[str, Any]
@@ -89,51 +90,111 @@ class History:
 
 class Store(Protocol):
     def access(
-        self, process: str, key: str, token: int, f: str, value: int | None = None
+        self,
+        process: str,
+        key: str,
+        token: int,
+        f: str,
+        value: int | None = None,
+        for_write: bool = False,
     ) -> tuple[bool, int]: ...
 
 
-class FencedStore:
-    """A fenced resource: per key a value and the highest token seen.
+#: Asks the cluster whether ``token`` is the current holder's of ``key``
+#: (``raftlease.Client.fence``); raises ``RaftLeaseError`` when it cannot tell.
+ClusterFence = Callable[[str, int], bool]
 
-    ``access`` with ``f="read"`` or ``"write"`` is accepted only if ``token`` is at
-    least the highest token seen for ``key``; an accepted access raises that mark. A
-    write records the value it replaced, so the checker can spot a lost update. Returns
-    ``(accepted, value after)``.
+
+class FencedStore:
+    """A fenced resource: per key a value, fenced by raftlease itself.
+
+    Every access goes through ``raftlease.FencedResource`` (the library's fence: it
+    refuses a token below the highest it has accepted for the key, and an accepted
+    access raises that mark). A write also asks the cluster first (``cluster``:
+    ``Client.fence(key, token)``) and is refused unless the cluster answers that the
+    token is the current holder's. So what the resource accepts is decided by
+    raftlease's answers, and the history records them: a raftlease that handed out a
+    repeated or lower token, or called a replaced holder current, shows up in the
+    checker's fencing rules, not only a bug in this class. Reads ask only the local
+    fence (a cluster call per read would double the load; a stale read changes
+    nothing, and the write of a read-modify-write is the one that asks).
+
+    Accesses to one key are serialized (one lock per key, held across the cluster
+    call, so no other access to the key comes between the answer and the write). A
+    write records the value it replaced, so the checker can spot a lost update; the
+    event records ``refused_by`` (``"cluster"`` or ``"resource"``) and the cluster's
+    answer (``cluster``: ``inv``, ``ret``, ``current`` or ``error``). Returns
+    ``(accepted, value after)``. ``for_write`` marks the read of a read-modify-write.
     """
 
-    def __init__(self, history: History) -> None:
+    def __init__(self, history: History, cluster: ClusterFence | None = None) -> None:
         self.history = history
-        self._lock = threading.Lock()
+        self.cluster = cluster
+        self.fence = FencedResource()
+        self._locks_lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
         self.values: dict[str, int] = {}
-        self.max_token: dict[str, int] = {}
+
+    @property
+    def max_token(self) -> dict[str, int]:
+        return dict(self.fence.highest)
+
+    def _lock(self, key: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault(key, threading.Lock())
 
     def access(
-        self, process: str, key: str, token: int, f: str, value: int | None = None
+        self,
+        process: str,
+        key: str,
+        token: int,
+        f: str,
+        value: int | None = None,
+        for_write: bool = False,
     ) -> tuple[bool, int]:
-        with self._lock:
-            highest = self.max_token.get(key, 0)
+        with self._lock(key):
+            answer: dict[str, Any] | None = None
+            refused_by: str | None = None
+            if f == "write" and self.cluster is not None:
+                answer = {"inv": time.monotonic()}
+                try:
+                    answer["current"] = bool(self.cluster(key, token))
+                except RaftLeaseError as err:
+                    answer["error"] = err.code
+                except Exception as exc:  # the cluster could not tell: refuse
+                    answer["error"] = type(exc).__name__
+                answer["ret"] = time.monotonic()
+                if answer.get("current") is not True:
+                    refused_by = "cluster"
+            highest = max(self.fence.highest.get(key, 0), 0)
             before = self.values.get(key, 0)
-            accepted = token >= highest
-            if accepted:
-                self.max_token[key] = token
-                if f == "write" and value is not None:
-                    self.values[key] = value
+            if refused_by is None:
+                try:
+                    self.fence.check(key, token)
+                except StaleTokenError:
+                    refused_by = "resource"
+            accepted = refused_by is None
+            if accepted and f == "write" and value is not None:
+                self.values[key] = value
             after = self.values.get(key, 0)
-            self.history.append(
-                {
-                    "type": "fenced",
-                    "f": f,
-                    "process": process,
-                    "key": key,
-                    "token": token,
-                    "accepted": accepted,
-                    "highest": highest,
-                    "before": before,
-                    "value": value,
-                    "after": after,
-                }
-            )
+            event: Event = {
+                "type": "fenced",
+                "f": f,
+                "process": process,
+                "key": key,
+                "token": token,
+                "accepted": accepted,
+                "highest": highest,
+                "before": before,
+                "value": value,
+                "after": after,
+                "for_write": for_write or f == "write",
+            }
+            if refused_by is not None:
+                event["refused_by"] = refused_by
+            if answer is not None:
+                event["cluster"] = answer
+            self.history.append(event)
             return accepted, after
 
 
@@ -149,7 +210,12 @@ class FencedStoreServer:
                 for line in self.rfile:
                     req = json.loads(line)
                     accepted, value = outer.access(
-                        req["process"], req["key"], int(req["token"]), req["f"], req.get("value")
+                        req["process"],
+                        req["key"],
+                        int(req["token"]),
+                        req["f"],
+                        req.get("value"),
+                        bool(req.get("for_write")),
                     )
                     self.wfile.write(
                         (json.dumps({"accepted": accepted, "value": value}) + "\n").encode()
@@ -182,9 +248,22 @@ class RemoteStore:
         self._file = self._sock.makefile("rwb")
 
     def access(
-        self, process: str, key: str, token: int, f: str, value: int | None = None
+        self,
+        process: str,
+        key: str,
+        token: int,
+        f: str,
+        value: int | None = None,
+        for_write: bool = False,
     ) -> tuple[bool, int]:
-        req = {"process": process, "key": key, "token": token, "f": f, "value": value}
+        req = {
+            "process": process,
+            "key": key,
+            "token": token,
+            "f": f,
+            "value": value,
+            "for_write": for_write,
+        }
         self._file.write((json.dumps(req) + "\n").encode())
         self._file.flush()
         reply = json.loads(self._file.readline())
@@ -282,7 +361,7 @@ class Worker:
         try:
             result = call()
         except RaftLeaseError as err:
-            done = {
+            done: dict[str, Any] = {
                 **base,
                 "type": "fail" if err.definite else "info",
                 "error": err.code,
@@ -554,7 +633,7 @@ class Worker:
         elif not self._trusted(lease):
             self._forget()
             return
-        ok, value = self.store.access(self.name, lease.key, lease.token, "read")
+        ok, value = self.store.access(self.name, lease.key, lease.token, "read", for_write=write)
         if not ok:
             self._forget()  # fenced off: a newer holder exists
             return

@@ -4,13 +4,16 @@ Part 1 (fast, no cluster): every checker passes a correct hand-made history and 
 one that breaks its property; the linearizability search reports "unknown" when its
 budget runs out; the fault proxy passes, drops, holds, delays, refuses and resets.
 
-Part 2 (integration): a CI-profile run on the correct build passes, and a run on a
-build with the planted bug ``fast_log_clock`` fails with a mutual-exclusion or
-fencing violation.
+Part 2 (integration): a CI-profile run on the correct build passes and shows volume
+(grants and contention on every key, reads during faults, a late write of the paused
+client refused, every heal measured, every fault kind run, every replica rebuilt), and a
+run on a build with the planted bug ``fast_log_clock`` fails with a mutual-exclusion or
+fencing violation. tests/test_checker_rules.py holds each checker rule's own self-test.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import subprocess
@@ -218,6 +221,21 @@ class H:
         self._add({"type": "nemesis", "f": "start", "fault": kind, "id": fid, "t": start})
         self._add({"type": "nemesis", "f": "stop", "fault": kind, "id": fid, "t": stop})
 
+    def finish(self) -> H:
+        """End the history as a run does: a final state in which the replicas agree
+        (without one, ``replicas`` is unknown, never a pass)."""
+        self._add(_final(True, n1=(50, 20), n2=(50, 20), n3=(50, 20)))
+        return self
+
+    def complete(self) -> H:
+        """A fault healed after everything else, an operation that completes after the
+        heal (without a measured heal ``liveness`` is unknown, never a pass), and a
+        final state."""
+        end = max(e["t"] for e in self.events)
+        self.fault("kill-follower", end + 1.0, end + 1.5, fid=99)
+        self.read("z", "zz", end + 1.6, end + 1.61)
+        return self.finish()
+
     def check(self, **overrides: Any) -> dict[str, Any]:
         params = checker.Params.from_meta(self.events, **overrides)
         return checker.check(self.events, params)
@@ -242,7 +260,7 @@ def correct_history() -> H:
     h.fenced("a", "k", 1.25, 1, "write", False, 5, 1, 2)  # a late write is refused
     h.fault("kill-leader", 1.3, 1.5)
     h.read("c", "k", 1.6, 1.7, token=5, owner="b")
-    return h
+    return h.finish()
 
 
 # ------------------------------------------------------------ part 1: checkers
@@ -322,7 +340,7 @@ def test_mutual_exclusion_extends_an_attached_lease_by_its_sessions_keepalives()
     assert v["overlap"] == pytest.approx(0.39, abs=1e-3)
     assert result["checkers"]["linearizable"]["valid"] is False  # a held k until 2.4
     # Without the keep-alive, a trusted its lease only until 1.435: b's grant is fine.
-    result = _attached_history(keepalive=False).check()
+    result = _attached_history(keepalive=False).complete().check()
     assert verdicts(result) == dict.fromkeys(verdicts(result), True), result
     spans = checker.leases(checker.pair_ops(_attached_history(keepalive=True).events))["k"]
     assert spans[0].intervals(checker.Params()) == [(0.11, 2.4)]
@@ -331,7 +349,7 @@ def test_mutual_exclusion_extends_an_attached_lease_by_its_sessions_keepalives()
 def test_an_attached_lease_is_certainly_held_up_to_its_last_recorded_keepalive() -> None:
     # A read at 1.8 sees nobody: fine if the session's window ended at 1.435, a lost
     # grant if a keep-alive had extended it to 2.4.
-    result = _attached_history(keepalive=False, read_at=1.8).check()
+    result = _attached_history(keepalive=False, read_at=1.8).complete().check()
     assert verdicts(result) == dict.fromkeys(verdicts(result), True), result
     result = _attached_history(keepalive=True, read_at=1.8).check()
     nlg = result["checkers"]["no_lost_grant"]
@@ -349,7 +367,7 @@ def test_mutual_exclusion_on_a_shared_key_allows_holders_up_to_its_capacity() ->
     h.read("r", "s", 0.3, 0.31, token=2, owner="b")  # names only the newest holder
     h.held("d", "s", 0.8, 0.81, token=3, owner="c")  # full
     h.acquire("e", "k", 0.0, 0.01, token=4)  # a plain key next to it
-    result = h.check()
+    result = h.complete().check()
     # Linearizability and no-lost-grant model one holder; they must skip the key.
     assert verdicts(result) == dict.fromkeys(verdicts(result), True), result
     me = result["checkers"]["mutual_exclusion"]["stats"]["shared"]["s"]
@@ -576,6 +594,10 @@ def test_liveness_with_too_short_a_window_is_unknown() -> None:
 
 
 def _final(converged: bool, **nodes: tuple[int, int]) -> dict[str, Any]:
+    """A final event as run.py records it: each node's live status (applied index,
+    revision) and ``replay``, its whole state rebuilt offline at one index (here a
+    digest of its revision stands for the digest of its whole state)."""
+    index = min(idx for idx, _ in nodes.values())
     return {
         "type": "final",
         "t": 9.0,
@@ -590,6 +612,19 @@ def _final(converged: bool, **nodes: tuple[int, int]) -> dict[str, Any]:
                 "sessions": 3,
             }
             for nid, (idx, rev) in nodes.items()
+        },
+        "replay": {
+            "index": index,
+            "nodes": {
+                nid: {
+                    "index": index,
+                    "revision": rev,
+                    "digest": hashlib.sha256(b"%d" % rev).hexdigest(),
+                }
+                for nid, (_, rev) in nodes.items()
+            },
+            "log_conflicts": [],
+            "problems": [],
         },
     }
 
@@ -825,6 +860,26 @@ def test_ci_profile_passes_on_the_correct_build(tmp_path: Path) -> None:
     assert not results.get("harness_errors"), output
     assert set(results["faults_run"]) == set(nemesis.KINDS), output
     assert code == 0 and results["valid"] is True, output
+    # Verdicts prove something only if things happened: the volume of the run.
+    volume = results["volume"]
+    assert volume["valid"] is True, (volume["violations"], output)
+    stats = volume["stats"]
+    keys = ["k1", "k2", "k3", "k4", "sem1", "pool1"]
+    assert all(stats["grants_per_key"].get(k, 0) >= 20 for k in keys), stats["grants_per_key"]
+    # Holding intervals that met another client's acquire attempt, per key.
+    assert all(stats["contended_per_key"].get(k, 0) >= 10 for k in keys), stats
+    assert stats["reads_during_faults"] >= 50, stats
+    # The pause-client fault produced a late write, and the resource refused it.
+    assert stats["pause_client_writes_refused"] >= 1, stats
+    assert stats["late_writes_refused"] >= stats["pause_client_writes_refused"], stats
+    # Every heal had its recovery measured, and every fault kind of the profile ran.
+    assert stats["heals"] == stats["heals_measured"] == stats["faults"] >= len(nemesis.KINDS)
+    assert set(stats["fault_kinds_executed"]) == set(nemesis.KINDS), stats
+    # The replicas were compared whole, every node rebuilt from its own data.
+    replicas = results["checkers"]["replicas"]["stats"]
+    assert replicas["replayed"] == 5 and replicas["index"], replicas
+    # The resource asked the cluster before writes, and the cluster answered.
+    assert results["checkers"]["fencing"]["stats"]["cluster_confirmed"] > 100, output
 
 
 @pytest.mark.integration
