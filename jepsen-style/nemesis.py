@@ -23,6 +23,14 @@ Kinds (``KINDS``), by what they break:
   the safety model (it is what the ``fast_log_clock`` planted bug does) and is not
   scheduled; ``clock-beyond`` withdraws its fault if its fast target becomes leader.
 
+* overlapping faults (``OVERLAPS``), a second fault started while the first holds, for
+  the guards that only one fault alone does not exercise: ``clock-beyond+isolate-leader``
+  (a leader whose clock runs slow beyond the drift bound is cut off once its drift alarm
+  is raised: it must not serve lease reads past its real lease while the majority elects
+  a new leader and writes; the drift guard's case) and ``partial-leader+pause-leader``
+  (the leader, already cut from one follower, is paused: a new leader is elected while
+  the old one may still believe its lease; the vote promise's case).
+
 Schedules: ``schedule(profile, seed, minutes)`` returns every kind alone once, then a
 random mix drawn from ``seed``. Every random choice a fault makes at run time (which
 follower, which split) comes from ``random.Random(spec.seed)``, so a seed reproduces
@@ -63,7 +71,18 @@ KINDS: dict[str, tuple[str, float]] = {
     "pause-client": ("client", 4.5),
     "clock-within": ("clock", 3.5),
     "clock-beyond": ("clock", 3.5),
+    "clock-beyond+isolate-leader": ("overlap", 4.0),
+    "partial-leader+pause-leader": ("overlap", 3.5),
 }
+
+#: Overlapping kinds: (first fault, second fault started while the first holds).
+OVERLAPS: dict[str, tuple[str, str]] = {
+    "clock-beyond+isolate-leader": ("clock-beyond", "isolate-leader"),
+    "partial-leader+pause-leader": ("partial-leader", "pause-leader"),
+}
+#: How long an overlap waits for the first fault to take effect before the second
+#: (the drift alarm needs a few seconds of samples: docs/leader-lease.md).
+OVERLAP_SETTLE = {"clock-beyond": 8.0, "partial-leader": 0.5}
 
 
 @dataclass(frozen=True)
@@ -234,7 +253,7 @@ class Nemesis:
         self.count += 1
         fid = self.count
         rng = random.Random(spec.seed)
-        start = getattr(self, "_start_" + spec.kind.replace("-", "_"))
+        start = self._starter(spec.kind)
         self._heal = []
         detail: dict[str, Any] = start(rng, spec)
         watch = detail.pop("_watch", None)
@@ -380,6 +399,49 @@ class Nemesis:
 
     def _heal_net(self) -> None:
         self._heal.append(lambda: {"resets": self.proxies.heal()})
+
+    def _starter(self, kind: str) -> Callable[[random.Random, FaultSpec], dict[str, Any]]:
+        if kind in OVERLAPS:
+            return self._start_overlap
+        starter: Callable[[random.Random, FaultSpec], dict[str, Any]] = getattr(
+            self, "_start_" + kind.replace("-", "_")
+        )
+        return starter
+
+    def _start_overlap(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        """Start the first fault, let it take effect, then start the second; both hold
+        until the heal (their heal steps run in reverse: the second is undone first)."""
+        first, second = OVERLAPS[spec.kind]
+        one = self._starter(first)(rng, spec)
+        watch = one.pop("_watch", None)
+        settled = self._settle(first, one)
+        two = self._starter(second)(rng, spec)
+        two.pop("_watch", None)
+        detail: dict[str, Any] = {
+            "first": {"kind": first, **one},
+            "second": {"kind": second, **two},
+        }
+        detail["settled"] = settled
+        if watch is not None:
+            # The first fault's own safeguard (clock-beyond withdraws a fast clock from
+            # a node that became leader) keeps working, without ending the overlap.
+            detail["_watch"] = lambda: bool(watch()) and False
+        return detail
+
+    def _settle(self, first: str, detail: dict[str, Any]) -> bool:
+        """Wait until ``first`` shows its effect (bounded): for ``clock-beyond``, the
+        slowed leader's drift alarm. Returns whether it was seen."""
+        limit = time.monotonic() + OVERLAP_SETTLE.get(first, 0.5)
+        if first != "clock-beyond":
+            time.sleep(max(0.0, limit - time.monotonic()))
+            return True
+        leader = detail.get("leader")
+        while time.monotonic() < limit:
+            st = self.status(str(leader), timeout=0.5) if leader else None
+            if st is not None and st.get("drift_alarm"):
+                return True
+            time.sleep(0.1)
+        return False
 
     # ----------------------------------------------------------- network
 

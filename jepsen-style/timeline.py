@@ -26,6 +26,7 @@ CATEGORY_COLOURS = {
     "process": "#fdae6b",
     "client": "#c7e9c0",
     "clock": "#dadaeb",
+    "overlap": "#fcbba1",
 }
 ROW = 16
 LANE_GAP = 10

@@ -845,10 +845,13 @@ def _run_suite(tmp_path: Path, *args: str, timeout: float) -> tuple[int, dict[st
     )
 
 
+# The run plans about 2.5 minutes of faults; the margin is for a loaded 2-core machine
+# (the harness itself stops scheduling 120 s past its plan, and would then fail the
+# every-kind-executed assertion loudly rather than time out).
 @pytest.mark.integration
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_ci_profile_passes_on_the_correct_build(tmp_path: Path) -> None:
-    code, results, output = _run_suite(tmp_path, "--profile", "ci", "--seed", "1", timeout=230)
+    code, results, output = _run_suite(tmp_path, "--profile", "ci", "--seed", "1", timeout=460)
     print(output)
     verdicts = {name: r["valid"] for name, r in results["checkers"].items()}
     # Every checker must pass outright, liveness included: "unknown" (no progress
