@@ -78,7 +78,13 @@ class Transport:
             return conn
 
     def next_endpoint(self) -> str:
-        return next(self._rotation)
+        """The next endpoint in rotation, never the current target while there is
+        another: a retry after a failed attempt must not go back to the node that just
+        failed it (against a hung node that would cost a second attempt timeout)."""
+        endpoint = next(self._rotation)
+        if endpoint == self.target and len(self.endpoints) > 1:
+            endpoint = next(self._rotation)
+        return endpoint
 
     async def close(self) -> None:
         conns, self._conns = self._conns, {}
