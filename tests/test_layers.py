@@ -36,7 +36,7 @@ ALLOWED: dict[str, set[str]] = {
     "server": GROUND | {"core", "replication"},
     "recipes": {"errors", "models"},
     "client": GROUND | {"recipes"},
-    "testing": GROUND | {"client", "server", "replication", "cli"},
+    "testing": GROUND | {"client", "server", "replication", "core", "cli"},
     "cli": GROUND | {"client", "server", "testing"},
     "__main__": {"cli"},
     "__init__": {"_version", "client", "errors", "models", "recipes"},

@@ -82,11 +82,15 @@ class _PackedSnapshot:
 
 
 class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
-    """Holds the LeaseStore inside PySyncObj's replicated state."""
+    """Holds the LeaseStore inside PySyncObj's replicated state. ``store_class``: the
+    state machine (a test build injects a broken subclass; production never passes it)."""
 
-    def __init__(self, observer: ApplyObserver | None) -> None:
+    def __init__(
+        self, observer: ApplyObserver | None, store_class: type[LeaseStore] = LeaseStore
+    ) -> None:
         super().__init__()
-        self.store = LeaseStore()
+        self.store_class = store_class
+        self.store = store_class()
         self.observer = observer
 
     def _serialize(self) -> _PackedSnapshot:
@@ -95,7 +99,7 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
     def _deserialize(self, data: Any) -> None:
         try:
             plain = msgpack.unpackb(data, raw=False, strict_map_key=False)
-            store = LeaseStore.from_plain(plain)
+            store = self.store_class.from_plain(plain)
         except Exception:
             # PySyncObj would only log this and go on with an empty state machine, and
             # such a node can even win an election and wedge the cluster. A node that
@@ -198,9 +202,13 @@ class Replica:
         observer: ApplyObserver | None = None,
         clock: Clock | None = None,
         guard_class: type[LeaseGuard] = LeaseGuard,
+        transport_class: type[LeaseTransport] = LeaseTransport,
+        store_class: type[LeaseStore] = LeaseStore,
     ) -> None:
-        """``guard_class``: the leader-lease bookkeeping (a test build injects a
-        broken one through ``raftlease.testing.node``; production never passes it)."""
+        """``guard_class`` (the leader-lease bookkeeping), ``transport_class`` (the
+        PySyncObj transport) and ``store_class`` (the state machine): a test build
+        injects broken ones through ``raftlease.testing.node``; production never
+        passes them."""
         self.config = config
         self.guard = guard_class(
             clock or SystemClock(),
@@ -210,17 +218,15 @@ class Replica:
         )
         config.data_dir.mkdir(parents=True, exist_ok=True)
         repair_journal(config.journal_file, config.dump_file)
-        self._consumer = _StoreConsumer(observer)
+        self._consumer = _StoreConsumer(observer, store_class)
         self._role = "follower"
         me = config.self_node
         conf = syncobj_conf(config)
         conf.onStateChanged = self._on_state_changed
         peers = [DialNode(p.raft, config.dial.get(p.id, p.raft)) for p in config.peers]
         self._peers = {peer: p.id for peer, p in zip(peers, config.peers, strict=True)}
-        transport_class = type("BoundLeaseTransport", (LeaseTransport,), {"guard": self.guard})
-        self._sync = SyncObj(
-            me.raft, peers, conf, consumers=[self._consumer], transportClass=transport_class
-        )
+        bound = type("BoundLeaseTransport", (transport_class,), {"guard": self.guard})
+        self._sync = SyncObj(me.raft, peers, conf, consumers=[self._consumer], transportClass=bound)
 
     # ---------------------------------------------------------------- writes
 

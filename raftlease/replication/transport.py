@@ -7,7 +7,7 @@ Runs on PySyncObj's tick thread.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 from pysyncobj import FAIL_REASON
 from pysyncobj.transport import TCPTransport
@@ -41,6 +41,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     """
 
     guard: LeaseGuard
+    #: False only in a test build's planted bug (``raftlease.testing.node``): hand
+    #: ``append_entries`` to PySyncObj uncorrected.
+    follower_log_correction: ClassVar[bool] = True
     _bumped: dict[str, float]
     #: Follower side: see plan_append_entries.
     _conflict: Conflict | None
@@ -112,8 +115,10 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                     self.guard.on_append_entries(
                         node.id, term, sync.raftCurrentTerm, message.get("rl_s")
                     )
+                    correct = self.follower_log_correction
                     if (
-                        term >= sync.raftCurrentTerm
+                        correct
+                        and term >= sync.raftCurrentTerm
                         and "prevLogIdx" in message
                         and message.get("transmission") in (None, "finish")
                     ):
@@ -128,7 +133,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                         finally:
                             self._reply_next = None
                         return
-                    if term >= sync.raftCurrentTerm and "prevLogIdx" not in message:
+                    if correct and term >= sync.raftCurrentTerm and "prevLogIdx" not in message:
                         message = self._snapshot_message(sync, message)
             elif kind == "next_node_idx" and sync._isLeader():
                 self.guard.on_reply(

@@ -9,8 +9,9 @@ Hooks (a dict, as ``LocalCluster(hooks=...)`` takes it):
   ``test_clock`` control operation (``{"op": "test_clock", "rate": r, "jump": s}``:
   set the clock's rate, jump it forward), as the chaos suite's clock faults need;
 * ``planted_bug: NAME``: a deliberately broken build the test suite must catch
-  (``PLANTED_BUGS``; jepsen-style/README.md lists which checker catches each). It
-  implies ``clock_control``.
+  (``PLANTED_BUGS``; jepsen-style/README.md lists which checker catches each, and
+  tests/test_planted_bugs.py runs each guard's check on the honest and the planted
+  build). It implies ``clock_control``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ PLANTED_BUGS: dict[str, str] = {
     "fast_log_clock": "the leader's log time runs 3x fast, so leases end early",
     "skip_vote_promise": "followers never refuse a vote, so a new leader can be elected "
     "while the old one still serves lease reads",
+    "ignore_drift_alarm": "the leader keeps serving lease reads while its drift alarm is "
+    "raised (a peer's clock rate differs from its own by more than clock_drift)",
+    "skip_read_barrier": "a new leader serves lease reads before it has applied an entry "
+    "of its own term, so it can miss writes the previous leader acknowledged",
+    "raw_follower_log": "followers handle append_entries as PySyncObj does, without the "
+    "follower-log correction: a late or repeated message deletes entries the follower "
+    "already acknowledged, and a deposed leader's tail can stall its catch-up",
+    "skip_dedup": "the state machine ignores the dedup table's answers, so a retried "
+    "mutating request (same cid and seq) is applied twice",
 }
 
 HOOK_KEYS = ("clock_control", "planted_bug")

@@ -18,8 +18,9 @@ from typing import Any
 
 from ..clock import AdjustableClock
 from ..config import load_toml
+from ..core import LeaseStore
 from ..errors import BadRequestError, ConfigError, InvalidArgumentError
-from ..replication import LeaseGuard
+from ..replication import LeaseGuard, LeaseTransport
 from ..server import ServerHooks, run_node
 from .hooks import PLANTED_BUGS
 
@@ -34,6 +35,34 @@ class PromiselessGuard(LeaseGuard):
 
     def refuse_vote(self) -> bool:
         return False
+
+
+class DriftBlindGuard(LeaseGuard):
+    """Planted bug ``ignore_drift_alarm``: the drift monitor still raises its alarm
+    (``status`` shows it), but the leader lease no longer yields to it."""
+
+    def lease_valid(self, term: int) -> bool:
+        return term == self.leader_term and self.clock.monotonic() < self.lease_until
+
+
+class RawFollowerLogTransport(LeaseTransport):
+    """Planted bug ``raw_follower_log``: ``append_entries`` reach PySyncObj's follower
+    code uncorrected (jepsen-style/README.md findings 1 and 2); the leader-lease
+    stamps, echoes and vote promise stay."""
+
+    follower_log_correction = False
+
+
+class ForgetfulStore(LeaseStore):
+    """Planted bug ``skip_dedup``: the dedup table still admits and records every
+    mutating request, but its recorded answer is dropped before the lookup, so a
+    retry of a request it answered is applied again. Tick thread, like the store."""
+
+    def _apply_mutation(self, op: str, entry: dict[str, Any]) -> dict[str, Any]:
+        record = self.clients.get(entry["cid"])
+        if record is not None:
+            record.results.pop(entry["seq"], None)
+        return super()._apply_mutation(op, entry)
 
 
 def clock_control(clock: AdjustableClock) -> Any:
@@ -67,11 +96,20 @@ def build_hooks(planted_bug: str = "", clock: bool = True) -> ServerHooks:
     if planted_bug and planted_bug not in PLANTED_BUGS:
         raise ValueError(f"unknown planted bug {planted_bug!r}; known: {sorted(PLANTED_BUGS)}")
     adjustable = AdjustableClock() if clock or planted_bug else None
+    guards: dict[str, type[LeaseGuard]] = {
+        "skip_vote_promise": PromiselessGuard,
+        "ignore_drift_alarm": DriftBlindGuard,
+    }
     return ServerHooks(
         clock=adjustable,
         log_clock_rate=FAST_LOG_CLOCK_RATE if planted_bug == "fast_log_clock" else 1.0,
-        guard_class=PromiselessGuard if planted_bug == "skip_vote_promise" else LeaseGuard,
+        guard_class=guards.get(planted_bug, LeaseGuard),
         control_ops={"test_clock": clock_control(adjustable)} if adjustable else {},
+        lease_read_barrier=planted_bug != "skip_read_barrier",
+        transport_class=(
+            RawFollowerLogTransport if planted_bug == "raw_follower_log" else LeaseTransport
+        ),
+        store_class=ForgetfulStore if planted_bug == "skip_dedup" else LeaseStore,
     )
 
 
