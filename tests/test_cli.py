@@ -9,11 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from raftlease.testing import LocalCluster, free_port_block, wait_for
+
+from .test_client_errors import wait_without_quorum
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -93,6 +96,47 @@ def test_shared_key_from_the_command_line(shared: LocalCluster) -> None:
     for lease in (first, second):
         lid = json.loads(lease.stdout)["lease_id"]
         assert run_cli("release", "cli/pool", lid, endpoints=eps).returncode == 0
+
+
+def test_unknown_outcome_exits_3(cluster: LocalCluster) -> None:
+    """A paused leader takes the request and never answers: TIMEOUT, outcome unknown,
+    exit status 3 (the docstring of raftlease.cli), in JSON and for people."""
+    leader = cluster.leader_id()
+    eps = [cluster.node(leader).client]
+    cluster.pause_node(leader)
+    try:
+        args = ["acquire", "cli/paused", "--owner", "a", "--ttl", "5", "--timeout", "2"]
+        out = run_cli(*args, "--json", endpoints=eps)
+        assert out.returncode == 3, out.stdout + out.stderr
+        err = json.loads(out.stdout)
+        assert (err["ok"], err["code"], err["definite"]) == (False, "TIMEOUT", False)
+        human = run_cli(*args, endpoints=eps)
+        assert human.returncode == 3 and "outcome unknown" in human.stderr, human.stderr
+    finally:
+        cluster.resume_node(leader)
+
+
+def test_no_quorum_is_a_definite_failure_exit_1(
+    cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    """No leader anywhere: UNAVAILABLE, definite (nothing was proposed), exit 1."""
+    cluster = cluster_factory()
+    wait_without_quorum(cluster)
+    out = run_cli(
+        "acquire",
+        "cli/noquorum",
+        "--owner",
+        "a",
+        "--ttl",
+        "5",
+        "--timeout",
+        "2",
+        "--json",
+        endpoints=cluster.endpoints,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    err = json.loads(out.stdout)
+    assert (err["ok"], err["code"], err["definite"]) == (False, "UNAVAILABLE", True)
 
 
 def test_status_shows_every_node(shared: LocalCluster) -> None:

@@ -1,5 +1,6 @@
 """Partitions between real node processes through the chaos suite's TCP proxy: the vote
-promise under a partial partition, and a node that inflated its term rejoining."""
+promise under a partial partition, leader stickiness under a one-way cut, and a node
+that inflated its term rejoining."""
 
 from __future__ import annotations
 
@@ -62,12 +63,29 @@ def proxied(request: pytest.FixtureRequest) -> Iterator[Proxied]:
     yield from _proxied(request)
 
 
+@pytest.fixture
+def proxied_steady(request: pytest.FixtureRequest) -> Iterator[Proxied]:
+    """For tests that assert who leads while a follower is cut off: a 1 s vote promise
+    (the leader lease counts from it, and the other follower's refusals last it) so
+    that one heartbeat delayed on a busy machine neither ends the leader's majority
+    nor frees that follower's vote; peer connections never time out during the test,
+    so a one-way cut leaves each pair the link it had."""
+    yield from _proxied(
+        request,
+        election_timeout_min=1.0,
+        election_timeout_max=2.0,
+        leader_fallback=2.0,
+        connection_timeout=60.0,
+    )
+
+
 def test_partial_partition_keeps_the_leader_thanks_to_the_vote_promise(
-    proxied: Proxied,
+    proxied_steady: Proxied,
 ) -> None:
     """Cut the leader from one follower only. That follower times out and campaigns; the
     other follower, still hearing from the leader, refuses its votes. Without the
     promise it would elect it while the old leader still serves lease reads."""
+    proxied = proxied_steady
     cluster = proxied.cluster
     leader = cluster.leader_id()
     cut, bridge = [n.id for n in cluster.nodes if n.id != leader]
@@ -94,6 +112,61 @@ def test_partial_partition_keeps_the_leader_thanks_to_the_vote_promise(
     cluster.wait_for_leader(timeout=30)
     with cluster.client() as c:
         assert c.holder("partial/k") is not None
+
+
+def test_leader_a_majority_acknowledges_is_not_deposed_by_a_follower_that_cannot_hear_it(
+    proxied_steady: Proxied,
+) -> None:
+    """Leader stickiness (``LeaseTransport._onMessageReceived``). Only the leader's
+    messages to one follower are dropped: that follower hears nothing, times out and
+    campaigns, and its vote requests, at ever higher terms, do reach the leader. Plain
+    Raft would step down at the first one; ours drops them while the other follower
+    acknowledges it. After the heal the cluster converges (one election, at the cut
+    follower's higher term)."""
+    p = proxied_steady
+    cluster = p.cluster
+    leader = cluster.leader_id()
+    cut, bridge = [n.id for n in cluster.nodes if n.id != leader]
+    term = p.status(leader)["term"]
+    with cluster.client() as c:
+        lease = c.acquire("sticky/k", owner="agent", ttl=60.0)
+    towards_leader = p.proxies.link(cut, leader).flow(cut, leader)
+    sent_before = towards_leader.forwarded_bytes
+    p.proxies.block([(leader, cut)], mode=DROP)  # one way: cut -> leader still passes
+    try:
+        deadline = time.monotonic() + 8.0
+        cut_terms = []
+        while time.monotonic() < deadline:
+            status = p.status(leader)
+            assert (status["role"], status["term"]) == ("leader", term), (
+                f"{leader} lost leadership or its term: {status['role']} in {status['term']}"
+            )
+            status = p.status(bridge)
+            assert (status["role"], status["term"]) == ("follower", term), status
+            cut_terms.append(p.status(cut)["term"])
+        # The cut follower campaigned more than once, and its messages (vote requests:
+        # it heard no append_entries to answer) reached the leader.
+        assert max(cut_terms) >= term + 2, f"the cut follower hardly ran: {cut_terms}"
+        assert towards_leader.forwarded_bytes > sent_before, "no vote request reached the leader"
+    finally:
+        p.proxies.heal()
+
+    def converged() -> bool:
+        agreed = cluster.leader()
+        if agreed is None:
+            return False
+        statuses = [p.status(n.id) for n in cluster.nodes]
+        return (
+            len({s["term"] for s in statuses}) == 1
+            and statuses[0]["term"] >= max(cut_terms)
+            and all(s["applied_index"] >= agreed["commit_index"] for s in statuses)
+        )
+
+    wait_for(converged, timeout=30, what="one leader, one term, every node caught up")
+    with cluster.client() as c:
+        holder = c.holder("sticky/k")
+        assert holder is not None and holder.token == lease.token
+        c.release(lease)
 
 
 def test_node_with_inflated_term_rejoins_after_heal(proxied: Proxied) -> None:
