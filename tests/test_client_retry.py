@@ -357,3 +357,26 @@ def test_a_retry_goes_to_another_node_not_back_to_the_one_that_failed() -> None:
         assert len(good.ops("acquire")) == 1
 
     asyncio.run(main())
+
+
+def test_a_leader_change_on_any_attempt_names_the_unknown_outcome() -> None:
+    """An attempt answered LEADER_CHANGED, then attempts that time out: the call ends in
+    ``LeaderChangedError`` (indefinite), not a plain timeout that hides it."""
+    from raftlease.errors import LeaderChangedError
+
+    async def changed_then_silent(got: Received, n: int) -> Action:
+        return error("LEADER_CHANGED", "leadership changed while in flight") if n == 0 else DROP
+
+    async def main() -> None:
+        peer = await ScriptedPeer(changed_then_silent).start()
+        client = AsyncClient([peer.addr], attempt_timeout=0.3, deadline=1.5)
+        try:
+            with pytest.raises(LeaderChangedError) as caught:
+                await client.acquire("k", owner="o", ttl=TTL)
+        finally:
+            await client.close()
+            await peer.close()
+        assert caught.value.definite is False
+        assert len(peer.ops("acquire")) >= 2, "the call must have retried after the change"
+
+    asyncio.run(main())

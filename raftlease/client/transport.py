@@ -66,7 +66,9 @@ class Transport:
 
     async def connection(self, addr: str, timeout: float) -> Connection:
         """The open connection to ``addr`` (made if needed). Raises
-        ``ConnectionLostError`` (definite: nothing was sent) if it cannot connect."""
+        ``ConnectionLostError`` if it cannot connect; nothing was sent then, which
+        ``call`` counts as not applied (the class itself is indefinite, because a
+        connection lost after sending is)."""
         async with self._connect_lock:
             conn = self._conns.get(addr)
             if conn is None or conn.closed:
@@ -109,6 +111,9 @@ class Transport:
         backoff = 0.02
         last: RaftLeaseError | None = None
         maybe_applied = False
+        # A leadership change seen on any attempt names the unknown outcome (a later
+        # attempt's plain timeout would hide it).
+        leader_changed = False
         try:
             while (remaining := deadline - time.monotonic()) > 0:
                 target = self.target
@@ -138,6 +143,7 @@ class Transport:
                             str(response.get("message")),
                             response.get("detail"),
                         )
+                        leader_changed = leader_changed or isinstance(last, LeaderChangedError)
                         if isinstance(last, NotLeaderError) and last.leader not in (None, target):
                             self.target = str(last.leader)
                             continue  # redirect at once
@@ -166,9 +172,7 @@ class Transport:
             if ids is not None:
                 ids.end(seq)
         if maybe_applied or last is None:
-            cls: type[RaftLeaseError] = (
-                LeaderChangedError if isinstance(last, LeaderChangedError) else TimeoutError_
-            )
+            cls: type[RaftLeaseError] = LeaderChangedError if leader_changed else TimeoutError_
             raise cls(f"{op} did not complete before its deadline; outcome unknown (last: {last})")
         raise UnavailableError(f"{op} failed before its deadline: {last}")
 
