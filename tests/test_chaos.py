@@ -857,7 +857,7 @@ def test_ci_profile_passes_on_the_correct_build(tmp_path: Path) -> None:
     # Every checker must pass outright, liveness included: "unknown" (no progress
     # before the next fault started) is never a pass. It was a warning while finding 1
     # of jepsen-style/README.md (followers that stopped taking the leader's log after
-    # some heals) was open; that is fixed (raftlease/replication.py,
+    # some heals) was open; that is fixed (raftlease/replication/transport.py,
     # plan_append_entries).
     assert verdicts and all(v is True for v in verdicts.values()), (verdicts, output)
     assert not results.get("harness_errors"), output

@@ -5,7 +5,8 @@ entries match, so a late or repeated message shortens an acknowledged log (bug B
 docs/pysyncobj.md trap 5), and (b) answers a message beyond its log "next = log end + 1"
 even right after telling the leader its last entries conflict, so a pipelining leader
 probes the same index forever (bug A, jepsen-style/README.md finding 1).
-``LeaseTransport`` (raftlease/replication.py, ``plan_append_entries``) corrects both
+``LeaseTransport`` (raftlease/replication/transport.py, with ``plan_append_entries`` of
+follower_log.py) corrects both
 before PySyncObj sees the message. These tests feed one follower the messages a leader
 would send (no peer is running: ``autoTick`` is off and nothing connects), read its log
 and capture its replies. With ``RAFTLEASE_TEST_RAW_FOLLOWER=1`` they run against
