@@ -1,0 +1,597 @@
+"""Behaviour of the state machine that the other core tests left unpinned: each test here
+was written against a mutant that survived ``scripts/mutate`` (CONTRIBUTING.md, "Mutation
+testing"), and is named for the behaviour it pins.
+
+Exact values are asserted on purpose. The limits, defaults and orderings below are part
+of the replicated behaviour: a log replayed by a build with another limit or another
+tie-break gives other results, tokens or snapshots, and a request the protocol accepts
+(``protocol.py``: seq, ack and token up to 2**62, priority -1000..1000) must not be
+refused by the core. The values the documentation states (10 minutes idle, 4096 pending
+results, docs/design.md) are written out here as literals rather than imported, so that a
+change of the constant fails a test instead of moving the test with it.
+
+Pure unit tests of ``LeaseStore``: no node process, no clock, no randomness.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import pytest
+
+from raftlease.core import LeaseStore
+from raftlease.limits import MAX_SESSION_LEASES
+
+pytestmark = pytest.mark.timeout(60)
+
+Entry = dict[str, Any]
+
+_fresh = itertools.count(1)
+
+
+# ------------------------------------------------------------------ entry builders
+
+
+def mut(op: str, now: int, *, cid: str = "", seq: int = 1, ack: int = 1, **fields: Any) -> Entry:
+    """A mutating entry; by default from a fresh client id (so no dedup interplay)."""
+    return {
+        "op": op,
+        "now": now,
+        "cid": cid or f"c{next(_fresh)}",
+        "seq": seq,
+        "ack": ack,
+        **fields,
+    }
+
+
+def acquire(
+    now: int, lid: str, key: str = "k", owner: str = "alice", ttl: int = 1000, **fields: Any
+) -> Entry:
+    """An acquire; ``session=`` replaces the TTL (an attached lease has none)."""
+    if "session" not in fields:
+        fields["ttl"] = ttl
+    return mut("acquire", now, key=key, lid=lid, owner=owner, **fields)
+
+
+def release(now: int, lid: str, key: str = "k", **fields: Any) -> Entry:
+    return mut("release", now, key=key, lid=lid, **fields)
+
+
+def session_open(now: int, sid: str, ttl: int, **fields: Any) -> Entry:
+    return mut("session_open", now, sid=sid, owner="svc", ttl=ttl, **fields)
+
+
+def tick(now: int, **fields: Any) -> Entry:
+    return {"op": "tick", "now": now, **fields}
+
+
+def ok(result: dict[str, Any]) -> dict[str, Any]:
+    assert result.get("ok") is True, result
+    return result
+
+
+def refused(result: dict[str, Any], code: str, field: str | None = None) -> None:
+    """``result`` is the refusal ``code``, whose message names ``field`` when given."""
+    assert result.get("ok") is False, result
+    assert result["code"] == code, result
+    if field is not None:
+        assert f"'{field}'" in result["message"], result
+
+
+def unchanged_by(s: LeaseStore, entry: Entry, code: str, field: str) -> None:
+    """Applying ``entry`` is refused with ``code`` naming ``field``; the state is as before."""
+    before = copy.deepcopy(s.to_plain())
+    refused(s.apply(entry), code, field)
+    assert s.to_plain() == before
+
+
+# ------------------------------------------------------------------ field limits
+
+
+def test_a_batch_holds_at_most_4096_requests() -> None:
+    s = LeaseStore()
+    result = ok(s.apply({"op": "batch", "now": 5, "entries": [{"op": "tick"}] * 4096}))
+    assert result["results"] == [{"ok": True, "now": 5}] * 4096
+    assert s.applied == 4096
+    before = copy.deepcopy(s.to_plain())
+    refused(s.apply({"op": "batch", "now": 6, "entries": [{"op": "tick"}] * 4097}), "BAD_REQUEST")
+    assert s.to_plain() == before
+
+
+def test_priority_ranges_from_minus_1000_to_1000() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "A", key="a", priority=1000)))
+    ok(s.apply(acquire(0, "B", key="b", priority=-1000)))
+    unchanged_by(s, acquire(0, "C", key="c", priority=1001), "BAD_REQUEST", "priority")
+    unchanged_by(s, acquire(0, "D", key="d", priority=-1001), "BAD_REQUEST", "priority")
+
+
+def test_seq_and_ack_may_be_2_to_the_62_and_no_more() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", key="a", cid="c", seq=1)))
+    # The client acknowledges everything before its last possible request.
+    ok(s.apply(acquire(1, "L2", key="b", cid="c", seq=2**62, ack=2**62)))
+    unchanged_by(
+        s, acquire(2, "L3", key="x", cid="c", seq=2**62, ack=2**62 + 1), "BAD_REQUEST", "ack"
+    )
+    unchanged_by(
+        s, acquire(2, "L3", key="x", cid="c", seq=2**62 + 1, ack=2**62), "BAD_REQUEST", "seq"
+    )
+
+
+def test_term_may_be_2_to_the_62_and_no_more() -> None:
+    s = LeaseStore()
+    assert ok(s.apply(tick(1, term=2**62)))["now"] == 1
+    assert s.term == 2**62
+    unchanged_by(s, tick(2, term=2**62 + 1), "BAD_REQUEST", "term")
+
+
+def test_an_entry_or_batch_without_a_term_is_stamped_term_zero() -> None:
+    s = LeaseStore()
+    ok(s.apply(tick(1)))
+    assert s.term == 0
+    result = ok(s.apply({"op": "batch", "now": 2, "entries": [acquire(0, "L1")]}))
+    assert result["results"][0]["ok"] is True
+    assert result["results"][0]["token"] == 1
+    assert s.term == 0
+    # Still term 0: an entry stamped term 0 explicitly is not from a deposed leader.
+    ok(s.apply(tick(3, term=0)))
+    assert s.now == 3
+
+
+def test_a_fence_check_through_the_log_validates_its_token() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1")))
+    fence = {"op": "fence", "now": 1, "key": "k"}
+    assert ok(s.apply({**fence, "token": 1})) == {
+        "ok": True,
+        "key": "k",
+        "current": True,
+        "holder_token": 1,
+        "now": 1,
+    }
+    assert ok(s.apply({**fence, "token": 0}))["current"] is False
+    assert ok(s.apply({**fence, "token": 2**62}))["current"] is False
+    for bad in (-1, 2**62 + 1, True, None):
+        unchanged_by(s, {**fence, "token": bad}, "BAD_REQUEST", "token")
+    unchanged_by(s, fence, "BAD_REQUEST", "token")
+
+
+def test_a_lease_status_read_through_the_log_needs_a_lease_id() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", ttl=1000)))
+    status = {"op": "lease_status", "now": 10, "key": "k"}
+    result = ok(s.apply({**status, "lid": "L1"}))
+    assert (result["state"], result["lease_id"], result["expires_at"]) == ("held", "L1", 1000)
+    assert ok(s.apply({**status, "lid": "nobody"})) == {"ok": True, "state": "gone", "now": 10}
+    unchanged_by(s, status, "BAD_REQUEST", "lid")
+    unchanged_by(s, {**status, "lid": ""}, "BAD_REQUEST", "lid")
+
+
+def test_capacity_zero_is_refused_as_a_bad_capacity() -> None:
+    s = LeaseStore()
+    unchanged_by(s, acquire(0, "L1", capacity=0), "BAD_REQUEST", "capacity")
+    unchanged_by(s, acquire(0, "L1", capacity=0, units=0), "BAD_REQUEST", "capacity")
+
+
+def test_transfer_with_a_ttl_gives_the_new_lease_that_ttl() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", ttl=1000)))
+    moved = ok(s.apply(mut("transfer", 10, key="k", lid="L1", new_lid="L2", owner="bob", ttl=1)))
+    assert (moved["owner"], moved["ttl"], moved["expires_at"], moved["token"]) == ("bob", 1, 11, 3)
+    ok(s.apply(acquire(20, "L3", ttl=1000)))
+    for bad in (0, -1, True):
+        unchanged_by(
+            s,
+            mut("transfer", 30, key="k", lid="L3", new_lid="L4", owner="bob", ttl=bad),
+            "BAD_REQUEST",
+            "ttl",
+        )
+
+
+def test_a_session_ttl_is_required_on_open_and_at_least_one_millisecond() -> None:
+    s = LeaseStore()
+    no_ttl = mut("session_open", 0, sid="S0", owner="svc")
+    unchanged_by(s, no_ttl, "BAD_REQUEST", "ttl")
+    unchanged_by(s, session_open(0, "S0", ttl=0), "BAD_REQUEST", "ttl")
+    opened = ok(s.apply(session_open(0, "S1", ttl=1)))
+    assert (opened["ttl"], opened["expires_at"]) == (1, 1)
+    ok(s.apply(session_open(0, "S2", ttl=100)))
+    kept = ok(s.apply(mut("session_keepalive", 10, sid="S2", ttl=1)))
+    assert (kept["ttl"], kept["expires_at"]) == (1, 11)
+    unchanged_by(s, mut("session_keepalive", 10, sid="S2", ttl=0), "BAD_REQUEST", "ttl")
+
+
+# ------------------------------------------------------------------ the dedup table
+
+
+def test_a_client_id_is_forgotten_after_exactly_ten_minutes_idle() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", ttl=10, cid="idle", seq=1)))
+    ok(s.apply(tick(599_999)))
+    assert "idle" in s.clients
+    # 10 minutes of log time (docs/design.md, "Eviction"): forgotten, so a request that
+    # acknowledges an earlier one is answered as from an expired client id.
+    ok(s.apply(tick(600_000)))
+    assert "idle" not in s.clients
+    refused(s.apply(acquire(600_001, "L2", cid="idle", seq=2, ack=2)), "SESSION_EXPIRED")
+
+
+def test_a_client_may_have_4096_unacknowledged_results_and_no_more() -> None:
+    s = LeaseStore()
+    for seq in range(1, 4097):
+        # Refusals are results too: each is kept until acknowledged.
+        refused(s.apply(release(1, "nothing", cid="busy", seq=seq)), "LEASE_NOT_FOUND")
+    assert len(s.clients["busy"].results) == 4096
+    refused(s.apply(release(2, "nothing", cid="busy", seq=4097)), "TOO_MANY_PENDING")
+    # A retry of a kept one is still answered; acknowledging one makes room for one.
+    refused(s.apply(release(3, "nothing", cid="busy", seq=4096)), "LEASE_NOT_FOUND")
+    refused(s.apply(release(4, "nothing", cid="busy", seq=4097, ack=2)), "LEASE_NOT_FOUND")
+
+
+# ------------------------------------------------------------------ reads
+
+
+def test_a_two_unit_key_reports_its_capacity_used_units_and_holders() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", owner="a", capacity=2, ttl=1000)))
+    ok(s.apply(acquire(10, "L2", owner="b", capacity=2, ttl=1000)))
+    assert s.holder("k", now=100) == {
+        "key": "k",
+        "owner": "b",
+        "token": 2,
+        "ttl": 1000,
+        "expires_at": 1010,
+        "remaining": 910,
+        "capacity": 2,
+        "used": 2,
+        "holders": [
+            {
+                "key": "k",
+                "owner": "a",
+                "token": 1,
+                "ttl": 1000,
+                "expires_at": 1000,
+                "remaining": 900,
+            },
+            {
+                "key": "k",
+                "owner": "b",
+                "token": 2,
+                "ttl": 1000,
+                "expires_at": 1010,
+                "remaining": 910,
+            },
+        ],
+    }
+    full = s.apply(acquire(100, "L3", owner="c", capacity=2))
+    refused(full, "LEASE_HELD")
+    assert full["detail"] == {
+        "waiting": 0,
+        "owner": "b",
+        "token": 2,
+        "remaining": 0.91,
+        "capacity": 2,
+        "used": 2,
+    }
+    assert full["message"] == "'k': 2 of 2 units are taken"
+    # A lease id that is not among the holders is not found (no holder is named).
+    stranger = s.apply(mut("renew", 100, key="k", lid="L-x"))
+    refused(stranger, "LEASE_NOT_FOUND")
+    assert "detail" not in stranger
+
+
+def test_an_acquire_refused_on_a_plain_key_names_its_holder() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", owner="alice", ttl=1000)))
+    result = s.apply(acquire(10, "L2", owner="bob"))
+    refused(result, "LEASE_HELD")
+    assert result["message"] == "'k' is held by 'alice'"
+
+
+def test_a_leases_read_without_a_limit_lists_the_first_1000() -> None:
+    s = LeaseStore()
+    for i in range(1001):
+        ok(s.apply(acquire(0, f"L{i}", key=f"k{i:04d}", ttl=1000)))
+    listed = ok(s.apply({"op": "leases", "now": 1}))["leases"]
+    assert [lease["key"] for lease in listed] == [f"k{i:04d}" for i in range(1000)]
+    assert [lease["key"] for lease in s.list_leases()] == [f"k{i:04d}" for i in range(1000)]
+    assert len(s.list_leases(limit=1001)) == 1001
+
+
+def test_a_lease_is_gone_at_its_expiry_instant_between_entries() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", ttl=1000)))
+    assert s.lease_status("k", "L1", now=999)["state"] == "held"
+    assert s.lease_status("k", "L1", now=1000) == {"state": "gone"}
+
+
+def test_a_queued_acquire_is_gone_at_its_deadline_between_entries() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", ttl=5000)))
+    queued = ok(s.apply(acquire(100, "W1", owner="bob", wait=400)))
+    assert (queued["queued"], queued["deadline"]) == (True, 500)
+    assert s.lease_status("k", "W1", now=499) == {
+        "state": "waiting",
+        "position": 1,
+        "deadline": 500,
+    }
+    assert s.lease_status("k", "W1", now=500) == {"state": "gone"}
+
+
+# ------------------------------------------------------------------ queueing
+
+
+def test_a_wait_of_one_millisecond_queues_until_the_next_millisecond() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", ttl=5000)))
+    queued = ok(s.apply(acquire(100, "W1", owner="bob", wait=1)))
+    assert (queued["queued"], queued["position"], queued["deadline"]) == (True, 1, 101)
+    ok(s.apply(tick(101)))
+    assert s.events == [{"type": "dequeue", "key": "k", "lease_id": "W1", "reason": "deadline"}]
+    assert s.waiting == {}
+
+
+def test_an_acquire_without_a_priority_ranks_as_priority_zero() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "H", ttl=1000)))
+    ok(s.apply(acquire(1, "A", wait=5000)))  # no priority field
+    ok(s.apply(acquire(2, "B", wait=5000, priority=0)))
+    ok(s.apply(acquire(3, "C", wait=5000)))
+    assert [w.lease_id for w in s.queues["k"]] == ["A", "B", "C"]
+    # First come, first served within priority 0, whether stated or not.
+    granted = []
+    for lid in ("H", "A", "B"):
+        ok(s.apply(release(10, lid)))
+        granted += [e["lease_id"] for e in s.events if e["type"] == "grant"]
+    assert granted == ["A", "B", "C"]
+
+
+def test_an_acquire_that_fits_does_not_overtake_a_higher_priority_head() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "H", capacity=3, units=1, ttl=5000)))
+    # The head wants all three units (it waits for H); behind it, a low-priority one.
+    ok(s.apply(acquire(1, "W-high", capacity=3, units=3, wait=5000, priority=5)))
+    ok(s.apply(acquire(2, "W-low", capacity=3, units=3, wait=5000, priority=0)))
+    # One unit is free, but this acquire is outranked by the head (5 > 3): it must not
+    # take the unit the head is waiting for, whatever ranks at the back of the queue.
+    result = s.apply(acquire(3, "X", capacity=3, units=1, priority=3))
+    refused(result, "LEASE_HELD")
+    assert result["detail"]["waiting"] == 2
+    assert "X" not in s.leases
+    # Outranking the head, it is granted at once.
+    ok(s.apply(acquire(4, "Y", capacity=3, units=1, priority=6)))
+
+
+def test_transfer_to_the_id_of_a_queued_acquire_is_refused_unchanged() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", ttl=5000)))
+    ok(s.apply(acquire(1, "W1", owner="bob", wait=5000)))
+    entry = mut("transfer", 2, key="k", lid="L1", new_lid="W1", owner="carol")
+    before = copy.deepcopy(s.to_plain())
+    result = s.apply(entry)
+    refused(result, "BAD_REQUEST")
+    assert result["message"] == "lease id already in use"
+    assert s.to_plain() == before
+
+
+def test_a_lease_session_carries_at_most_its_cap_of_leases_and_waiters_together() -> None:
+    # The cap is imported: it lives in raftlease/limits.py, outside the mutated core.
+    s = LeaseStore()
+    ok(s.apply(session_open(0, "S", ttl=60_000)))
+    ok(s.apply(acquire(0, "H", key="busy", ttl=60_000)))
+    ok(s.apply(acquire(0, "W", key="busy", session="S", wait=60_000)))  # one waiter
+    for i in range(MAX_SESSION_LEASES - 1):  # and leases up to the cap
+        entry = acquire(0, f"L{i}", key=f"k{i}", session="S", cid="c", seq=i + 1, ack=i + 1)
+        assert s.apply(entry)["ok"] is True
+    session = s.lease_sessions["S"]
+    assert len(session.leases) + len(session.waiters) == MAX_SESSION_LEASES == 10_000
+    over = acquire(0, "over", key="k-over", session="S", cid="c", seq=10_000, ack=10_000)
+    before = copy.deepcopy(s.to_plain())
+    refused(s.apply(over), "INVALID_ARGUMENT")
+    # A refusal: nothing granted or queued (only the client's cached answer is new).
+    after = s.to_plain()
+    for part in ("revision", "leases", "waiters", "lease_sessions", "capacity"):
+        assert after[part] == before[part], part
+    assert "over" not in s.leases
+
+
+@pytest.mark.parametrize("count", [1, 20])
+def test_stale_expiry_entries_stay_within_64_or_4_per_live_lease(count: int) -> None:
+    """Each renewal leaves a stale entry in the expiry heap; the heap is rebuilt when it
+    holds more than 64 entries and more than 4 per live lease, so after any entry of
+    one renewal it holds at most max(64, 4 x leases) + 1."""
+    s = LeaseStore()
+    for i in range(count):
+        ok(s.apply(acquire(0, f"L{i}", key=f"k{i}", ttl=100_000)))
+    bound = max(64, 4 * count) + 1
+    largest = 0
+    for n in range(500):
+        lid = f"L{n % count}"
+        ok(s.apply(mut("renew", 1 + n, key=f"k{n % count}", lid=lid)))
+        largest = max(largest, len(s._deadlines))
+        assert largest <= bound, n
+    # Rebuilding sooner would be as correct (memory only): only the bound is pinned.
+    assert len(s.leases) == count
+    assert all(lease.expires_at > 100_000 for lease in s.leases.values())
+
+
+# ------------------------------------------------------------------ order of effects
+
+
+def test_a_waiter_is_granted_when_the_waiter_ahead_of_it_leaves_not_one_behind_it() -> None:
+    """Two lease sessions end in one entry. Each ends in turn (its queued acquires
+    leave, then its leases end), and a waiter blocked by the head of its queue is
+    granted when that head leaves: not earlier, when a waiter behind it leaves. The
+    tokens (revisions) follow that order."""
+    s = LeaseStore()
+    ok(s.apply(session_open(0, "a", ttl=1000)))
+    ok(s.apply(session_open(0, "b", ttl=1000)))
+    ok(s.apply(acquire(0, "H", capacity=2, units=1, ttl=10_000)))  # token 1
+    ok(s.apply(acquire(0, "W1", capacity=2, units=2, session="b", wait=5000)))  # the head
+    ok(s.apply(acquire(0, "X", capacity=2, units=1, ttl=10_000, wait=5000)))  # fits; blocked
+    ok(s.apply(acquire(0, "W2", capacity=2, units=1, session="a", wait=5000)))  # behind X
+    ok(s.apply(acquire(0, "L", key="o", session="a")))  # token 2
+    assert [w.lease_id for w in s.queues["k"]] == ["W1", "X", "W2"]
+    ok(s.apply(tick(1000)))  # both sessions expire; "a" ends first (id order)
+    assert [(e["type"], e.get("lease_id"), e.get("token")) for e in s.events] == [
+        ("dequeue", "W2", None),
+        ("expire", "L", 2),
+        ("session_end", None, None),
+        ("dequeue", "W1", None),
+        ("grant", "X", 4),
+        ("session_end", None, None),
+    ]
+    assert s.leases["X"].token == 4
+    assert s.queues == {}
+
+
+# ------------------------------------------------------------------ the snapshot layout
+
+
+def test_a_fresh_store_snapshots_as_log_time_zero_term_zero_and_nothing_else() -> None:
+    assert LeaseStore().to_plain() == {
+        "v": 3,
+        "now": 0,
+        "term": 0,
+        "revision": 0,
+        "applied": 0,
+        "expired_total": 0,
+        "capacity": [],
+        "leases": [],
+        "lease_sessions": [],
+        "queue_order": 0,
+        "waiters": [],
+        "sessions": [],
+    }
+
+
+def _golden_store() -> LeaseStore:
+    s = LeaseStore()
+    ok(s.apply(session_open(100, "S", ttl=5000, cid="c1", seq=1, term=2)))
+    ok(s.apply(acquire(200, "L1", owner="alice", ttl=1000, cid="c1", seq=2, ack=2, term=2)))
+    ok(s.apply(acquire(300, "W1", owner="bob", ttl=800, wait=500, priority=2, cid="c2", term=2)))
+    ok(s.apply(acquire(300, "W2", owner="dan", ttl=700, wait=900, cid="c2", seq=2, term=2)))
+    pool = acquire(300, "P1", key="pool", owner="carol", capacity=3, units=2, session="S")
+    ok(s.apply({**pool, "value": "v", "cid": "c3", "term": 2}))
+    return s
+
+
+#: The plain form of ``_golden_store()`` in layout version 3: what a node writes to
+#: disk and sends to a follower. Restoring it must give back exactly this store.
+GOLDEN_V3: dict[str, Any] = {
+    "v": 3,
+    "now": 300,
+    "term": 2,
+    "revision": 2,
+    "applied": 5,
+    "expired_total": 0,
+    "capacity": [["k", 1], ["pool", 3]],
+    "leases": [
+        ["k", "L1", "alice", 1, 1000, 200, 1200, 1, "", ""],
+        ["pool", "P1", "carol", 2, 5000, 300, 5100, 2, "v", "S"],
+    ],
+    "lease_sessions": [["S", "svc", 5000, 5100]],
+    "queue_order": 2,
+    "waiters": [
+        ["k", "W1", "bob", 800, 2, 1, 800, 1, "", ""],
+        ["k", "W2", "dan", 700, 0, 2, 1200, 1, "", ""],
+    ],
+    "sessions": [
+        [
+            "c1",
+            200,
+            2,
+            [
+                [
+                    2,
+                    {
+                        "ok": True,
+                        "key": "k",
+                        "owner": "alice",
+                        "token": 1,
+                        "lease_id": "L1",
+                        "ttl": 1000,
+                        "expires_at": 1200,
+                        "now": 200,
+                        "revision": 1,
+                    },
+                ]
+            ],
+        ],
+        [
+            "c2",
+            300,
+            1,
+            [
+                [
+                    1,
+                    {
+                        "ok": True,
+                        "queued": True,
+                        "key": "k",
+                        "owner": "bob",
+                        "lease_id": "W1",
+                        "position": 1,
+                        "deadline": 800,
+                        "now": 300,
+                    },
+                ],
+                [
+                    2,
+                    {
+                        "ok": True,
+                        "queued": True,
+                        "key": "k",
+                        "owner": "dan",
+                        "lease_id": "W2",
+                        "position": 2,
+                        "deadline": 1200,
+                        "now": 300,
+                    },
+                ],
+            ],
+        ],
+        [
+            "c3",
+            300,
+            1,
+            [
+                [
+                    1,
+                    {
+                        "ok": True,
+                        "key": "pool",
+                        "owner": "carol",
+                        "token": 2,
+                        "lease_id": "P1",
+                        "ttl": 5000,
+                        "expires_at": 5100,
+                        "now": 300,
+                        "revision": 2,
+                        "units": 2,
+                        "value": "v",
+                        "session": "S",
+                    },
+                ]
+            ],
+        ],
+    ],
+}
+
+
+def test_the_snapshot_layout_is_version_3_field_for_field() -> None:
+    assert _golden_store().to_plain() == GOLDEN_V3
+
+
+def test_a_version_3_snapshot_restores_to_the_same_store() -> None:
+    restored = LeaseStore.from_plain(copy.deepcopy(GOLDEN_V3))
+    assert restored.to_plain() == GOLDEN_V3
+    # And it goes on exactly as the store that wrote it: the next waiter is order 3.
+    live = _golden_store()
+    later = acquire(400, "W3", owner="eve", wait=100, cid="c4", term=2)
+    assert restored.apply(dict(later)) == live.apply(dict(later))
+    assert restored.to_plain() == live.to_plain()
+    assert restored.queues["k"][-1].order == 3
