@@ -16,6 +16,9 @@ from typing import Any
 from .errors import ConfigError
 from .limits import MAX_KEY_BYTES, MAX_LIST, MAX_OWNER_BYTES, MAX_TTL_MS
 
+#: Values of ``NodeConfig.durability``.
+DURABILITY_MODES = ("fsync", "none")
+
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
@@ -76,6 +79,9 @@ class NodeConfig:
     # Snapshot (log compaction) after this many entries or seconds.
     compaction_min_entries: int = 50_000
     compaction_min_time: float = 30.0
+    # "fsync": no entry is acknowledged before it is on stable storage (group commit);
+    # "none": the journal is left to the kernel's writeback (docs/configuration.md).
+    durability: str = "fsync"
     # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
     # fault-injecting proxy. The peer keeps its identity (its raft address).
     dial: dict[str, str] = field(default_factory=dict)
@@ -189,6 +195,10 @@ class NodeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.durability not in DURABILITY_MODES:
+            raise ConfigError(
+                f"durability must be one of {', '.join(DURABILITY_MODES)}, got {self.durability!r}"
+            )
         if self.compaction_min_entries < 2:
             raise ConfigError(
                 f"compaction_min_entries must be at least 2, got {self.compaction_min_entries}"

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from raftlease.core import LeaseStore
-from raftlease.limits import MAX_SESSION_LEASES
+from raftlease.limits import MAX_SESSION_LEASES, TOKEN_RESERVE_STEP
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -453,10 +453,11 @@ def test_a_waiter_is_granted_when_the_waiter_ahead_of_it_leaves_not_one_behind_i
 
 def test_a_fresh_store_snapshots_as_log_time_zero_term_zero_and_nothing_else() -> None:
     assert LeaseStore().to_plain() == {
-        "v": 3,
+        "v": 4,
         "now": 0,
         "term": 0,
         "revision": 0,
+        "ceiling": 0,
         "applied": 0,
         "expired_total": 0,
         "capacity": [],
@@ -582,16 +583,36 @@ GOLDEN_V3: dict[str, Any] = {
 }
 
 
-def test_the_snapshot_layout_is_version_3_field_for_field() -> None:
-    assert _golden_store().to_plain() == GOLDEN_V3
+#: Layout 4 adds the fencing-token ceiling: the first entry (term 2) reserved one
+#: step above its headroom (no leases yet: 8).
+GOLDEN_V4 = {**GOLDEN_V3, "v": 4, "ceiling": 8 + TOKEN_RESERVE_STEP}
 
 
-def test_a_version_3_snapshot_restores_to_the_same_store() -> None:
-    restored = LeaseStore.from_plain(copy.deepcopy(GOLDEN_V3))
-    assert restored.to_plain() == GOLDEN_V3
+def test_the_snapshot_layout_is_version_4_field_for_field() -> None:
+    assert _golden_store().to_plain() == GOLDEN_V4
+
+
+def test_a_version_4_snapshot_restores_to_the_same_store() -> None:
+    restored = LeaseStore.from_plain(copy.deepcopy(GOLDEN_V4))
+    assert restored.to_plain() == GOLDEN_V4
     # And it goes on exactly as the store that wrote it: the next waiter is order 3.
     live = _golden_store()
     later = acquire(400, "W3", owner="eve", wait=100, cid="c4", term=2)
     assert restored.apply(dict(later)) == live.apply(dict(later))
     assert restored.to_plain() == live.to_plain()
     assert restored.queues["k"][-1].order == 3
+
+
+def test_a_version_3_snapshot_gets_a_ceiling_one_step_above_its_revision() -> None:
+    restored = LeaseStore.from_plain(copy.deepcopy(GOLDEN_V3))
+    assert restored.to_plain() == {
+        **GOLDEN_V3,
+        "v": 4,
+        "ceiling": GOLDEN_V3["revision"] + TOKEN_RESERVE_STEP,
+    }
+    # Tokens go on from the revision within the term; a new term jumps past the ceiling.
+    live = _golden_store()
+    later = acquire(400, "W3", owner="eve", wait=100, cid="c4", term=2)
+    assert restored.apply(dict(later)) == live.apply(dict(later))
+    jump = restored.apply(acquire(500, "N1", key="new", owner="f", cid="c5", term=3))
+    assert jump["token"] == GOLDEN_V3["revision"] + TOKEN_RESERVE_STEP + 1

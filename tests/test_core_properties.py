@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from raftlease import errors
 from raftlease.core import CLIENT_IDLE_MS, LeaseStore
-from raftlease.limits import MAX_TTL_MS
+from raftlease.limits import MAX_TTL_MS, TOKEN_RESERVE_STEP
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,6 +74,7 @@ class Model:
         self.now = 0
         self.term = 0
         self.revision = 0
+        self.ceiling = 0
         self.applied = 0
         self.expired = 0
         self.leases: dict[str, ModelLease] = {}
@@ -103,6 +104,10 @@ class Model:
             known = self.sessions.get(entry["cid"])
             if known is None or entry["seq"] not in known.results:
                 return {"ok": False, "code": "BAD_REQUEST"}
+        if term > self.term or self.ceiling == 0:
+            # A new term moves past every token the old terms could have handed out.
+            self.revision = max(self.revision, self.ceiling)
+            self.ceiling = self.revision + 3 * len(self.leases) + 8 + TOKEN_RESERVE_STEP
         self.applied += 1
         self.term = term
         self.now = max(self.now, entry["now"])
@@ -486,14 +491,18 @@ def test_a_retried_request_is_never_applied_twice(steps: list[Step]) -> None:
     store = LeaseStore()
     first: dict[tuple[str, int], Result] = {}
     fresh_changes = 0
+    jumps = 0
     granted_tokens: list[int] = []
     for step in steps:
         entry = step.entry
         mutating = not step.malformed and entry["op"] in MUTATING
         request = (entry["cid"], entry["seq"]) if mutating else None
         revision, leases = store.revision, store.to_plain()["leases"]
-        expired = store.expired_total
+        expired, term, ceiling = store.expired_total, store.term, store.ceiling
         result = store.apply(entry)
+        if store.term > term:  # a new term's first entry jumps past the old ceiling
+            jumps += max(0, ceiling - revision)
+            revision = max(revision, ceiling)
         if request is None:
             continue
         if request in first or result.get("code") in NOT_APPLIED:
@@ -511,7 +520,7 @@ def test_a_retried_request_is_never_applied_twice(steps: list[Step]) -> None:
                 fresh_changes += 1
                 if entry["op"] == "acquire":
                     granted_tokens.append(result["token"])
-    assert store.revision == fresh_changes + store.expired_total
+    assert store.revision == fresh_changes + store.expired_total + jumps
     assert len(granted_tokens) == len(set(granted_tokens))
 
 

@@ -36,7 +36,12 @@ READ_OPS = frozenset({"holder", "leases", "fence", "lease_status"})
 MAX_PRIORITY = 1000
 
 
-ALL_OPS = MUTATING_OPS | READ_OPS | {"tick"}
+#: Entries only a leader proposes (never accepted from a client): ``tick`` moves log
+#: time; ``reserve`` moves the fencing-token ceiling ahead.
+LEADER_OPS = frozenset({"tick", "reserve"})
+
+
+ALL_OPS = MUTATING_OPS | READ_OPS | LEADER_OPS
 
 
 def utf8_size(value: str) -> int:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
+from ..limits import TOKEN_RESERVE_STEP
 from .dedup import ClientTable
 from .records import LeaseRecord, LeaseSession, Waiter
 from .state import StoreState
 
 #: Bump when the snapshot layout changes; ``restore`` refuses other versions.
-SNAPSHOT_VERSION = 3
+SNAPSHOT_VERSION = 4
 
 
 def to_plain(store: StoreState) -> dict[str, Any]:
@@ -25,6 +26,7 @@ def to_plain(store: StoreState) -> dict[str, Any]:
         "now": store.now,
         "term": store.term,
         "revision": store.revision,
+        "ceiling": store.ceiling,
         "applied": store.applied,
         "expired_total": store.expired_total,
         "capacity": [[key, cap] for key, cap in store.capacity.items()],
@@ -38,11 +40,15 @@ def to_plain(store: StoreState) -> dict[str, Any]:
 
 
 def restore(store: StoreState, data: dict[str, Any]) -> None:
-    """Fill a fresh ``store`` from ``to_plain`` output (this layout version or version
-    2, which it upgrades). Raises ``ValueError`` on any other version."""
+    """Fill a fresh ``store`` from ``to_plain`` output (this layout version or versions
+    2 and 3, which it upgrades). Raises ``ValueError`` on any other version."""
     version = data.get("v")
-    if version not in (2, SNAPSHOT_VERSION):
-        raise ValueError(f"snapshot version {version!r} is not 2 or {SNAPSHOT_VERSION}")
+    if version not in (2, 3, SNAPSHOT_VERSION):
+        raise ValueError(f"snapshot version {version!r} is not 2, 3 or {SNAPSHOT_VERSION}")
+    if "ceiling" not in data:
+        # Layouts 2 and 3 had no token ceiling: reserve one step from the revision
+        # (the next new term jumps past it anyway).
+        data = {**data, "ceiling": data["revision"] + TOKEN_RESERVE_STEP}
     if version == 2:
         # Before shared keys and lease sessions: every key had capacity 1, leases
         # and waiters had no units, value or session (their fields default).
@@ -52,6 +58,7 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     store.now = data["now"]
     store.term = data["term"]
     store.revision = data["revision"]
+    store.ceiling = data["ceiling"]
     store.applied = data["applied"]
     store.expired_total = data["expired_total"]
     for sid, owner, ttl_ms, expires_at in data["lease_sessions"]:

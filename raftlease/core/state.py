@@ -24,6 +24,10 @@ class StoreState:
         self.now: int = 0
         self.term: int = 0
         self.revision: int = 0
+        #: No fencing token above this is handed out; a leader raises it through the
+        #: log (``reserve``, and a jump at each new term) ahead of need, so a token is
+        #: never reused after a restart that lost the log's unsynced tail.
+        self.ceiling: int = 0
         #: Live leases by lease id.
         self.leases: dict[str, LeaseRecord] = {}
         #: key -> its live leases by lease id, in grant (token) order.
@@ -50,6 +54,12 @@ class StoreState:
         #: What the last ``apply`` changed, for the server (wake long-polls, watches).
         #: Not part of the state: rebuilt by every apply, never snapshotted.
         self.events: list[dict[str, Any]] = []
+
+    def token_headroom(self) -> int:
+        """An upper bound on how many revisions one request can create from this
+        state: every live lease renewed and removed, every waiter granted, a few more
+        for the request itself."""
+        return 3 * (len(self.leases) + len(self.waiting)) + 8
 
     @property
     def sessions(self) -> ClientTable:

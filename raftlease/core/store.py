@@ -18,6 +18,12 @@ Rules this module keeps (docs/design.md explains why):
   lease with ``expires_at <= now`` in ``(expires_at, lease_id)`` order.
 * A store-wide ``revision`` grows by one on every change; a grant's fencing token is
   the revision it created, so tokens strictly increase per key (and store-wide).
+  No revision passes ``ceiling``: the first entry of each new term jumps the revision
+  to the ceiling and moves the ceiling ``TOKEN_RESERVE_STEP`` ahead; a ``reserve``
+  entry moves it ahead within a term; any other entry that could pass it is refused
+  (``UNAVAILABLE``) unchanged. The leader proposes both kinds with ``durable`` set,
+  so they reach stable storage even with ``durability = "none"``, and a token is
+  never handed out twice after a restart that lost the log's tail (docs/design.md).
 * Renew and release require the ``lease_id`` that only the grantee received; reads
   never reveal it. Lease ids are drawn by the leader and carried in the entry.
 * Client ids (Raft dissertation §6.3): a mutating entry carries ``(cid, seq, ack)``;
@@ -35,7 +41,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ..limits import MAX_SESSION_LEASES
+from ..limits import MAX_SESSION_LEASES, TOKEN_RESERVE_STEP
 from . import snapshot
 from .checks import ALL_OPS, MAX_BATCH, check_args, valid_int
 from .records import ClientRecord, LeaseRecord, LeaseSession, Result, Waiter, error
@@ -111,12 +117,27 @@ class LeaseStore(StoreState):
             # cached refusal. A retry of a request already answered is replayed from
             # the dedup table below (its id is in use: by its own lease).
             return error("BAD_REQUEST", reused)
+        if term > self.term or self.ceiling == 0:
+            self._new_epoch()
+        elif op != "reserve" and self.revision + self.token_headroom() > self.ceiling:
+            # The leader reserves long before this (at half a step); reaching it means
+            # its reserve entry is late. Refused unchanged; the client retries.
+            return error(
+                "UNAVAILABLE",
+                f"fencing tokens are reserved up to {self.ceiling}; waiting for the "
+                "leader to reserve more",
+            )
         self.applied += 1
         self.term = term
+        if op == "reserve":
+            self.ceiling = max(self.ceiling, self.revision + self.token_headroom())
+            self.ceiling += TOKEN_RESERVE_STEP
         self._advance(now)
 
         if op == "tick":
             return {"ok": True, "now": self.now}
+        if op == "reserve":
+            return {"ok": True, "now": self.now, "ceiling": self.ceiling}
         if op == "holder":
             holder = self.holder(entry["key"])
             return {"ok": True, "holder": holder, "now": self.now, "revision": self.revision}
@@ -131,6 +152,13 @@ class LeaseStore(StoreState):
                 "now": self.now,
             }
         return self._apply_mutation(op, entry)
+
+    def _new_epoch(self) -> None:
+        """The first entry of a new term: move past every token the previous terms
+        could have handed out, and reserve the next step (the entry carries
+        ``durable``, so the new ceiling is on stable storage before it is used)."""
+        self.revision = max(self.revision, self.ceiling)
+        self.ceiling = self.revision + self.token_headroom() + TOKEN_RESERVE_STEP
 
     def _reused_id(self, op: str, entry: dict[str, Any]) -> str | None:
         """The leader draws fresh lease and session ids; one already known here (live,

@@ -5,13 +5,16 @@
 * ``transport``: ``LeaseTransport``, PySyncObj's TCP transport plus the leader-lease
   stamps, the vote promise and the follower-log corrections;
 * ``follower_log``: the pure planner of a follower's ``append_entries`` handling;
-* ``journal``: journal repair after a crash during log compaction;
+* ``durable``: durable acknowledgements (``DurableJournal``: group-commit syncs of
+  PySyncObj's journal, durable term/vote and dump writes);
+* ``journal``: journal repair at start (a crash during log compaction, a torn tail);
 * ``leadership``: leader lease, vote promise and clock-drift monitor (pure bookkeeping
   on an injected clock).
 
 docs/pysyncobj.md lists what we rely on; tests/test_pysyncobj_contract.py guards it.
 """
 
+from .durable import DURABILITY_FAILED, DURABLE_MARK, DurableJournal, SyncRecorder
 from .follower_log import AppendPlan, Conflict, plan_append_entries, snapshot_is_behind
 from .journal import repair_journal
 from .leadership import LEASE_MARGIN, DriftMonitor, LeaseGuard
@@ -25,16 +28,20 @@ from .replica import (
 from .transport import LeaseTransport
 
 __all__ = [
+    "DURABILITY_FAILED",
+    "DURABLE_MARK",
     "LEASE_MARGIN",
     "SNAPSHOT_LOAD_FAILED",
     "AppendPlan",
     "ApplyObserver",
     "Conflict",
     "DriftMonitor",
+    "DurableJournal",
     "LeaseGuard",
     "LeaseTransport",
     "ProposeCallback",
     "Replica",
+    "SyncRecorder",
     "plan_append_entries",
     "repair_journal",
     "snapshot_is_behind",

@@ -33,7 +33,8 @@ from ..errors import (
     RaftLeaseError,
     UnavailableError,
 )
-from .journal import repair_journal
+from .durable import SyncRecorder
+from .journal import repair_journal, trim_torn_tail
 from .leadership import LeaseGuard
 from .transport import LeaseTransport
 
@@ -204,11 +205,13 @@ class Replica:
         guard_class: type[LeaseGuard] = LeaseGuard,
         transport_class: type[LeaseTransport] = LeaseTransport,
         store_class: type[LeaseStore] = LeaseStore,
+        recorder: SyncRecorder | None = None,
     ) -> None:
-        """``guard_class`` (the leader-lease bookkeeping), ``transport_class`` (the
-        PySyncObj transport) and ``store_class`` (the state machine): a test build
-        injects broken ones through ``raftlease.testing.node``; production never
-        passes them."""
+        """``recorder``: a test build's record of what reached stable storage
+        (durable.SyncRecorder). ``guard_class`` (the leader-lease bookkeeping),
+        ``transport_class`` (the PySyncObj transport) and ``store_class`` (the state
+        machine): a test build injects broken ones through ``raftlease.testing.node``;
+        production never passes them."""
         self.config = config
         self.guard = guard_class(
             clock or SystemClock(),
@@ -217,6 +220,7 @@ class Replica:
             rho=config.clock_drift,
         )
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        trim_torn_tail(config.journal_file)
         repair_journal(config.journal_file, config.dump_file)
         self._consumer = _StoreConsumer(observer, store_class)
         self._role = "follower"
@@ -225,7 +229,11 @@ class Replica:
         conf.onStateChanged = self._on_state_changed
         peers = [DialNode(p.raft, config.dial.get(p.id, p.raft)) for p in config.peers]
         self._peers = {peer: p.id for peer, p in zip(peers, config.peers, strict=True)}
-        bound = type("BoundLeaseTransport", (transport_class,), {"guard": self.guard})
+        bound = type(
+            "BoundLeaseTransport",
+            (transport_class,),
+            {"guard": self.guard, "durability": config.durability, "recorder": recorder},
+        )
         self._sync = SyncObj(me.raft, peers, conf, consumers=[self._consumer], transportClass=bound)
 
     # ---------------------------------------------------------------- writes
@@ -257,6 +265,17 @@ class Replica:
         accept that a read from another thread sees some recent applied state."""
         store: LeaseStore = self._consumer.store
         return store
+
+    def durability_status(self) -> dict[str, Any]:
+        """The journal's durability mode and sync counters (``syncs``, and
+        ``synced_entries`` they covered: with group commit, more than one each)."""
+        transport = self._sync._SyncObj__transport
+        journal = transport.journal
+        return {
+            "durability": self.config.durability,
+            "journal_syncs": journal.syncs,
+            "journal_synced_entries": journal.covered,
+        }
 
     def is_leader(self) -> bool:
         return bool(self._sync._isLeader())

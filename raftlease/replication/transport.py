@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from pysyncobj import FAIL_REASON
 from pysyncobj.transport import TCPTransport
 
+from .durable import DurableJournal, SyncRecorder, install
 from .follower_log import AppendPlan, Conflict, plan_append_entries, snapshot_is_behind
 from .leadership import LeaseGuard
 
@@ -37,10 +38,19 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     handles it (``plan_append_entries``, ``_snapshot_message``: no truncation without
     a conflict, rejections that keep the leader's step back, no commit or snapshot
     install the message does not justify).
-    Runs on the tick thread. ``guard`` is bound by ``Replica`` through a subclass.
+    Durability (durable.py): the constructor puts a ``DurableJournal`` in place of
+    PySyncObj's journal; a follower syncs it before every ``next_node_idx`` it sends
+    (its acknowledgement), a leader at the end of each tick (after sending, so its
+    sync overlaps the followers') and before its commit index moves.
+    Runs on the tick thread. ``guard``, ``durability`` and ``recorder`` are bound by
+    ``Replica`` through a subclass.
     """
 
     guard: LeaseGuard
+    durability: ClassVar[str] = "fsync"
+    #: Test builds only (hook ``record_synced``).
+    recorder: ClassVar[SyncRecorder | None] = None
+    journal: DurableJournal
     #: False only in a test build's planted bug (``raftlease.testing.node``): hand
     #: ``append_entries`` to PySyncObj uncorrected.
     follower_log_correction: ClassVar[bool] = True
@@ -58,6 +68,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._snapshot_in = None
         self._rejecting = None
         super().__init__(*args, **kwargs)
+        sync = self._syncObj
+        self.journal = install(sync, self.durability, self.recorder)
+        sync.addOnTickCallback(self.journal.sync_if_dirty)
 
     def send(self, node: Any, message: Any) -> bool:
         if isinstance(message, dict):
@@ -65,6 +78,8 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             if kind == "append_entries":
                 message["rl_s"] = self.guard.stamp_outgoing(message["term"])
             elif kind == "next_node_idx":
+                # The follower's acknowledgement: what it appended is on disk first.
+                self.journal.sync_if_dirty()
                 if self._reply_next is not None:
                     # PySyncObj's reply to the append_entries being handled (plan).
                     message["next_node_idx"] = self._reply_next

@@ -35,6 +35,7 @@ from ..errors import (
     UnavailableError,
     error_class,
 )
+from ..limits import TOKEN_RESERVE_STEP
 from ..protocol import (
     FrameDecoder,
     Limits,
@@ -46,9 +47,10 @@ from ..protocol import (
     parse_request,
     request_id,
 )
-from ..replication import LeaseGuard, LeaseTransport, Replica
+from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder
 from .log_clock import LogClock
 from .proposer import Proposer
+from .restart import LastStop, mark_running, mark_stopped
 from .watch import WatchHub
 
 log = logging.getLogger("raftlease.server")
@@ -75,7 +77,9 @@ class ServerHooks:
     before protocol validation (each validates its own fields); ``lease_read_barrier``:
     lease reads wait for an applied entry of the leader's own term (True is correct);
     ``transport_class``, ``store_class``: the replica's PySyncObj transport and state
-    machine.
+    machine; ``recorder``: keeps what reached stable storage, for a simulated power
+    loss; ``durability``: overrides the config's mode; ``restart_wait``: the wait after
+    an unclean stop with ``durability = "none"`` (False only in a planted bug).
     """
 
     clock: Clock | None = None
@@ -85,14 +89,19 @@ class ServerHooks:
     lease_read_barrier: bool = True
     transport_class: type[LeaseTransport] = LeaseTransport
     store_class: type[LeaseStore] = LeaseStore
+    recorder: SyncRecorder | None = None
+    durability: str | None = None
+    restart_wait: bool = True
 
 
 class NodeServer:
     """Serves clients for one node. ``run()`` blocks until ``stop()`` or a signal."""
 
     def __init__(self, config: NodeConfig, hooks: ServerHooks | None = None) -> None:
-        self.config = config
         self.hooks = hooks or ServerHooks()
+        if self.hooks.durability is not None:
+            config = config.with_changes(durability=self.hooks.durability)
+        self.config = config
         self.clock: Clock = self.hooks.clock or SystemClock()
         self.log_clock = LogClock(self.clock, rate=self.hooks.log_clock_rate)
         self.limits = Limits(
@@ -112,6 +121,10 @@ class NodeServer:
         # Long-polls for queued acquires: lease id -> futures to wake (event loop only).
         self._awaiting: dict[str, list[asyncio.Future[None]]] = {}
         self.requests_total = 0
+        #: How the previous run ended, and until when (monotonic) this node stays out
+        #: of the cluster after an unclean stop with durability "none".
+        self.last_stop = LastStop.CLEAN
+        self.recovering_until: float | None = None
 
     # ----------------------------------------------------------- lifecycle
 
@@ -126,6 +139,16 @@ class NodeServer:
         self.proposer = Proposer(
             self._loop, lambda: self.replica, self.log_clock, self.config.request_timeout
         )
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                self._loop.add_signal_handler(sig, self.stop)
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.last_stop = mark_running(self.config.data_dir)
+        if not await self._wait_out_unclean_stop():
+            server.close()
+            await server.wait_closed()
+            mark_stopped(self.config.data_dir)
+            return
         self.replica = Replica(
             self.config,
             observer=self._on_applied,
@@ -133,10 +156,8 @@ class NodeServer:
             guard_class=self.hooks.guard_class,
             transport_class=self.hooks.transport_class,
             store_class=self.hooks.store_class,
+            recorder=self.hooks.recorder,
         )
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                self._loop.add_signal_handler(sig, self.stop)
         log.info(
             "node %s serving clients on %s, raft on %s, data in %s",
             self.config.node_id,
@@ -153,7 +174,50 @@ class NodeServer:
             await server.wait_closed()
             replica = self.replica
             await self._loop.run_in_executor(None, replica.close)
+            mark_stopped(self.config.data_dir)
             log.info("node %s stopped", self.config.node_id)
+
+    def restart_wait(self) -> float:
+        """Seconds a node stays out of the cluster after a machine crash with
+        durability "none": every lease it may have forgotten has then expired at its
+        holder (longest TTL, stretched by the clock-drift bound, plus an election)."""
+        config = self.config
+        return config.max_ttl * (1 + config.clock_drift) + config.election_timeout_max
+
+    async def _wait_out_unclean_stop(self) -> bool:
+        """After a machine crash with durability "none", wait ``restart_wait()``
+        before joining Raft (status says so meanwhile). False if stopped while
+        waiting."""
+        assert self._stopping is not None
+        if self.last_stop is LastStop.CLEAN:
+            return True
+        if self.last_stop is LastStop.PROCESS_CRASH or self.config.durability == "fsync":
+            log.info(
+                "previous run did not stop cleanly (%s); nothing was lost: durability %s",
+                self.last_stop.value,
+                self.config.durability,
+            )
+            return True
+        if not self.hooks.restart_wait:
+            log.warning("PLANTED BUG: joining at once after a machine crash with durability none")
+            return True
+        wait = self.restart_wait()
+        self.recovering_until = self.clock.monotonic() + wait
+        log.warning(
+            "node %s restarted after a machine crash (power loss or kernel crash) with "
+            "durability none: its journal may have lost acknowledged grants. It stays "
+            "out of the cluster for %.1f s (max_ttl x (1 + clock_drift) + "
+            "election_timeout_max), until every lease it may have forgotten has expired.",
+            self.config.node_id,
+            wait,
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), wait)
+        self.recovering_until = None
+        if self._stopping.is_set():
+            return False
+        log.warning("node %s: restart wait over; joining the cluster", self.config.node_id)
+        return True
 
     def stop(self) -> None:
         if self._stopping is not None:
@@ -399,6 +463,8 @@ class NodeServer:
         return out
 
     def status(self) -> dict[str, Any]:
+        if self.replica is None and self.recovering_until is not None:
+            return self._recovering_status()
         replica = self._replica()
         leader = replica.leader_raft_addr()
         store = replica.store
@@ -424,19 +490,45 @@ class NodeServer:
             "connected_peers": replica.connected_peers(),
             "lease_reads": self._lease_read_allowed(),
             "clock_rate": getattr(self.clock, "rate", 1.0),
+            "token_ceiling": store.ceiling,
+            "last_stop": self.last_stop.value,
+            **replica.durability_status(),
             **replica.guard.snapshot(),
+        }
+
+    def _recovering_status(self) -> dict[str, Any]:
+        assert self.recovering_until is not None
+        return {
+            "node": self.config.node_id,
+            "client": self.config.self_node.client,
+            "raft": self.config.self_node.raft,
+            "role": "recovering",
+            "ready": False,
+            "leader": None,
+            "version": __version__,
+            "durability": self.config.durability,
+            "last_stop": self.last_stop.value,
+            "recovering_for": max(0.0, self.recovering_until - self.clock.monotonic()),
         }
 
     def _replica(self) -> Replica:
         if self.replica is None:
+            if self.recovering_until is not None:
+                left = max(0.0, self.recovering_until - self.clock.monotonic())
+                raise UnavailableError(
+                    f"node restarted after a machine crash with durability none; it "
+                    f"rejoins the cluster in {left:.1f} s"
+                )
             raise UnavailableError("node is starting")
         return self.replica
 
     # -------------------------------------------------------------- expiry
 
     async def _expiry_loop(self) -> None:
-        """The leader's housekeeping entries (``tick``), proposed one at a time:
+        """The leader's housekeeping entries (``tick``, ``reserve``), one at a time:
 
+        * a ``reserve`` when fewer than half a ``TOKEN_RESERVE_STEP`` of fencing
+          tokens are left below the ceiling (core.store);
         * at once after an election: an entry of its own term, the barrier before it
           may serve lease reads;
         * when a lease is due, so expired leases are removed (and waiters woken, and
@@ -459,6 +551,20 @@ class NodeServer:
             except IndexError:  # raced with the tick thread popping the heap
                 continue
             term = replica.term()
+            store = replica.store
+            if store.term == term and store.ceiling - store.revision < (
+                TOKEN_RESERVE_STEP // 2 + store.token_headroom()
+            ):
+                # Reserve the next step of fencing tokens long before the ceiling
+                # (core.store): this entry is synced in either durability mode.
+                self._tick_in_flight = True
+                try:
+                    await self.propose({"op": "reserve"})
+                except RaftLeaseError as exc:
+                    log.debug("reserve not applied: %s", exc)
+                finally:
+                    self._tick_in_flight = False
+                continue
             now_mono = self.clock.monotonic()
             needed = (
                 replica.store.term < term

@@ -86,6 +86,9 @@ class Proposer:
             return
         term = replica.term()
         now = self.log_clock.stamp(term, replica.store.now)
+        # The first entries of a term move the fencing-token ceiling (core.store), as
+        # does a reserve: they reach stable storage in either durability mode.
+        new_term = replica.store.term < term
         for chunk in split_batches(pending, lambda item: _text_bytes(item[0])):
             if len(chunk) == 1:
                 body: dict[str, Any] = {**chunk[0][0], "term": term, "now": now}
@@ -96,6 +99,8 @@ class Proposer:
                     "now": now,
                     "entries": [entry for entry, _ in chunk],
                 }
+            if new_term or any(entry.get("op") == "reserve" for entry, _ in chunk):
+                body["durable"] = True  # replication.durable.DURABLE_MARK
             futures = [future for _, future in chunk]
 
             def on_done(

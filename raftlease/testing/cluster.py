@@ -28,6 +28,7 @@ from ..client import Client
 from ..config import NodeAddress, local_cluster
 from ..errors import RaftLeaseError
 from .hooks import hook_arguments
+from .power import cut_to_synced
 
 T = TypeVar("T")
 
@@ -230,6 +231,16 @@ class LocalCluster:
                 proc.wait(timeout=10)
                 raise RuntimeError(f"node {node_id} did not stop within {timeout} s") from None
         return int(proc.returncode)
+
+    def power_loss(self, node_ids: list[str] | None = None) -> dict[str, Any]:
+        """A simulated power loss of ``node_ids`` (default: every node): SIGKILL each,
+        then cut its files back to what reached stable storage (``power.cut_to_synced``;
+        the nodes must run with the ``record_synced`` hook). They stay stopped; start
+        them with ``start_node``. Returns what was cut, per node."""
+        ids = node_ids if node_ids is not None else [n.id for n in self.nodes]
+        for node_id in ids:
+            self.kill_node(node_id)
+        return {node_id: cut_to_synced(self.node_dir(node_id)) for node_id in ids}
 
     def pause_node(self, node_id: str) -> None:
         os.kill(self.pid(node_id), signal.SIGSTOP)

@@ -8,6 +8,9 @@ Hooks (a dict, as ``LocalCluster(hooks=...)`` takes it):
 * ``clock_control: True``: the node runs on an adjustable clock and answers the
   ``test_clock`` control operation (``{"op": "test_clock", "rate": r, "jump": s}``:
   set the clock's rate, jump it forward), as the chaos suite's clock faults need;
+* ``record_synced: True``: the node keeps a copy of what reached stable storage
+  beside each data file (``durable.SyncRecorder``), so a simulated power loss
+  (``raftlease.testing.power.cut_to_synced``) can cut its files back to it;
 * ``planted_bug: NAME``: a deliberately broken build the test suite must catch
   (``PLANTED_BUGS``; jepsen-style/README.md lists which checker catches each, and
   tests/test_planted_bugs.py runs each guard's check on the honest and the planted
@@ -32,9 +35,11 @@ PLANTED_BUGS: dict[str, str] = {
     "already acknowledged, and a deposed leader's tail can stall its catch-up",
     "skip_dedup": "the state machine ignores the dedup table's answers, so a retried "
     "mutating request (same cid and seq) is applied twice",
+    "unsynced_acks": "the node runs with durability none and rejoins at once after a "
+    "machine crash (no restart wait): a power loss forgets acknowledged grants",
 }
 
-HOOK_KEYS = ("clock_control", "planted_bug")
+HOOK_KEYS = ("clock_control", "planted_bug", "record_synced")
 
 
 def hook_arguments(hooks: dict[str, Any]) -> list[str]:
@@ -51,4 +56,6 @@ def hook_arguments(hooks: dict[str, Any]) -> list[str]:
         args += ["--planted-bug", bug]
     if hooks.get("clock_control") or bug:
         args.append("--clock-control")
+    if hooks.get("record_synced") or bug == "unsynced_acks":
+        args.append("--record-synced")
     return args

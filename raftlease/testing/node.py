@@ -1,5 +1,5 @@
 """The test build of a node: ``python -m raftlease.testing.node --config FILE
-[--clock-control] [--planted-bug NAME]``.
+[--clock-control] [--record-synced] [--planted-bug NAME]``.
 
 It runs the same ``NodeServer`` as ``raftlease node``, with test hooks injected
 (``raftlease.server.ServerHooks``): an adjustable clock and the ``test_clock`` control
@@ -20,7 +20,7 @@ from ..clock import AdjustableClock
 from ..config import load_toml
 from ..core import LeaseStore
 from ..errors import BadRequestError, ConfigError, InvalidArgumentError
-from ..replication import LeaseGuard, LeaseTransport
+from ..replication import LeaseGuard, LeaseTransport, SyncRecorder
 from ..server import ServerHooks, run_node
 from .hooks import PLANTED_BUGS
 
@@ -91,7 +91,9 @@ def clock_control(clock: AdjustableClock) -> Any:
     return test_clock
 
 
-def build_hooks(planted_bug: str = "", clock: bool = True) -> ServerHooks:
+def build_hooks(
+    planted_bug: str = "", clock: bool = True, record_synced: bool = False
+) -> ServerHooks:
     """The hooks of a test node. Raises ``ValueError`` for an unknown planted bug."""
     if planted_bug and planted_bug not in PLANTED_BUGS:
         raise ValueError(f"unknown planted bug {planted_bug!r}; known: {sorted(PLANTED_BUGS)}")
@@ -110,6 +112,9 @@ def build_hooks(planted_bug: str = "", clock: bool = True) -> ServerHooks:
             RawFollowerLogTransport if planted_bug == "raw_follower_log" else LeaseTransport
         ),
         store_class=ForgetfulStore if planted_bug == "skip_dedup" else LeaseStore,
+        recorder=SyncRecorder() if record_synced or planted_bug == "unsynced_acks" else None,
+        durability="none" if planted_bug == "unsynced_acks" else None,
+        restart_wait=planted_bug != "unsynced_acks",
     )
 
 
@@ -118,6 +123,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="the node's TOML config file")
     parser.add_argument("--clock-control", action="store_true", help="answer test_clock")
     parser.add_argument("--planted-bug", default="", choices=["", *sorted(PLANTED_BUGS)])
+    parser.add_argument(
+        "--record-synced", action="store_true", help="keep copies of what reached the disk"
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     from ..cli import setup_logging
@@ -127,13 +135,21 @@ def main(argv: list[str] | None = None) -> None:
         config = load_toml(args.config)
     except ConfigError as exc:
         parser.error(f"invalid configuration: {exc.message}")
-    hooks = build_hooks(args.planted_bug, args.clock_control)
+    hooks = build_hooks(args.planted_bug, args.clock_control, args.record_synced)
     if args.planted_bug:
         log.warning(
             "TEST BUILD with planted bug %s: %s", args.planted_bug, PLANTED_BUGS[args.planted_bug]
         )
     else:
-        log.warning("TEST BUILD: clock control enabled")
+        on = [
+            name
+            for name, flag in (
+                ("clock control", args.clock_control),
+                ("recording synced files", args.record_synced),
+            )
+            if flag
+        ]
+        log.warning("TEST BUILD: %s", ", ".join(on) or "no hooks")
     run_node(config, hooks)
 
 

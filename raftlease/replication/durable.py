@@ -1,0 +1,346 @@
+"""Durable acknowledgements over PySyncObj's journal (``durability``; docs/design.md,
+"Durability").
+
+PySyncObj writes its journal through an mmap and never syncs it, writes its term and
+vote file without fsync, and renames its dump into place without fsync (its issue
+#84). Here, at our seam, nothing is acknowledged before it is on stable storage:
+
+* ``DurableJournal`` wraps PySyncObj's ``FileJournal`` (installed by our transport
+  before PySyncObj's tick thread starts) and remembers whether entries were written
+  since the last sync. ``sync`` is one ``msync`` + ``fdatasync`` for everything
+  appended since the previous one (group commit).
+* A follower syncs before it answers an ``append_entries`` (``next_node_idx``,
+  ``LeaseTransport.send``): its answer is what the leader counts.
+* A leader sends its new entries first and syncs at the end of the same tick (an
+  on-tick callback), so its sync overlaps the followers' round trip; and in any case
+  before its commit index moves (``setRaftCommitIndex``, called before any entry is
+  applied or answered), so it never counts itself on an entry that is not on disk.
+* Term and vote (``DurableMetaStorer``): written to a temporary file, fsynced,
+  renamed, directory fsynced; in both modes (elections are rare, and Raft's safety
+  needs the vote on disk before the vote is sent).
+* The dump (``DurableSerializer``): written, fsynced, renamed, directory fsynced
+  before the journal is cut to it (log compaction) or rewritten for it (a snapshot
+  installed from the leader).
+
+With ``durability = "none"`` only term and vote, log rewrites, and the entries a
+leader marks ``durable`` (the fencing-token ceiling, see ``core.store``) are synced.
+
+A sync that fails stops the process (``DURABILITY_FAILED``): after a failed fsync the
+kernel may have dropped the dirty pages, so retrying could report success for data
+that is gone (PostgreSQL's "fsyncgate"). A stopped node restarts from what is on disk.
+
+Threads: everything here runs on PySyncObj's tick thread, except the serializer's
+``serialize`` (in the forked child that writes the dump).
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pysyncobj import pickle as pysyncobj_pickle
+from pysyncobj.journal import FIRST_RECORD_OFFSET, FileJournal, MetaStorer
+from pysyncobj.serializer import Serializer
+
+log = logging.getLogger("raftlease.replication")
+
+#: Exit status of a node whose journal, vote or dump could not be synced.
+DURABILITY_FAILED = 71
+
+#: The bytes every entry that must reach stable storage in either mode carries: the
+#: msgpack encoding of the map item ``"durable": true`` (``server.proposer`` sets it).
+#: Searched for in PySyncObj's command bytes, which hold our msgpack verbatim; a
+#: payload that happens to contain them only costs an extra sync.
+DURABLE_MARK = b"\xa7durable\xc3"
+
+
+def fsync_path(path: Path, directory: bool = False) -> None:
+    """fsync a file or a directory (raises ``OSError``)."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fail_stop(what: str) -> None:
+    log.critical(
+        "cannot sync %s to stable storage; stopping this node (a failed sync cannot "
+        "be retried safely). Check the disk, then restart it.",
+        what,
+        exc_info=True,
+    )
+    logging.shutdown()
+    os._exit(DURABILITY_FAILED)
+
+
+class SyncRecorder:
+    """Test builds only (hook ``record_synced``): keeps a copy of what reached stable
+    storage beside each file (``<name>.synced``), so a simulated power loss
+    (``raftlease.testing.power.cut_to_synced``) can cut every file back to it. A
+    production node never creates one."""
+
+    SUFFIX = ".synced"
+
+    def journal(self, path: Path, read: Callable[[int, int], bytes], low: int, high: int) -> None:
+        """The journal's bytes ``[low, high)`` and its header reached the disk."""
+        shadow = Path(str(path) + self.SUFFIX)
+        if not shadow.exists():
+            low = 0
+            shadow.write_bytes(b"")
+        with open(shadow, "r+b") as f:
+            f.seek(0)
+            f.write(read(0, FIRST_RECORD_OFFSET))
+            low = max(low, FIRST_RECORD_OFFSET)
+            if high > low:
+                f.seek(low)
+                f.write(read(low, high - low))
+
+    def copy(self, path: Path) -> None:
+        """The whole file at ``path`` reached the disk."""
+        if path.exists():
+            shutil.copyfile(path, Path(str(path) + self.SUFFIX))
+
+
+class DurableMetaStorer(MetaStorer):  # type: ignore[misc]
+    """PySyncObj's term/vote/commit-index file, written durably."""
+
+    def __init__(self, path: str, recorder: SyncRecorder | None) -> None:
+        super().__init__(path)
+        self._recorder = recorder
+
+    def storeMeta(self, meta: Any) -> None:
+        path = Path(self.getPath())
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(pysyncobj_pickle.dumps(meta))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            fsync_path(path.parent, directory=True)
+        except OSError:
+            _fail_stop(f"the term and vote file {path}")
+        if self._recorder is not None:
+            self._recorder.copy(path)
+
+
+class DurableSerializer(Serializer):  # type: ignore[misc]
+    """PySyncObj's dump writer with an fsync before each rename and of the directory
+    after it. Installed on PySyncObj's serializer object by changing its class (its
+    state stays); only the file-and-fork path we configure is changed."""
+
+    def serialize(self, data: Any, id: Any) -> None:
+        file_name = getattr(self, "_Serializer__fileName")  # noqa: B009 (name-mangled)
+        busy = getattr(self, "_Serializer__pid") != 0  # noqa: B009
+        if file_name is None or not getattr(self, "_Serializer__useFork") or busy:  # noqa: B009
+            super().serialize(data, id)
+            return
+        self._Serializer__currentID = id
+        pid = os.fork()
+        if pid != 0:
+            self._Serializer__pid = pid
+            return
+        # The forked child: write, sync, rename, sync the directory, exit.
+        try:
+            tmp = file_name + ".tmp"
+            with open(tmp, "wb") as f:
+                with gzip.GzipFile(fileobj=f, mode="wb") as g:
+                    pysyncobj_pickle.dump(data, g)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, file_name)
+            fsync_path(Path(file_name).parent, directory=True)
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+
+    def setTransmissionData(self, data: Any) -> bool:
+        # The last chunk of a snapshot from the leader is empty (PySyncObj's
+        # getTransmissionData): everything is written when it arrives, so sync the
+        # file before PySyncObj renames it into place.
+        incoming = self._Serializer__incomingTransmissionFile
+        if isinstance(data, tuple | list) and len(data) == 3 and data[2] and incoming is not None:
+            try:
+                incoming.flush()
+                os.fsync(incoming.fileno())
+            except OSError:
+                _fail_stop("a snapshot received from the leader")
+        done: bool = super().setTransmissionData(data)
+        return done
+
+
+class DurableJournal:
+    """PySyncObj's ``FileJournal`` with a sync that covers everything written since
+    the previous one. Same interface (PySyncObj calls it as its journal).
+
+    ``fsync``: every write makes the journal dirty. ``none``: only entries carrying
+    ``DURABLE_MARK`` and log rewrites (compaction, snapshot install) do.
+    """
+
+    def __init__(
+        self,
+        inner: FileJournal,
+        journal_path: Path,
+        dump_path: Path,
+        durability: str,
+        recorder: SyncRecorder | None = None,
+    ) -> None:
+        self._inner = inner
+        self._file = inner._FileJournal__journalFile
+        self.journal_path = journal_path
+        self.dump_path = dump_path
+        self.fsync = durability == "fsync"
+        self.recorder = recorder
+        #: Something written since the last sync that this mode must sync.
+        self.dirty = True  # whatever PySyncObj's loader wrote (its first no-op entry)
+        #: Lowest journal byte offset written since the last sync (for the recorder).
+        self._low = 0
+        #: Syncs done, and entries they covered (group commit: covered >= syncs).
+        self.syncs = 0
+        self.covered = 0
+        self._unsynced_entries = 0
+        self._last_writeback = 0.0
+        inner._FileJournal__metaStorer = DurableMetaStorer(
+            inner._FileJournal__metaStorer.getPath(), recorder
+        )
+
+    # --------------------------------------------------------------- syncing
+
+    def _offset(self) -> int:
+        offset: int = self._inner._FileJournal__currentOffset
+        return offset
+
+    def _touch(self, offset: int, must_sync: bool) -> None:
+        self._low = min(self._low, offset)
+        if must_sync or self.fsync:
+            self.dirty = True
+
+    def sync_if_dirty(self) -> None:
+        """Sync if anything this mode must sync was written since the last sync."""
+        if self.dirty:
+            self.sync()
+
+    def sync(self) -> None:
+        """Make everything written so far durable: msync the map, fdatasync the file
+        (its size may have grown). Stops the process if the kernel reports an error."""
+        try:
+            self._file.flush()
+            os.fdatasync(self._file._ResizableFile__f.fileno())
+        except (OSError, ValueError):
+            _fail_stop(f"the journal {self.journal_path}")
+        self.syncs += 1
+        self.covered += self._unsynced_entries
+        self._unsynced_entries = 0
+        self.dirty = False
+        self._record()
+
+    def _record(self) -> None:
+        if self.recorder is not None:
+            high = self._offset()
+            self.recorder.journal(self.journal_path, self._file.read, self._low, high)
+        self._low = self._offset()
+
+    def sync_dump(self) -> None:
+        """The dump was renamed into place by PySyncObj (after our fsync of its data,
+        ``DurableSerializer``): fsync the directory so the rename itself is durable,
+        before the journal is rewritten to match it."""
+        try:
+            if self.dump_path.exists():
+                fsync_path(self.dump_path)
+            fsync_path(self.dump_path.parent, directory=True)
+        except OSError:
+            _fail_stop(f"the snapshot {self.dump_path}")
+        if self.recorder is not None:
+            self.recorder.copy(self.dump_path)
+
+    # ------------------------------------------------ the Journal interface
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        self._touch(self._offset(), DURABLE_MARK in command)
+        self._unsynced_entries += 1
+        self._inner.add(command, idx, term)
+
+    def clear(self) -> None:
+        # PySyncObj clears the journal to load a dump: at start when they disagree,
+        # or for a snapshot the leader sent (already renamed into place).
+        self.sync_dump()
+        self._inner.clear()
+        self._touch(FIRST_RECORD_OFFSET, True)
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
+        self._inner.deleteEntriesFrom(entryFrom)
+        self._touch(self._offset(), True)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:
+        # Log compaction: the dump was just written by the forked child.
+        self.sync_dump()
+        self._inner.deleteEntriesTo(entryTo)
+        self._touch(FIRST_RECORD_OFFSET, True)
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._inner[item]
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def _destroy(self) -> None:
+        self._inner._destroy()
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
+        # Called before PySyncObj applies (and so answers) anything up to the new
+        # commit index: a leader's own entries are durable before it counts itself.
+        self.sync_if_dirty()
+        self._inner.setRaftCommitIndex(raftCommitIndex)
+
+    def getRaftCommitIndex(self) -> int:
+        index: int = self._inner.getRaftCommitIndex()
+        return index
+
+    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:
+        self._inner.setCurrentTerm(term, votedForNodeId)
+
+    def getCurrentTerm(self) -> int:
+        term: int = self._inner.getCurrentTerm()
+        return term
+
+    def getVotedForNodeId(self) -> Any:
+        return self._inner.getVotedForNodeId()
+
+    def onOneSecondTimer(self) -> None:
+        self._inner.onOneSecondTimer()
+        if self.recorder is not None and not self.fsync:
+            # Test builds with "none": take the page cache as written back by the
+            # kernel about once a second, the way dirty pages reach the disk anyway.
+            self._record()
+            self.recorder.copy(self.dump_path)
+
+
+def install(sync: Any, durability: str, recorder: SyncRecorder | None = None) -> DurableJournal:
+    """Put a ``DurableJournal`` in place of ``sync``'s journal and make its dump writer
+    sync (``DurableSerializer``). Call from inside ``SyncObj.__init__`` (our
+    transport's constructor), before PySyncObj's tick thread starts. Raises
+    ``TypeError`` if PySyncObj's internals are not what tests/test_pysyncobj_contract.py
+    checks."""
+    inner = sync._SyncObj__raftLog
+    if not isinstance(inner, FileJournal):
+        raise TypeError(f"expected PySyncObj's FileJournal, got {type(inner).__name__}")
+    conf = sync._SyncObj__conf
+    journal = DurableJournal(
+        inner, Path(conf.journalFile), Path(conf.fullDumpFile), durability, recorder
+    )
+    sync._SyncObj__raftLog = journal
+    serializer = sync._SyncObj__serializer
+    if type(serializer) is not Serializer:
+        raise TypeError(f"expected PySyncObj's Serializer, got {type(serializer).__name__}")
+    if durability == "fsync":
+        serializer.__class__ = DurableSerializer
+    return journal
