@@ -17,7 +17,14 @@ from raftlease.core import (
     LeaseRecord,
     LeaseStore,
 )
-from raftlease.limits import MAX_ID_CHARS, MAX_KEY_BYTES, MAX_LIST, MAX_OWNER_BYTES, MAX_TTL_MS
+from raftlease.limits import (
+    MAX_ID_CHARS,
+    MAX_KEY_BYTES,
+    MAX_LIST,
+    MAX_OWNER_BYTES,
+    MAX_TTL_MS,
+    TOKEN_RESERVE_STEP,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -877,3 +884,33 @@ def test_version_2_snapshot_is_upgraded() -> None:
     rest = [release(48, key="q", lid="Q1", cid="cq", seq=2), tick(200)]
     assert [upgraded.apply(e) for e in rest] == [s.apply(e) for e in rest]
     assert upgraded.to_plain() == s.to_plain()
+
+
+def test_a_token_is_never_reused_after_the_log_loses_its_tail() -> None:
+    """A power loss with durability none can drop every entry after the last one that
+    was synced, which always includes the entry that set the ceiling (it is marked
+    durable). A new term's first entry jumps past that ceiling, so no token handed
+    out in the lost tail comes back."""
+    s = LeaseStore()
+    ok(s.apply({**acquire(0, key="first", lid="F", cid="c0"), "term": 1}))
+    durable = LeaseStore.from_plain(s.to_plain())  # what survives the power loss
+    lost = [
+        ok(s.apply({**acquire(i, key=f"k{i}", lid=f"L{i}", cid="c1", seq=i), "term": 1}))["token"]
+        for i in range(1, 50)
+    ]
+    assert max(lost) <= s.ceiling == durable.ceiling
+    after = ok(durable.apply({**acquire(60, key="k1", lid="N1", cid="c2"), "term": 2}))
+    assert after["token"] > max(lost)
+
+
+def test_an_entry_that_could_pass_the_ceiling_is_refused_unchanged() -> None:
+    s = LeaseStore()
+    ok(s.apply({**acquire(0, key="a", lid="A", cid="c0"), "term": 1}))
+    s.ceiling = s.revision + s.token_headroom() - 1  # the leader's reserve is late
+    before = s.to_plain()
+    r = s.apply({**acquire(1, key="b", lid="B", cid="c1"), "term": 1})
+    assert r["ok"] is False and r["code"] == "UNAVAILABLE"
+    assert s.to_plain() == before
+    reserved = ok(s.apply({"op": "reserve", "now": 2, "term": 1}))
+    assert reserved["ceiling"] == s.ceiling > before["ceiling"] + TOKEN_RESERVE_STEP - 1
+    ok(s.apply({**acquire(3, key="b", lid="B", cid="c1"), "term": 1}))

@@ -177,3 +177,53 @@ def test_follower_code_that_lease_transport_corrects_is_unchanged() -> None:
         "self.__raftLog = createJournal(",
     ):
         assert fragment in source, f"pysyncobj changed: {fragment!r}"
+
+
+def test_internals_the_durable_journal_relies_on_are_unchanged() -> None:
+    """``replication.durable`` replaces PySyncObj's journal and serializer objects from
+    inside ``SyncObj.__init__`` (our transport's constructor) and counts on where
+    PySyncObj acknowledges and commits (docs/pysyncobj.md, "Durability")."""
+    import inspect
+
+    from pysyncobj import journal, serializer, transport
+
+    source = inspect.getsource(SyncObj)
+    init = inspect.getsource(SyncObj.__init__)
+    # The journal and the serializer exist before the transport is built, and the
+    # tick thread starts only after it: the swap happens before any tick.
+    assert init.index("self.__raftLog = createJournal(") < init.index("transportClass(self")
+    assert init.index("self.__serializer = Serializer(") < init.index("transportClass(self")
+    assert init.index("transportClass(self") < init.index("self.__thread = None")
+    for fragment in (
+        # a follower appends, then answers (our send hook syncs before the answer)
+        "self.__raftLog.add(*entry)",
+        "self.__sendNextNodeIdx(node, nextNodeIdx=nextNodeIdx, success=True)",
+        # a leader's commit index moves through setRaftCommitIndex before applying
+        "self.__raftLog.setRaftCommitIndex(self.__raftCommitIndex)",
+        # compaction cuts the journal after the dump is written; on-tick callbacks run
+        # at the end of each tick, before the poll
+        "self.__deleteEntriesTo(serializeID)",
+        "for callback in self.__onTickCallbacks:",
+    ):
+        assert fragment in source, f"pysyncobj changed: {fragment!r}"
+    tick = inspect.getsource(SyncObj._onTick)
+    assert tick.index("self.__applyLogEntries()\n\n        if self.__raftState") < tick.index(
+        "for callback in self.__onTickCallbacks:"
+    )
+    assert tick.index("commitIdx = self.__raftCommitIndex") < tick.index(
+        "needSendAppendEntries = self.__applyLogEntries()"
+    )
+    # The names durable.py reaches into.
+    fj = inspect.getsource(journal.FileJournal)
+    for name in ("self.__journalFile", "self.__currentOffset", "self.__metaStorer"):
+        assert name in fj
+    assert "self.__f = open(" in inspect.getsource(journal.ResizableFile)
+    ser = inspect.getsource(serializer.Serializer)
+    for name in ("self.__fileName", "self.__useFork", "self.__pid", "self.__currentID"):
+        assert name in ser
+    assert "self.__incomingTransmissionFile" in ser
+    # The last chunk of a transmitted snapshot is empty (DurableSerializer syncs the
+    # received file when it arrives).
+    assert "isLast = size == 0" in ser
+    assert "addOnTickCallback" in dir(SyncObj)
+    assert "self._syncObj = syncObj" in inspect.getsource(transport.TCPTransport.__init__)
