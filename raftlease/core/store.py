@@ -157,7 +157,10 @@ class LeaseStore(StoreState):
         """The first entry of a new term: move past every token the previous terms
         could have handed out, and reserve the next step (the entry carries
         ``durable``, so the new ceiling is on stable storage before it is used)."""
-        self.revision = max(self.revision, self.ceiling)
+        if self.ceiling > self.revision:
+            self.revision = self.ceiling
+            # Not a change to any key: tells the watch history the gap is expected.
+            self.events.append({"type": "jump", "revision": self.revision})
         self.ceiling = self.revision + self.token_headroom() + TOKEN_RESERVE_STEP
 
     def _reused_id(self, op: str, entry: dict[str, Any]) -> str | None:

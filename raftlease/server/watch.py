@@ -32,20 +32,32 @@ class WatchHub:
         # Recent changes (public fields only) and the live subscribers.
         self._history: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
         self._watchers: dict[object, tuple[asyncio.Queue[list[dict[str, Any]] | None], str]] = {}
+        #: The last revision recorded (a change, or a token-ceiling jump).
+        self._last: int | None = None
 
     def record(self, events: list[dict[str, Any]], loop: asyncio.AbstractEventLoop) -> None:
         """Tick thread: add an applied entry's changes to the history and hand them to
         the live watches on the event loop (only if there are any)."""
-        public = [{k: e[k] for k in PUBLIC_FIELDS} for e in events if "revision" in e]
+        # A "jump" (the first entry of a term moving the revision to the fencing-token
+        # ceiling, core.store) changes no key: it only moves the expected revision.
+        jumps = [e["revision"] for e in events if e.get("type") == "jump"]
+        public = [
+            {k: e[k] for k in PUBLIC_FIELDS}
+            for e in events
+            if "revision" in e and e.get("type") != "jump"
+        ]
+        last = jumps[-1] if jumps else self._last
         if not public:
+            self._last = last
             return
         gap = False
         history = self._history
-        # Revisions are contiguous (every change adds one): a gap means this node
-        # skipped history (it installed a snapshot). The history restarts there.
-        if history and public[0]["revision"] != history[-1]["revision"] + 1:
+        # Revisions are contiguous otherwise (every change adds one): a gap means this
+        # node skipped history (it installed a snapshot). The history restarts there.
+        if last is not None and public[0]["revision"] != last + 1:
             history.clear()
             gap = True
+        self._last = public[-1]["revision"]
         history.extend(public)  # deque appends are atomic; readers copy first
         if self._watchers:
             with contextlib.suppress(RuntimeError):  # loop closed during shutdown
