@@ -82,6 +82,9 @@ class NodeConfig:
     # "fsync": no entry is acknowledged before it is on stable storage (group commit);
     # "none": the journal is left to the kernel's writeback (docs/configuration.md).
     durability: str = "fsync"
+    # The cluster's shared peer secret (docs/security.md); "" means
+    # <data_dir>/../peer.secret, created by the first node that starts without one.
+    peer_secret_file: str = ""
     # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
     # fault-injecting proxy. The peer keeps its identity (its raft address).
     dial: dict[str, str] = field(default_factory=dict)
@@ -106,6 +109,13 @@ class NodeConfig:
     @property
     def dump_file(self) -> Path:
         return self.data_dir / "raft.dump"
+
+    @property
+    def peer_secret_path(self) -> Path:
+        """Where the cluster's peer secret is (every member needs the same file)."""
+        if self.peer_secret_file:
+            return Path(self.peer_secret_file)
+        return self.data_dir.parent / "peer.secret"
 
     def client_addr_for_raft(self, raft_addr: str) -> str | None:
         for node in self.nodes:
@@ -195,6 +205,8 @@ class NodeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.peer_secret_file, str):
+            raise ConfigError(f"peer_secret_file must be a path, got {self.peer_secret_file!r}")
         if self.durability not in DURABILITY_MODES:
             raise ConfigError(
                 f"durability must be one of {', '.join(DURABILITY_MODES)}, got {self.durability!r}"
@@ -278,6 +290,9 @@ def load_toml(path: str | Path, **overrides: Any) -> NodeConfig:
     raw.update({k: v for k, v in overrides.items() if v is not None})
     if "data_dir" in raw and not Path(raw["data_dir"]).is_absolute():
         raw["data_dir"] = path.parent / raw["data_dir"]
+    secret = raw.get("peer_secret_file")
+    if isinstance(secret, str) and secret and not Path(secret).is_absolute():
+        raw["peer_secret_file"] = str(path.parent / secret)
     return NodeConfig.create(**raw)
 
 

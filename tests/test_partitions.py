@@ -220,14 +220,12 @@ def test_node_with_inflated_term_rejoins_after_heal(proxied: Proxied) -> None:
 
 
 def _raft_log(cluster: LocalCluster, node_id: str) -> tuple[int, int]:
-    """(log length, commit index) from PySyncObj's own status on the node's raft port
-    (sent directly, not through the proxy). With compaction off the log starts at
-    index 1, so the length is the last index."""
-    from pysyncobj.utility import TcpUtility
-
-    status = TcpUtility(timeout=1.0).executeCommand(cluster.node(node_id).raft, ["status"])
-    assert isinstance(status, dict), status
-    return int(status["log_len"]), int(status["commit_idx"])
+    """(last log index, commit index) from the node's status on its client port (not
+    through the proxy; PySyncObj's own utility ``status`` on the Raft port is refused,
+    docs/security.md)."""
+    with Client([cluster.node(node_id).client]) as c:
+        status = c.node_status(cluster.node(node_id).client, timeout=1.0)
+    return int(status["last_log_index"]), int(status["commit_index"])
 
 
 @pytest.fixture

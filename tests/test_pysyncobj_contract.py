@@ -227,3 +227,37 @@ def test_internals_the_durable_journal_relies_on_are_unchanged() -> None:
     assert "isLast = size == 0" in ser
     assert "addOnTickCallback" in dir(SyncObj)
     assert "self._syncObj = syncObj" in inspect.getsource(transport.TCPTransport.__init__)
+
+
+def test_internals_the_peer_checks_rely_on_are_unchanged() -> None:
+    """``replication.peers.BoundedTcpConnection`` mirrors PySyncObj's read path and
+    ``LeaseTransport`` wraps its first-frame handling (docs/pysyncobj.md)."""
+    import inspect
+
+    from pysyncobj import tcp_connection, transport
+
+    conn = inspect.getsource(tcp_connection.TcpConnection)
+    for fragment in (
+        "def __processRead(self):",
+        "incoming = self.__socket.recv(self.__recvBufferSize)",
+        "self.__readBuffer += incoming",
+        "def __processParseMessage(self):",
+        "l = struct.unpack('i', self.__readBuffer[:4])[0]",
+        "data = self.encryptor.decrypt(data)",
+        "message = pickle.loads(zlib.decompress(data))",
+        "randKey, message = message",
+        "message = (self.sendRandKey, message)",
+    ):
+        assert fragment in conn, f"pysyncobj changed: {fragment!r}"
+    tr = inspect.getsource(transport.TCPTransport)
+    for fragment in (
+        "def _onIncomingMessageReceived(self, conn, message):",
+        "if self._syncObj.encryptor and not conn.sendRandKey:",
+        "if isinstance(message, list) and self._onUtilityMessage(conn, message):",
+        "def _onNewIncomingConnection(self, conn):",
+        "conn = TcpConnection(",
+        "self._connections[node] = conn",
+    ):
+        assert fragment in tr, f"pysyncobj changed: {fragment!r}"
+    syncobj = inspect.getsource(SyncObj.__init__)
+    assert "self.__encryptor = getEncryptor(self.__conf.password)" in syncobj

@@ -36,6 +36,7 @@ from ..errors import (
 from .durable import SyncRecorder
 from .journal import repair_journal, trim_torn_tail
 from .leadership import LeaseGuard
+from .peers import load_or_create_secret
 from .transport import LeaseTransport
 
 log = logging.getLogger("raftlease.replication")
@@ -163,11 +164,14 @@ class DialNode(TCPNode):  # type: ignore[misc]
         return self._dial_port
 
 
-def syncobj_conf(config: NodeConfig) -> SyncObjConf:
+def syncobj_conf(config: NodeConfig, password: str | None = None) -> SyncObjConf:
     """PySyncObj's configuration for a node (no callbacks). Shared with the
-    benchmark's raw-PySyncObj baseline, so both run with the same settings."""
+    benchmark's raw-PySyncObj baseline, so both run with the same settings.
+    ``password``: the cluster's peer secret (peers.py); PySyncObj then authenticates
+    and encrypts every peer frame."""
     me = config.self_node
     return SyncObjConf(
+        password=password,
         journalFile=str(config.journal_file),
         # Trap 2: a journal without a dump file comes back empty after compaction.
         fullDumpFile=str(config.dump_file),
@@ -225,7 +229,7 @@ class Replica:
         self._consumer = _StoreConsumer(observer, store_class)
         self._role = "follower"
         me = config.self_node
-        conf = syncobj_conf(config)
+        conf = syncobj_conf(config, load_or_create_secret(config.peer_secret_path))
         conf.onStateChanged = self._on_state_changed
         peers = [DialNode(p.raft, config.dial.get(p.id, p.raft)) for p in config.peers]
         self._peers = {peer: p.id for peer, p in zip(peers, config.peers, strict=True)}
@@ -291,6 +295,11 @@ class Replica:
 
     def commit_index(self) -> int:
         return int(self._sync.raftCommitIndex)
+
+    def last_log_index(self) -> int:
+        """Index of the last entry in this node's log (committed or not)."""
+        last = self._sync._SyncObj__raftLog[-1]
+        return int(last[1])
 
     def last_applied(self) -> int:
         return int(self._sync.raftLastApplied)

@@ -10,11 +10,13 @@ import logging
 from typing import Any, ClassVar
 
 from pysyncobj import FAIL_REASON
+from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.transport import TCPTransport
 
 from .durable import DurableJournal, SyncRecorder, install
 from .follower_log import AppendPlan, Conflict, plan_append_entries, snapshot_is_behind
 from .leadership import LeaseGuard
+from .peers import PEER_MESSAGE_TYPES, BoundedTcpConnection
 
 log = logging.getLogger("raftlease.replication")
 
@@ -108,7 +110,44 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                 return False
         return bool(super().send(node, message))
 
+    # ------------------------------------------------------------ peers (peers.py)
+
+    def _bound(self, conn: Any) -> Any:
+        if type(conn) is TcpConnection:
+            conn.__class__ = BoundedTcpConnection
+        return conn
+
+    def addNode(self, node: Any) -> None:
+        super().addNode(node)
+        conn = self._connections.get(node)
+        if conn is not None:
+            self._bound(conn)
+
+    def _onNewIncomingConnection(self, conn: Any) -> None:
+        super()._onNewIncomingConnection(self._bound(conn))
+
+    def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:
+        """The first frames of an incoming connection (already authenticated by the
+        peer secret): the key exchange, then the name of a configured member. A
+        read-only node, a utility command (``status``, ``transfer``, ...) or an unknown
+        name closes the connection."""
+        if self._syncObj.encryptor is not None and not conn.sendRandKey:
+            super()._onIncomingMessageReceived(conn, message)  # the random-key exchange
+            return
+        if not isinstance(message, str) or message not in self._nodeAddrToNode:
+            log.warning("peer connection refused: first frame %.80r names no member", message)
+            self._unknownConnections.discard(conn)
+            conn.disconnect()
+            return
+        super()._onIncomingMessageReceived(conn, message)
+
     def _onMessageReceived(self, node: Any, message: Any) -> None:
+        if not isinstance(message, dict) or message.get("type") not in PEER_MESSAGE_TYPES:
+            # Only the Raft messages we use: never apply_command (we do not forward
+            # proposals) nor timeout_now (we never transfer leadership).
+            kind = message.get("type") if isinstance(message, dict) else type(message).__name__
+            log.warning("peer %s sent a %.40r message: dropped", node.id, kind)
+            return
         if isinstance(message, dict):
             kind = message.get("type")
             sync = self._syncObj

@@ -476,6 +476,7 @@ class NodeServer:
             "term": replica.term(),
             "commit_index": replica.commit_index(),
             "applied_index": replica.last_applied(),
+            "last_log_index": replica.last_log_index(),
             "leader": self.config.client_addr_for_raft(leader) if leader else None,
             "ready": replica.is_ready(),
             "log_time": store.now,
