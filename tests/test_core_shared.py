@@ -1136,3 +1136,24 @@ def test_event_audit_catches_bad_events(events: list[dict[str, Any]]) -> None:
     audit.check([{"type": "grant", "lease_id": "Z", "token": 8, "revision": 8}])
     with pytest.raises(AssertionError):
         audit.check(events)
+
+
+def test_no_read_reveals_a_lease_session_id() -> None:
+    """A lease session's id keeps alive and ends every attached lease: only the grantee
+    learns it. ``holder``, ``leases`` and ``fence`` say ``in_session`` instead."""
+    s = LeaseStore()
+    secret = "SESSION-SECRET-ID"
+    ok(s.apply(session_open(0, secret, ttl=5000)))
+    granted = ok(s.apply(acquire(1, "L1", key="k", session=secret)))
+    assert granted["session"] == secret  # the grantee's own answer
+    ok(s.apply(acquire(2, "P1", key="pool", capacity=3, units=2, session=secret)))
+    reads = [
+        s.holder("k"),
+        s.holder("pool"),
+        s.list_leases(""),
+        s.fence("k", granted["token"], s.now),
+        s.apply({"op": "holder", "key": "pool", "now": 3}),
+        s.apply({"op": "leases", "prefix": "", "limit": 10, "now": 3}),
+    ]
+    assert secret not in repr(reads)
+    assert s.holder("k") is not None and s.holder("k")["in_session"] is True

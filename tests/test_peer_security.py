@@ -183,3 +183,15 @@ def test_the_secret_file_is_created_once_private_and_checked(tmp_path: Path) -> 
     path.write_text("short\n")
     with pytest.raises(ConfigError, match="at least 32"):
         load_or_create_secret(path)
+
+
+def test_the_data_directory_and_its_files_are_private(cluster_factory: Factory) -> None:
+    cluster = cluster_factory(1)
+    with cluster.client() as client:
+        client.acquire("k", owner="a", ttl=5)
+    node_dir = cluster.node_dir(cluster.nodes[0].id)
+    assert node_dir.stat().st_mode & 0o777 == 0o700
+    files = [p for p in node_dir.iterdir() if p.is_file() and p.name != "node.log"]
+    assert any(p.name == "raft.journal" for p in files)
+    for path in files:
+        assert path.stat().st_mode & 0o077 == 0, f"{path.name} is readable by others"

@@ -83,14 +83,19 @@ class StoreState:
         return self._extras(lease, result)
 
     @staticmethod
-    def _extras(lease: LeaseRecord, out: dict[str, Any]) -> dict[str, Any]:
-        """Fields shown only when they differ from a plain lock's."""
+    def _extras(lease: LeaseRecord, out: dict[str, Any], grantee: bool = True) -> dict[str, Any]:
+        """Fields shown only when they differ from a plain lock's. The lease session's
+        id is a capability (it keeps alive and ends every attached lease): only the
+        grantee's answer names it; a read says ``in_session``."""
         if lease.units != 1:
             out["units"] = lease.units
         if lease.value:
             out["value"] = lease.value
         if lease.session:
-            out["session"] = lease.session
+            if grantee:
+                out["session"] = lease.session
+            else:
+                out["in_session"] = True
         return out
 
     def _live(self, key: str, at: int) -> list[LeaseRecord]:
@@ -172,7 +177,7 @@ class StoreState:
             "expires_at": lease.expires_at,
             "remaining": lease.expires_at - now,
         }
-        return self._extras(lease, public)
+        return self._extras(lease, public, grantee=False)
 
     def next_deadline(self) -> int | None:
         """Earliest log time at which some lease or lease session may expire (a hint

@@ -17,10 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import signal
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .._version import __version__
@@ -142,7 +145,7 @@ class NodeServer:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 self._loop.add_signal_handler(sig, self.stop)
-        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        private_data_dir(self.config.data_dir)
         self.last_stop = mark_running(self.config.data_dir)
         if not await self._wait_out_unclean_stop():
             server.close()
@@ -582,6 +585,21 @@ class NodeServer:
                 log.debug("tick not applied: %s", exc)
             finally:
                 self._tick_in_flight = False
+
+
+def private_data_dir(data_dir: Path) -> None:
+    """Make the node's files private: the journal and snapshot hold every lease id in
+    clear. The process's umask becomes 077 (files 0600, directories 0700: the node
+    process writes only its own files) and the data directory is made 0700."""
+    os.umask(0o077)
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mode = stat.S_IMODE(data_dir.stat().st_mode)
+    if mode & 0o077:
+        log.warning("data directory %s was mode %o; made it 0700", data_dir, mode)
+        data_dir.chmod(0o700)
+    for path in data_dir.iterdir():  # files an older version wrote 0644
+        if path.is_file() and stat.S_IMODE(path.stat().st_mode) & 0o077:
+            path.chmod(0o600)
 
 
 def run_node(config: NodeConfig, hooks: ServerHooks | None = None) -> None:
