@@ -914,3 +914,23 @@ def test_an_entry_that_could_pass_the_ceiling_is_refused_unchanged() -> None:
     reserved = ok(s.apply({"op": "reserve", "now": 2, "term": 1}))
     assert reserved["ceiling"] == s.ceiling > before["ceiling"] + TOKEN_RESERVE_STEP - 1
     ok(s.apply({**acquire(3, key="b", lid="B", cid="c1"), "term": 1}))
+
+
+def test_a_cached_answer_goes_only_to_the_same_request() -> None:
+    """The dedup table keeps a fingerprint of each answered request: a retry (same
+    fields; the leader draws a fresh lease id) gets the first answer; another request
+    under the same (cid, seq) is refused unchanged and never sees that answer."""
+    s = LeaseStore()
+    first = ok(s.apply(acquire(0, key="k", lid="L1", cid="victim", seq=1)))
+    retry = s.apply(acquire(1, key="k", lid="L-fresh", cid="victim", seq=1))
+    assert retry == first
+    before = s.to_plain()
+    for forged in (
+        acquire(2, key="other", lid="L2", cid="victim", seq=1),
+        acquire(2, key="k", owner="mallory", lid="L3", cid="victim", seq=1),
+        {**acquire(2, key="k", lid="L4", cid="victim", seq=1), "ack": 2, "ttl": 99},
+    ):
+        r = s.apply(forged)
+        assert r["ok"] is False and r["code"] == "BAD_REQUEST", r
+        assert "L1" not in repr(r)
+        assert s.to_plain() == before

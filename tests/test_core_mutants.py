@@ -585,7 +585,22 @@ GOLDEN_V3: dict[str, Any] = {
 
 #: Layout 4 adds the fencing-token ceiling: the first entry (term 2) reserved one
 #: step above its headroom (no leases yet: 8).
-GOLDEN_V4 = {**GOLDEN_V3, "v": 4, "ceiling": 8 + TOKEN_RESERVE_STEP}
+#: And each dedup answer keeps the fingerprint of the request it answered.
+GOLDEN_FINGERPRINTS = {
+    ("c1", 2): "4e9d1cdca864cd0b3adbea06781fd013",
+    ("c2", 1): "a9f934a4f6df3e134860880ef2631f8f",
+    ("c2", 2): "68c44b8e7105d1d0208cdb2fd9dc4a4b",
+    ("c3", 1): "eccf4048600adc4934e47cd93d9c56c7",
+}
+GOLDEN_V4 = {
+    **GOLDEN_V3,
+    "v": 4,
+    "ceiling": 8 + TOKEN_RESERVE_STEP,
+    "sessions": [
+        [cid, seen, acked, [[seq, res, GOLDEN_FINGERPRINTS[cid, seq]] for seq, res in results]]
+        for cid, seen, acked, results in GOLDEN_V3["sessions"]
+    ],
+}
 
 
 def test_the_snapshot_layout_is_version_4_field_for_field() -> None:
@@ -609,6 +624,11 @@ def test_a_version_3_snapshot_gets_a_ceiling_one_step_above_its_revision() -> No
         **GOLDEN_V3,
         "v": 4,
         "ceiling": GOLDEN_V3["revision"] + TOKEN_RESERVE_STEP,
+        # Answers from before fingerprints have none: returned to any retry, as before.
+        "sessions": [
+            [cid, seen, acked, [[seq, res, ""] for seq, res in results]]
+            for cid, seen, acked, results in GOLDEN_V3["sessions"]
+        ],
     }
     # Tokens go on from the revision within the term; a new term jumps past the ceiling.
     live = _golden_store()

@@ -9,6 +9,7 @@ time comes from the caller.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from typing import Any
 
@@ -18,6 +19,21 @@ from .records import ClientRecord, Result, error
 CLIENT_IDLE_MS = 10 * 60 * 1000
 #: Most unacknowledged results kept per client id.
 MAX_PENDING_PER_CLIENT = 4096
+
+
+#: Fields of an entry that the leader adds or draws (or that legitimately differ
+#: between a request and its retry): left out of the fingerprint.
+_STAMPED = frozenset({"now", "term", "ack", "durable"})
+_DRAWN = {"acquire": "lid", "transfer": "new_lid", "session_open": "sid"}
+
+
+def fingerprint(op: str, entry: dict[str, Any]) -> str:
+    """A digest of what the client asked for in ``entry``: the same for a request and
+    each of its retries, different for any other request. Deterministic (sorted
+    fields, ``repr`` of plain values, BLAKE2b)."""
+    drawn = _DRAWN.get(op)
+    fields = sorted((k, v) for k, v in entry.items() if k not in _STAMPED and k != drawn)
+    return hashlib.blake2b(repr(fields).encode(), digest_size=16).hexdigest()
 
 
 class ClientTable(OrderedDict[str, ClientRecord]):
@@ -48,6 +64,7 @@ class ClientTable(OrderedDict[str, ClientRecord]):
             record.acked = ack
             for done in [s for s in record.results if s < ack]:
                 del record.results[done]
+                record.fingerprints.pop(done, None)
         if seq < record.acked:
             return error(
                 "BAD_REQUEST",
@@ -71,13 +88,22 @@ class ClientTable(OrderedDict[str, ClientRecord]):
 
     def to_plain(self) -> list[Any]:
         return [
-            [cid, r.last_seen, r.acked, [[seq, res] for seq, res in r.results.items()]]
+            [
+                cid,
+                r.last_seen,
+                r.acked,
+                [[seq, res, r.fingerprints.get(seq, "")] for seq, res in r.results.items()],
+            ]
             for cid, r in self.items()
         ]
 
     @classmethod
     def from_plain(cls, rows: list[Any]) -> ClientTable:
+        """Rows of ``to_plain``; results of layouts before fingerprints are pairs
+        (their answers are then returned to any retry, as those layouts did)."""
         table = cls()
         for cid, last_seen, acked, results in rows:
-            table[cid] = ClientRecord(last_seen, {seq: res for seq, res in results}, acked)
+            answers = {item[0]: item[1] for item in results}
+            prints = {item[0]: item[2] for item in results if len(item) > 2 and item[2]}
+            table[cid] = ClientRecord(last_seen, answers, acked, prints)
         return table

@@ -3,7 +3,7 @@ of a result. Pure: no I/O, no clock, no randomness."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 Result = dict[str, Any]
@@ -106,6 +106,9 @@ class ClientRecord:
     #: Highest ``ack`` the client has sent: every seq below it was acknowledged, so a
     #: late duplicate of one (a retry overtaken by later requests) is never applied.
     acked: int = 1
+    #: seq -> fingerprint of the request answered (``dedup.fingerprint``): a cached
+    #: answer is returned only to the same request.
+    fingerprints: dict[int, str] = field(default_factory=dict)
 
 
 def error(code: str, message: str, **detail: Any) -> Result:

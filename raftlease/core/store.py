@@ -43,7 +43,8 @@ from typing import Any, ClassVar
 
 from ..limits import MAX_SESSION_LEASES, TOKEN_RESERVE_STEP
 from . import snapshot
-from .checks import ALL_OPS, MAX_BATCH, check_args, valid_int
+from .checks import ALL_OPS, MAX_BATCH, MUTATING_OPS, check_args, valid_int
+from .dedup import fingerprint
 from .records import ClientRecord, LeaseRecord, LeaseSession, Result, Waiter, error
 from .state import StoreState
 
@@ -108,6 +109,12 @@ class LeaseStore(StoreState):
             return error(
                 "NOT_LEADER",
                 f"entry stamped in term {term} by a deposed leader (term is {self.term})",
+            )
+        if op in MUTATING_OPS and self._forged_retry(op, entry):
+            # Checked before anything moves: not even the client's ack is taken.
+            return error(
+                "BAD_REQUEST",
+                "request (cid, seq) was already answered for a different request; not applied",
             )
         reused = self._reused_id(op, entry)
         if reused is not None and not self.clients.answered(entry["cid"], entry["seq"]):
@@ -220,12 +227,26 @@ class LeaseStore(StoreState):
         record = self.clients.admit(entry["cid"], entry["seq"], entry["ack"], self.now)
         if not isinstance(record, ClientRecord):
             return record  # refused by the dedup table: the refusal is the answer
-        cached = record.results.get(entry["seq"])
+        seq: int = entry["seq"]
+        cached = record.results.get(seq)
         if cached is not None:
-            return cached  # a retry: answered again, never applied twice
+            # A retry (``_forged_retry`` refused any other request): answered again,
+            # never applied twice.
+            return cached
         result = self._MUTATIONS[op](self, entry)
-        record.results[entry["seq"]] = result
+        record.results[seq] = result
+        record.fingerprints[seq] = fingerprint(op, entry)
         return result
+
+    def _forged_retry(self, op: str, entry: dict[str, Any]) -> bool:
+        """Is ``entry`` another request under a ``(cid, seq)`` already answered? (A
+        forged or buggy client: the cached answer, a lease id perhaps, is not its to
+        see.)"""
+        record = self.clients.get(entry["cid"])
+        if record is None or entry["seq"] not in record.results:
+            return False
+        known = record.fingerprints.get(entry["seq"])
+        return known is not None and known != fingerprint(op, entry)
 
     def _acquire(self, entry: dict[str, Any]) -> Result:
         key: str = entry["key"]
