@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         HeldLock,
         Session,
         StaleTokenError,
+        UnconfirmedTokenError,
     )
 
 # Imported on first use (PEP 562), so that a node process, which imports
@@ -55,6 +56,8 @@ _EXPORTS = {
             "HeldLock",
             "Session",
             "StaleTokenError",
+            "UnconfirmedTokenError",
+            "UnconfirmedTokenError",
         ),
         "recipes",
     ),
@@ -108,6 +111,7 @@ __all__ = [
     "StaleTokenError",
     "TooManyPendingError",
     "UnavailableError",
+    "UnconfirmedTokenError",
     "WatchEvent",
     "__version__",
 ]

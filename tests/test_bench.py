@@ -1,9 +1,11 @@
 """The benchmark's quick profile runs end to end and writes its files.
 
 No timed assertions: the figures depend on the machine. This only checks that
-``scripts/bench --quick`` starts its clusters, runs every workload and reports a
-positive figure for each, and that ``scripts/bench --render`` turns the saved JSON
-back into the same Markdown (tests/test_bench_report.py covers the renderer alone).
+``scripts/bench --quick`` starts its clusters, runs every workload (the durability
+phase in both modes included) and reports a positive figure for each, that
+``scripts/bench --render`` turns the saved JSON back into the same Markdown
+(tests/test_bench_report.py covers the renderer alone), and that the durability phase
+runs alone in one mode.
 """
 
 from __future__ import annotations
@@ -25,6 +27,29 @@ BENCH = ROOT / "scripts" / "bench"
 GROUPS = ("acquire", "renew", "release", "handoff", "failover", "memory", "snapshot")
 RAW = ("sync_1thread", "pipelined_100", "pipelined_1000")
 CONCURRENCY = ("1 thread", "16 threads", "async 256")
+DURABILITY_GROUPS = ("acquire", "renew")
+ISSUE_15_TARGETS = 3  # fsync vs none, fsync p50, etcd (not measured)
+
+
+def _bench(*args: str, timeout: float = 170) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    return proc
+
+
+def _check_durable_entries(workloads: dict[str, Any], label: str) -> None:
+    for group in DURABILITY_GROUPS:
+        assert set(workloads[group]) == set(CONCURRENCY), f"{label} {group}: {workloads[group]}"
+        for mode, entry in workloads[group].items():
+            assert entry["primary"]["value"] > 0, f"{label} {group} [{mode}]"
+            assert entry["p50_ms"] > 0 and entry["p99_ms"] >= entry["p50_ms"]
+            assert all(x >= 0 for x in _numbers(entry)), f"{label} {group} [{mode}]"
 
 
 def _numbers(value: Any) -> list[float]:
@@ -41,14 +66,7 @@ def _numbers(value: Any) -> list[float]:
 
 def test_quick_profile_writes_json_and_markdown(tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=170,
-    )
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    proc = _bench("--quick", "--out", str(out))
     markdown = out / "bench.md"
     assert markdown.exists() and "| workload |" in markdown.read_text()
     assert "| workload |" in proc.stdout  # the table is printed too
@@ -86,6 +104,19 @@ def test_quick_profile_writes_json_and_markdown(tmp_path: Path) -> None:
     snapshot = next(iter(workloads["snapshot"].values()))
     assert snapshot["snapshots_seen"] > 0
 
+    durability = result["durability"]
+    assert durability["modes"] == ["fsync", "none"] and "error" not in durability
+    assert durability["storage"]["sync_probe"]["p50_ms"] > 0
+    assert list(durability["clusters"]) == ["fsync", "none"]
+    for mode, record in durability["clusters"].items():
+        assert "error" not in record, record["error"]
+        _check_durable_entries(record["workloads"], mode)
+        assert record["workloads"]["acquire"]["1 thread"]["vs_raw"]["sync_1thread"] > 0
+    assert "## Durability: fsync vs none" in markdown.read_text()
+    issue15 = [t for t in result["targets"] if t.get("issue") == 15]
+    assert len(issue15) == ISSUE_15_TARGETS
+    assert issue15[0]["met"] is not None and issue15[1]["met"] is not None
+
     assert result["targets"], "targets were not evaluated"
     assert {"target", "figure", "met"} <= set(result["targets"][0])
 
@@ -101,3 +132,20 @@ def test_quick_profile_writes_json_and_markdown(tmp_path: Path) -> None:
         )
         assert render.returncode == 0, render.stderr
         assert render.stdout == markdown.read_text(), extra
+
+
+def test_durability_phase_alone_in_one_mode(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    _bench("--quick", "--only", "durability", "--durability", "none", "--out", str(out))
+    result = json.loads((out / "bench.json").read_text())
+    assert result["raw"] == {} and result["workloads"] == {}
+    durability = result["durability"]
+    assert durability["modes"] == ["none"] and list(durability["clusters"]) == ["none"]
+    _check_durable_entries(durability["clusters"]["none"]["workloads"], "none")
+    # Without raw figures there are no ratios to them; without fsync nothing to compare.
+    entry = durability["clusters"]["none"]["workloads"]["acquire"]["1 thread"]
+    assert entry["vs_raw"] == {"sync_1thread": None, "pipelined_best": None}
+    issue15 = [t for t in result["targets"] if t.get("issue") == 15]
+    assert [t["met"] for t in issue15] == [None, None, None]
+    markdown = (out / "bench.md").read_text()
+    assert "| acquire | 1 thread | - | " in markdown

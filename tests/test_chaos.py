@@ -6,15 +6,18 @@ budget runs out; the fault proxy passes, drops, holds, delays, refuses and reset
 
 Part 2 (integration): a CI-profile run on the correct build passes and shows volume
 (grants and contention on every key, reads during faults, a late write of the paused
-client refused, every heal measured, every fault kind run, every replica rebuilt), and a
+client refused, every heal measured, every fault kind run, every replica rebuilt), a
 run on a build with the planted bug ``fast_log_clock`` fails with a mutual-exclusion or
-fencing violation. tests/test_checker_rules.py holds each checker rule's own self-test.
+fencing violation, and three power losses pass on the honest build and fail a safety
+checker on the planted build ``unsynced_acks`` (acknowledgements before any sync).
+tests/test_checker_rules.py holds each checker rule's own self-test.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
 import socket
 import subprocess
 import sys
@@ -38,6 +41,8 @@ from workload import FencedStore, History  # noqa: E402
 from raftlease.config import NodeAddress  # noqa: E402
 
 RHO, MARGIN = 0.01, 0.05
+#: The seed of the power-loss runs below (a majority, then every node, twice).
+POWER_SEED = 1
 
 
 # ------------------------------------------------------------------ history DSL
@@ -674,6 +679,38 @@ def test_ci_schedule_has_every_fault_kind_and_is_reproducible() -> None:
     assert first != nemesis.schedule("ci", 8)
     long = nemesis.schedule("long", 7, minutes=5)
     assert sum(s.duration + s.recovery for s in long) >= 4 * 60
+    assert "power-loss" in nemesis.KINDS
+
+
+def test_smoke_schedule_of_one_kind_repeats_it() -> None:
+    """``--profile smoke --kinds power-loss`` (the planted twin's schedule): three
+    power losses, each with its own seed; the default smoke schedule is unchanged."""
+    specs = nemesis.schedule("smoke", POWER_SEED, kinds=["power-loss"])
+    assert [s.kind for s in specs] == ["power-loss"] * 3
+    assert len({s.seed for s in specs}) == 3
+    default = [s.kind for s in nemesis.schedule("smoke", 2)]
+    assert default == ["isolate-leader", "kill-leader", "pause-client"]
+    with pytest.raises(ValueError, match="unknown profile"):
+        nemesis.schedule("forever", 1)
+
+
+def test_power_loss_takes_a_majority_or_everyone_reproducibly() -> None:
+    ids = ["n1", "n2", "n3", "n4", "n5"]
+    sizes = set()
+    for seed in range(200):
+        victims = nemesis.power_loss_victims(ids, random.Random(seed))
+        assert victims == nemesis.power_loss_victims(ids, random.Random(seed))
+        assert len(set(victims)) == len(victims) and set(victims) <= set(ids)
+        sizes.add(len(victims))
+    assert sizes == {3, 5}
+    assert len(nemesis.power_loss_victims(["a", "b", "c"], random.Random(1))) in (2, 3)
+    # The twin's schedule (below) loses a majority once and every node twice.
+    specs = nemesis.schedule("smoke", POWER_SEED, kinds=["power-loss"])
+    assert [len(nemesis.power_loss_victims(ids, random.Random(s.seed))) for s in specs] == [
+        3,
+        5,
+        5,
+    ]
 
 
 # ------------------------------------------------------------------ part 1: proxy
@@ -902,3 +939,48 @@ def test_planted_bug_fast_log_clock_is_caught(tmp_path: Path) -> None:
     assert code == 1, output
     failed = {n for n, r in results["checkers"].items() if r["valid"] is False}
     assert failed & {"mutual_exclusion", "fencing"}, output
+
+
+#: The safety checkers a forgotten acknowledged grant fails: two owners at once, a
+#: reused or reordered token, a read or refusal showing an older holder than a
+#: completed grant (or none while it was certainly held), no linearization.
+LOST_GRANT_CATCHERS = {"mutual_exclusion", "fencing", "no_lost_grant", "linearizable"}
+
+
+# Three power losses (a majority, then every node twice: POWER_SEED). The honest
+# build (durability "fsync") acknowledges nothing before it is synced, so every
+# checker passes; the planted build ``unsynced_acks`` (durability "none", no restart
+# wait) forgets the grants of its last unsynced second and must fail a safety
+# checker. Measured: about 30 s of run each.
+@pytest.mark.integration
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("build", ["honest", "unsynced_acks"])
+def test_power_loss_keeps_acknowledged_grants_only_with_fsync(tmp_path: Path, build: str) -> None:
+    planted = ["--planted-bug", build] if build != "honest" else []
+    code, results, output = _run_suite(
+        tmp_path,
+        "--profile",
+        "smoke",
+        "--seed",
+        str(POWER_SEED),
+        "--kinds",
+        "power-loss",
+        *planted,
+        timeout=140,
+    )
+    print(output)
+    starts = [e for e in _history(tmp_path) if e.get("type") == "nemesis" and e.get("f") == "start"]
+    # The faults happened as scheduled: files cut back on every victim.
+    assert [len(e["detail"]["killed"]) for e in starts] == [3, 5, 5], output
+    assert all(set(e["detail"]["cut"]) == set(e["detail"]["killed"]) for e in starts), output
+    failed = {n for n, r in results["checkers"].items() if r["valid"] is False}
+    if build == "honest":
+        assert code == 0 and results["valid"] is True, output
+        assert results["volume"]["valid"] is True, output
+    else:
+        assert code == 1, output
+        assert failed & LOST_GRANT_CATCHERS, output
+
+
+def _history(tmp_path: Path) -> list[dict[str, Any]]:
+    return checker.load_history(tmp_path / "run" / "history.jsonl")

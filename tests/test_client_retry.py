@@ -380,3 +380,31 @@ def test_a_leader_change_on_any_attempt_names_the_unknown_outcome() -> None:
         assert len(peer.ops("acquire")) >= 2, "the call must have retried after the change"
 
     asyncio.run(main())
+
+
+def test_a_redirect_to_a_node_outside_the_endpoints_is_not_followed() -> None:
+    """A node answering NOT_LEADER with a made-up leader address must not send the
+    client outside its endpoint list, where anyone could grant it a lease."""
+
+    async def main() -> None:
+        impostor = await ScriptedPeer(_always_granted).start()
+
+        async def forge(got: Received, n: int) -> Action:
+            return error("NOT_LEADER", "not the leader", leader=impostor.addr)
+
+        liar, honest = (
+            await ScriptedPeer(forge).start(),
+            await ScriptedPeer(_always_granted).start(),
+        )
+        client = AsyncClient([liar.addr, honest.addr], attempt_timeout=0.5, deadline=5.0)
+        try:
+            lease = await client.acquire("k", owner="o", ttl=TTL)
+        finally:
+            await client.close()
+            for peer in (impostor, liar, honest):
+                await peer.close()
+        assert lease.token == 7
+        assert impostor.received == [], "followed a redirect outside the endpoint list"
+        assert len(honest.ops("acquire")) == 1
+
+    asyncio.run(main())

@@ -13,6 +13,7 @@ from raftlease import (
     Client,
     LeaseHeldError,
     LeaseNotFoundError,
+    NotLeaderError,
     NotOwnerError,
 )
 from raftlease.protocol import FrameDecoder, encode_frame
@@ -96,10 +97,16 @@ def test_conflict_and_ownership_errors(shared: LocalCluster) -> None:
 
 def test_redirect_from_follower(shared: LocalCluster) -> None:
     for follower in followers(shared):
-        with Client([follower]) as c:
+        # The follower first: its NOT_LEADER names the leader, which the client
+        # follows because it is one of its endpoints.
+        endpoints = [follower, *[e for e in shared.endpoints if e != follower]]
+        with Client(endpoints) as c:
             lease = c.acquire(f"redirect/{follower}", owner="agent", ttl=5.0)
             assert c.holder(f"redirect/{follower}") is not None
             c.release(lease)
+        # A redirect to a node the client was not given is not followed.
+        with Client([follower]) as c, pytest.raises(NotLeaderError, match="not among"):
+            c.acquire(f"redirect/{follower}", owner="agent", ttl=5.0)
         response = raw_request(follower, {"id": 7, "op": "holder", "key": "k"})
         assert response["ok"] is False and response["code"] == "NOT_LEADER"
         assert response["detail"]["leader"] == shared.wait_for_leader()["client"]

@@ -202,8 +202,8 @@ def test_fenced_resource_rejects_a_paused_holder(shared: LocalCluster) -> None:
     replaced cannot write after its successor, whatever it believes."""
     from raftlease import FencedResource, StaleTokenError
 
-    fence = FencedResource()
     with shared.client() as c:
+        fence = FencedResource(confirm=c.fence)
         old = c.acquire("fenced/k", owner="slow", ttl=0.3)
         fence.check("fenced/k", old.token)
         new = c.acquire("fenced/k", owner="fast", ttl=5.0, wait=10.0)  # after old expires
@@ -214,3 +214,22 @@ def test_fenced_resource_rejects_a_paused_holder(shared: LocalCluster) -> None:
             fence.check("fenced/k", old.token)  # the paused holder wakes up and writes
         assert info.value.detail["highest"] == new.token
         c.release(new)
+
+
+def test_fenced_resource_refuses_a_made_up_token(shared: LocalCluster) -> None:
+    """A huge token nobody was granted, shown to the resource: without confirmation it
+    would be adopted and lock the real holder out; with ``confirm=c.fence`` the cluster
+    says it is not the holder's and it is refused."""
+    from raftlease import FencedResource, UnconfirmedTokenError
+
+    with shared.client() as c:
+        fence = FencedResource(confirm=c.fence)
+        held = c.acquire("fenced/forged", owner="real", ttl=5.0)
+        fence.check("fenced/forged", held.token)
+        with pytest.raises(UnconfirmedTokenError):
+            fence.check("fenced/forged", held.token + 10**12)
+        fence.check("fenced/forged", held.token)  # the real holder still writes
+        unguarded = FencedResource()
+        unguarded.check("fenced/forged", held.token + 10**12)
+        assert not unguarded.accepts("fenced/forged", held.token), "the risk confirm removes"
+        c.release(held)

@@ -15,6 +15,10 @@ functions returning a list of violations.
 | ``raw_follower_log`` | follower-log correction | ``applied_entries_truncated`` |
 | ``skip_dedup`` | dedup table | ``retry_applied_twice`` |
 
+The chaos suite's own runs catch the other two (``CHAOS_COVERED``, in
+tests/test_chaos.py): ``fast_log_clock`` (the log clock) and ``unsynced_acks`` (no
+acknowledgement before a sync: three ``power-loss`` faults, honest and planted).
+
 Where catching the planted build depends on timing (the scenario opens a window that
 a loaded machine may miss), the planted run is retried a bounded number of times
 (``ATTEMPTS``); the honest run is never retried, and each attempt of either build
@@ -64,7 +68,7 @@ from proxy import DROP, PASS, ProxyNet
 
 pytestmark = pytest.mark.timeout(60)
 
-#: The planted bugs this file covers (fast_log_clock: tests/test_chaos.py).
+#: The planted bugs this file covers (the others: ``CHAOS_COVERED``).
 COVERED = (
     "skip_vote_promise",
     "ignore_drift_alarm",
@@ -72,6 +76,14 @@ COVERED = (
     "raw_follower_log",
     "skip_dedup",
 )
+
+#: Planted bugs caught by chaos-suite runs, and the test of tests/test_chaos.py that
+#: runs the suite on the planted build (it must fail) and, where it is parametrized,
+#: on the honest one (it must pass).
+CHAOS_COVERED = {
+    "fast_log_clock": "test_planted_bug_fast_log_clock_is_caught",
+    "unsynced_acks": "test_power_loss_keeps_acknowledged_grants_only_with_fsync",
+}
 
 #: Runs of a planted build whose catch depends on timing, at most.
 ATTEMPTS = 3
@@ -207,6 +219,22 @@ def retry_applied_twice(
 def test_hook_arguments_name_the_planted_bug(bug: str) -> None:
     assert bug in PLANTED_BUGS
     assert hook_arguments({"planted_bug": bug}) == ["--planted-bug", bug, "--clock-control"]
+
+
+def test_every_planted_bug_has_a_catcher() -> None:
+    """A planted bug nothing runs is a guard nobody shows to work."""
+    assert set(PLANTED_BUGS) == set(COVERED) | set(CHAOS_COVERED)
+    chaos = (Path(__file__).resolve().parent / "test_chaos.py").read_text()
+    for bug, test in CHAOS_COVERED.items():
+        assert f"def {test}(" in chaos, (bug, test)
+        assert f'"{bug}"' in chaos, f"tests/test_chaos.py never runs {bug}"
+
+
+def test_unsynced_acks_build_records_what_reached_the_disk() -> None:
+    """The power-loss twin needs the synced shadows on the planted build too."""
+    args = hook_arguments({"planted_bug": "unsynced_acks"})
+    assert args[:2] == ["--planted-bug", "unsynced_acks"] and "--record-synced" in args
+    assert "--record-synced" in hook_arguments({"clock_control": True, "record_synced": True})
 
 
 def test_unknown_planted_bug_is_refused_before_any_process_starts() -> None:

@@ -60,6 +60,8 @@ class Transport:
         self.sequencer = RequestSequencer()
         #: The node this client believes leads (where the next request goes).
         self.target: str = self.endpoints[0]
+        #: Leaders named by redirects that are not endpoints (warned about once each).
+        self._unknown_leaders: set[str] = set()
         self._conns: dict[str, Connection] = {}
         self._connect_lock = asyncio.Lock()
         self._rotation = itertools.cycle(self.endpoints)
@@ -78,6 +80,16 @@ class Transport:
                     raise ConnectionLostError(f"cannot connect to {addr}: {exc}") from None
                 self._conns[addr] = conn
             return conn
+
+    def _note_unknown_leader(self, leader: str) -> None:
+        if leader not in self._unknown_leaders:
+            self._unknown_leaders.add(leader)
+            log.warning(
+                "a node named leader %s, which is not among this client's endpoints %s: "
+                "not followed (list every member's client address)",
+                leader,
+                self.endpoints,
+            )
 
     def next_endpoint(self) -> str:
         """The next endpoint in rotation, never the current target while there is
@@ -145,8 +157,21 @@ class Transport:
                         )
                         leader_changed = leader_changed or isinstance(last, LeaderChangedError)
                         if isinstance(last, NotLeaderError) and last.leader not in (None, target):
-                            self.target = str(last.leader)
-                            continue  # redirect at once
+                            if str(last.leader) in self.endpoints:
+                                self.target = str(last.leader)
+                                continue  # redirect at once
+                            # A leader we were not told about: a forged or stale hint
+                            # (the lease we would get there could be anyone's). Go on
+                            # through our own endpoints instead.
+                            self._note_unknown_leader(str(last.leader))
+                            if len(self.endpoints) == 1:
+                                raise NotLeaderError(
+                                    f"{target} is not the leader and names {last.leader}, "
+                                    "which is not among this client's endpoints (a "
+                                    "redirect is followed only to a listed endpoint: list "
+                                    "every member's client address)",
+                                    {"leader": last.leader},
+                                )
                         if isinstance(last, ClientExpiredError) and ids is not None:
                             # Our client id was evicted while idle: nothing of this
                             # request can have applied (applying refreshes the id's

@@ -11,7 +11,7 @@ on a client's internals (the clients bind them: ``c.lock()``, ``c.session()``,
 """
 
 from .election import DEFAULT_CAMPAIGN_WAIT, AsyncElection, Election
-from .fencing import FencedResource, StaleTokenError
+from .fencing import FencedResource, StaleTokenError, UnconfirmedTokenError
 from .keepalive import KeepAliveState, LostCallback
 from .locks import AsyncHeldLock, HeldLock
 from .sessions import AsyncSession, Session
@@ -30,4 +30,5 @@ __all__ = [
     "Session",
     "SharedKeyLocks",
     "StaleTokenError",
+    "UnconfirmedTokenError",
 ]
