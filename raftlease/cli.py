@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -251,6 +253,20 @@ def _client_options(func: Any) -> Any:
     return func
 
 
+def _safe(text: object) -> str:
+    """``text`` for a terminal: control and format characters (escape sequences,
+    bidirectional overrides) in keys, owners, values or messages are shown escaped,
+    never interpreted. JSON output needs no such care (json.dumps escapes them)."""
+    out = []
+    for ch in str(text):
+        if unicodedata.category(ch) in ("Cc", "Cf"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 def _fail(exc: RaftLeaseError, as_json: bool) -> NoReturn:
     if as_json:
         click.echo(
@@ -265,7 +281,7 @@ def _fail(exc: RaftLeaseError, as_json: bool) -> NoReturn:
             )
         )
     else:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {_safe(exc)}", err=True)
     sys.exit(1 if exc.definite else 3)
 
 
@@ -335,9 +351,40 @@ def acquire(
         click.echo(json.dumps({"ok": True, **_lease_dict(lease)}))
     else:
         click.echo(
-            f"acquired {lease.key} for {lease.owner}: token {lease.token}, ttl {lease.ttl:g} s\n"
+            f"acquired {_safe(lease.key)} for {_safe(lease.owner)}: token {lease.token}, "
+            f"ttl {lease.ttl:g} s\n"
             f"lease id: {lease.lease_id}"
         )
+
+
+_lease_id_options = [
+    click.argument("lease_id", required=False),
+    click.option(
+        "--lease-id-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Read the lease id from this file (an argument is visible to other users in ps).",
+    ),
+]
+
+
+def _lease_id(argument: str | None, path: Path | None) -> str:
+    """The lease id from the argument, else ``--lease-id-file``, else the environment
+    (``RAFTLEASE_LEASE_ID``). Exits with status 2 if none is given."""
+    if argument:
+        return argument
+    if path is not None:
+        try:
+            text = path.read_text().strip()
+        except OSError as exc:
+            raise click.UsageError(f"cannot read --lease-id-file {path}: {exc}") from None
+        if not text:
+            raise click.UsageError(f"--lease-id-file {path} is empty")
+        return text
+    from_env = os.environ.get("RAFTLEASE_LEASE_ID", "").strip()
+    if from_env:
+        return from_env
+    raise click.UsageError("give the lease id: LEASE_ID, --lease-id-file or RAFTLEASE_LEASE_ID")
 
 
 def _shell_lease(key: str, lease_id: str) -> Lease:
@@ -348,16 +395,25 @@ def _shell_lease(key: str, lease_id: str) -> Lease:
 
 @main.command()
 @click.argument("key")
-@click.argument("lease_id")
+@_lease_id_options[0]
+@_lease_id_options[1]
 @click.option("--ttl", type=float, default=None, help="New TTL (default: keep the lease's).")
 @_client_options
 def renew(
-    key: str, lease_id: str, ttl: float | None, endpoints: str, as_json: bool, timeout: float
+    key: str,
+    lease_id: str | None,
+    lease_id_file: Path | None,
+    ttl: float | None,
+    endpoints: str,
+    as_json: bool,
+    timeout: float,
 ) -> None:
-    """Renew the lease LEASE_ID on KEY."""
+    """Renew the lease LEASE_ID on KEY (or the id in --lease-id-file, or in
+    RAFTLEASE_LEASE_ID)."""
+    secret = _lease_id(lease_id, lease_id_file)
     try:
         with Client(endpoints) as c:
-            lease = c.renew(_shell_lease(key, lease_id), ttl=ttl, timeout=timeout)
+            lease = c.renew(_shell_lease(key, secret), ttl=ttl, timeout=timeout)
     except RaftLeaseError as exc:
         _fail(exc, as_json)
     if as_json:
@@ -367,21 +423,31 @@ def renew(
             )
         )
     else:
-        click.echo(f"renewed {key}: valid for {lease.remaining:.2f} s")
+        click.echo(f"renewed {_safe(key)}: valid for {lease.remaining:.2f} s")
 
 
 @main.command()
 @click.argument("key")
-@click.argument("lease_id")
+@_lease_id_options[0]
+@_lease_id_options[1]
 @_client_options
-def release(key: str, lease_id: str, endpoints: str, as_json: bool, timeout: float) -> None:
-    """Release the lease LEASE_ID on KEY."""
+def release(
+    key: str,
+    lease_id: str | None,
+    lease_id_file: Path | None,
+    endpoints: str,
+    as_json: bool,
+    timeout: float,
+) -> None:
+    """Release the lease LEASE_ID on KEY (or the id in --lease-id-file, or in
+    RAFTLEASE_LEASE_ID)."""
+    secret = _lease_id(lease_id, lease_id_file)
     try:
         with Client(endpoints) as c:
-            c.release(_shell_lease(key, lease_id), timeout=timeout)
+            c.release(_shell_lease(key, secret), timeout=timeout)
     except RaftLeaseError as exc:
         _fail(exc, as_json)
-    click.echo(json.dumps({"ok": True, "key": key}) if as_json else f"released {key}")
+    click.echo(json.dumps({"ok": True, "key": key}) if as_json else f"released {_safe(key)}")
 
 
 _consistency_option = click.option(
@@ -418,16 +484,18 @@ def holder(key: str, consistency: str, endpoints: str, as_json: bool, timeout: f
         click.echo(json.dumps({"ok": True, "holder": _holder_dict(h) if h else None, **label}))
         return
     if h is None:
-        click.echo(f"{key}: free")
+        click.echo(f"{_safe(key)}: free")
     elif read.capacity > 1:
-        click.echo(f"{key}: {read.used} of {read.capacity} units held")
+        click.echo(f"{_safe(key)}: {read.used} of {read.capacity} units held")
         for item in read.holders:
             click.echo(
-                f"  {item.owner}: {item.units} unit(s), token {item.token}, "
+                f"  {_safe(item.owner)}: {item.units} unit(s), token {item.token}, "
                 f"{item.remaining:.2f} s left"
             )
     else:
-        click.echo(f"{key}: held by {h.owner}, token {h.token}, {h.remaining:.2f} s left")
+        click.echo(
+            f"{_safe(key)}: held by {_safe(h.owner)}, token {h.token}, {h.remaining:.2f} s left"
+        )
     if read.consistency == "stale":
         age = "unknown" if read.age is None else f"{read.age:.3f} s"
         click.echo(
@@ -456,7 +524,9 @@ def leases(
     if not items:
         click.echo("no leases")
     for h in items:
-        click.echo(f"{h.key:30} {h.owner:20} token {h.token:<8} {h.remaining:8.2f} s left")
+        click.echo(
+            f"{_safe(h.key):30} {_safe(h.owner):20} token {h.token:<8} {h.remaining:8.2f} s left"
+        )
 
 
 @main.command()

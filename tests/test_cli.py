@@ -238,3 +238,48 @@ def test_up_demo_then_ctrl_c_stops_every_node(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def run_cli_env(
+    *args: str, endpoints: list[str], env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "raftlease", *args, "--endpoints", ",".join(endpoints)]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=60, env={**os.environ, **env}
+    )
+
+
+def test_lease_ids_from_a_file_or_the_environment(shared: LocalCluster, tmp_path: Path) -> None:
+    """The lease id need not be an argument (visible to every user in ``ps``)."""
+    eps = shared.endpoints
+    out = run_cli("acquire", "cli/secret", "--owner", "a", "--ttl", "30", "--json", endpoints=eps)
+    lease_id = json.loads(out.stdout)["lease_id"]
+    id_file = tmp_path / "lease-id"
+    id_file.write_text(lease_id + "\n")
+    renewed = run_cli("renew", "cli/secret", "--lease-id-file", str(id_file), endpoints=eps)
+    assert renewed.returncode == 0, renewed.stderr
+    missing = run_cli("renew", "cli/secret", endpoints=eps)
+    assert missing.returncode == 2 and "RAFTLEASE_LEASE_ID" in missing.stderr
+    released = run_cli_env(
+        "release", "cli/secret", endpoints=eps, env={"RAFTLEASE_LEASE_ID": lease_id}
+    )
+    assert released.returncode == 0, released.stderr
+    assert "free" in run_cli("holder", "cli/secret", endpoints=eps).stdout
+
+
+def test_human_output_escapes_control_characters(shared: LocalCluster) -> None:
+    """A key or owner carrying terminal escape sequences is shown escaped, never sent
+    raw to the operator's terminal; --json output stays exact."""
+    eps = shared.endpoints
+    key, owner = "cli/\x1b[2Jwipe", "mal\x1b]0;title\x07lory\u202e"
+    with shared.client() as c:
+        c.acquire(key, owner=owner, ttl=30)
+    human = run_cli("holder", key, endpoints=eps)
+    assert human.returncode == 0, human.stderr
+    assert "\x1b" not in human.stdout and "\x07" not in human.stdout
+    assert "\u202e" not in human.stdout
+    assert "\\x1b[2Jwipe" in human.stdout and "\\u202e" in human.stdout
+    listed = run_cli("leases", "--prefix", "cli/", endpoints=eps)
+    assert "\x1b" not in listed.stdout
+    exact = json.loads(run_cli("holder", key, "--json", endpoints=eps).stdout)
+    assert exact["holder"]["owner"] == owner
