@@ -76,6 +76,10 @@ class NodeConfig:
     max_list: int = 10_000
     max_connections: int = 1024
     request_timeout: float = 5.0
+    # A started request frame must arrive whole within frame_timeout; a connection
+    # with nothing in flight and nothing received for idle_timeout is closed.
+    frame_timeout: float = 10.0
+    idle_timeout: float = 900.0
     # Snapshot (log compaction) after this many entries or seconds.
     compaction_min_entries: int = 50_000
     compaction_min_time: float = 30.0
@@ -190,6 +194,8 @@ class NodeConfig:
             "max_ttl",
             "request_timeout",
             "compaction_min_time",
+            "frame_timeout",
+            "idle_timeout",
         ):
             value = getattr(self, name)
             if not _is_number(value) or not math.isfinite(value) or value <= 0:

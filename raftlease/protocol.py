@@ -82,6 +82,11 @@ class FrameDecoder:
         self.max_frame = max_frame
         self._buf = bytearray()
 
+    @property
+    def pending(self) -> int:
+        """Bytes of a frame started but not complete (0 between frames)."""
+        return len(self._buf)
+
     def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
         self._buf += data
         while True:

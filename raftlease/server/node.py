@@ -228,6 +228,35 @@ class NodeServer:
 
     # --------------------------------------------------------- connections
 
+    async def _read_within(
+        self,
+        reader: asyncio.StreamReader,
+        decoder: FrameDecoder,
+        tasks: set[asyncio.Task[None]],
+        frame_started: float | None,
+    ) -> bytes:
+        """The next bytes of a client connection, or b"" (close it) when a started
+        frame is not whole within ``frame_timeout`` (a slow or stalled sender holding
+        a buffer) or nothing arrives for ``idle_timeout`` while nothing is in flight
+        (a watch or a long-poll in flight keeps the connection)."""
+        config = self.config
+        loop = asyncio.get_running_loop()
+        if frame_started is not None:
+            timeout: float | None = config.frame_timeout - (loop.time() - frame_started)
+            why = f"a request frame ({decoder.pending} bytes so far) took over"
+            limit = config.frame_timeout
+        elif not tasks:
+            timeout, why, limit = config.idle_timeout, "idle for", config.idle_timeout
+        else:
+            timeout, why, limit = None, "", 0.0
+        try:
+            if timeout is not None and timeout <= 0:
+                raise TimeoutError
+            return await asyncio.wait_for(reader.read(1 << 16), timeout)
+        except TimeoutError:
+            log.info("client connection closed: %s %.0f s", why, limit)
+            return b""
+
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
@@ -238,9 +267,10 @@ class NodeServer:
         decoder = FrameDecoder(self.config.max_frame)
         slots = asyncio.Semaphore(MAX_INFLIGHT_PER_CONNECTION)
         tasks: set[asyncio.Task[None]] = set()
+        frame_started: float | None = None
         try:
             while True:
-                data = await reader.read(1 << 16)
+                data = await self._read_within(reader, decoder, tasks, frame_started)
                 if not data:
                     break
                 frames: list[dict[str, Any]] = []
@@ -249,6 +279,10 @@ class NodeServer:
                     frames.extend(decoder.feed(data))
                 except (FrameTooLargeError, ProtocolError) as exc:
                     broken = exc  # the frames before the broken one are still answered
+                if not decoder.pending:
+                    frame_started = None
+                elif frame_started is None:
+                    frame_started = asyncio.get_running_loop().time()
                 for message in frames:
                     await slots.acquire()
                     task = asyncio.create_task(self._answer(message, writer, slots))
@@ -283,9 +317,10 @@ class NodeServer:
                 else:
                     request = parse_request(message, self.limits)
                     if request.op == "watch":
-                        await self.watches.stream(
-                            request, writer, lambda: self._replica().store.revision
-                        )
+                        with contextlib.suppress(ConnectionError):  # watcher gone or dropped
+                            await self.watches.stream(
+                                request, writer, lambda: self._replica().store.revision
+                            )
                         return
                     response = ok_response(request.id, await self.handle(request))
             except RaftLeaseError as exc:

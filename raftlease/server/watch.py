@@ -14,11 +14,19 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CompactedError
+from ..errors import CompactedError, UnavailableError
 from ..protocol import Request, encode_frame, error_response, ok_response
 
 #: Changes each node keeps for watches to resume from.
 WATCH_HISTORY = 100_000
+#: Batches of changes queued for one watch before it is ended as too slow (it then
+#: resumes from its last revision, from the history, on a fresh stream).
+MAX_WATCH_BACKLOG = 1024
+#: Seconds a write to a watcher may wait for it to read before its connection is
+#: dropped (its client resumes from its last revision on a new connection).
+WATCH_DRAIN_TIMEOUT = 30.0
+#: Put on a watch's queue instead of more changes once it is full.
+_BEHIND = "behind"
 
 
 #: The fields of a store event a watch may see (never a lease id).
@@ -28,10 +36,22 @@ PUBLIC_FIELDS = ("type", "key", "owner", "token", "revision", "value", "units")
 class WatchHub:
     """History and subscribers of one node's watches."""
 
-    def __init__(self, history: int = WATCH_HISTORY) -> None:
+    def __init__(
+        self,
+        history: int = WATCH_HISTORY,
+        backlog: int = MAX_WATCH_BACKLOG,
+        drain_timeout: float = WATCH_DRAIN_TIMEOUT,
+    ) -> None:
+        """``backlog``: batches queued per watch before it is ended as too slow;
+        ``drain_timeout``: how long one write may wait for the watcher to read before
+        the connection is dropped."""
+        self.backlog = backlog
+        self.drain_timeout = drain_timeout
         # Recent changes (public fields only) and the live subscribers.
         self._history: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
-        self._watchers: dict[object, tuple[asyncio.Queue[list[dict[str, Any]] | None], str]] = {}
+        self._watchers: dict[
+            object, tuple[asyncio.Queue[list[dict[str, Any]] | str | None], str]
+        ] = {}
         #: The last revision recorded (a change, or a token-ceiling jump).
         self._last: int | None = None
 
@@ -71,8 +91,22 @@ class WatchHub:
                 queue.put_nowait(None)
                 continue
             matching = [e for e in events if e["key"].startswith(prefix)]
-            if matching:
-                queue.put_nowait(matching)
+            if not matching:
+                continue
+            if queue.qsize() >= self.backlog:
+                if queue.qsize() == self.backlog:
+                    queue.put_nowait(_BEHIND)  # once: the stream ends when it gets there
+                continue
+            queue.put_nowait(matching)
+
+    async def _drain(self, writer: asyncio.StreamWriter) -> None:
+        """Wait until the watcher has read what was written, at most
+        ``drain_timeout``; then drop its connection (raises ConnectionResetError)."""
+        try:
+            await asyncio.wait_for(writer.drain(), self.drain_timeout)
+        except TimeoutError:
+            writer.transport.abort()
+            raise ConnectionResetError("watcher did not read for too long") from None
 
     async def stream(
         self, request: Request, writer: asyncio.StreamWriter, revision: Callable[[], int]
@@ -85,7 +119,7 @@ class WatchHub:
         # Subscribe before copying the history: an event the tick thread records in
         # between then reaches us twice (copy and queue) instead of never; revisions
         # already sent are skipped below.
-        queue: asyncio.Queue[list[dict[str, Any]] | None] = asyncio.Queue()
+        queue: asyncio.Queue[list[dict[str, Any]] | str | None] = asyncio.Queue()
         token = object()
         self._watchers[token] = (queue, prefix)
         try:
@@ -101,25 +135,37 @@ class WatchHub:
                     {"revision": current},
                 )
                 writer.write(encode_frame(error_response(request.id, err)))
-                await writer.drain()
+                await self._drain(writer)
                 return
             backlog = [e for e in history if e["revision"] >= start and e["key"].startswith(prefix)]
             writer.write(
                 encode_frame(ok_response(request.id, {"events": backlog, "revision": current}))
             )
-            await writer.drain()
+            await self._drain(writer)
             next_rev = max(start, history[-1]["revision"] + 1 if history else start)
             while not writer.is_closing():
                 events = await queue.get()
                 if events is None:
                     err = CompactedError("this node skipped history; resume elsewhere", {})
                     writer.write(encode_frame(error_response(request.id, err)))
-                    await writer.drain()
+                    await self._drain(writer)
+                    return
+                if isinstance(events, str):
+                    # A watcher that reads slower than changes come: end the stream
+                    # rather than buffer without end. The client resumes from its last
+                    # revision (UNAVAILABLE is retried), served from the history.
+                    behind = UnavailableError(
+                        f"watch fell {self.backlog} batches behind; resume from "
+                        f"revision {next_rev}",
+                        {"revision": next_rev},
+                    )
+                    writer.write(encode_frame(error_response(request.id, behind)))
+                    await self._drain(writer)
                     return
                 fresh = [e for e in events if e["revision"] >= next_rev]
                 if fresh:
                     next_rev = fresh[-1]["revision"] + 1
                     writer.write(encode_frame(ok_response(request.id, {"events": fresh})))
-                    await writer.drain()
+                    await self._drain(writer)
         finally:
             self._watchers.pop(token, None)

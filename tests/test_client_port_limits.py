@@ -1,0 +1,164 @@
+"""Slow and stalled clients on the client port (issue 11): a started frame must arrive
+whole within ``frame_timeout``, an idle connection is closed after ``idle_timeout``
+(but not one with a watch in flight), and a watcher that does not read is ended with
+a definite code, its queue bounded, instead of being buffered without end."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from raftlease.protocol import FrameDecoder, Request, encode_frame
+from raftlease.server.watch import WatchHub
+from raftlease.testing import LocalCluster
+
+Factory = Callable[..., LocalCluster]
+
+
+def client_addr(cluster: LocalCluster) -> tuple[str, int]:
+    host, _, port = cluster.nodes[0].client.rpartition(":")
+    return host, int(port)
+
+
+def closed_within(sock: socket.socket, seconds: float) -> float:
+    """Seconds until the node closes ``sock`` (fails if it stays open longer)."""
+    started = time.monotonic()
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        pytest.fail(f"the connection stayed open for {seconds} s")
+    return time.monotonic() - started
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_half_a_frame_then_silence_is_closed_by_the_frame_deadline(
+    cluster_factory: Factory,
+) -> None:
+    cluster = cluster_factory(1, frame_timeout=1.0, idle_timeout=600.0)
+    with socket.create_connection(client_addr(cluster)) as sock:
+        sock.sendall(struct.pack(">I", 1000) + b"\x81")  # a 1000-byte frame, 1 byte of it
+        assert closed_within(sock, 30) >= 0.5
+    with socket.create_connection(client_addr(cluster)) as sock:
+        # One byte a second: every read is "progress", but the frame never completes.
+        header = struct.pack(">I", 50)
+        for byte in header:
+            sock.sendall(bytes([byte]))
+            time.sleep(0.3)  # the pace of the slow sender is the test's input
+        deadline = time.monotonic() + 30
+        closed = False
+        while time.monotonic() < deadline and not closed:
+            try:
+                sock.sendall(b"x")
+                sock.settimeout(0.3)
+                closed = sock.recv(1) == b""
+            except (TimeoutError, BlockingIOError):
+                continue
+            except OSError:
+                closed = True
+        assert closed, "a trickling sender kept its connection past the frame deadline"
+    with cluster.client() as client:  # the node serves others throughout
+        client.acquire("k", owner="a", ttl=5)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_an_idle_connection_is_closed_but_a_watch_is_kept(cluster_factory: Factory) -> None:
+    cluster = cluster_factory(1, idle_timeout=1.0)
+    with socket.create_connection(client_addr(cluster)) as idle:
+        assert closed_within(idle, 30) >= 0.5
+    with socket.create_connection(client_addr(cluster)) as watching:
+        watching.sendall(encode_frame({"id": 1, "op": "watch", "prefix": "w/"}))
+        decoder = FrameDecoder()
+        watching.settimeout(10)
+        first = next(iter(decoder.feed(watching.recv(65536))))
+        assert first["ok"] is True
+        with cluster.client() as client:
+            time.sleep(2.0)  # longer than idle_timeout: the watch must still be served
+            client.acquire("w/a", owner="a", ttl=5)
+        frames: list[dict[str, Any]] = []
+        while not frames:
+            frames.extend(decoder.feed(watching.recv(65536)))
+        assert frames[0]["result"]["events"][0]["key"] == "w/a"
+
+
+class _StuckWriter:
+    """A watcher's connection whose reader never reads: drain never returns."""
+
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+        self.aborted = False
+        self.transport = self
+
+    def write(self, data: bytes) -> None:
+        self.frames.extend(FrameDecoder().feed(data))
+
+    async def drain(self) -> None:
+        if len(self.frames) > 1:  # the first answer goes out; then the reader stalls
+            await asyncio.Event().wait()
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_a_watcher_that_does_not_read_is_dropped_and_its_queue_bounded() -> None:
+    async def main() -> None:
+        hub = WatchHub(backlog=8, drain_timeout=0.5)
+        writer = _StuckWriter()
+        request = Request(id=1, op="watch", args={"prefix": "", "from_revision": 0})
+        stream = asyncio.create_task(hub.stream(request, writer, lambda: 0))  # type: ignore[arg-type]
+        while not hub._watchers:
+            await asyncio.sleep(0.01)
+        for revision in range(1, 1001):
+            event = {"type": "grant", "key": "k", "owner": "o", "token": revision}
+            hub._publish([{**event, "revision": revision, "value": "", "units": 1}], False)
+        queue = next(iter(hub._watchers.values()))[0]
+        assert queue.qsize() <= hub.backlog + 1, "a stalled watcher's queue grew without end"
+        with pytest.raises(ConnectionResetError):
+            await asyncio.wait_for(stream, 10)
+        assert writer.aborted and not hub._watchers
+
+    asyncio.run(main())
+
+
+def test_a_slow_watcher_is_told_to_resume() -> None:
+    """A watcher that reads, but slower than changes come, gets UNAVAILABLE (which the
+    client retries, resuming from its last revision) when its queue is full."""
+
+    async def main() -> None:
+        hub = WatchHub(backlog=4, drain_timeout=5.0)
+        sent: list[dict[str, Any]] = []
+
+        class Slow(_StuckWriter):
+            async def drain(self) -> None:
+                await asyncio.sleep(0)
+
+        writer = Slow()
+        request = Request(id=1, op="watch", args={"prefix": "", "from_revision": 0})
+        stream = asyncio.create_task(hub.stream(request, writer, lambda: 0))  # type: ignore[arg-type]
+        while not hub._watchers:
+            await asyncio.sleep(0.01)
+        for revision in range(1, 50):  # published faster than the stream runs
+            event = {"type": "grant", "key": "k", "owner": "o", "token": revision}
+            hub._publish([{**event, "revision": revision, "value": "", "units": 1}], False)
+        await asyncio.wait_for(stream, 10)
+        sent = writer.frames
+        assert sent[-1]["ok"] is False and sent[-1]["code"] == "UNAVAILABLE"
+        resume = sent[-1]["detail"]["revision"]
+        delivered = [e["revision"] for f in sent[1:-1] for e in f["result"]["events"]]
+        assert delivered == list(range(1, resume))
+
+    asyncio.run(main())
