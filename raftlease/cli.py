@@ -126,7 +126,11 @@ def node(
         raise click.UsageError(f"invalid configuration: {exc.message}") from None
     except TypeError as exc:
         raise click.UsageError(f"invalid configuration: {exc}") from None
-    run_node(config)
+    try:
+        run_node(config)
+    except ConfigError as exc:  # files named by the config (auth, TLS, peer secret)
+        click.echo(f"error: {_safe(exc.message)}", err=True)
+        sys.exit(2)
 
 
 # -------------------------------------------------------------------- up
@@ -146,7 +150,15 @@ def node(
 @click.option(
     "--exit-after-demo", is_flag=True, help="Stop the cluster after the demo (for scripts)."
 )
-def up(count: int, port: int, data_dir: str, demo: bool, exit_after_demo: bool) -> None:
+@click.option(
+    "--secure",
+    is_flag=True,
+    help="TLS and authentication on the client port: makes a CA, certificates, an admin "
+    "token and an auth file in DATA_DIR/secure and prints how to use them.",
+)
+def up(
+    count: int, port: int, data_dir: str, demo: bool, exit_after_demo: bool, secure: bool
+) -> None:
     """Start a local cluster of COUNT nodes and keep it running until Ctrl-C."""
     from .testing.cluster import LocalCluster
 
@@ -154,7 +166,18 @@ def up(count: int, port: int, data_dir: str, demo: bool, exit_after_demo: bool) 
         local_cluster(count, port)
     except ConfigError as exc:
         raise click.UsageError(exc.message) from None
-    cluster = LocalCluster(count, client_port=port, data_dir=Path(data_dir).resolve())
+    root = Path(data_dir).resolve()
+    settings: dict[str, Any] = {}
+    client_env: dict[str, str] = {}
+    if secure:
+        from .testing.certs import secure_bundle
+
+        bundle = secure_bundle(root / "secure")
+        settings = bundle.node_settings()
+        client_env = {"RAFTLEASE_CA_FILE": str(bundle.ca_file)}
+        os.environ.update(client_env)
+        os.environ["RAFTLEASE_TOKEN"] = bundle.admin_token  # for the demo in this process
+    cluster = LocalCluster(count, client_port=port, data_dir=root, settings=settings)
     click.echo(f"starting {count} nodes, data in {cluster.data_dir}")
     try:
         cluster.start(wait=False)
@@ -171,6 +194,16 @@ def up(count: int, port: int, data_dir: str, demo: bool, exit_after_demo: bool) 
         click.echo(f"leader: {leader['node']} ({leader['client']}), term {leader['term']}")
         endpoints = ",".join(cluster.endpoints)
         click.echo(f"endpoints: {endpoints}")
+        if secure:
+            click.echo(
+                "secure: TLS and authentication on; files in "
+                f"{root / 'secure'} (auth.toml: roles and principals). To use the CLI:\n"
+                f"  export RAFTLEASE_ENDPOINTS={endpoints}\n"
+                f"  export RAFTLEASE_CA_FILE={bundle.ca_file}\n"
+                f'  export RAFTLEASE_TOKEN="$(cat {bundle.token_file})"\n'
+                "From Python: Client(endpoints, tls=CA_FILE, token=TOKEN), or a client "
+                f"certificate: {bundle.client_cert} and {bundle.client_key}."
+            )
         if demo:
             _demo(cluster.endpoints)
         if exit_after_demo:
@@ -190,7 +223,7 @@ def up(count: int, port: int, data_dir: str, demo: bool, exit_after_demo: bool) 
 def _demo(endpoints: list[str]) -> None:
     from .errors import LeaseHeldError
 
-    with Client(endpoints) as c:
+    with _client(endpoints) as c:
         lease = c.acquire("demo/gpu-0", owner="agent-a", ttl=5.0)
         click.echo(f"demo: agent-a acquired demo/gpu-0, fencing token {lease.token}")
         try:
@@ -251,6 +284,16 @@ def _client_options(func: Any) -> Any:
         "--timeout", default=15.0, show_default=True, help="Deadline in seconds, retries included."
     )(func)
     return func
+
+
+def _client(endpoints: Sequence[str] | str) -> BlockingClient:
+    """A client for the CLI's commands: ``RAFTLEASE_TOKEN`` authenticates it and
+    ``RAFTLEASE_CA_FILE`` (or ``RAFTLEASE_TLS=1`` for the system's CAs) turns on TLS.
+    The token is read from the environment, never from the command line."""
+    token = os.environ.get("RAFTLEASE_TOKEN") or None
+    ca_file = os.environ.get("RAFTLEASE_CA_FILE") or None
+    tls: str | bool | None = ca_file or (os.environ.get("RAFTLEASE_TLS") == "1") or None
+    return Client(endpoints, token=token, tls=tls)
 
 
 def _safe(text: object) -> str:
@@ -334,7 +377,7 @@ def acquire(
     A shared key (a semaphore or pool) takes --capacity and --units; everyone using
     the key must give the same capacity."""
     try:
-        with Client(endpoints) as c:
+        with _client(endpoints) as c:
             lease = c.acquire(
                 key,
                 owner=owner,
@@ -412,7 +455,7 @@ def renew(
     RAFTLEASE_LEASE_ID)."""
     secret = _lease_id(lease_id, lease_id_file)
     try:
-        with Client(endpoints) as c:
+        with _client(endpoints) as c:
             lease = c.renew(_shell_lease(key, secret), ttl=ttl, timeout=timeout)
     except RaftLeaseError as exc:
         _fail(exc, as_json)
@@ -443,7 +486,7 @@ def release(
     RAFTLEASE_LEASE_ID)."""
     secret = _lease_id(lease_id, lease_id_file)
     try:
-        with Client(endpoints) as c:
+        with _client(endpoints) as c:
             c.release(_shell_lease(key, secret), timeout=timeout)
     except RaftLeaseError as exc:
         _fail(exc, as_json)
@@ -466,7 +509,7 @@ _consistency_option = click.option(
 def holder(key: str, consistency: str, endpoints: str, as_json: bool, timeout: float) -> None:
     """Show who holds KEY."""
     try:
-        with Client(endpoints) as c:
+        with _client(endpoints) as c:
             read = c.read(key, consistency=consistency, timeout=timeout)
     except RaftLeaseError as exc:
         _fail(exc, as_json)
@@ -514,7 +557,7 @@ def leases(
 ) -> None:
     """List live leases."""
     try:
-        with Client(endpoints) as c:
+        with _client(endpoints) as c:
             items = c.leases(prefix, limit=limit, consistency=consistency, timeout=timeout)
     except RaftLeaseError as exc:
         _fail(exc, as_json)
@@ -533,7 +576,7 @@ def leases(
 @_client_options
 def status(endpoints: str, as_json: bool, timeout: float) -> None:
     """Show every node: reachable, role, term, commit and applied index, leader."""
-    with Client(endpoints) as c:
+    with _client(endpoints) as c:
         statuses = c.cluster_status(timeout=min(timeout, 3.0))
     if as_json:
         click.echo(json.dumps({"ok": True, "nodes": statuses}))

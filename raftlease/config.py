@@ -7,6 +7,7 @@ from a TOML file (see ``cluster/*.toml`` for commented examples).
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -16,8 +17,27 @@ from typing import Any
 from .errors import ConfigError
 from .limits import MAX_KEY_BYTES, MAX_LIST, MAX_OWNER_BYTES, MAX_TTL_MS
 
+#: Settings that name files; relative paths in a TOML file are taken from its folder.
+FILE_SETTINGS = (
+    "peer_secret_file",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_client_ca_file",
+    "auth_file",
+)
+
 #: Values of ``NodeConfig.durability``.
 DURABILITY_MODES = ("fsync", "none")
+
+
+def is_loopback(host: str) -> bool:
+    """Is ``host`` a loopback address (or the name localhost)?"""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _is_number(value: Any) -> bool:
@@ -89,6 +109,14 @@ class NodeConfig:
     # The cluster's shared peer secret (docs/security.md); "" means
     # <data_dir>/../peer.secret, created by the first node that starts without one.
     peer_secret_file: str = ""
+    # Clients (docs/security.md): TLS on the client port, client certificates signed
+    # by tls_client_ca_file, tokens and roles from auth_file. A node refuses to serve
+    # clients on a non-loopback address without TLS and an auth file unless insecure.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+    auth_file: str = ""
+    insecure: bool = False
     # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
     # fault-injecting proxy. The peer keeps its identity (its raft address).
     dial: dict[str, str] = field(default_factory=dict)
@@ -211,8 +239,26 @@ class NodeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.peer_secret_file, str):
-            raise ConfigError(f"peer_secret_file must be a path, got {self.peer_secret_file!r}")
+        for name in FILE_SETTINGS:
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name} must be a path, got {getattr(self, name)!r}")
+        if not isinstance(self.insecure, bool):
+            raise ConfigError(f"insecure must be true or false, got {self.insecure!r}")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError("tls_cert_file and tls_key_file go together: give both or neither")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ConfigError(
+                "tls_client_ca_file needs tls_cert_file (client certificates need TLS)"
+            )
+        host, _ = parse_addr(self.self_node.client, "client address")
+        secured = bool(self.tls_cert_file and self.auth_file)
+        if not is_loopback(host) and not secured and not self.insecure:
+            raise ConfigError(
+                f"protected mode: the client address {self.self_node.client} is not "
+                "loopback, and clients would be neither encrypted nor authenticated. "
+                "Set tls_cert_file, tls_key_file and auth_file (docs/security.md), or "
+                "insecure = true to accept the risk."
+            )
         if self.durability not in DURABILITY_MODES:
             raise ConfigError(
                 f"durability must be one of {', '.join(DURABILITY_MODES)}, got {self.durability!r}"
@@ -296,9 +342,10 @@ def load_toml(path: str | Path, **overrides: Any) -> NodeConfig:
     raw.update({k: v for k, v in overrides.items() if v is not None})
     if "data_dir" in raw and not Path(raw["data_dir"]).is_absolute():
         raw["data_dir"] = path.parent / raw["data_dir"]
-    secret = raw.get("peer_secret_file")
-    if isinstance(secret, str) and secret and not Path(secret).is_absolute():
-        raw["peer_secret_file"] = str(path.parent / secret)
+    for name in FILE_SETTINGS:
+        value = raw.get(name)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            raw[name] = str(path.parent / value)
     return NodeConfig.create(**raw)
 
 

@@ -200,6 +200,22 @@ class InternalError(RaftLeaseError):
     definite = False
 
 
+class UnauthenticatedError(RaftLeaseError):
+    """The connection is not authenticated (no token or client certificate, or an
+    unknown one). Nothing was applied."""
+
+    code = "UNAUTHENTICATED"
+    definite = True
+
+
+class PermissionDeniedError(RaftLeaseError):
+    """The authenticated principal's roles do not allow this operation on this key
+    (or this priority). Nothing was applied."""
+
+    code = "PERMISSION_DENIED"
+    definite = True
+
+
 class ConfigError(RaftLeaseError):
     """Invalid configuration (raised at start, never over the wire)."""
 
@@ -230,6 +246,8 @@ _REGISTRY: dict[str, type[RaftLeaseError]] = {
         ConnectionLostError,
         InternalError,
         ConfigError,
+        UnauthenticatedError,
+        PermissionDeniedError,
     )
 }
 

@@ -54,6 +54,7 @@ OPS: dict[str, bool] = {
     "watch": False,
     "status": False,
     "ping": False,
+    "auth": False,
 }
 
 
@@ -282,6 +283,8 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
             args["timeout"] = _seconds_ms(message, "timeout", 0.0, 60.0) / 1000.0
     elif op == "fence":
         args["token"] = _int_field(message, "token", 0, 2**62)
+    if op == "auth":
+        args["token"] = _str_field(message, "token", 1024)
     if op in ("holder", "leases", "fence"):
         consistency = message.get("consistency", "linearizable")
         if consistency not in CONSISTENCY_MODES:

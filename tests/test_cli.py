@@ -283,3 +283,23 @@ def test_human_output_escapes_control_characters(shared: LocalCluster) -> None:
     assert "\x1b" not in listed.stdout
     exact = json.loads(run_cli("holder", key, "--json", endpoints=eps).stdout)
     assert exact["holder"]["owner"] == owner
+
+
+def test_up_secure_runs_the_demo_over_tls_with_a_token(tmp_path: Path) -> None:
+    port = free_port_block(3)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTLEASE_")}
+    args = ["up", "--port", str(port), "--secure", "--data-dir", str(tmp_path / "sec")]
+    demo = subprocess.run(
+        [sys.executable, "-m", "raftlease", *args, "--demo", "--exit-after-demo"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+    )
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "demo: OK" in demo.stdout and "secure: TLS and authentication on" in demo.stdout
+    secure = tmp_path / "sec" / "secure"
+    token = (secure / "admin.token").read_text().strip()
+    assert token not in demo.stdout + demo.stderr, "the token was printed"
+    assert (secure / "admin.token").stat().st_mode & 0o077 == 0
+    assert "token_sha256" in (secure / "auth.toml").read_text()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -37,6 +38,22 @@ from ..recipes.locks import AsyncHeldLock
 from ..recipes.sessions import AsyncSession
 from ..recipes.shared import SharedKeyLocks
 from .transport import DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE, Transport
+
+
+def tls_context(tls: ssl.SSLContext | str | bool | None) -> ssl.SSLContext | None:
+    """The client's TLS context for ``AsyncClient(tls=...)``. Raises
+    ``InvalidArgumentError`` if a CA file cannot be loaded."""
+    if tls is None or tls is False:
+        return None
+    if isinstance(tls, ssl.SSLContext):
+        return tls
+    if tls is True:
+        return ssl.create_default_context()
+    try:
+        return ssl.create_default_context(cafile=tls)
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidArgumentError(f"cannot load the CA file {tls!r}: {exc}") from None
+
 
 DEFAULT_CLOCK_DRIFT = 0.01
 DEFAULT_MARGIN = 0.05
@@ -76,12 +93,25 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
         clock_drift: float = DEFAULT_CLOCK_DRIFT,
         margin: float = DEFAULT_MARGIN,
+        token: str | None = None,
+        tls: ssl.SSLContext | str | bool | None = None,
     ) -> None:
+        """``token``: a bearer token sent on every new connection (the node's auth
+        file maps it to a principal); ``tls``: TLS to the client port: True (the
+        system's trusted CAs), a CA file's path, or an ``ssl.SSLContext`` (for a
+        client certificate, load it into the context). Raises
+        ``InvalidArgumentError`` on bad arguments."""
         if isinstance(endpoints, str):
             endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
         if not endpoints:
             raise InvalidArgumentError("at least one endpoint is required")
-        self.transport = Transport(endpoints, deadline=deadline, attempt_timeout=attempt_timeout)
+        self.transport = Transport(
+            endpoints,
+            deadline=deadline,
+            attempt_timeout=attempt_timeout,
+            tls=tls_context(tls),
+            token=token,
+        )
         self.clock_drift = clock_drift
         self.margin = margin
         #: Callbacks run when the client closes (the keep-alives of open lease sessions).

@@ -11,6 +11,7 @@ import contextlib
 import heapq
 import itertools
 import secrets
+import ssl
 from typing import Any
 
 from ..errors import ConnectionLostError, RaftLeaseError, TimeoutError_, from_wire
@@ -32,12 +33,38 @@ class Connection:
         self._task = asyncio.create_task(self._read_loop())
 
     @classmethod
-    async def open(cls, addr: str, timeout: float) -> Connection:
+    async def open(
+        cls,
+        addr: str,
+        timeout: float,
+        tls: ssl.SSLContext | None = None,
+        token: str | None = None,
+    ) -> Connection:
+        """Connect (over TLS when ``tls`` is given, checking the node's certificate for
+        its host) and, with a ``token``, authenticate before anything else is sent.
+        Raises ``OSError``/``TimeoutError`` if it cannot connect, ``UnauthenticatedError``
+        if the node refuses the token."""
         host, _, port = addr.rpartition(":")
+        host = host.strip("[]")
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host.strip("[]"), int(port)), timeout
+            asyncio.open_connection(
+                host, int(port), ssl=tls, server_hostname=host if tls is not None else None
+            ),
+            timeout,
         )
-        return cls(addr, reader, writer)
+        conn = cls(addr, reader, writer)
+        if token is not None:
+            try:
+                answer = await conn.request({"op": "auth", "token": token}, timeout)
+            except BaseException:
+                await conn.close()
+                raise
+            if not answer.get("ok"):
+                await conn.close()
+                raise from_wire(
+                    str(answer.get("code")), str(answer.get("message")), answer.get("detail")
+                )
+        return conn
 
     async def _read_loop(self) -> None:
         try:

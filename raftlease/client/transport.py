@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import logging
 import random
+import ssl
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -53,8 +54,12 @@ class Transport:
         *,
         deadline: float = DEFAULT_DEADLINE,
         attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
+        tls: ssl.SSLContext | None = None,
+        token: str | None = None,
     ) -> None:
         self.endpoints = list(endpoints)
+        self._tls = tls
+        self._token = token
         self.deadline = deadline
         self.attempt_timeout = attempt_timeout
         self.sequencer = RequestSequencer()
@@ -75,7 +80,7 @@ class Transport:
             conn = self._conns.get(addr)
             if conn is None or conn.closed:
                 try:
-                    conn = await Connection.open(addr, timeout)
+                    conn = await Connection.open(addr, timeout, self._tls, self._token)
                 except (OSError, TimeoutError) as exc:
                     raise ConnectionLostError(f"cannot connect to {addr}: {exc}") from None
                 self._conns[addr] = conn

@@ -20,6 +20,7 @@ import logging
 import os
 import secrets
 import signal
+import ssl
 import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from ..clock import Clock, SystemClock
 from ..config import NodeConfig, parse_addr
 from ..core import LeaseStore, Result
 from ..errors import (
+    ConfigError,
     FrameTooLargeError,
     InternalError,
     NotLeaderError,
@@ -51,6 +53,7 @@ from ..protocol import (
     request_id,
 )
 from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder
+from .auth import AuthPolicy, Principal, load_auth
 from .log_clock import LogClock
 from .proposer import Proposer
 from .restart import LastStop, mark_running, mark_stopped
@@ -128,6 +131,10 @@ class NodeServer:
         #: of the cluster after an unclean stop with durability "none".
         self.last_stop = LastStop.CLEAN
         self.recovering_until: float | None = None
+        #: Who may do what on the client port (auth_file); None: no authentication.
+        self.auth: AuthPolicy | None = (
+            load_auth(Path(config.auth_file)) if config.auth_file else None
+        )
 
     # ----------------------------------------------------------- lifecycle
 
@@ -137,8 +144,19 @@ class NodeServer:
         host, port = parse_addr(self.config.self_node.client, "client address")
         # Bind the client port first: if it is taken, fail before joining Raft.
         server = await asyncio.start_server(
-            self._serve_connection, host, port, reuse_address=True, limit=1 << 16
+            self._serve_connection,
+            host,
+            port,
+            reuse_address=True,
+            limit=1 << 16,
+            ssl=self._tls_context(),
         )
+        if self.config.insecure:
+            log.warning(
+                "INSECURE: clients on %s are %s (insecure = true)",
+                self.config.self_node.client,
+                "not authenticated" if self.auth is None else "not encrypted",
+            )
         self.proposer = Proposer(
             self._loop, lambda: self.replica, self.log_clock, self.config.request_timeout
         )
@@ -179,6 +197,24 @@ class NodeServer:
             await self._loop.run_in_executor(None, replica.close)
             mark_stopped(self.config.data_dir)
             log.info("node %s stopped", self.config.node_id)
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        """TLS for the client port (tls_cert_file); with tls_client_ca_file, client
+        certificates it signed are verified (optional: a token also authenticates).
+        Raises ``ConfigError`` if a file cannot be loaded."""
+        config = self.config
+        if not config.tls_cert_file:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+            if config.tls_client_ca_file:
+                context.load_verify_locations(config.tls_client_ca_file)
+                context.verify_mode = ssl.CERT_OPTIONAL
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cannot load the client-port TLS files: {exc}") from None
+        return context
 
     def restart_wait(self) -> float:
         """Seconds a node stays out of the cluster after a machine crash with
@@ -268,6 +304,9 @@ class NodeServer:
         slots = asyncio.Semaphore(MAX_INFLIGHT_PER_CONNECTION)
         tasks: set[asyncio.Task[None]] = set()
         frame_started: float | None = None
+        # The connection's principal (auth.py): from its client certificate, or set
+        # by an auth request. A one-item list the request tasks share.
+        who: list[Principal | None] = [self._certificate_principal(writer)]
         try:
             while True:
                 data = await self._read_within(reader, decoder, tasks, frame_started)
@@ -285,7 +324,7 @@ class NodeServer:
                     frame_started = asyncio.get_running_loop().time()
                 for message in frames:
                     await slots.acquire()
-                    task = asyncio.create_task(self._answer(message, writer, slots))
+                    task = asyncio.create_task(self._answer(message, writer, slots, who))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 if broken is not None:
@@ -302,8 +341,25 @@ class NodeServer:
                 await writer.drain()
             writer.close()
 
+    def _certificate_principal(self, writer: asyncio.StreamWriter) -> Principal | None:
+        """The principal a verified client certificate names (its common name)."""
+        if self.auth is None:
+            return None
+        cert = writer.get_extra_info("peercert")
+        if not cert:
+            return None
+        for rdn in cert.get("subject", ()):
+            for name, value in rdn:
+                if name == "commonName":
+                    return self.auth.by_certificate(str(value))
+        return None
+
     async def _answer(
-        self, message: dict[str, Any], writer: asyncio.StreamWriter, slots: asyncio.Semaphore
+        self,
+        message: dict[str, Any],
+        writer: asyncio.StreamWriter,
+        slots: asyncio.Semaphore,
+        who: list[Principal | None],
     ) -> None:
         try:
             rid = request_id(message)
@@ -313,9 +369,18 @@ class NodeServer:
                 # op that is no string (a list, a map) is left to the protocol's answer.
                 control = self.hooks.control_ops.get(op) if isinstance(op, str) else None
                 if control is not None and rid is not None:
+                    if self.auth is not None:
+                        self.auth.check_admin(who[0], str(op))
                     response = ok_response(rid, control(message))
                 else:
                     request = parse_request(message, self.limits)
+                    if request.op == "auth":
+                        response = ok_response(request.id, self._authenticate(request, who))
+                        writer.write(encode_frame(response))
+                        await writer.drain()
+                        return
+                    if self.auth is not None:
+                        self.auth.check(who[0], request)
                     if request.op == "watch":
                         with contextlib.suppress(ConnectionError):  # watcher gone or dropped
                             await self.watches.stream(
@@ -335,6 +400,20 @@ class NodeServer:
             pass
         finally:
             slots.release()
+
+    def _authenticate(self, request: Request, who: list[Principal | None]) -> dict[str, Any]:
+        """An ``auth`` request: the token's principal becomes the connection's.
+        Raises ``UnauthenticatedError`` (the connection's principal is then cleared)."""
+        if self.auth is None:
+            return {"principal": None, "auth": "off"}
+        try:
+            principal = self.auth.by_token(request.args["token"])
+        except RaftLeaseError:
+            who[0] = None
+            log.warning("client authentication failed (unknown token)")
+            raise
+        who[0] = principal
+        return {"principal": principal.name}
 
     # ------------------------------------------------------------ requests
 
@@ -530,6 +609,9 @@ class NodeServer:
             "lease_reads": self._lease_read_allowed(),
             "clock_rate": getattr(self.clock, "rate", 1.0),
             "token_ceiling": store.ceiling,
+            "client_tls": bool(self.config.tls_cert_file),
+            "client_auth": self.auth is not None,
+            "insecure": self.config.insecure,
             "last_stop": self.last_stop.value,
             **replica.durability_status(),
             **replica.guard.snapshot(),

@@ -279,11 +279,20 @@ class LocalCluster:
 
     # ------------------------------------------------------------ queries
 
+    @property
+    def client_options(self) -> dict[str, Any]:
+        """What a client of this cluster needs: TLS (trusting the CA of
+        ``tls_client_ca_file``, which signs the nodes' certificates in
+        ``testing.certs.secure_bundle``) when the nodes serve it."""
+        if not self.settings.get("tls_cert_file"):
+            return {}
+        return {"tls": self.settings.get("tls_client_ca_file") or True}
+
     def client(self, **options: Any) -> Client:
-        return Client(self.endpoints, **options)
+        return Client(self.endpoints, **{**self.client_options, **options})
 
     def statuses(self, timeout: float = 1.0) -> list[dict[str, Any]]:
-        with Client(self.endpoints) as c:
+        with Client(self.endpoints, **self.client_options) as c:
             return c.cluster_status(timeout=timeout)
 
     def leader(self, timeout: float = 1.0) -> dict[str, Any] | None:

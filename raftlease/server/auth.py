@@ -1,0 +1,189 @@
+"""Who a client is and what it may do (docs/security.md, "Clients").
+
+The auth file (``auth_file`` in the node's config, TOML) names roles and principals:
+
+    [roles.agent]
+    max_priority = 10                      # highest wait-queue priority it may ask for
+    permissions = [{ prefix = "gpu/", actions = ["read", "write"] }]
+
+    [roles.ops]
+    permissions = [{ prefix = "", actions = ["read", "write", "admin"] }]
+
+    [[principals]]
+    name = "agent-7"
+    token_sha256 = "<sha256 hex of the bearer token>"   # never the token itself
+    roles = ["agent"]
+
+    [[principals]]
+    name = "node-exporter"                 # a client certificate whose CN is this name
+    roles = ["ops"]
+
+A connection authenticates with an ``auth`` request carrying a bearer token (compared
+by hash, in constant time), or by a client certificate the node's CA signed (its
+common name is the principal's name). Actions: ``read`` (holder, leases, fence, watch,
+await_lease), ``write`` (acquire, renew, release, transfer, proclaim; lease sessions
+need write on some prefix), ``admin`` (control operations). A prefix operation
+(``leases``, ``watch``) needs the permission on a prefix that contains the one asked.
+
+Pure apart from ``load_auth`` (reads the file). Event loop only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, PermissionDeniedError, UnauthenticatedError
+from ..protocol import Request
+
+ACTIONS = frozenset({"read", "write", "admin"})
+READ_OPS = frozenset({"holder", "leases", "fence", "watch", "await_lease"})
+WRITE_OPS = frozenset({"acquire", "renew", "release", "transfer", "proclaim"})
+SESSION_OPS = frozenset({"session_open", "session_keepalive", "session_close"})
+#: Answered for anyone, authenticated or not (health checks, finding the leader).
+OPEN_OPS = frozenset({"status", "ping"})
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    #: (prefix, actions) pairs.
+    permissions: tuple[tuple[str, frozenset[str]], ...]
+    max_priority: int = 0
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    roles: tuple[Role, ...]
+    token_sha256: str = ""
+
+    def allows(self, action: str, key: str, prefix_op: bool = False) -> bool:
+        for role in self.roles:
+            for prefix, actions in role.permissions:
+                if action in actions and key.startswith(prefix):
+                    return True
+        return False
+
+    def may_write_somewhere(self) -> bool:
+        return any("write" in actions for role in self.roles for _, actions in role.permissions)
+
+    @property
+    def max_priority(self) -> int:
+        return max((role.max_priority for role in self.roles), default=0)
+
+
+@dataclass(frozen=True)
+class AuthPolicy:
+    principals: dict[str, Principal] = field(default_factory=dict)
+
+    def by_token(self, token: str) -> Principal:
+        """The principal whose token this is; raises ``UnauthenticatedError``."""
+        digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+        found: Principal | None = None
+        for principal in self.principals.values():
+            # Constant time per comparison, and every principal is compared.
+            if principal.token_sha256 and hmac.compare_digest(principal.token_sha256, digest):
+                found = principal
+        if found is None:
+            raise UnauthenticatedError("unknown token")
+        return found
+
+    def by_certificate(self, common_name: str | None) -> Principal | None:
+        return self.principals.get(common_name) if common_name else None
+
+    def check(self, principal: Principal | None, request: Request) -> None:
+        """Raise ``UnauthenticatedError`` or ``PermissionDeniedError`` unless
+        ``principal`` may send ``request``."""
+        op, args = request.op, request.args
+        if op in OPEN_OPS:
+            return  # health and leader discovery: no secret in them
+        if principal is None:
+            raise UnauthenticatedError(
+                f"{request.op} needs an authenticated connection: send auth with a token "
+                "or connect with a client certificate"
+            )
+        if op in SESSION_OPS:
+            if not principal.may_write_somewhere():
+                raise PermissionDeniedError(f"{principal.name} may not hold lease sessions")
+            return
+        if op in READ_OPS or op in WRITE_OPS:
+            action = "read" if op in READ_OPS else "write"
+            target = args.get("key", args.get("prefix", ""))
+            if not principal.allows(action, str(target)):
+                raise PermissionDeniedError(
+                    f"{principal.name} may not {action} {target!r} ({op})",
+                    {"principal": principal.name, "action": action, "key": target},
+                )
+            priority = args.get("priority", 0)
+            if op == "acquire" and priority > principal.max_priority:
+                raise PermissionDeniedError(
+                    f"{principal.name} may ask for priority up to {principal.max_priority}, "
+                    f"not {priority}"
+                )
+            return
+        raise PermissionDeniedError(f"{op} is not allowed here")
+
+    def check_admin(self, principal: Principal | None, what: str) -> None:
+        if principal is None:
+            raise UnauthenticatedError(f"{what} needs an authenticated connection")
+        if not principal.allows("admin", ""):
+            raise PermissionDeniedError(f"{principal.name} may not {what} (admin only)")
+
+
+def _fail(path: Path, why: str) -> ConfigError:
+    return ConfigError(f"auth file {str(path)!r}: {why}")
+
+
+def load_auth(path: Path) -> AuthPolicy:
+    """Read and validate an auth file. Raises ``ConfigError`` naming the problem."""
+    try:
+        raw: dict[str, Any] = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise _fail(path, f"cannot be read: {exc}") from None
+    roles: dict[str, Role] = {}
+    for name, spec in (raw.get("roles") or {}).items():
+        if not isinstance(spec, dict):
+            raise _fail(path, f"role {name!r} must be a table")
+        permissions = []
+        for perm in spec.get("permissions", []):
+            if not isinstance(perm, dict) or not isinstance(perm.get("prefix"), str):
+                raise _fail(path, f"role {name!r}: each permission needs a prefix string")
+            actions = perm.get("actions")
+            if not isinstance(actions, list) or not set(actions) <= ACTIONS or not actions:
+                raise _fail(path, f"role {name!r}: actions must be some of {sorted(ACTIONS)}")
+            permissions.append((perm["prefix"], frozenset(actions)))
+        cap = spec.get("max_priority", 0)
+        if not isinstance(cap, int) or isinstance(cap, bool) or not -1000 <= cap <= 1000:
+            raise _fail(path, f"role {name!r}: max_priority must be an integer in -1000..1000")
+        roles[name] = Role(name, tuple(permissions), cap)
+    principals: dict[str, Principal] = {}
+    for entry in raw.get("principals") or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise _fail(path, "each [[principals]] needs a name")
+        name = entry["name"]
+        if name in principals:
+            raise _fail(path, f"principal {name!r} is listed twice")
+        digest = entry.get("token_sha256", "")
+        if not isinstance(digest, str) or (
+            digest and (len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest))
+        ):
+            raise _fail(path, f"principal {name!r}: token_sha256 must be 64 lowercase hex digits")
+        if "token" in entry:
+            raise _fail(path, f"principal {name!r}: store token_sha256, never the token")
+        unknown = [r for r in entry.get("roles", []) if r not in roles]
+        if unknown:
+            raise _fail(path, f"principal {name!r} names unknown roles {unknown}")
+        principals[name] = Principal(name, tuple(roles[r] for r in entry.get("roles", [])), digest)
+    if not principals:
+        raise _fail(path, "names no principals")
+    return AuthPolicy(principals)
+
+
+def token_digest(token: str) -> str:
+    """What the auth file stores for ``token``."""
+    return hashlib.sha256(token.encode()).hexdigest()
