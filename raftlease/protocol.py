@@ -141,6 +141,8 @@ class Request:
     cid: str | None = None
     seq: int | None = None
     ack: int | None = None
+    #: The authenticated principal that sent it (set by the node, never by the wire).
+    principal: str = ""
 
 
 def request_id(message: dict[str, Any]) -> int | None:

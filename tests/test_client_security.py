@@ -144,3 +144,22 @@ def test_protected_mode_refuses_an_open_client_port_without_tls_and_auth() -> No
     assert _config(tls_cert_file="c.pem", tls_key_file="k.pem", auth_file="a.toml")
     with pytest.raises(ConfigError, match="go together"):
         _config(tls_cert_file="c.pem", insecure=True)
+
+
+def test_a_lease_id_alone_does_not_let_another_principal_use_the_lease(
+    cluster_factory: Factory, tmp_path: Path
+) -> None:
+    cluster, bundle = secured(cluster_factory, tmp_path)
+    ca = str(bundle.ca_file)
+    with (
+        Client(cluster.endpoints, tls=ca, token=AGENT_TOKEN) as agent,
+        Client(cluster.endpoints, tls=ca, token=bundle.admin_token) as other,
+    ):
+        held = agent.acquire("gpu/7", owner="agent-7", ttl=30)
+        with pytest.raises(PermissionDeniedError, match="another principal"):
+            other.renew(held)  # the admin has write on every prefix, but not this lease
+        with pytest.raises(PermissionDeniedError):
+            other.release(held)
+        assert agent.holder("gpu/7") is not None
+        agent.renew(held)
+        agent.release(held)

@@ -1157,3 +1157,38 @@ def test_no_read_reveals_a_lease_session_id() -> None:
     ]
     assert secret not in repr(reads)
     assert s.holder("k") is not None and s.holder("k")["in_session"] is True
+
+
+def test_leases_and_sessions_are_bound_to_their_principal() -> None:
+    """With authentication on, the node stamps each entry with the principal that sent
+    it: another principal holding the lease id (or session id) is refused with
+    PERMISSION_DENIED and nothing changes."""
+    s = LeaseStore()
+    mine = {"principal": "alice"}
+    ok(s.apply({**session_open(0, "S", ttl=5000), **mine}))
+    lease = ok(s.apply({**acquire(1, "L1", key="k"), **mine}))
+    queued = ok(s.apply({**acquire(2, "W1", key="k", wait=1000), **mine, "cid": "c2"}))
+    assert queued["queued"] is True
+    before = s.to_plain()
+    for forged in (
+        {**mut("renew", 3, key="k", lid="L1", cid="m", seq=1), "principal": "mallory"},
+        {**mut("release", 3, key="k", lid="L1", cid="m", seq=2), "principal": "mallory"},
+        {**mut("release", 3, key="k", lid="W1", cid="m", seq=3), "principal": "mallory"},
+        {**mut("proclaim", 3, key="k", lid="L1", value="v", cid="m", seq=4)},
+        {**mut("session_keepalive", 3, sid="S", cid="m", seq=5), "principal": "mallory"},
+        {**mut("session_close", 3, sid="S", cid="m", seq=6)},
+        {**acquire(3, "L9", key="other", session="S"), "principal": "mallory", "cid": "m7"},
+    ):
+        r = s.apply(forged)
+        assert r["ok"] is False and r["code"] == "PERMISSION_DENIED", (forged, r)
+        plain = s.to_plain()
+        assert plain["leases"] == before["leases"] and plain["lease_sessions"] == before[
+            "lease_sessions"
+        ], forged
+    ok(s.apply({**mut("renew", 4, key="k", lid="L1", cid="c9", seq=1), **mine}))
+    assert lease["token"] > 0
+    # The principal survives a snapshot.
+    again = LeaseStore.from_plain(msgpack.unpackb(msgpack.packb(s.to_plain()), raw=False))
+    assert again.leases["L1"].principal == "alice"
+    assert again.lease_sessions["S"].principal == "alice"
+    assert again.waiting["W1"].principal == "alice"

@@ -16,7 +16,9 @@ class LeaseRecord:
     ``units`` is how much of the key's capacity the lease takes (1 for a plain lock);
     ``value`` is free text the holder publishes (an elected leader's address);
     ``session`` is the lease session it is attached to ("" for none): an attached
-    lease expires with its session and is renewed by the session's keep-alive."""
+    lease expires with its session and is renewed by the session's keep-alive;
+    ``principal`` is the authenticated client that took it ("" without auth): only it
+    may renew, release, transfer or proclaim the lease."""
 
     key: str
     lease_id: str
@@ -28,9 +30,10 @@ class LeaseRecord:
     units: int = 1
     value: str = ""
     session: str = ""
+    principal: str = ""
 
     def to_plain(self) -> list[Any]:
-        return [
+        plain = [
             self.key,
             self.lease_id,
             self.owner,
@@ -42,6 +45,7 @@ class LeaseRecord:
             self.value,
             self.session,
         ]
+        return [*plain, self.principal] if self.principal else plain
 
 
 @dataclass(slots=True)
@@ -60,12 +64,13 @@ class Waiter:
     units: int = 1
     value: str = ""
     session: str = ""
+    principal: str = ""
 
     def rank(self) -> tuple[int, int]:
         return (-self.priority, self.order)
 
     def to_plain(self) -> list[Any]:
-        return [
+        plain = [
             self.key,
             self.lease_id,
             self.owner,
@@ -77,6 +82,7 @@ class Waiter:
             self.value,
             self.session,
         ]
+        return [*plain, self.principal] if self.principal else plain
 
 
 @dataclass(slots=True)
@@ -91,9 +97,13 @@ class LeaseSession:
     #: Attached live leases and queued acquires, by lease id, in attach order.
     leases: dict[str, None]
     waiters: dict[str, None]
+    #: The authenticated client that opened it ("" without auth): only it may keep it
+    #: alive, close it or attach to it.
+    principal: str = ""
 
     def to_plain(self) -> list[Any]:
-        return [self.session_id, self.owner, self.ttl_ms, self.expires_at]
+        plain = [self.session_id, self.owner, self.ttl_ms, self.expires_at]
+        return [*plain, self.principal] if self.principal else plain
 
 
 @dataclass(slots=True)

@@ -61,8 +61,10 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     store.ceiling = data["ceiling"]
     store.applied = data["applied"]
     store.expired_total = data["expired_total"]
-    for sid, owner, ttl_ms, expires_at in data["lease_sessions"]:
-        store.lease_sessions[sid] = LeaseSession(sid, owner, ttl_ms, expires_at, {}, {})
+    for row in data["lease_sessions"]:
+        sid, owner, ttl_ms, expires_at = row[:4]
+        principal = row[4] if len(row) > 4 else ""
+        store.lease_sessions[sid] = LeaseSession(sid, owner, ttl_ms, expires_at, {}, {}, principal)
     store._session_deadlines = [(s.expires_at, sid) for sid, s in store.lease_sessions.items()]
     heapq.heapify(store._session_deadlines)
     store.capacity = {key: cap for key, cap in data["capacity"]}

@@ -49,6 +49,12 @@ from .records import ClientRecord, LeaseRecord, LeaseSession, Result, Waiter, er
 from .state import StoreState
 
 
+def _not_yours(what: str, name: str) -> Result:
+    """Another principal's lease, queued acquire or lease session: its id alone is not
+    enough (docs/security.md)."""
+    return error("PERMISSION_DENIED", f"the {what} on {name!r} belongs to another principal")
+
+
 class LeaseStore(StoreState):
     """The lease state machine. Single-threaded: the caller serializes ``apply``.
 
@@ -262,9 +268,12 @@ class LeaseStore(StoreState):
             )
         sid: str = entry.get("session", "")
         session = self.lease_sessions.get(sid) if sid else None
+        principal: str = entry.get("principal", "")
         if sid:
             if session is None:
                 return error("SESSION_NOT_FOUND", f"lease session {sid!r} does not exist")
+            if session.principal != principal:
+                return _not_yours("lease session", sid)
             if len(session.leases) + len(session.waiters) >= MAX_SESSION_LEASES:
                 return error(
                     "INVALID_ARGUMENT",
@@ -279,7 +288,7 @@ class LeaseStore(StoreState):
             # Nobody waits ahead of it (the queue is empty, or it outranks the head)
             # and the units fit: granted now.
             self.capacity[key] = capacity
-            lease = self._grant(key, lease_id, entry["owner"], ttl, units, value, sid)
+            lease = self._grant(key, lease_id, entry["owner"], ttl, units, value, sid, principal)
             return self._lease_result(lease)
         wait: int = entry.get("wait", 0)
         if wait <= 0:
@@ -297,6 +306,7 @@ class LeaseStore(StoreState):
             units=units,
             value=value,
             session=sid,
+            principal=principal,
         )
         queue = self.queues.setdefault(key, [])
         position = bisect.bisect_right([w.rank() for w in queue], waiter.rank())
@@ -345,6 +355,7 @@ class LeaseStore(StoreState):
         units: int = 1,
         value: str = "",
         sid: str = "",
+        principal: str = "",
     ) -> LeaseRecord:
         self.revision += 1
         session = self.lease_sessions.get(sid) if sid else None
@@ -361,6 +372,7 @@ class LeaseStore(StoreState):
             units=units,
             value=value,
             session=sid if session is not None else "",
+            principal=principal,
         )
         self.leases[lease_id] = lease
         self.holders.setdefault(key, {})[lease_id] = lease
@@ -422,6 +434,7 @@ class LeaseStore(StoreState):
                 waiter.units,
                 waiter.value,
                 waiter.session,
+                waiter.principal,
             )
         if not queue:
             self.queues.pop(key, None)
@@ -464,6 +477,8 @@ class LeaseStore(StoreState):
         key: str = entry["key"]
         lease = self.leases.get(entry["lid"])
         if lease is not None and lease.key == key:
+            if lease.principal != entry.get("principal", ""):
+                return _not_yours("lease", key)
             return lease
         holders = self.holders.get(key)
         if not holders:
@@ -506,6 +521,8 @@ class LeaseStore(StoreState):
     def _release(self, entry: dict[str, Any]) -> Result:
         waiter = self.waiting.get(entry["lid"])
         if waiter is not None and waiter.key == entry["key"]:
+            if waiter.principal != entry.get("principal", ""):
+                return _not_yours("queued acquire", waiter.key)
             self._dequeue(waiter, "cancelled")
             return {"ok": True, "key": waiter.key, "cancelled": True}
         lease = self._owned(entry)
@@ -524,7 +541,13 @@ class LeaseStore(StoreState):
         self._end_lease(lease, "transfer", grant_next=False)
         ttl = entry.get("ttl") or lease.ttl_ms
         new = self._grant(
-            lease.key, entry["new_lid"], entry["owner"], ttl, lease.units, lease.value
+            lease.key,
+            entry["new_lid"],
+            entry["owner"],
+            ttl,
+            lease.units,
+            lease.value,
+            principal=lease.principal,
         )
         return self._lease_result(new)
 
@@ -548,6 +571,7 @@ class LeaseStore(StoreState):
             expires_at=self.now + entry["ttl"],
             leases={},
             waiters={},
+            principal=entry.get("principal", ""),
         )
         self.lease_sessions[sid] = session
         heapq.heappush(self._session_deadlines, (session.expires_at, sid))
@@ -558,6 +582,8 @@ class LeaseStore(StoreState):
         session = self.lease_sessions.get(entry["sid"])
         if session is None:
             return self._no_session(entry["sid"])
+        if session.principal != entry.get("principal", ""):
+            return _not_yours("lease session", entry["sid"])
         if entry.get("ttl") is not None:
             session.ttl_ms = entry["ttl"]
         session.expires_at = self.now + session.ttl_ms
@@ -572,6 +598,8 @@ class LeaseStore(StoreState):
         session = self.lease_sessions.get(entry["sid"])
         if session is None:
             return self._no_session(entry["sid"])
+        if session.principal != entry.get("principal", ""):
+            return _not_yours("lease session", entry["sid"])
         released = len(session.leases)
         del self.lease_sessions[session.session_id]
         self._end_session(session, "release")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -381,6 +382,8 @@ class NodeServer:
                         return
                     if self.auth is not None:
                         self.auth.check(who[0], request)
+                        if who[0] is not None:
+                            request = dataclasses.replace(request, principal=who[0].name)
                     if request.op == "watch":
                         with contextlib.suppress(ConnectionError):  # watcher gone or dropped
                             await self.watches.stream(
@@ -434,6 +437,10 @@ class NodeServer:
         self._require_leader()
         entry: dict[str, Any] = {k: v for k, v in request.args.items() if k != "consistency"}
         entry["op"] = request.op
+        if request.principal:
+            # Bound to the lease or session it makes, and part of the dedup
+            # fingerprint: nobody else can use it or read its cached answer.
+            entry["principal"] = request.principal
         if request.cid is not None:
             entry["cid"] = request.cid
             entry["seq"] = request.seq
