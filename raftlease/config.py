@@ -117,6 +117,10 @@ class NodeConfig:
     tls_client_ca_file: str = ""
     auth_file: str = ""
     insecure: bool = False
+    # Quotas per authenticated principal (with auth_file).
+    max_leases_per_principal: int = 10_000
+    max_sessions_per_principal: int = 1_000
+    max_connections_per_principal: int = 256
     # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
     # fault-injecting proxy. The peer keeps its identity (its raft address).
     dial: dict[str, str] = field(default_factory=dict)
@@ -235,6 +239,9 @@ class NodeConfig:
             "max_list",
             "max_connections",
             "compaction_min_entries",
+            "max_leases_per_principal",
+            "max_sessions_per_principal",
+            "max_connections_per_principal",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -216,6 +216,14 @@ class PermissionDeniedError(RaftLeaseError):
     definite = True
 
 
+class QuotaExceededError(RaftLeaseError):
+    """The principal reached a quota (leases, lease sessions, connections). Nothing
+    was applied; free some first."""
+
+    code = "QUOTA_EXCEEDED"
+    definite = True
+
+
 class ConfigError(RaftLeaseError):
     """Invalid configuration (raised at start, never over the wire)."""
 
@@ -248,6 +256,7 @@ _REGISTRY: dict[str, type[RaftLeaseError]] = {
         ConfigError,
         UnauthenticatedError,
         PermissionDeniedError,
+        QuotaExceededError,
     )
 }
 

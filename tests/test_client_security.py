@@ -16,6 +16,7 @@ import pytest
 from raftlease import (
     Client,
     PermissionDeniedError,
+    QuotaExceededError,
     UnauthenticatedError,
 )
 from raftlease.config import NodeConfig
@@ -163,3 +164,56 @@ def test_a_lease_id_alone_does_not_let_another_principal_use_the_lease(
         assert agent.holder("gpu/7") is not None
         agent.renew(held)
         agent.release(held)
+
+
+def test_quotas_stop_one_principal_without_locking_out_another(
+    cluster_factory: Factory, tmp_path: Path
+) -> None:
+    bundle = secure_bundle(tmp_path / "tls")
+    bundle.auth_file.write_text(
+        bundle.auth_file.read_text()
+        + textwrap.dedent(
+            f"""
+            [roles.agent]
+            permissions = [{{ prefix = "gpu/", actions = ["read", "write"] }}]
+
+            [[principals]]
+            name = "agent-7"
+            token_sha256 = "{token_digest(AGENT_TOKEN)}"
+            roles = ["agent"]
+            """
+        )
+    )
+    cluster = cluster_factory(
+        1,
+        **bundle.node_settings(),
+        max_leases_per_principal=5,
+        max_sessions_per_principal=2,
+        max_connections_per_principal=3,
+    )
+    ca = str(bundle.ca_file)
+    with Client(cluster.endpoints, tls=ca, token=AGENT_TOKEN) as agent:
+        held = [agent.acquire(f"gpu/{i}", owner="a", ttl=30) for i in range(5)]
+        with pytest.raises(QuotaExceededError):
+            agent.acquire("gpu/5", owner="a", ttl=30)
+        agent.release(held[0])
+        agent.acquire("gpu/5", owner="a", ttl=30)  # room again
+        sessions = [agent.session(owner="a", ttl=5) for _ in range(2)]
+        for session in sessions:
+            session.__enter__()
+        with pytest.raises(QuotaExceededError):
+            agent.session(owner="a", ttl=5).__enter__()
+        for session in sessions:
+            session.__exit__(None, None, None)
+    # Connections: three are fine, the fourth is refused; another principal still gets in.
+    extra = [Client(cluster.endpoints, tls=ca, token=AGENT_TOKEN) for _ in range(4)]
+    try:
+        for client in extra[:3]:
+            client.holder("gpu/1")
+        with pytest.raises(QuotaExceededError):
+            extra[3].holder("gpu/1")
+        with Client(cluster.endpoints, tls=ca, token=bundle.admin_token) as admin:
+            assert admin.holder("gpu/1") is not None
+    finally:
+        for client in extra:
+            client.close()

@@ -82,6 +82,8 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
         entry.get("owner"), MAX_OWNER_BYTES
     ):
         return "'owner' must be a non-empty string"
+    if "quota" in entry and not valid_int(entry["quota"], 1, 2**31):
+        return "'quota' must be a positive integer"
     if "principal" in entry and not valid_str(entry["principal"], MAX_OWNER_BYTES):
         return "'principal' must be a non-empty string"
     if "value" in entry and not (

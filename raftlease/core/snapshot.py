@@ -89,5 +89,11 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         session.waiters = dict.fromkeys(ordered)
     store._wait_deadlines = [(w.deadline, w.lease_id) for w in store.waiting.values()]
     heapq.heapify(store._wait_deadlines)
+    for principal in [r.principal for r in store.leases.values()] + [
+        w.principal for w in store.waiting.values()
+    ]:
+        store._count(store.held_by, principal, 1)
+    for session in store.lease_sessions.values():
+        store._count(store.sessions_by, session.principal, 1)
     store._deadlines = [(r.expires_at, r.lease_id) for r in store.leases.values()]
     heapq.heapify(store._deadlines)

@@ -51,9 +51,21 @@ class StoreState:
         self.waiting: dict[str, Waiter] = {}
         self._wait_deadlines: list[tuple[int, str]] = []
         self.queue_order: int = 0
+        #: principal -> its live leases plus queued acquires, and its lease sessions
+        #: (for quotas; authenticated principals only). Rebuilt on restore.
+        self.held_by: dict[str, int] = {}
+        self.sessions_by: dict[str, int] = {}
         #: What the last ``apply`` changed, for the server (wake long-polls, watches).
         #: Not part of the state: rebuilt by every apply, never snapshotted.
         self.events: list[dict[str, Any]] = []
+
+    def _count(self, table: dict[str, int], principal: str, delta: int) -> None:
+        if principal:
+            left = table.get(principal, 0) + delta
+            if left > 0:
+                table[principal] = left
+            else:
+                table.pop(principal, None)
 
     def token_headroom(self) -> int:
         """An upper bound on how many revisions one request can create from this

@@ -204,6 +204,7 @@ class LeaseStore(StoreState):
                 # Every session due now is gone before any of them frees units, so
                 # none of their waiters can be granted on the way.
                 del self.lease_sessions[sid]
+                self._count(self.sessions_by, session.principal, -1)
                 due.append(session)
         for session in due:
             self._end_session(session, "expire")
@@ -279,6 +280,13 @@ class LeaseStore(StoreState):
                     "INVALID_ARGUMENT",
                     f"lease session {sid!r} already carries {MAX_SESSION_LEASES} leases",
                 )
+        quota = entry.get("quota")
+        if principal and quota is not None and self.held_by.get(principal, 0) >= quota:
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{principal} holds or waits for {self.held_by[principal]} leases; its quota "
+                f"is {quota}",
+            )
         ttl: int = session.ttl_ms if session is not None else entry["ttl"]
         value: str = entry.get("value", "")
         queue = self.queues.get(key)
@@ -312,6 +320,7 @@ class LeaseStore(StoreState):
         position = bisect.bisect_right([w.rank() for w in queue], waiter.rank())
         queue.insert(position, waiter)
         self.waiting[lease_id] = waiter
+        self._count(self.held_by, principal, 1)
         if session is not None:
             session.waiters[lease_id] = None
         heapq.heappush(self._wait_deadlines, (waiter.deadline, lease_id))
@@ -380,6 +389,7 @@ class LeaseStore(StoreState):
         if session is not None:
             session.leases[lease_id] = None
         heapq.heappush(self._deadlines, (lease.expires_at, lease_id))
+        self._count(self.held_by, principal, 1)
         self._event("grant", lease)
         return lease
 
@@ -388,6 +398,7 @@ class LeaseStore(StoreState):
         record the change, and hand freed units to the queue."""
         key = lease.key
         del self.leases[lease.lease_id]
+        self._count(self.held_by, lease.principal, -1)
         holders = self.holders[key]
         del holders[lease.lease_id]
         if not holders:
@@ -424,6 +435,7 @@ class LeaseStore(StoreState):
                 break
             queue.pop(0)
             del self.waiting[waiter.lease_id]
+            self._count(self.held_by, waiter.principal, -1)
             if session is not None:
                 session.waiters.pop(waiter.lease_id, None)
             self._grant(
@@ -447,6 +459,7 @@ class LeaseStore(StoreState):
         head = bool(queue) and queue[0] is waiter
         queue.remove(waiter)
         del self.waiting[waiter.lease_id]
+        self._count(self.held_by, waiter.principal, -1)
         if waiter.session:
             session = self.lease_sessions.get(waiter.session)
             if session is not None:
@@ -564,6 +577,14 @@ class LeaseStore(StoreState):
 
     def _session_open(self, entry: dict[str, Any]) -> Result:
         sid: str = entry["sid"]
+        principal: str = entry.get("principal", "")
+        quota = entry.get("quota")
+        if principal and quota is not None and self.sessions_by.get(principal, 0) >= quota:
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{principal} has {self.sessions_by[principal]} lease sessions; its quota "
+                f"is {quota}",
+            )
         session = LeaseSession(
             session_id=sid,
             owner=entry["owner"],
@@ -571,9 +592,10 @@ class LeaseStore(StoreState):
             expires_at=self.now + entry["ttl"],
             leases={},
             waiters={},
-            principal=entry.get("principal", ""),
+            principal=principal,
         )
         self.lease_sessions[sid] = session
+        self._count(self.sessions_by, principal, 1)
         heapq.heappush(self._session_deadlines, (session.expires_at, sid))
         return self._session_result(session)
 
@@ -602,6 +624,7 @@ class LeaseStore(StoreState):
             return _not_yours("lease session", entry["sid"])
         released = len(session.leases)
         del self.lease_sessions[session.session_id]
+        self._count(self.sessions_by, session.principal, -1)
         self._end_session(session, "release")
         return {"ok": True, "session_id": session.session_id, "released": released}
 

@@ -37,6 +37,7 @@ from ..errors import (
     FrameTooLargeError,
     InternalError,
     NotLeaderError,
+    QuotaExceededError,
     RaftLeaseError,
     UnavailableError,
     error_class,
@@ -133,6 +134,7 @@ class NodeServer:
         self.last_stop = LastStop.CLEAN
         self.recovering_until: float | None = None
         #: Who may do what on the client port (auth_file); None: no authentication.
+        self._principal_connections: dict[str, int] = {}
         self.auth: AuthPolicy | None = (
             load_auth(Path(config.auth_file)) if config.auth_file else None
         )
@@ -307,8 +309,13 @@ class NodeServer:
         frame_started: float | None = None
         # The connection's principal (auth.py): from its client certificate, or set
         # by an auth request. A one-item list the request tasks share.
-        who: list[Principal | None] = [self._certificate_principal(writer)]
+        who: list[Principal | None] = [None]
         try:
+            try:
+                self._adopt(who, self._certificate_principal(writer))
+            except QuotaExceededError as exc:
+                writer.write(encode_frame(error_response(None, exc)))
+                return
             while True:
                 data = await self._read_within(reader, decoder, tasks, frame_started)
                 if not data:
@@ -338,6 +345,7 @@ class NodeServer:
             pass
         finally:
             self._connections -= 1
+            self._adopt(who, None)
             with contextlib.suppress(Exception):
                 await writer.drain()
             writer.close()
@@ -412,11 +420,32 @@ class NodeServer:
         try:
             principal = self.auth.by_token(request.args["token"])
         except RaftLeaseError:
-            who[0] = None
+            self._adopt(who, None)
             log.warning("client authentication failed (unknown token)")
             raise
-        who[0] = principal
+        self._adopt(who, principal)
         return {"principal": principal.name}
+
+    def _adopt(self, who: list[Principal | None], principal: Principal | None) -> None:
+        """Make ``principal`` the connection's, counting connections per principal.
+        Raises ``QuotaExceededError`` (the connection is then unauthenticated) when
+        the principal already has ``max_connections_per_principal``."""
+        counts = self._principal_connections
+        old = who[0]
+        if old is not None:
+            counts[old.name] -= 1
+            if counts[old.name] <= 0:
+                del counts[old.name]
+        who[0] = None
+        if principal is None:
+            return
+        limit = self.config.max_connections_per_principal
+        if counts.get(principal.name, 0) >= limit:
+            raise QuotaExceededError(
+                f"{principal.name} already has {limit} connections to this node"
+            )
+        counts[principal.name] = counts.get(principal.name, 0) + 1
+        who[0] = principal
 
     # ------------------------------------------------------------ requests
 
@@ -441,6 +470,10 @@ class NodeServer:
             # Bound to the lease or session it makes, and part of the dedup
             # fingerprint: nobody else can use it or read its cached answer.
             entry["principal"] = request.principal
+            if request.op == "acquire":
+                entry["quota"] = self.config.max_leases_per_principal
+            elif request.op == "session_open":
+                entry["quota"] = self.config.max_sessions_per_principal
         if request.cid is not None:
             entry["cid"] = request.cid
             entry["seq"] = request.seq
