@@ -260,3 +260,68 @@ def test_syncobj_conf_passes_only_names_pysyncobj_reads(
     known = set(vars(SyncObjConf()))
     assert passed, "syncobj_conf did not build its SyncObjConf through the module name"
     assert set(passed) <= known, sorted(set(passed) - known)
+
+
+# ------------------------------------------------------------ listener recovery
+
+
+def test_an_unbound_raft_listener_binds_again(follower: Follower) -> None:
+    """PySyncObj unbinds its listener for good when accept fails (EMFILE when the
+    process runs out of file descriptors): a restarted peer could never reconnect.
+    Our transport binds it again on the next tick."""
+    import socket
+
+    from pysyncobj.tcp_server import SERVER_STATE
+
+    follower.sync.doTick(0.0)
+    server = follower.transport._server
+    assert server._TcpServer__state == SERVER_STATE.BINDED
+    server.unbind()  # what PySyncObj does after an accept error
+    host, _, port = follower.addr.rpartition(":")
+    with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=1):
+        pass
+    follower.sync.doTick(0.0)
+    assert server._TcpServer__state == SERVER_STATE.BINDED
+    with socket.create_connection((host, int(port)), timeout=2):
+        pass
+
+
+def test_strangers_cannot_hold_every_peer_slot(follower: Follower) -> None:
+    """Connections that never name a member are capped, so they cannot use up the
+    node's file descriptors (and each is dropped by the connection timeout)."""
+    import socket
+
+    from raftlease.replication.transport import MAX_UNIDENTIFIED_PEERS
+
+    follower.sync.doTick(0.0)
+    host, _, port = follower.addr.rpartition(":")
+    socks = []
+    try:
+        for _ in range(MAX_UNIDENTIFIED_PEERS + 10):
+            socks.append(socket.create_connection((host, int(port)), timeout=2))
+            follower.sync.doTick(0.01)  # the listener accepts on the tick thread
+            assert len(follower.transport._unknownConnections) <= MAX_UNIDENTIFIED_PEERS
+        assert len(follower.transport._unknownConnections) == MAX_UNIDENTIFIED_PEERS
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_a_stranger_that_never_speaks_is_dropped_after_the_connection_timeout(
+    follower: Follower,
+) -> None:
+    import socket
+    import time
+
+    follower.sync.doTick(0.0)
+    host, _, port = follower.addr.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=2) as silent:
+        follower.sync.doTick(0.01)
+        assert len(follower.transport._unknownConnections) == 1
+        timeout = follower.sync.conf.connectionTimeout
+        deadline = time.monotonic() + timeout + 10
+        while follower.transport._unknownConnections and time.monotonic() < deadline:
+            follower.sync.doTick(0.05)
+        assert not follower.transport._unknownConnections
+        silent.settimeout(2)
+        assert silent.recv(1) == b""  # closed by the node

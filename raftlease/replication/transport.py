@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from pysyncobj import FAIL_REASON
 from pysyncobj.tcp_connection import TcpConnection
+from pysyncobj.tcp_server import SERVER_STATE
 from pysyncobj.transport import TCPTransport
 
 from .durable import DurableJournal, SyncRecorder, install
@@ -20,6 +21,8 @@ from .peers import PEER_MESSAGE_TYPES, BoundedTcpConnection
 
 log = logging.getLogger("raftlease.replication")
 
+#: Incoming peer connections that have not yet named a member, at most.
+MAX_UNIDENTIFIED_PEERS = 32
 #: A follower rejecting every append_entries of the leader for this long is logged.
 REJECTING_WARN_AFTER = 5.0
 
@@ -69,6 +72,8 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._reply_next = None
         self._snapshot_in = None
         self._rejecting = None
+        self._last_rebind = float("-inf")
+        self._unknown_since: dict[Any, float] = {}
         super().__init__(*args, **kwargs)
         sync = self._syncObj
         self.journal = install(sync, self.durability, self.recorder)
@@ -124,7 +129,47 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             self._bound(conn)
 
     def _onNewIncomingConnection(self, conn: Any) -> None:
+        if len(self._unknownConnections) >= MAX_UNIDENTIFIED_PEERS:
+            # Strangers holding connections open must not use up the file descriptors
+            # the members need: beyond this many not-yet-identified ones, close.
+            conn.disconnect()
+            return
+        self._unknown_since[conn] = self.guard.clock.monotonic()
         super()._onNewIncomingConnection(self._bound(conn))
+
+    def _onTick(self) -> None:
+        super()._onTick()
+        self._drop_silent_strangers()
+        server = self._server
+        if self._ready and server is not None and server._TcpServer__state == SERVER_STATE.UNBINDED:
+            # PySyncObj's listener unbinds itself on an accept error (EMFILE when the
+            # process runs out of file descriptors) and never binds again: a peer
+            # that restarts could then never reconnect. Bind again, once a second.
+            now = self.guard.clock.monotonic()
+            if now - self._last_rebind >= 1.0:
+                self._last_rebind = now
+                try:
+                    server.bind()
+                    log.warning("raft listener was unbound (accept failed); bound again")
+                except OSError as exc:
+                    log.warning("raft listener is unbound and cannot bind yet: %s", exc)
+
+    def _drop_silent_strangers(self) -> None:
+        """PySyncObj checks a connection's timeout only when it has an event: a
+        connection that never sends stays forever. Those that have not named a member
+        within ``connectionTimeout`` are closed."""
+        since = self._unknown_since
+        if not since:
+            return
+        now = self.guard.clock.monotonic()
+        limit = self._syncObj.conf.connectionTimeout
+        for conn, opened in list(since.items()):
+            if conn not in self._unknownConnections:
+                del since[conn]
+            elif now - opened > limit:
+                del since[conn]
+                self._unknownConnections.discard(conn)
+                conn.disconnect()
 
     def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:
         """The first frames of an incoming connection (already authenticated by the
