@@ -13,9 +13,12 @@ Kinds (``KINDS``), by what they break:
   leader's bytes held, then delivered late), ``reset-refuse-leader`` (connections reset
   and new ones refused), ``latency`` (delay on every link);
 * processes: ``kill-leader``, ``kill-follower``, ``kill-all`` (SIGKILL, then restart
-  from the data directory), ``pause-leader``, ``pause-follower`` (SIGSTOP/SIGCONT),
-  ``pause-client`` (SIGSTOP of the client process in the window between its lease
-  check and its fenced write: the fenced resource must refuse it);
+  from the data directory), ``power-loss`` (SIGKILL of a majority, or of every node,
+  then each one's journal, journal meta and dump cut back to what had reached stable
+  storage, ``raftlease.testing.power.cut_to_synced``, and a simulated reboot; needs
+  the nodes' ``record_synced`` test hook), ``pause-leader``, ``pause-follower``
+  (SIGSTOP/SIGCONT), ``pause-client`` (SIGSTOP of the client process in the window
+  between its lease check and its fenced write: the fenced resource must refuse it);
 * clocks, through the test-only ``test_clock`` request: ``clock-within`` (rates within
   ``clock_drift``, jumps below the margins: safe by assumption) and ``clock-beyond``
   (a slow leader, a fast and jumped follower: beyond the drift bound, where the drift
@@ -32,7 +35,8 @@ Kinds (``KINDS``), by what they break:
   the old one may still believe its lease; the vote promise's case).
 
 Schedules: ``schedule(profile, seed, minutes)`` returns every kind alone once, then a
-random mix drawn from ``seed``. Every random choice a fault makes at run time (which
+random mix drawn from ``seed`` (``ci``: a short one; ``long`` and ``soak``: filling
+``minutes``); ``smoke`` is three quick faults. Every random choice a fault makes at run time (which
 follower, which split) comes from ``random.Random(spec.seed)``, so a seed reproduces
 the schedule exactly; which node is leader when a fault starts is up to the cluster.
 """
@@ -40,11 +44,15 @@ the schedule exactly; which node is leader when a fault starts is up to the clus
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import random
+import signal
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from proxy import DROP, HOLD, ProxyNet
@@ -66,6 +74,7 @@ KINDS: dict[str, tuple[str, float]] = {
     "kill-leader": ("process", 2.5),
     "kill-follower": ("process", 2.0),
     "kill-all": ("process", 1.5),
+    "power-loss": ("process", 1.5),
     "pause-leader": ("process", 3.0),
     "pause-follower": ("process", 2.0),
     "pause-client": ("client", 4.5),
@@ -83,6 +92,21 @@ OVERLAPS: dict[str, tuple[str, str]] = {
 #: How long an overlap waits for the first fault to take effect before the second
 #: (the drift alarm needs a few seconds of samples: docs/leader-lease.md).
 OVERLAP_SETTLE = {"clock-beyond": 8.0, "partial-leader": 0.5}
+#: Kinds that take down a majority (or every node): while one holds, no quorum may be
+#: up, so no read can be answered (run.py asks no reads during faults of a schedule
+#: made of these alone).
+NO_QUORUM = frozenset({"kill-all", "power-loss"})
+#: ``power-loss``: the chance that every node loses power (else a random majority).
+POWER_LOSS_ALL = 0.4
+#: After a ``power-loss`` heal (every victim restarted), how long the nemesis waits
+#: for a leader before the fault's recovery time starts (bounded; a cluster that
+#: elects none in time is the liveness checker's to judge).
+POWER_LOSS_LEADER_WAIT = 15.0
+#: Profiles ``schedule`` knows, and the default ``minutes`` of the ones that fill it.
+PROFILES = ("ci", "long", "smoke", "soak")
+DEFAULT_MINUTES = {"long": 10.0, "soak": 30.0}
+#: Seconds of random mix the ``ci`` profile adds after every kind alone.
+CI_MIX = 18.0
 
 
 @dataclass(frozen=True)
@@ -103,9 +127,13 @@ def schedule(
     profile: str, seed: int, minutes: float | None = None, kinds: list[str] | None = None
 ) -> list[FaultSpec]:
     """The fault schedule of a profile. ``ci``: every kind alone, then a short random
-    mix. ``long``: every kind alone, then a random mix filling ``minutes``. ``smoke``:
-    three quick faults (used by the planted-bug self-test). ``kinds`` restricts the
-    kinds used."""
+    mix. ``long`` and ``soak``: every kind alone, then a random mix filling ``minutes``
+    (default 10 and 30). ``smoke``: three quick faults (used by the planted-bug
+    self-tests): ``isolate-leader``, ``kill-leader``, ``pause-client``, or, when
+    ``kinds`` excludes all three, the selected kinds in turn (``--kinds power-loss``:
+    three power losses). ``kinds`` restricts the kinds used."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; expected one of {', '.join(PROFILES)}")
     rng = random.Random(seed)
     names = [k for k in KINDS if kinds is None or k in kinds]
     if not names:
@@ -113,17 +141,20 @@ def schedule(
     recovery = 2.5
     specs: list[FaultSpec] = []
     if profile == "smoke":
-        picks = [k for k in ("isolate-leader", "kill-leader", "pause-client") if k in names]
-        return [FaultSpec(k, KINDS[k][1], recovery, rng.randrange(1 << 30)) for k in picks or names]
+        picks: list[str] = [
+            k for k in ("isolate-leader", "kill-leader", "pause-client") if k in names
+        ]
+        if not picks:
+            picks = [names[i % len(names)] for i in range(max(3, len(names)))]
+        return [FaultSpec(k, KINDS[k][1], recovery, rng.randrange(1 << 30)) for k in picks]
     alone = list(names)
     rng.shuffle(alone)
     specs += [FaultSpec(k, KINDS[k][1], recovery, rng.randrange(1 << 30)) for k in alone]
     if profile == "ci":
-        budget = 3 * 6.0 if minutes is None else max(0.0, minutes * 60 - _length(specs) - 15)
-    elif profile == "long":
-        budget = max(0.0, (minutes if minutes is not None else 10.0) * 60 - _length(specs) - 15)
+        budget = CI_MIX if minutes is None else max(0.0, minutes * 60 - _length(specs) - 15)
     else:
-        raise ValueError(f"unknown profile {profile!r}; expected ci, long or smoke")
+        length = minutes if minutes is not None else DEFAULT_MINUTES[profile]
+        budget = max(0.0, length * 60 - _length(specs) - 15)
     while _length(specs) < _length(specs[: len(alone)]) + budget and len(specs) < 10_000:
         kind = rng.choice(names)
         duration = round(rng.uniform(0.6, 1.5) * KINDS[kind][1], 2)
@@ -180,6 +211,9 @@ class Nemesis:
         self.ids = [n.id for n in cluster.nodes]
         self.count = 0
         self._heal: list[Callable[[], Any]] = []
+        # Run once a fault's stop event is recorded, before its recovery time (e.g.
+        # wait for a leader after a power loss): not part of the measured heal.
+        self._after_heal: list[Callable[[], None]] = []
         self._paused: set[str] = set()
         self._killed: set[str] = set()
         self._skewed: set[str] = set()
@@ -255,6 +289,7 @@ class Nemesis:
         rng = random.Random(spec.seed)
         start = self._starter(spec.kind)
         self._heal = []
+        self._after_heal = []
         detail: dict[str, Any] = start(rng, spec)
         watch = detail.pop("_watch", None)
         self.history.append(
@@ -272,6 +307,9 @@ class Nemesis:
             {"type": "nemesis", "f": "stop", "fault": spec.kind, "id": fid, "detail": healed}
         )
         self.say(f"fault #{fid} {spec.kind} healed {_brief(healed)}")
+        after, self._after_heal = self._after_heal, []
+        for step in after:
+            step()
         return detail
 
     def snapshot(self, why: str) -> dict[str, Any]:
@@ -543,6 +581,48 @@ class Nemesis:
             self._kill(nid)
         return {"killed": order}
 
+    def _start_power_loss(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        """A power loss of a majority (sometimes of every node): SIGKILL them all at
+        once, cut each one's journal, journal meta and dump back to what had reached
+        stable storage (``cut_to_synced``: the node's ``record_synced`` shadows), and
+        restart them at the heal. Afterwards the nemesis waits for a leader. Raises
+        (a harness failure) if a data directory cannot be cut: a power loss that
+        dropped nothing it should have must not pass for one."""
+        from raftlease.testing.power import cut_to_synced
+
+        leader, known = self._target_leader()
+        victims = power_loss_victims(self.ids, rng)
+        for nid in victims:  # every signal first: the power goes at one instant
+            if self.cluster.is_running(nid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.cluster.pid(nid), signal.SIGKILL)
+        for nid in victims:
+            self._kill(nid)  # reaps; restarts at the heal
+        cut = {nid: _plain(cut_to_synced(Path(self.cluster.node_dir(nid)))) for nid in victims}
+        self._after_heal.append(lambda: self._await_leader(spec.kind))
+        return {
+            "killed": victims,
+            "everyone": len(victims) == len(self.ids),
+            "leader": leader,
+            "leader_known": known,
+            "cut": cut,
+        }
+
+    def _await_leader(self, kind: str) -> None:
+        """Wait (at most ``POWER_LOSS_LEADER_WAIT`` s) for a leader; record a note."""
+        began = time.monotonic()
+        leader = self.leader(wait=POWER_LOSS_LEADER_WAIT)
+        waited = round(time.monotonic() - began, 3)
+        self.history.append(
+            {
+                "type": "nemesis",
+                "f": "note",
+                "fault": kind,
+                "detail": {"leader_after_restart": leader, "waited": waited},
+            }
+        )
+        self.say(f"{kind}: leader {leader or 'NONE'} {waited} s after the restart")
+
     def _pause(self, nid: str) -> None:
         self.cluster.pause_node(nid)
         self._paused.add(nid)
@@ -636,11 +716,40 @@ class Nemesis:
         }
 
 
+def power_loss_victims(ids: list[str], rng: random.Random) -> list[str]:
+    """The nodes a ``power-loss`` fault takes down, in kill order: every node with
+    probability ``POWER_LOSS_ALL``, else a random majority."""
+    order = list(ids)
+    rng.shuffle(order)
+    if rng.random() < POWER_LOSS_ALL:
+        return order
+    return order[: len(order) // 2 + 1]
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON data (paths and other objects become strings)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _dropped(files: Any) -> int:
+    """Bytes a power loss cut from one node's files (``cut_to_synced``'s answer:
+    ``{file: {"before": size or None, "after": size or None}}``)."""
+    total = 0
+    for sizes in (files or {}).values() if isinstance(files, dict) else ():
+        if isinstance(sizes, dict):
+            before, after = sizes.get("before") or 0, sizes.get("after") or 0
+            if isinstance(before, int) and isinstance(after, int):
+                total += max(0, before - after)
+    return total
+
+
 def _brief(detail: dict[str, Any]) -> str:
     parts = []
     for key, value in detail.items():
         if key.startswith("_") or key == "changes":
             continue
+        if key == "cut" and isinstance(value, dict):
+            value = ",".join(f"{nid}:-{_dropped(files)}B" for nid, files in value.items())
         parts.append(f"{key}={value}")
     if "changes" in detail:
         parts.append(

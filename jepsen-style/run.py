@@ -1,6 +1,6 @@
 """Run the raftlease chaos suite: a real cluster, faults, a recorded history, checkers.
 
-    python jepsen-style/run.py --profile ci|long|smoke [--minutes N] [--seed S]
+    python jepsen-style/run.py --profile ci|long|smoke|soak [--minutes N] [--seed S]
                                [--out DIR] [--planted-bug fast_log_clock]
 
 Starts ``--nodes`` node processes on 127.0.0.1 (``raftlease.testing.LocalCluster``,
@@ -8,9 +8,13 @@ test hooks on, short timers) with a fault proxy on every node pair, runs ``--cli
 client threads plus one client process against them while the nemesis applies the
 profile's schedule, then checks the history. Writes ``DIR/history.jsonl``,
 ``DIR/results.json``, ``DIR/timeline.html`` and the node logs (``DIR/cluster``).
+The ``soak`` profile (default 30 minutes) also samples every node's memory, fds,
+threads, journal and dump every ``--sample-every`` seconds (``soak.py``) and judges
+the series: results.json ``soak``.
 
-Exit status: 0 when every checker passes; 1 on any violation; 2 when a checker could
-not decide (unknown); 3 when the harness itself failed.
+Exit status: 0 when every checker (and a soak's resource verdict) passes; 1 on any
+violation (or a soak verdict failed); 2 when a checker could not decide (unknown);
+3 when the harness itself failed.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ sys.path.insert(0, str(HERE))
 import checker  # noqa: E402
 import nemesis  # noqa: E402
 import replay  # noqa: E402
+import soak  # noqa: E402
 import timeline  # noqa: E402
 from proc_client import ClientProcess  # noqa: E402
 from proxy import ProxyNet  # noqa: E402
@@ -122,9 +127,14 @@ def run(args: argparse.Namespace) -> int:
     pairs = args.nodes * (args.nodes - 1) // 2
     proxies = ProxyNet(addresses, [base + 200 + i for i in range(pairs)])
     settings = dict(NODE_SETTINGS)
+    if args.profile == "soak":
+        # Compaction by entry count, so that restarts do not put off compaction and a
+        # journal sawtooth does not decide the memory rule (soak.py).
+        settings["compaction_min_entries"] = soak.COMPACTION_MIN_ENTRIES
     # The nodes run the test build (raftlease.testing.node): clock control for the
-    # clock faults, and the planted bug of a self-test run.
-    hooks: dict[str, Any] = {"clock_control": True}
+    # clock faults, shadows of what reached stable storage for the power-loss fault
+    # (record_synced), and the planted bug of a self-test run.
+    hooks: dict[str, Any] = {"clock_control": True, "record_synced": True}
     if args.planted_bug:
         hooks["planted_bug"] = args.planted_bug
     cluster = LocalCluster(
@@ -170,12 +180,18 @@ def run(args: argparse.Namespace) -> int:
     server: FencedStoreServer | None = None
     fence_client: Client | None = None
     nem: nemesis.Nemesis | None = None
+    monitor: soak.Monitor | None = None
     status = 0
     deadline = t0 + planned + 120
     try:
         proxies.start()
         cluster.start(timeout=60)
         say(f"cluster up: leader {cluster.leader_id()}")
+        if args.profile == "soak":
+            monitor = soak.Monitor(
+                lambda: _node_processes(cluster), args.sample_every, deadline
+            ).start()
+            say(f"soak monitor: every node sampled every {args.sample_every} s")
         # The resource's own client: it asks the cluster whether a writer's token is
         # the current holder's, so what it accepts is raftlease's decision.
         fence_client = Client(
@@ -239,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
         traceback.print_exc()
         status = 3
     finally:
+        if monitor is not None:
+            monitor.stop()  # the last sample is taken under load, before the clients stop
         stop.set()
         if nem is not None:
             with contextlib.suppress(Exception):
@@ -278,7 +296,11 @@ def run(args: argparse.Namespace) -> int:
     # (ci --seed 1: 180+ grants and 120+ contended intervals per key, 790 reads during
     # faults), far above what an idle or broken workload does.
     busy = {"min_grants": 20, "min_contended": 10, "min_reads_during_faults": 50}
-    need = checker.VolumeRequirements.from_meta(events, **(busy if args.profile != "smoke" else {}))
+    overrides: dict[str, Any] = busy if args.profile != "smoke" else {}
+    if {s.kind for s in specs} <= nemesis.NO_QUORUM:
+        # Every fault leaves no quorum (e.g. --kinds power-loss): none can answer a read.
+        overrides = {**overrides, "min_reads_during_faults": 0}
+    need = checker.VolumeRequirements.from_meta(events, **overrides)
     try:
         results = checker.check(events, volume=need)
     except Exception:
@@ -293,17 +315,39 @@ def run(args: argparse.Namespace) -> int:
     )
     results["wall_seconds"] = round(time.monotonic() - t0, 1)
     results["harness_errors"] = errors + (["harness failed (see output)"] if status == 3 else [])
+    if monitor is not None:
+        results["soak"] = {
+            **soak.verdict(monitor.samples),
+            "interval": args.sample_every,
+            "minutes": nemesis.DEFAULT_MINUTES["soak"] if args.minutes is None else args.minutes,
+            "faults": sum(
+                1 for e in events if e.get("type") == "nemesis" and e.get("f") == "start"
+            ),
+            "series": soak.series(monitor.samples),
+        }
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     categories = {k: v[0] for k, v in nemesis.KINDS.items()}
     (out / "timeline.html").write_text(timeline.render(events, results, categories))
     _summary(results, out)
     if status:
         return status
-    if results["valid"] is False:
+    resources = results.get("soak", {}).get("valid", True)
+    if results["valid"] is False or resources is False:
         return 1
-    if results["valid"] != "unknown" and not errors:
+    if results["valid"] != "unknown" and resources is True and not errors:
         return 0
-    return 2 if results["valid"] == "unknown" else 3
+    return 2 if "unknown" in (results["valid"], resources) else 3
+
+
+def _node_processes(cluster: LocalCluster) -> dict[str, tuple[int | None, Path]]:
+    """What the soak monitor samples: each node's pid (None while it is down) and data
+    directory. Called on the monitor's thread; reads ``cluster.procs`` only."""
+    out: dict[str, tuple[int | None, Path]] = {}
+    for node in cluster.nodes:
+        proc = cluster.procs.get(node.id)
+        pid = proc.pid if proc is not None and proc.returncode is None else None
+        out[node.id] = (pid, cluster.node_dir(node.id))
+    return out
 
 
 def _summary(results: dict[str, Any], out: Path) -> None:
@@ -329,7 +373,10 @@ def _summary(results: dict[str, Any], out: Path) -> None:
     )
     for v in volume["violations"][:10]:
         print("     short:", json.dumps(v, default=str)[:300])
-    print(f"VERDICT: {results['valid']}   ({results['wall_seconds']} s)   {out}")
+    if "soak" in results:
+        print(*soak.summary_lines(results["soak"]), sep="\n")
+    resources = f"   resources (soak): {results['soak']['valid']}" if "soak" in results else ""
+    print(f"VERDICT: {results['valid']}{resources}   ({results['wall_seconds']} s)   {out}")
 
 
 def _replay(cluster: LocalCluster, final: dict[str, Any]) -> dict[str, Any]:
@@ -355,7 +402,7 @@ def _replay(cluster: LocalCluster, final: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", choices=["ci", "long", "smoke"], default="ci")
+    parser.add_argument("--profile", choices=list(nemesis.PROFILES), default="ci")
     parser.add_argument("--minutes", type=float, default=None, help="length of the run")
     parser.add_argument("--seed", type=int, default=None, help="reproduce a schedule")
     parser.add_argument("--out", default=None, help="output directory")
@@ -368,7 +415,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--kinds", default="", help="comma-separated fault kinds (default all)")
+    parser.add_argument(
+        "--sample-every",
+        type=float,
+        default=soak.SAMPLE_EVERY,
+        help="soak profile: seconds between resource samples of every node",
+    )
     args = parser.parse_args(argv)
+    if args.sample_every <= 0:
+        parser.error("--sample-every must be positive")
     if args.nodes < 3:
         parser.error("--nodes must be at least 3")
     return run(args)

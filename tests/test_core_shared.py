@@ -1182,9 +1182,10 @@ def test_leases_and_sessions_are_bound_to_their_principal() -> None:
         r = s.apply(forged)
         assert r["ok"] is False and r["code"] == "PERMISSION_DENIED", (forged, r)
         plain = s.to_plain()
-        assert plain["leases"] == before["leases"] and plain["lease_sessions"] == before[
-            "lease_sessions"
-        ], forged
+        assert (
+            plain["leases"] == before["leases"]
+            and plain["lease_sessions"] == before["lease_sessions"]
+        ), forged
     ok(s.apply({**mut("renew", 4, key="k", lid="L1", cid="c9", seq=1), **mine}))
     assert lease["token"] > 0
     # The principal survives a snapshot.
