@@ -7,9 +7,13 @@ waits) and is called from the main thread between measurements.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import time
+import traceback
+from pathlib import Path
 from typing import Any
 
 from raftlease.testing import LocalCluster, wait_for
@@ -112,6 +116,35 @@ def max_term(cluster: LocalCluster) -> int:
     return max((int(s.get("term", 0)) for s in cluster.statuses() if s.get("reachable")), default=0)
 
 
+def journal_counters(cluster: LocalCluster) -> dict[str, dict[str, int]]:
+    """The journal counters each reachable node's status reports (integer fields
+    named ``journal_*``, e.g. ``journal_syncs`` and ``journal_synced_entries``), by
+    node id; empty for a raftlease whose status has none."""
+    out: dict[str, dict[str, int]] = {}
+    for status in cluster.statuses():
+        if not status.get("reachable"):
+            continue
+        found = {
+            k: v
+            for k, v in status.items()
+            if k.startswith("journal_") and isinstance(v, int) and not isinstance(v, bool)
+        }
+        if found:
+            out[str(status.get("node"))] = found
+    return out
+
+
+def counter_delta(
+    before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
+) -> dict[str, dict[str, int]]:
+    """Per node and counter, how much it grew (0 if it went back: a restarted node)."""
+    return {
+        node: {k: max(0, v - before[node].get(k, 0)) for k, v in counters.items()}
+        for node, counters in after.items()
+        if node in before
+    }
+
+
 def wait_caught_up(cluster: LocalCluster, timeout: float) -> None:
     """Block until every running node is reachable, ready, agreeing on a leader, and
     applied up to the leader's commit index seen before. Raises TimeoutError."""
@@ -150,3 +183,18 @@ def log_alerts(cluster: LocalCluster) -> dict[str, Any]:
             kind["count"] += 1
             kind["nodes"][node.id] = kind["nodes"].get(node.id, 0) + 1
     return dict(sorted(kinds.items(), key=lambda kv: -int(kv[1]["count"])))
+
+
+def save_failure_logs(out: Path, name: str, cluster: LocalCluster) -> Path:
+    """After a failed workload ``name``: the current exception's traceback, the
+    nodes' statuses (if they answer) and the tail of their logs, in
+    ``out``/logs/``name``.log. Call from an ``except`` block; returns the file."""
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    detail = [traceback.format_exc()]
+    with contextlib.suppress(Exception):
+        detail.append(json.dumps(cluster.statuses(), indent=1))
+    detail.append(cluster.logs(tail=300))
+    path = logs / f"{name.replace(' ', '_')}.log"
+    path.write_text("\n".join(detail))
+    return path

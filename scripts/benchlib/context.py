@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -29,8 +30,9 @@ if TYPE_CHECKING:
     from raftlease.client import Lease
 
 #: The result of a run: the document written to bench.json (JSON types only), with
-#: the top-level keys meta, raw, workloads, targets, methods, then raw_conf and
-#: node_log_alerts when those phases ran.
+#: the top-level keys meta, raw, workloads, targets, methods, then raw_conf, durability
+#: and node_log_alerts when those phases ran (a result saved before the durability
+#: phase existed has no durability key; everything that reads it takes it as optional).
 Result = dict[str, Any]
 
 #: TTLs (seconds) of the leases the workloads create.
@@ -40,7 +42,14 @@ TTL_MEMORY = 3600.0
 
 #: Workload groups run on the main cluster, in order (``--only`` names).
 MAIN_GROUPS = ("acquire", "renew", "release", "holder", "handoff", "failover")
-GROUPS = ("raw", *MAIN_GROUPS, "memory")
+GROUPS = ("raw", "durability", *MAIN_GROUPS, "memory")
+
+#: Values of raftlease's ``NodeConfig.durability`` the durability phase can compare
+#: (written here, not imported: ``scripts/bench`` checks ``--durability`` before the
+#: frozen copy of raftlease is made, and ``--render`` imports no raftlease).
+DURABILITY_MODES = ("fsync", "none")
+#: The throughput groups the durability phase measures in each mode, in order.
+DURABILITY_GROUPS = ("acquire", "renew")
 
 #: Groups that are not throughput tables (no ops/s row, no election count under load).
 NON_THROUGHPUT_GROUPS = ("failover", "memory", "snapshot")
@@ -50,6 +59,12 @@ MAX_ERRORS = 2000
 
 #: Start of the run (monotonic); progress lines and meta.elapsed_s count from here.
 T0 = time.monotonic()
+
+
+class BenchTimeout(Exception):
+    """The run hit its time limit or was asked to stop (SIGTERM); raised on the main
+    thread by the runner's signal handler, it ends the run through the normal
+    clean-up. A workload that isolates its own failures must let it through."""
 
 
 def progress(message: str) -> None:
@@ -87,6 +102,10 @@ class Profile:
     snapshot_steady: float
     max_seconds: float
     settle: float  # max seconds to wait for a quiet machine before each repetition
+    #: The durability modes measured side by side, in run order (``--durability``).
+    durability: tuple[str, ...] = DURABILITY_MODES
+    #: Tries of the storage probe (write + msync + fdatasync of one journal page).
+    sync_probe: int = 200
 
     @property
     def concurrent_modes(self) -> list[str]:
@@ -111,7 +130,9 @@ FULL = Profile(
     snapshot_compaction_entries=20_000,
     snapshot_compaction_time=3.0,
     snapshot_steady=15.0,
-    max_seconds=3600.0,
+    # The durability phase adds two clusters' worth of acquire and renew to the
+    # ~30 min of the other phases; the settle waits can stretch every repetition.
+    max_seconds=5400.0,
     settle=10.0,
 )
 
@@ -133,6 +154,7 @@ QUICK = Profile(
     snapshot_steady=3.0,
     max_seconds=150.0,
     settle=0.0,
+    sync_probe=50,
 )
 
 #: By ``Profile.name``, as recorded in meta.profile (a saved result names its profile).
@@ -157,6 +179,8 @@ class Context:
         self._keys = itertools.count()
         #: Leases created by the renew workload, reused by the holder reads.
         self.renew_pool: list[Lease] = []
+        #: Put before each measurement's progress line (a scoped context's cluster).
+        self.label = ""
         self.result: Result = {
             "meta": {},
             "raw": {},
@@ -164,11 +188,25 @@ class Context:
             "targets": [],
             "methods": {},
         }
+        self._workloads: dict[str, Any] = self.result["workloads"]
 
     @property
     def workloads(self) -> dict[str, Any]:
-        workloads: dict[str, Any] = self.result["workloads"]
-        return workloads
+        """Where ``record`` puts entries: result["workloads"], or a scoped context's
+        own section."""
+        return self._workloads
+
+    def scoped(self, workloads: dict[str, Any], label: str) -> Context:
+        """A context for workloads run on another cluster (the durability phase):
+        it shares this one's profile, result (raw figures, methods) and key counter, but
+        records its entries in ``workloads`` instead of result["workloads"], has its
+        own renew pool, wants every group, and starts its progress lines with ``label``."""
+        child = copy.copy(self)
+        child._workloads = workloads
+        child.renew_pool = []
+        child.only = None
+        child.label = label
+        return child
 
     def key(self, prefix: str) -> str:
         """A key no earlier call of this run returned."""
@@ -200,6 +238,18 @@ def raw_sync(result: Result) -> float:
     """Raw PySyncObj's median ops/s with one synchronous thread (0.0 if not run)."""
     entry = result["raw"].get("sync_1thread")
     return float(entry["ops_per_s"]["median"]) if entry else 0.0
+
+
+def durability_entry(
+    result: Result, durability: str, group: str, mode: str
+) -> dict[str, Any] | None:
+    """The entry of ``group`` in ``mode`` measured on the ``durability`` cluster of the
+    durability phase (None if that phase, mode or workload was not run or failed)."""
+    try:
+        entry = result["durability"]["clusters"][durability]["workloads"][group][mode]
+    except (KeyError, TypeError):
+        return None
+    return entry if isinstance(entry, dict) else None
 
 
 def raw_pipelined(result: Result) -> float:
@@ -279,7 +329,8 @@ def run_meta(profile: Profile, code: dict[str, str]) -> dict[str, Any]:
         "raftlease": raftlease.__version__,
         "cpus": os.cpu_count(),
         "loadavg_start": loadavg(),
-        "settings": "raftlease NodeConfig defaults (both clusters)",
+        "settings": "raftlease NodeConfig defaults (main and memory clusters; the "
+        "durability clusters set durability and nothing else)",
         "code": code,
     }
     with contextlib.suppress(Exception):

@@ -3,7 +3,8 @@
 A workload is measured as one or more ``Variant``s (e.g. acquire with 16 threads).
 ``measure`` runs a variant's warm-up and ``repeat`` timed repetitions and records
 the median and spread of throughput, the median of the repetitions' p50/p99 latency,
-CPU per process and the elections seen. The load loops block the calling thread for
+CPU per process, the elections seen and, when the nodes' status reports them, the
+growth of their journal counters (syncs). The load loops block the calling thread for
 their duration: ``run_threads`` on a shared blocking ``Client`` from N threads,
 ``run_async`` and ``create_leases`` on their own event loop (``asyncio.run``).
 """
@@ -23,7 +24,7 @@ from raftlease.client import AsyncClient, Client, Lease
 from raftlease.errors import RaftLeaseError
 from raftlease.testing import LocalCluster
 
-from .cluster import CpuProbe, cluster_probe, max_term
+from .cluster import CpuProbe, cluster_probe, counter_delta, journal_counters, max_term
 from .context import MAX_ERRORS, Context, progress, raw_pipelined, raw_sync
 
 # ----------------------------------------------------------------- statistics
@@ -218,10 +219,12 @@ def measure(ctx: Context, cluster: LocalCluster, variant: Variant) -> dict[str, 
     p = ctx.profile
     probe = cluster_probe(cluster)
     term_before = max_term(cluster)
-    label = f"{variant.group} [{variant.mode}]"
+    label = f"{ctx.label}{variant.group} [{variant.mode}]"
     if variant.prepare is not None:
         variant.prepare(-1)
     variant.run(p.warmup)
+    # The nodes' journal counters (syncs, entries they covered) over the repetitions.
+    journal_before = journal_counters(cluster)
     runs: list[Run] = []
     for rep in range(p.repeat):
         if variant.prepare is not None:
@@ -238,6 +241,7 @@ def measure(ctx: Context, cluster: LocalCluster, variant: Variant) -> dict[str, 
             f"p99 {percentile(run.latencies, 0.99) * 1000:.2f} ms"
             + (f" errors {run.errors}" if run.errors else "")
         )
+    journal = counter_delta(journal_before, journal_counters(cluster))
     leader = cluster.leader_id()
     elections = max_term(cluster) - term_before
     rates = [r.rate for r in runs]
@@ -265,6 +269,9 @@ def measure(ctx: Context, cluster: LocalCluster, variant: Variant) -> dict[str, 
     extras = [r.extra for r in runs if r.extra]
     if extras:
         entry["extra"] = extras
+    if journal:
+        # Summed over every repetition (and the settle waits between them), like "ops".
+        entry["journal"] = journal
     median_rate = statistics.median(rates)
     sync, pipelined = raw_sync(ctx.result), raw_pipelined(ctx.result)
     entry["vs_raw"] = {

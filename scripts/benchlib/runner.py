@@ -8,10 +8,8 @@ expects ``context.freeze_raftlease`` to have run before this module was imported
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -20,10 +18,19 @@ from raftlease.client import Client
 from raftlease.testing import LocalCluster
 
 from . import targets
-from .cluster import log_alerts, node_rss
-from .context import MAIN_GROUPS, T0, Context, Profile, loadavg, progress, run_meta
+from .cluster import log_alerts, node_rss, save_failure_logs
+from .context import (
+    MAIN_GROUPS,
+    T0,
+    BenchTimeout,
+    Context,
+    Profile,
+    loadavg,
+    progress,
+    run_meta,
+)
 from .report import write_outputs
-from .workloads import failover, handoff, memory, throughput
+from .workloads import durability, failover, handoff, memory, throughput
 
 COMMON_METHOD = (
     "Each workload: warm-up {p.warmup} s, then {p.repeat} repetitions of "
@@ -39,11 +46,6 @@ COMMON_METHOD = (
     "and the best pipelined figure. Elections = change of the highest Raft term "
     "seen across nodes during the workload."
 )
-
-
-class BenchTimeout(Exception):
-    """The run hit its time limit or was asked to stop (SIGTERM); raised on the main
-    thread by the signal handler, it ends the run through the normal clean-up."""
 
 
 def guarded(
@@ -64,14 +66,8 @@ def guarded(
         progress(f"{group}: FAILED: {message}")
         ctx.workloads.setdefault(group, {})["error"] = message
         if cluster is not None:
-            logs = ctx.out / "logs"
-            logs.mkdir(parents=True, exist_ok=True)
-            detail = [traceback.format_exc()]
-            with contextlib.suppress(Exception):
-                detail.append(json.dumps(cluster.statuses(), indent=1))
-            detail.append(cluster.logs(tail=300))
-            (logs / f"{group.replace(' ', '_')}.log").write_text("\n".join(detail))
-            progress(f"{group}: node logs saved in {logs}")
+            path = save_failure_logs(ctx.out, group, cluster)
+            progress(f"{group}: node logs saved in {path.parent}")
         return False
 
 
@@ -119,6 +115,8 @@ def run_all(ctx: Context, code: dict[str, str]) -> None:
     ctx.method("common", COMMON_METHOD.format(p=p))
     try:
         guarded(ctx, "raw", lambda: throughput.raw(ctx))
+        # Right after raw: its ratios to the ceiling come from the same stretch of time.
+        guarded(ctx, "durability", lambda: durability.durability(ctx))
         if any(ctx.wanted(g) for g in MAIN_GROUPS):
             main_cluster(ctx)
         guarded(ctx, "memory", lambda: memory.memory_snapshot(ctx))

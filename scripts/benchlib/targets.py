@@ -3,7 +3,9 @@
 
 ``evaluate`` turns a result document into the rows of result["targets"]: ``target``
 (label), ``figure`` (what was measured, as text), ``met`` (True, False, or None for
-"not applicable") and ``note``. It reads only the result, so a saved bench.json can
+"not applicable") and ``note``, plus ``issue`` when the target names the issue it
+comes from (the report's heading lists them; no ``issue`` means issue 6). It reads
+only the result, so a saved bench.json can
 be judged again after the targets change (``scripts/bench --render ... --retarget``).
 Pure functions; no raftlease import.
 """
@@ -16,7 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .context import NON_THROUGHPUT_GROUPS, PROFILES, Result, first_variant, raw_pipelined
+from .context import (
+    DURABILITY_MODES,
+    NON_THROUGHPUT_GROUPS,
+    PROFILES,
+    Result,
+    durability_entry,
+    first_variant,
+    raw_pipelined,
+)
 
 #: The targets of the report, next to this module.
 TARGETS_FILE = Path(__file__).with_name("targets.toml")
@@ -59,18 +69,41 @@ class Judged:
         mode = max(self.concurrent, key=lambda m: self.rate(group, m), default="")
         return mode, self.rate(group, mode)
 
+    @property
+    def durability(self) -> dict[str, Any] | None:
+        """The durability phase's section (None if the run had none)."""
+        section = self.result.get("durability")
+        return section if isinstance(section, dict) else None
+
+    def durable_rate(self, durability: str, group: str, mode: str) -> float:
+        """Median ops/s of ``group`` in ``mode`` on the ``durability`` cluster; 0.0
+        if not measured or failed."""
+        entry = durability_entry(self.result, durability, group, mode)
+        return 0.0 if entry is None else float(entry["ops_per_s"]["median"])
+
+    def durable_best_concurrent(self, durability: str, group: str) -> tuple[str, float]:
+        """The concurrent mode of ``group`` with the highest rate on the
+        ``durability`` cluster, and that rate."""
+        mode = max(
+            self.concurrent, key=lambda m: self.durable_rate(durability, group, m), default=""
+        )
+        return mode, self.durable_rate(durability, group, mode)
+
 
 Evaluator = Callable[[Spec, Judged], Row | None]
 
 
 def _row(spec: Spec, figure: str, met: bool | None, note: str | None = None) -> Row:
     label = str(spec["name"])
-    return {
+    row: Row = {
         "target": label,
         "figure": figure,
         "met": met,
         "note": str(spec.get("note", "")) if note is None else note,
     }
+    if "issue" in spec:
+        row["issue"] = int(spec["issue"])
+    return row
 
 
 # ----------------------------------------------------------------- evaluators
@@ -201,6 +234,57 @@ def _snapshot_stall(spec: Spec, j: Judged) -> Row | None:
     )
 
 
+def _durability_ratio(spec: Spec, j: Judged) -> Row | None:
+    """fsync's best concurrent rate of ``group`` against none's (each its own best
+    mode), with the ratio in every concurrent mode in the figure."""
+    if j.durability is None:
+        return None
+    fsync, none = DURABILITY_MODES
+    group = spec["group"]
+    mode_f, rate_f = j.durable_best_concurrent(fsync, group)
+    mode_n, rate_n = j.durable_best_concurrent(none, group)
+    if not rate_f or not rate_n:
+        have = [m for m in DURABILITY_MODES if j.durable_best_concurrent(m, group)[1]]
+        measured = f"only {have[0]} measured" if have else "neither measured"
+        return _row(spec, f"needs {fsync} and {none} ({measured})", None)
+    per_mode = []
+    for mode in j.concurrent:
+        f, n = j.durable_rate(fsync, group, mode), j.durable_rate(none, group, mode)
+        per_mode.append(f"{mode}: {f / n:.2f}" if f and n else f"{mode}: -")
+    ratio = rate_f / rate_n
+    return _row(
+        spec,
+        f"{100 * ratio:.0f} % ({fsync} {rate_f:,.0f}/s, {mode_f}; {none} {rate_n:,.0f}/s, "
+        f"{mode_n}; per mode {', '.join(per_mode)})",
+        ratio >= spec["min_ratio"],
+    )
+
+
+def _durability_p50(spec: Spec, j: Judged) -> Row | None:
+    """The p50 latency of ``group`` in ``mode`` on one durability mode's cluster
+    (``durability``, default fsync), against ``max_ms``; the other mode's beside it."""
+    if j.durability is None:
+        return None
+    durability = str(spec.get("durability", DURABILITY_MODES[0]))
+    entry = durability_entry(j.result, durability, spec["group"], spec["mode"])
+    if entry is None:
+        return _row(spec, f"{spec['group']} [{spec['mode']}] not measured with {durability}", None)
+    figure = f"{entry['p50_ms']:.2f} ms (p99 {entry['p99_ms']:.2f} ms)"
+    for other in DURABILITY_MODES:
+        beside = durability_entry(j.result, other, spec["group"], spec["mode"])
+        if other != durability and beside is not None:
+            figure += f"; {other}: {beside['p50_ms']:.2f} ms"
+    return _row(spec, figure, float(entry["p50_ms"]) < spec["max_ms"])
+
+
+def _not_measured(spec: Spec, j: Judged) -> Row | None:
+    """A target the benchmark cannot judge yet: an n/a row with ``figure`` as its
+    text, shown only when the result has the ``section`` the target belongs to."""
+    if spec["section"] not in j.result:
+        return None
+    return _row(spec, str(spec["figure"]), None)
+
+
 #: ``kind`` in targets.toml -> its evaluator.
 EVALUATORS: dict[str, Evaluator] = {
     "rate": _rate,
@@ -213,6 +297,9 @@ EVALUATORS: dict[str, Evaluator] = {
     "no_elections": _no_elections,
     "memory": _memory,
     "snapshot_stall": _snapshot_stall,
+    "durability_ratio": _durability_ratio,
+    "durability_p50": _durability_p50,
+    "not_measured": _not_measured,
 }
 
 

@@ -2,6 +2,8 @@
 
 - ``throughput``: the raw PySyncObj ceiling, then acquire, renew, release and holder
   reads, each with 1 thread, N threads on one Client, and an AsyncClient;
+- ``durability``: acquire and renew again, on one cluster per durability mode
+  ("fsync", "none"), with a probe of the storage's sync latency;
 - ``handoff``: contended handoff of one lock between N clients, with fairness;
 - ``failover``: SIGKILL of the leader while a client loops acquire/release;
 - ``memory``: RSS with many live leases, then the snapshot stall on that cluster.

@@ -93,7 +93,7 @@ def renew(ctx: Context, cluster: LocalCluster, client: Client) -> None:
     keys = [ctx.key("renew") for _ in range(p.renew_pool)]
     pool, _, _ = create_leases(cluster.endpoints, keys, TTL_POOL, p.preload_inflight)
     ctx.renew_pool = pool
-    progress(f"renew: {len(pool)} leases to renew created")
+    progress(f"{ctx.label}renew: {len(pool)} leases to renew created")
 
     def sync_op(c: Client, i: int) -> bool:
         c.renew(pool[i % len(pool)])
