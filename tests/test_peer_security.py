@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pysyncobj.encryptor import getEncryptor
 
 from raftlease.config import ConfigError
-from raftlease.replication.peers import load_or_create_secret
+from raftlease.replication.peers import PeerCipher, load_or_create_secret
 from raftlease.testing import LocalCluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -63,8 +62,9 @@ class Peer:
     the cluster's secret (what an insider holding the secret could send)."""
 
     def __init__(self, addr: tuple[str, int], secret: str) -> None:
+        """``secret``: the cluster's peer secret (what only members hold)."""
         self.sock = socket.create_connection(addr, timeout=10)
-        self.fernet = getEncryptor(secret)
+        self.fernet = PeerCipher(secret)
         self.my_key = os.urandom(32)
         self.their_key: bytes | None = None
         self.buffer = b""
@@ -104,7 +104,8 @@ def test_a_strangers_pickle_runs_nothing_and_the_node_stays_up(
     cluster = cluster_factory(3)
     proof = tmp_path / "pwned"
     payload = zlib.compress(pickle.dumps(_MakesAFile(str(proof))))
-    for data in (payload, b"gAAAA" + payload):  # plain, and dressed like a Fernet token
+    # Plain, and dressed as a token (time stamp, salt, then the payload as "ciphertext").
+    for data in (payload, bytes(8) + bytes(16) + payload):
         with socket.create_connection(raft_addr(cluster)) as sock:
             sock.sendall(frame(data))
             assert closed_without_answer(sock)
@@ -195,3 +196,17 @@ def test_the_data_directory_and_its_files_are_private(cluster_factory: Factory) 
     assert any(p.name == "raft.journal" for p in files)
     for path in files:
         assert path.stat().st_mode & 0o077 == 0, f"{path.name} is readable by others"
+
+
+def test_the_peer_cipher_refuses_any_change_and_never_repeats_a_key() -> None:
+    cipher = PeerCipher("s" * 64)
+    token = cipher.encrypt_at_time(b"frame", 7)
+    assert cipher.extract_timestamp(token) == 7 and cipher.decrypt(token) == b"frame"
+    assert cipher.encrypt_at_time(b"frame", 7) != token  # a fresh salt, a fresh key
+    for i in range(len(token)):
+        bad = bytearray(token)
+        bad[i] ^= 1
+        with pytest.raises(Exception):  # noqa: B017 (InvalidTag or ValueError)
+            cipher.decrypt(bytes(bad))
+    with pytest.raises(Exception):  # noqa: B017
+        PeerCipher("t" * 64).decrypt(token)

@@ -261,3 +261,8 @@ def test_internals_the_peer_checks_rely_on_are_unchanged() -> None:
         assert fragment in tr, f"pysyncobj changed: {fragment!r}"
     syncobj = inspect.getsource(SyncObj.__init__)
     assert "self.__encryptor = getEncryptor(self.__conf.password)" in syncobj
+    # PeerCipher replaces the encryptor: these are the calls PySyncObj makes on it.
+    assert "self.encryptor.encrypt_at_time(data, int(monotonicTime()))" in conn
+    assert "dataTimestamp = self.encryptor.extract_timestamp(data)" in conn
+    assert "conn.encryptor = self._syncObj.encryptor" in tr
+    assert "return self.__encryptor" in inspect.getsource(SyncObj)

@@ -5,11 +5,11 @@ in the node. Every peer connection is therefore authenticated before PySyncObj
 unpickles anything:
 
 * The cluster shares a secret (``peer_secret_file``; created by the first node that
-  starts without one, mode 0600). PySyncObj's encryption (``SyncObjConf.password``:
-  Fernet, AES-128-CBC with HMAC-SHA256, key derived with PBKDF2) then verifies every
-  frame's HMAC *before* it decompresses and unpickles it, and both ends prove they hold
-  the key in a random-key exchange before the connection counts. A stranger's frame
-  fails the HMAC and the connection is closed.
+  starts without one, mode 0600). PySyncObj's encryption path (``SyncObjConf.password``)
+  is on, with our ``PeerCipher`` (AES-GCM, a key per frame) in place of its Fernet: every
+  frame's tag is verified *before* it is decompressed and unpickled, and both ends prove
+  they hold the key in PySyncObj's random-key exchange before the connection counts. A
+  stranger's frame fails the tag check and the connection is closed.
 * ``BoundedTcpConnection`` refuses a frame longer than ``MAX_PEER_FRAME`` (or with a
   negative length) and a read buffer beyond ``MAX_PEER_BUFFER`` before anything is
   decrypted, and bounds decompression to ``MAX_PEER_DECOMPRESSED``, so even a peer
@@ -27,6 +27,7 @@ Threads: connections run on PySyncObj's tick thread; the secret is read at start
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import secrets
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pysyncobj.pickle as pysyncobj_pickle
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pysyncobj.tcp_connection import TcpConnection
 
 from ..errors import ConfigError
@@ -93,6 +95,48 @@ def load_or_create_secret(path: Path) -> str:
     if len(text) < 32:
         raise ConfigError(f"the peer secret {str(path)!r} must hold at least 32 characters")
     return text
+
+
+class PeerCipher:
+    """Authenticated encryption of peer frames, in place of PySyncObj's Fernet (which
+    costs ~70 us per frame round trip here; this costs a few): AES-128-GCM under a key
+    derived per frame from the cluster secret and 16 random bytes (BLAKE2b keyed with
+    the secret), so no nonce is ever reused whatever the number of frames. The frame's
+    time stamp is authenticated as associated data. Same interface as the Fernet
+    object PySyncObj uses (``encrypt_at_time``, ``extract_timestamp``, ``decrypt``);
+    our transport installs it before PySyncObj makes any connection.
+
+    Token: time stamp (8 bytes, big endian) | salt (16) | ciphertext and tag."""
+
+    _NONCE = bytes(12)
+
+    def __init__(self, secret: str) -> None:
+        self._key = hashlib.blake2b(
+            secret.encode(), digest_size=32, person=b"raftlease-peer1"
+        ).digest()
+
+    def _cipher(self, salt: bytes) -> AESGCM:
+        return AESGCM(hashlib.blake2b(salt, key=self._key, digest_size=16).digest())
+
+    def encrypt_at_time(self, data: bytes, current_time: int) -> bytes:
+        stamp = struct.pack(">Q", current_time)
+        salt = os.urandom(16)
+        return stamp + salt + self._cipher(salt).encrypt(self._NONCE, data, stamp)
+
+    def extract_timestamp(self, token: bytes) -> int:
+        if len(token) < 8 + 16 + 16:
+            raise ValueError("peer frame too short")
+        stamp: int = struct.unpack(">Q", token[:8])[0]
+        return stamp
+
+    def decrypt(self, token: bytes) -> bytes:
+        """The frame's plaintext; raises ``cryptography.exceptions.InvalidTag`` (or
+        ``ValueError``) unless it was made with the cluster secret, unchanged."""
+        if len(token) < 8 + 16 + 16:
+            raise ValueError("peer frame too short")
+        stamp, salt = token[:8], token[8:24]
+        plain: bytes = self._cipher(salt).decrypt(self._NONCE, token[24:], stamp)
+        return plain
 
 
 class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]

@@ -17,7 +17,7 @@ from pysyncobj.transport import TCPTransport
 from .durable import DurableJournal, SyncRecorder, install
 from .follower_log import AppendPlan, Conflict, plan_append_entries, snapshot_is_behind
 from .leadership import LeaseGuard
-from .peers import PEER_MESSAGE_TYPES, BoundedTcpConnection
+from .peers import PEER_MESSAGE_TYPES, BoundedTcpConnection, PeerCipher
 
 log = logging.getLogger("raftlease.replication")
 
@@ -67,6 +67,11 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     _rejecting: tuple[float, float] | None  # (since, last warned)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        sync = args[0] if args else kwargs["syncObj"]
+        password = sync.conf.password
+        if password is not None:
+            # Before PySyncObj's constructor makes its connections (they copy it).
+            sync._SyncObj__encryptor = PeerCipher(password)
         self._bumped = {}
         self._conflict = None
         self._reply_next = None
