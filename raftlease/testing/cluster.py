@@ -168,7 +168,8 @@ class LocalCluster:
                 f'client = "{node.client}"',
             ]
         path = self.config_path(node_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # The node's data directory: private, as the node would make it anyway.
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         path.write_text("\n".join(lines) + "\n")
         return path
 
