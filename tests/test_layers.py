@@ -44,7 +44,8 @@ ALLOWED: dict[str, set[str]] = {
 
 #: Third-party packages each layer may import (the stdlib is always allowed).
 THIRD_PARTY: dict[str, set[str]] = {
-    "replication": {"pysyncobj", "msgpack"},
+    # cryptography: the peer cipher (replication/peers.py).
+    "replication": {"pysyncobj", "msgpack", "cryptography"},
     "server": {"msgpack"},
     "protocol": {"msgpack"},
     "cli": {"click"},
