@@ -10,7 +10,6 @@ SIGKILL, every file is cut back to that copy (``raftlease.testing.power``).
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,25 +17,13 @@ from typing import Any
 import pytest
 
 from raftlease import Client, Holder, Lease
-from raftlease.protocol import FrameDecoder, encode_frame
 from raftlease.testing import LocalCluster, wait_for
+
+from .test_cluster import raw_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 Factory = Callable[..., LocalCluster]
-
-
-def raw_request(addr: str, message: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
-    """One request on a fresh connection, bypassing the client library."""
-    host, _, port = addr.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        sock.sendall(encode_frame(message))
-        decoder = FrameDecoder()
-        while True:
-            data = sock.recv(65536)
-            assert data, "connection closed without an answer"
-            for frame in decoder.feed(data):
-                return frame
 
 
 def grant_many(client: Client, count: int, prefix: str, ttl: float = 600.0) -> list[Lease]:
