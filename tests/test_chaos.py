@@ -950,36 +950,48 @@ LOST_GRANT_CATCHERS = {"mutual_exclusion", "fencing", "no_lost_grant", "lineariz
 # Three power losses (a majority, then every node twice: POWER_SEED). The honest
 # build (durability "fsync") acknowledges nothing before it is synced, so every
 # checker passes; the planted build ``unsynced_acks`` (durability "none", no restart
-# wait) forgets the grants of its last unsynced second and must fail a safety
+# wait) forgets the grants since its last sync and must fail a safety
 # checker. Measured: about 30 s of run each.
 @pytest.mark.integration
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(450)
 @pytest.mark.parametrize("build", ["honest", "unsynced_acks"])
 def test_power_loss_keeps_acknowledged_grants_only_with_fsync(tmp_path: Path, build: str) -> None:
+    """The honest build passes every checker under power losses; the planted build is
+    caught. Whether a power loss takes an acknowledged grant that a later operation
+    contradicts depends on timing, so the planted build gets up to three runs of the
+    same schedule and must be caught in one of them (the honest one must pass its one
+    run)."""
     planted = ["--planted-bug", build] if build != "honest" else []
-    code, results, output = _run_suite(
-        tmp_path,
-        "--profile",
-        "smoke",
-        "--seed",
-        str(POWER_SEED),
-        "--kinds",
-        "power-loss",
-        *planted,
-        timeout=140,
-    )
-    print(output)
-    starts = [e for e in _history(tmp_path) if e.get("type") == "nemesis" and e.get("f") == "start"]
-    # The faults happened as scheduled: files cut back on every victim.
-    assert [len(e["detail"]["killed"]) for e in starts] == [3, 5, 5], output
-    assert all(set(e["detail"]["cut"]) == set(e["detail"]["killed"]) for e in starts), output
-    failed = {n for n, r in results["checkers"].items() if r["valid"] is False}
-    if build == "honest":
-        assert code == 0 and results["valid"] is True, output
-        assert results["volume"]["valid"] is True, output
-    else:
-        assert code == 1, output
-        assert failed & LOST_GRANT_CATCHERS, output
+    outputs = []
+    for attempt in range(1 if build == "honest" else 3):
+        where = tmp_path / f"attempt{attempt}"
+        code, results, output = _run_suite(
+            where,
+            "--profile",
+            "smoke",
+            "--seed",
+            str(POWER_SEED),
+            "--kinds",
+            "power-loss",
+            *planted,
+            timeout=140,
+        )
+        print(output)
+        outputs.append(output)
+        starts = [
+            e for e in _history(where) if e.get("type") == "nemesis" and e.get("f") == "start"
+        ]
+        # The faults happened as scheduled: files cut back on every victim.
+        assert [len(e["detail"]["killed"]) for e in starts] == [3, 5, 5], output
+        assert all(set(e["detail"]["cut"]) == set(e["detail"]["killed"]) for e in starts), output
+        failed = {n for n, r in results["checkers"].items() if r["valid"] is False}
+        if build == "honest":
+            assert code == 0 and results["valid"] is True, output
+            assert results["volume"]["valid"] is True, output
+        elif code == 1 and failed & LOST_GRANT_CATCHERS:
+            return
+    if build != "honest":
+        pytest.fail("the planted build was not caught in 3 runs:\n" + "\n".join(outputs))
 
 
 def _history(tmp_path: Path) -> list[dict[str, Any]]:
