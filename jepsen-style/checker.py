@@ -1275,6 +1275,13 @@ def check_replicas(events: list[Event]) -> dict[str, Any]:
         violations.append(
             {
                 "kind": f"replicas did not catch up within {final.get('waited')} s of quiet",
+                # The short facts first: a printed violation is cut at a line's end.
+                "missing": final.get("missing") or {},
+                "target": final.get("target"),
+                "applied": {
+                    nid: (st or {}).get("applied_index")
+                    for nid, st in (final.get("nodes") or {}).items()
+                },
                 "t": t,
                 "nodes": final.get("nodes"),
             }

@@ -232,23 +232,6 @@ class Nemesis:
         result = reply.get("result") if reply.get("ok") else None
         return result if isinstance(result, dict) else None
 
-    def raft_status(self, node_id: str) -> dict[str, Any] | None:
-        """PySyncObj's own status of a node (its admin request on the raft port, sent
-        directly, not through the proxy): match/next indexes and connections."""
-        if not self.cluster.is_running(node_id) or node_id in self._paused:
-            return None
-        try:
-            from pysyncobj.utility import TcpUtility
-
-            status = TcpUtility(timeout=1.0).executeCommand(
-                self.cluster.node(node_id).raft, ["status"]
-            )
-        except Exception as exc:
-            return {"error": f"{type(exc).__name__}: {exc}"}
-        if not isinstance(status, dict):
-            return {"error": repr(status)[:200]}
-        return {str(k): str(v) if not isinstance(v, int | float) else v for k, v in status.items()}
-
     def leader(self, wait: float = 5.0) -> str | None:
         """The node that claims leadership in the highest term (None if none within
         ``wait`` seconds)."""
@@ -326,6 +309,7 @@ class Nemesis:
                         "leader",
                         "commit_index",
                         "applied_index",
+                        "last_log_index",
                         "lease_reads",
                         "drift_alarm",
                     )
@@ -333,7 +317,6 @@ class Nemesis:
                 if st
                 else None
             )
-        raft = {nid: self.raft_status(nid) for nid in self.ids}
         links = [
             {
                 k: d[k]
@@ -346,20 +329,26 @@ class Nemesis:
             "f": "snapshot",
             "why": why,
             "nodes": nodes,
-            "raft": raft,
             "links": links,
         }
         self.history.append(event)
         return event
 
-    def final_state(self, timeout: float = 15.0, record: bool = True) -> dict[str, Any]:
+    def final_state(self, timeout: float = 20.0, record: bool = True) -> dict[str, Any]:
         """After the clients stopped: wait (at most ``timeout`` s) until every node has
-        applied the same log index twice in a row, and record each node's state summary
-        so the checker can compare the replicas. ``record=False`` returns the event
-        without recording it (run.py adds the offline replay of every node first)."""
+        caught up, and record each node's state summary so the checker can compare the
+        replicas. Caught up: in one round every node answers and either all report one
+        applied index, or each has applied at least the highest commit index any node
+        reported the round before (entries that keep committing after the clients stop,
+        session expiries, must not keep a healthy cluster from converging, while a node
+        that lags stays caught). A node that does not answer is recorded with the reason
+        (not running and its exit code, paused, or no answer) and fails the wait.
+        ``record=False`` returns the event without recording it (run.py adds the
+        offline replay of every node first)."""
         fields = (
             "applied_index",
             "commit_index",
+            "last_log_index",
             "term",
             "revision",
             "log_time",
@@ -368,26 +357,56 @@ class Nemesis:
             "role",
         )
         deadline = time.monotonic() + timeout
-        previous: dict[str, Any] | None = None
+        target: int | None = None
         nodes: dict[str, Any] = {}
+        missing: dict[str, str] = {}
         converged = False
+        rounds = 0
         while time.monotonic() < deadline:
-            nodes = {}
+            rounds += 1
+            nodes, missing = {}, {}
             for nid in self.ids:
-                st = self.status(nid, timeout=1.0)
+                st = self.status(nid, timeout=2.0)
                 nodes[nid] = {k: st.get(k) for k in fields} if st else None
-            applied = {n["applied_index"] for n in nodes.values() if n}
-            if len(applied) == 1 and None not in nodes.values() and nodes == previous:
-                converged = True
-                break
-            previous = nodes
+                if st is None:
+                    missing[nid] = self._why_silent(nid)
+            live = [n for n in nodes.values() if n]
+            applied = [n["applied_index"] for n in live]
+            if not missing and applied:
+                if len(set(applied)) == 1:
+                    converged = True
+                    break
+                if target is not None and all(isinstance(a, int) and a >= target for a in applied):
+                    converged = True
+                    break
+            commits = [n["commit_index"] for n in live if isinstance(n.get("commit_index"), int)]
+            target = max(commits) if commits else target
             time.sleep(0.5)
-        event = {"type": "final", "converged": converged, "waited": timeout, "nodes": nodes}
-        if not converged:
-            event["raft"] = {nid: self.raft_status(nid) for nid in self.ids}
+        event: dict[str, Any] = {
+            "type": "final",
+            "converged": converged,
+            "waited": timeout,
+            "rounds": rounds,
+            "target": target,
+            "nodes": nodes,
+        }
+        if missing:
+            event["missing"] = missing
         if record:
             self.history.append(event)
         return event
+
+    def _why_silent(self, node_id: str) -> str:
+        """Why ``status`` got nothing from a node: for the final state's record."""
+        if node_id in self._paused:
+            return "paused"
+        proc = self.cluster.procs.get(node_id)
+        if proc is None:
+            return "never started"
+        code = proc.poll()
+        if code is not None:
+            return f"not running (exit code {code})"
+        return "running but did not answer status within 2 s"
 
     def heal(self) -> dict[str, Any]:
         """Undo the current fault (runs every registered heal step, in reverse)."""
