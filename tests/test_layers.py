@@ -46,7 +46,8 @@ ALLOWED: dict[str, set[str]] = {
 THIRD_PARTY: dict[str, set[str]] = {
     # cryptography: the peer cipher (replication/peers.py).
     "replication": {"pysyncobj", "msgpack", "cryptography"},
-    "server": {"msgpack"},
+    # aiohttp, prometheus_client: the admin endpoint and its metrics (server/admin.py).
+    "server": {"msgpack", "aiohttp", "prometheus_client"},
     "protocol": {"msgpack"},
     "cli": {"click"},
 }
