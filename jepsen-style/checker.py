@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from linearizability import LOp, check_ops
+from queue_checker import QUEUE_FS, check_queues, has_queues
 
 Event = dict[str, Any]
 MAX_REPORTED = 50
@@ -324,7 +325,7 @@ def history_problems(events: list[Event], ops: list[Op]) -> list[dict[str, Any]]
         if _is_num(e.get("t")) and _is_num(inv.get("t")) and e["t"] < inv["t"]:
             add("completion before its invocation", op=op_id)
     for op in ops:
-        if op.f not in KNOWN_FS:
+        if op.f not in KNOWN_FS and op.f not in QUEUE_FS:  # queue ops: queue_checker
             add("unknown operation", op=op.id, f=op.f)
             continue
         if op.f in ("renew", "release") and not _is_int(op.args.get("token")):
@@ -1547,17 +1548,22 @@ def check(
     True. With ``volume``, a run that fell short of it is ``"unknown"`` too (it proved
     nothing); its stats are in ``volume`` either way."""
     params = params or Params.from_meta(events)
-    ops = pair_ops(events)
+    every_op = pair_ops(events)
+    # The lease checkers judge lease operations; queue operations (issue 12) go to
+    # queue_checker, and count as progress for liveness.
+    ops = [op for op in every_op if op.f not in QUEUE_FS]
     shared = shared_keys(ops)
     results = {
-        "history": check_history(events, ops),
+        "history": check_history(events, every_op),
         "mutual_exclusion": check_mutual_exclusion(ops, params, shared),
         "fencing": check_fencing(ops, events, params, shared),
         "no_lost_grant": check_no_lost_grant(ops, params, shared),
         "linearizable": check_linearizable(ops, params, shared),
-        "liveness": check_liveness(ops, events, params),
+        "liveness": check_liveness(every_op, events, params),
         "replicas": check_replicas(events),
     }
+    if has_queues(events, every_op):
+        results.update(check_queues(events, every_op, params))
     verdicts = [r["valid"] for r in results.values()]
     valid: bool | str = True
     if any(v is False for v in verdicts):
@@ -1571,7 +1577,7 @@ def check(
         if not volume_result["valid"] and valid is True:
             valid = "unknown"
     counts: dict[str, int] = defaultdict(int)
-    for op in ops:
+    for op in every_op:
         counts[f"{op.f}:{op.type}"] += 1
     return {
         "valid": valid,
