@@ -117,6 +117,10 @@ class NodeConfig:
     tls_client_ca_file: str = ""
     auth_file: str = ""
     insecure: bool = False
+    # The HTTP admin endpoint (/metrics, /livez, /readyz, /status; docs/operations.md):
+    # "host:port", "" for none. Protected mode as for clients: beyond loopback only with
+    # TLS and an auth file (it then serves HTTPS and wants an admin token) or insecure.
+    admin_address: str = ""
     # Quotas per authenticated principal (with auth_file).
     max_leases_per_principal: int = 10_000
     max_sessions_per_principal: int = 1_000
@@ -266,6 +270,23 @@ class NodeConfig:
                 "Set tls_cert_file, tls_key_file and auth_file (docs/security.md), or "
                 "insecure = true to accept the risk."
             )
+        if not isinstance(self.admin_address, str):
+            raise ConfigError(
+                f"admin_address must be host:port or empty, got {self.admin_address!r}"
+            )
+        if self.admin_address:
+            admin_host, _ = parse_addr(self.admin_address, "admin_address")
+            if self.admin_address in addrs:
+                raise ConfigError(
+                    f"admin_address {self.admin_address} is also a raft or client address"
+                )
+            if not is_loopback(admin_host) and not secured and not self.insecure:
+                raise ConfigError(
+                    f"protected mode: admin_address {self.admin_address} is not loopback, "
+                    "and its metrics and status would be neither encrypted nor "
+                    "authenticated. Set tls_cert_file, tls_key_file and auth_file (it then "
+                    "serves HTTPS and wants an admin token), or insecure = true."
+                )
         if self.durability not in DURABILITY_MODES:
             raise ConfigError(
                 f"durability must be one of {', '.join(DURABILITY_MODES)}, got {self.durability!r}"

@@ -23,10 +23,11 @@ import secrets
 import signal
 import ssl
 import stat
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..clock import Clock, SystemClock
@@ -57,9 +58,13 @@ from ..protocol import (
 from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder
 from .auth import AuthPolicy, Principal, load_auth
 from .log_clock import LogClock
+from .metrics import NodeMetrics, NodeView
 from .proposer import Proposer
 from .restart import LastStop, mark_running, mark_stopped
 from .watch import WatchHub
+
+if TYPE_CHECKING:
+    from .admin import AdminEndpoint
 
 log = logging.getLogger("raftlease.server")
 
@@ -138,6 +143,20 @@ class NodeServer:
         self.auth: AuthPolicy | None = (
             load_auth(Path(config.auth_file)) if config.auth_file else None
         )
+        #: Metrics and the HTTP admin endpoint (server/admin.py), only with an
+        #: admin_address: without one the request path counts nothing.
+        self.metrics: NodeMetrics | None = None
+        self.admin: AdminEndpoint | None = None
+        if config.admin_address:
+            self.metrics = NodeMetrics(
+                NodeView(
+                    config,
+                    replica=lambda: self.replica,
+                    connections=lambda: self._connections,
+                    lease_reads=self._lease_read_allowed,
+                    admin_connections=lambda: self.admin.connections if self.admin else 0,
+                )
+            )
 
     # ----------------------------------------------------------- lifecycle
 
@@ -163,12 +182,38 @@ class NodeServer:
         self.proposer = Proposer(
             self._loop, lambda: self.replica, self.log_clock, self.config.request_timeout
         )
+        watchers: list[asyncio.Task[None]] = []
+        if self.metrics is not None:
+            # Bound before Raft too (a taken port fails the start), and serving while
+            # the node waits out an unclean stop: /livez answers, /readyz says why not.
+            from .admin import AdminEndpoint
+
+            self.proposer.on_commit = self.metrics.observe_commit
+            self.admin = AdminEndpoint(
+                self.config.admin_address,
+                self.metrics,
+                self.status,
+                lambda: self.replica,
+                auth=self.auth,
+                tls=self._tls_context(),
+            )
+            try:
+                await self.admin.start()
+            except OSError as exc:
+                server.close()
+                raise ConfigError(
+                    f"cannot listen on admin_address {self.config.admin_address}: {exc}"
+                ) from None
+            interval = self.config.heartbeat_interval
+            watchers.append(asyncio.create_task(self.metrics.watch_leader(interval)))
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 self._loop.add_signal_handler(sig, self.stop)
         private_data_dir(self.config.data_dir)
         self.last_stop = mark_running(self.config.data_dir)
         if not await self._wait_out_unclean_stop():
+            if self.admin is not None:
+                await self.admin.close()
             server.close()
             await server.wait_closed()
             mark_stopped(self.config.data_dir)
@@ -194,6 +239,10 @@ class NodeServer:
             await self._stopping.wait()
         finally:
             expiry.cancel()
+            for task in watchers:
+                task.cancel()
+            if self.admin is not None:
+                await self.admin.close()
             server.close()
             await server.wait_closed()
             replica = self.replica
@@ -386,6 +435,9 @@ class NodeServer:
         slots: asyncio.Semaphore,
         who: list[Principal | None],
     ) -> None:
+        metrics = self.metrics
+        started = time.perf_counter() if metrics is not None else 0.0
+        code: str | None = None
         try:
             rid = request_id(message)
             try:
@@ -417,9 +469,11 @@ class NodeServer:
                     response = ok_response(request.id, await self.handle(request))
             except RaftLeaseError as exc:
                 response = error_response(rid, exc)
+                code = exc.code
             except Exception:  # never let a bug take the node down
                 log.exception("request handler failed")
                 response = error_response(rid, InternalError("request handler failed"))
+                code = "INTERNAL"
             if not writer.is_closing():
                 writer.write(encode_frame(response))
                 await writer.drain()
@@ -427,6 +481,8 @@ class NodeServer:
             pass
         finally:
             slots.release()
+            if metrics is not None:
+                metrics.observe_request(message.get("op"), time.perf_counter() - started, code)
 
     def _authenticate(self, request: Request, who: list[Principal | None]) -> dict[str, Any]:
         """An ``auth`` request: the token's principal becomes the connection's.
@@ -475,10 +531,17 @@ class NodeServer:
         if request.op == "await_lease":
             return await self._await_lease(request)
         consistency = request.args.get("consistency")
+        metrics = self.metrics
         if consistency == "stale":
+            if metrics is not None:
+                metrics.observe_read("stale")
             return self._local_read(request, "stale")
         if consistency == "linearizable" and self._lease_read_allowed():
+            if metrics is not None:
+                metrics.observe_read("lease")
             return self._local_read(request, "lease")
+        if consistency is not None and metrics is not None:
+            metrics.observe_read("log")
         self._require_leader()
         entry: dict[str, Any] = {k: v for k, v in request.args.items() if k != "consistency"}
         entry["op"] = request.op
@@ -534,6 +597,8 @@ class NodeServer:
         if replica is None or loop is None:
             return
         events = replica.store.events
+        if self.metrics is not None:
+            self.metrics.observe_applied(entry, events)
         if not events:
             return
         self.watches.record(events, loop)

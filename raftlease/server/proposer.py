@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -50,6 +51,9 @@ class Proposer:
         # Proposals waiting for the end of this event-loop turn (see ``propose``).
         self._pending: list[tuple[dict[str, Any], asyncio.Future[Result]]] = []
         self._flush_scheduled = False
+        #: Called on the tick thread with the seconds from proposing an entry to its
+        #: result (metrics.NodeMetrics.observe_commit); None: not measured.
+        self.on_commit: Callable[[float], None] | None = None
 
     async def propose(self, entry: dict[str, Any]) -> Result:
         """Replicate ``entry`` and return its result.
@@ -102,12 +106,17 @@ class Proposer:
             if new_term or any(entry.get("op") == "reserve" for entry, _ in chunk):
                 body["durable"] = True  # replication.durable.DURABLE_MARK
             futures = [future for _, future in chunk]
+            started = time.perf_counter() if self.on_commit is not None else 0.0
 
             def on_done(
                 result: Result | None,
                 err: RaftLeaseError | None,
                 futures: list[asyncio.Future[Result]] = futures,
+                started: float = started,
+                on_commit: Callable[[float], None] | None = self.on_commit,
             ) -> None:
+                if on_commit is not None and err is None:
+                    on_commit(time.perf_counter() - started)
                 # Tick thread: hop to the event loop.
                 with contextlib.suppress(RuntimeError):  # loop closed during shutdown
                     loop.call_soon_threadsafe(_settle, futures, result, err)

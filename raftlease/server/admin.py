@@ -1,0 +1,250 @@
+"""The HTTP admin endpoint of one node (``admin_address``; docs/operations.md).
+
+Routes (GET, or HEAD):
+
+* ``/metrics``: the Prometheus text format, written by prometheus-client from the
+  node's own registry (``metrics.NodeMetrics``);
+* ``/livez``: 200 while the process serves (the event loop answers);
+* ``/readyz``: 200 when this node knows a leader, has applied an entry of the current
+  term, has caught up with the log it found at start, and has at most
+  ``READY_MAX_APPLY_LAG`` committed entries not yet applied; 503 with a JSON reason
+  otherwise;
+* ``/status``: the JSON of ``raftlease status`` for this node.
+
+Hostile input has definite answers: an unknown path 404, another method 405, a request
+line or header over 8 KiB, more than 64 headers, or any request body 400/413 (from
+aiohttp's parser) or a closed connection; a connection that has not sent a whole
+request within ``REQUEST_TIMEOUT`` seconds (a slow or stalled client) is closed, as is
+one idle for ``KEEPALIVE_TIMEOUT`` between requests; beyond ``MAX_CONNECTIONS`` open
+connections a new one is closed at once.
+
+Protection follows the client port's protected mode (config.py): on a loopback address
+the endpoint is plain HTTP and open. Elsewhere the config requires either ``insecure``
+(plain HTTP, open: the operator's choice) or TLS and an auth file, and then it serves
+HTTPS with the client port's certificate, and ``/metrics`` and ``/status`` need a
+bearer token (``Authorization: Bearer ...``) of a principal with the ``admin``
+permission; ``/livez`` and ``/readyz`` stay open for load balancers (they reveal no
+more than ``ping``).
+
+Threads: everything runs on the node's event loop; handlers never block (the status
+and metrics are read from memory, a file stat at most).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..config import parse_addr
+from ..errors import RaftLeaseError
+from ..replication import Replica
+from .auth import AuthPolicy
+from .metrics import NodeMetrics
+
+log = logging.getLogger("raftlease.server.admin")
+
+#: /readyz fails when more committed entries than this wait to be applied.
+READY_MAX_APPLY_LAG = 1000
+#: A connection must deliver a whole request within this many seconds.
+REQUEST_TIMEOUT = 10.0
+#: An idle keep-alive connection is closed after this many seconds.
+KEEPALIVE_TIMEOUT = 15.0
+#: Open admin connections beyond which new ones are closed at once.
+MAX_CONNECTIONS = 64
+#: Request line and each header: at most this many bytes; at most MAX_HEADERS headers.
+MAX_LINE = 8190
+MAX_HEADERS = 64
+
+ROUTES = ("/metrics", "/livez", "/readyz", "/status")
+#: Routes that need an admin token when the endpoint is secured.
+PROTECTED = frozenset({"/metrics", "/status"})
+
+
+def readiness(replica: Replica | None) -> tuple[bool, str]:
+    """(ready, reason): the /readyz rule (see the module docstring)."""
+    if replica is None:
+        return False, "the node is starting or waiting out an unclean stop"
+    if replica.leader_raft_addr() is None:
+        return False, "no leader is known to this node"
+    term = replica.term()
+    if replica.store.term != term:
+        return False, f"no entry of the current term {term} applied yet"
+    if not replica.is_ready():
+        return False, "still catching up with the log it found at start"
+    lag = replica.commit_index() - replica.last_applied()
+    if lag > READY_MAX_APPLY_LAG:
+        return False, f"{lag} committed entries not applied (limit {READY_MAX_APPLY_LAG})"
+    return True, "ready"
+
+
+class _AdminServer(web.Server):
+    """aiohttp's low-level server with a connection cap and a deadline for each
+    request to arrive whole (aiohttp has none for slow headers)."""
+
+    def __init__(self, handler: Any, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.timers: dict[RequestHandler, asyncio.TimerHandle] = {}
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        if len(self._connections) > MAX_CONNECTIONS:
+            transport.abort()
+            return
+        self.arm(handler, transport)
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        self.disarm(handler)
+        super().connection_lost(handler, exc)
+
+    def arm(self, handler: RequestHandler, transport: asyncio.Transport | None = None) -> None:
+        """Close the connection unless a request arrives whole within REQUEST_TIMEOUT."""
+        self.disarm(handler)
+        transport = transport or handler.transport
+        if transport is None or transport.is_closing():
+            return
+
+        def expire() -> None:
+            self.timers.pop(handler, None)
+            log.info("admin connection closed: no whole request within %.0f s", REQUEST_TIMEOUT)
+            transport.abort()
+
+        self.timers[handler] = self._loop.call_later(REQUEST_TIMEOUT, expire)
+
+    def disarm(self, handler: RequestHandler) -> None:
+        timer = self.timers.pop(handler, None)
+        if timer is not None:
+            timer.cancel()
+
+
+class AdminEndpoint:
+    """Serves the admin routes for one node on its event loop.
+
+    ``status``: the node's status dict (raises ``RaftLeaseError`` while it cannot
+    answer); ``replica``: the replica or None; ``auth``/``tls``: set together when the
+    endpoint is secured (see the module docstring)."""
+
+    def __init__(
+        self,
+        address: str,
+        metrics: NodeMetrics,
+        status: Callable[[], dict[str, Any]],
+        replica: Callable[[], Replica | None],
+        auth: AuthPolicy | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self.address = address
+        self.metrics = metrics
+        self.status = status
+        self.replica = replica
+        self.auth = auth if tls is not None else None
+        self.tls = tls
+        self._server: _AdminServer | None = None
+        self._listener: asyncio.base_events.Server | None = None
+
+    @property
+    def connections(self) -> int:
+        return len(self._server.connections) if self._server is not None else 0
+
+    async def start(self) -> None:
+        """Bind and serve. Raises ``OSError`` if the address cannot be bound."""
+        host, port = parse_addr(self.address, "admin_address")
+        self._server = _AdminServer(
+            self._handle,
+            keepalive_timeout=KEEPALIVE_TIMEOUT,
+            max_line_size=MAX_LINE,
+            max_field_size=MAX_LINE,
+            max_headers=MAX_HEADERS,
+            access_log=None,
+            lingering_time=1.0,
+        )
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(
+            self._server, host, port, ssl=self.tls, reuse_address=True, backlog=64
+        )
+        log.info(
+            "admin endpoint on %s://%s (metrics, livez, readyz, status)",
+            "https" if self.tls else "http",
+            self.address,
+        )
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        if self._server is not None:
+            self._server.pre_shutdown()
+            await self._server.shutdown(1.0)
+        if self._listener is not None:
+            await self._listener.wait_closed()
+
+    # ------------------------------------------------------------ requests
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        server = self._server
+        handler = request.protocol
+        if server is not None:
+            server.disarm(handler)
+        try:
+            return self._route(request)
+        except Exception:  # never let a bug take the node down
+            log.exception("admin request failed")
+            return _json(500, {"error": "internal error"})
+        finally:
+            if server is not None:
+                server.arm(handler)
+
+    def _route(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.path
+        if path not in ROUTES:
+            return _json(404, {"error": "not found", "routes": list(ROUTES)})
+        if request.method not in ("GET", "HEAD"):
+            return _json(405, {"error": "method not allowed"}, {"Allow": "GET, HEAD"})
+        if request.body_exists:
+            return _json(413, {"error": "admin requests have no body"})
+        if path in PROTECTED and self.auth is not None:
+            denied = self._check_token(request)
+            if denied is not None:
+                return denied
+        if path == "/livez":
+            return _json(200, {"live": True})
+        if path == "/readyz":
+            ready, reason = readiness(self.replica())
+            return _json(200 if ready else 503, {"ready": ready, "reason": reason})
+        if path == "/status":
+            try:
+                return _json(200, self.status())
+            except RaftLeaseError as exc:
+                return _json(503, {"error": exc.code, "message": exc.message})
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _check_token(self, request: web.BaseRequest) -> web.StreamResponse | None:
+        assert self.auth is not None
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        try:
+            if scheme.lower() != "bearer" or not token:
+                principal = None
+            else:
+                principal = self.auth.by_token(token.strip())
+            self.auth.check_admin(principal, f"read {request.path}")
+        except RaftLeaseError as exc:
+            status = 401 if exc.code == "UNAUTHENTICATED" else 403
+            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+            return _json(status, {"error": exc.code, "message": exc.message}, headers)
+        return None
+
+
+def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        text=json.dumps(body, default=str),
+        content_type="application/json",
+        headers=headers,
+    )

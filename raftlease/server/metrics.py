@@ -1,0 +1,403 @@
+"""The metrics of one node, in one module (docs/operations.md lists each with its meaning).
+
+Two kinds, as the Prometheus client guidelines advise:
+
+* **Read at scrape time** (``NodeCollector``): everything that is already state in the
+  node or its replica (leases, lease sessions, waiters, Raft term and indexes, the
+  leader lease, the clock-rate estimates of peers, connections, snapshot file, journal
+  syncs). Nothing is kept up to date on the hot path for them.
+* **Counted where the event happens** (``NodeMetrics``): request latencies and error
+  codes (event loop, after each answer), lease events and applied batch sizes (the
+  tick thread, in the apply observer: the same on every node, since they follow from
+  applied entries), the commit latency of proposals (the tick thread, in the proposal
+  callback), reads by how they were served (event loop), leader changes seen (sampled
+  by ``watch_leader`` on the event loop).
+
+Every metric lives in a per-node ``CollectorRegistry`` (never the process-global one:
+a test process may hold several nodes). Labels are bounded: an operation from the
+protocol's table, an error code from the registry, a lease event type, a peer id from
+the membership; never a key, an owner, a lease id or a principal.
+
+Extension point: another part of the node (task queues, for one) registers its own
+collector with ``NodeMetrics.register(collector)``; a collector is any object with a
+``collect()`` that yields metric families read from state at scrape time.
+
+Threads: ``observe_*`` methods are safe from any thread (prometheus-client's values
+take a lock); ``NodeCollector.collect`` runs on the event loop while the tick thread
+may apply entries, so it reads only sizes and scalars, which are atomic in CPython.
+Nothing here blocks or raises on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..config import NodeConfig
+from ..errors import CODES
+from ..protocol import OPS
+from ..replication import Replica
+
+#: Request latency buckets (seconds): a lease read answered from memory takes well
+#: under a millisecond, a write one fsynced Raft round trip, a long-poll up to its wait.
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+#: Requests per replicated log entry (server/proposer.py caps a batch at 64).
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+#: Lease events of the state machine (core/store.py) that have a counter of their own.
+LEASE_EVENT_COUNTERS = {
+    "grant": (
+        "raftlease_lease_grants",
+        "Leases granted (applied grants, queued handoffs included).",
+    ),
+    "renew": ("raftlease_lease_renewals", "Lease renewals applied."),
+    "release": ("raftlease_lease_releases", "Leases released by their holder."),
+    "expire": ("raftlease_lease_expiries", "Leases that expired (their TTL or session ran out)."),
+}
+
+#: The label value for an operation outside the protocol's table (a hostile request).
+OTHER_OP = "other"
+
+
+class ExtraCollector(Protocol):
+    """What ``NodeMetrics.register`` accepts: prometheus-client's collector protocol."""
+
+    def collect(self) -> Iterable[Any]: ...
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """How the collector reads a node (callables, so this module never imports the
+    server it observes): the replica (None while starting or recovering), the number
+    of open client connections, whether lease reads are allowed now."""
+
+    config: NodeConfig
+    replica: Callable[[], Replica | None]
+    connections: Callable[[], int]
+    lease_reads: Callable[[], bool]
+    admin_connections: Callable[[], int] = lambda: 0
+
+
+class NodeMetrics:
+    """The metrics of one node and the registry that exposes them."""
+
+    def __init__(self, view: NodeView) -> None:
+        self.view = view
+        self.registry = CollectorRegistry(auto_describe=False)
+        registry = self.registry
+        self.request_seconds = Histogram(
+            "raftlease_request_duration_seconds",
+            "Time from a request's arrival to its answer being written, by operation "
+            "(watch streams are not timed).",
+            ["op"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.request_errors = Counter(
+            "raftlease_request_errors",
+            "Requests answered with an error (refusals included), by operation and code.",
+            ["op", "code"],
+            registry=registry,
+        )
+        self.lease_events = {
+            kind: Counter(name, help_text, registry=registry)
+            for kind, (name, help_text) in LEASE_EVENT_COUNTERS.items()
+        }
+        self.store_events = Counter(
+            "raftlease_store_events",
+            "Every event of applied entries (grant, renew, release, expire, transfer, "
+            "proclaim, dequeue, session_end, jump), by type.",
+            ["type"],
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "raftlease_apply_batch_requests",
+            "Requests carried by each applied log entry (one batch entry carries the "
+            "requests of one event-loop turn of the leader).",
+            buckets=BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.commit_seconds = Histogram(
+            "raftlease_proposal_commit_seconds",
+            "On the leader: from handing an entry to Raft to its result (replication to "
+            "a majority, journal sync, apply).",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.reads = Counter(
+            "raftlease_reads",
+            "Reads by how they were served: lease (leader's memory under its leader "
+            "lease), stale (any node's local state), log (a read entry through Raft).",
+            ["served"],
+            registry=registry,
+        )
+        self.leader_changes = Counter(
+            "raftlease_leader_changes_seen",
+            "Times this node saw the leader change (sampled every heartbeat interval).",
+            registry=registry,
+        )
+        registry.register(NodeCollector(view))
+        # Children resolved once: labels() takes a lock and a dict lookup per call.
+        self._latency: dict[str, Any] = {}
+        for kind in ("lease", "stale", "log"):
+            self.reads.labels(kind)
+
+    def register(self, collector: ExtraCollector) -> None:
+        """Add a collector read at scrape time (the extension point for task queues)."""
+        self.registry.register(collector)
+
+    # ----------------------------------------------------------- events
+
+    def observe_request(self, op: object, seconds: float, code: str | None) -> None:
+        """Event loop, after each answer. ``code``: the error code, None on success."""
+        name = op if isinstance(op, str) and op in OPS else OTHER_OP
+        if name != "watch":
+            child = self._latency.get(name)
+            if child is None:
+                child = self._latency[name] = self.request_seconds.labels(name)
+            child.observe(seconds)
+        if code is not None:
+            self.request_errors.labels(name, code if code in CODES else "INTERNAL").inc()
+
+    def observe_read(self, served: str) -> None:
+        """Event loop: a read served ``lease``, ``stale`` or ``log``."""
+        self.reads.labels(served).inc()
+
+    def observe_applied(self, entry: dict[str, Any], events: list[dict[str, Any]]) -> None:
+        """Tick thread, after each applied entry."""
+        inner = entry.get("entries")
+        self.batch_size.observe(len(inner) if isinstance(inner, list) else 1)
+        for event in events:
+            kind = str(event.get("type"))
+            counter = self.lease_events.get(kind)
+            if counter is not None:
+                counter.inc()
+            self.store_events.labels(kind).inc()
+
+    def observe_commit(self, seconds: float) -> None:
+        """Tick thread, when a proposal's result arrives on the leader."""
+        self.commit_seconds.observe(seconds)
+
+    async def watch_leader(self, interval: float) -> None:
+        """Event loop task: count leader changes this node sees (a new leader id, not
+        its absence during an election). Runs until cancelled."""
+        last: str | None = None
+        while True:
+            await asyncio.sleep(interval)
+            replica = self.view.replica()
+            if replica is None:
+                continue
+            leader = replica.leader_raft_addr()
+            if leader is not None and leader != last:
+                if last is not None:
+                    self.leader_changes.inc()
+                last = leader
+
+
+def _gauge(name: str, doc: str, value: float, labels: Iterable[str] = ()) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=list(labels) or None)
+    if not list(labels):
+        family.add_metric([], value)
+    return family
+
+
+class NodeCollector(Collector):
+    """Reads the node's state at scrape time (event loop)."""
+
+    def __init__(self, view: NodeView) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        view = self.view
+        config = view.config
+        yield _gauge("raftlease_client_connections", "Open client connections.", view.connections())
+        yield _gauge(
+            "raftlease_admin_connections",
+            "Open connections to the admin endpoint.",
+            view.admin_connections(),
+        )
+        replica = view.replica()
+        yield _gauge(
+            "raftlease_node_up",
+            "1 once the node has joined Raft; 0 while it starts or waits out an unclean stop.",
+            0 if replica is None else 1,
+        )
+        if replica is None:
+            return
+        yield from self._store(replica)
+        yield from self._raft(replica, config)
+        yield from self._leadership(replica)
+        yield from self._files(replica, config)
+
+    def _store(self, replica: Replica) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        store = replica.store
+        yield _gauge("raftlease_leases_live", "Leases held now.", len(store.leases))
+        yield _gauge(
+            "raftlease_lease_sessions_live", "Lease sessions open now.", len(store.lease_sessions)
+        )
+        yield _gauge(
+            "raftlease_waiters_queued", "Acquires waiting in key queues.", len(store.waiting)
+        )
+        yield _gauge("raftlease_keys_held", "Keys with at least one holder.", len(store.holders))
+        yield _gauge(
+            "raftlease_clients",
+            "Client ids in the dedup table (idempotent retries).",
+            len(store.clients),
+        )
+        yield _gauge(
+            "raftlease_revision", "The store's revision (the last fencing token).", store.revision
+        )
+        yield _gauge(
+            "raftlease_token_ceiling", "Fencing tokens reserved up to (durable).", store.ceiling
+        )
+        yield _gauge(
+            "raftlease_log_time_seconds", "Log time of the last applied entry.", store.now / 1000
+        )
+        expired = CounterMetricFamily(
+            "raftlease_store_expired",
+            "Leases expired since the cluster began (from the state machine: the same on "
+            "every node, kept across restarts and snapshots).",
+        )
+        expired.add_metric([], store.expired_total)
+        yield expired
+
+    def _raft(
+        self, replica: Replica, config: NodeConfig
+    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        term = replica.term()
+        commit = replica.commit_index()
+        applied = replica.last_applied()
+        yield _gauge("raftlease_raft_term", "This node's current Raft term.", term)
+        yield _gauge("raftlease_raft_commit_index", "Highest log index known committed.", commit)
+        yield _gauge("raftlease_raft_applied_index", "Highest log index applied.", applied)
+        yield _gauge(
+            "raftlease_raft_last_log_index",
+            "Index of the last entry in the log.",
+            replica.last_log_index(),
+        )
+        yield _gauge(
+            "raftlease_raft_apply_lag_entries",
+            "Committed entries not yet applied (commit index minus applied index).",
+            max(0, commit - applied),
+        )
+        yield _gauge(
+            "raftlease_raft_is_leader",
+            "1 while this node is the leader.",
+            1 if replica.is_leader() else 0,
+        )
+        yield _gauge(
+            "raftlease_raft_has_leader",
+            "1 while this node knows a leader.",
+            0 if replica.leader_raft_addr() is None else 1,
+        )
+        yield _gauge(
+            "raftlease_raft_peers_connected",
+            "Peers with a live Raft connection.",
+            len(replica.connected_peers()),
+        )
+        yield _gauge("raftlease_raft_members", "Members in the configuration.", len(config.nodes))
+        yield _gauge(
+            "raftlease_raft_current_term_applied",
+            "1 once this node has applied an entry of its current term.",
+            1 if replica.store.term == term else 0,
+        )
+
+    def _leadership(self, replica: Replica) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        guard = replica.guard.snapshot()
+        yield _gauge(
+            "raftlease_leader_lease_remaining_seconds",
+            "On the leader: how long its leader lease still allows local reads (0 otherwise).",
+            float(guard.get("lease_remaining") or 0.0),
+        )
+        yield _gauge(
+            "raftlease_lease_reads_allowed",
+            "1 while this node may answer linearizable reads from memory.",
+            1 if self.view.lease_reads() else 0,
+        )
+        heard = guard.get("heard_from_leader_ago")
+        if heard is not None:
+            yield _gauge(
+                "raftlease_heard_from_leader_seconds",
+                "On a follower: seconds since the last append from the leader.",
+                float(heard),
+            )
+        yield _gauge(
+            "raftlease_clock_drift_alarm",
+            "1 while some peer's clock rate differs from ours by more than clock_drift.",
+            1 if guard.get("drift_alarm") else 0,
+        )
+        drift = GaugeMetricFamily(
+            "raftlease_peer_clock_rate_error",
+            "Measured clock-rate difference of a peer against this node (0.01 = 1 %).",
+            labels=["peer"],
+        )
+        alarms = GaugeMetricFamily(
+            "raftlease_peer_clock_drift_alarm",
+            "1 while this peer's measured rate error exceeds clock_drift.",
+            labels=["peer"],
+        )
+        for peer, state in sorted((guard.get("drift") or {}).items()):
+            rate = state.get("rate_error")
+            if rate is not None:
+                drift.add_metric([str(peer)], float(rate))
+            alarms.add_metric([str(peer)], 1 if state.get("alarm") else 0)
+        yield drift
+        yield alarms
+        refused = CounterMetricFamily(
+            "raftlease_votes_refused",
+            "Vote requests refused under the vote promise (a leader was heard recently).",
+        )
+        refused.add_metric([], float(guard.get("votes_refused") or 0))
+        yield refused
+
+    def _files(
+        self, replica: Replica, config: NodeConfig
+    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        with contextlib.suppress(OSError):  # no snapshot written yet
+            st = os.stat(config.dump_file)
+            yield _gauge(
+                "raftlease_snapshot_size_bytes",
+                "Size of the last snapshot (dump) file.",
+                st.st_size,
+            )
+            yield _gauge(
+                "raftlease_snapshot_last_write_timestamp_seconds",
+                "When the last snapshot file was written (Unix time).",
+                st.st_mtime,
+            )
+        durability = replica.durability_status()
+        syncs = CounterMetricFamily(
+            "raftlease_journal_syncs", "Journal fsyncs (group commits) since start."
+        )
+        syncs.add_metric([], float(durability.get("journal_syncs") or 0))
+        yield syncs
+        covered = CounterMetricFamily(
+            "raftlease_journal_synced_entries", "Log entries covered by those fsyncs."
+        )
+        covered.add_metric([], float(durability.get("journal_synced_entries") or 0))
+        yield covered
