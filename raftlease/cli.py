@@ -39,13 +39,38 @@ def Client(endpoints: Sequence[str] | str, **options: Any) -> BlockingClient:
 DEFAULT_ENDPOINTS = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
 
 
-def setup_logging(level: str) -> None:
-    """key=value log lines on stderr (the node's and the test node's)."""
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s level=%(levelname)s logger=%(name)s pid=%(process)d %(message)s",
-        stream=sys.stderr,
-    )
+#: ``--log-format``: key=value text (the default) or one JSON object a line.
+LOG_FORMATS = ("text", "json")
+TEXT_LOG_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s pid=%(process)d %(message)s"
+
+
+class JsonLogFormatter(logging.Formatter):
+    """The text format's fields as one JSON object a line: ``time`` (the text line's
+    leading time stamp), ``level``, ``logger``, ``pid``, ``message``, and ``exc`` (the
+    traceback) when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "pid": record.process,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            fields["exc"] = self.formatException(record.exc_info)
+        return json.dumps(fields, default=str)
+
+
+def setup_logging(level: str, log_format: str | None = None) -> None:
+    """Log lines on stderr (the node's and the test node's): key=value text, or JSON
+    with the same fields. ``log_format`` None: ``$RAFTLEASE_LOG_FORMAT`` or text (so
+    the nodes ``raftlease up`` starts inherit its choice)."""
+    log_format = log_format or os.environ.get("RAFTLEASE_LOG_FORMAT") or "text"
+    handler = logging.StreamHandler(sys.stderr)
+    json_lines = log_format == "json"
+    handler.setFormatter(JsonLogFormatter() if json_lines else logging.Formatter(TEXT_LOG_FORMAT))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
     # PySyncObj logs connection churn at WARNING; keep it unless asked for debug.
     if level.upper() != "DEBUG":
         logging.getLogger("pysyncobj").setLevel(logging.ERROR)
@@ -96,6 +121,14 @@ def _parse_setting(text: str) -> tuple[str, Any]:
 )
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Any config field.")
 @click.option("--log-level", default="INFO", show_default=True)
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    envvar="RAFTLEASE_LOG_FORMAT",
+    help="key=value text, or one JSON object a line with the same fields.",
+)
 def node(
     config_file: str | None,
     node_id: str | None,
@@ -103,11 +136,12 @@ def node(
     data_dir: str | None,
     settings: tuple[str, ...],
     log_level: str,
+    log_format: str,
 ) -> None:
     """Run one node of a cluster (until SIGINT/SIGTERM)."""
     from .server import run_node
 
-    setup_logging(log_level)
+    setup_logging(log_level, log_format)
     overrides: dict[str, Any] = dict(_parse_setting(s) for s in settings)
     if node_id:
         overrides["node_id"] = node_id
@@ -156,16 +190,48 @@ def node(
     help="TLS and authentication on the client port: makes a CA, certificates, an admin "
     "token and an auth file in DATA_DIR/secure and prints how to use them.",
 )
+@click.option(
+    "--admin-port",
+    type=int,
+    default=None,
+    help="First admin (HTTP: /metrics, /readyz, ...) port; default: 200 above --port.",
+)
+@click.option("--admin/--no-admin", default=True, help="Serve each node's admin endpoint.")
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    help="The nodes' log lines: key=value text or JSON.",
+)
 def up(
-    count: int, port: int, data_dir: str, demo: bool, exit_after_demo: bool, secure: bool
+    count: int,
+    port: int,
+    data_dir: str,
+    demo: bool,
+    exit_after_demo: bool,
+    secure: bool,
+    admin_port: int | None,
+    admin: bool,
+    log_format: str,
 ) -> None:
     """Start a local cluster of COUNT nodes and keep it running until Ctrl-C."""
     from .testing.cluster import LocalCluster
 
     try:
-        local_cluster(count, port)
+        members = local_cluster(count, port)
     except ConfigError as exc:
         raise click.UsageError(exc.message) from None
+    # The nodes inherit the environment: `raftlease node` reads its --log-format there.
+    os.environ["RAFTLEASE_LOG_FORMAT"] = log_format
+    admin_base = admin_port if admin_port is not None else port + 200
+    admin_addrs = {m.id: f"127.0.0.1:{admin_base + i}" for i, m in enumerate(members)}
+    taken = {a for m in members for a in (m.raft, m.client)}
+    if admin and (taken & set(admin_addrs.values()) or not 0 < admin_base < 65536 - count):
+        raise click.UsageError(
+            f"admin ports {admin_base}..{admin_base + count - 1} overlap the client or raft "
+            "ports or leave 1..65535; choose --admin-port"
+        )
     root = Path(data_dir).resolve()
     settings: dict[str, Any] = {}
     client_env: dict[str, str] = {}
@@ -177,13 +243,18 @@ def up(
         client_env = {"RAFTLEASE_CA_FILE": str(bundle.ca_file)}
         os.environ.update(client_env)
         os.environ["RAFTLEASE_TOKEN"] = bundle.admin_token  # for the demo in this process
-    cluster = LocalCluster(count, client_port=port, data_dir=root, settings=settings)
+    node_settings = {i: {"admin_address": a} for i, a in admin_addrs.items()} if admin else {}
+    cluster = LocalCluster(
+        count, client_port=port, data_dir=root, settings=settings, node_settings=node_settings
+    )
     click.echo(f"starting {count} nodes, data in {cluster.data_dir}")
+    scheme = "https" if secure else "http"
     try:
         cluster.start(wait=False)
         for n in cluster.nodes:
+            where = f"  admin {scheme}://{admin_addrs[n.id]}" if admin else ""
             click.echo(
-                f"  {n.id}: clients {n.client}  raft {n.raft}  "
+                f"  {n.id}: clients {n.client}  raft {n.raft}{where}  "
                 f"pid {cluster.pid(n.id)}  log {cluster.log_path(n.id)}"
             )
         try:

@@ -83,14 +83,15 @@ def port_free(port: int) -> bool:
 
 
 def free_port_block(count: int, seed: int | None = None) -> int:
-    """A base port such that ``base .. base+count-1`` and ``base+100 ..`` are free."""
+    """A base port such that ``base .. base+count-1``, ``base+100 ..`` (raft) and
+    ``base+200 ..`` (the admin ports ``raftlease up`` picks) are free."""
     low, high = PORT_RANGE
     start = (seed if seed is not None else os.getpid() * 7 + int(time.time() * 1000)) % (
-        high - low - 200
+        high - low - 300
     )
-    for offset in range(0, high - low - 200, 10):
-        base = low + (start + offset) % (high - low - 200)
-        ports = [base + i for i in range(count)] + [base + 100 + i for i in range(count)]
+    for offset in range(0, high - low - 300, 10):
+        base = low + (start + offset) % (high - low - 300)
+        ports = [base + step + i for step in (0, 100, 200) for i in range(count)]
         if all(port_free(p) for p in ports):
             return base
     raise RuntimeError(f"no free block of {count} ports in {PORT_RANGE}")
