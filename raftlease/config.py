@@ -118,8 +118,8 @@ class NodeConfig:
     auth_file: str = ""
     insecure: bool = False
     # The HTTP admin endpoint (/metrics, /livez, /readyz, /status; docs/operations.md):
-    # "host:port", "" for none. Protected mode as for clients: beyond loopback only with
-    # TLS and an auth file (it then serves HTTPS and wants an admin token) or insecure.
+    # "host:port", "" for none. HTTPS with tls_cert_file, an admin token for /metrics
+    # and /status with auth_file; beyond loopback only with both, or insecure.
     admin_address: str = ""
     # Quotas per authenticated principal (with auth_file).
     max_leases_per_principal: int = 10_000
@@ -285,7 +285,8 @@ class NodeConfig:
                     f"protected mode: admin_address {self.admin_address} is not loopback, "
                     "and its metrics and status would be neither encrypted nor "
                     "authenticated. Set tls_cert_file, tls_key_file and auth_file (it then "
-                    "serves HTTPS and wants an admin token), or insecure = true."
+                    "serves HTTPS and wants an admin token), or insecure = true "
+                    "(docs/operations.md)."
                 )
         if self.durability not in DURABILITY_MODES:
             raise ConfigError(

@@ -18,13 +18,13 @@ request within ``REQUEST_TIMEOUT`` seconds (a slow or stalled client) is closed,
 one idle for ``KEEPALIVE_TIMEOUT`` between requests; beyond ``MAX_CONNECTIONS`` open
 connections a new one is closed at once.
 
-Protection follows the client port's protected mode (config.py): on a loopback address
-the endpoint is plain HTTP and open. Elsewhere the config requires either ``insecure``
-(plain HTTP, open: the operator's choice) or TLS and an auth file, and then it serves
-HTTPS with the client port's certificate, and ``/metrics`` and ``/status`` need a
-bearer token (``Authorization: Bearer ...``) of a principal with the ``admin``
-permission; ``/livez`` and ``/readyz`` stay open for load balancers (they reveal no
-more than ``ping``).
+Protection follows the client port (config.py, docs/security.md): with
+``tls_cert_file`` the endpoint serves HTTPS with the client port's certificate; with an
+``auth_file``, ``/metrics`` and ``/status`` need a bearer token (``Authorization: Bearer
+...``) of a principal with the ``admin`` permission (401 without a known token, 403
+without the permission). ``/livez`` and ``/readyz`` stay open for load balancers and
+probes (they reveal no more than ``ping``). Protected mode: an ``admin_address`` beyond
+loopback needs both TLS and an auth file, or ``insecure = true``.
 
 Threads: everything runs on the node's event loop; handlers never block (the status
 and metrics are read from memory, a file stat at most).
@@ -128,8 +128,8 @@ class AdminEndpoint:
     """Serves the admin routes for one node on its event loop.
 
     ``status``: the node's status dict (raises ``RaftLeaseError`` while it cannot
-    answer); ``replica``: the replica or None; ``auth``/``tls``: set together when the
-    endpoint is secured (see the module docstring)."""
+    answer); ``replica``: the replica or None; ``auth``: tokens for /metrics and
+    /status; ``tls``: serve HTTPS (see the module docstring)."""
 
     def __init__(
         self,
@@ -144,7 +144,7 @@ class AdminEndpoint:
         self.metrics = metrics
         self.status = status
         self.replica = replica
-        self.auth = auth if tls is not None else None
+        self.auth = auth
         self.tls = tls
         self._server: _AdminServer | None = None
         self._listener: asyncio.base_events.Server | None = None
