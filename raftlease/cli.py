@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
 import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import click
 
@@ -37,6 +38,52 @@ def Client(endpoints: Sequence[str] | str, **options: Any) -> BlockingClient:
 
 
 DEFAULT_ENDPOINTS = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
+
+
+class Duration(click.ParamType[float]):
+    """A duration option: ``250ms``, ``30s``, ``5m``, ``1h`` or a plain number of
+    seconds (``1.5``); converts to float seconds. Anything else (a negative, ``inf``,
+    ``nan``, an unknown unit) is a usage error naming the value."""
+
+    name = "duration"
+    UNITS: ClassVar[dict[str, float]] = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            text = str(value).strip().lower()
+            unit = next((u for u in ("ms", "s", "m", "h") if text.endswith(u)), "")
+            number = text[: len(text) - len(unit)].strip() if unit else text
+            try:
+                seconds = float(number) * self.UNITS.get(unit, 1.0)
+            except ValueError:
+                seconds = math.nan
+        if not math.isfinite(seconds) or seconds < 0:
+            self.fail(
+                f"{value!r} is not a duration: use a number of seconds or 250ms, 30s, 5m, 1h",
+                param,
+                ctx,
+            )
+        return seconds
+
+
+DURATION = Duration()
+
+
+def _owner_option(func: Any) -> Any:
+    """``--owner``, defaulting to ``hostname:pid``: a label for readers and logs, not
+    a credential (the lease id proves ownership)."""
+    from .models import default_owner
+
+    return click.option(
+        "--owner",
+        default=default_owner,
+        show_default="hostname:pid",
+        help="Who takes it: a label shown to readers, not a credential.",
+    )(func)
 
 
 #: ``--log-format``: key=value text (the default) or one JSON object a line.
@@ -92,10 +139,24 @@ def _parse_member(text: str) -> dict[str, str]:
     return {"id": parts[0], "raft": parts[1], "client": parts[2]}
 
 
+_BOOLEANS = {"true": True, "yes": True, "on": True, "1": True}
+_BOOLEANS.update({"false": False, "no": False, "off": False, "0": False})
+
+
 def _parse_setting(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE``: a boolean field takes true/false, yes/no, on/off or 1/0; other
+    values become an int or float where they parse as one, else stay text."""
     key, sep, raw = text.partition("=")
     if not sep:
         raise click.BadParameter(f"{text!r}: expected KEY=VALUE")
+    from dataclasses import fields
+
+    if any(f.name == key.strip() and f.type in (bool, "bool") for f in fields(NodeConfig)):
+        if raw.strip().lower() not in _BOOLEANS:
+            raise click.BadParameter(
+                f"{text!r}: {key.strip()} is true or false (also yes/no, on/off, 1/0)"
+            )
+        return key.strip(), _BOOLEANS[raw.strip().lower()]
     value: Any = raw
     for cast in (int, float):
         try:
@@ -352,16 +413,26 @@ def _client_options(func: Any) -> Any:
     )(func)
     func = click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
     func = click.option(
-        "--timeout", default=15.0, show_default=True, help="Deadline in seconds, retries included."
+        "--timeout",
+        type=DURATION,
+        default=15.0,
+        show_default=True,
+        help="Deadline (30s, 5m, or seconds), retries included.",
     )(func)
     return func
 
 
 def _client(endpoints: Sequence[str] | str) -> BlockingClient:
-    """A client for the CLI's commands: ``RAFTLEASE_TOKEN`` authenticates it and
-    ``RAFTLEASE_CA_FILE`` (or ``RAFTLEASE_TLS=1`` for the system's CAs) turns on TLS.
-    The token is read from the environment, never from the command line."""
-    token = os.environ.get("RAFTLEASE_TOKEN") or None
+    """A client for the CLI's commands: ``RAFTLEASE_AUTH_TOKEN`` (when set, even
+    empty), else ``RAFTLEASE_TOKEN``, authenticates it and ``RAFTLEASE_CA_FILE`` (or
+    ``RAFTLEASE_TLS=1`` for the system's CAs) turns on TLS. The token is read from the
+    environment, never from the command line. (Under ``raftlease lock``,
+    ``RAFTLEASE_TOKEN`` is the fencing token and the bearer token is in
+    ``RAFTLEASE_AUTH_TOKEN``.)"""
+    if "RAFTLEASE_AUTH_TOKEN" in os.environ:
+        token = os.environ["RAFTLEASE_AUTH_TOKEN"] or None
+    else:
+        token = os.environ.get("RAFTLEASE_TOKEN") or None
     ca_file = os.environ.get("RAFTLEASE_CA_FILE") or None
     tls: str | bool | None = ca_file or (os.environ.get("RAFTLEASE_TLS") == "1") or None
     return Client(endpoints, token=token, tls=tls)
@@ -424,9 +495,11 @@ def _holder_dict(holder: Holder) -> dict[str, Any]:
 
 @main.command()
 @click.argument("key")
-@click.option("--owner", required=True, help="Who takes the lease.")
-@click.option("--ttl", type=float, required=True, help="Lease time to live, seconds.")
-@click.option("--wait", type=float, default=0.0, help="Wait in the key's queue up to this long.")
+@_owner_option
+@click.option("--ttl", type=DURATION, required=True, help="Lease time to live (30s, 5m, 1.5).")
+@click.option(
+    "--wait", type=DURATION, default=0.0, help="Wait in the key's queue up to this long (5m)."
+)
 @click.option("--capacity", type=int, default=1, show_default=True, help="Shared key's size.")
 @click.option("--units", type=int, default=1, show_default=True, help="Units this lease takes.")
 @click.option("--value", default=None, help="A value to publish with the lease.")
@@ -511,7 +584,9 @@ def _shell_lease(key: str, lease_id: str) -> Lease:
 @click.argument("key")
 @_lease_id_options[0]
 @_lease_id_options[1]
-@click.option("--ttl", type=float, default=None, help="New TTL (default: keep the lease's).")
+@click.option(
+    "--ttl", type=DURATION, default=None, help="New TTL, e.g. 30s (default: keep the lease's)."
+)
 @_client_options
 def renew(
     key: str,
@@ -669,6 +744,9 @@ def status(endpoints: str, as_json: bool, timeout: float) -> None:
     if not any(s.get("reachable") for s in statuses) or None in leaders:
         sys.exit(1)
 
+
+from . import cli_lock  # noqa: E402,F401  (registers its commands)
+from . import cli_member  # noqa: E402,F401  (registers its commands)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -13,12 +13,22 @@ internals).
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+
+
+def default_owner() -> str:
+    """``hostname:pid``: the owner label used when none is given. An owner is a label
+    for people and logs (who holds this?), not a credential: renewing or releasing
+    needs the lease id (and, with auth, the same principal), never the owner name."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
 
 #: Capacity of a read/write lock key: a reader takes one unit, a writer all of them.
 RW_CAPACITY = 1_000_000
@@ -146,6 +156,33 @@ class Leader:
     value: str
     token: int
     revision: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """An acquire waiting in a key's queue, as ``waiters()`` shows it: its place (1 is
+    granted next), who asks, for how many units at what priority, how long it will
+    still wait (seconds), and whether a lease session carries it. No lease id."""
+
+    key: str
+    position: int
+    owner: str
+    units: int
+    priority: int
+    wait_left: float
+    in_session: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A live lease session, as ``sessions()`` shows it. No session id: that is a
+    capability (it keeps alive and ends everything attached)."""
+
+    owner: str
+    ttl: float
+    remaining: float
+    leases: int
+    waiters: int
 
 
 class AsyncLeaseClient(Protocol):

@@ -934,3 +934,113 @@ def test_a_cached_answer_goes_only_to_the_same_request() -> None:
         assert r["ok"] is False and r["code"] == "BAD_REQUEST", r
         assert "L1" not in repr(r)
         assert s.to_plain() == before
+
+
+# ----------------------------------------------- revoke, waiters, sessions (issue 13)
+
+
+def revoke(now: int, key: str = "k", seq: int = 1, cid: str = "admin", **args: Any) -> Entry:
+    return {"op": "revoke", "now": now, "key": key, "cid": cid, "seq": seq, "ack": 1, **args}
+
+
+def queued(now: int, lid: str, owner: str, wait: int = 5000, **args: Any) -> Entry:
+    return {**acquire(now, owner=owner, lid=lid, cid=f"c-{lid}"), "wait": wait, **args}
+
+
+def test_revoke_ends_the_lease_and_grants_the_next_waiter_in_the_same_entry() -> None:
+    store = LeaseStore()
+    first = ok(store.apply(acquire(10, owner="alice", lid="A")))
+    ok(store.apply(queued(11, "B", "bob")))
+    result = ok(store.apply(revoke(12)))
+    assert result["revoked"] == 1 and result["tokens"] == [first["token"]]
+    kinds = [e["type"] for e in store.events]
+    assert kinds == ["revoke", "grant"]
+    assert store.events[0]["token"] == first["token"]
+    assert held_by(store, "k") == "bob" and held(store, "k").token > first["token"]
+    # The revoked holder learns it at its next renewal, definitely.
+    assert code(store.apply(renew(13, lid="A", cid="c-A", seq=2))) == "NOT_OWNER"
+
+
+def test_revoke_one_lease_of_a_shared_key_by_lease_id_or_token() -> None:
+    store = LeaseStore()
+    tokens = {}
+    for lid in ("A", "B", "C"):
+        entry = {**acquire(10, owner=lid.lower(), lid=lid, cid=f"c-{lid}"), "capacity": 3}
+        tokens[lid] = ok(store.apply(entry))["token"]
+    assert ok(store.apply(revoke(11, lid="B")))["tokens"] == [tokens["B"]]
+    assert ok(store.apply(revoke(12, seq=2, token=tokens["C"])))["tokens"] == [tokens["C"]]
+    assert set(store.holders["k"]) == {"A"}
+    assert ok(store.apply(revoke(13, seq=3)))["tokens"] == [tokens["A"]]
+    assert "k" not in store.holders and "k" not in store.capacity
+
+
+def test_revoke_of_nothing_or_a_forged_lease_id_is_lease_not_found_and_changes_nothing() -> None:
+    store = LeaseStore()
+    ok(store.apply(acquire(10, lid="A")))
+    before = (store.revision, dict(store.leases))
+    assert code(store.apply(revoke(11, key="nobody"))) == "LEASE_NOT_FOUND"
+    assert code(store.apply(revoke(12, seq=2, lid="forged"))) == "LEASE_NOT_FOUND"
+    assert code(store.apply(revoke(13, seq=3, token=999_999))) == "LEASE_NOT_FOUND"
+    assert (store.revision, dict(store.leases)) == before and store.events == []
+
+
+@pytest.mark.parametrize(
+    ("change", "text"),
+    [
+        ({"key": 5}, "'key'"),
+        ({"key": ""}, "'key'"),
+        ({"lid": 7}, "'lid'"),
+        ({"token": True}, "'token'"),
+        ({"token": 0}, "'token'"),
+        ({"lid": "A", "token": 3}, "not both"),
+    ],
+)
+def test_malformed_revoke_is_bad_request_and_changes_nothing(
+    change: dict[str, Any], text: str
+) -> None:
+    store = LeaseStore()
+    ok(store.apply(acquire(10, lid="A")))
+    applied = store.applied
+    result = store.apply({**revoke(11), **change})
+    assert code(result) == "BAD_REQUEST" and text in result["message"]
+    assert store.applied == applied and "A" in store.leases
+
+
+def test_a_retried_revoke_is_answered_again_not_applied_twice() -> None:
+    store = LeaseStore()
+    ok(store.apply(acquire(10, lid="A")))
+    ok(store.apply(queued(11, "B", "bob")))
+    first = ok(store.apply(revoke(12)))
+    assert ok(store.apply(revoke(13))) == first  # same (cid, seq): bob keeps the key
+    assert held_by(store, "k") == "bob"
+
+
+def test_revoking_an_attached_lease_leaves_its_session_alive() -> None:
+    store = LeaseStore()
+    session = {"op": "session_open", "now": 10, "sid": "S", "owner": "w", "ttl": 1000}
+    ok(store.apply({**session, "cid": "cs", "seq": 1, "ack": 1}))
+    entry = {k: v for k, v in acquire(11, lid="A", cid="cs", seq=2).items() if k != "ttl"}
+    ok(store.apply({**entry, "session": "S"}))
+    ok(store.apply(revoke(12)))
+    assert store.lease_sessions["S"].leases == {} and "k" not in store.holders
+
+
+def test_waiters_and_sessions_reads_show_no_capability() -> None:
+    store = LeaseStore()
+    ok(store.apply(acquire(10, owner="alice", lid="A")))
+    ok(store.apply(queued(11, "B", "bob", wait=4000)))
+    ok(store.apply(queued(12, "C", "carol", wait=4000, priority=5)))
+    open_ = {"op": "session_open", "now": 13, "sid": "SID", "owner": "dave", "ttl": 900}
+    ok(store.apply({**open_, "cid": "cs", "seq": 1, "ack": 1}))
+    result = ok(store.apply({"op": "waiters", "now": 14, "key": "k"}))
+    assert result["waiting"] == 2 and result["used"] == 1 and result["capacity"] == 1
+    assert [(w["position"], w["owner"], w["priority"]) for w in result["waiters"]] == [
+        (1, "carol", 5),
+        (2, "bob", 0),
+    ]
+    assert result["waiters"][1]["wait_left"] == 11 + 4000 - 14
+    sessions = ok(store.apply({"op": "sessions", "now": 15}))["sessions"]
+    assert sessions == [{"owner": "dave", "ttl": 900, "remaining": 898, "leases": 0, "waiters": 0}]
+    text = repr(result) + repr(sessions)
+    assert "SID" not in text and "'B'" not in text and "'C'" not in text
+    assert ok(store.apply({"op": "waiters", "now": 16, "key": "free"}))["waiters"] == []

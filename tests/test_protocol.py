@@ -502,6 +502,25 @@ for _op in ("session_keepalive", "session_close"):
         (f"{_op}-sid-int", _op, "session_id", 5, BadRequestError, "'session_id'"),
         (f"{_op}-sid-long", _op, "session_id", "s" * 129, InvalidArgumentError, "'session_id'"),
     ]
+# Issue 13: revoke (all leases on a key, or one by lease id or token) and waiters.
+for _op in ("revoke", "waiters"):
+    BAD_CASES += [
+        (f"{_op}-key-missing", _op, "key", MISSING, BadRequestError, "missing field 'key'"),
+        (f"{_op}-key-empty", _op, "key", "", InvalidArgumentError, "'key' must not be empty"),
+        (f"{_op}-key-long", _op, "key", "k" * 513, InvalidArgumentError, "'key' is 513 bytes"),
+        (f"{_op}-key-int", _op, "key", 7, BadRequestError, "'key' must be a string, not int"),
+    ]
+BAD_CASES += [
+    ("revoke-lid-int", "revoke", "lease_id", 5, BadRequestError, "'lease_id'"),
+    ("revoke-lid-empty", "revoke", "lease_id", "", InvalidArgumentError, "'lease_id'"),
+    ("revoke-lid-long", "revoke", "lease_id", "L" * 129, InvalidArgumentError, "'lease_id'"),
+    ("revoke-token-zero", "revoke", "token", 0, InvalidArgumentError, "'token'"),
+    ("revoke-token-float", "revoke", "token", 1.5, BadRequestError, "'token'"),
+    ("revoke-token-str", "revoke", "token", "3", BadRequestError, "'token'"),
+    ("waiters-limit-zero", "waiters", "limit", 0, InvalidArgumentError, "'limit'"),
+    ("sessions-limit-str", "sessions", "limit", "5", BadRequestError, "'limit'"),
+    ("sessions-mode", "sessions", "consistency", "eventual", InvalidArgumentError, "consistency"),
+]
 for _op in sorted(op for op, mutating in OPS.items() if mutating):
     BAD_CASES += [
         (f"{_op}-cid-missing", _op, "cid", MISSING, BadRequestError, "missing field 'cid'"),

@@ -31,7 +31,16 @@ from ..errors import (
     UnavailableError,
     from_wire,
 )
-from ..models import Attachable, Holder, Lease, Read, WatchEvent
+from ..models import (
+    Attachable,
+    Holder,
+    Lease,
+    Queued,
+    Read,
+    SessionInfo,
+    WatchEvent,
+    default_owner,
+)
 from ..protocol import CONSISTENCY_MODES
 from ..recipes.election import AsyncElection
 from ..recipes.locks import AsyncHeldLock
@@ -213,7 +222,9 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
     ) -> Lease:
         """Take ``key`` for ``owner`` for ``ttl`` seconds, or for as long as the lease
         ``session`` lives (then ``owner`` defaults to the session's and ``ttl`` must
-        not be given: the session's keep-alive keeps the lease).
+        not be given: the session's keep-alive keeps the lease). ``owner`` defaults to
+        ``hostname:pid``; it is a label shown to readers, not a credential (the lease
+        id, and with auth the principal, prove ownership).
 
         With ``wait=0`` (default) raises ``LeaseHeldError`` (definite) at once if the
         key is taken. With ``wait > 0`` the request joins the key's queue in the
@@ -235,6 +246,8 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             owner = owner or session.owner
         elif ttl is None:
             raise InvalidArgumentError("ttl is required (or attach the lease to a session)")
+        if owner is None:
+            owner = default_owner()
         if not owner:
             raise InvalidArgumentError("owner is required")
         sent = time.monotonic()
@@ -351,14 +364,15 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
     def session(
         self,
         *,
-        owner: str,
+        owner: str | None = None,
         ttl: float,
         on_lost: Callable[[str], None] | None = None,
         on_jeopardy: Callable[[str], None] | None = None,
     ) -> AsyncSession:
         """A lease session: ``async with client.session(owner=..., ttl=10) as s:``.
         Leases acquired with ``session=s`` (or ``s.acquire``/``s.lock``) are kept
-        alive by its one keep-alive and released when it ends. See
+        alive by its one keep-alive and released when it ends. ``owner`` defaults to
+        ``hostname:pid`` (a label, not a credential: the session id proves it). See
         ``raftlease.recipes.sessions``."""
         return AsyncSession(self, owner=owner, ttl=ttl, on_lost=on_lost, on_jeopardy=on_jeopardy)
 
@@ -451,6 +465,82 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             timeout=timeout,
         )
         return [_holder(item) for item in result.get("leases", [])]
+
+    async def revoke(
+        self,
+        key: str,
+        *,
+        lease_id: str | None = None,
+        token: int | None = None,
+        timeout: float | None = None,
+    ) -> list[int]:
+        """Operators: end every lease on ``key`` (or only the one with ``lease_id``
+        or fencing ``token``) and grant the key to the next waiters, in one log entry;
+        watchers see a ``revoke`` event per lease and the holders' renewals fail with
+        ``LeaseNotFoundError``. Returns the revoked leases' tokens. Raises
+        ``LeaseNotFoundError`` when nothing matched, ``PermissionDeniedError`` without
+        the ``admin`` permission on the key (with auth on). Retried safely (dedup)."""
+        args: dict[str, Any] = {"key": key}
+        if lease_id is not None:
+            args["lease_id"] = lease_id
+        if token is not None:
+            args["token"] = token
+        result = await self.call("revoke", args, mutating=True, timeout=timeout)
+        return [int(t) for t in result.get("tokens", [])]
+
+    async def waiters(
+        self,
+        key: str,
+        *,
+        limit: int = 1000,
+        consistency: str = "linearizable",
+        timeout: float | None = None,
+    ) -> list[Queued]:
+        """The queue of ``key`` in grant order (``Queued``: position, owner, units,
+        priority, wait left). Lease ids are never shown."""
+        _check_consistency(consistency)
+        result = await self.call(
+            "waiters",
+            {"key": key, "limit": limit, "consistency": consistency},
+            mutating=False,
+            timeout=timeout,
+        )
+        return [
+            Queued(
+                key=key,
+                position=int(w["position"]),
+                owner=str(w["owner"]),
+                units=int(w["units"]),
+                priority=int(w["priority"]),
+                wait_left=max(0.0, w["wait_left"] / 1000.0),
+                in_session=bool(w.get("in_session", False)),
+            )
+            for w in result.get("waiters", [])
+        ]
+
+    async def sessions(
+        self, *, limit: int = 1000, consistency: str = "linearizable", timeout: float | None = None
+    ) -> list[SessionInfo]:
+        """Live lease sessions, soonest expiry first (``SessionInfo``: owner, ttl,
+        remaining, attached leases and queued acquires). Session ids are never shown.
+        With auth on, needs ``read`` on every key (the prefix "")."""
+        _check_consistency(consistency)
+        result = await self.call(
+            "sessions",
+            {"limit": limit, "consistency": consistency},
+            mutating=False,
+            timeout=timeout,
+        )
+        return [
+            SessionInfo(
+                owner=str(s["owner"]),
+                ttl=s["ttl"] / 1000.0,
+                remaining=max(0.0, s["remaining"] / 1000.0),
+                leases=int(s["leases"]),
+                waiters=int(s["waiters"]),
+            )
+            for s in result.get("sessions", [])
+        ]
 
     async def watch(
         self, prefix: str = "", *, from_revision: int = 0

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequen
 from typing import Any, TypeVar
 
 from ..errors import UnavailableError
-from ..models import Attachable, Holder, Lease, Read, WatchEvent
+from ..models import Attachable, Holder, Lease, Queued, Read, SessionInfo, WatchEvent
 from ..recipes.election import Election
 from ..recipes.locks import HeldLock
 from ..recipes.sessions import Session
@@ -177,18 +177,20 @@ class Client(SharedKeyLocks[HeldLock]):
         """``with client.lock(key, owner=..., ttl=..., wait=...) as held:`` acquires,
         renews from a daemon thread every ``ttl / 3``, releases on exit; ``held.token``
         is the fencing token, ``held.lost`` an Event set if the lease is lost.
-        Options: those of ``acquire`` (``session=`` attaches it) and ``on_lost``."""
+        Options: those of ``acquire`` (``session=`` attaches it) and ``on_lost``;
+        ``owner`` defaults to ``hostname:pid`` (a label, not a credential)."""
         return HeldLock(self, key, **options)
 
     def session(
         self,
         *,
-        owner: str,
+        owner: str | None = None,
         ttl: float,
         on_lost: Callable[[str], None] | None = None,
         on_jeopardy: Callable[[str], None] | None = None,
     ) -> Session:
-        """``with client.session(owner=..., ttl=10) as s:`` (see ``AsyncClient.session``)."""
+        """``with client.session(owner=..., ttl=10) as s:`` (see ``AsyncClient.session``;
+        ``owner`` defaults to ``hostname:pid``, a label, not a credential)."""
         return Session(self, owner=owner, ttl=ttl, on_lost=on_lost, on_jeopardy=on_jeopardy)
 
     def election(self, name: str) -> Election:
@@ -222,6 +224,38 @@ class Client(SharedKeyLocks[HeldLock]):
     ) -> list[Holder]:
         return self._run(
             self._async.leases(prefix, limit=limit, consistency=consistency, timeout=timeout)
+        )
+
+    def revoke(
+        self,
+        key: str,
+        *,
+        lease_id: str | None = None,
+        token: int | None = None,
+        timeout: float | None = None,
+    ) -> list[int]:
+        """Operators: end the leases on ``key`` (see ``AsyncClient.revoke``)."""
+        return self._run(self._async.revoke(key, lease_id=lease_id, token=token, timeout=timeout))
+
+    def waiters(
+        self,
+        key: str,
+        *,
+        limit: int = 1000,
+        consistency: str = "linearizable",
+        timeout: float | None = None,
+    ) -> list[Queued]:
+        """The queue of ``key`` (see ``AsyncClient.waiters``)."""
+        return self._run(
+            self._async.waiters(key, limit=limit, consistency=consistency, timeout=timeout)
+        )
+
+    def sessions(
+        self, *, limit: int = 1000, consistency: str = "linearizable", timeout: float | None = None
+    ) -> list[SessionInfo]:
+        """Live lease sessions, without their ids (see ``AsyncClient.sessions``)."""
+        return self._run(
+            self._async.sessions(limit=limit, consistency=consistency, timeout=timeout)
         )
 
     def call(

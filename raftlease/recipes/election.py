@@ -100,7 +100,7 @@ class AsyncElection:
                 continue  # the watch is a prefix watch: "jobs" also matches "jobs-2"
             if event.type in ("grant", "proclaim"):
                 current = Leader(event.owner, event.value, event.token, event.revision)
-            elif event.type in ("release", "expire"):
+            elif event.type in ("release", "expire", "revoke"):
                 current = None
             else:
                 continue  # renew (no change) or transfer (its grant follows)

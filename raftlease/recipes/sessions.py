@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import InvalidArgumentError, RaftLeaseError
-from ..models import AsyncLeaseClient, Lease, LeaseClient
+from ..models import AsyncLeaseClient, Lease, LeaseClient, default_owner
 from .keepalive import KeepAliveState, LostCallback
 from .locks import AsyncHeldLock, HeldLock
 
@@ -46,11 +46,13 @@ class AsyncSession(KeepAliveState):
         self,
         client: AsyncLeaseClient,
         *,
-        owner: str,
+        owner: str | None = None,
         ttl: float,
         on_lost: LostCallback | None = None,
         on_jeopardy: LostCallback | None = None,
     ) -> None:
+        if owner is None:
+            owner = default_owner()  # a label, not a credential
         if not owner:
             raise InvalidArgumentError("a session needs an owner")
         super().__init__(
@@ -153,7 +155,7 @@ class Session:
         self,
         client: LeaseClient,
         *,
-        owner: str,
+        owner: str | None = None,
         ttl: float,
         on_lost: LostCallback | None = None,
         on_jeopardy: LostCallback | None = None,

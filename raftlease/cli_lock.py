@@ -1,0 +1,418 @@
+"""``raftlease lock KEY -- COMMAND`` and ``raftlease elect NAME -- COMMAND``: run a
+command while this process holds a lease (or leads an election), and stop it when
+the lease can no longer be trusted.
+
+What the command can rely on (docs/cli-lock.md):
+
+* it starts only once the lease is granted (the fair blocking acquire, up to
+  ``--wait``), without a shell, in its own process group (``start_new_session``);
+* its environment has ``RAFTLEASE_KEY``, ``RAFTLEASE_TOKEN`` (the fencing token: pass
+  it to whatever the lease protects, which must refuse lower tokens) and
+  ``RAFTLEASE_LEASE_ID`` (renew or release it with the CLI); the caller's bearer token,
+  if any, moves to ``RAFTLEASE_AUTH_TOKEN`` so the CLI inside still authenticates;
+* while it runs, the lease is renewed every ``ttl / 3`` (``recipes.keepalive``). When
+  the cluster says the lease is gone (revoked, expired), when validity ran out on this
+  host's clock, or when renewals fail and less than ``--grace`` of validity is left,
+  the whole process group gets SIGTERM, and SIGKILL ``--grace`` seconds later;
+* SIGINT/SIGTERM sent to ``raftlease lock`` itself is forwarded to the group (SIGKILL
+  follows after ``--grace``); a signal while still waiting for the key withdraws the
+  queued acquire;
+* the lease is released on every exit path (unless the cluster already ended it).
+
+Exit status: the command's own (128 + N if signal N killed it), or one of ``EXIT_*``
+below. Runs on the main thread (signal handlers need it); the keep-alive runs on a
+daemon thread, the client's requests on its event-loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from types import FrameType
+from typing import Any, TypeVar
+
+import click
+
+from .cli import DURATION, _client, _fail, _owner_option, _safe, main
+from .errors import LeaseHeldError, RaftLeaseError
+from .models import Lease
+
+T = TypeVar("T")
+
+#: The key was not granted within ``--wait`` (also: held, with ``--wait 0``).
+EXIT_NOT_ACQUIRED = 124
+#: The lease (or the lead) was lost while the command ran; the command was stopped.
+EXIT_LEASE_LOST = 125
+#: The command exists but could not be started (not executable, bad format...).
+EXIT_CANNOT_RUN = 126
+#: The command was not found.
+EXIT_NOT_FOUND = 127
+
+#: How often the supervisor checks the child, the lease and pending signals.
+POLL_INTERVAL = 0.05
+
+
+class SignalBox:
+    """SIGINT/SIGTERM (and SIGHUP) to this process, recorded for the supervisor loop
+    instead of raising ``KeyboardInterrupt``. ``on_signal`` runs in the handler (on
+    the main thread) to wake a wait on another thread. Restores the old handlers on
+    exit."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self.on_signal: Callable[[], None] | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.pending.append(signum)
+        if self.on_signal is not None:
+            self.on_signal()
+
+    def take(self) -> int | None:
+        return self.pending.pop(0) if self.pending else None
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[SignalBox]:
+        for sig in self.SIGNALS:
+            self._old[int(sig)] = signal.signal(sig, self._handle)
+        try:
+            yield self
+        finally:
+            for signum, old in self._old.items():
+                signal.signal(signum, old)
+
+
+def run_until_signal(client: Any, coro: Coroutine[Any, Any, T], box: SignalBox) -> T | None:
+    """Run ``coro`` on the blocking client's loop; None if a signal arrived first (the
+    coroutine is then cancelled and has finished its cleanup, e.g. withdrawn a queued
+    acquire, before this returns). Blocks the calling (main) thread."""
+    loop = client.portal.loop
+    stop = asyncio.Event()
+
+    async def runner() -> T | None:
+        task = asyncio.ensure_future(coro)
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, RaftLeaseError):
+            await task
+        return None
+
+    box.on_signal = lambda: loop.call_soon_threadsafe(stop.set)
+    try:
+        if box.pending:
+            coro.close()
+            return None
+        return client.portal.run(runner())  # type: ignore[no-any-return]
+    finally:
+        box.on_signal = None
+
+
+def child_env(key: str, lease: Lease) -> dict[str, str]:
+    """The command's environment: ours, plus the lease's key, fencing token and id.
+    ``RAFTLEASE_TOKEN`` is the CLI's bearer-token variable too: the caller's bearer
+    token (if any) moves to ``RAFTLEASE_AUTH_TOKEN``, which the CLI prefers."""
+    env = dict(os.environ)
+    auth = env.get("RAFTLEASE_AUTH_TOKEN", env.get("RAFTLEASE_TOKEN", ""))
+    env.update(
+        RAFTLEASE_KEY=key,
+        RAFTLEASE_TOKEN=str(lease.token),
+        RAFTLEASE_LEASE_ID=lease.lease_id,
+        RAFTLEASE_AUTH_TOKEN=auth,
+    )
+    return env
+
+
+def exit_status(returncode: int) -> int:
+    """A child's exit status as a shell reports it: 128 + N if signal N killed it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Supervisor:
+    """Runs the command in its own process group and stops it (SIGTERM, then SIGKILL
+    after ``grace``) when ``lost()`` names a reason or a signal arrives. Main thread."""
+
+    def __init__(self, argv: tuple[str, ...], env: dict[str, str], grace: float) -> None:
+        self.argv = argv
+        self.env = env
+        self.grace = grace
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.kill_at = math.inf
+        self.lost_reason: str | None = None
+
+    def start(self) -> int | None:
+        """Start the command; None, or the exit status to use if it cannot start."""
+        try:
+            self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
+        except FileNotFoundError as exc:
+            click.echo(f"raftlease: command not found: {_safe(exc.filename)}", err=True)
+            return EXIT_NOT_FOUND
+        except OSError as exc:
+            click.echo(f"raftlease: cannot run {_safe(self.argv[0])}: {_safe(exc)}", err=True)
+            return EXIT_CANNOT_RUN
+        return None
+
+    def _signal_group(self, signum: int) -> None:
+        assert self.proc is not None
+        # The group id is the child's pid (start_new_session); the group may outlive
+        # the child (its own children), so signal it even after the child is gone.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signum)
+
+    def _stop(self, signum: int) -> None:
+        self._signal_group(signum)
+        self.kill_at = min(self.kill_at, time.monotonic() + self.grace)
+
+    def run(self, lost: Callable[[], str | None], box: SignalBox) -> int:
+        """Wait for the command; returns its exit status."""
+        assert self.proc is not None
+        while True:
+            try:
+                returncode = self.proc.wait(timeout=POLL_INTERVAL)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            signum = box.take()
+            if signum is not None:
+                self._stop(signum)  # forwarded as is: SIGINT stays SIGINT
+            if self.lost_reason is None:
+                self.lost_reason = lost()
+                if self.lost_reason is not None:
+                    click.echo(
+                        f"raftlease: {self.lost_reason}; stopping the command "
+                        f"(SIGTERM, SIGKILL after {self.grace:g} s)",
+                        err=True,
+                    )
+                    self._stop(signal.SIGTERM)
+            if time.monotonic() >= self.kill_at:
+                self._signal_group(signal.SIGKILL)
+                self.kill_at = math.inf
+        if self.lost_reason is not None:
+            # Nothing of the group may keep working once the lease is gone.
+            self._signal_group(signal.SIGKILL)
+        return exit_status(returncode)
+
+
+class LeaseKeeper:
+    """Renews one lease every ``ttl / 3`` on a daemon thread (``KeepAliveState``) and
+    says when the command must stop: ``lost()`` is a reason or None."""
+
+    def __init__(self, client: Any, lease: Lease, grace: float) -> None:
+        from .recipes.keepalive import KeepAliveState
+
+        self.client = client
+        self.lease = lease
+        self.grace = grace
+        self.state = KeepAliveState(f"lock {lease.key}", lease.ttl, noun="lease")
+        self.state.renewed(lease.trusted_until)
+        self._stop = threading.Event()
+        self._lost = threading.Event()
+        self._thread = threading.Thread(
+            target=self.state.keep_alive_thread,
+            args=(self._renew, self._stop, self._lost),
+            name=f"raftlease-lock-{lease.key}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _renew(self, timeout: float) -> None:
+        self.lease = self.client.renew(self.lease, timeout=timeout)
+        self.state.renewed(self.lease.trusted_until)
+
+    def lost(self) -> str | None:
+        state = self.state
+        if state.lost_reason is not None:
+            return f"lease on {_safe(self.lease.key)} lost: {_safe(state.lost_reason)}"
+        if not state.valid:
+            return f"lease on {_safe(self.lease.key)} ran out on this host's clock"
+        if state.jeopardy and state.remaining <= self.grace:
+            return (
+                f"lease on {_safe(self.lease.key)} about to lapse: renewals fail and "
+                f"{state.remaining:.2f} s are left"
+            )
+        return None
+
+    def release(self) -> None:
+        """Stop renewing and release the lease (unless the cluster already ended it).
+        Best effort: if the cluster cannot be reached, the lease expires after its TTL."""
+        self._stop.set()
+        self._thread.join(timeout=self.state.interval() + 10)
+        if not self.state.gone:
+            with contextlib.suppress(RaftLeaseError):
+                self.client.release(self.lease, timeout=5.0)
+
+
+_command_argument = click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+
+
+def _common(func: Any) -> Any:
+    func = click.option(
+        "--grace",
+        type=DURATION,
+        default=10.0,
+        show_default=True,
+        help="Between SIGTERM and SIGKILL when the lease is lost (or on a signal).",
+    )(func)
+    func = click.option(
+        "--endpoints",
+        envvar="RAFTLEASE_ENDPOINTS",
+        default="127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
+        show_default=True,
+        help="Comma-separated client addresses (env RAFTLEASE_ENDPOINTS).",
+    )(func)
+    return func
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("key")
+@_command_argument
+@click.option("--ttl", type=DURATION, default=30.0, show_default=True, help="Lease TTL (30s).")
+@click.option(
+    "--wait",
+    type=DURATION,
+    default=300.0,
+    show_default=True,
+    help="How long to wait in the key's queue (5m); 0: fail at once if held.",
+)
+@_owner_option
+@_common
+def lock(
+    key: str,
+    command: tuple[str, ...],
+    ttl: float,
+    wait: float,
+    owner: str,
+    grace: float,
+    endpoints: str,
+) -> None:
+    """Run COMMAND (after --) while holding a lease on KEY.
+
+    Exit status: the command's; 124 not acquired within --wait; 125 the lease was
+    lost while it ran (the command was stopped); 126 the command could not be
+    started; 127 not found; 1 or 3 a refusal or unknown outcome from the cluster."""
+    with SignalBox().installed() as box, _client(endpoints) as c:
+        try:
+            lease = run_until_signal(
+                c,
+                c.aio.acquire(key, owner=owner, ttl=ttl, wait=wait, timeout=max(15.0, wait + 15.0)),
+                box,
+            )
+        except LeaseHeldError as exc:
+            click.echo(f"raftlease: {_safe(key)} not acquired: {_safe(exc.message)}", err=True)
+            sys.exit(EXIT_NOT_ACQUIRED)
+        except RaftLeaseError as exc:
+            _fail(exc, False)
+        if lease is None:  # a signal while waiting: the queued acquire was withdrawn
+            sys.exit(128 + (box.take() or signal.SIGINT))
+        keeper = LeaseKeeper(c, lease, grace)
+        try:
+            supervisor = Supervisor(command, child_env(key, lease), grace)
+            status = supervisor.start()
+            if status is None:
+                status = supervisor.run(keeper.lost, box)
+                if supervisor.lost_reason is not None:
+                    status = EXIT_LEASE_LOST
+        finally:
+            keeper.release()
+    sys.exit(status)
+
+
+class LeadershipKeeper:
+    """While we lead: the session's keep-alive keeps the lead, and every ``ttl / 3``
+    a fence check on the election key notices a lead ended on the cluster's side (a
+    revoke) that the session's keep-alive does not see. Main thread."""
+
+    def __init__(self, client: Any, session: Any, lease: Lease, grace: float) -> None:
+        self.client = client
+        self.session = session
+        self.lease = lease
+        self.grace = grace
+        self.next_check = time.monotonic() + max(0.05, session.ttl / 3)
+
+    def lost(self) -> str | None:
+        session = self.session
+        name = _safe(self.lease.key)
+        if session.lost_reason is not None or session.lost.is_set():
+            return f"leadership of {name} lost: session {_safe(session.lost_reason)}"
+        if not session.valid:
+            return f"leadership of {name} ran out on this host's clock"
+        if session.jeopardy and session.remaining <= self.grace:
+            return f"leadership of {name} about to lapse: {session.remaining:.2f} s left"
+        if time.monotonic() >= self.next_check:
+            self.next_check = time.monotonic() + max(0.05, session.ttl / 3)
+            with contextlib.suppress(RaftLeaseError):  # unreachable: the session decides
+                if not self.client.fence(self.lease.key, self.lease.token, timeout=2.0):
+                    return f"leadership of {name} ended on the cluster (revoked?)"
+        return None
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("name")
+@_command_argument
+@click.option("--ttl", type=DURATION, default=10.0, show_default=True, help="Session TTL.")
+@click.option(
+    "--wait",
+    type=DURATION,
+    default=3600.0,
+    show_default=True,
+    help="How long to campaign before giving up.",
+)
+@click.option("--value", default=None, help="Published while leading (default: the owner).")
+@_owner_option
+@_common
+def elect(
+    name: str,
+    command: tuple[str, ...],
+    ttl: float,
+    wait: float,
+    value: str | None,
+    owner: str,
+    grace: float,
+    endpoints: str,
+) -> None:
+    """Run COMMAND (after --) while this process leads the election NAME.
+
+    Campaigns (first come, first served), runs the command once elected, and stops it
+    as ``lock`` does when the lead is lost. Exit status as for ``lock`` (124: not
+    elected within --wait; 125: the lead was lost)."""
+    with SignalBox().installed() as box, _client(endpoints) as c:
+        try:
+            session = c.session(owner=owner, ttl=ttl).open()
+        except RaftLeaseError as exc:
+            _fail(exc, False)
+        try:
+            election = c.aio.election(name)
+            try:
+                lease = run_until_signal(
+                    c, election.campaign(value or owner, session=session, wait=wait), box
+                )
+            except LeaseHeldError as exc:
+                click.echo(f"raftlease: not elected: {_safe(exc.message)}", err=True)
+                sys.exit(EXIT_NOT_ACQUIRED)
+            except RaftLeaseError as exc:
+                _fail(exc, False)
+            if lease is None:
+                sys.exit(128 + (box.take() or signal.SIGINT))
+            keeper = LeadershipKeeper(c, session, lease, grace)
+            supervisor = Supervisor(command, child_env(name, lease), grace)
+            status = supervisor.start()
+            if status is None:
+                status = supervisor.run(keeper.lost, box)
+                if supervisor.lost_reason is not None:
+                    status = EXIT_LEASE_LOST
+        finally:
+            session.close()  # releases the lead (and withdraws a campaign)
+    sys.exit(status)
