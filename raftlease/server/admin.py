@@ -5,10 +5,11 @@ Routes (GET, or HEAD):
 * ``/metrics``: the Prometheus text format, written by prometheus-client from the
   node's own registry (``metrics.NodeMetrics``);
 * ``/livez``: 200 while the process serves (the event loop answers);
-* ``/readyz``: 200 when this node knows a leader, has applied an entry of the current
-  term, has caught up with the log it found at start, and has at most
-  ``READY_MAX_APPLY_LAG`` committed entries not yet applied; 503 with a JSON reason
-  otherwise;
+* ``/readyz``: 200 when this node knows a leader (and, on a follower, heard from it
+  within ``max_silence``, twice the maximum election timeout: PySyncObj keeps a cut-off
+  follower's last leader forever), has applied an entry of the current term, has caught
+  up with the log it found at start, and has at most ``READY_MAX_APPLY_LAG`` committed
+  entries not yet applied; 503 with a JSON reason otherwise;
 * ``/status``: the JSON of ``raftlease status`` for this node.
 
 Hostile input has definite answers: an unknown path 404, another method 405, a request
@@ -68,12 +69,20 @@ ROUTES = ("/metrics", "/livez", "/readyz", "/status")
 PROTECTED = frozenset({"/metrics", "/status"})
 
 
-def readiness(replica: Replica | None) -> tuple[bool, str]:
+def readiness(replica: Replica | None, max_silence: float) -> tuple[bool, str]:
     """(ready, reason): the /readyz rule (see the module docstring)."""
     if replica is None:
         return False, "the node is starting or waiting out an unclean stop"
     if replica.leader_raft_addr() is None:
         return False, "no leader is known to this node"
+    if not replica.is_leader():
+        heard = replica.guard.heard_ago()
+        if heard is None or heard > max_silence:
+            return False, (
+                f"not heard from the leader for {heard} s (limit {max_silence} s)"
+                if heard is not None
+                else "never heard from the leader"
+            )
     term = replica.term()
     if replica.store.term != term:
         return False, f"no entry of the current term {term} applied yet"
@@ -129,7 +138,8 @@ class AdminEndpoint:
 
     ``status``: the node's status dict (raises ``RaftLeaseError`` while it cannot
     answer); ``replica``: the replica or None; ``auth``: tokens for /metrics and
-    /status; ``tls``: serve HTTPS (see the module docstring)."""
+    /status; ``tls``: serve HTTPS; ``max_silence``: seconds a follower may go without
+    hearing from its leader and stay ready (see the module docstring)."""
 
     def __init__(
         self,
@@ -139,8 +149,10 @@ class AdminEndpoint:
         replica: Callable[[], Replica | None],
         auth: AuthPolicy | None = None,
         tls: ssl.SSLContext | None = None,
+        max_silence: float = 2.0,
     ) -> None:
         self.address = address
+        self.max_silence = max_silence
         self.metrics = metrics
         self.status = status
         self.replica = replica
@@ -215,7 +227,7 @@ class AdminEndpoint:
         if path == "/livez":
             return _json(200, {"live": True})
         if path == "/readyz":
-            ready, reason = readiness(self.replica())
+            ready, reason = readiness(self.replica(), self.max_silence)
             return _json(200 if ready else 503, {"ready": ready, "reason": reason})
         if path == "/status":
             try:

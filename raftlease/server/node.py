@@ -196,6 +196,7 @@ class NodeServer:
                 lambda: self.replica,
                 auth=self.auth,
                 tls=self._tls_context(),
+                max_silence=2 * self.config.election_timeout_max,
             )
             try:
                 await self.admin.start()
