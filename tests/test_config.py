@@ -559,3 +559,37 @@ def test_cli_node_refuses_missing_and_invalid_files(tmp_path: Path) -> None:
     code, output = run_node_cli("--config", str(broken))
     assert code == 2
     assert "not valid TOML" in output
+
+
+# ------------------------------------------------------------ admin endpoint
+
+
+def test_admin_address_is_off_by_default_and_validated() -> None:
+    assert make().admin_address == ""
+    assert make(admin_address="127.0.0.1:7201").admin_address == "127.0.0.1:7201"
+    assert make(admin_address="localhost:7201").admin_address == "localhost:7201"
+    assert "admin_address" in config_error(admin_address="127.0.0.1")
+    assert "outside 1..65535" in config_error(admin_address="127.0.0.1:0")
+    assert "non-numeric" in config_error(admin_address="127.0.0.1:http")
+    assert "admin_address" in config_error(admin_address=7201)
+    # Not a port the node already uses for Raft or clients.
+    assert "also a raft or client address" in config_error(admin_address=NODES[1].client)
+    assert "also a raft or client address" in config_error(admin_address=NODES[0].raft)
+
+
+def test_admin_address_beyond_loopback_is_protected_mode() -> None:
+    message = config_error(admin_address="0.0.0.0:7201")
+    assert "protected mode" in message and "0.0.0.0:7201" in message
+    assert make(admin_address="0.0.0.0:7201", insecure=True).admin_address == "0.0.0.0:7201"
+    secured = make(
+        admin_address="10.0.0.5:7201",
+        tls_cert_file="/etc/rl/node.pem",
+        tls_key_file="/etc/rl/node.key",
+        auth_file="/etc/rl/auth.toml",
+    )
+    assert secured.admin_address == "10.0.0.5:7201"
+    # TLS alone is not enough: the metrics would be readable by anyone.
+    message = config_error(
+        admin_address="10.0.0.5:7201", tls_cert_file="/c.pem", tls_key_file="/c.key"
+    )
+    assert "protected mode" in message
