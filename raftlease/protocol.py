@@ -55,7 +55,14 @@ OPS: dict[str, bool] = {
     "status": False,
     "ping": False,
     "auth": False,
+    # Membership (docs/membership.md): admin operations, answered by the leader.
+    "member_list": False,
+    "member_add": False,
+    "member_remove": False,
 }
+
+#: Longest member id accepted by ``member_add``.
+MAX_MEMBER_ID = 64
 
 
 class ProtocolError(RaftLeaseError):
@@ -218,6 +225,31 @@ KEYED_OPS = frozenset(
 )
 
 
+def _member_args(op: str, message: dict[str, Any], args: dict[str, Any]) -> None:
+    """``member_add``: ``member_id``, ``raft`` and ``client`` (host:port), an optional
+    ``timeout`` (seconds to wait for the new member to catch up, default 30).
+    ``member_remove``: ``member_id`` (the id or the raft address)."""
+    member_id = _str_field(message, "member_id", MAX_MEMBER_ID)
+    if any(not (c.isalnum() or c in "-_.:[]") for c in member_id):
+        raise InvalidArgumentError(
+            f"member_id {member_id!r} may hold only letters, digits and - _ . : [ ]"
+        )
+    args["member_id"] = member_id
+    if op == "member_remove":
+        return
+    for name in ("raft", "client"):
+        addr = _str_field(message, name, 300)
+        host, sep, port = addr.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise InvalidArgumentError(f"field {name!r} must be host:port, got {addr!r}")
+        args[name] = addr
+    if args["raft"] == args["client"]:
+        raise InvalidArgumentError("fields 'raft' and 'client' must be different addresses")
+    args["timeout"] = (
+        _seconds_ms(message, "timeout", 0.0, 600.0) / 1000.0 if "timeout" in message else 30.0
+    )
+
+
 def _value_field(message: dict[str, Any]) -> str:
     value = message.get("value")
     if not isinstance(value, str):
@@ -311,6 +343,8 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
         args["from_revision"] = (
             _int_field(message, "from_revision", 0, 2**62) if "from_revision" in message else 0
         )
+    if op in ("member_add", "member_remove"):
+        _member_args(op, message, args)
     if not OPS[op]:
         return Request(id=rid, op=op, args=args)
     cid = _str_field(message, "cid", 128)

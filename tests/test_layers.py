@@ -39,6 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     "testing": GROUND | {"client", "server", "replication", "core", "cli"},
     "cli": GROUND | {"client", "server", "testing"},
     "cli_lock": GROUND | {"cli", "client", "recipes"},
+    "cli_member": GROUND | {"cli"},
     "cli_admin": GROUND | {"cli", "client"},
     "__main__": {"cli"},
     "__init__": {"_version", "client", "errors", "models", "recipes"},
@@ -56,6 +57,7 @@ THIRD_PARTY: dict[str, set[str]] = {
     "protocol": {"msgpack"},
     "cli": {"click"},
     "cli_lock": {"click"},
+    "cli_member": {"click"},
     "cli_admin": {"click"},
 }
 

@@ -228,10 +228,9 @@ def test_syncobj_conf_sets_what_safety_depends_on(tmp_path: Path) -> None:
     # Trap 10: each node compacts in its own slot, so a crash of the whole cluster
     # cannot catch a majority inside a compaction (which can drop a journal's tail).
     assert conf.logCompactionSplit is True
-    # Membership is the config file's: the leader lease's majority (LeaseGuard's
-    # cluster_size) and the vote promise assume it, and a membership command in the
-    # log would change the quorum under them.
-    assert conf.dynamicMembershipChange is False
+    # Membership changes go through the log (replication/membership.py); the leader
+    # lease is re-counted over the new majority at each one (LeaseGuard.reconfigure).
+    assert conf.dynamicMembershipChange is True
     # A leader cut off from a majority steps down after leader_fallback (validated
     # against the election timeout), not after PySyncObj's default 30 s.
     assert conf.leaderFallbackTimeout == 2.5 != SyncObjConf().leaderFallbackTimeout

@@ -243,6 +243,19 @@ class LeaseGuard:
                 self.lease_until, base + self.promise * (1 - self.rho) - LEASE_MARGIN
             )
 
+    def reconfigure(self, cluster_size: int) -> None:
+        """The member set changed (tick thread, at the moment PySyncObj applies the
+        change, before any later reply is handled). The leader drops its lease and
+        counts it again only from echoes of stamps it sends from now on, over a
+        majority of the new set of ``cluster_size`` members (docs/leader-lease.md,
+        "Membership changes"): an echo from a removed member, or a majority of the
+        old set, never extends it."""
+        self.cluster_size = cluster_size
+        self._acks.clear()
+        self.lease_until = float("-inf")
+        if self.leader_term != -1:
+            self.leader_since = self.clock.monotonic()
+
     def has_quorum(self) -> bool:
         """The leader heard from a majority within the lease window (drift alarms
         aside): it keeps leading rather than yield to a candidate."""

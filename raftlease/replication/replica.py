@@ -16,30 +16,41 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import msgpack
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
-from pysyncobj.dns_resolver import globalDnsResolver
-from pysyncobj.node import TCPNode
 
 from ..clock import Clock, SystemClock
-from ..config import NodeConfig
+from ..config import NodeAddress, NodeConfig
 from ..core import LeaseStore, Result
 from ..errors import (
     InternalError,
+    InvalidArgumentError,
     LeaderChangedError,
+    NotLeaderError,
     RaftLeaseError,
     UnavailableError,
 )
 from .durable import SyncRecorder
 from .journal import repair_journal, trim_torn_tail
 from .leadership import LeaseGuard
+from .membership import (
+    MEMBERS_FILE,
+    Change,
+    DialNode,
+    Membership,
+    member_node,
+    read_members_file,
+)
 from .peers import load_or_create_secret
 from .transport import LeaseTransport
 
 log = logging.getLogger("raftlease.replication")
+
+__all__ = ["DialNode", "Replica", "syncobj_conf"]
 
 #: Exit status of a node that cannot load its snapshot.
 SNAPSHOT_LOAD_FAILED = 70
@@ -144,26 +155,6 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
         return result
 
 
-class DialNode(TCPNode):  # type: ignore[misc]
-    """A peer identified by its raft address but dialled at ``dial`` (for example a
-    fault-injecting proxy). PySyncObj identifies nodes by ``address`` (sent on connect,
-    compared to decide who dials) and dials ``ip``/``port``: we change only the latter."""
-
-    def __init__(self, address: str, dial: str) -> None:
-        super().__init__(address)
-        host, _, port = dial.rpartition(":")
-        self._dial_host = host.strip("[]")
-        self._dial_port = int(port)
-
-    @property
-    def ip(self) -> str:
-        return str(globalDnsResolver().resolve(self._dial_host))
-
-    @property
-    def port(self) -> int:
-        return self._dial_port
-
-
 def syncobj_conf(config: NodeConfig, password: str | None = None) -> SyncObjConf:
     """PySyncObj's configuration for a node (no callbacks). Shared with the
     benchmark's raw-PySyncObj baseline, so both run with the same settings.
@@ -194,7 +185,9 @@ def syncobj_conf(config: NodeConfig, password: str | None = None) -> SyncObjConf
         logCompactionSplit=True,
         # Fail fast with MISSING_LEADER (definite) instead of queueing forever.
         commandsWaitLeader=False,
-        dynamicMembershipChange=False,
+        # Members are added and removed through the log (membership.py); the leader
+        # lease is re-counted over the new majority at each change (transport.py).
+        dynamicMembershipChange=True,
     )
 
 
@@ -217,9 +210,29 @@ class Replica:
         machine): a test build injects broken ones through ``raftlease.testing.node``;
         production never passes them."""
         self.config = config
+        # The member set: the one this node saw last (members.json, written at each
+        # change) over the config file's, so a restarted node comes back with the
+        # membership of its log, not of a stale config file.
+        members_path = config.data_dir / MEMBERS_FILE
+        saved = read_members_file(members_path)
+        nodes = config.nodes
+        if saved is not None and {m.raft for m in saved} != {m.raft for m in nodes}:
+            log.warning(
+                "members from %s (%s) differ from the config file's (%s): using %s",
+                members_path,
+                ", ".join(m.id for m in saved),
+                ", ".join(m.id for m in nodes),
+                MEMBERS_FILE,
+            )
+        if saved is not None:
+            nodes = tuple(m for m in saved if m.raft != config.self_node.raft)
+            nodes = (config.self_node, *nodes)
+        others = tuple(m for m in nodes if m.raft != config.self_node.raft)
+        self.membership = Membership(config.self_node, nodes, members_path)
+        self._tick_calls: deque[Callable[[], None]] = deque()
         self.guard = guard_class(
             clock or SystemClock(),
-            cluster_size=len(config.nodes),
+            cluster_size=len(nodes),
             promise=config.election_timeout_min,
             rho=config.clock_drift,
         )
@@ -231,14 +244,20 @@ class Replica:
         me = config.self_node
         conf = syncobj_conf(config, load_or_create_secret(config.peer_secret_path))
         conf.onStateChanged = self._on_state_changed
-        peers = [DialNode(p.raft, config.dial.get(p.id, p.raft)) for p in config.peers]
-        self._peers = {peer: p.id for peer, p in zip(peers, config.peers, strict=True)}
+        dial = {p.raft: config.dial[p.id] for p in config.peers if p.id in config.dial}
+        peers = [member_node(p, DialNode, dial=dial.get(p.raft, p.raft)) for p in others]
         bound = type(
             "BoundLeaseTransport",
             (transport_class,),
-            {"guard": self.guard, "durability": config.durability, "recorder": recorder},
+            {
+                "guard": self.guard,
+                "durability": config.durability,
+                "recorder": recorder,
+                "dial": dial,
+            },
         )
         self._sync = SyncObj(me.raft, peers, conf, consumers=[self._consumer], transportClass=bound)
+        self._sync.addOnTickCallback(self._on_tick)
 
     # ---------------------------------------------------------------- writes
 
@@ -311,7 +330,125 @@ class Replica:
 
     def connected_peers(self) -> list[str]:
         """Ids of the peers with a live Raft connection (as PySyncObj sees it)."""
-        return [pid for peer, pid in self._peers.items() if self._sync.isNodeConnected(peer)]
+        return [
+            m.id
+            for m in self.membership.members()
+            if m.raft != self.config.self_node.raft and self._sync.isNodeConnected(member_node(m))
+        ]
+
+    # ------------------------------------------------------------ membership
+
+    def members(self) -> tuple[NodeAddress, ...]:
+        """The member set in this node's log (any thread)."""
+        return self.membership.members()
+
+    def match_index(self, raft: str) -> int | None:
+        """On the leader: the highest log index known replicated on member ``raft``
+        (None if not a peer of this leader). Any thread (one dict read)."""
+        match: dict[Any, int] = self._sync._SyncObj__raftMatchIndex
+        value = match.get(member_node(NodeAddress(raft, raft, "")))
+        return None if value is None else int(value)
+
+    def change_members(
+        self,
+        kind: str,
+        member: NodeAddress,
+        callback: Callable[[Change | None, RaftLeaseError | None], None],
+    ) -> None:
+        """Propose adding (``kind`` "add") or removing ("remove") ``member``.
+
+        Non-blocking, any thread. ``callback`` runs on the tick thread once: with the
+        ``Change`` when the entry committed (the caller then owns the change slot and
+        releases it with ``membership.finish``), or with an error: ``NotLeaderError``,
+        ``InvalidArgumentError`` (already a member, not a member, the leader itself),
+        ``UnavailableError`` (another change in flight, or the new leader has not yet
+        committed an entry of its term: definite), ``LeaderChangedError`` (unknown).
+        """
+        self._tick_calls.append(lambda: self._start_change(kind, member, callback))
+
+    def _start_change(
+        self,
+        kind: str,
+        member: NodeAddress,
+        callback: Callable[[Change | None, RaftLeaseError | None], None],
+    ) -> None:
+        sync = self._sync
+        if not sync._isLeader():
+            callback(None, NotLeaderError("not the leader (it changed before the request ran)"))
+            return
+        members = self.membership.members()
+        by_raft = {m.raft: m for m in members}
+        by_id = {m.id: m for m in members}
+        if kind == "add":
+            if member.raft in by_raft or member.id in by_id:
+                err = InvalidArgumentError(f"{member.id} ({member.raft}) is already a member")
+                callback(None, err)
+                return
+        else:
+            target = by_id.get(member.id) or by_raft.get(member.raft)
+            if target is None:
+                callback(None, InvalidArgumentError(f"{member.id} is not a member"))
+                return
+            if target.raft == self.config.self_node.raft:
+                # PySyncObj cannot remove its leader (__doChangeCluster refuses self).
+                callback(
+                    None,
+                    InvalidArgumentError(
+                        f"{target.id} is the leader and cannot remove itself; stop it (or "
+                        "pause it) so another node leads, then remove it through that one"
+                    ),
+                )
+                return
+            if len(members) == 1:
+                callback(None, InvalidArgumentError("cannot remove the last member"))
+                return
+            member = target
+        log_ = sync._SyncObj__raftLog
+        first = int(log_[0][1])
+        commit = int(sync.raftCommitIndex)
+        tail = [log_[i] for i in range(max(0, commit - first + 1), len(log_))]
+        change = Change(kind, member, int(sync.raftCurrentTerm))
+        try:
+            self.membership.begin(change, tail)
+        except RaftLeaseError as exc:
+            callback(None, exc)
+            return
+
+        def done(_: Any, reason: int) -> None:
+            if reason == FAIL_REASON.SUCCESS:
+                callback(change, None)
+                return
+            self.membership.finish(change)
+            if reason == FAIL_REASON.REQUEST_DENIED:
+                callback(
+                    None,
+                    UnavailableError(
+                        "raft refused the change (a new leader first commits an entry "
+                        "of its term): retry"
+                    ),
+                )
+            else:
+                callback(None, _fail_reason_error(reason))
+
+        node = member_node(member)
+        try:
+            if kind == "add":
+                sync.addNodeToCluster(node, callback=done)
+            else:
+                sync.removeNodeFromCluster(node, callback=done)
+        except Exception as exc:  # never let it escape on the tick thread
+            self.membership.finish(change)
+            callback(None, InternalError(f"membership change failed: {exc}"))
+
+    def _on_tick(self) -> None:
+        """Tick thread: run scheduled calls, then take PySyncObj's member set."""
+        while self._tick_calls:
+            call = self._tick_calls.popleft()
+            try:
+                call()
+            except Exception:
+                log.exception("tick-thread call failed")
+        self.membership.refresh(self._sync.otherNodes, self.last_log_index())
 
     def lease_valid(self) -> bool:
         """True while this node is leader and holds a valid leader lease, so it may
@@ -319,7 +456,7 @@ class Replica:
         this term)."""
         if not self.is_leader():
             return False
-        if len(self.config.nodes) == 1:
+        if self.guard.cluster_size == 1:
             return True
         return self.guard.lease_valid(self.term())
 

@@ -17,6 +17,7 @@ from pysyncobj.transport import TCPTransport
 from .durable import DurableJournal, SyncRecorder, install
 from .follower_log import AppendPlan, Conflict, plan_append_entries, snapshot_is_behind
 from .leadership import LeaseGuard
+from .membership import dialled
 from .peers import PEER_MESSAGE_TYPES, BoundedTcpConnection, PeerCipher
 
 log = logging.getLogger("raftlease.replication")
@@ -59,6 +60,8 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     #: False only in a test build's planted bug (``raftlease.testing.node``): hand
     #: ``append_entries`` to PySyncObj uncorrected.
     follower_log_correction: ClassVar[bool] = True
+    #: Where this node dials a peer instead of its raft address (raft -> host:port).
+    dial: ClassVar[dict[str, str]] = {}
     _bumped: dict[str, float]
     #: Follower side: see plan_append_entries.
     _conflict: Conflict | None
@@ -128,10 +131,21 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         return conn
 
     def addNode(self, node: Any) -> None:
-        super().addNode(node)
+        # Called for the configured peers at start and, with dynamic membership, at
+        # the moment PySyncObj applies a change (appended add, reversed remove, a
+        # snapshot's member set): the new peer is accepted from now on, and the
+        # leader lease is counted over the new majority (LeaseGuard.reconfigure).
+        super().addNode(dialled(node, self.dial))
         conn = self._connections.get(node)
         if conn is not None:
             self._bound(conn)
+        self.guard.reconfigure(len(self._nodeAddrToNode) + 1)
+
+    def dropNode(self, node: Any) -> None:
+        # A removed member: its connection is closed, and it is refused from now on
+        # (_onIncomingMessageReceived), like any stranger.
+        super().dropNode(node)
+        self.guard.reconfigure(len(self._nodeAddrToNode) + 1)
 
     def _onNewIncomingConnection(self, conn: Any) -> None:
         if len(self._unknownConnections) >= MAX_UNIDENTIFIED_PEERS:

@@ -44,6 +44,8 @@ ACTIONS = frozenset({"read", "write", "admin"})
 READ_OPS = frozenset({"holder", "leases", "fence", "watch", "await_lease"})
 WRITE_OPS = frozenset({"acquire", "renew", "release", "transfer", "proclaim"})
 SESSION_OPS = frozenset({"session_open", "session_keepalive", "session_close"})
+#: Cluster membership (docs/membership.md): need ``admin`` (on the whole key space).
+MEMBER_OPS = frozenset({"member_list", "member_add", "member_remove"})
 #: Answered for anyone, authenticated or not (health checks, finding the leader).
 OPEN_OPS = frozenset({"status", "ping"})
 
@@ -125,6 +127,9 @@ class AuthPolicy:
                     f"{principal.name} may ask for priority up to {principal.max_priority}, "
                     f"not {priority}"
                 )
+            return
+        if op in MEMBER_OPS:
+            self.check_admin(principal, op)
             return
         raise PermissionDeniedError(f"{op} is not allowed here")
 

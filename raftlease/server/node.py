@@ -56,6 +56,7 @@ from ..protocol import (
     request_id,
 )
 from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder
+from . import membership_ops
 from .auth import AuthPolicy, Principal, load_auth
 from .log_clock import LogClock
 from .metrics import NodeMetrics, NodeView
@@ -531,6 +532,12 @@ class NodeServer:
             return self.status()
         if request.op == "await_lease":
             return await self._await_lease(request)
+        if request.op == "member_list":
+            return membership_ops.member_list(self._replica(), self.config.self_node.raft)
+        if request.op in ("member_add", "member_remove"):
+            self._require_leader()
+            timeout = max(self.config.request_timeout, 10.0)
+            return await membership_ops.change_members(self._replica(), request, timeout)
         consistency = request.args.get("consistency")
         metrics = self.metrics
         if consistency == "stale":
@@ -582,7 +589,8 @@ class NodeServer:
         if replica.is_leader():
             return
         leader = replica.leader_raft_addr()
-        client_addr = self.config.client_addr_for_raft(leader) if leader else None
+        # From the member set in the log: the leader may have joined after our config.
+        client_addr = replica.membership.client_for_raft(leader) if leader else None
         if client_addr is None:
             raise UnavailableError("no leader is known to this node; election in progress?")
         raise NotLeaderError(
@@ -716,7 +724,7 @@ class NodeServer:
             "commit_index": replica.commit_index(),
             "applied_index": replica.last_applied(),
             "last_log_index": replica.last_log_index(),
-            "leader": self.config.client_addr_for_raft(leader) if leader else None,
+            "leader": replica.membership.client_for_raft(leader) if leader else None,
             "ready": replica.is_ready(),
             "log_time": store.now,
             "revision": store.revision,

@@ -207,6 +207,30 @@ class LocalCluster:
         self.procs[node_id] = proc
         return proc
 
+    # ---------------------------------------------------------- membership
+
+    def new_node(self, node_id: str | None = None) -> NodeAddress:
+        """Addresses for a node to add (free ports, client and raft 100 apart), made
+        part of this cluster's layout so that its config, and every config written from
+        now on, lists it beside the current members (docs/membership.md). It is not a
+        member until ``raftlease member add`` commits; start it with ``start_node``."""
+        taken = {n.id for n in self.nodes}
+        if node_id is None:
+            node_id = next(f"n{i}" for i in range(1, 1000) if f"n{i}" not in taken)
+        if node_id in taken:
+            raise ValueError(f"{node_id} is already in this cluster")
+        base = free_port_block(1)
+        node = NodeAddress(node_id, f"127.0.0.1:{base + 100}", f"127.0.0.1:{base}")
+        self.nodes = (*self.nodes, node)
+        return node
+
+    def forget_node(self, node_id: str) -> None:
+        """Take a removed member out of this cluster's layout (its process, if still
+        running, is stopped; its data directory and log stay for inspection)."""
+        if self.is_running(node_id):
+            self.stop_node(node_id)
+        self.nodes = tuple(n for n in self.nodes if n.id != node_id)
+
     def pid(self, node_id: str) -> int:
         return self.procs[node_id].pid
 
@@ -325,11 +349,11 @@ class LocalCluster:
 
     def logs(self, tail: int = 80) -> str:
         out = []
-        for node in self.nodes:
-            path = self.log_path(node.id)
+        for node_id in dict.fromkeys([n.id for n in self.nodes] + list(self.procs)):
+            path = self.log_path(node_id)
             if path.exists():
                 lines = path.read_text(errors="replace").splitlines()[-tail:]
-                out.append(f"----- {node.id} ({path}) -----")
+                out.append(f"----- {node_id} ({path}) -----")
                 out.extend(lines)
         return "\n".join(out)
 

@@ -1,0 +1,163 @@
+"""``raftlease member list|add|remove|replace``: change the cluster's members while it
+runs (docs/membership.md). Each change goes to the leader through the client port (the
+client follows the leader's redirect); with an auth file it needs ``admin``.
+
+Exit codes as for every client command: 0 done, 1 a definite failure (nothing
+changed), 3 unknown outcome (run ``raftlease member list`` to see whether it
+happened), 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from .cli import DURATION, Client, _client_options, _fail, _safe, main
+from .errors import RaftLeaseError
+
+
+def _admin_client(endpoints: str, timeout: float) -> Any:
+    """A client whose single attempt may last the whole deadline (an add waits for
+    the new member to catch up before it answers). Token and TLS from the
+    environment, as for every CLI command."""
+    if "RAFTLEASE_AUTH_TOKEN" in os.environ:
+        token = os.environ["RAFTLEASE_AUTH_TOKEN"] or None
+    else:
+        token = os.environ.get("RAFTLEASE_TOKEN") or None
+    ca_file = os.environ.get("RAFTLEASE_CA_FILE") or None
+    tls: str | bool | None = ca_file or (os.environ.get("RAFTLEASE_TLS") == "1") or None
+    return Client(endpoints, token=token, tls=tls, attempt_timeout=max(3.0, timeout))
+
+
+@main.group()
+def member() -> None:
+    """List, add, remove or replace cluster members (one change at a time)."""
+
+
+@member.command("list")
+@_client_options
+def member_list(endpoints: str, as_json: bool, timeout: float) -> None:
+    """The members as the leader's log has them (the leader's view if one answers)."""
+    try:
+        with _admin_client(endpoints, timeout) as c:
+            result = c.call("member_list", {}, mutating=False, timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        click.echo(json.dumps({"ok": True, **result}))
+        return
+    for m in result["members"]:
+        role = "leader" if m["leader"] else ""
+        click.echo(
+            f"{_safe(m['id']):12} raft {_safe(m['raft']):22} client {_safe(m['client']):22} {role}"
+        )
+    if result.get("pending"):
+        p = result["pending"]
+        click.echo(f"change in progress: {p['kind']} {_safe(p['member'])}")
+
+
+def _change(
+    op: str, args: dict[str, Any], endpoints: str, as_json: bool, timeout: float
+) -> dict[str, Any]:
+    try:
+        with _admin_client(endpoints, timeout) as c:
+            result: dict[str, Any] = c.call(op, args, mutating=False, timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    return result
+
+
+def _report(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"ok": True, **result}))
+        return
+    verb = "added" if result["kind"] == "add" else "removed"
+    click.echo(f"{verb} {_safe(result['member'])}; members now: {', '.join(result['members'])}")
+    if result["kind"] == "add" and not result.get("caught_up"):
+        click.echo(
+            f"warning: {_safe(result['member'])} has not caught up yet (replicated to index "
+            f"{result.get('match_index')} of {result.get('target_index')}); wait for it "
+            "before the next change",
+            err=True,
+        )
+    if result["kind"] == "remove":
+        click.echo(
+            f"stop the process of {_safe(result['member'])}: the cluster refuses it from now on",
+            err=True,
+        )
+
+
+@member.command("add")
+@click.argument("member_id")
+@click.option("--raft", "raft", required=True, help="The new member's Raft address host:port.")
+@click.option("--client", "client", required=True, help="Its client address host:port.")
+@click.option(
+    "--catch-up",
+    "catch_up",
+    type=DURATION,
+    default=30.0,
+    show_default=True,
+    help="How long the leader waits for the new member to replicate the log.",
+)
+@_client_options
+def member_add(
+    member_id: str,
+    raft: str,
+    client: str,
+    catch_up: float,
+    endpoints: str,
+    as_json: bool,
+    timeout: float,
+) -> None:
+    """Add MEMBER_ID. Start it first with a config listing the current members and
+    itself (docs/membership.md); it is refused by the others until this commits."""
+    args = {"member_id": member_id, "raft": raft, "client": client, "timeout": catch_up}
+    _report(_change("member_add", args, endpoints, as_json, timeout + catch_up), as_json)
+
+
+@member.command("remove")
+@click.argument("member_id")
+@_client_options
+def member_remove(member_id: str, endpoints: str, as_json: bool, timeout: float) -> None:
+    """Remove MEMBER_ID (its id or raft address). The leader cannot remove itself:
+    stop it first so another node leads."""
+    _report(
+        _change("member_remove", {"member_id": member_id}, endpoints, as_json, timeout), as_json
+    )
+
+
+@member.command("replace")
+@click.argument("old_id")
+@click.argument("new_id")
+@click.option("--raft", "raft", required=True, help="The new member's Raft address host:port.")
+@click.option("--client", "client", required=True, help="Its client address host:port.")
+@click.option("--catch-up", "catch_up", type=DURATION, default=30.0, show_default=True)
+@_client_options
+def member_replace(
+    old_id: str,
+    new_id: str,
+    raft: str,
+    client: str,
+    catch_up: float,
+    endpoints: str,
+    as_json: bool,
+    timeout: float,
+) -> None:
+    """Replace OLD_ID by NEW_ID: add the new member, wait for it to catch up, then
+    remove the old one (two changes; a failure in between leaves both members)."""
+    args = {"member_id": new_id, "raft": raft, "client": client, "timeout": catch_up}
+    added = _change("member_add", args, endpoints, as_json, timeout + catch_up)
+    if not added.get("caught_up"):
+        _report(added, as_json)
+        click.echo(f"not removing {_safe(old_id)} until {_safe(new_id)} has caught up", err=True)
+        sys.exit(1)
+    removed = _change("member_remove", {"member_id": old_id}, endpoints, as_json, timeout)
+    if as_json:
+        click.echo(json.dumps({"ok": True, "added": added, "removed": removed}))
+        return
+    _report(added, False)
+    _report(removed, False)

@@ -1,0 +1,277 @@
+"""Membership changes over PySyncObj's single-server changes (docs/membership.md).
+
+PySyncObj (``dynamicMembershipChange=True``) replicates a change as a log entry that
+takes effect on every node when it is *appended* (Raft dissertation §4.1): the leader
+changes its peer set in ``_checkCommandsToApply`` before it sends the entry, followers
+when they append it, and a truncation of the entry reverses it. A snapshot carries the
+member set (``__loadDumpFile`` -> ``__updateClusterConfiguration``). Every change of
+the set goes through the transport's ``addNode``/``dropNode`` (transport.py), which
+is where the leader lease is re-counted over the new majority.
+
+What this module corrects or adds at our seam (tests/test_membership_contract.py):
+
+* **One change at a time.** PySyncObj means to refuse a change while another is not
+  yet applied, but never sets ``__changeClusterIDx``: a second change is accepted at
+  once. ``Membership.begin`` refuses while our own change is in flight and while the
+  leader's log holds an uncommitted membership entry (one of a previous leader).
+* **Who a member is.** A PySyncObj node is only a Raft address; each node we hand it
+  (``member_node``) also carries the member's id and client address (``rl_id``,
+  ``rl_client``), pickled with it into the change entry and the snapshot, so every
+  node can redirect clients to a member it never had in its config file.
+* **The configuration on disk.** Every change of the member set this node sees is
+  written to ``<data_dir>/members.json`` (atomically, with fsync); a restarted node
+  starts from that file rather than from its config file's ``nodes``, then replays
+  its log, which holds the same changes (replaying one that is already in effect is a
+  no-op in PySyncObj).
+
+Threads: ``refresh`` runs on PySyncObj's tick thread (an on-tick callback); ``members``
+and ``pending`` read one immutable attribute and are safe from any thread; ``begin``
+and ``finish`` take a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pysyncobj.dns_resolver import globalDnsResolver
+from pysyncobj.node import TCPNode
+
+from ..config import NodeAddress
+from ..errors import ConfigError, UnavailableError
+
+log = logging.getLogger("raftlease.replication")
+
+#: Where a node keeps the member set it last saw (inside its data directory).
+MEMBERS_FILE = "members.json"
+#: PySyncObj's command type byte of a membership entry (``_COMMAND_TYPE.MEMBERSHIP``).
+MEMBERSHIP_COMMAND = 2
+
+
+class DialNode(TCPNode):  # type: ignore[misc]
+    """A peer identified by its raft address but dialled at ``dial`` (for example a
+    fault-injecting proxy). PySyncObj identifies nodes by ``address`` (sent on connect,
+    compared to decide who dials) and dials ``ip``/``port``: we change only the latter."""
+
+    def __init__(self, address: str, dial: str, **extra: Any) -> None:
+        super().__init__(address, **extra)
+        host, _, port = dial.rpartition(":")
+        self._dial_host = host.strip("[]")
+        self._dial_port = int(port)
+
+    @property
+    def dial_target(self) -> str:
+        return f"{self._dial_host}:{self._dial_port}"
+
+    @property
+    def ip(self) -> str:
+        return str(globalDnsResolver().resolve(self._dial_host))
+
+    @property
+    def port(self) -> int:
+        return self._dial_port
+
+
+def dialled(node: Any, dial: dict[str, str]) -> DialNode:
+    """``node`` as this node dials it: at ``dial[raft]`` if given, else its raft
+    address, keeping its member attributes. A node from another member's snapshot or
+    change entry may carry that member's dial address: never use it."""
+    target = dial.get(str(node.id), str(node.id))
+    if isinstance(node, DialNode) and node.dial_target == target:
+        return node
+    extra = {k: getattr(node, k) for k in ("rl_id", "rl_client") if hasattr(node, k)}
+    return DialNode(str(node.id), target, **extra)
+
+
+def member_node(member: NodeAddress, cls: type[TCPNode] = TCPNode, **extra: Any) -> TCPNode:
+    """A PySyncObj node for ``member`` that carries its id and client address.
+    ``cls``/``extra``: a subclass and its arguments (replica.DialNode)."""
+    node = cls(member.raft, **extra)
+    node.rl_id = member.id
+    node.rl_client = member.client
+    return node
+
+
+def node_address(node: Any, known: dict[str, NodeAddress]) -> NodeAddress:
+    """The member a PySyncObj node stands for: its own attributes, else what this
+    node knew of that Raft address, else the address itself as id (no client)."""
+    raft = str(node.id)
+    rl_id = getattr(node, "rl_id", None)
+    rl_client = getattr(node, "rl_client", None)
+    if isinstance(rl_id, str) and isinstance(rl_client, str):
+        return NodeAddress(rl_id, raft, rl_client)
+    if raft in known:
+        return known[raft]
+    return NodeAddress(raft, raft, "")
+
+
+def read_members_file(path: Path) -> tuple[NodeAddress, ...] | None:
+    """The member set saved in ``path`` (None if there is none). Raises
+    ``ConfigError`` if the file is unreadable or malformed."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {str(path)!r}: {exc}") from None
+    try:
+        raw = json.loads(text)
+        members = tuple(
+            NodeAddress(str(m["id"]), str(m["raft"]), str(m["client"])) for m in raw["members"]
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{str(path)!r} is not a member list ({exc})") from None
+    if not members:
+        raise ConfigError(f"{str(path)!r} lists no members")
+    return members
+
+
+def write_members_file(path: Path, members: Iterable[NodeAddress], index: int) -> None:
+    """Save ``members`` (as of log index ``index``) atomically: temporary file,
+    fsync, rename, fsync of the directory. Raises ``OSError``."""
+    body = {
+        "members": [{"id": m.id, "raft": m.raft, "client": m.client} for m in members],
+        "log_index": index,
+    }
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, (json.dumps(body, indent=1) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def membership_entries(entries: Iterable[Any]) -> list[tuple[str, str]]:
+    """(kind, raft address) of each membership entry among PySyncObj log entries
+    ``(command, index, term)``; kind is ``add`` or ``rem``."""
+    found = []
+    for entry in entries:
+        command = entry[0]
+        if isinstance(command, bytes) and command[:1] == bytes([MEMBERSHIP_COMMAND]):
+            try:
+                request = pickle.loads(command[1:])  # our own log
+                found.append((str(request[0]), str(request[1])))
+            except Exception:  # a malformed entry is PySyncObj's to ignore
+                continue
+    return found
+
+
+@dataclass(frozen=True)
+class Change:
+    """A change this node proposed as leader: ``kind`` is ``add`` or ``remove``."""
+
+    kind: str
+    member: NodeAddress
+    term: int
+
+
+class Membership:
+    """This node's view of the member set, and the one change it may have in flight."""
+
+    def __init__(self, me: NodeAddress, initial: Iterable[NodeAddress], path: Path) -> None:
+        self.me = me
+        self.path = path
+        self._known: dict[str, NodeAddress] = {m.raft: m for m in initial}
+        self._known[me.raft] = me
+        self._members: tuple[NodeAddress, ...] = tuple(
+            sorted({m.raft: m for m in (*initial, me)}.values(), key=lambda m: m.id)
+        )
+        self._lock = threading.Lock()
+        self._change: Change | None = None
+        self.changes_seen = 0
+        self._saved = False
+
+    # ------------------------------------------------------------- reading
+
+    def members(self) -> tuple[NodeAddress, ...]:
+        """The member set as this node sees it (its log's latest, sorted by id)."""
+        return self._members
+
+    def client_for_raft(self, raft: str) -> str | None:
+        for member in self._members:
+            if member.raft == raft:
+                return member.client or None
+        known = self._known.get(raft)
+        return known.client if known is not None and known.client else None
+
+    def pending(self) -> Change | None:
+        return self._change
+
+    # ------------------------------------------------------------ tick thread
+
+    def refresh(self, other_nodes: Iterable[Any], index: int) -> bool:
+        """Tick thread: take PySyncObj's peer set; if it changed, remember it and
+        write it to disk. Returns True if it changed."""
+        members = [node_address(n, self._known) for n in other_nodes]
+        current = tuple(
+            sorted({m.raft: m for m in (*members, self.me)}.values(), key=lambda m: m.id)
+        )
+        if current == self._members:
+            if not self._saved:
+                self._save(current, index)
+            return False
+        for member in current:
+            self._known[member.raft] = member
+        old = {m.id for m in self._members}
+        new = {m.id for m in current}
+        self._members = current
+        self.changes_seen += 1
+        log.warning(
+            "membership changed at log index %d: %s (added %s, removed %s)",
+            index,
+            ", ".join(m.id for m in current),
+            sorted(new - old) or "none",
+            sorted(old - new) or "none",
+        )
+        self._save(current, index)
+        return True
+
+    def _save(self, members: tuple[NodeAddress, ...], index: int) -> None:
+        self._saved = True  # once per change: a failing disk is reported, not retried
+        try:
+            write_members_file(self.path, members, index)
+        except OSError as exc:  # the log still holds the change; say so loudly
+            log.error("cannot save the member list to %s: %s", self.path, exc)
+
+    # ----------------------------------------------------------- leader side
+
+    def begin(self, change: Change, log_tail: Iterable[Any]) -> None:
+        """Claim the one change slot for ``change``; raises ``UnavailableError``
+        (definite) while another change is in flight, or if ``log_tail`` (the
+        leader's entries after its commit index) holds an uncommitted one."""
+        with self._lock:
+            if self._change is not None:
+                busy = self._change
+                raise UnavailableError(
+                    f"a membership change is in progress ({busy.kind} {busy.member.id}); "
+                    "one change at a time: retry when it has finished",
+                    {"pending": {"kind": busy.kind, "member": busy.member.id}},
+                )
+            uncommitted = membership_entries(log_tail)
+            if uncommitted:
+                kind, raft = uncommitted[-1]
+                raise UnavailableError(
+                    f"an uncommitted membership change ({kind} {raft}) is in the log; "
+                    "retry when it has committed",
+                    {"pending": {"kind": kind, "member": raft}},
+                )
+            self._change = change
+
+    def finish(self, change: Change) -> None:
+        with self._lock:
+            if self._change is change:
+                self._change = None

@@ -1,0 +1,199 @@
+"""Membership changes on real node processes (docs/membership.md): add, remove and
+replace members while the cluster serves; one change at a time; the peer layer accepts
+a new member only after its change and refuses a removed one; a new member catches up
+through a snapshot; a restarted node comes back with the membership of its log."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+
+from raftlease.config import NodeAddress
+from raftlease.errors import InvalidArgumentError, NotLeaderError, RaftLeaseError
+from raftlease.testing import LocalCluster
+from raftlease.testing.cluster import wait_for
+
+from .test_cluster import raw_request
+
+pytestmark = pytest.mark.integration
+
+
+def call(cluster: LocalCluster, op: str, args: dict[str, Any], timeout: float = 40.0) -> Any:
+    with cluster.client(attempt_timeout=timeout) as c:
+        return c.call(op, args, mutating=False, timeout=timeout)
+
+
+def members(cluster: LocalCluster, endpoint: str | None = None) -> list[str]:
+    """Member ids as one node (default: the leader) has them in its log."""
+    addr = endpoint or cluster.wait_for_leader()["client"]
+    answer = raw_request(addr, {"id": 1, "op": "member_list"})
+    assert answer["ok"], answer
+    return [m["id"] for m in answer["result"]["members"]]
+
+
+def add(cluster: LocalCluster, node: NodeAddress, catch_up: float = 30.0) -> dict[str, Any]:
+    args = {"member_id": node.id, "raft": node.raft, "client": node.client, "timeout": catch_up}
+    result: dict[str, Any] = call(cluster, "member_add", args)
+    return result
+
+
+def remove(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
+    result: dict[str, Any] = call(cluster, "member_remove", {"member_id": node_id})
+    return result
+
+
+def all_agree(cluster: LocalCluster, expected: list[str]) -> bool:
+    """Every running member lists ``expected`` and agrees on one leader."""
+    views = [members(cluster, n.client) for n in cluster.nodes if cluster.is_running(n.id)]
+    return all(v == expected for v in views) and cluster.leader() is not None
+
+
+@pytest.mark.timeout(180)
+def test_add_then_remove_a_member_while_serving(cluster: LocalCluster) -> None:
+    with cluster.client() as c:
+        before = c.acquire("m/before", owner="a", ttl=60.0)
+    new = cluster.new_node("n4")
+    cluster.start_node("n4")
+    # Not a member yet: the others refuse its connections, so it never hears a leader.
+    wait_for(
+        lambda: (
+            "names no member"
+            in "".join(cluster.log_path(n).read_text(errors="replace") for n in ("n1", "n2", "n3"))
+        ),
+        30,
+        "the old members refusing the not-yet-added node",
+    )
+    status = raw_request(new.client, {"id": 1, "op": "status"})["result"]
+    assert status["role"] != "leader" and status["leader"] is None
+
+    result = add(cluster, new)
+    assert result["kind"] == "add" and result["caught_up"] is True
+    assert result["members"] == ["n1", "n2", "n3", "n4"]
+    wait_for(lambda: all_agree(cluster, ["n1", "n2", "n3", "n4"]), 30, "four members agreed")
+    # The new member has the state (the grant made before it joined) and redirects.
+    assert (
+        raw_request(
+            new.client, {"id": 2, "op": "holder", "key": "m/before", "consistency": "stale"}
+        )["result"]["holder"]["token"]
+        == before.token
+    )
+    # The member list is on disk in every member's data directory.
+    saved = json.loads((cluster.node_dir("n4") / "members.json").read_text())
+    assert [m["id"] for m in saved["members"]] == ["n1", "n2", "n3", "n4"]
+
+    # Remove a follower (not the leader) while writes go on.
+    leader = cluster.leader_id()
+    victim = next(n.id for n in cluster.nodes if n.id not in (leader, "n4"))
+    removed = remove(cluster, victim)
+    assert removed["kind"] == "remove" and victim not in removed["members"]
+    cluster.forget_node(victim)
+    expected = sorted({"n1", "n2", "n3", "n4"} - {victim})
+    wait_for(lambda: all_agree(cluster, expected), 30, "three members agreed")
+    with cluster.client() as c:
+        after = c.acquire("m/after", owner="b", ttl=60.0)
+        assert after.token > before.token
+        assert c.holder("m/before").token == before.token
+
+
+@pytest.mark.timeout(180)
+def test_one_change_at_a_time_and_definite_refusals(cluster: LocalCluster) -> None:
+    leader = cluster.wait_for_leader()
+    # A member that is already one, an unknown one, the leader itself: definite, no change.
+    n1 = cluster.node("n1")
+    for op, args, text in [
+        ("member_add", {"member_id": "n1", "raft": n1.raft, "client": n1.client}, "already"),
+        ("member_remove", {"member_id": "n9"}, "not a member"),
+        ("member_remove", {"member_id": leader["node"]}, "cannot remove itself"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=text):
+            call(cluster, op, args, timeout=10)
+    # Hostile input: a bad address, a missing field, a bad id.
+    for args in [
+        {"member_id": "n5", "raft": "nowhere", "client": "127.0.0.1:1"},
+        {"member_id": "n5", "raft": "127.0.0.1:1"},
+        {"member_id": "n 5\n", "raft": "127.0.0.1:1", "client": "127.0.0.1:2"},
+    ]:
+        answer = raw_request(leader["client"], {"id": 3, "op": "member_add", **args})
+        assert not answer["ok"] and answer["definite"] is True
+        assert answer["code"] in ("INVALID_ARGUMENT", "BAD_REQUEST")
+    # A follower answers NOT_LEADER with the leader's address.
+    follower = next(n for n in cluster.nodes if n.client != leader["client"])
+    answer = raw_request(follower.client, {"id": 4, "op": "member_remove", "member_id": "n1"})
+    assert answer["code"] == NotLeaderError.code and answer["detail"]["leader"] == leader["client"]
+    assert members(cluster) == ["n1", "n2", "n3"]
+
+    # While an add waits for a member that never starts (it cannot catch up), a second
+    # change is refused with a clear, definite error.
+    ghost = cluster.new_node("n5")
+    results: list[Any] = []
+    adder = threading.Thread(target=lambda: results.append(add(cluster, ghost, catch_up=8.0)))
+    adder.start()
+    try:
+        wait_for(
+            lambda: raw_request(leader["client"], {"id": 5, "op": "member_list"})["result"][
+                "pending"
+            ],
+            20,
+            "the add in flight",
+        )
+        answer = raw_request(
+            leader["client"], {"id": 6, "op": "member_remove", "member_id": follower.id}
+        )
+        assert not answer["ok"] and answer["code"] == "UNAVAILABLE" and answer["definite"]
+        assert "one change at a time" in answer["message"]
+    finally:
+        adder.join(60)
+    assert results and results[0]["caught_up"] is False
+    # The ghost is a member (4 of 4 needed 3 acks: the three live ones); take it out.
+    assert members(cluster) == ["n1", "n2", "n3", "n5"]
+    remove(cluster, "n5")
+    cluster.forget_node("n5")
+    wait_for(lambda: all_agree(cluster, ["n1", "n2", "n3"]), 30, "back to three members")
+
+
+@pytest.mark.timeout(240)
+def test_replace_the_leader_and_restart_with_the_new_membership(
+    cluster: LocalCluster,
+) -> None:
+    with cluster.client() as c:
+        for i in range(20):
+            c.acquire(f"r/{i}", owner="w", ttl=120.0)
+    old_leader = cluster.leader_id()
+    original = cluster.nodes
+    new = cluster.new_node("n4")
+    cluster.start_node("n4")
+    assert add(cluster, new)["caught_up"] is True
+    # The leader cannot remove itself: stop it, another node leads, remove it there.
+    cluster.stop_node(old_leader)
+    cluster.wait_for_leader(60, exclude=old_leader)
+    wait_for(lambda: _try(lambda: remove(cluster, old_leader)), 60, "removing the old leader")
+    cluster.forget_node(old_leader)
+    expected = sorted({"n1", "n2", "n3", "n4"} - {old_leader})
+    wait_for(lambda: all_agree(cluster, expected), 30, "the new membership agreed")
+
+    # Every node restarts from a config file that still lists the old leader and not
+    # n4 (an operator who never edited them): they come back with the log's members.
+    current = cluster.nodes
+    for node_id in [n.id for n in current]:
+        cluster.stop_node(node_id)
+    for node_id in [n.id for n in current]:
+        cluster.nodes = original + ((new,) if node_id == "n4" else ())
+        cluster.start_node(node_id)  # writes the stale config
+    cluster.nodes = current
+    text = cluster.config_path(expected[0]).read_text()
+    assert old_leader in text and "n4" not in text
+    wait_for(lambda: all_agree(cluster, expected), 60, "the log's membership after restart")
+    with cluster.client() as c:
+        assert c.holder("r/7").owner == "w"
+        c.acquire("r/after-restart", owner="w", ttl=30.0)
+
+
+def _try(fn: Any) -> bool:
+    try:
+        fn()
+    except RaftLeaseError:
+        return False
+    return True
