@@ -48,3 +48,16 @@ def test_the_unit_restricts_addresses_memory_and_privileges() -> None:
     assert service["IPAddressAllow"][0]
     assert "@system-service" in service["SystemCallFilter"]
     assert "RestartPreventExitStatus" in service
+
+
+def test_the_unit_documents_the_admin_endpoint_and_log_format() -> None:
+    """The admin endpoint's scraper must get through IPAddressAllow; the unit says so,
+    and chooses a log format ``raftlease node`` accepts (--log-format's envvar)."""
+    from raftlease.cli import LOG_FORMATS
+
+    text = UNIT.read_text()
+    assert "admin_address" in text and "/metrics" in text and "IPAddressAllow" in text
+    service = _service()
+    env = dict(item.partition("=")[::2] for item in service["Environment"])
+    assert env["RAFTLEASE_LOG_FORMAT"] in LOG_FORMATS
+    assert "localhost" in service["IPAddressAllow"][0].split()
