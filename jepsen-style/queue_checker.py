@@ -637,8 +637,9 @@ def check_dead_letters(qops: list[QOp], params: QParams) -> dict[str, Any]:
         if reason not in DEAD_REASONS or not _is_int(used):
             verdict.cannot("dead-letter entry without reason or attempts", task=task, entry=record)
             continue
+        if task not in judged:
+            by_reason[str(reason)] += 1
         judged.add(task)
-        by_reason[str(reason)] += 1
         if reason == "attempts":
             most = put.args.get("max_attempts")
             if not _is_int(most):

@@ -41,6 +41,7 @@ import soak  # noqa: E402
 import timeline  # noqa: E402
 from proc_client import ClientProcess  # noqa: E402
 from proxy import ProxyNet  # noqa: E402
+from queue_workload import Crasher, QueueConfig, QueueThreads, final_reads  # noqa: E402
 from workload import (  # noqa: E402
     FencedStore,
     FencedStoreServer,
@@ -147,6 +148,10 @@ def run(args: argparse.Namespace) -> int:
     )
     history = History(out / "history.jsonl")
     config = WorkloadConfig(clock_drift=settings["clock_drift"])
+    # The queue workload (issue 12) runs beside the lease workload unless --queue off;
+    # "auto" runs it when the client has queues.
+    with_queue = args.queue == "on" or (args.queue == "auto" and hasattr(Client, "queue"))
+    qconfig = QueueConfig(clock_drift=settings["clock_drift"], margin=config.margin)
     t0 = time.monotonic()
     say = Progress(history, t0)
     history.append(
@@ -170,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
             "planted_bug": args.planted_bug or "",
             # The fenced resource asks the cluster before every write (workload.py).
             "fence": "cluster",
+            "queues": qconfig.meta() if with_queue else {},
             "settings": settings,
             "schedule": [s.to_json() for s in specs],
         }
@@ -181,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
     fence_client: Client | None = None
     nem: nemesis.Nemesis | None = None
     monitor: soak.Monitor | None = None
+    queue_threads: QueueThreads | None = None
+    crasher: Crasher | None = None
     status = 0
     deadline = t0 + planned + 120
     try:
@@ -234,6 +242,15 @@ def run(args: argparse.Namespace) -> int:
             config.keys,
             shared_keys=config.shared_keys,
         )
+        if with_queue:
+            queue_threads = QueueThreads(
+                cluster.endpoints, history, qconfig, seed + 11, stop
+            ).start()
+            crasher = Crasher(cluster.endpoints, history, qconfig, seed + 13, stop).start()
+            say(
+                f"queue workload: {qconfig.producers} producer(s), {qconfig.workers} worker "
+                f"thread(s), {qconfig.processes} worker process(es) SIGKILLed now and then"
+            )
         nem = nemesis.Nemesis(cluster, proxies, history, config.clock_drift, proc, say)
         time.sleep(WARMUP)
         say("warm-up done")
@@ -265,6 +282,14 @@ def run(args: argparse.Namespace) -> int:
             worker.join(timeout=15)
         if proc is not None:
             proc.stop()
+        if queue_threads is not None:
+            queue_threads.join()
+        if crasher is not None:
+            crasher.join()
+        if queue_threads is not None and nem is not None and status == 0:
+            # Every acknowledged put's end, read while the healed cluster still runs.
+            counts = final_reads(cluster.endpoints, history, qconfig, queue_threads.acknowledged)
+            say(f"queue final reads: {counts}")
         if fence_client is not None:
             with contextlib.suppress(Exception):
                 fence_client.close()
@@ -288,6 +313,10 @@ def run(args: argparse.Namespace) -> int:
             server.stop()
         history.close()
     errors = [f"{w.worker_name}: {w.error!r}" for w in workers if w.error is not None]
+    errors += [
+        *(queue_threads.errors if queue_threads else []),
+        *(crasher.errors if crasher else []),
+    ]
     if errors:
         print("worker errors:", *errors, sep="\n  ")
     events = checker.load_history(out / "history.jsonl")
@@ -415,6 +444,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--kinds", default="", help="comma-separated fault kinds (default all)")
+    parser.add_argument(
+        "--queue",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="the task-queue workload beside the leases (auto: when the client has queues)",
+    )
     parser.add_argument(
         "--sample-every",
         type=float,

@@ -1,0 +1,255 @@
+"""The chaos suite's queue workload (jepsen-style/queue_workload.py) against an in-process
+queue, then the queue checkers on what it recorded.
+
+No cluster: ``FakeQueue`` keeps tasks with the semantics of issue 12 on this process's
+monotonic clock (attempt expiry, progress-aware expiry, retries, dead letters, stale
+attempts refused). It shows the workload's history is complete enough for every queue
+checker to decide (all ``True`` on the honest fake) and that the checkers catch the
+bugs the planted node builds have (a completion accepted from a stale attempt; a task
+handed to two workers) in what this workload records. The real runs are in
+tests/test_chaos.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SUITE = Path(__file__).resolve().parent.parent / "jepsen-style"
+sys.path.insert(0, str(SUITE))
+
+import checker  # noqa: E402
+import queue_checker  # noqa: E402
+from queue_workload import (  # noqa: E402
+    Producer,
+    QueueConfig,
+    QueueWorker,
+    final_reads_on,
+)
+from workload import History  # noqa: E402
+
+from raftlease.errors import RaftLeaseError  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Stale(RaftLeaseError):
+    code = "STALE_ATTEMPT"
+    definite = True
+
+
+class NotFound(RaftLeaseError):
+    code = "TASK_NOT_FOUND"
+    definite = True
+
+
+class FakeTask:
+    def __init__(self, queue: FakeQueue, tid: str, aid: int, token: int, number: int) -> None:
+        self.queue, self.tid, self.aid, self.token, self.attempt = queue, tid, aid, token, number
+        self.lease_id = f"aid-{aid}"
+        self.payload = queue.tasks[tid]["payload"]
+
+    def heartbeat(self, progress: Any = None) -> None:
+        self.queue.attempt_op(self, "heartbeat", progress)
+
+    def complete(self, result: Any = None) -> None:
+        self.queue.attempt_op(self, "complete", result)
+
+    def fail(self, error: str = "") -> None:
+        self.queue.attempt_op(self, "fail", error)
+
+    def release(self) -> None:
+        self.queue.attempt_op(self, "release", None)
+
+
+class FakeQueue:
+    """Issue 12's task semantics in one process (one lock; log time = monotonic).
+    ``bug``: ``stale_completion`` accepts any attempt's call while its task is
+    claimed; ``double_grant`` hands a claimed task out again."""
+
+    def __init__(self, bug: str = "") -> None:
+        self.lock = threading.Lock()
+        self.bug = bug
+        self.tasks: dict[str, dict[str, Any]] = {}
+        self.revision = 0
+        self.aids = 0
+
+    def queue(self, name: str) -> FakeQueue:
+        return self
+
+    def _tick(self, now: float) -> None:
+        for task in self.tasks.values():
+            if task["status"] == "claimed" and now >= task["expires"]:
+                self._failed(task, now)
+            if task["status"] in ("ready", "delayed") and task["deadline"] <= now:
+                task.update(status="dead", dead_reason="deadline passed")
+            if task["status"] == "delayed" and task["ready_at"] <= now:
+                task["status"] = "ready"
+
+    def _failed(self, task: dict[str, Any], now: float) -> None:
+        task["failures"] += 1
+        task["current"] = None
+        if task["failures"] >= task["max_attempts"]:
+            task.update(status="dead", dead_reason=f"failed {task['failures']} attempts")
+        else:
+            task.update(status="delayed", ready_at=now + 0.05)
+
+    def put(self, payload: Any, **options: Any) -> str:
+        with self.lock:
+            now = time.monotonic()
+            tid = f"t{len(self.tasks) + 1}"
+            delay = float(options.get("delay", 0.0))
+            self.tasks[tid] = {
+                "payload": payload,
+                "status": "delayed" if delay else "ready",
+                "ready_at": now + delay,
+                "deadline": now + float(options.get("deadline") or 1e9),
+                "max_attempts": options["max_attempts"],
+                "pt": options.get("progress_timeout"),
+                "attempts": 0,
+                "failures": 0,
+                "current": None,
+                "expires": 0.0,
+                "result": None,
+                "dead_reason": "",
+            }
+            return tid
+
+    def claim(self, worker: str, wait: float, lease_ttl: float) -> FakeTask | None:
+        end = time.monotonic() + wait
+        while True:
+            with self.lock:
+                now = time.monotonic()
+                self._tick(now)
+                statuses = ("ready", "claimed") if self.bug == "double_grant" else ("ready",)
+                for tid, task in self.tasks.items():
+                    if task["status"] in statuses:
+                        ttl = min(lease_ttl, task["pt"] or lease_ttl)
+                        self.revision += 1
+                        self.aids += 1
+                        task.update(
+                            status="claimed",
+                            current=self.aids,
+                            expires=now + ttl,
+                            attempts=task["attempts"] + 1,
+                            ttl=ttl,
+                        )
+                        return FakeTask(self, tid, self.aids, self.revision, task["attempts"])
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.01)
+
+    def attempt_op(self, attempt: FakeTask, op: str, arg: Any) -> None:
+        with self.lock:
+            now = time.monotonic()
+            self._tick(now)
+            task = self.tasks[attempt.tid]
+            current = task["current"] == attempt.aid
+            if self.bug == "stale_completion" and task["status"] == "claimed":
+                current = True
+            if not current:
+                raise Stale("not the current attempt")
+            if op == "heartbeat":
+                if not task["pt"]:
+                    task["expires"] = max(task["expires"], now + task["ttl"])
+            elif op == "complete":
+                task.update(status="completed", result=arg, current=None)
+            elif op == "fail":
+                self._failed(task, now)
+            else:
+                task.update(status="ready", current=None)
+
+    def get(self, tid: str) -> dict[str, Any]:
+        with self.lock:
+            self._tick(time.monotonic())
+            if tid not in self.tasks:
+                raise NotFound(tid)
+            task = self.tasks[tid]
+            return {**task, "tid": tid}
+
+    def dead(self) -> list[dict[str, Any]]:
+        with self.lock:
+            self._tick(time.monotonic())
+            return [{**t, "tid": tid} for tid, t in self.tasks.items() if t["status"] == "dead"]
+
+
+def run_workload(fake: FakeQueue, seconds: float = 3.0, seed: int = 1) -> list[dict[str, Any]]:
+    """Producer + three workers against ``fake`` for ``seconds``, then the final reads;
+    stalls and failures more often than in a chaos run, so a short run has them."""
+    config = QueueConfig(
+        put_every=(0.01, 0.03),
+        p_stall=0.2,
+        p_fail=0.15,
+        work=(0.01, 0.1),
+        claim_wait=0.2,
+        lease_ttls=(0.3, 0.5),
+        progress_timeout=0.3,
+    )
+    history = History()
+    history.append(
+        {
+            "type": "meta",
+            "t": time.monotonic(),
+            "rho": 0.01,
+            "margin": 0.05,
+            "queues": config.meta(),
+        }
+    )
+    stop = threading.Event()
+    acknowledged: list[str] = []
+    actors: list[Any] = [Producer("qp1", fake, history.append, config, seed, acknowledged)]  # type: ignore[arg-type]
+    actors += [
+        QueueWorker(f"qw{i}", fake, history.append, config, seed + i)  # type: ignore[arg-type]
+        for i in range(3)
+    ]
+    threads = [threading.Thread(target=a.run, args=(stop,), daemon=True) for a in actors]
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=20)
+    final_reads_on(fake, history, config, acknowledged, budget=10)
+    return history.snapshot()
+
+
+def results(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    ops = checker.pair_ops(events)
+    return queue_checker.check_queues(events, ops, checker.Params(rho=0.01, margin=0.05))
+
+
+def test_the_workload_against_an_honest_queue_passes_every_queue_checker() -> None:
+    events = run_workload(FakeQueue())
+    out = results(events)
+    assert {k: v["valid"] for k, v in out.items()} == dict.fromkeys(queue_checker.CHECKERS, True), {
+        k: (v["violations"][:3], v["unknown"][:3]) for k, v in out.items()
+    }
+    notes = queue_checker.queue_stats(events, queue_checker.queue_ops(checker.pair_ops(events)))
+    assert notes["notes"].get("stall", 0) > 0 and notes["notes"].get("stuck", 0) > 0
+    final = out["queue_lost_put"]["stats"]["final"]
+    assert final.get("completed", 0) > 20 and final.get("dead", 0) > 0
+    assert out["queue_dead_letter"]["stats"]["by_reason"].get("deadline", 0) > 0
+    assert out["queue_one_completion"]["stats"]["stale_refused"] > 0
+    # The whole registry agrees: queue ops are well-formed history for checker.check too.
+    assert checker.check(events)["checkers"]["history"]["valid"] is True
+
+
+def test_a_queue_accepting_stale_completions_is_caught() -> None:
+    out = results(run_workload(FakeQueue(bug="stale_completion")))
+    assert out["queue_one_completion"]["valid"] is False
+    kinds = {v["kind"] for v in out["queue_one_completion"]["violations"]}
+    assert kinds & {
+        "q.complete accepted from a stale attempt",
+        "q.heartbeat accepted from a stale attempt",
+        "q.fail accepted from a stale attempt",
+    }
+
+
+def test_a_queue_granting_one_task_twice_is_caught() -> None:
+    out = results(run_workload(FakeQueue(bug="double_grant")))
+    assert out["queue_exclusive"]["valid"] is False
