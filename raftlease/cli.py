@@ -747,6 +747,7 @@ def status(endpoints: str, as_json: bool, timeout: float) -> None:
 
 from . import cli_lock  # noqa: E402,F401  (registers its commands)
 from . import cli_member  # noqa: E402,F401  (registers its commands)
+from . import cli_snapshot  # noqa: E402,F401  (registers its commands)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

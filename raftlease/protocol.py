@@ -55,6 +55,8 @@ OPS: dict[str, bool] = {
     "status": False,
     "ping": False,
     "auth": False,
+    # Backups (docs/disaster-recovery.md): an admin read answered by the leader.
+    "snapshot": False,
     # Membership (docs/membership.md): admin operations, answered by the leader.
     "member_list": False,
     "member_add": False,
@@ -345,6 +347,10 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
         )
     if op in ("member_add", "member_remove"):
         _member_args(op, message, args)
+    if op == "snapshot" and message.get("snapshot") is not None:
+        # No id: take a snapshot; with one: read its body from ``offset``.
+        args["snapshot"] = _str_field(message, "snapshot", MAX_ID_CHARS)
+        args["offset"] = _int_field(message, "offset", 0, 2**62)
     if not OPS[op]:
         return Request(id=rid, op=op, args=args)
     cid = _str_field(message, "cid", 128)

@@ -58,6 +58,7 @@ from ..protocol import (
 from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder
 from . import membership_ops
 from .auth import AuthPolicy, Principal, load_auth
+from .backup import SnapshotExports
 from .log_clock import LogClock
 from .metrics import NodeMetrics, NodeView
 from .proposer import Proposer
@@ -128,6 +129,8 @@ class NodeServer:
         self.replica: Replica | None = None
         self.proposer: Proposer | None = None
         self.watches = WatchHub()
+        #: ``raftlease snapshot save``: the leader's exports (backup.py).
+        self.snapshots = SnapshotExports(config.data_dir, config.node_id)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._connections = 0
@@ -212,6 +215,7 @@ class NodeServer:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 self._loop.add_signal_handler(sig, self.stop)
         private_data_dir(self.config.data_dir)
+        self.snapshots.clean_leftovers()
         self.last_stop = mark_running(self.config.data_dir)
         if not await self._wait_out_unclean_stop():
             if self.admin is not None:
@@ -247,6 +251,7 @@ class NodeServer:
                 await self.admin.close()
             server.close()
             await server.wait_closed()
+            self.snapshots.drop()
             replica = self.replica
             await self._loop.run_in_executor(None, replica.close)
             mark_stopped(self.config.data_dir)
@@ -532,6 +537,8 @@ class NodeServer:
             return self.status()
         if request.op == "await_lease":
             return await self._await_lease(request)
+        if request.op == "snapshot":
+            return await self._snapshot(request)
         if request.op == "member_list":
             return membership_ops.member_list(self._replica(), self.config.self_node.raft)
         if request.op in ("member_add", "member_remove"):
@@ -597,6 +604,17 @@ class NodeServer:
             f"not the leader; the leader is {client_addr}", {"leader": client_addr}
         )
 
+    async def _snapshot(self, request: Request) -> dict[str, Any]:
+        """``snapshot``: with no id, take a consistent snapshot of the state on the
+        leader (backup.SnapshotExports: a barrier through the log, then a fork between
+        two applied entries); with an id, a chunk of its body from ``offset``."""
+        sid = request.args.get("snapshot")
+        if sid is not None:
+            return await self.snapshots.read(str(sid), int(request.args["offset"]))
+        self._require_leader()
+        replica = self._replica()
+        return await self.snapshots.start(self.propose, lambda: replica.store, replica.term)
+
     def _on_applied(self, entry: dict[str, Any], result: Result) -> None:
         """Tick thread, after each applied entry: record its changes in the watch
         history, and hop to the event loop only when someone listens (a watch, or a
@@ -605,6 +623,8 @@ class NodeServer:
         loop = self._loop
         if replica is None or loop is None:
             return
+        # Inside the replicated method: PySyncObj counts the entry applied after it.
+        self.snapshots.on_applied(replica.last_applied() + 1)
         events = replica.store.events
         if self.metrics is not None:
             self.metrics.observe_applied(entry, events)
