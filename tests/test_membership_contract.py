@@ -1,0 +1,210 @@
+"""Guards on PySyncObj's membership changes as raftlease relies on them
+(docs/pysyncobj.md, "Membership changes"), and on what we correct at our seam
+(replication/membership.py): one change at a time, the lease re-counted over the new
+majority, members that carry their client address, the member list on disk."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj.node import TCPNode
+
+from raftlease.clock import AdjustableClock, SystemClock
+from raftlease.config import NodeAddress
+from raftlease.errors import ConfigError, UnavailableError
+from raftlease.replication import LeaseGuard, LeaseTransport
+from raftlease.replication.leadership import LEASE_MARGIN
+from raftlease.replication.membership import (
+    Change,
+    DialNode,
+    Membership,
+    dialled,
+    member_node,
+    membership_entries,
+    node_address,
+    read_members_file,
+    write_members_file,
+)
+from raftlease.replication.replica import _StoreConsumer
+from raftlease.testing.cluster import free_port_block
+
+pytestmark = pytest.mark.timeout(60)
+
+A = NodeAddress("a", "127.0.0.1:7101", "127.0.0.1:7001")
+B = NodeAddress("b", "127.0.0.1:7102", "127.0.0.1:7002")
+C = NodeAddress("c", "127.0.0.1:7103", "127.0.0.1:7003")
+
+
+def test_membership_code_we_rely_on_and_correct_is_unchanged() -> None:
+    source = inspect.getsource(SyncObj)
+    for fragment in (
+        # A change takes effect when the leader appends it (not at commit) ...
+        "if changeClusterRequest is None or self.__changeCluster(changeClusterRequest):",
+        # ... and when a follower appends it; a truncation reverses it.
+        "self.__doChangeCluster(clusterChangeRequest, reverse=True)",
+        # A new leader refuses changes until its no-op entry is applied (REQUEST_DENIED).
+        "if self.__raftLastApplied < self.__noopIDx:",
+        # A node never removes itself: a leader cannot remove itself.
+        "if oldNode == self.__selfNode:\n                return False",
+        # Every change of the peer set reaches the transport (our lease recount, the
+        # peer check that accepts or refuses a member).
+        "self.__transport.addNode(newNode)",
+        "self.__transport.dropNode(oldNode)",
+        # A snapshot carries the member set and installs it.
+        "cluster = self.__otherNodes | {self.__selfNode}",
+        "self.__updateClusterConfiguration([node for node in data[3] if node != self.__selfNode])",
+        # The entry: type byte MEMBERSHIP then a pickled [kind, id, node].
+        "pickle.dumps(['add', node.id, node]), callback, _COMMAND_TYPE.MEMBERSHIP",
+        "pickle.dumps(['rem', node.id, node]), callback, _COMMAND_TYPE.MEMBERSHIP",
+        # The match index the leader keeps per peer (a new member's catch-up).
+        "self.__raftMatchIndex[newNode] = 0",
+    ):
+        assert fragment in source, f"pysyncobj changed: {fragment!r}"
+    # The bug we correct (Membership.begin): the "previous change not committed"
+    # guard is only ever reset, never set, so PySyncObj accepts a second change at once.
+    assignments = [
+        line.strip() for line in source.splitlines() if "self.__changeClusterIDx =" in line
+    ]
+    assert assignments and all(a == "self.__changeClusterIDx = None" for a in assignments)
+
+
+class _Transport(LeaseTransport):
+    guard = LeaseGuard(SystemClock(), cluster_size=1, promise=0.4, rho=0.01)
+    durability = "none"
+
+
+@pytest.fixture
+def lone_leader(tmp_path: Path) -> Any:
+    """A one-node PySyncObj cluster on our transport, ticked by hand, as leader."""
+    addr = f"127.0.0.1:{free_port_block(1)}"
+    conf = SyncObjConf(
+        autoTick=False,
+        appendEntriesUseBatch=False,
+        bindAddress=addr,
+        dynamicMembershipChange=True,
+        connectionRetryTime=1000.0,  # never dial the (absent) new members
+        appendEntriesPeriod=0.01,
+        raftMinTimeout=0.05,
+        raftMaxTimeout=0.1,
+        journalFile=str(tmp_path / "raft.journal"),
+        fullDumpFile=str(tmp_path / "raft.dump"),
+        useFork=False,
+    )
+    guard = LeaseGuard(SystemClock(), cluster_size=1, promise=0.4, rho=0.01)
+    transport = type("T", (_Transport,), {"guard": guard})
+    sync = SyncObj(addr, [], conf, consumers=[_StoreConsumer(None)], transportClass=transport)
+    deadline = time.monotonic() + 20
+    while not (sync._isLeader() and sync.raftLastApplied >= sync.raftCommitIndex >= 2):
+        assert time.monotonic() < deadline, "the lone node never led"
+        sync.doTick(0.01)
+    try:
+        yield sync, guard
+    finally:
+        sync.destroy()
+        sync.doTick(0.0)
+
+
+def test_pysyncobj_takes_a_second_change_at_once_and_applies_changes_at_append(
+    lone_leader: Any,
+) -> None:
+    sync, guard = lone_leader
+    results: list[Any] = []
+    sync.addNodeToCluster(member_node(B), callback=lambda r, e: results.append(e))
+    sync.addNodeToCluster(member_node(C), callback=lambda r, e: results.append(e))
+    for _ in range(5):
+        sync.doTick(0.01)
+    # Both appended (neither refused): PySyncObj does not serialise changes.
+    assert {n.id for n in sync.otherNodes} == {B.raft, C.raft}
+    # In effect before commit: the majority is now 2 of 3, and the absent new members
+    # cannot commit anything, so no callback has come.
+    assert results == []
+    assert sync.raftCommitIndex < sync._SyncObj__raftLog[-1][1]
+    # The transport saw each change: the lease guard counts 3 members now.
+    assert guard.cluster_size == 3
+    # What our one-change-at-a-time check reads: two uncommitted membership entries.
+    log_ = sync._SyncObj__raftLog
+    tail = [log_[i] for i in range(len(log_)) if log_[i][1] > sync.raftCommitIndex]
+    assert membership_entries(tail) == [("add", B.raft), ("add", C.raft)]
+    # The nodes in the entries carry the member's id and client address.
+    nodes = {n.id: node_address(n, {}) for n in sync.otherNodes}
+    assert nodes[B.raft] == B and nodes[C.raft] == C
+
+
+def test_our_check_refuses_a_second_change_and_a_stale_uncommitted_one() -> None:
+    membership = Membership(A, [A, B], Path("/nonexistent/members.json"))
+    first = Change("add", C, term=3)
+    membership.begin(first, [])
+    with pytest.raises(UnavailableError, match="one change at a time") as info:
+        membership.begin(Change("remove", B, term=3), [])
+    assert info.value.definite and info.value.detail == {"pending": {"kind": "add", "member": "c"}}
+    membership.finish(first)
+    # An uncommitted change in the leader's log (a previous leader's) also blocks.
+    entry = (b"\x02" + pickle.dumps(["rem", B.raft, member_node(B)]), 9, 3)
+    with pytest.raises(UnavailableError, match="uncommitted membership change"):
+        membership.begin(Change("add", C, term=4), [(b"\x00regular", 8, 3), entry])
+    membership.begin(Change("add", C, term=4), [(b"\x00regular", 8, 3)])
+
+
+def test_members_carry_their_addresses_and_are_dialled_at_our_own_address() -> None:
+    node = member_node(B, DialNode, dial="127.0.0.1:9999")
+    copy = pickle.loads(pickle.dumps(node))  # as in a change entry or a snapshot
+    assert copy == TCPNode(B.raft) and node_address(copy, {}) == B
+    assert copy.dial_target == "127.0.0.1:9999"
+    # Another member's dial address (from its snapshot) is never used here.
+    mine = dialled(copy, {})
+    assert mine.dial_target == B.raft and node_address(mine, {}) == B
+    assert dialled(copy, {B.raft: "127.0.0.1:8888"}).port == 8888
+    # A plain PySyncObj node: what this node knew of it, else the address alone.
+    assert node_address(TCPNode(C.raft), {C.raft: C}) == C
+    assert node_address(TCPNode(C.raft), {}) == NodeAddress(C.raft, C.raft, "")
+
+
+def test_member_list_on_disk(tmp_path: Path) -> None:
+    path = tmp_path / "members.json"
+    assert read_members_file(path) is None
+    membership = Membership(A, [A, B, C], path)
+    assert membership.refresh([member_node(B), member_node(C)], 5) is False
+    assert read_members_file(path) == (A, B, C)  # written once at start
+    assert membership.refresh([member_node(B)], 9) is True
+    assert read_members_file(path) == (A, B) and membership.members() == (A, B)
+    assert membership.client_for_raft(B.raft) == B.client
+    assert membership.client_for_raft(C.raft) == C.client  # a former member, still known
+    for bad in ("", "{}", '{"members": []}', '{"members": [{"id": "x"}]}', "[1]"):
+        path.write_text(bad)
+        with pytest.raises(ConfigError):
+            read_members_file(path)
+    write_members_file(path, [A], 1)
+    assert read_members_file(path) == (A,)
+
+
+def test_a_change_drops_the_leader_lease_until_a_new_majority_echoes() -> None:
+    clock = AdjustableClock()
+    guard = LeaseGuard(clock, cluster_size=3, promise=0.4, rho=0.01)
+    sent = guard.stamp_outgoing(term=2)
+    guard.on_reply("b", 2, sent, None)
+    assert guard.lease_valid(2)  # 2 of 3
+    # Add a fourth member: the lease is gone at once, even though a majority of the
+    # old set had echoed.
+    guard.reconfigure(4)
+    assert not guard.lease_valid(2) and guard.cluster_size == 4
+    # Echoes of stamps sent before the change never count again.
+    guard.on_reply("c", 2, sent, None)
+    assert not guard.lease_valid(2)
+    # After the change: one echo is not a majority of 4 (needs 2 besides the leader).
+    after = guard.stamp_outgoing(term=2)
+    guard.on_reply("b", 2, after, None)
+    assert not guard.lease_valid(2)
+    guard.on_reply("d", 2, after, None)
+    assert guard.lease_valid(2)
+    assert guard.lease_until == pytest.approx(after + 0.4 * (1 - 0.01) - LEASE_MARGIN)
+    # A follower keeps its vote promise through a change (it is its own clock's).
+    follower = LeaseGuard(clock, cluster_size=3, promise=0.4, rho=0.01)
+    follower.on_append_entries("a", 2, 2, clock.monotonic())
+    follower.reconfigure(2)
+    assert follower.refuse_vote()
