@@ -123,6 +123,33 @@ class CompactedError(RaftLeaseError):
     definite = True
 
 
+class StaleAttemptError(RaftLeaseError):
+    """A task completion, failure, release or heartbeat came from an attempt that is
+    not the task's current one: it expired (the worker stopped heartbeating or made
+    no progress), failed, was released, or the task was completed or dead-lettered.
+    Nothing was applied; stop the work. ``detail`` has ``tid``, ``status`` and, when
+    another attempt holds the task, ``current_token``."""
+
+    code = "STALE_ATTEMPT"
+    definite = True
+
+
+class TaskNotFoundError(RaftLeaseError):
+    """The queue has no such task: never put, purged, or dropped after its
+    retention."""
+
+    code = "TASK_NOT_FOUND"
+    definite = True
+
+
+class TaskDeadError(RaftLeaseError):
+    """``wait_result``: the task was dead-lettered (it used all its attempts or passed
+    its deadline). ``detail['task']`` is its record, with every attempt's error."""
+
+    code = "TASK_DEAD"
+    definite = True
+
+
 # --- request errors (rejected before proposing; definite) -------------------------
 
 
@@ -244,6 +271,9 @@ _REGISTRY: dict[str, type[RaftLeaseError]] = {
         SessionNotFoundError,
         CapacityMismatchError,
         CompactedError,
+        StaleAttemptError,
+        TaskNotFoundError,
+        TaskDeadError,
         BadRequestError,
         InvalidArgumentError,
         FrameTooLargeError,

@@ -453,7 +453,7 @@ def test_a_waiter_is_granted_when_the_waiter_ahead_of_it_leaves_not_one_behind_i
 
 def test_a_fresh_store_snapshots_as_log_time_zero_term_zero_and_nothing_else() -> None:
     assert LeaseStore().to_plain() == {
-        "v": 4,
+        "v": 5,
         "now": 0,
         "term": 0,
         "revision": 0,
@@ -466,6 +466,7 @@ def test_a_fresh_store_snapshots_as_log_time_zero_term_zero_and_nothing_else() -
         "queue_order": 0,
         "waiters": [],
         "sessions": [],
+        "tasks": EMPTY_TASKS,
     }
 
 
@@ -603,13 +604,26 @@ GOLDEN_V4 = {
 }
 
 
-def test_the_snapshot_layout_is_version_4_field_for_field() -> None:
-    assert _golden_store().to_plain() == GOLDEN_V4
+#: Layout 5 adds the task queues (core/queue.py); a store without tasks has these.
+EMPTY_TASKS: dict[str, Any] = {
+    "order": 0,
+    "queues": [],
+    "tasks": [],
+    "attempts": [],
+    "claims": [],
+    "dead": [],
+    "by_session": [],
+}
+GOLDEN_V5 = {**GOLDEN_V4, "v": 5, "tasks": EMPTY_TASKS}
+
+
+def test_the_snapshot_layout_is_version_5_field_for_field() -> None:
+    assert _golden_store().to_plain() == GOLDEN_V5
 
 
 def test_a_version_4_snapshot_restores_to_the_same_store() -> None:
     restored = LeaseStore.from_plain(copy.deepcopy(GOLDEN_V4))
-    assert restored.to_plain() == GOLDEN_V4
+    assert restored.to_plain() == GOLDEN_V5
     # And it goes on exactly as the store that wrote it: the next waiter is order 3.
     live = _golden_store()
     later = acquire(400, "W3", owner="eve", wait=100, cid="c4", term=2)
@@ -622,7 +636,8 @@ def test_a_version_3_snapshot_gets_a_ceiling_one_step_above_its_revision() -> No
     restored = LeaseStore.from_plain(copy.deepcopy(GOLDEN_V3))
     assert restored.to_plain() == {
         **GOLDEN_V3,
-        "v": 4,
+        "v": 5,
+        "tasks": EMPTY_TASKS,
         "ceiling": GOLDEN_V3["revision"] + TOKEN_RESERVE_STEP,
         # Answers from before fingerprints have none: returned to any retry, as before.
         "sessions": [

@@ -26,10 +26,35 @@ LEASE_OPS = frozenset({"acquire", "renew", "release", "transfer", "proclaim"})
 SESSION_OPS = frozenset({"session_open", "session_keepalive", "session_close"})
 
 
-MUTATING_OPS = LEASE_OPS | SESSION_OPS
+#: Operators' operations (``admin`` permission with auth): ``revoke`` ends the leases
+#: on a key (all, or the one named by ``lid`` or ``token``) and wakes its waiters.
+ADMIN_OPS = frozenset({"revoke"})
 
 
-READ_OPS = frozenset({"holder", "leases", "fence", "lease_status"})
+#: Leased task queues (core/queue.py, issue 12): mutations, and reads through the log.
+TASK_MUTATING_OPS = frozenset(
+    {
+        "task_put",
+        "task_claim",
+        "task_claim_cancel",
+        "task_heartbeat",
+        "task_complete",
+        "task_fail",
+        "task_release",
+        "task_retry",
+        "task_purge",
+    }
+)
+TASK_READ_OPS = frozenset({"task_get", "task_stats", "task_dead", "task_claim_status"})
+TASK_OPS = TASK_MUTATING_OPS | TASK_READ_OPS
+
+
+MUTATING_OPS = LEASE_OPS | SESSION_OPS | ADMIN_OPS | TASK_MUTATING_OPS
+
+
+READ_OPS = frozenset(
+    {"holder", "leases", "fence", "lease_status", "waiters", "sessions"} | TASK_READ_OPS
+)
 
 
 #: Waiter priorities accepted (higher is served first, FIFO within a priority).
@@ -135,6 +160,20 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
     elif op == "holder":
         if not valid_str(entry.get("key"), MAX_KEY_BYTES):
             return "'key' must be a non-empty string"
+    elif op in ("revoke", "waiters"):
+        if not valid_str(entry.get("key"), MAX_KEY_BYTES):
+            return "'key' must be a non-empty string"
+        if "lid" in entry and not valid_str(entry["lid"], MAX_ID_CHARS):
+            return "'lid' must be a non-empty string or absent"
+        if "token" in entry and not valid_int(entry["token"], 1, 2**62):
+            return "'token' must be a positive integer or absent"
+        if "lid" in entry and "token" in entry:
+            return "give 'lid' or 'token', not both"
+        if op == "waiters" and not valid_int(entry.get("limit", 1000), 1, MAX_LIST):
+            return "'limit' must be an integer from 1 to 100000"
+    elif op == "sessions":
+        if not valid_int(entry.get("limit", 1000), 1, MAX_LIST):
+            return "'limit' must be an integer from 1 to 100000"
     elif op == "leases":
         prefix = entry.get("prefix", "")
         if not isinstance(prefix, str) or utf8_size(prefix) > MAX_KEY_BYTES:

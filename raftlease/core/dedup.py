@@ -23,8 +23,14 @@ MAX_PENDING_PER_CLIENT = 4096
 
 #: Fields of an entry that the leader adds or draws (or that legitimately differ
 #: between a request and its retry): left out of the fingerprint.
-_STAMPED = frozenset({"now", "term", "ack", "durable"})
-_DRAWN = {"acquire": "lid", "transfer": "new_lid", "session_open": "sid"}
+_STAMPED = frozenset({"now", "term", "ack", "durable", "seed"})
+_DRAWN = {
+    "acquire": "lid",
+    "transfer": "new_lid",
+    "session_open": "sid",
+    "task_put": "tid",
+    "task_claim": "aid",
+}
 
 
 def fingerprint(op: str, entry: dict[str, Any]) -> str:

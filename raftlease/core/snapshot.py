@@ -12,11 +12,13 @@ from typing import Any
 
 from ..limits import TOKEN_RESERVE_STEP
 from .dedup import ClientTable
+from .queue import TaskQueues
 from .records import LeaseRecord, LeaseSession, Waiter
 from .state import StoreState
 
 #: Bump when the snapshot layout changes; ``restore`` refuses other versions.
-SNAPSHOT_VERSION = 4
+#: 5: task queues (``tasks``, core/queue.py); a layout 4 snapshot has none.
+SNAPSHOT_VERSION = 5
 
 
 def to_plain(store: StoreState) -> dict[str, Any]:
@@ -36,6 +38,7 @@ def to_plain(store: StoreState) -> dict[str, Any]:
         "waiters": [w.to_plain() for q in store.queues.values() for w in q],
         # "sessions" is the dedup table's name in the layout (the client records).
         "sessions": store.clients.to_plain(),
+        "tasks": store.tasks.to_plain(),
     }
 
 
@@ -43,8 +46,8 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     """Fill a fresh ``store`` from ``to_plain`` output (this layout version or versions
     2 and 3, which it upgrades). Raises ``ValueError`` on any other version."""
     version = data.get("v")
-    if version not in (2, 3, SNAPSHOT_VERSION):
-        raise ValueError(f"snapshot version {version!r} is not 2, 3 or {SNAPSHOT_VERSION}")
+    if version not in (2, 3, 4, SNAPSHOT_VERSION):
+        raise ValueError(f"snapshot version {version!r} is not 2, 3, 4 or {SNAPSHOT_VERSION}")
     if "ceiling" not in data:
         # Layouts 2 and 3 had no token ceiling: reserve one step from the revision
         # (the next new term jumps past it anyway).
@@ -97,6 +100,8 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         store._count(store.sessions_by, session.principal, 1)
     store._deadlines = [(r.expires_at, r.lease_id) for r in store.leases.values()]
     heapq.heapify(store._deadlines)
+    if "tasks" in data:  # layouts before 5 had no task queues
+        store.tasks = TaskQueues.from_plain(data["tasks"])
 
 
 def for_new_cluster(data: dict[str, Any], token_jump: int) -> dict[str, Any]:

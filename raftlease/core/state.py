@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .dedup import ClientTable
+from .queue import TaskQueues
 from .records import LeaseRecord, LeaseSession, Result, Waiter
 
 
@@ -58,6 +59,8 @@ class StoreState:
         #: What the last ``apply`` changed, for the server (wake long-polls, watches).
         #: Not part of the state: rebuilt by every apply, never snapshotted.
         self.events: list[dict[str, Any]] = []
+        #: Leased task queues (core/queue.py).
+        self.tasks = TaskQueues()
 
     def _count(self, table: dict[str, int], principal: str, delta: int) -> None:
         if principal:
@@ -71,7 +74,7 @@ class StoreState:
         """An upper bound on how many revisions one request can create from this
         state: every live lease renewed and removed, every waiter granted, a few more
         for the request itself."""
-        return 3 * (len(self.leases) + len(self.waiting)) + 8
+        return 3 * (len(self.leases) + len(self.waiting)) + 8 + self.tasks.headroom()
 
     @property
     def sessions(self) -> ClientTable:
@@ -180,6 +183,52 @@ class StoreState:
             return {"state": "waiting", "position": position, "deadline": waiter.deadline}
         return {"state": "gone"}
 
+    def list_waiters(self, key: str, limit: int = 1000, now: int | None = None) -> dict[str, Any]:
+        """The wait queue of ``key`` in grant order (position 1 is next), at most
+        ``limit``: owner, units, priority, the wait left (ms) and whether it is attached
+        to a lease session. Never a lease id or session id (capabilities). Safe from
+        another thread while ``apply`` runs (``list`` copies the queue in one step)."""
+        at = self.now if now is None else now
+        queue = [w for w in list(self.queues.get(key, ())) if w.deadline > at]
+        out = []
+        for position, waiter in enumerate(queue[:limit], start=1):
+            item: dict[str, Any] = {
+                "position": position,
+                "owner": waiter.owner,
+                "units": waiter.units,
+                "priority": waiter.priority,
+                "wait_left": waiter.deadline - at,
+            }
+            if waiter.session:
+                item["in_session"] = True
+            out.append(item)
+        return {
+            "key": key,
+            "capacity": self.capacity.get(key, 1),
+            "used": sum(lease.units for lease in self._live(key, at)),
+            "waiting": len(queue),
+            "waiters": out,
+        }
+
+    def list_sessions(self, limit: int = 1000, now: int | None = None) -> list[dict[str, Any]]:
+        """Live lease sessions, soonest expiry first (then owner), at most ``limit``:
+        owner, ttl, remaining (ms), attached leases and queued acquires. Never the
+        session id, which keeps alive and ends everything attached (docs/security.md).
+        Thread-safe like ``holder``."""
+        at = self.now if now is None else now
+        live = [s for s in list(self.lease_sessions.values()) if s.expires_at > at]
+        live.sort(key=lambda s: (s.expires_at, s.owner, s.ttl_ms))
+        return [
+            {
+                "owner": s.owner,
+                "ttl": s.ttl_ms,
+                "remaining": s.expires_at - at,
+                "leases": len(s.leases),
+                "waiters": len(s.waiters),
+            }
+            for s in live[:limit]
+        ]
+
     def _public(self, lease: LeaseRecord, now: int) -> dict[str, Any]:
         public = {
             "key": lease.key,
@@ -195,4 +244,7 @@ class StoreState:
         """Earliest log time at which some lease or lease session may expire (a hint
         for the leader)."""
         heads = [h[0][0] for h in (self._deadlines, self._session_deadlines) if h]
+        tasks = self.tasks.next_deadline()  # attempts, delayed tasks, waiting claims
+        if tasks is not None:
+            heads.append(tasks)
         return min(heads) if heads else None

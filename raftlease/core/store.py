@@ -43,8 +43,18 @@ from typing import Any, ClassVar
 
 from ..limits import MAX_SESSION_LEASES, TOKEN_RESERVE_STEP
 from . import snapshot
-from .checks import ALL_OPS, MAX_BATCH, MUTATING_OPS, check_args, valid_int
+from .checks import (
+    ALL_OPS,
+    MAX_BATCH,
+    MUTATING_OPS,
+    TASK_MUTATING_OPS,
+    TASK_OPS,
+    TASK_READ_OPS,
+    check_args,
+    valid_int,
+)
 from .dedup import fingerprint
+from .queue import check_task_args
 from .records import ClientRecord, LeaseRecord, LeaseSession, Result, Waiter, error
 from .state import StoreState
 
@@ -84,6 +94,8 @@ class LeaseStore(StoreState):
         if not isinstance(entries, list) or not 0 < len(entries) <= MAX_BATCH:
             return error("BAD_REQUEST", f"'entries' must be a list of 1 to {MAX_BATCH} entries")
         stamp = {"now": batch.get("now"), "term": batch.get("term", 0)}
+        if "seed" in batch:  # the leader's random draw for this entry (core/queue.py)
+            stamp["seed"] = batch["seed"]
         results = []
         for sub in entries:
             if not isinstance(sub, dict) or sub.get("op") == "batch":
@@ -105,6 +117,8 @@ class LeaseStore(StoreState):
         if not valid_int(term, 0, 2**62):
             return error("BAD_REQUEST", "entry 'term' must be a non-negative integer")
         problem = check_args(op, entry)
+        if problem is None and op in TASK_OPS:
+            problem = check_task_args(op, entry)
         if problem is not None:
             return error("BAD_REQUEST", problem)
 
@@ -145,6 +159,9 @@ class LeaseStore(StoreState):
         if op == "reserve":
             self.ceiling = max(self.ceiling, self.revision + self.token_headroom())
             self.ceiling += TOKEN_RESERVE_STEP
+        # Drawn by the leader, stamped like ``now``: the backoff jitter's source.
+        seed = entry.get("seed", 0)
+        self.tasks.seed = seed if valid_int(seed, 0, 2**64) else 0
         self._advance(now)
 
         if op == "tick":
@@ -164,6 +181,13 @@ class LeaseStore(StoreState):
                 "leases": self.list_leases(entry.get("prefix", ""), entry.get("limit", 1000)),
                 "now": self.now,
             }
+        if op == "waiters":
+            waiters = self.list_waiters(entry["key"], entry.get("limit", 1000))
+            return {"ok": True, **waiters, "now": self.now}
+        if op == "sessions":
+            return {"ok": True, "sessions": self.list_sessions(entry.get("limit", 1000))}
+        if op in TASK_READ_OPS:
+            return self.tasks.read(self, entry)
         return self._apply_mutation(op, entry)
 
     def _new_epoch(self) -> None:
@@ -187,6 +211,8 @@ class LeaseStore(StoreState):
             return "lease id already in use"
         if op == "session_open" and entry["sid"] in self.lease_sessions:
             return "session id already in use"
+        if op in TASK_MUTATING_OPS:
+            return self.tasks.reused_id(op, entry)
         return None
 
     def _advance(self, now: int) -> None:
@@ -221,6 +247,7 @@ class LeaseStore(StoreState):
             waiter = self.waiting.get(lease_id)
             if waiter is not None and waiter.deadline == deadline:
                 self._dequeue(waiter, "deadline")
+        self.tasks.advance(self)  # task attempts, deadlines, delays, claims, retention
         # Stale heap entries (from renewals) accumulate; rebuild when they dominate.
         if len(deadlines) > 64 and len(deadlines) > 4 * len(self.leases):
             self._rebuild_deadlines()
@@ -575,6 +602,32 @@ class LeaseStore(StoreState):
         self._event("proclaim", lease)
         return self._lease_result(lease)
 
+    def _revoke(self, entry: dict[str, Any]) -> Result:
+        """An operator ends the leases on a key: every one, or the one whose lease id
+        (``lid``) or fencing token (``token``) is given; each gets a ``revoke`` event,
+        then the queue is served once, in this entry (the next waiter is granted).
+        Attached leases leave their session, which lives on. Not bound to the lease's
+        principal: the node lets only ``admin`` principals send it."""
+        key: str = entry["key"]
+        holders = list(self.holders.get(key, {}).values())
+        if "lid" in entry:
+            holders = [lease for lease in holders if lease.lease_id == entry["lid"]]
+        elif "token" in entry:
+            holders = [lease for lease in holders if lease.token == entry["token"]]
+        if not holders:
+            which = "that lease" if "lid" in entry or "token" in entry else "a live lease"
+            return error("LEASE_NOT_FOUND", f"{key!r} has no {which} to revoke")
+        for lease in holders:
+            self._end_lease(lease, "revoke", grant_next=False)
+        self._grant_next(key)
+        return {
+            "ok": True,
+            "key": key,
+            "revoked": len(holders),
+            "tokens": [lease.token for lease in holders],
+            "revision": self.revision,
+        }
+
     def _session_open(self, entry: dict[str, Any]) -> Result:
         sid: str = entry["sid"]
         principal: str = entry.get("principal", "")
@@ -614,6 +667,7 @@ class LeaseStore(StoreState):
             lease = self.leases[lease_id]
             lease.ttl_ms = session.ttl_ms
             self._extend(lease, session.expires_at)
+        self.tasks.session_kept(self, session)  # and its task attempts
         return self._session_result(session)
 
     def _session_close(self, entry: dict[str, Any]) -> Result:
@@ -643,6 +697,7 @@ class LeaseStore(StoreState):
             if kind == "expire":
                 self.expired_total += 1
             self._end_lease(self.leases[lease_id], kind)
+        self.tasks.session_ended(self, session.session_id)  # its claims and attempts
         self.events.append({"type": "session_end", "session_id": session.session_id})
 
     @staticmethod
@@ -663,15 +718,21 @@ class LeaseStore(StoreState):
             "now": self.now,
         }
 
+    def _task(self, entry: dict[str, Any]) -> Result:
+        """A ``task_*`` mutation (core/queue.py)."""
+        return self.tasks.mutate(self, entry)
+
     _MUTATIONS: ClassVar[dict[str, Callable[[LeaseStore, dict[str, Any]], Result]]] = {
         "acquire": _acquire,
         "renew": _renew,
         "release": _release,
         "transfer": _transfer,
         "proclaim": _proclaim,
+        "revoke": _revoke,
         "session_open": _session_open,
         "session_keepalive": _session_keepalive,
         "session_close": _session_close,
+        **dict.fromkeys(TASK_MUTATING_OPS, _task),
     }
 
     # -------------------------------------------------------------- snapshots
