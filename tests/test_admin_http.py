@@ -203,6 +203,28 @@ def test_metrics_parse_and_move_with_grants_renewals_expiries_and_refusals(
     assert "metrics/a" not in text and "agent-a" not in text
 
 
+@pytest.mark.timeout(120)
+def test_snapshot_metrics_after_a_log_compaction(fresh: list[LocalCluster]) -> None:
+    cluster = admin_cluster(1, compaction_min_entries=20, compaction_min_time=0.5)
+    fresh.append(cluster)
+    cluster.start()
+    addr = admin_of(cluster, "n1")
+    with cluster.client() as c:
+        for i in range(40):
+            c.acquire(f"snap/{i}", owner="agent", ttl=30.0)
+
+    def snapshotted() -> dict[str, float] | None:
+        samples = scrape(addr)
+        return samples if samples.get("raftlease_snapshots_total", 0) >= 1 else None
+
+    samples = wait_for(snapshotted, timeout=60, what="a snapshot")
+    assert samples["raftlease_snapshot_size_bytes"] > 0
+    assert samples["raftlease_snapshot_last_duration_seconds"] >= 0
+    assert samples["raftlease_snapshot_last_write_timestamp_seconds"] > 0
+    assert samples["raftlease_snapshot_failures_total"] == 0
+    assert samples["raftlease_leases_live"] == 40
+
+
 # ------------------------------------------------------------ health, status
 
 

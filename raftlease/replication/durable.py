@@ -39,11 +39,13 @@ import gzip
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pysyncobj import pickle as pysyncobj_pickle
+from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.journal import FIRST_RECORD_OFFSET, FileJournal, MetaStorer
 from pysyncobj.serializer import Serializer
 
@@ -135,7 +137,36 @@ class DurableMetaStorer(MetaStorer):  # type: ignore[misc]
             self._recorder.copy(path)
 
 
-class DurableSerializer(Serializer):  # type: ignore[misc]
+class TimedSerializer(Serializer):  # type: ignore[misc]
+    """PySyncObj's dump writer, timed for the metrics (server/metrics.py): a snapshot
+    lasts from the fork in ``serialize`` to the tick on which ``checkSerializing``
+    (parent, tick thread) sees the child's exit. Installed by changing the class of
+    PySyncObj's serializer object, in either durability mode."""
+
+    snapshot_started: float | None = None
+    snapshots_written = 0
+    snapshot_failures = 0
+    last_snapshot_seconds: float | None = None
+
+    def serialize(self, data: Any, id: Any) -> None:
+        if getattr(self, "_Serializer__pid") == 0:  # noqa: B009 (name-mangled)
+            self.snapshot_started = time.monotonic()
+        super().serialize(data, id)
+
+    def checkSerializing(self) -> Any:
+        status, ident = super().checkSerializing()
+        started = self.snapshot_started
+        if started is not None and status in (SERIALIZER_STATE.SUCCESS, SERIALIZER_STATE.FAILED):
+            self.snapshot_started = None
+            if status == SERIALIZER_STATE.SUCCESS:
+                self.snapshots_written += 1
+                self.last_snapshot_seconds = time.monotonic() - started
+            else:
+                self.snapshot_failures += 1
+        return status, ident
+
+
+class DurableSerializer(TimedSerializer):
     """PySyncObj's dump writer with an fsync before each rename and of the directory
     after it. Installed on PySyncObj's serializer object by changing its class (its
     state stays); only the file-and-fork path we configure is changed."""
@@ -147,6 +178,7 @@ class DurableSerializer(Serializer):  # type: ignore[misc]
             super().serialize(data, id)
             return
         self._Serializer__currentID = id
+        self.snapshot_started = time.monotonic()
         pid = os.fork()
         if pid != 0:
             self._Serializer__pid = pid
@@ -348,6 +380,5 @@ def install(sync: Any, durability: str, recorder: SyncRecorder | None = None) ->
     serializer = sync._SyncObj__serializer
     if type(serializer) is not Serializer:
         raise TypeError(f"expected PySyncObj's Serializer, got {type(serializer).__name__}")
-    if durability == "fsync":
-        serializer.__class__ = DurableSerializer
+    serializer.__class__ = DurableSerializer if durability == "fsync" else TimedSerializer
     return journal

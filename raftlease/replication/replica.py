@@ -300,6 +300,16 @@ class Replica:
             "journal_synced_entries": journal.covered,
         }
 
+    def snapshot_status(self) -> dict[str, Any]:
+        """Snapshots (log compactions) this process wrote, failed, and how long the
+        last took (``durable.TimedSerializer``); read from any thread."""
+        serializer = self._sync._SyncObj__serializer
+        return {
+            "snapshots_written": getattr(serializer, "snapshots_written", 0),
+            "snapshot_failures": getattr(serializer, "snapshot_failures", 0),
+            "last_snapshot_seconds": getattr(serializer, "last_snapshot_seconds", None),
+        }
+
     def is_leader(self) -> bool:
         return bool(self._sync._isLeader())
 

@@ -390,6 +390,25 @@ class NodeCollector(Collector):
                 "When the last snapshot file was written (Unix time).",
                 st.st_mtime,
             )
+        snapshots = replica.snapshot_status()
+        written = CounterMetricFamily(
+            "raftlease_snapshots", "Snapshots (log compactions) this process wrote."
+        )
+        written.add_metric([], float(snapshots["snapshots_written"]))
+        yield written
+        failed = CounterMetricFamily(
+            "raftlease_snapshot_failures",
+            "Snapshot writes that failed (the child exited non-zero).",
+        )
+        failed.add_metric([], float(snapshots["snapshot_failures"]))
+        yield failed
+        if snapshots["last_snapshot_seconds"] is not None:
+            yield _gauge(
+                "raftlease_snapshot_last_duration_seconds",
+                "How long the last snapshot took, from the fork to the child's exit as "
+                "the tick thread saw it (at most one tick late).",
+                float(snapshots["last_snapshot_seconds"]),
+            )
         durability = replica.durability_status()
         syncs = CounterMetricFamily(
             "raftlease_journal_syncs", "Journal fsyncs (group commits) since start."
