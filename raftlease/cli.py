@@ -745,9 +745,13 @@ def status(endpoints: str, as_json: bool, timeout: float) -> None:
         sys.exit(1)
 
 
-from . import cli_lock  # noqa: E402,F401  (registers its commands)
-from . import cli_member  # noqa: E402,F401  (registers its commands)
-from . import cli_snapshot  # noqa: E402,F401  (registers its commands)
+# Each cli_* module registers its commands on ``main`` when imported.
+from . import (  # noqa: E402
+    cli_admin,  # noqa: F401
+    cli_lock,  # noqa: F401
+    cli_member,  # noqa: F401
+    cli_snapshot,  # noqa: F401
+)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

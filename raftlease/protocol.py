@@ -47,7 +47,10 @@ OPS: dict[str, bool] = {
     "session_open": True,
     "session_keepalive": True,
     "session_close": True,
+    "revoke": True,
     "holder": False,
+    "waiters": False,
+    "sessions": False,
     "leases": False,
     "fence": False,
     "await_lease": False,
@@ -223,7 +226,18 @@ def _seconds_ms(message: dict[str, Any], name: str, low: float, high: float) -> 
 
 #: Operations on one key.
 KEYED_OPS = frozenset(
-    {"acquire", "renew", "release", "holder", "transfer", "fence", "await_lease", "proclaim"}
+    {
+        "acquire",
+        "renew",
+        "release",
+        "holder",
+        "transfer",
+        "fence",
+        "await_lease",
+        "proclaim",
+        "revoke",
+        "waiters",
+    }
 )
 
 
@@ -319,9 +333,17 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
             args["timeout"] = _seconds_ms(message, "timeout", 0.0, 60.0) / 1000.0
     elif op == "fence":
         args["token"] = _int_field(message, "token", 0, 2**62)
+    elif op == "revoke":
+        # All leases on the key, or the one named by its lease id or its token.
+        if message.get("lease_id") is not None and message.get("token") is not None:
+            raise InvalidArgumentError("give 'lease_id' or 'token' to revoke, not both")
+        if message.get("lease_id") is not None:
+            args["lid"] = _str_field(message, "lease_id", MAX_ID_CHARS)
+        if message.get("token") is not None:
+            args["token"] = _int_field(message, "token", 1, 2**62)
     if op == "auth":
         args["token"] = _str_field(message, "token", 1024)
-    if op in ("holder", "leases", "fence"):
+    if op in ("holder", "leases", "fence", "waiters", "sessions"):
         consistency = message.get("consistency", "linearizable")
         if consistency not in CONSISTENCY_MODES:
             raise InvalidArgumentError(
@@ -335,7 +357,7 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
         if _utf8_len(prefix, "prefix") > limits.max_key_bytes:
             raise InvalidArgumentError("field 'prefix' is longer than the key limit")
         args["prefix"] = prefix
-    if op == "leases":
+    if op in ("leases", "waiters", "sessions"):
         args["limit"] = (
             _int_field(message, "limit", 1, limits.max_list)
             if "limit" in message

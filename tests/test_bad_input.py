@@ -421,6 +421,29 @@ def bad_requests(key: str, cid: str, min_ttl: float) -> list[tuple[str, dict[str
         ("holder consistency", holder(consistency="eventual"), INV, "consistency"),
         ("leases consistency", leases(consistency=1), INV, "consistency"),
     ]
+
+    # Issue 13: revoke (an admin write: every case here is malformed, so nothing of
+    # the baseline may end) and the waiters/sessions reads.
+    def revoke(**fields: Any) -> dict[str, Any]:
+        msg = {"op": "revoke", "key": key, **session(cid, next(seqs)), **fields}
+        return {k: v for k, v in msg.items() if v is not DROP}
+
+    cases += [
+        ("revoke key missing", revoke(key=DROP), BAD, "missing field 'key'"),
+        ("revoke key int", revoke(key=3), BAD, "'key' must be a string"),
+        ("revoke key 100 KB", revoke(key="k" * 100_000), INV, "'key' is 100000 bytes"),
+        ("revoke lease_id int", revoke(lease_id=3), BAD, "'lease_id' must be a string"),
+        ("revoke lease_id empty", revoke(lease_id=""), INV, "'lease_id' must not be empty"),
+        ("revoke token float", revoke(token=1.5), BAD, "'token' must be an integer"),
+        ("revoke token bool", revoke(token=True), BAD, "'token' must be an integer"),
+        ("revoke token zero", revoke(token=0), INV, "'token'"),
+        ("revoke id and token", revoke(lease_id="f" * 32, token=3), INV, "not both"),
+        ("revoke cid missing", revoke(cid=DROP), BAD, "missing field 'cid'"),
+        ("revoke seq < ack", revoke(seq=1, ack=2), INV, "seq 1 is below ack 2"),
+        ("waiters key int", {"op": "waiters", "key": 5}, BAD, "'key' must be a string"),
+        ("waiters limit zero", {"op": "waiters", "key": key, "limit": 0}, INV, "'limit'"),
+        ("sessions limit string", {"op": "sessions", "limit": "3"}, BAD, "'limit'"),
+    ]
     # A production node has no clock control: the test build's operation is unknown.
     cases.append(("test_clock unknown", {"op": "test_clock", "jump": 3600.0}, BAD, "unknown"))
     return cases
@@ -572,6 +595,13 @@ def test_strangers_cannot_touch_held_leases(shared: LocalCluster, baseline: Base
                 {"op": "session_close", "session_id": fake_id},
                 "SESSION_NOT_FOUND",
             ),
+            # Issue 13: a revoke naming a lease that is not there ends nothing.
+            (
+                "revoke with a made-up lease id",
+                {"op": "revoke", "key": held.key},
+                "LEASE_NOT_FOUND",
+            ),
+            ("revoke of an unknown key", {"op": "revoke", "key": unknown}, "LEASE_NOT_FOUND"),
         ]
         for label, message, code in cases:
             full = {**message, "lease_id": fake_id, "cid": cid}

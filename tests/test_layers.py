@@ -39,8 +39,8 @@ ALLOWED: dict[str, set[str]] = {
     "testing": GROUND | {"client", "server", "replication", "core", "cli"},
     "cli": GROUND | {"client", "server", "testing"},
     "cli_lock": GROUND | {"cli", "client", "recipes"},
+    "cli_admin": GROUND | {"cli", "cli_lock", "client"},
     "cli_member": GROUND | {"cli"},
-    "cli_admin": GROUND | {"cli", "client"},
     # Backups: the snapshot file and restore are server-side code run offline.
     "cli_snapshot": GROUND | {"cli", "server"},
     "__main__": {"cli"},
@@ -60,8 +60,8 @@ THIRD_PARTY: dict[str, set[str]] = {
     "cli": {"click"},
     "cli_snapshot": {"click"},
     "cli_lock": {"click"},
-    "cli_member": {"click"},
     "cli_admin": {"click"},
+    "cli_member": {"click"},
 }
 
 

@@ -21,8 +21,9 @@ The auth file (``auth_file`` in the node's config, TOML) names roles and princip
 A connection authenticates with an ``auth`` request carrying a bearer token (compared
 by hash, in constant time), or by a client certificate the node's CA signed (its
 common name is the principal's name). Actions: ``read`` (holder, leases, fence, watch,
-await_lease), ``write`` (acquire, renew, release, transfer, proclaim; lease sessions
-need write on some prefix), ``admin`` (control operations). A prefix operation
+await_lease, waiters; ``sessions`` needs read on the prefix ""), ``write`` (acquire,
+renew, release, transfer, proclaim; lease sessions need write on some prefix),
+``admin`` (``revoke`` on the key's prefix; control operations). A prefix operation
 (``leases``, ``watch``) needs the permission on a prefix that contains the one asked.
 
 Pure apart from ``load_auth`` (reads the file). Event loop only.
@@ -41,8 +42,10 @@ from ..errors import ConfigError, PermissionDeniedError, UnauthenticatedError
 from ..protocol import Request
 
 ACTIONS = frozenset({"read", "write", "admin"})
-READ_OPS = frozenset({"holder", "leases", "fence", "watch", "await_lease"})
+READ_OPS = frozenset({"holder", "leases", "fence", "watch", "await_lease", "waiters"})
 WRITE_OPS = frozenset({"acquire", "renew", "release", "transfer", "proclaim"})
+#: Operators' operations on a key: need ``admin`` on a prefix of it.
+ADMIN_KEY_OPS = frozenset({"revoke"})
 SESSION_OPS = frozenset({"session_open", "session_keepalive", "session_close"})
 #: Cluster membership (docs/membership.md): need ``admin`` (on the whole key space).
 MEMBER_OPS = frozenset({"member_list", "member_add", "member_remove"})
@@ -113,8 +116,15 @@ class AuthPolicy:
             if not principal.may_write_somewhere():
                 raise PermissionDeniedError(f"{principal.name} may not hold lease sessions")
             return
-        if op in READ_OPS or op in WRITE_OPS:
-            action = "read" if op in READ_OPS else "write"
+        if op == "sessions":
+            # Every session's owner, across all keys: read on the whole key space.
+            if not principal.allows("read", ""):
+                raise PermissionDeniedError(
+                    f"{principal.name} may not list lease sessions (needs read on every key)"
+                )
+            return
+        if op in READ_OPS or op in WRITE_OPS or op in ADMIN_KEY_OPS:
+            action = "read" if op in READ_OPS else "write" if op in WRITE_OPS else "admin"
             target = args.get("key", args.get("prefix", ""))
             if not principal.allows(action, str(target)):
                 raise PermissionDeniedError(

@@ -725,6 +725,10 @@ class NodeServer:
             out["holder"] = store.holder(request.args["key"], now)
         elif request.op == "fence":
             out.update(store.fence(request.args["key"], request.args["token"], now))
+        elif request.op == "waiters":
+            out.update(store.list_waiters(request.args["key"], request.args["limit"], now))
+        elif request.op == "sessions":
+            out["sessions"] = store.list_sessions(request.args["limit"], now)
         else:
             out["leases"] = store.list_leases(request.args["prefix"], request.args["limit"], now)
         return out

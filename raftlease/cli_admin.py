@@ -1,0 +1,216 @@
+"""Operators' commands: ``raftlease watch PREFIX``, ``raftlease sessions``,
+``raftlease waiters KEY`` and ``raftlease revoke KEY``.
+
+Human lines by default, JSON with ``--json`` (``watch`` prints one JSON object per
+line). What they show is what every reader may see: owners, tokens, units, times;
+never a lease id or a lease session id, which are capabilities (docs/security.md).
+Exit codes as for the other client commands (0, 1 definite failure, 3 unknown
+outcome, 2 usage). With auth on: ``watch`` and ``waiters`` need ``read`` on the
+prefix or key, ``sessions`` needs ``read`` on every key, ``revoke`` needs ``admin`` on
+the key (else ``PERMISSION_DENIED``, exit 1, nothing changed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from typing import Any
+
+import click
+
+from .cli import DURATION, _client, _client_options, _consistency_option, _fail, _safe, main
+from .errors import RaftLeaseError
+from .models import WatchEvent
+
+
+def _event_dict(event: WatchEvent) -> dict[str, Any]:
+    return {
+        "type": event.type,
+        "key": event.key,
+        "owner": event.owner,
+        "token": event.token,
+        "revision": event.revision,
+        "value": event.value,
+        "units": event.units,
+    }
+
+
+def _event_line(event: WatchEvent) -> str:
+    line = (
+        f"{event.revision:>10} {event.type:9} {_safe(event.key)}  owner {_safe(event.owner)}"
+        f"  token {event.token}"
+    )
+    if event.units != 1:
+        line += f"  units {event.units}"
+    if event.value:
+        line += f"  value {_safe(event.value)}"
+    return line
+
+
+@main.command()
+@click.argument("prefix", default="")
+@click.option("--from-revision", type=int, default=0, help="Start at this revision (0: now).")
+@click.option("--count", type=int, default=0, help="Stop after this many events (0: never).")
+@click.option(
+    "--for",
+    "duration",
+    type=DURATION,
+    default=None,
+    help="Stop after this long (e.g. 30s); default: until Ctrl-C or --count.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option(
+    "--endpoints",
+    envvar="RAFTLEASE_ENDPOINTS",
+    default="127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
+    show_default=True,
+    help="Comma-separated client addresses (env RAFTLEASE_ENDPOINTS).",
+)
+def watch(
+    prefix: str,
+    from_revision: int,
+    count: int,
+    duration: float | None,
+    as_json: bool,
+    endpoints: str,
+) -> None:
+    """Stream changes to keys under PREFIX (every key by default), in revision order:
+    grant, renew, release, expire, transfer, proclaim, revoke. Runs until Ctrl-C,
+    --count events or --for; reconnects to another node on failure without missing
+    or repeating an event."""
+    if count < 0:
+        raise click.UsageError("--count must be 0 or more")
+    printed = 0
+
+    async def stream(c: Any) -> None:
+        nonlocal printed
+        events = c.aio.watch(prefix, from_revision=from_revision)
+        loop = asyncio.get_running_loop()
+        deadline = None if duration is None else loop.time() + duration
+        try:
+            while not count or printed < count:
+                left = None if deadline is None else max(0.0, deadline - loop.time())
+                try:
+                    event = await asyncio.wait_for(events.__anext__(), left)
+                except TimeoutError:
+                    return
+                click.echo(json.dumps(_event_dict(event)) if as_json else _event_line(event))
+                printed += 1
+        finally:
+            await events.aclose()
+
+    # Imported here: cli_lock imports cli, which imports this module at its end.
+    from .cli_lock import SignalBox, run_until_signal
+
+    with SignalBox().installed() as box, _client(endpoints) as c:
+        try:
+            run_until_signal(c, stream(c), box)
+        except RaftLeaseError as exc:
+            _fail(exc, as_json)
+    if box.take() not in (None, signal.SIGINT, signal.SIGTERM):
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--limit", default=1000, show_default=True)
+@_consistency_option
+@_client_options
+def sessions(limit: int, consistency: str, endpoints: str, as_json: bool, timeout: float) -> None:
+    """List live lease sessions: owner, TTL, time left, attached leases and queued
+    acquires. Session ids are not shown (they are capabilities)."""
+    try:
+        with _client(endpoints) as c:
+            items = c.sessions(limit=limit, consistency=consistency, timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        rows = [
+            {
+                "owner": s.owner,
+                "ttl": s.ttl,
+                "remaining": round(s.remaining, 3),
+                "leases": s.leases,
+                "waiters": s.waiters,
+            }
+            for s in items
+        ]
+        click.echo(json.dumps({"ok": True, "sessions": rows}))
+        return
+    if not items:
+        click.echo("no lease sessions")
+    for s in items:
+        click.echo(
+            f"{_safe(s.owner):30} ttl {s.ttl:g} s  {s.remaining:8.2f} s left  "
+            f"{s.leases} lease(s)  {s.waiters} queued"
+        )
+
+
+@main.command()
+@click.argument("key")
+@click.option("--limit", default=1000, show_default=True)
+@_consistency_option
+@_client_options
+def waiters(
+    key: str, limit: int, consistency: str, endpoints: str, as_json: bool, timeout: float
+) -> None:
+    """Show the queue of KEY in grant order (position 1 is granted next): owner,
+    units, priority and how long each will still wait."""
+    try:
+        with _client(endpoints) as c:
+            items = c.waiters(key, limit=limit, consistency=consistency, timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        rows = [
+            {
+                "position": w.position,
+                "owner": w.owner,
+                "units": w.units,
+                "priority": w.priority,
+                "wait_left": round(w.wait_left, 3),
+                "in_session": w.in_session,
+            }
+            for w in items
+        ]
+        click.echo(json.dumps({"ok": True, "key": key, "waiters": rows}))
+        return
+    if not items:
+        click.echo(f"{_safe(key)}: nobody waits")
+    for w in items:
+        extra = "  (in a lease session)" if w.in_session else ""
+        click.echo(
+            f"{w.position:>4}. {_safe(w.owner):30} units {w.units}  priority {w.priority}  "
+            f"waits {w.wait_left:.2f} s more{extra}"
+        )
+
+
+@main.command()
+@click.argument("key")
+@click.option("--lease-id", default=None, help="Only this lease (default: every lease).")
+@click.option("--token", type=int, default=None, help="Only the lease with this fencing token.")
+@_client_options
+def revoke(
+    key: str,
+    lease_id: str | None,
+    token: int | None,
+    endpoints: str,
+    as_json: bool,
+    timeout: float,
+) -> None:
+    """Admin: end every lease on KEY (or the one given by --lease-id or --token) and
+    grant the key to the next waiter. The holder's next renewal fails and its
+    ``raftlease lock`` stops its command. Needs the admin permission on KEY with auth."""
+    if lease_id is not None and token is not None:
+        raise click.UsageError("give --lease-id or --token, not both")
+    try:
+        with _client(endpoints) as c:
+            tokens = c.revoke(key, lease_id=lease_id, token=token, timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        click.echo(json.dumps({"ok": True, "key": key, "revoked": len(tokens), "tokens": tokens}))
+    else:
+        listed = ", ".join(str(t) for t in tokens)
+        click.echo(f"revoked {len(tokens)} lease(s) on {_safe(key)} (token {listed})")
