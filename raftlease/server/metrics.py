@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -107,6 +107,10 @@ class NodeMetrics:
     """The metrics of one node and the registry that exposes them."""
 
     def __init__(self, view: NodeView) -> None:
+        # No ``*_created`` series beside every counter and histogram: Prometheus needs
+        # none of them, and a scrape would carry one per label set. (A process-wide
+        # switch of prometheus-client; a node process has no other metrics.)
+        disable_created_metrics()
         self.view = view
         self.registry = CollectorRegistry(auto_describe=False)
         registry = self.registry
@@ -320,7 +324,11 @@ class NodeCollector(Collector):
             "Peers with a live Raft connection.",
             len(replica.connected_peers()),
         )
-        yield _gauge("raftlease_raft_members", "Members in the configuration.", len(config.nodes))
+        yield _gauge(
+            "raftlease_raft_members",
+            "Members in the configuration (as the log has changed it).",
+            len(replica.members()),
+        )
         yield _gauge(
             "raftlease_raft_current_term_applied",
             "1 once this node has applied an entry of its current term.",
