@@ -110,7 +110,7 @@ class NodeMetrics:
         # No ``*_created`` series beside every counter and histogram: Prometheus needs
         # none of them, and a scrape would carry one per label set. (A process-wide
         # switch of prometheus-client; a node process has no other metrics.)
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.view = view
         self.registry = CollectorRegistry(auto_describe=False)
         registry = self.registry
