@@ -3,6 +3,8 @@
 Client commands print for people by default and JSON with ``--json``. Exit codes:
 0 success, 1 a definite failure (the request did not take effect), 3 an unknown
 outcome (timeout or leadership change after all retries), 2 usage errors.
+``raftlease lock``/``elect`` (cli_lock.py) add 124 not acquired, 125 lease lost, 126
+and 127 command not startable / not found, and pass the command's own status through.
 """
 
 from __future__ import annotations
