@@ -97,6 +97,12 @@ def _show_header(header: dict[str, Any]) -> None:
     help="With --from-data-dir: stop at the commit index the node saved (default: "
     "every entry in its journal).",
 )
+@click.option(
+    "--crashed",
+    is_flag=True,
+    help="With --from-data-dir: the node died without a clean stop (its 'running' "
+    "marker is there) and its process is gone.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the header as JSON.")
 def save(
     file: str,
@@ -104,6 +110,7 @@ def save(
     timeout: float,
     data_dir: str | None,
     committed_only: bool,
+    crashed: bool,
     as_json: bool,
 ) -> None:
     """Write a snapshot of the whole state to FILE (atomically: temporary file, fsync,
@@ -113,7 +120,11 @@ def save(
     if data_dir is not None:
         try:
             header = save_from_data_dir(
-                Path(data_dir), out, committed_only=committed_only, node=Path(data_dir).name
+                Path(data_dir),
+                out,
+                committed_only=committed_only,
+                node=Path(data_dir).name,
+                crashed=crashed,
             )
         except (SnapshotError, OSError) as exc:
             _refuse(f"cannot save from {data_dir}: {exc}", as_json)

@@ -219,17 +219,26 @@ def _load(plain: dict[str, Any]) -> LeaseStore:
 
 
 def save_from_data_dir(
-    data_dir: Path, out: Path, *, committed_only: bool = False, node: str = ""
+    data_dir: Path,
+    out: Path,
+    *,
+    committed_only: bool = False,
+    node: str = "",
+    crashed: bool = False,
 ) -> dict[str, Any]:
     """Write a snapshot of a STOPPED node's state, rebuilt from its dump and journal
-    (``replication.backup.read_data_dir``; reads only). Returns the header. Raises
-    ``SnapshotError`` (not a node's data, a running node) or ``OSError``."""
+    (``replication.backup.read_data_dir``; reads only). Returns the header.
+
+    A node's ``running`` marker means it runs, or died without a clean stop: refused
+    unless ``crashed`` (the operator says the process is gone; a torn journal tail is
+    then cut as the node itself would at start). Raises ``SnapshotError`` (not a
+    node's data, a running node) or ``OSError``."""
     data_dir = Path(data_dir)
-    if (data_dir / "running").exists():
+    if (data_dir / "running").exists() and not crashed:
         raise SnapshotError(
             f"{data_dir} belongs to a node that is running or did not stop cleanly (its "
-            "'running' marker is there): stop it first; if it crashed, start and stop it "
-            "once, or remove the marker if you are sure no node uses this directory"
+            "'running' marker is there): stop it first; if its process is gone (a crash, "
+            "a power loss), pass --crashed"
         )
     try:
         state = read_data_dir(data_dir, committed_only=committed_only)

@@ -1,0 +1,506 @@
+"""Backups and disaster recovery (issue 13, "Save and restore it";
+docs/disaster-recovery.md).
+
+The snapshot file (header, checksum, refusals) and the restore transform are tested
+directly; the rest on real node processes: ``raftlease snapshot save`` from a leader,
+every node killed, ``raftlease snapshot restore`` into a NEW cluster (other data
+directories, other ports) that PySyncObj starts from the seeded full dump; and the
+majority-lost procedure, saving offline from a survivor's data directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from raftlease import Client, PermissionDeniedError, UnauthenticatedError
+from raftlease.config import NodeAddress, NodeConfig
+from raftlease.core import LeaseStore
+from raftlease.core.snapshot import for_new_cluster
+from raftlease.limits import TOKEN_RESERVE_STEP
+from raftlease.replication.backup import read_data_dir, write_seed_dump
+from raftlease.server.auth import token_digest
+from raftlease.server.backup import (
+    CHUNK_BYTES,
+    DEFAULT_TOKEN_JUMP,
+    SnapshotError,
+    make_header,
+    read_snapshot,
+    restore_data_dir,
+    write_snapshot,
+)
+from raftlease.testing import TEST_SETTINGS, LocalCluster, wait_for
+from raftlease.testing.certs import secure_bundle
+from tests.test_cluster import raw_request
+
+LID = "a" * 32
+
+
+def _entry(op: str, now: int, term: int = 1, seq: int = 1, **fields: Any) -> dict[str, Any]:
+    return {"op": op, "now": now, "term": term, "cid": "c1", "seq": seq, "ack": seq, **fields}
+
+
+def _store() -> LeaseStore:
+    """A state with a plain lease, a lease session with an attached lease, and a
+    queued acquire."""
+    store = LeaseStore()
+    assert store.apply(_entry("acquire", 1000, key="k/a", owner="alice", ttl=5000, lid=LID))["ok"]
+    opened = store.apply(_entry("session_open", 1000, seq=2, owner="bob", ttl=3000, sid="s" * 32))
+    assert opened["ok"]
+    attached = store.apply(
+        _entry("acquire", 1000, seq=3, key="k/b", owner="bob", session="s" * 32, lid="b" * 32)
+    )
+    assert attached["ok"]
+    queued = store.apply(
+        _entry("acquire", 1200, seq=4, key="k/a", owner="carol", ttl=5000, wait=9000, lid="c" * 32)
+    )
+    assert queued["ok"] and queued.get("queued"), queued
+    return store
+
+
+def _body(store: LeaseStore) -> bytes:
+    body: bytes = msgpack.packb(store.to_plain(), use_bin_type=True)
+    return body
+
+
+def _config(data_dir: Path, node_id: str = "n1") -> NodeConfig:
+    nodes = [
+        {"id": f"n{i}", "raft": f"127.0.0.1:{21100 + i}", "client": f"127.0.0.1:{21000 + i}"}
+        for i in (1, 2, 3)
+    ]
+    return NodeConfig.create(node_id=node_id, nodes=nodes, data_dir=data_dir)
+
+
+# ------------------------------------------------------------- the file
+
+
+@pytest.mark.timeout(30)
+def test_snapshot_file_verifies_its_checksum_and_refuses_newer_formats(tmp_path: Path) -> None:
+    store = _store()
+    body = _body(store)
+    header = make_header(body, 41, 3, source="leader", node="n1", created=0.0)
+    assert (header["revision"], header["ceiling"], header["leases"], header["waiters"]) == (
+        store.revision,
+        store.ceiling,
+        2,
+        1,
+    )
+    assert header["token_headroom"] == store.token_headroom()
+    path = tmp_path / "s.snap"
+    write_snapshot(path, header, body)
+    assert read_snapshot(path) == (header, body)
+    assert not list(tmp_path.glob(".*tmp")), "the temporary file is renamed away"
+
+    raw = path.read_bytes()
+    flipped = tmp_path / "flipped.snap"
+    flipped.write_bytes(raw[:-3] + bytes([raw[-3] ^ 1]) + raw[-2:])
+    with pytest.raises(SnapshotError, match="checksum mismatch"):
+        read_snapshot(flipped)
+    cut = tmp_path / "cut.snap"
+    cut.write_bytes(raw[:-10])
+    with pytest.raises(SnapshotError, match="truncated"):
+        read_snapshot(cut)
+    newer = tmp_path / "newer.snap"
+    write_snapshot(newer, {**header, "format": 2}, body)
+    with pytest.raises(SnapshotError, match="snapshot format 2, newer"):
+        read_snapshot(newer)
+    layout = tmp_path / "layout.snap"
+    write_snapshot(layout, {**header, "layout": 999}, body)
+    with pytest.raises(SnapshotError, match="layout 999, newer"):
+        read_snapshot(layout)
+    other = tmp_path / "other.snap"
+    other.write_bytes(b"PK\x03\x04 not a snapshot")
+    with pytest.raises(SnapshotError, match="not a raftlease snapshot"):
+        read_snapshot(other)
+    for bad in ({**header, "index": -1}, {**header, "body_sha256": None}):
+        odd = tmp_path / "odd.snap"
+        write_snapshot(odd, bad, body)
+        with pytest.raises(SnapshotError, match="header"):
+            read_snapshot(odd)
+
+
+@pytest.mark.timeout(30)
+def test_restore_transform_continues_tokens_and_gives_leases_their_ttl_again() -> None:
+    store = _store()
+    plain = store.to_plain()
+    before = json.dumps(plain, sort_keys=True)
+    fresh = for_new_cluster(plain, DEFAULT_TOKEN_JUMP)
+    assert json.dumps(plain, sort_keys=True) == before, "the input is not changed"
+    assert fresh["term"] == 0
+    assert fresh["ceiling"] == store.ceiling + DEFAULT_TOKEN_JUMP
+    restored = LeaseStore.from_plain(fresh)
+    # Holders, lease ids and tokens are kept.
+    assert {(r.key, r.owner, r.token, r.lease_id) for r in restored.leases.values()} == {
+        (r.key, r.owner, r.token, r.lease_id) for r in store.leases.values()
+    }
+    # Each lease lives a whole TTL from the saved log time (the new leader continues
+    # log time from there); an attached lease follows its renewed session.
+    now = store.now
+    session = restored.lease_sessions["s" * 32]
+    assert session.expires_at == now + 3000
+    assert restored.leases[LID].expires_at == now + 5000
+    assert restored.leases["b" * 32].expires_at == session.expires_at
+    assert restored.waiting["c" * 32].deadline == store.waiting["c" * 32].deadline
+    # The new cluster's first entry (term 1) jumps past the saved ceiling + the jump.
+    granted = restored.apply(
+        _entry("acquire", now + 10, seq=5, key="k/new", owner="dan", ttl=5000, lid="d" * 32)
+    )
+    assert granted["ok"] and granted["token"] > store.ceiling + DEFAULT_TOKEN_JUMP
+    # The holder renews with the lease id it already has.
+    renewed = restored.apply(_entry("renew", now + 20, seq=6, key="k/a", lid=LID))
+    assert renewed["ok"] and renewed["token"] == store.leases[LID].token
+    with pytest.raises(ValueError, match="below one step"):
+        for_new_cluster(plain, TOKEN_RESERVE_STEP - 1)
+
+
+@pytest.mark.timeout(30)
+def test_restore_refuses_a_data_dir_with_raft_state_unless_forced(tmp_path: Path) -> None:
+    body = _body(_store())
+    snap = tmp_path / "s.snap"
+    write_snapshot(snap, make_header(body, 10, 2, source="leader", node="n1"), body)
+    data = tmp_path / "n1"
+    data.mkdir()
+    (data / "node.toml").write_text("# the config may live here\n")
+    report = restore_data_dir(snap, _config(data))
+    assert (data / "raft.dump").exists() and (data / "node.toml").exists()
+    assert report.first_token_above == _store().ceiling + DEFAULT_TOKEN_JUMP
+    assert oct(data.stat().st_mode & 0o777) == "0o700"
+    assert oct((data / "raft.dump").stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(SnapshotError, match=r"already holds a node's Raft state \(raft.dump\)"):
+        restore_data_dir(snap, _config(data))
+    (data / "raft.journal").write_bytes(b"old")
+    forced = restore_data_dir(snap, _config(data), force=True)
+    assert forced.removed == ("raft.dump", "raft.journal")
+    assert not (data / "raft.journal").exists()
+    # A damaged file is refused before anything in the directory is touched.
+    bad = tmp_path / "bad.snap"
+    raw = snap.read_bytes()
+    bad.write_bytes(raw[:-1] + bytes([raw[-1] ^ 0xFF]))
+    with pytest.raises(SnapshotError, match="checksum mismatch"):
+        restore_data_dir(bad, _config(tmp_path / "n2"))
+    assert not (tmp_path / "n2").exists()
+
+
+@pytest.mark.timeout(30)
+def test_the_offline_reader_reads_a_seeded_dump(tmp_path: Path) -> None:
+    store = _store()
+    members = [NodeAddress("n1", "127.0.0.1:21101", "127.0.0.1:21001")]
+    write_seed_dump(tmp_path, _body(store), 77, members)
+    state = read_data_dir(tmp_path)
+    assert (state.index, state.dump_index, state.replayed) == (77, 77, 0)
+    assert state.store.to_plain() == store.to_plain()
+
+
+# ------------------------------------------------- real node processes
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "raftlease", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def _restore_cluster(snap: Path, root: Path, *extra: str) -> LocalCluster:
+    """A NEW cluster (its own ports and data directories), every node seeded from
+    ``snap`` with the CLI, not started."""
+    new = LocalCluster(3, data_dir=root, settings=dict(TEST_SETTINGS))
+    members = [arg for n in new.nodes for arg in ("--member", f"{n.id},{n.raft},{n.client}")]
+    for node in new.nodes:
+        out = _cli(
+            "snapshot",
+            "restore",
+            str(snap),
+            "--id",
+            node.id,
+            "--data-dir",
+            str(new.node_dir(node.id)),
+            *members,
+            *extra,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "new grants get tokens above" in out.stdout
+    return new
+
+
+def _leases(c: Client) -> list[tuple[str, str, int]]:
+    return sorted((h.key, h.owner, h.token) for h in c.leases())
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_save_kill_everything_restore_into_a_new_cluster(tmp_path: Path) -> None:
+    old = LocalCluster(3, data_dir=tmp_path / "old", settings=dict(TEST_SETTINGS))
+    new: LocalCluster | None = None
+    try:
+        old.start()
+        tokens: list[int] = []
+        with old.client() as c:
+            alice = c.acquire("dr/a", owner="alice", ttl=60.0)
+            short = c.acquire("dr/short", owner="sam", ttl=10.0)
+            bob = c.acquire("dr/b", owner="bob", ttl=60.0)
+            gone = c.acquire("dr/gone", owner="gus", ttl=60.0)
+            c.release(gone)
+            tokens += [alice.token, short.token, bob.token, gone.token]
+            wait_for(
+                lambda: (h := c.holder("dr/short")) is not None and h.remaining < 5.0,
+                30,
+                "dr/short to have run down part of its TTL",
+            )
+            snap = tmp_path / "backup.snap"
+            out = _cli(
+                "snapshot", "save", str(snap), "--endpoints", ",".join(old.endpoints), "--json"
+            )
+            assert out.returncode == 0, out.stderr
+            header = json.loads(out.stdout)["header"]
+            saved_leases = _leases(c)
+            left_at_save = c.holder("dr/short")
+            assert left_at_save is not None
+            # After the backup the old cluster goes on granting (these the new one
+            # never hears of): a leader change, a reserve and grants.
+            old.kill_node(old.leader_id())
+            old.wait_for_leader(timeout=60)
+            late = c.acquire("dr/late", owner="lucy", ttl=60.0)
+            tokens.append(late.token)
+        assert header["leases"] == 3 and header["source"] == "leader"
+        assert header["revision"] >= max(tokens[:4])
+        assert _cli("snapshot", "inspect", str(snap)).returncode == 0
+        for node in old.nodes:  # the whole cluster is lost
+            old.kill_node(node.id)
+
+        new = _restore_cluster(snap, tmp_path / "new")
+        assert {n.client for n in new.nodes}.isdisjoint(old.endpoints)
+        # Refused a second time: the data directories now hold Raft state.
+        again = _cli(
+            "snapshot",
+            "restore",
+            str(snap),
+            "--id",
+            "n1",
+            "--data-dir",
+            str(new.node_dir("n1")),
+            *[arg for n in new.nodes for arg in ("--member", f"{n.id},{n.raft},{n.client}")],
+        )
+        assert again.returncode == 1 and "already holds a node's Raft state" in again.stderr
+        new.start(timeout=60)
+        with new.client() as c:
+            # The state is what was saved: every holder with its token.
+            assert _leases(c) == saved_leases
+            # A holder goes on with the lease id it had.
+            renewed = c.renew(alice)
+            assert (renewed.token, renewed.owner) == (alice.token, "alice")
+            # A lease not renewed lives one TTL from the new cluster's start: more than
+            # it had left when the backup was taken, then it expires.
+            restored_short = c.holder("dr/short")
+            assert restored_short is not None and restored_short.token == short.token
+            assert restored_short.remaining > left_at_save.remaining
+            # New grants: tokens above every token the old cluster handed out,
+            # including those after the backup.
+            fresh = c.acquire("dr/c", owner="carol", ttl=30.0)
+            assert fresh.token > max(tokens)
+            assert fresh.token > header["ceiling"] + DEFAULT_TOKEN_JUMP
+            after = c.acquire("dr/late", owner="lena", ttl=30.0)
+            assert after.token > fresh.token
+            wait_for(lambda: c.holder("dr/short") is None, 30, "the restored lease to expire")
+            assert c.fence("dr/b", bob.token)
+        logs = new.logs()
+        assert "restored snapshot: 3 leases" in logs, logs
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_majority_lost_save_from_a_survivors_data_dir(tmp_path: Path) -> None:
+    old = LocalCluster(3, data_dir=tmp_path / "old", settings=dict(TEST_SETTINGS))
+    new: LocalCluster | None = None
+    try:
+        old.start()
+        with old.client() as c:
+            leases = [c.acquire(f"mj/{i}", owner=f"w{i}", ttl=60.0) for i in range(20)]
+            c.release(leases.pop())
+            expected = _leases(c)
+            leader = old.leader_id()
+            # Every node has applied the last write before the majority is lost.
+            index = max(s.get("commit_index", 0) for s in old.statuses())
+            wait_for(
+                lambda: all(s.get("applied_index", 0) >= index for s in old.statuses()),
+                30,
+                "every node to apply the last write",
+            )
+        survivor = next(n.id for n in old.nodes if n.id != leader)
+        for node in old.nodes:  # the leader and one more are lost
+            if node.id != survivor:
+                old.kill_node(node.id)
+        assert old.stop_node(survivor) == 0  # step 1: stop the survivors
+        snap = tmp_path / "survivor.snap"
+        out = _cli(
+            "snapshot", "save", str(snap), "--from-data-dir", str(old.node_dir(survivor)), "--json"
+        )
+        assert out.returncode == 0, out.stderr
+        header = json.loads(out.stdout)["header"]
+        assert header["source"] == "data-dir" and header["leases"] == 19
+        # A crashed node's directory is refused without --crashed.
+        lost = _cli(
+            "snapshot",
+            "save",
+            str(tmp_path / "x.snap"),
+            "--from-data-dir",
+            str(old.node_dir(leader)),
+        )
+        assert lost.returncode == 1 and "--crashed" in lost.stderr
+        assert not (tmp_path / "x.snap").exists()
+        crashed = _cli(
+            "snapshot",
+            "save",
+            str(tmp_path / "x.snap"),
+            "--from-data-dir",
+            str(old.node_dir(leader)),
+            "--crashed",
+            "--json",
+        )
+        assert crashed.returncode == 0, crashed.stderr
+        assert json.loads(crashed.stdout)["header"]["leases"] == 19
+
+        new = _restore_cluster(snap, tmp_path / "new")
+        new.start(timeout=60)
+        with new.client() as c:
+            assert _leases(c) == expected
+            renewed = c.renew(leases[3])
+            assert renewed.token == leases[3].token
+            fresh = c.acquire("mj/new", owner="n", ttl=10.0)
+            assert fresh.token > header["ceiling"] + DEFAULT_TOKEN_JUMP
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_snapshot_operation_refuses_bad_requests(tmp_path: Path) -> None:
+    cluster = LocalCluster(3, data_dir=tmp_path / "c", settings=dict(TEST_SETTINGS))
+    try:
+        cluster.start()
+        leader = cluster.wait_for_leader()["client"]
+        follower = next(n.client for n in cluster.nodes if n.client != leader)
+        answer = raw_request(follower, {"id": 1, "op": "snapshot"})
+        assert answer["code"] == "NOT_LEADER" and answer["detail"]["leader"] == leader
+        for bad, code in (
+            ({"snapshot": "nope", "offset": 0}, "INVALID_ARGUMENT"),
+            ({"snapshot": "nope"}, "BAD_REQUEST"),
+            ({"snapshot": "nope", "offset": "0"}, "BAD_REQUEST"),
+            ({"snapshot": "nope", "offset": -1}, "INVALID_ARGUMENT"),
+            ({"snapshot": 7, "offset": 0}, "BAD_REQUEST"),
+            ({"snapshot": "", "offset": 0}, "INVALID_ARGUMENT"),
+        ):
+            answer = raw_request(leader, {"id": 2, "op": "snapshot", **bad})
+            assert answer["ok"] is False and answer["code"] == code, (bad, answer)
+            assert answer["definite"] is True
+        # A real one: chunks below the frame limit, offsets checked, gone once read.
+        with cluster.client() as c:
+            for i in range(300):
+                c.acquire(f"big/{i:04}/" + "x" * 400, owner="o" * 200, ttl=60.0)
+            meta = c.call("snapshot", {}, mutating=False)
+            target = c.aio.transport.target
+        assert meta["size"] > CHUNK_BYTES, "the body spans several chunks"
+        busy = raw_request(target, {"id": 3, "op": "snapshot"})
+        assert busy["code"] == "UNAVAILABLE", "one export at a time"
+        beyond = raw_request(
+            target,
+            {"id": 4, "op": "snapshot", "snapshot": meta["snapshot"], "offset": meta["size"] + 1},
+        )
+        assert beyond["code"] == "INVALID_ARGUMENT"
+        body, offset = b"", 0
+        while True:
+            chunk = raw_request(
+                target, {"id": 5, "op": "snapshot", "snapshot": meta["snapshot"], "offset": offset}
+            )["result"]
+            assert len(chunk["data"]) <= CHUNK_BYTES
+            body += chunk["data"]
+            offset += len(chunk["data"])
+            if chunk["done"]:
+                break
+        header = make_header(body, meta["index"], meta["term"], source="leader", node="n")
+        assert header["body_sha256"] == meta["sha256"] and header["leases"] == 300
+        gone = raw_request(
+            target, {"id": 6, "op": "snapshot", "snapshot": meta["snapshot"], "offset": 0}
+        )
+        assert gone["code"] == "INVALID_ARGUMENT"
+        node_dir = cluster.node_dir(meta["node"])
+        assert not list(node_dir.glob("snapshot-export-*")), "the export file is removed"
+    finally:
+        cluster.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_snapshot_save_needs_the_admin_permission(tmp_path: Path) -> None:
+    bundle = secure_bundle(tmp_path / "tls")
+    reader = "reader-token-0123456789abcdef"
+    bundle.auth_file.write_text(
+        bundle.auth_file.read_text()
+        + textwrap.dedent(
+            f"""
+            [roles.everything]
+            permissions = [{{ prefix = "", actions = ["read", "write"] }}]
+
+            [[principals]]
+            name = "worker"
+            token_sha256 = "{token_digest(reader)}"
+            roles = ["everything"]
+            """
+        )
+    )
+    cluster = LocalCluster(
+        3, data_dir=tmp_path / "c", settings={**TEST_SETTINGS, **bundle.node_settings()}
+    )
+    try:
+        cluster.start()
+        ca = str(bundle.ca_file)
+        with Client(cluster.endpoints, tls=ca) as anonymous, pytest.raises(UnauthenticatedError):
+            anonymous.call("snapshot", {}, mutating=False, timeout=5)
+        with (
+            Client(cluster.endpoints, tls=ca, token=reader) as worker,
+            pytest.raises(PermissionDeniedError, match="admin only"),
+        ):
+            worker.call("snapshot", {}, mutating=False, timeout=5)
+        env = {
+            **os.environ,
+            "RAFTLEASE_TOKEN": bundle.admin_token,
+            "RAFTLEASE_CA_FILE": ca,
+        }
+        with Client(cluster.endpoints, tls=ca, token=bundle.admin_token) as admin:
+            admin.acquire("sec/a", owner="a", ttl=30.0)
+        snap = tmp_path / "s.snap"
+        out = _cli(
+            "snapshot", "save", str(snap), "--endpoints", ",".join(cluster.endpoints), env=env
+        )
+        assert out.returncode == 0, out.stderr
+        header, _ = read_snapshot(snap)
+        assert header["leases"] == 1
+        denied = _cli(
+            "snapshot",
+            "save",
+            str(tmp_path / "d.snap"),
+            "--endpoints",
+            ",".join(cluster.endpoints),
+            env={**env, "RAFTLEASE_TOKEN": reader},
+        )
+        assert denied.returncode == 1 and "admin only" in denied.stderr
+        assert not (tmp_path / "d.snap").exists()
+    finally:
+        cluster.close()
