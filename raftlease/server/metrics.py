@@ -168,8 +168,8 @@ class NodeMetrics:
         registry.register(NodeCollector(view))
         # Children resolved once: labels() takes a lock and a dict lookup per call.
         self._latency: dict[str, Any] = {}
-        for kind in ("lease", "stale", "log"):
-            self.reads.labels(kind)
+        self._reads = {kind: self.reads.labels(kind) for kind in ("lease", "stale", "log")}
+        self._events: dict[str, Any] = {}
 
     def register(self, collector: ExtraCollector) -> None:
         """Add a collector read at scrape time (the extension point for task queues)."""
@@ -190,7 +190,7 @@ class NodeMetrics:
 
     def observe_read(self, served: str) -> None:
         """Event loop: a read served ``lease``, ``stale`` or ``log``."""
-        self.reads.labels(served).inc()
+        self._reads[served].inc()
 
     def observe_applied(self, entry: dict[str, Any], events: list[dict[str, Any]]) -> None:
         """Tick thread, after each applied entry."""
@@ -201,7 +201,10 @@ class NodeMetrics:
             counter = self.lease_events.get(kind)
             if counter is not None:
                 counter.inc()
-            self.store_events.labels(kind).inc()
+            child = self._events.get(kind)
+            if child is None:  # a few kinds, from core/store.py's fixed set
+                child = self._events[kind] = self.store_events.labels(kind)
+            child.inc()
 
     def observe_commit(self, seconds: float) -> None:
         """Tick thread, when a proposal's result arrives on the leader."""
