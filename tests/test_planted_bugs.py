@@ -54,6 +54,8 @@ from raftlease.testing.node import (
     ForgetfulStore,
     PromiselessGuard,
     RawFollowerLogTransport,
+    StaleAcceptingStore,
+    StaleAcceptingTasks,
     build_hooks,
 )
 
@@ -75,6 +77,7 @@ COVERED = (
     "skip_read_barrier",
     "raw_follower_log",
     "skip_dedup",
+    "accept_stale_attempt",
 )
 
 #: Planted bugs caught by chaos-suite runs, and the test of tests/test_chaos.py that
@@ -251,6 +254,7 @@ PLANTED_FIELDS: dict[str, dict[str, Any]] = {
     "skip_read_barrier": {"lease_read_barrier": False},
     "raw_follower_log": {"transport_class": RawFollowerLogTransport},
     "skip_dedup": {"store_class": ForgetfulStore},
+    "accept_stale_attempt": {"store_class": StaleAcceptingStore},
 }
 
 HOOK_FIELDS = (
@@ -314,6 +318,41 @@ def test_store_answers_a_retry_from_the_dedup_table(build: str) -> None:
         assert violations == []
     else:
         assert violations != [], "the planted store answered the retry from the table"
+
+
+def _task_entry(op: str, now: int, seq: int, **fields: Any) -> dict[str, Any]:
+    return {"op": op, "now": now, "cid": f"t{seq}", "seq": 1, "ack": 1, "queue": "q", **fields}
+
+
+@pytest.mark.parametrize("build", ["honest", "accept_stale_attempt"])
+@pytest.mark.parametrize("snapshotted", [False, True])
+def test_a_zombies_completion_is_refused(build: str, snapshotted: bool) -> None:
+    """The state machine alone: attempt A1 expires, the task is claimed again (A2),
+    then A1's worker completes it. The honest store refuses STALE_ATTEMPT and keeps
+    the task for A2; the planted one accepts the zombie's result (also after a
+    snapshot round trip, which must keep the planted queues)."""
+    store = build_hooks("" if build == "honest" else build).store_class()
+    if snapshotted:
+        store = type(store).from_plain(store.to_plain())
+    put = _task_entry("task_put", 0, 1, tid="T", payload="{}", ttl=500, backoff=1)
+    assert store.apply(put)["ok"] is True
+    first = store.apply(_task_entry("task_claim", 10, 2, aid="A1", worker="w1"))
+    assert first["claimed"] is True
+    store.apply({"op": "tick", "now": 600, "seed": 7})  # A1 expired at 510
+    second = store.apply(_task_entry("task_claim", 2000, 3, aid="A2", worker="w2"))
+    assert second["claimed"] is True and second["token"] > first["token"]
+    if snapshotted:
+        store = type(store).from_plain(store.to_plain())
+    zombie = store.apply(_task_entry("task_complete", 2001, 4, tid="T", aid="A1", result='"z"'))
+    task = store.apply({"op": "task_get", "now": 2002, "queue": "q", "tid": "T"})["task"]
+    if build == "honest":
+        assert zombie["ok"] is False and zombie["code"] == "STALE_ATTEMPT"
+        assert task["status"] == "claimed"
+        assert not isinstance(store.tasks, StaleAcceptingTasks)
+    else:
+        assert zombie["ok"] is True, "the planted store refused the zombie"
+        assert task["status"] == "completed" and task["result"] == '"z"'
+        assert isinstance(store.tasks, StaleAcceptingTasks)
 
 
 @pytest.fixture

@@ -37,6 +37,9 @@ PLANTED_BUGS: dict[str, str] = {
     "mutating request (same cid and seq) is applied twice",
     "unsynced_acks": "the node runs with durability none and rejoins at once after a "
     "machine crash (no restart wait): a power loss forgets acknowledged grants",
+    "accept_stale_attempt": "a task's heartbeat, completion, failure or release from an "
+    "attempt that is no longer current is taken as the current attempt's: a zombie "
+    "worker's late result replaces the live worker's",
 }
 
 HOOK_KEYS = ("clock_control", "planted_bug", "record_synced")

@@ -19,6 +19,7 @@ from typing import Any
 from ..clock import AdjustableClock
 from ..config import load_toml
 from ..core import LeaseStore
+from ..core.queue import TaskQueues
 from ..errors import BadRequestError, ConfigError, InvalidArgumentError
 from ..replication import LeaseGuard, LeaseTransport, SyncRecorder
 from ..server import ServerHooks, run_node
@@ -65,6 +66,36 @@ class ForgetfulStore(LeaseStore):
         return super()._apply_mutation(op, entry)
 
 
+class StaleAcceptingTasks(TaskQueues):
+    """Planted bug ``accept_stale_attempt``: an attempt call (heartbeat, complete,
+    fail, release) that names an attempt which is not its task's current one is
+    applied to the current attempt instead of being refused ``STALE_ATTEMPT``: the
+    check looks at the task, not at the attempt. Tick thread, like the store."""
+
+    def _current(self, entry: dict[str, Any]) -> Any:
+        found = super()._current(entry)
+        if isinstance(found, dict) and found.get("code") == "STALE_ATTEMPT":
+            current = self.attempts.get(self.current.get(entry["tid"], ""))
+            if current is not None:
+                return current
+        return found
+
+
+class StaleAcceptingStore(LeaseStore):
+    """The store of ``accept_stale_attempt``: its task queues are
+    ``StaleAcceptingTasks``, also after a snapshot is loaded."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tasks = StaleAcceptingTasks()
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> LeaseStore:
+        store = super().from_plain(data)
+        store.tasks = StaleAcceptingTasks.from_plain(store.tasks.to_plain())
+        return store
+
+
 def clock_control(clock: AdjustableClock) -> Any:
     """The ``test_clock`` control operation on ``clock``: ``rate`` (0 < r < 100) sets
     its rate, ``jump`` (>= 0 seconds) moves it forward. Raises ``BadRequestError`` /
@@ -91,6 +122,13 @@ def clock_control(clock: AdjustableClock) -> Any:
     return test_clock
 
 
+#: Planted bugs that are a store of their own.
+STORES: dict[str, type[LeaseStore]] = {
+    "skip_dedup": ForgetfulStore,
+    "accept_stale_attempt": StaleAcceptingStore,
+}
+
+
 def build_hooks(
     planted_bug: str = "", clock: bool = True, record_synced: bool = False
 ) -> ServerHooks:
@@ -111,7 +149,7 @@ def build_hooks(
         transport_class=(
             RawFollowerLogTransport if planted_bug == "raw_follower_log" else LeaseTransport
         ),
-        store_class=ForgetfulStore if planted_bug == "skip_dedup" else LeaseStore,
+        store_class=STORES.get(planted_bug, LeaseStore),
         recorder=SyncRecorder() if record_synced or planted_bug == "unsynced_acks" else None,
         durability="none" if planted_bug == "unsynced_acks" else None,
         restart_wait=planted_bug != "unsynced_acks",
