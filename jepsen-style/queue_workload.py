@@ -80,7 +80,10 @@ class QueueConfig:
     work: tuple[float, float] = (0.02, 0.4)
     p_fail: float = 0.1
     p_release: float = 0.05
-    p_stall: float = 0.05
+    p_stall: float = 0.08
+    #: A stall lasts the attempt's TTL plus this: past the expiry and the first retry
+    #: backoff (0.5-1 s by default), so the task is usually handed on meanwhile.
+    stall_extra: float = 2.5
     p_stuck: float = 0.3  # of the attempts of a progress_timeout task
     #: Seconds between SIGKILLs of the worker process (drawn), while it holds a task.
     crash_every: tuple[float, float] = (4.0, 9.0)
@@ -395,8 +398,9 @@ class QueueWorker:
                 return  # the attempt is over (stale or expired): drop it
         if rng.random() < cfg.p_stall:
             # A zombie: stall past the attempt's TTL, then complete as if nothing happened.
-            self.rec.note("stall", **ident, seconds=attempt_ttl * 1.5)
-            stop.wait(attempt_ttl * 1.5)
+            seconds = attempt_ttl + cfg.stall_extra
+            self.rec.note("stall", **ident, seconds=seconds)
+            stop.wait(seconds)
         draw = rng.random()
         if draw < cfg.p_fail:
             self.rec.call(

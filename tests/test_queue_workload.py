@@ -189,6 +189,7 @@ def run_workload(fake: FakeQueue, seconds: float = 3.0, seed: int = 1) -> list[d
         claim_wait=0.2,
         lease_ttls=(0.3, 0.5),
         progress_timeout=0.3,
+        stall_extra=0.3,
     )
     history = History()
     history.append(
