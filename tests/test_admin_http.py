@@ -5,9 +5,11 @@ secured endpoint (HTTPS and an admin token)."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 import ssl
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -16,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from raftlease import LeaseHeldError
+from raftlease.cli import TEXT_LOG_FORMAT, JsonLogFormatter, main
 from raftlease.testing import LocalCluster
 from raftlease.testing.certs import secure_bundle
 from raftlease.testing.cluster import free_port_block, wait_for
@@ -289,6 +293,30 @@ def test_readyz_is_503_before_a_leader_and_after_quorum_loss(
         assert {"time", "level", "logger", "pid", "message"} <= set(record)
     assert any("serving clients" in r["message"] for r in records)
     assert any(r["logger"] == "raftlease.server.admin" for r in records)
+
+
+@pytest.mark.timeout(30)
+def test_json_and_text_log_lines_carry_the_same_fields() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord(
+        "raftlease.server", logging.WARNING, __file__, 1, "node %s: %s", ("n1", "x=1"), exc_info
+    )
+    text = logging.Formatter(TEXT_LOG_FORMAT).format(record)
+    fields = json.loads(JsonLogFormatter().format(record))
+    match = re.match(r"(\S+ \S+) level=(\S+) logger=(\S+) pid=(\d+) (.*)", text)
+    assert match is not None
+    assert fields["time"] == match.group(1)
+    assert fields["level"] == match.group(2) == "WARNING"
+    assert fields["logger"] == match.group(3) == "raftlease.server"
+    assert fields["pid"] == int(match.group(4))
+    assert fields["message"] == match.group(5) == "node n1: x=1"
+    assert "ValueError: boom" in fields["exc"] and "ValueError: boom" in text
+    # An unknown format is a usage error.
+    result = CliRunner().invoke(main, ["node", "--log-format", "xml"])
+    assert result.exit_code == 2 and "xml" in result.output
 
 
 def _answers(addr: str) -> bool:
