@@ -19,6 +19,12 @@ Kinds (``KINDS``), by what they break:
   the nodes' ``record_synced`` test hook), ``pause-leader``, ``pause-follower``
   (SIGSTOP/SIGCONT), ``pause-client`` (SIGSTOP of the client process in the window
   between its lease check and its fenced write: the fenced resource must refuse it);
+* membership (docs/membership.md): ``membership`` replaces the leader itself, as an
+  operator replaces a dead host: SIGKILL of the leader, ``member_remove`` of it through
+  the new leader (the cluster runs one member short while the fault holds), and at the
+  heal a fresh node in its place (same id and addresses, empty data directory) started
+  and added with ``member_add``, which returns once it has caught up (from a snapshot
+  if the log was compacted). Covers a remove, an add and the leader's replacement;
 * clocks, through the test-only ``test_clock`` request: ``clock-within`` (rates within
   ``clock_drift``, jumps below the margins: safe by assumption) and ``clock-beyond``
   (a slow leader, a fast and jumped follower: beyond the drift bound, where the drift
@@ -47,6 +53,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import time
@@ -78,6 +85,7 @@ KINDS: dict[str, tuple[str, float]] = {
     "pause-leader": ("process", 3.0),
     "pause-follower": ("process", 2.0),
     "pause-client": ("client", 4.5),
+    "membership": ("membership", 3.0),
     "clock-within": ("clock", 3.5),
     "clock-beyond": ("clock", 3.5),
     "clock-beyond+isolate-leader": ("overlap", 4.0),
@@ -105,8 +113,15 @@ POWER_LOSS_LEADER_WAIT = 15.0
 #: Profiles ``schedule`` knows, and the default ``minutes`` of the ones that fill it.
 PROFILES = ("ci", "long", "smoke", "soak")
 DEFAULT_MINUTES = {"long": 10.0, "soak": 30.0}
-#: Seconds of random mix the ``ci`` profile adds after every kind alone.
-CI_MIX = 18.0
+#: Seconds of random mix the ``ci`` profile adds after every kind alone (18 before
+#: ``membership`` joined the kinds: its 3 s hold, 2.5 s recovery and the heal's join
+#: are taken from the mix, so the profile's planned length stays about the same).
+CI_MIX = 12.0
+#: ``membership``: how long the fault waits for a leader to remove the old member, and
+#: the heal for the replacement to be added (its catch-up included).
+MEMBERSHIP_CHANGE_WAIT = 20.0
+#: Files of a node's directory a replacement host keeps (its config, its log).
+MEMBERSHIP_KEEP = frozenset({"node.toml", "node.log"})
 
 
 @dataclass(frozen=True)
@@ -682,6 +697,73 @@ class Nemesis:
         else:
             detail["marker"] = "none within 10 s (paused anyway)"
         return detail
+
+    # ----------------------------------------------------------- membership
+
+    def _member_request(self, op: str, args: dict[str, Any], wait: float) -> dict[str, Any]:
+        """Send a membership operation to the leader, retrying while there is none or
+        it refuses definitely for now (``NOT_LEADER``, ``UNAVAILABLE``: an election, a
+        change still in flight), until ``wait`` s. ``INVALID_ARGUMENT`` (already or no
+        longer a member: a retry of an attempt whose answer was lost) is an answer.
+        Raises ``RuntimeError`` (a harness error) when it never succeeds."""
+        deadline = time.monotonic() + wait
+        last: Any = None
+        while (left := deadline - time.monotonic()) > 0:
+            leader = self.leader(wait=min(5.0, left))
+            if leader is not None:
+                message = {"id": 1, "op": op, **args}
+                try:
+                    reply = raw_request(self.cluster.node(leader).client, message, min(30.0, left))
+                except OSError as exc:
+                    last = str(exc)
+                else:
+                    if reply.get("ok"):
+                        return dict(reply["result"])
+                    last = {k: reply.get(k) for k in ("code", "message")}
+                    if reply.get("code") == "INVALID_ARGUMENT":
+                        return {"answer": last}
+            time.sleep(0.2)
+        raise RuntimeError(f"{op} {args} did not succeed within {wait} s (last: {last})")
+
+    def _start_membership(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        leader, known = self._target_leader()
+        node = self.cluster.node(leader)
+        self.cluster.kill_node(leader)
+        self._killed.add(leader)
+
+        def rejoin() -> dict[str, Any]:
+            # A new host in the dead one's place: nothing of the old data.
+            directory = Path(self.cluster.node_dir(leader))
+            for path in directory.iterdir():
+                if path.name not in MEMBERSHIP_KEEP:
+                    if path.is_dir():
+                        shutil.rmtree(path)
+                    else:
+                        path.unlink()
+            self.cluster.start_node(leader)
+            self._killed.discard(leader)
+            began = time.monotonic()
+            added = self._member_request(
+                "member_add",
+                {"member_id": leader, "raft": node.raft, "client": node.client, "timeout": 15.0},
+                MEMBERSHIP_CHANGE_WAIT,
+            )
+            return {
+                "rejoined": [leader],
+                "caught_up": added.get("caught_up"),
+                "join_s": round(time.monotonic() - began, 3),
+            }
+
+        self._heal.append(rejoin)
+        removed = self._member_request(
+            "member_remove", {"member_id": leader}, MEMBERSHIP_CHANGE_WAIT
+        )
+        return {
+            "killed": [leader],
+            "removed": leader,
+            "leader_known": known,
+            "members": removed.get("members", removed),
+        }
 
     # --------------------------------------------------------------- clocks
 

@@ -208,3 +208,70 @@ def test_a_change_drops_the_leader_lease_until_a_new_majority_echoes() -> None:
     follower.on_append_entries("a", 2, 2, clock.monotonic())
     follower.reconfigure(2)
     assert follower.refuse_vote()
+
+
+def test_a_follower_replaying_an_old_removal_of_its_leader_keeps_it(tmp_path: Path) -> None:
+    """A fresh member replays the log: ``rem L``, later ``add L`` (a host replaced under
+    the same address), with ``L`` its leader now. PySyncObj would drop ``L``'s
+    connection at the removal and refuse it ever after (our peer check too), so the
+    follower could never read the entry that adds ``L`` back (seen in the chaos suite:
+    a replacement stuck at that index). LeaseTransport keeps the leader's connection
+    until it stops leading us."""
+    base = free_port_block(3)
+    addr = f"127.0.0.1:{base}"
+    peers = [
+        NodeAddress("p1", f"127.0.0.1:{base + 1}", "127.0.0.1:1"),
+        NodeAddress("p2", f"127.0.0.1:{base + 2}", "127.0.0.1:2"),
+    ]
+    conf = SyncObjConf(
+        autoTick=False,
+        appendEntriesUseBatch=False,
+        bindAddress=addr,
+        dynamicMembershipChange=True,
+        connectionRetryTime=1000.0,
+        journalFile=str(tmp_path / "raft.journal"),
+        fullDumpFile=str(tmp_path / "raft.dump"),
+        useFork=False,
+    )
+    guard = LeaseGuard(SystemClock(), cluster_size=3, promise=0.4, rho=0.01)
+    transport_class = type("T", (_Transport,), {"guard": guard})
+    sync = SyncObj(
+        addr,
+        [member_node(p) for p in peers],
+        conf,
+        consumers=[_StoreConsumer(None)],
+        transportClass=transport_class,
+    )
+    transport = sync._SyncObj__transport
+    p1 = transport._nodeAddrToNode[peers[0].raft]
+    try:
+        rem = (b"\x02" + pickle.dumps(["rem", p1.id, member_node(peers[0])]), 2, 1)
+        add = (b"\x02" + pickle.dumps(["add", p1.id, member_node(peers[0])]), 3, 1)
+
+        def append(entries: list[Any], prev: int) -> None:
+            message = {
+                "type": "append_entries",
+                "term": 1,
+                "commit_index": 1,
+                "entries": entries,
+                "prevLogIdx": prev,
+                "prevLogTerm": 0 if prev == 1 else 1,
+            }
+            transport._onMessageReceived(p1, message)
+            sync.doTick(0.0)
+
+        append([rem], 1)
+        assert p1 not in sync.otherNodes  # PySyncObj applied the removal at append
+        assert peers[0].raft in transport._nodeAddrToNode  # we still take its frames
+        assert guard.cluster_size == 2
+        append([add], 2)
+        assert p1 in sync.otherNodes and not transport._kept and guard.cluster_size == 3
+        # A real removal (the leader is someone else) still drops the node.
+        append([(b"\x02" + pickle.dumps(["rem", p1.id, member_node(peers[0])]), 4, 1)], 3)
+        assert peers[0].raft in transport._nodeAddrToNode and transport._kept
+        sync._SyncObj__raftLeader = transport._nodeAddrToNode[peers[1].raft]
+        transport._settle_kept()
+        assert peers[0].raft not in transport._nodeAddrToNode and not transport._kept
+    finally:
+        sync.destroy()
+        sync.doTick(0.0)

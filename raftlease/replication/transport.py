@@ -82,6 +82,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._rejecting = None
         self._last_rebind = float("-inf")
         self._unknown_since: dict[Any, float] = {}
+        self._kept: dict[str, Any] = {}  # removed in our log but leading us (dropNode)
         super().__init__(*args, **kwargs)
         sync = self._syncObj
         self.journal = install(sync, self.durability, self.recorder)
@@ -135,17 +136,47 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # the moment PySyncObj applies a change (appended add, reversed remove, a
         # snapshot's member set): the new peer is accepted from now on, and the
         # leader lease is counted over the new majority (LeaseGuard.reconfigure).
-        super().addNode(dialled(node, self.dial))
-        conn = self._connections.get(node)
-        if conn is not None:
-            self._bound(conn)
-        self.guard.reconfigure(len(self._nodeAddrToNode) + 1)
+        if self._kept.pop(node.id, None) is None:
+            super().addNode(dialled(node, self.dial))
+            conn = self._connections.get(node)
+            if conn is not None:
+                self._bound(conn)
+        self.guard.reconfigure(len(self._syncObj.otherNodes) + 1)
 
     def dropNode(self, node: Any) -> None:
         # A removed member: its connection is closed, and it is refused from now on
         # (_onIncomingMessageReceived), like any stranger.
-        super().dropNode(node)
-        self.guard.reconfigure(len(self._nodeAddrToNode) + 1)
+        sync = self._syncObj
+        leader = sync._getLeader()
+        removed = node not in sync.otherNodes  # else: shutdown (destroy drops every node)
+        if removed and leader is not None and node == leader and not sync._isLeader():
+            # A follower catching up appends an old removal of the node that now leads
+            # it (removed, then added again: a host replaced under the same address).
+            # A leader never removes itself, so a later entry adds it back; Raft has
+            # followers take the leader's entries whatever their configuration
+            # (dissertation §4.1). PySyncObj would close the leader's connection and
+            # refuse it: this follower could never read the entry that re-adds it.
+            # Keep the connection while it leads us (_settle_kept).
+            log.info("keeping leader %s's connection across an old removal in the log", node.id)
+            self._kept[node.id] = node
+        else:
+            super().dropNode(node)
+        self.guard.reconfigure(len(sync.otherNodes) + 1)
+
+    def _settle_kept(self) -> None:
+        """Drop a kept node (dropNode) once it no longer leads this node and is still
+        not a member."""
+        if not self._kept:
+            return
+        sync = self._syncObj
+        leader = sync._getLeader()
+        members = sync.otherNodes
+        for node_id, node in list(self._kept.items()):
+            if node in members:
+                del self._kept[node_id]
+            elif sync._isLeader() or leader is None or leader.id != node_id:
+                del self._kept[node_id]
+                super().dropNode(node)
 
     def _onNewIncomingConnection(self, conn: Any) -> None:
         if len(self._unknownConnections) >= MAX_UNIDENTIFIED_PEERS:
@@ -159,6 +190,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     def _onTick(self) -> None:
         super()._onTick()
         self._drop_silent_strangers()
+        self._settle_kept()
         server = self._server
         if self._ready and server is not None and server._TcpServer__state == SERVER_STATE.UNBINDED:
             # PySyncObj's listener unbinds itself on an accept error (EMFILE when the
