@@ -44,11 +44,16 @@ DEFAULT_ENDPOINTS = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
 
 class Duration(click.ParamType[float]):
     """A duration option: ``250ms``, ``30s``, ``5m``, ``1h`` or a plain number of
-    seconds (``1.5``); converts to float seconds. Anything else (a negative, ``inf``,
-    ``nan``, an unknown unit) is a usage error naming the value."""
+    seconds (``1.5``); converts to float seconds. Anything else (``inf``, ``nan``, an
+    unknown unit, and a negative unless ``negative``) is a usage error naming the
+    value. ``negative=True`` is for TTLs, whose range the node checks (a definite
+    ``INVALID_ARGUMENT``, exit 1, as before durations had units)."""
 
     name = "duration"
     UNITS: ClassVar[dict[str, float]] = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+    def __init__(self, negative: bool = False) -> None:
+        self.negative = negative
 
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
@@ -63,7 +68,7 @@ class Duration(click.ParamType[float]):
                 seconds = float(number) * self.UNITS.get(unit, 1.0)
             except ValueError:
                 seconds = math.nan
-        if not math.isfinite(seconds) or seconds < 0:
+        if not math.isfinite(seconds) or (seconds < 0 and not self.negative):
             self.fail(
                 f"{value!r} is not a duration: use a number of seconds or 250ms, 30s, 5m, 1h",
                 param,
@@ -73,6 +78,8 @@ class Duration(click.ParamType[float]):
 
 
 DURATION = Duration()
+#: A TTL: the node checks its range.
+TTL = Duration(negative=True)
 
 
 def _owner_option(func: Any) -> Any:
@@ -431,13 +438,20 @@ def _client(endpoints: Sequence[str] | str) -> BlockingClient:
     environment, never from the command line. (Under ``raftlease lock``,
     ``RAFTLEASE_TOKEN`` is the fencing token and the bearer token is in
     ``RAFTLEASE_AUTH_TOKEN``.)"""
+    token, tls = _credentials()
+    return Client(endpoints, token=token, tls=tls)
+
+
+def _credentials() -> tuple[str | None, str | bool | None]:
+    """(bearer token, tls) from the environment, as ``_client`` uses them (and
+    ``raftlease mcp``, which builds an asyncio client)."""
     if "RAFTLEASE_AUTH_TOKEN" in os.environ:
         token = os.environ["RAFTLEASE_AUTH_TOKEN"] or None
     else:
         token = os.environ.get("RAFTLEASE_TOKEN") or None
     ca_file = os.environ.get("RAFTLEASE_CA_FILE") or None
     tls: str | bool | None = ca_file or (os.environ.get("RAFTLEASE_TLS") == "1") or None
-    return Client(endpoints, token=token, tls=tls)
+    return token, tls
 
 
 def _safe(text: object) -> str:
@@ -498,7 +512,7 @@ def _holder_dict(holder: Holder) -> dict[str, Any]:
 @main.command()
 @click.argument("key")
 @_owner_option
-@click.option("--ttl", type=DURATION, required=True, help="Lease time to live (30s, 5m, 1.5).")
+@click.option("--ttl", type=TTL, required=True, help="Lease time to live (30s, 5m, 1.5).")
 @click.option(
     "--wait", type=DURATION, default=0.0, help="Wait in the key's queue up to this long (5m)."
 )
@@ -587,7 +601,7 @@ def _shell_lease(key: str, lease_id: str) -> Lease:
 @_lease_id_options[0]
 @_lease_id_options[1]
 @click.option(
-    "--ttl", type=DURATION, default=None, help="New TTL, e.g. 30s (default: keep the lease's)."
+    "--ttl", type=TTL, default=None, help="New TTL, e.g. 30s (default: keep the lease's)."
 )
 @_client_options
 def renew(
@@ -754,6 +768,7 @@ from . import (  # noqa: E402
     cli_member,  # noqa: F401
     cli_snapshot,  # noqa: F401
 )
+from . import cli_mcp  # noqa: E402,F401  (registers its commands)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

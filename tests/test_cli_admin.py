@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from raftlease import Client, Lease, LeaseHeldError, RaftLeaseError
-from raftlease.cli import DURATION, _parse_setting, main
+from raftlease.cli import DURATION, TTL, _parse_setting, main
 from raftlease.server.auth import token_digest
 from raftlease.testing import LocalCluster, wait_for
 from raftlease.testing.certs import secure_bundle
@@ -260,6 +260,14 @@ def test_durations_parse(text: str, seconds: float) -> None:
 def test_bad_durations_are_refused_with_a_clear_message(text: str) -> None:
     with pytest.raises(click.BadParameter, match="not a duration"):
         DURATION.convert(text, None, None)
+
+
+def test_a_negative_ttl_is_left_to_the_node() -> None:
+    # The node refuses it with a definite INVALID_ARGUMENT (tests/test_cli.py).
+    assert TTL.convert("-1", None, None) == -1.0
+    assert TTL.convert("-2m", None, None) == -120.0
+    with pytest.raises(click.BadParameter, match="not a duration"):
+        TTL.convert("-inf", None, None)
 
 
 def test_a_bad_duration_on_the_command_line_is_a_usage_error() -> None:
