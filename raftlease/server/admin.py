@@ -14,10 +14,10 @@ Routes (GET, or HEAD):
 
 Hostile input has definite answers: an unknown path 404, another method 405, a request
 line or header over 8 KiB, more than 64 headers, or any request body 400/413 (from
-aiohttp's parser) or a closed connection; a connection that has not sent a whole
-request within ``REQUEST_TIMEOUT`` seconds (a slow or stalled client) is closed, as is
-one idle for ``KEEPALIVE_TIMEOUT`` between requests; beyond ``MAX_CONNECTIONS`` open
-connections a new one is closed at once.
+aiohttp's parser) or a closed connection; a new connection that has not sent a whole
+request within ``REQUEST_TIMEOUT`` seconds (a slow or stalled client) is closed, and a
+keep-alive connection whose next request is not whole within ``KEEPALIVE_TIMEOUT``;
+beyond ``MAX_CONNECTIONS`` open connections a new one is closed at once.
 
 Protection follows the client port (config.py, docs/security.md): with
 ``tls_cert_file`` the endpoint serves HTTPS with the client port's certificate; with an
@@ -113,8 +113,13 @@ class _AdminServer(web.Server):
         self.disarm(handler)
         super().connection_lost(handler, exc)
 
-    def arm(self, handler: RequestHandler, transport: asyncio.Transport | None = None) -> None:
-        """Close the connection unless a request arrives whole within REQUEST_TIMEOUT."""
+    def arm(
+        self,
+        handler: RequestHandler,
+        transport: asyncio.Transport | None = None,
+        timeout: float = REQUEST_TIMEOUT,
+    ) -> None:
+        """Close the connection unless a whole request arrives within ``timeout``."""
         self.disarm(handler)
         transport = transport or handler.transport
         if transport is None or transport.is_closing():
@@ -122,10 +127,11 @@ class _AdminServer(web.Server):
 
         def expire() -> None:
             self.timers.pop(handler, None)
-            log.info("admin connection closed: no whole request within %.0f s", REQUEST_TIMEOUT)
+            # Debug only: scanners and idle keep-alive scrapers would fill the log.
+            log.debug("admin connection closed: no whole request within %.0f s", timeout)
             transport.abort()
 
-        self.timers[handler] = self._loop.call_later(REQUEST_TIMEOUT, expire)
+        self.timers[handler] = self._loop.call_later(timeout, expire)
 
     def disarm(self, handler: RequestHandler) -> None:
         timer = self.timers.pop(handler, None)
@@ -209,8 +215,10 @@ class AdminEndpoint:
             log.exception("admin request failed")
             return _json(500, {"error": "internal error"})
         finally:
+            # Between requests of a keep-alive connection: idle (or the next request
+            # arriving) for up to KEEPALIVE_TIMEOUT.
             if server is not None:
-                server.arm(handler)
+                server.arm(handler, timeout=KEEPALIVE_TIMEOUT)
 
     def _route(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
