@@ -100,51 +100,6 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         store._count(store.sessions_by, session.principal, 1)
     store._deadlines = [(r.expires_at, r.lease_id) for r in store.leases.values()]
     heapq.heapify(store._deadlines)
-
-
-def for_new_cluster(data: dict[str, Any], token_jump: int) -> dict[str, Any]:
-    """``to_plain`` output made the first state of a NEW cluster (a restore from a
-    backup; docs/disaster-recovery.md). Pure: returns a new map, ``data`` unchanged.
-
-    * Fencing tokens: the new cluster's first entry (term 1 > the term here, 0) jumps
-      the revision to the ceiling, which is set ``token_jump`` above the saved ceiling
-      (and above the revision plus the headroom of one request): the old cluster may
-      have handed out tokens up to its ceiling, and past it after reserving more,
-      after the backup was taken. Every new grant's token is above both.
-    * Leases keep their holder, lease id and token; each lease and lease session
-      gets its whole TTL again from the saved log time, which the new cluster's first
-      leader continues from: it expires one TTL after the new cluster's first entry,
-      never earlier than its holder (who could renew only before the old cluster was
-      lost) believes it holds. Attached leases follow their session. Queued acquires
-      keep what was left of their wait.
-    """
-    if token_jump < TOKEN_RESERVE_STEP:
-        raise ValueError(f"token_jump {token_jump} is below one step ({TOKEN_RESERVE_STEP})")
-    store = StoreState()
-    restore(store, dict(data))  # validates and upgrades the layout
-    plain = to_plain(store)
-    now = store.now
-    sessions = []
-    renewed: dict[str, int] = {}
-    for row in plain["lease_sessions"]:
-        row = list(row)
-        row[3] = now + row[2]  # expires_at = now + ttl_ms
-        renewed[row[0]] = row[3]
-        sessions.append(row)
-    leases = []
-    for row in plain["leases"]:
-        row = list(row)
-        session = row[9]
-        row[6] = renewed[session] if session else now + row[4]  # expires_at
-        leases.append(row)
-    floor = max(store.ceiling, store.revision + store.token_headroom())
-    return {
-        **plain,
-        "term": 0,
-        "ceiling": floor + token_jump,
-        "leases": leases,
-        "lease_sessions": sessions,
-    }
     if "tasks" in data:  # layouts before 5 had no task queues
         store.tasks = TaskQueues.from_plain(data["tasks"])
 
