@@ -114,9 +114,10 @@ POWER_LOSS_LEADER_WAIT = 15.0
 PROFILES = ("ci", "long", "smoke", "soak")
 DEFAULT_MINUTES = {"long": 10.0, "soak": 30.0}
 #: Seconds of random mix the ``ci`` profile adds after every kind alone (18 before
-#: ``membership`` joined the kinds: its 3 s hold, 2.5 s recovery and the heal's join
-#: are taken from the mix, so the profile's planned length stays about the same).
-CI_MIX = 12.0
+#: ``membership`` joined the kinds: its 3 s hold, 2.5 s recovery, the election before
+#: its removal and the join at its heal are taken from the mix, so the profile's run
+#: stays about as long).
+CI_MIX = 10.0
 #: ``membership``: how long the fault waits for a leader to remove the old member, and
 #: the heal for the replacement to be added (its catch-up included).
 MEMBERSHIP_CHANGE_WAIT = 20.0
