@@ -25,7 +25,9 @@ from raftlease import Client, PermissionDeniedError, UnauthenticatedError
 from raftlease.config import NodeAddress, NodeConfig
 from raftlease.core import LeaseStore
 from raftlease.core.snapshot import for_new_cluster
+from raftlease.errors import BadRequestError, InvalidArgumentError
 from raftlease.limits import TOKEN_RESERVE_STEP
+from raftlease.protocol import Limits, parse_request
 from raftlease.replication.backup import read_data_dir, write_seed_dump
 from raftlease.server.auth import token_digest
 from raftlease.server.backup import (
@@ -197,6 +199,25 @@ def test_the_offline_reader_reads_a_seeded_dump(tmp_path: Path) -> None:
     state = read_data_dir(tmp_path)
     assert (state.index, state.dump_index, state.replayed) == (77, 77, 0)
     assert state.store.to_plain() == store.to_plain()
+
+
+@pytest.mark.timeout(30)
+def test_snapshot_requests_are_validated_before_anything_runs() -> None:
+    limits = Limits()
+    assert parse_request({"id": 1, "op": "snapshot"}, limits).args == {}
+    args = parse_request({"id": 1, "op": "snapshot", "snapshot": "ab", "offset": 5}, limits).args
+    assert args == {"snapshot": "ab", "offset": 5}
+    for bad, error, text in (
+        ({"snapshot": "ab"}, BadRequestError, "'offset'"),
+        ({"snapshot": "ab", "offset": True}, BadRequestError, "'offset'"),
+        ({"snapshot": "ab", "offset": 1.5}, BadRequestError, "'offset'"),
+        ({"snapshot": "ab", "offset": -1}, InvalidArgumentError, "'offset'"),
+        ({"snapshot": "ab", "offset": 2**63}, InvalidArgumentError, "'offset'"),
+        ({"snapshot": ["ab"], "offset": 0}, BadRequestError, "'snapshot'"),
+        ({"snapshot": "x" * 129, "offset": 0}, InvalidArgumentError, "'snapshot'"),
+    ):
+        with pytest.raises(error, match=text):
+            parse_request({"id": 1, "op": "snapshot", **bad}, limits)
 
 
 # ------------------------------------------------- real node processes

@@ -412,9 +412,12 @@ class SnapshotExports:
             with contextlib.suppress(Exception):
                 await propose({"op": "tick"})
             try:
-                pid, index = await asyncio.wait_for(forked, 10.0)
+                pid, index = await asyncio.wait_for(asyncio.shield(forked), 10.0)
             except TimeoutError:
                 self._fork_request = None
+                # The tick thread may have taken the request just now: reap that child
+                # and remove its file when it reports.
+                forked.add_done_callback(lambda f: _abandon(loop, f, path))
                 raise UnavailableError(
                     "no entry was applied to take the snapshot at; retry"
                 ) from None
@@ -479,6 +482,22 @@ class SnapshotExports:
         """Remove export files a previous run left (a crash during an export)."""
         for path in self.data_dir.glob("snapshot-export-*.tmp"):
             path.unlink(missing_ok=True)
+
+
+def _abandon(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[tuple[int, int]], path: Path
+) -> None:
+    """Reap a child forked for an export that was given up, and remove its file."""
+    pid, _ = future.result()
+    if pid <= 0:
+        return
+
+    def reap() -> None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        path.unlink(missing_ok=True)
+
+    loop.run_in_executor(None, reap)
 
 
 def _resolve(future: asyncio.Future[tuple[int, int]], value: tuple[int, int]) -> None:
