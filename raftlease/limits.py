@@ -20,3 +20,25 @@ TOKEN_RESERVE_STEP = 1 << 24
 #: Most leases and queued acquires one lease session may carry (a keep-alive renews
 #: every attached lease in one entry).
 MAX_SESSION_LEASES = 10_000
+#: Leased task queues (core/queue.py): the largest payload and result (UTF-8 bytes of
+#: the JSON text the clients send), far below PySyncObj's 64 KiB ``transmission``
+#: threshold (docs/pysyncobj.md trap 5); the longest error text one failure records;
+#: the longest queue name (its watch keys are ``queue:<name>/<task id>``); the most
+#: attempts a task may be given; the longest delay, deadline, retry-after and
+#: retention (30 days); the most ``requires``/capability items and the size of one.
+MAX_TASK_PAYLOAD_BYTES = 16 * 1024
+MAX_TASK_RESULT_BYTES = 16 * 1024
+MAX_TASK_ERROR_BYTES = 2048
+MAX_QUEUE_NAME_BYTES = 256
+MAX_TASK_ATTEMPTS = 100
+MAX_TASK_DELAY_MS = 30 * 24 * 3600 * 1000
+MAX_TASK_BACKOFF_MS = 300_000
+MAX_TASK_REQUIRES = 16
+MAX_TASK_CAPABILITIES = 64
+MAX_TASK_CAP_BYTES = 128
+MAX_TASK_DEDUP_BYTES = 512
+#: Tasks one queue may hold (ready, delayed, claimed or dead; completed ones are
+#: bounded by their retention instead): the quota the node sends with each put.
+DEFAULT_QUEUE_TASKS = 250_000
+#: Most tasks one dead-letter read returns.
+MAX_DEAD_LIST = 10_000

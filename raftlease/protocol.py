@@ -27,7 +27,23 @@ from .errors import (
     InvalidArgumentError,
     RaftLeaseError,
 )
-from .limits import MAX_CAPACITY, MAX_ID_CHARS, MAX_VALUE_BYTES
+from .limits import (
+    MAX_CAPACITY,
+    MAX_DEAD_LIST,
+    MAX_ID_CHARS,
+    MAX_QUEUE_NAME_BYTES,
+    MAX_TASK_ATTEMPTS,
+    MAX_TASK_BACKOFF_MS,
+    MAX_TASK_CAP_BYTES,
+    MAX_TASK_CAPABILITIES,
+    MAX_TASK_DEDUP_BYTES,
+    MAX_TASK_DELAY_MS,
+    MAX_TASK_ERROR_BYTES,
+    MAX_TASK_PAYLOAD_BYTES,
+    MAX_TASK_REQUIRES,
+    MAX_TASK_RESULT_BYTES,
+    MAX_VALUE_BYTES,
+)
 
 HEADER = struct.Struct(">I")
 #: Default frame limit; servers take theirs from config.
@@ -54,6 +70,21 @@ OPS: dict[str, bool] = {
     "leases": False,
     "fence": False,
     "await_lease": False,
+    # Leased task queues (docs/queues.md): mutations, reads, and two long-polls.
+    "task_put": True,
+    "task_claim": True,
+    "task_claim_cancel": True,
+    "task_heartbeat": True,
+    "task_complete": True,
+    "task_fail": True,
+    "task_release": True,
+    "task_retry": True,
+    "task_purge": True,
+    "task_get": False,
+    "task_stats": False,
+    "task_dead": False,
+    "await_claim": False,
+    "await_task": False,
     "watch": False,
     "status": False,
     "ping": False,
@@ -296,6 +327,132 @@ def _acquire_args(message: dict[str, Any], limits: Limits, args: dict[str, Any])
         args["units"] = _int_field(message, "units", 1, args.get("capacity", 1))
 
 
+#: Task queue operations (``_task_args`` validates their fields).
+TASK_OPS = frozenset(
+    op for op in OPS if op.startswith("task_") or op in ("await_claim", "await_task")
+)
+#: Those naming a task (``task_id``), and those naming an attempt (``attempt_id``).
+_TASK_ID_OPS = frozenset(
+    {
+        "task_heartbeat",
+        "task_complete",
+        "task_fail",
+        "task_release",
+        "task_retry",
+        "task_purge",
+        "task_get",
+        "await_task",
+    }
+)
+_ATTEMPT_OPS = frozenset(
+    {
+        "task_heartbeat",
+        "task_complete",
+        "task_fail",
+        "task_release",
+        "task_claim_cancel",
+        "await_claim",
+    }
+)
+
+
+def _text_field(message: dict[str, Any], name: str, max_bytes: int) -> str:
+    """A string that may be empty (a payload, a result, an error text)."""
+    value = message.get(name)
+    if not isinstance(value, str):
+        raise BadRequestError(f"field {name!r} must be a string, not {type(value).__name__}")
+    size = _utf8_len(value, name)
+    if size > max_bytes:
+        raise InvalidArgumentError(f"field {name!r} is {size} bytes; the limit is {max_bytes}")
+    return value
+
+
+def _labels(message: dict[str, Any], name: str, most: int) -> dict[str, str]:
+    """A task's ``requires`` or a claim's ``capabilities``: names to string values."""
+    value = message.get(name)
+    if not isinstance(value, dict):
+        raise BadRequestError(f"field {name!r} must be a map, not {type(value).__name__}")
+    if len(value) > most:
+        raise InvalidArgumentError(f"field {name!r} has {len(value)} items; the limit is {most}")
+    for k, v in value.items():
+        if not isinstance(k, str) or not k or not isinstance(v, str):
+            raise BadRequestError(f"field {name!r} must map non-empty names to strings")
+        if _utf8_len(k, name) > MAX_TASK_CAP_BYTES or _utf8_len(v, name) > MAX_TASK_CAP_BYTES:
+            raise InvalidArgumentError(
+                f"field {name!r}: names and values are at most {MAX_TASK_CAP_BYTES} bytes"
+            )
+    return dict(value)
+
+
+def _task_args(op: str, message: dict[str, Any], limits: Limits, args: dict[str, Any]) -> None:
+    """The fields of a task queue operation, into the core's names and units
+    (seconds become integer milliseconds; ``task_id`` is ``tid``, ``attempt_id``
+    ``aid``, ``capabilities`` ``caps``, ``lease_ttl`` ``ttl``)."""
+    args["queue"] = _str_field(message, "queue", min(MAX_QUEUE_NAME_BYTES, limits.max_key_bytes))
+    if op in _TASK_ID_OPS:
+        args["tid"] = _str_field(message, "task_id", MAX_ID_CHARS)
+    if op in _ATTEMPT_OPS:
+        args["aid"] = _str_field(message, "attempt_id", MAX_ID_CHARS)
+    if op in ("await_claim", "await_task"):
+        args["timeout"] = _seconds_ms(message, "timeout", 0.0, 60.0) / 1000.0
+    given = {name for name, value in message.items() if value is not None}
+    if op == "task_put":
+        args["payload"] = _text_field(message, "payload", MAX_TASK_PAYLOAD_BYTES)
+        if "priority" in given:
+            args["priority"] = _int_field(message, "priority", -1000, 1000)
+        if "max_attempts" in given:
+            args["max_attempts"] = _int_field(message, "max_attempts", 1, MAX_TASK_ATTEMPTS)
+        if "dedup_key" in given:
+            args["dedup_key"] = _str_field(message, "dedup_key", MAX_TASK_DEDUP_BYTES)
+        if "requires" in given:
+            args["requires"] = _labels(message, "requires", MAX_TASK_REQUIRES)
+        days = MAX_TASK_DELAY_MS / 1000.0
+        for name, low, high in (
+            ("delay", 0.0, days),
+            ("deadline", 0.001, days),
+            ("retention", 0.0, days),
+            ("backoff", 0.0, MAX_TASK_BACKOFF_MS / 1000.0),
+        ):
+            if name in given:
+                args[name] = _seconds_ms(message, name, low, high)
+        for name, core in (("lease_ttl", "ttl"), ("progress_timeout", "progress_timeout")):
+            if name in given:
+                args[core] = _seconds_ms(message, name, limits.min_ttl, limits.max_ttl)
+    elif op == "task_claim":
+        args["worker"] = _str_field(message, "worker", limits.max_owner_bytes)
+        if "capabilities" in given:
+            args["caps"] = _labels(message, "capabilities", MAX_TASK_CAPABILITIES)
+        if "wait" in given:
+            args["wait"] = _seconds_ms(message, "wait", 0.0, limits.max_wait)
+        if "session" in given:
+            args["session"] = _str_field(message, "session", MAX_ID_CHARS)
+            if "lease_ttl" in given:
+                raise InvalidArgumentError(
+                    "give 'lease_ttl' or 'session', not both: an attached claim lives by "
+                    "its session"
+                )
+        elif "lease_ttl" in given:
+            args["ttl"] = _seconds_ms(message, "lease_ttl", limits.min_ttl, limits.max_ttl)
+    elif op == "task_heartbeat" and "progress" in given:
+        progress = message["progress"]
+        if isinstance(progress, bool) or not isinstance(progress, int | float):
+            raise BadRequestError("field 'progress' must be a number")
+        if not math.isfinite(progress) or abs(progress) > 2**62:
+            raise InvalidArgumentError("field 'progress' must be a finite number")
+        args["progress"] = progress
+    elif op == "task_complete" and "result" in given:
+        args["result"] = _text_field(message, "result", MAX_TASK_RESULT_BYTES)
+    elif op == "task_fail":
+        if "error" in given:
+            args["error"] = _text_field(message, "error", MAX_TASK_ERROR_BYTES)
+        if "retry_after" in given:
+            args["retry_after"] = _seconds_ms(
+                message, "retry_after", 0.0, MAX_TASK_DELAY_MS / 1000.0
+            )
+    elif op == "task_dead" and "limit" in given:
+        args["limit"] = _int_field(message, "limit", 1, MAX_DEAD_LIST)
+
+
 def parse_request(message: dict[str, Any], limits: Limits) -> Request:
     """Validate a decoded frame into a ``Request``.
 
@@ -341,6 +498,8 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
             args["lid"] = _str_field(message, "lease_id", MAX_ID_CHARS)
         if message.get("token") is not None:
             args["token"] = _int_field(message, "token", 1, 2**62)
+    if op in TASK_OPS:
+        _task_args(op, message, limits, args)
     if op == "auth":
         args["token"] = _str_field(message, "token", 1024)
     if op in ("holder", "leases", "fence", "waiters", "sessions"):

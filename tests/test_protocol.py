@@ -28,6 +28,7 @@ from raftlease.protocol import (
     HEADER,
     KEYED_OPS,
     OPS,
+    TASK_OPS,
     FrameDecoder,
     Limits,
     ProtocolError,
@@ -39,6 +40,7 @@ from raftlease.protocol import (
     parse_request,
     request_id,
 )
+from raftlease.protocol import _ATTEMPT_OPS, _TASK_ID_OPS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -373,6 +375,18 @@ def good(op: str) -> dict[str, Any]:
         base["token"] = 3
     if op == "await_lease":
         base["timeout"] = 1.0
+    if op in TASK_OPS:  # issue 12: task queues
+        base["queue"] = "q"
+        if op in _TASK_ID_OPS:
+            base["task_id"] = "T"
+        if op in _ATTEMPT_OPS:
+            base["attempt_id"] = "A"
+        if op == "task_put":
+            base["payload"] = "{}"
+        if op == "task_claim":
+            base["worker"] = "w"
+        if op in ("await_claim", "await_task"):
+            base["timeout"] = 1.0
     if OPS[op]:
         base.update(cid="c", seq=2, ack=1)
     return base
@@ -520,6 +534,54 @@ BAD_CASES += [
     ("waiters-limit-zero", "waiters", "limit", 0, InvalidArgumentError, "'limit'"),
     ("sessions-limit-str", "sessions", "limit", "5", BadRequestError, "'limit'"),
     ("sessions-mode", "sessions", "consistency", "eventual", InvalidArgumentError, "consistency"),
+]
+# Issue 12: task queues. Every task op names its queue; most a task or an attempt.
+for _op in sorted(TASK_OPS):
+    BAD_CASES += [
+        (f"{_op}-queue-missing", _op, "queue", MISSING, BadRequestError, "'queue'"),
+        (f"{_op}-queue-empty", _op, "queue", "", InvalidArgumentError, "'queue'"),
+        (f"{_op}-queue-long", _op, "queue", "q" * 300, InvalidArgumentError, "'queue'"),
+        (f"{_op}-queue-int", _op, "queue", 3, BadRequestError, "'queue'"),
+    ]
+    if _op in _TASK_ID_OPS:
+        BAD_CASES += [
+            (f"{_op}-tid-missing", _op, "task_id", MISSING, BadRequestError, "'task_id'"),
+            (f"{_op}-tid-long", _op, "task_id", "T" * 129, InvalidArgumentError, "'task_id'"),
+        ]
+    if _op in _ATTEMPT_OPS:
+        BAD_CASES += [
+            (f"{_op}-aid-missing", _op, "attempt_id", MISSING, BadRequestError, "'attempt_id'"),
+            (f"{_op}-aid-list", _op, "attempt_id", ["A"], BadRequestError, "'attempt_id'"),
+        ]
+for _op in ("await_claim", "await_task"):
+    BAD_CASES += [
+        (f"{_op}-timeout-missing", _op, "timeout", MISSING, BadRequestError, "'timeout'"),
+        (f"{_op}-timeout-huge", _op, "timeout", 1e9, InvalidArgumentError, "timeout"),
+    ]
+BAD_CASES += [
+    ("put-payload-missing", "task_put", "payload", MISSING, BadRequestError, "'payload'"),
+    ("put-payload-map", "task_put", "payload", {"a": 1}, BadRequestError, "'payload'"),
+    ("put-payload-big", "task_put", "payload", "x" * 20000, InvalidArgumentError, "'payload'"),
+    ("put-priority-huge", "task_put", "priority", 10**6, InvalidArgumentError, "'priority'"),
+    ("put-attempts-zero", "task_put", "max_attempts", 0, InvalidArgumentError, "'max_attempts'"),
+    ("put-attempts-huge", "task_put", "max_attempts", 10**4, InvalidArgumentError, "attempts"),
+    ("put-delay-negative", "task_put", "delay", -1, InvalidArgumentError, "delay"),
+    ("put-delay-years", "task_put", "delay", 1e9, InvalidArgumentError, "delay"),
+    ("put-ttl-tiny", "task_put", "lease_ttl", 0.001, InvalidArgumentError, "lease_ttl"),
+    ("put-ttl-nan", "task_put", "lease_ttl", math.nan, InvalidArgumentError, "lease_ttl"),
+    ("put-requires-list", "task_put", "requires", ["gpu"], BadRequestError, "'requires'"),
+    ("put-requires-int", "task_put", "requires", {"gpu": 1}, BadRequestError, "'requires'"),
+    ("put-dedup-empty", "task_put", "dedup_key", "", InvalidArgumentError, "'dedup_key'"),
+    ("claim-worker-missing", "task_claim", "worker", MISSING, BadRequestError, "'worker'"),
+    ("claim-worker-int", "task_claim", "worker", 9, BadRequestError, "'worker'"),
+    ("claim-wait-negative", "task_claim", "wait", -1, InvalidArgumentError, "wait"),
+    ("claim-caps-list", "task_claim", "capabilities", ["x"], BadRequestError, "capabilities"),
+    ("beat-progress-str", "task_heartbeat", "progress", "3", BadRequestError, "'progress'"),
+    ("beat-progress-inf", "task_heartbeat", "progress", math.inf, InvalidArgumentError, "progress"),
+    ("done-result-big", "task_complete", "result", "r" * 20000, InvalidArgumentError, "'result'"),
+    ("fail-error-int", "task_fail", "error", 5, BadRequestError, "'error'"),
+    ("fail-after-neg", "task_fail", "retry_after", -1, InvalidArgumentError, "retry_after"),
+    ("dead-limit-zero", "task_dead", "limit", 0, InvalidArgumentError, "'limit'"),
 ]
 for _op in sorted(op for op, mutating in OPS.items() if mutating):
     BAD_CASES += [

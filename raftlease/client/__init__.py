@@ -11,7 +11,9 @@ ground modules and msgpack; never pysyncobj or the server).
 
 from ..models import RW_CAPACITY, Attachable, Holder, Lease, Read, WatchEvent
 from .aio import DEFAULT_CLOCK_DRIFT, DEFAULT_MARGIN, AsyncClient
+from .aio_queue import AsyncQueue, AsyncTask, AttemptRecord, QueueStats, TaskInfo
 from .blocking import Client
+from .queue import Queue, Task
 from .transport import DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE
 
 __all__ = [
@@ -21,10 +23,17 @@ __all__ = [
     "DEFAULT_MARGIN",
     "RW_CAPACITY",
     "AsyncClient",
+    "AsyncQueue",
+    "AsyncTask",
     "Attachable",
+    "AttemptRecord",
     "Client",
     "Holder",
     "Lease",
+    "Queue",
+    "QueueStats",
     "Read",
+    "Task",
+    "TaskInfo",
     "WatchEvent",
 ]

@@ -46,6 +46,7 @@ from ..recipes.election import AsyncElection
 from ..recipes.locks import AsyncHeldLock
 from ..recipes.sessions import AsyncSession
 from ..recipes.shared import SharedKeyLocks
+from .aio_queue import AsyncQueue
 from .transport import DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE, Transport
 
 
@@ -380,6 +381,13 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         """Leader election on key ``name``: campaign, leader, observe, proclaim,
         resign. See ``raftlease.recipes.election``."""
         return AsyncElection(self, name)
+
+    def queue(self, name: str, **defaults: Any) -> AsyncQueue:
+        """The leased task queue ``name``: put, claim, tasks, wait_result, get, stats,
+        dead, retry, purge (``raftlease.client.aio_queue``, docs/queues.md).
+        ``defaults`` (lease_ttl, max_attempts, progress_timeout, retention, backoff)
+        apply to every put that does not set them."""
+        return AsyncQueue(self, name, **defaults)
 
     async def renew(
         self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None

@@ -18,6 +18,7 @@ from ..recipes.locks import HeldLock
 from ..recipes.sessions import Session
 from ..recipes.shared import SharedKeyLocks
 from .aio import AsyncClient
+from .queue import Queue
 
 T = TypeVar("T")
 
@@ -195,6 +196,10 @@ class Client(SharedKeyLocks[HeldLock]):
 
     def election(self, name: str) -> Election:
         return Election(self, name)
+
+    def queue(self, name: str, **defaults: Any) -> Queue:
+        """The leased task queue ``name`` (see ``AsyncClient.queue``), blocking."""
+        return Queue(self, self._async, name, **defaults)
 
     def renew(
         self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None

@@ -36,47 +36,52 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..limits import MAX_ID_CHARS, MAX_OWNER_BYTES, MAX_TTL_MS
+from ..limits import (
+    DEFAULT_QUEUE_TASKS,
+    MAX_DEAD_LIST,
+    MAX_ID_CHARS,
+    MAX_OWNER_BYTES,
+    MAX_QUEUE_NAME_BYTES,
+    MAX_TASK_ATTEMPTS,
+    MAX_TASK_BACKOFF_MS,
+    MAX_TASK_CAP_BYTES,
+    MAX_TASK_CAPABILITIES,
+    MAX_TASK_DEDUP_BYTES,
+    MAX_TASK_DELAY_MS,
+    MAX_TASK_ERROR_BYTES,
+    MAX_TASK_PAYLOAD_BYTES,
+    MAX_TASK_REQUIRES,
+    MAX_TASK_RESULT_BYTES,
+    MAX_TTL_MS,
+)
 from .checks import MAX_PRIORITY, TASK_MUTATING_OPS, utf8_size, valid_int, valid_str
 from .records import LeaseSession, Result, error
 
 # ---------------------------------------------------------------------- limits
 
-#: Largest payload and result (UTF-8 bytes of the JSON text the clients send). Far
-#: below PySyncObj's 64 KiB ``transmission`` threshold (docs/pysyncobj.md trap 5).
-MAX_PAYLOAD_BYTES = 16 * 1024
-MAX_RESULT_BYTES = 16 * 1024
-#: Largest error text one failure may record.
-MAX_ERROR_BYTES = 2048
-#: Longest queue name; its tasks' watch keys are ``queue:<name>/<task id>``.
-MAX_QUEUE_BYTES = 256
-#: Most attempts a task may be given before it is dead-lettered.
-MAX_ATTEMPTS = 100
-#: Most ``requires`` / capability items, and the longest name or value of one.
-MAX_REQUIRES = 16
-MAX_CAPABILITIES = 64
-MAX_CAP_BYTES = 128
-#: Longest delay, deadline, backoff and retention (30 days of log time).
-MAX_DELAY_MS = 30 * 24 * 3600 * 1000
-#: Longest dedup key.
-MAX_DEDUP_BYTES = 512
+#: The hard caps live in ``limits`` (the protocol enforces the same ones).
+MAX_PAYLOAD_BYTES = MAX_TASK_PAYLOAD_BYTES
+MAX_RESULT_BYTES = MAX_TASK_RESULT_BYTES
+MAX_ERROR_BYTES = MAX_TASK_ERROR_BYTES
+MAX_QUEUE_BYTES = MAX_QUEUE_NAME_BYTES
+MAX_ATTEMPTS = MAX_TASK_ATTEMPTS
+MAX_REQUIRES = MAX_TASK_REQUIRES
+MAX_CAPABILITIES = MAX_TASK_CAPABILITIES
+MAX_CAP_BYTES = MAX_TASK_CAP_BYTES
+MAX_DELAY_MS = MAX_TASK_DELAY_MS
+MAX_DEDUP_BYTES = MAX_TASK_DEDUP_BYTES
 #: Defaults of a put that does not say.
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_TASK_TTL_MS = 30_000
 DEFAULT_BACKOFF_MS = 1_000
 DEFAULT_RETENTION_MS = 3600 * 1000
 #: Exponential backoff never waits longer than this (before jitter).
-MAX_BACKOFF_MS = 300_000
-#: Tasks (not yet completed: ready, delayed, claimed, dead) one queue may hold, unless
-#: the entry's ``quota`` says fewer (the server sends its configured quota).
-DEFAULT_QUEUE_TASKS = 250_000
+MAX_BACKOFF_MS = MAX_TASK_BACKOFF_MS
 #: Waiting claims one queue may hold.
 MAX_WAITING_CLAIMS = 10_000
 #: Attempt history kept per task (newest): every counted attempt of a task fits,
 #: releases beyond it are forgotten first.
 MAX_HISTORY = 2 * MAX_ATTEMPTS
-#: Most tasks one ``task_dead`` read returns.
-MAX_DEAD_LIST = 10_000
 
 #: Task states.
 READY, DELAYED, CLAIMED, COMPLETED, DEAD = "ready", "delayed", "claimed", "completed", "dead"

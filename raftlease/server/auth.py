@@ -49,6 +49,24 @@ ADMIN_KEY_OPS = frozenset({"revoke"})
 SESSION_OPS = frozenset({"session_open", "session_keepalive", "session_close"})
 #: Cluster membership (docs/membership.md): need ``admin`` (on the whole key space).
 MEMBER_OPS = frozenset({"member_list", "member_add", "member_remove"})
+#: Task queues (docs/queues.md): read or write on the key ``queue:<name>`` (so a
+#: prefix ``queue:rollouts`` grants one queue, ``queue:`` every queue).
+QUEUE_READ_OPS = frozenset({"task_get", "task_stats", "task_dead", "await_task"})
+QUEUE_WRITE_OPS = frozenset(
+    {
+        "task_put",
+        "task_claim",
+        "task_claim_cancel",
+        "task_heartbeat",
+        "task_complete",
+        "task_fail",
+        "task_release",
+        "task_retry",
+        "task_purge",
+        "await_claim",
+    }
+)
+QUEUE_KEY_PREFIX = "queue:"
 #: Answered for anyone, authenticated or not (health checks, finding the leader).
 OPEN_OPS = frozenset({"status", "ping"})
 
@@ -121,6 +139,16 @@ class AuthPolicy:
             if not principal.allows("read", ""):
                 raise PermissionDeniedError(
                     f"{principal.name} may not list lease sessions (needs read on every key)"
+                )
+            return
+        if op in QUEUE_READ_OPS or op in QUEUE_WRITE_OPS:
+            action = "read" if op in QUEUE_READ_OPS else "write"
+            target = QUEUE_KEY_PREFIX + str(args["queue"])
+            if not principal.allows(action, target):
+                raise PermissionDeniedError(
+                    f"{principal.name} may not {action} queue {args['queue']!r} ({op}; "
+                    f"needs {action} on {target!r})",
+                    {"principal": principal.name, "action": action, "key": target},
                 )
             return
         if op in READ_OPS or op in WRITE_OPS or op in ADMIN_KEY_OPS:

@@ -63,6 +63,7 @@ from .log_clock import LogClock
 from .metrics import NodeMetrics, NodeView
 from .proposer import Proposer
 from .restart import LastStop, mark_running, mark_stopped
+from .tasks import TaskWaits
 from .watch import WatchHub
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ class ServerHooks:
     restart_wait: bool = True
 
 
-class NodeServer:
+class NodeServer(TaskWaits):
     """Serves clients for one node. ``run()`` blocks until ``stop()`` or a signal."""
 
     def __init__(self, config: NodeConfig, hooks: ServerHooks | None = None) -> None:
@@ -537,6 +538,8 @@ class NodeServer:
             return self.status()
         if request.op == "await_lease":
             return await self._await_lease(request)
+        if request.op in ("await_claim", "await_task"):
+            return await self.await_task_op(request)  # server/tasks.py
         if request.op == "snapshot":
             return await self._snapshot(request)
         if request.op == "member_list":
@@ -579,6 +582,8 @@ class NodeServer:
             entry["new_lid"] = secrets.token_hex(16)
         elif request.op == "session_open":
             entry["sid"] = secrets.token_hex(16)
+        else:
+            self.draw_task_ids(request.op, entry)  # task and attempt ids, queue quota
         result = await self.propose(entry)
         if not result.get("ok"):
             code = str(result.get("code", "INTERNAL"))
@@ -637,6 +642,7 @@ class NodeServer:
                     lid = event.get("lease_id")
                     if lid in self._awaiting and event["type"] in ("grant", "dequeue"):
                         loop.call_soon_threadsafe(self._wake, lid)
+            self.wake_tasks(events, loop)  # claims granted, tasks finished
 
     async def propose(self, entry: dict[str, Any]) -> Result:
         """Replicate ``entry`` (batched with others of this event-loop turn, see

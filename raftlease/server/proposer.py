@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -94,13 +95,17 @@ class Proposer:
         # does a reserve: they reach stable storage in either durability mode.
         new_term = replica.store.term < term
         for chunk in split_batches(pending, lambda item: _text_bytes(item[0])):
+            # The entry's randomness, drawn here like its time stamp: the source of
+            # the task queues' backoff jitter (core/queue.py).
+            seed = secrets.randbits(32)
             if len(chunk) == 1:
-                body: dict[str, Any] = {**chunk[0][0], "term": term, "now": now}
+                body: dict[str, Any] = {**chunk[0][0], "term": term, "now": now, "seed": seed}
             else:
                 body = {
                     "op": "batch",
                     "term": term,
                     "now": now,
+                    "seed": seed,
                     "entries": [entry for entry, _ in chunk],
                 }
             if new_term or any(entry.get("op") == "reserve" for entry, _ in chunk):

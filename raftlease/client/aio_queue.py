@@ -1,0 +1,569 @@
+"""Leased task queues on the asyncio client: ``AsyncQueue`` and ``AsyncTask``
+(``AsyncClient.queue(name)``), and the value types both clients return.
+
+A task is handed to one worker at a time. Each hand-over (*attempt*) has its own
+attempt id (``task.lease_id``: the secret that proves it, never shown to anyone else)
+and fencing token (``task.token``: the store revision of the claim, strictly
+increasing per task). A completion, failure, release or heartbeat from an attempt that
+is no longer current raises ``StaleAttemptError`` (definite: nothing was applied), and
+exactly one completion per task is ever accepted. docs/queues.md has the semantics.
+
+Payloads and results are JSON values (sent as JSON text, at most 16 KiB each).
+Cancelling a call leaves its outcome unknown, exactly like a timeout; a cancelled
+blocking claim is withdrawn (best effort; a task granted meanwhile is given back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import (
+    InvalidArgumentError,
+    RaftLeaseError,
+    StaleAttemptError,
+    TaskDeadError,
+    TaskNotFoundError,
+    TimeoutError_,
+)
+from ..models import Attachable
+from ..recipes.keepalive import KeepAliveState, LostCallback
+
+#: What a context-managed task does when its block ends without an exception and
+#: without the task having been completed, failed or released.
+ON_EXIT = ("release", "complete")
+
+
+class TaskCaller(Protocol):
+    """What the queue needs of the client (``AsyncClient`` is one)."""
+
+    @property
+    def attempt_timeout(self) -> float: ...
+
+    async def call(
+        self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None = None
+    ) -> dict[str, Any]: ...
+
+    def valid_until(self, sent: float, seconds: float) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One past attempt of a task. ``outcome``: completed, failed, expired (no
+    heartbeat within its TTL), stalled (no progress within ``progress_timeout``),
+    released, session (its lease session ended) or deadline. Times are log-time
+    milliseconds."""
+
+    number: int
+    worker: str
+    token: int
+    started_at: int
+    ended_at: int
+    outcome: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    """A task as ``get`` and ``dead`` show it (never an attempt id). ``status``:
+    ready, delayed, claimed, completed or dead. ``attempts``: claims so far;
+    ``failures``: the attempts counted against ``max_attempts``. ``worker``, ``token``
+    and ``progress`` describe the current attempt while claimed."""
+
+    task_id: str
+    queue: str
+    status: str
+    payload: Any
+    priority: int
+    requires: dict[str, str]
+    attempts: int
+    failures: int
+    max_attempts: int
+    history: tuple[AttemptRecord, ...]
+    result: Any = None
+    dead_reason: str = ""
+    dedup_key: str = ""
+    worker: str | None = None
+    token: int | None = None
+    progress: float | None = None
+
+    @property
+    def errors(self) -> list[str]:
+        """The error of every counted attempt, oldest first."""
+        return [a.error for a in self.history if a.outcome not in ("completed", "released")]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Counts of one queue. ``oldest_ready_age``: seconds (log time) the oldest ready
+    task has waited since its put, None when none is ready; ``attempts``: claims ever
+    granted in the queue."""
+
+    queue: str
+    ready: int
+    delayed: int
+    claimed: int
+    dead: int
+    completed: int
+    waiting_claims: int
+    attempts: int
+    oldest_ready_age: float | None
+
+
+def encode_json(value: Any, what: str) -> str:
+    """JSON text of ``value``; raises ``InvalidArgumentError`` if it has none."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"the {what} must be a JSON value: {exc}") from None
+
+
+def decode_json(text: Any) -> Any:
+    """The value of JSON text the clients wrote; other text (written by another tool)
+    is returned as it is."""
+    if not isinstance(text, str) or not text:
+        return None if text in (None, "") else text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def task_info(data: dict[str, Any]) -> TaskInfo:
+    return TaskInfo(
+        task_id=str(data["tid"]),
+        queue=str(data["queue"]),
+        status=str(data["status"]),
+        payload=decode_json(data.get("payload")),
+        priority=int(data.get("priority", 0)),
+        requires=dict(data.get("requires", {})),
+        attempts=int(data.get("attempts", 0)),
+        failures=int(data.get("failures", 0)),
+        max_attempts=int(data.get("max_attempts", 0)),
+        history=tuple(AttemptRecord(*row) for row in data.get("history", [])),
+        result=decode_json(data.get("result")),
+        dead_reason=str(data.get("dead_reason", "")),
+        dedup_key=str(data.get("dedup_key", "")),
+        worker=data.get("worker"),
+        token=data.get("token"),
+        progress=data.get("progress"),
+    )
+
+
+def queue_stats(data: dict[str, Any]) -> QueueStats:
+    age = data.get("oldest_ready_age")
+    return QueueStats(
+        queue=str(data["queue"]),
+        ready=int(data["ready"]),
+        delayed=int(data["delayed"]),
+        claimed=int(data["claimed"]),
+        dead=int(data["dead"]),
+        completed=int(data["completed"]),
+        waiting_claims=int(data["waiting_claims"]),
+        attempts=int(data["attempts"]),
+        oldest_ready_age=None if age is None else age / 1000.0,
+    )
+
+
+class AsyncTask:
+    """One claimed attempt of a task. ``payload`` (the JSON value put), ``token``
+    (the attempt's fencing token: hand it to whatever the work writes to),
+    ``lease_id`` (the attempt id; secret), ``attempt`` (1 for the first claim),
+    ``valid_until`` (this process's ``time.monotonic()``: the attempt is trusted until
+    then, counted from the claim's send like a lease).
+
+    ``async with task:`` heartbeats every ``ttl / 3`` in an asyncio task; an exception
+    out of the block fails the attempt (its text is the error), a block that ends
+    without completing, failing or releasing does ``on_exit`` ("release" or
+    "complete"). ``lost`` is set (and ``on_lost`` called) when the attempt is gone:
+    stop the work, its results would be refused.
+    """
+
+    def __init__(
+        self,
+        client: TaskCaller,
+        result: dict[str, Any],
+        sent: float,
+        *,
+        remaining: float | None = None,
+        on_exit: str = "release",
+        on_lost: LostCallback | None = None,
+    ) -> None:
+        self._client = client
+        self.queue: str = result["queue"]
+        self.task_id: str = result["tid"]
+        self.lease_id: str = result["aid"]
+        self.payload: Any = decode_json(result.get("payload"))
+        self.token = int(result["token"])
+        self.attempt = int(result["attempt"])
+        self.worker = str(result["worker"])
+        self.ttl = int(result["ttl"]) / 1000.0
+        self.session = str(result.get("session", ""))
+        self.on_exit = on_exit
+        self.keep = KeepAliveState(
+            f"task {self.task_id} attempt {self.attempt}", self.ttl, noun="attempt", on_lost=on_lost
+        )
+        self.lost = asyncio.Event()
+        #: "completed", "failed" or "released" once this client ended the attempt.
+        self.finished: str | None = None
+        self._keep_alive: asyncio.Task[None] | None = None
+        self._set_validity(result, sent, remaining)
+
+    def _set_validity(
+        self, result: dict[str, Any], sent: float, remaining: float | None = None
+    ) -> None:
+        if remaining is None:
+            remaining = (int(result["expires_at"]) - int(result["now"])) / 1000.0
+        self.keep.renewed(self._client.valid_until(sent, min(self.ttl, remaining)))
+
+    @property
+    def valid_until(self) -> float:
+        return self.keep.valid_until
+
+    @property
+    def valid(self) -> bool:
+        return self.keep.valid and self.finished is None
+
+    @property
+    def remaining(self) -> float:
+        return self.keep.remaining
+
+    def _ids(self) -> dict[str, Any]:
+        return {"queue": self.queue, "task_id": self.task_id, "attempt_id": self.lease_id}
+
+    async def _ended(self, op: str, args: dict[str, Any], how: str, timeout: float | None) -> None:
+        try:
+            await self._client.call(op, {**self._ids(), **args}, mutating=True, timeout=timeout)
+        except (StaleAttemptError, TaskNotFoundError) as exc:
+            self._gone(exc)
+            raise
+        self.finished = how
+        await self._stop()
+
+    def _gone(self, exc: RaftLeaseError) -> None:
+        self.keep.gone = True
+        self.keep.lose(f"the cluster no longer has this attempt: {exc}")
+        self.lost.set()
+
+    async def heartbeat(
+        self, progress: float | None = None, *, timeout: float | None = None
+    ) -> None:
+        """Extend the attempt by its TTL and record ``progress`` (a number; with a
+        ``progress_timeout``, only heartbeats within that long of the last increase
+        extend). Raises ``StaleAttemptError`` once the attempt is not current."""
+        sent = time.monotonic()
+        args: dict[str, Any] = self._ids()
+        if progress is not None:
+            args["progress"] = progress
+        try:
+            result = await self._client.call("task_heartbeat", args, mutating=True, timeout=timeout)
+        except (StaleAttemptError, TaskNotFoundError) as exc:
+            self._gone(exc)
+            raise
+        self._set_validity(result, sent)
+
+    async def complete(self, result: Any = None, *, timeout: float | None = None) -> None:
+        """Finish the task with ``result`` (a JSON value; the producer's
+        ``wait_result`` returns it). Raises ``StaleAttemptError`` if this attempt is
+        no longer current (another attempt, or nobody, may complete it)."""
+        await self._ended(
+            "task_complete", {"result": encode_json(result, "result")}, "completed", timeout
+        )
+
+    async def fail(
+        self, error: str = "", *, retry_after: float | None = None, timeout: float | None = None
+    ) -> None:
+        """Count this attempt as failed with ``error``: the task is retried after an
+        exponential backoff with jitter (or after ``retry_after`` seconds), or
+        dead-lettered once it used all its attempts."""
+        args: dict[str, Any] = {"error": str(error)[:2000]}
+        if retry_after is not None:
+            args["retry_after"] = retry_after
+        await self._ended("task_fail", args, "failed", timeout)
+
+    async def release(self, *, timeout: float | None = None) -> None:
+        """Give the task back at once, not counted as an attempt."""
+        await self._ended("task_release", {}, "released", timeout)
+
+    async def _renew(self, timeout: float) -> None:
+        await self.heartbeat(timeout=timeout)
+
+    async def _stop(self) -> None:
+        task, self._keep_alive = self._keep_alive, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def __aenter__(self) -> AsyncTask:
+        if not self.session:  # an attached attempt lives by its session's keep-alive
+            beats = self.keep.keep_alive_task(self._renew, self.lost)
+            self._keep_alive = asyncio.create_task(beats)
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        await self._stop()
+        if self.finished is not None or self.lost.is_set():
+            return
+        with contextlib.suppress(RaftLeaseError):
+            if exc is not None:
+                await self.fail(f"{type(exc).__name__}: {exc}", timeout=5.0)
+            elif self.on_exit == "complete":
+                await self.complete(None, timeout=5.0)
+            else:
+                await self.release(timeout=5.0)
+
+
+class AsyncQueue:
+    """A named task queue on an ``AsyncClient`` (``client.queue(name)``). The keyword
+    defaults given here apply to every ``put`` that does not set them (``lease_ttl``,
+    ``max_attempts``, ``progress_timeout``, ``retention``, ``backoff``, in seconds
+    where they are times)."""
+
+    def __init__(self, client: TaskCaller, name: str, **defaults: Any) -> None:
+        unknown = set(defaults) - {
+            "lease_ttl",
+            "max_attempts",
+            "progress_timeout",
+            "retention",
+            "backoff",
+        }
+        if unknown:
+            raise InvalidArgumentError(f"unknown queue defaults: {sorted(unknown)}")
+        if not name:
+            raise InvalidArgumentError("a queue needs a name")
+        self.client = client
+        self.name = name
+        self.defaults = {k: v for k, v in defaults.items() if v is not None}
+
+    async def put(
+        self,
+        payload: Any,
+        *,
+        priority: int = 0,
+        delay: float = 0.0,
+        not_before: float | None = None,
+        dedup_key: str | None = None,
+        max_attempts: int | None = None,
+        lease_ttl: float | None = None,
+        progress_timeout: float | None = None,
+        requires: Mapping[str, str] | None = None,
+        deadline: float | None = None,
+        retention: float | None = None,
+        backoff: float | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Put a task; returns its id. A put with the ``dedup_key`` of a task still
+        kept returns that task's id instead (and puts nothing).
+
+        ``priority`` (-1000..1000, higher first); ``delay`` seconds, or
+        ``not_before`` (a ``time.time()`` on this machine's wall clock, turned into a
+        delay when the call is made); ``max_attempts`` (1..100, default 3);
+        ``lease_ttl`` of each attempt (default 30 s); ``progress_timeout``;
+        ``requires`` capabilities a worker must offer; ``deadline`` seconds after
+        which it is dead-lettered; ``retention`` seconds a finished task and its
+        result are kept (default 3600); ``backoff`` the first retry's base delay
+        (default 1 s; it doubles per failure, up to 300 s, with jitter). Raises
+        ``QuotaExceededError`` when the queue is full, ``InvalidArgumentError``."""
+        if not_before is not None:
+            delay = max(delay, not_before - time.time())
+        args: dict[str, Any] = {
+            "queue": self.name,
+            "payload": encode_json(payload, "payload"),
+            **self.defaults,
+        }
+        optional = {
+            "priority": priority or None,
+            "delay": delay if delay > 0 else None,
+            "dedup_key": dedup_key,
+            "max_attempts": max_attempts,
+            "lease_ttl": lease_ttl,
+            "progress_timeout": progress_timeout,
+            "requires": dict(requires) if requires else None,
+            "deadline": deadline,
+            "retention": retention,
+            "backoff": backoff,
+        }
+        args.update({k: v for k, v in optional.items() if v is not None})
+        result = await self.client.call("task_put", args, mutating=True, timeout=timeout)
+        return str(result["tid"])
+
+    async def claim(
+        self,
+        *,
+        worker: str | None = None,
+        wait: float = 0.0,
+        lease_ttl: float | None = None,
+        capabilities: Mapping[str, str] | None = None,
+        session: Attachable | None = None,
+        on_exit: str = "release",
+        on_lost: LostCallback | None = None,
+        timeout: float | None = None,
+    ) -> AsyncTask | None:
+        """One task for ``worker``, or None when none is ready (after waiting up to
+        ``wait`` seconds: the claim waits in the replicated state and is handed the
+        first task it can take, no polling). Highest priority first, FIFO within;
+        only tasks whose ``requires`` the ``capabilities`` satisfy. ``lease_ttl``
+        overrides the task's; ``session`` attaches the attempt to a lease session (it
+        then ends with the session; ``worker`` defaults to the session's owner).
+        ``on_exit``: see ``AsyncTask``."""
+        if on_exit not in ON_EXIT:
+            raise InvalidArgumentError(f"on_exit must be one of {list(ON_EXIT)}")
+        if session is not None:
+            if lease_ttl is not None:
+                raise InvalidArgumentError("give lease_ttl or session, not both")
+            worker = worker or session.owner
+        if not worker:
+            raise InvalidArgumentError("worker is required")
+        args: dict[str, Any] = {"queue": self.name, "worker": worker}
+        if wait > 0:
+            args["wait"] = wait
+        if lease_ttl is not None:
+            args["lease_ttl"] = lease_ttl
+        if capabilities:
+            args["capabilities"] = dict(capabilities)
+        if session is not None:
+            args["session"] = session.session_id
+        sent = time.monotonic()
+        result = await self.client.call("task_claim", args, mutating=True, timeout=timeout)
+        if result.get("claimed"):
+            return AsyncTask(self.client, result, sent, on_exit=on_exit, on_lost=on_lost)
+        if not result.get("queued"):
+            return None
+        return await self._await_claim(str(result["aid"]), sent + wait, on_exit, on_lost)
+
+    async def _await_claim(
+        self, aid: str, until: float, on_exit: str, on_lost: LostCallback | None
+    ) -> AsyncTask | None:
+        """Long-poll the leader until our waiting claim is granted or gone; withdraw
+        it on the way out unless granted (a task granted meanwhile is given back)."""
+        granted = False
+        try:
+            while (left := until - time.monotonic()) > 0:
+                sent = time.monotonic()
+                # The server holds a poll at most half an attempt, so a poll that
+                # simply waits is never mistaken for a dead node.
+                hold = min(left, self.client.attempt_timeout / 2)
+                status = await self.client.call(
+                    "await_claim",
+                    {"queue": self.name, "attempt_id": aid, "timeout": hold},
+                    mutating=False,
+                    timeout=hold + self.client.attempt_timeout,
+                )
+                if status["state"] == "claimed":
+                    remaining = (status["expires_at"] - status["now"]) / 1000.0
+                    granted = True
+                    return AsyncTask(
+                        self.client,
+                        status,
+                        sent,
+                        remaining=remaining,
+                        on_exit=on_exit,
+                        on_lost=on_lost,
+                    )
+                if status["state"] == "gone":
+                    break
+        finally:
+            if not granted:
+                with contextlib.suppress(RaftLeaseError):
+                    await self.client.call(
+                        "task_claim_cancel",
+                        {"queue": self.name, "attempt_id": aid},
+                        mutating=True,
+                        timeout=5.0,
+                    )
+        return None
+
+    async def tasks(
+        self,
+        *,
+        worker: str | None = None,
+        wait: float = 30.0,
+        lease_ttl: float | None = None,
+        capabilities: Mapping[str, str] | None = None,
+        session: Attachable | None = None,
+        on_exit: str = "release",
+    ) -> AsyncIterator[AsyncTask]:
+        """Claim tasks one after another (``async for task in q.tasks(worker=...)``);
+        ends when no task came within ``wait`` seconds. Enter each task (``async
+        with task:``) to heartbeat it and end it on the way out."""
+        while True:
+            task = await self.claim(
+                worker=worker,
+                wait=wait,
+                lease_ttl=lease_ttl,
+                capabilities=capabilities,
+                session=session,
+                on_exit=on_exit,
+            )
+            if task is None:
+                return
+            yield task
+
+    async def wait_result(self, task_id: str, *, timeout: float = 300.0) -> Any:
+        """Block until the task is completed and return its result (the accepted
+        completion's; exactly one is ever accepted). Raises ``TaskDeadError`` if it
+        was dead-lettered (``detail['task']``), ``TaskNotFoundError`` if unknown, and
+        ``TimeoutError_`` if it did not finish within ``timeout`` seconds."""
+        until = time.monotonic() + timeout
+        while True:
+            left = until - time.monotonic()
+            hold = max(0.0, min(left, self.client.attempt_timeout / 2))
+            status = await self.client.call(
+                "await_task",
+                {"queue": self.name, "task_id": task_id, "timeout": hold},
+                mutating=False,
+                timeout=hold + self.client.attempt_timeout,
+            )
+            data = status["task"]
+            if data["status"] == "completed":
+                return decode_json(data.get("result"))
+            if data["status"] == "dead":
+                raise TaskDeadError(
+                    f"task {task_id!r} was dead-lettered: {data.get('dead_reason', '')}",
+                    {"task": data},
+                )
+            if left <= 0:
+                raise TimeoutError_(
+                    f"task {task_id!r} did not finish within {timeout} s (it is {data['status']})",
+                    {"task": data},
+                )
+
+    async def get(self, task_id: str, *, timeout: float | None = None) -> TaskInfo:
+        """The task's state (through the log). Raises ``TaskNotFoundError``."""
+        result = await self.client.call(
+            "task_get", {"queue": self.name, "task_id": task_id}, mutating=False, timeout=timeout
+        )
+        return task_info(result["task"])
+
+    async def stats(self, *, timeout: float | None = None) -> QueueStats:
+        """Counts of the queue (through the log)."""
+        result = await self.client.call(
+            "task_stats", {"queue": self.name}, mutating=False, timeout=timeout
+        )
+        return queue_stats(result["stats"])
+
+    async def dead(self, *, limit: int = 100, timeout: float | None = None) -> list[TaskInfo]:
+        """The dead-letter list, oldest death first, with every attempt's error."""
+        result = await self.client.call(
+            "task_dead", {"queue": self.name, "limit": limit}, mutating=False, timeout=timeout
+        )
+        return [task_info(item) for item in result["dead"]]
+
+    async def retry(self, task_id: str, *, timeout: float | None = None) -> None:
+        """Put a dead task back (ready now, a fresh attempt budget, no deadline).
+        Raises ``InvalidArgumentError`` if it is not dead."""
+        await self.client.call(
+            "task_retry", {"queue": self.name, "task_id": task_id}, mutating=True, timeout=timeout
+        )
+
+    async def purge(self, task_id: str, *, timeout: float | None = None) -> None:
+        """Forget a dead or completed task now (its dedup key is free again)."""
+        await self.client.call(
+            "task_purge", {"queue": self.name, "task_id": task_id}, mutating=True, timeout=timeout
+        )

@@ -1,0 +1,260 @@
+"""Leased task queues on the blocking client: ``Queue`` and ``Task``
+(``Client.queue(name)``), facades over ``AsyncQueue``/``AsyncTask`` run on the
+client's event-loop thread. Thread-safe like ``Client``; calls block the calling
+thread up to their deadline and raise what the async call raises.
+
+    q = c.queue("rollouts")
+    tid = q.put({"env": "cartpole", "seed": 7}, priority=5, dedup_key="cartpole-7")
+    for task in q.tasks(worker="w-17", wait=30.0):   # ends when none came within wait
+        with task:                                   # heartbeats every ttl/3
+            out = run(task.payload, fencing_token=task.token)
+            task.complete(result=out)                # StaleAttemptError if not current
+    result = q.wait_result(tid, timeout=300)
+
+docs/queues.md has the semantics and the safety argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+from ..errors import RaftLeaseError
+from ..models import Attachable, BlockingPortal
+from ..recipes.keepalive import LostCallback
+from .aio_queue import AsyncQueue, AsyncTask, QueueStats, TaskCaller, TaskInfo
+
+
+class PortalClient(Protocol):
+    """What the blocking queue needs of the client (``Client`` is one)."""
+
+    @property
+    def portal(self) -> BlockingPortal: ...
+
+
+class Task:
+    """One claimed attempt (see ``AsyncTask`` for every field: ``payload``,
+    ``token``, ``lease_id``, ``attempt``, ``valid_until``...).
+
+    ``with task:`` heartbeats every ``ttl / 3`` from a daemon thread; an exception out
+    of the block fails the attempt, a block that ends without completing, failing or
+    releasing does ``on_exit`` ("release" or "complete"). ``lost`` (a
+    ``threading.Event``) is set, and ``on_lost`` called, once the attempt is gone."""
+
+    def __init__(self, portal: BlockingPortal, task: AsyncTask) -> None:
+        self._portal = portal
+        self.aio = task
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def payload(self) -> Any:
+        """The task's payload (the JSON value put)."""
+        return self.aio.payload
+
+    @property
+    def token(self) -> int:
+        """The attempt's fencing token (strictly increasing per task)."""
+        return self.aio.token
+
+    @property
+    def lease_id(self) -> str:
+        """The attempt id: the secret that proves this attempt."""
+        return self.aio.lease_id
+
+    @property
+    def attempt(self) -> int:
+        """1 for the task's first claim, 2 for the next..."""
+        return self.aio.attempt
+
+    @property
+    def task_id(self) -> str:
+        return self.aio.task_id
+
+    @property
+    def queue(self) -> str:
+        return self.aio.queue
+
+    @property
+    def worker(self) -> str:
+        return self.aio.worker
+
+    @property
+    def ttl(self) -> float:
+        """Seconds each heartbeat extends the attempt by."""
+        return self.aio.ttl
+
+    @property
+    def session(self) -> str:
+        """The lease session it is attached to, "" for none."""
+        return self.aio.session
+
+    @property
+    def finished(self) -> str | None:
+        """completed, failed or released once this client ended it."""
+        return self.aio.finished
+
+    @property
+    def valid(self) -> bool:
+        return self.aio.valid
+
+    @property
+    def valid_until(self) -> float:
+        """On ``time.monotonic()``."""
+        return self.aio.valid_until
+
+    @property
+    def remaining(self) -> float:
+        return self.aio.remaining
+
+    def __repr__(self) -> str:
+        return f"Task({self.aio.queue!r}, {self.aio.task_id!r}, attempt={self.aio.attempt})"
+
+    def _lost_check(self) -> None:
+        if self.aio.lost.is_set():
+            self.lost.set()
+
+    def heartbeat(self, progress: float | None = None, *, timeout: float | None = None) -> None:
+        """As ``AsyncTask.heartbeat`` (raises ``StaleAttemptError``)."""
+        try:
+            self._portal.run(self.aio.heartbeat(progress, timeout=timeout))
+        finally:
+            self._lost_check()
+
+    def complete(self, result: Any = None, *, timeout: float | None = None) -> None:
+        """As ``AsyncTask.complete`` (raises ``StaleAttemptError``)."""
+        try:
+            self._portal.run(self.aio.complete(result, timeout=timeout))
+        finally:
+            self._lost_check()
+
+    def fail(
+        self, error: str = "", *, retry_after: float | None = None, timeout: float | None = None
+    ) -> None:
+        """As ``AsyncTask.fail``."""
+        try:
+            self._portal.run(self.aio.fail(error, retry_after=retry_after, timeout=timeout))
+        finally:
+            self._lost_check()
+
+    def release(self, *, timeout: float | None = None) -> None:
+        """As ``AsyncTask.release``."""
+        try:
+            self._portal.run(self.aio.release(timeout=timeout))
+        finally:
+            self._lost_check()
+
+    def _renew(self, timeout: float) -> None:
+        self.heartbeat(timeout=timeout)
+
+    def __enter__(self) -> Task:
+        if not self.aio.session:
+            self._thread = threading.Thread(
+                target=self.aio.keep.keep_alive_thread,
+                args=(self._renew, self._stop, self.lost),
+                name=f"raftlease-task-{self.aio.task_id}",
+                daemon=True,
+            )
+            self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.aio.keep.interval() + 10)
+        if self.aio.finished is not None or self.lost.is_set() or self.aio.lost.is_set():
+            return
+        with contextlib.suppress(RaftLeaseError):
+            if exc is not None:
+                self.fail(f"{type(exc).__name__}: {exc}", timeout=5.0)
+            elif self.aio.on_exit == "complete":
+                self.complete(None, timeout=5.0)
+            else:
+                self.release(timeout=5.0)
+
+
+class Queue:
+    """A named task queue on a blocking ``Client`` (``client.queue(name, **defaults)``);
+    the same methods as ``AsyncQueue``, blocking."""
+
+    def __init__(self, client: PortalClient, aio: TaskCaller, name: str, **defaults: Any) -> None:
+        self._portal = client.portal
+        self.aio = AsyncQueue(aio, name, **defaults)
+        self.name = name
+
+    def put(self, payload: Any, **options: Any) -> str:
+        """As ``AsyncQueue.put``: the task id."""
+        return self._portal.run(self.aio.put(payload, **options))
+
+    def claim(
+        self,
+        *,
+        worker: str | None = None,
+        wait: float = 0.0,
+        lease_ttl: float | None = None,
+        capabilities: Mapping[str, str] | None = None,
+        session: Attachable | None = None,
+        on_exit: str = "release",
+        on_lost: LostCallback | None = None,
+        timeout: float | None = None,
+    ) -> Task | None:
+        """As ``AsyncQueue.claim``: a ``Task`` or None."""
+        task = self._portal.run(
+            self.aio.claim(
+                worker=worker,
+                wait=wait,
+                lease_ttl=lease_ttl,
+                capabilities=capabilities,
+                session=session,
+                on_exit=on_exit,
+                on_lost=on_lost,
+                timeout=timeout,
+            )
+        )
+        return None if task is None else Task(self._portal, task)
+
+    def tasks(
+        self,
+        *,
+        worker: str | None = None,
+        wait: float = 30.0,
+        lease_ttl: float | None = None,
+        capabilities: Mapping[str, str] | None = None,
+        session: Attachable | None = None,
+        on_exit: str = "release",
+    ) -> Iterator[Task]:
+        """Claim tasks one after another; ends when none came within ``wait``."""
+        while True:
+            task = self.claim(
+                worker=worker,
+                wait=wait,
+                lease_ttl=lease_ttl,
+                capabilities=capabilities,
+                session=session,
+                on_exit=on_exit,
+            )
+            if task is None:
+                return
+            yield task
+
+    def wait_result(self, task_id: str, *, timeout: float = 300.0) -> Any:
+        """As ``AsyncQueue.wait_result`` (raises ``TaskDeadError``, ``TimeoutError_``)."""
+        return self._portal.run(self.aio.wait_result(task_id, timeout=timeout))
+
+    def get(self, task_id: str, *, timeout: float | None = None) -> TaskInfo:
+        return self._portal.run(self.aio.get(task_id, timeout=timeout))
+
+    def stats(self, *, timeout: float | None = None) -> QueueStats:
+        return self._portal.run(self.aio.stats(timeout=timeout))
+
+    def dead(self, *, limit: int = 100, timeout: float | None = None) -> list[TaskInfo]:
+        return self._portal.run(self.aio.dead(limit=limit, timeout=timeout))
+
+    def retry(self, task_id: str, *, timeout: float | None = None) -> None:
+        self._portal.run(self.aio.retry(task_id, timeout=timeout))
+
+    def purge(self, task_id: str, *, timeout: float | None = None) -> None:
+        self._portal.run(self.aio.purge(task_id, timeout=timeout))

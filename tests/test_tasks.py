@@ -1,0 +1,346 @@
+"""Leased task queues on real nodes (issue 12): put/claim/complete, wait_result, a
+worker SIGKILLed mid-task and its task retried by another, stale completions refused,
+progress timeout, capability routing, dead letters with retry and purge, the async
+client, watch events, and no acknowledged put, claim or completion lost across a
+leader change or a restart of every node.
+
+Timing is asserted loosely (the machine is shared): every wait is on a condition with
+a generous deadline; safety (who completed, tokens, counts) is asserted exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from raftlease import (
+    AsyncClient,
+    StaleAttemptError,
+    TaskDeadError,
+    TaskNotFoundError,
+)
+from raftlease.errors import InvalidArgumentError
+from raftlease.testing import LocalCluster, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def test_put_claim_complete_and_wait_result(shared: LocalCluster) -> None:
+    with shared.client() as c:
+        q = c.queue("t-basic")
+        tid = q.put({"env": "cartpole", "seed": 7}, priority=5, dedup_key="cartpole-7")
+        assert q.put({"env": "other"}, dedup_key="cartpole-7") == tid  # the same task
+        task = q.claim(worker="w-17", lease_ttl=10.0)
+        assert task is not None and task.task_id == tid
+        assert task.payload == {"env": "cartpole", "seed": 7}
+        assert task.attempt == 1 and task.token > 0 and task.valid
+        with task:
+            task.heartbeat(progress=1)
+            task.complete(result={"reward": 200})
+        assert q.wait_result(tid, timeout=30) == {"reward": 200}
+        info = q.get(tid)
+        assert info.status == "completed" and info.result == {"reward": 200}
+        # Exactly one completion: the same attempt cannot complete it again.
+        with pytest.raises(StaleAttemptError) as err:
+            task.complete(result="again")
+        assert err.value.definite
+        assert q.wait_result(tid, timeout=5) == {"reward": 200}
+        with pytest.raises(TaskNotFoundError):
+            q.get("no-such-task")
+        assert q.claim(worker="w-17") is None
+
+
+def test_priorities_fifo_and_the_tasks_iterator(shared: LocalCluster) -> None:
+    with shared.client() as c:
+        q = c.queue("t-order")
+        ids = [q.put(i, priority=p) for i, p in enumerate([0, 3, 0, 3, -2])]
+        seen = []
+        for task in q.tasks(worker="w", wait=0.5):
+            with task:
+                seen.append(task.payload)
+                task.complete(result=task.payload * 10)
+        assert seen == [1, 3, 0, 2, 4]
+        assert [q.wait_result(t, timeout=10) for t in ids] == [0, 10, 20, 30, 40]
+        stats = q.stats()
+        assert (stats.ready, stats.claimed, stats.completed, stats.attempts) == (0, 0, 5, 5)
+
+
+def test_a_blocking_claim_is_served_by_a_later_put_without_polling(shared: LocalCluster) -> None:
+    import threading
+
+    with shared.client() as c:
+        q = c.queue("t-block")
+        got: list[object] = []
+
+        def worker() -> None:
+            got.append(q.claim(worker="waiter", wait=30.0))
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        wait_for(lambda: q.stats().waiting_claims == 1 or None, timeout=20, what="a waiting claim")
+        tid = q.put("late")
+        thread.join(timeout=30)
+        task = got[0]
+        assert task is not None and task.task_id == tid  # type: ignore[attr-defined]
+        task.complete("done")  # type: ignore[attr-defined]
+        # A claim that times out is withdrawn: a put afterwards stays ready.
+        assert q.claim(worker="w", wait=0.3) is None
+        q.put("after")
+        stats = q.stats()
+        assert stats.waiting_claims == 0 and stats.ready == 1
+
+
+def test_a_stale_attempt_is_refused_after_expiry_and_another_worker_completes(
+    shared: LocalCluster,
+) -> None:
+    with shared.client() as c:
+        q = c.queue("t-stale")
+        tid = q.put("job", lease_ttl=0.5, max_attempts=3, backoff=0.0)
+        zombie = q.claim(worker="zombie")
+        assert zombie is not None  # ... and it never heartbeats
+        fresh = wait_for(
+            lambda: q.claim(worker="fresh", wait=1.0), timeout=30, what="the retried task"
+        )
+        assert fresh.task_id == tid and fresh.attempt == 2 and fresh.token > zombie.token
+        with pytest.raises(StaleAttemptError):
+            zombie.complete("late result")
+        with pytest.raises(StaleAttemptError):
+            zombie.heartbeat()
+        fresh.complete("good result")
+        assert q.wait_result(tid, timeout=10) == "good result"
+        history = q.get(tid).history
+        assert [a.outcome for a in history] == ["expired", "completed"]
+
+
+WORKER = textwrap.dedent(
+    """
+    import sys, time
+    from raftlease import Client
+    endpoints, queue = sys.argv[1].split(","), sys.argv[2]
+    with Client(endpoints) as c:
+        task = c.queue(queue).claim(worker="doomed", lease_ttl=1.0)
+        with task:
+            print("CLAIMED", task.task_id, task.token, flush=True)
+            time.sleep(600)   # killed here, holding the task
+    """
+)
+
+
+def test_a_worker_killed_mid_task_is_retried_by_another(
+    shared: LocalCluster, tmp_path: Path
+) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    with shared.client() as c:
+        q = c.queue("t-kill")
+        tid = q.put({"n": 1}, max_attempts=3, backoff=0.1)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), ",".join(shared.endpoints), "t-kill"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().split()
+            assert line[:2] == ["CLAIMED", tid], line
+            dead_token = int(line[2])
+            # Its heartbeats keep it while it lives: not claimable by others.
+            assert q.claim(worker="other", wait=1.5) is None
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        task = q.claim(worker="survivor", wait=30.0)
+        assert task is not None and task.task_id == tid and task.token > dead_token
+        with task:
+            task.complete("recovered")
+        assert q.wait_result(tid, timeout=10) == "recovered"
+        assert [a.outcome for a in q.get(tid).history] == ["expired", "completed"]
+
+
+def test_progress_timeout_takes_the_task_from_a_stuck_worker(shared: LocalCluster) -> None:
+    with shared.client() as c:
+        q = c.queue("t-progress")
+        tid = q.put("slow", lease_ttl=0.6, progress_timeout=1.5, max_attempts=2, backoff=0.0)
+        task = q.claim(worker="stuck")
+        assert task is not None
+        with task:  # heartbeats every 0.2 s but never advances progress
+            task.heartbeat(progress=1)
+            wait_for(lambda: task.lost.is_set() or None, timeout=30, what="the stuck attempt lost")
+        info = wait_for(
+            lambda: ((i := q.get(tid)).history and i) or None, timeout=10, what="the history"
+        )
+        assert info.history[0].outcome == "stalled"
+        # A worker that makes progress keeps it well past the progress timeout.
+        good = q.claim(worker="busy", wait=10.0)
+        assert good is not None and good.task_id == tid
+        deadline = time.monotonic() + 3.0
+        step = 1
+        while time.monotonic() < deadline:
+            good.heartbeat(progress=step)
+            step += 1
+            time.sleep(0.2)
+        good.complete("finally")
+        assert q.wait_result(tid, timeout=10) == "finally"
+
+
+def test_capability_routing(shared: LocalCluster) -> None:
+    import threading
+
+    with shared.client() as c:
+        q = c.queue("t-caps")
+        results: dict[str, object] = {}
+
+        def claim(name: str, caps: dict[str, str]) -> None:
+            results[name] = q.claim(worker=name, wait=30.0, capabilities=caps)
+
+        threads = [
+            threading.Thread(target=claim, args=("cpu-1", {})),
+            threading.Thread(target=claim, args=("gpu-1", {"gpu": "a100"})),
+        ]
+        threads[0].start()
+        wait_for(lambda: q.stats().waiting_claims == 1 or None, timeout=20, what="cpu claim")
+        threads[1].start()
+        wait_for(lambda: q.stats().waiting_claims == 2 or None, timeout=20, what="gpu claim")
+        gpu_tid = q.put("needs a gpu", requires={"gpu": "a100"})
+        threads[1].join(timeout=30)
+        gpu_task = results["gpu-1"]
+        assert gpu_task is not None and gpu_task.task_id == gpu_tid  # type: ignore[attr-defined]
+        assert q.stats().waiting_claims == 1  # the CPU worker was skipped, still waiting
+        cpu_tid = q.put("anyone")
+        threads[0].join(timeout=30)
+        assert results["cpu-1"].task_id == cpu_tid  # type: ignore[attr-defined]
+        # Without the capability, the GPU task is never handed out.
+        q.put("gpu again", requires={"gpu": "a100"})
+        assert q.claim(worker="cpu-2", capabilities={"gpu": "t4"}) is None
+
+
+def test_dead_letter_retry_and_purge(shared: LocalCluster) -> None:
+    with shared.client() as c:
+        q = c.queue("t-dead")
+        tid = q.put("flaky", max_attempts=2, backoff=0.0)
+        for n in range(2):
+            task = q.claim(worker=f"w{n}", wait=10.0)
+            assert task is not None and task.task_id == tid
+            task.fail(f"error {n}", retry_after=0.0)
+        with pytest.raises(TaskDeadError) as err:
+            q.wait_result(tid, timeout=10)
+        assert err.value.detail["task"]["status"] == "dead"
+        (dead,) = q.dead()
+        assert dead.task_id == tid and dead.errors == ["error 0", "error 1"]
+        assert q.stats().dead == 1
+        q.retry(tid)
+        task = q.claim(worker="w3", wait=10.0)
+        assert task is not None and task.task_id == tid and task.attempt == 3
+        task.fail("still broken", retry_after=0.0)
+        task = q.claim(worker="w4", wait=10.0)
+        assert task is not None
+        task.fail("gone for good", retry_after=0.0)
+        assert q.get(tid).status == "dead"
+        q.purge(tid)
+        with pytest.raises(TaskNotFoundError):
+            q.get(tid)
+        with pytest.raises(InvalidArgumentError):
+            q.retry(q.put("not dead"))
+
+
+def test_the_context_manager_fails_on_an_exception_and_releases_otherwise(
+    shared: LocalCluster,
+) -> None:
+    with shared.client() as c:
+        q = c.queue("t-cm")
+        tid = q.put("x", max_attempts=5, backoff=0.0)
+        with pytest.raises(RuntimeError):
+            task = q.claim(worker="w")
+            assert task is not None
+            with task:
+                raise RuntimeError("model diverged")
+        info = q.get(tid)
+        assert info.failures == 1 and info.history[-1].error == "RuntimeError: model diverged"
+        task = q.claim(worker="w", wait=10.0)
+        assert task is not None
+        with task:
+            pass  # neither completed nor failed: released, not counted
+        info = q.get(tid)
+        assert info.failures == 1 and info.history[-1].outcome == "released"
+        assert info.status == "ready"
+
+
+def test_the_async_client_and_task_watch_events(shared: LocalCluster) -> None:
+    async def main() -> None:
+        async with AsyncClient(shared.endpoints) as ac:
+            q = ac.queue("t-async", lease_ttl=5.0)
+            events = []
+
+            async def watch() -> None:
+                async for event in ac.watch("queue:t-async/"):
+                    events.append(event)
+                    if event.type == "task_complete":
+                        return
+
+            watcher = asyncio.create_task(watch())
+            await asyncio.sleep(0.3)  # let the watch open (it starts from now)
+            tid = await q.put({"a": 1})
+            task = await q.claim(worker="aw", wait=5.0)
+            assert task is not None
+            async with task:
+                await task.heartbeat(progress=0.5)
+                await task.complete([1, 2, 3])
+            assert await q.wait_result(tid, timeout=10) == [1, 2, 3]
+            await asyncio.wait_for(watcher, 20)
+            assert [e.type for e in events] == ["task_put", "task_claim", "task_complete"]
+            assert all(e.key == f"queue:t-async/{tid}" for e in events)
+            assert events[1].owner == "aw" and events[1].token == task.token
+            assert [e.value for e in events] == ["ready", "claimed", "completed"]
+
+    asyncio.run(main())
+
+
+def test_leader_change_and_full_restart_lose_no_acknowledged_put_claim_or_completion(
+    cluster: LocalCluster,
+) -> None:
+    with cluster.client() as c:
+        q = c.queue("t-failover")
+        done_ids = [q.put(f"done-{i}") for i in range(5)]
+        for _ in done_ids:
+            task = q.claim(worker="w", lease_ttl=60.0)
+            assert task is not None
+            task.complete(task.payload.upper())
+        pending = [q.put(f"pending-{i}") for i in range(5)]
+        held = q.claim(worker="holder", lease_ttl=60.0)
+        assert held is not None and held.task_id == pending[0]
+        old = cluster.leader_id()
+        cluster.kill_node(old)
+        # After the election: every acknowledged put, claim and completion is there.
+        more = q.put("after failover", timeout=30)
+        for tid in done_ids:
+            assert q.get(tid).status == "completed"
+            assert q.wait_result(tid, timeout=10).startswith("DONE-")
+        assert q.get(held.task_id).status == "claimed"
+        held.heartbeat(timeout=30)  # the attempt survived the leader change
+        assert q.claim(worker="thief") is not None  # pending-1, never the held one
+        cluster.start_node(old)
+        # Every node down at once, then up: the journals restore the queue.
+        cluster.stop()
+        cluster.start()
+        with cluster.client() as c2:
+            q2 = c2.queue("t-failover")
+            for tid in done_ids:
+                assert q2.get(tid, timeout=30).status == "completed"
+            assert q2.get(more).status == "ready"
+            restored = q2.get(held.task_id)
+            assert restored.status == "claimed" and restored.token == held.token
+            stats = q2.stats()
+            assert stats.completed == 5 and stats.claimed == 2
+        # The held attempt is still the current one: its completion is accepted once.
+        held.complete("held result", timeout=30)
+        with pytest.raises(StaleAttemptError):
+            held.complete("twice")
+        assert q.wait_result(held.task_id, timeout=10) == "held result"
