@@ -43,6 +43,9 @@ ALLOWED: dict[str, set[str]] = {
     "cli_member": GROUND | {"cli"},
     # Backups: the snapshot file and restore are server-side code run offline.
     "cli_snapshot": GROUND | {"cli", "server"},
+    # raftlease mcp: the MCP server is a client of the cluster (asyncio client, sessions).
+    "mcp_server": GROUND | {"client", "recipes"},
+    "cli_mcp": GROUND | {"cli", "mcp_server"},
     "__main__": {"cli"},
     "__init__": {"_version", "client", "errors", "models", "recipes"},
 }
@@ -62,6 +65,9 @@ THIRD_PARTY: dict[str, set[str]] = {
     "cli_lock": {"click"},
     "cli_admin": {"click"},
     "cli_member": {"click"},
+    # mcp (the official MCP SDK) and pydantic (its argument models): raftlease mcp.
+    "mcp_server": {"mcp", "pydantic"},
+    "cli_mcp": {"click", "anyio"},
 }
 
 

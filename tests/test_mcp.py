@@ -1,0 +1,358 @@
+"""``raftlease mcp`` on a real cluster, driven by the official MCP SDK's client over
+stdio (``mcp.ClientSession`` + ``stdio_client``), exactly as an agent host runs it:
+
+* the tools are listed with their input schemas;
+* claim / renew / release / who_holds / check_token / list_claims / release_all, each
+  result carrying the fencing token and the remaining validity;
+* a second MCP session's claim fails at once, or waits in the key's queue, while the
+  first holds the key, and gets it when the first releases;
+* ending the MCP session (stdin closed) releases its claims at once; SIGKILL of the
+  server process frees them after the session TTL, never before the keep-alives stop;
+* a claim revoked behind the session's back is reported lost on the next call;
+* hostile arguments are tool errors with a definite code and change nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
+
+from raftlease.testing import LocalCluster, wait_for  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+#: Session TTL of the MCP servers under test: keep-alives every third of it, so one
+#: late by most of a second (a busy 2-core machine) lapses nothing.
+SESSION_TTL = 3.0
+
+TOOLS = {
+    "claim",
+    "renew",
+    "release",
+    "release_all",
+    "who_holds",
+    "list_claims",
+    "check_token",
+}
+
+
+class ToolFailed(Exception):
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__(body)
+        self.body = body
+        self.code = body.get("code")
+
+
+class Agent:
+    """One MCP session with a ``raftlease mcp`` subprocess."""
+
+    def __init__(self, session: ClientSession, owner: str) -> None:
+        self.session = session
+        self.owner = owner
+        self.logs: list[Any] = []
+
+    async def call(self, tool: str, **arguments: Any) -> dict[str, Any]:
+        result = await self.session.call_tool(tool, arguments)
+        text = "".join(getattr(block, "text", "") for block in result.content)
+        if result.is_error:
+            # "Error executing tool <name>: {json}" for our errors; plain text for the
+            # SDK's own (unknown tool, schema violations).
+            start = text.find("{")
+            try:
+                body = json.loads(text[start:]) if start >= 0 else {"message": text}
+            except ValueError:
+                body = {"message": text}
+            raise ToolFailed(body)
+        parsed: dict[str, Any] = json.loads(text)
+        return parsed
+
+
+def server_pid(owner: str) -> int:
+    """The pid of the ``raftlease mcp`` process started with ``--owner owner``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"mcp" in argv and owner.encode() in argv:
+            return int(entry.name)
+    raise LookupError(owner)
+
+
+@asynccontextmanager
+async def agent(cluster: LocalCluster, owner: str, **env: str) -> AsyncIterator[Agent]:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            "-m",
+            "raftlease",
+            "mcp",
+            "--owner",
+            owner,
+            "--session-ttl",
+            str(SESSION_TTL),
+            "--endpoints",
+            ",".join(cluster.endpoints),
+        ],
+        env={**os.environ, **env},
+    )
+    logs: list[Any] = []
+
+    async def on_log(params: Any) -> None:
+        logs.append(params.data)
+
+    async with (
+        stdio_client(params) as (read, write),
+        ClientSession(read, write, logging_callback=on_log) as session,
+    ):
+        await session.initialize()
+        a = Agent(session, owner)
+        a.logs = logs
+        yield a
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+# ------------------------------------------------------------------ tests
+
+
+@pytest.mark.timeout(120)
+def test_tools_are_listed_with_schemas(shared: LocalCluster) -> None:
+    async def main() -> None:
+        async with agent(shared, "mcp-list") as a:
+            listed = await a.session.list_tools()
+            tools = {tool.name: tool for tool in listed.tools}
+            assert TOOLS <= set(tools)
+            claim = tools["claim"].input_schema
+            assert claim["required"] == ["key"]
+            assert {"wait", "units", "capacity", "value"} <= set(claim["properties"])
+            assert all(tools[name].description for name in TOOLS)
+
+    run(main())
+
+
+@pytest.mark.timeout(120)
+def test_claim_renew_release_and_reads(shared: LocalCluster) -> None:
+    async def main() -> None:
+        async with agent(shared, "mcp-a") as a:
+            got = await a.call("claim", key="mcp/basic")
+            assert got["owner"] == "mcp-a" and got["token"] > 0 and got["units"] == 1
+            assert 0 < got["valid_for"] <= SESSION_TTL
+            token = got["token"]
+            # Claiming again in the same session returns the same claim.
+            again = await a.call("claim", key="mcp/basic")
+            assert again["token"] == token and again["already_held"] is True
+
+            renewed = await a.call("renew", key="mcp/basic")
+            assert renewed["token"] == token and 0 < renewed["valid_for"] <= SESSION_TTL
+
+            held = await a.call("who_holds", key="mcp/basic")
+            assert held["held"] is True
+            [holder] = held["holders"]
+            assert holder["owner"] == "mcp-a" and holder["token"] == token
+            assert holder["mine"] is True and "lease_id" not in json.dumps(held)
+
+            assert (await a.call("check_token", key="mcp/basic", token=token))["current"]
+            stale = await a.call("check_token", key="mcp/basic", token=token - 1)
+            assert stale["current"] is False
+
+            mine = await a.call("list_claims")
+            assert [c["key"] for c in mine["claims"]] == ["mcp/basic"]
+            assert mine["session_valid_for"] > 0
+            cluster_view = await a.call("list_claims", prefix="mcp/basic")
+            assert [h["token"] for h in cluster_view["leases"]] == [token]
+
+            assert (await a.call("release", key="mcp/basic"))["released"] is True
+            assert (await a.call("who_holds", key="mcp/basic"))["held"] is False
+            assert not (await a.call("check_token", key="mcp/basic", token=token))["current"]
+            with pytest.raises(ToolFailed) as err:
+                await a.call("release", key="mcp/basic")
+            assert err.value.code == "LEASE_NOT_FOUND" and err.value.body["definite"]
+
+            # A new claim gets a higher fencing token.
+            later = await a.call("claim", key="mcp/basic")
+            assert later["token"] > token
+            await a.call("claim", key="mcp/basic-2")
+            released = await a.call("release_all")
+            assert released["released"] == ["mcp/basic", "mcp/basic-2"]
+            assert (await a.call("list_claims"))["claims"] == []
+
+    run(main())
+
+
+@pytest.mark.timeout(150)
+def test_second_session_fails_or_waits_while_first_holds(shared: LocalCluster) -> None:
+    async def main() -> None:
+        async with agent(shared, "mcp-first") as a, agent(shared, "mcp-second") as b:
+            first = await a.call("claim", key="mcp/contended")
+            with pytest.raises(ToolFailed) as err:
+                await b.call("claim", key="mcp/contended")
+            assert err.value.code == "LEASE_HELD" and err.value.body["definite"]
+            assert err.value.body["detail"]["owner"] == "mcp-first"
+            # A short wait runs out while the first still holds it.
+            started = time.monotonic()
+            with pytest.raises(ToolFailed) as err:
+                await b.call("claim", key="mcp/contended", wait=0.5)
+            assert err.value.code == "LEASE_HELD"
+            assert time.monotonic() - started >= 0.4
+
+            # A long wait is granted once the first releases (queued in the cluster).
+            waiter = asyncio.create_task(b.call("claim", key="mcp/contended", wait=60))
+            await asyncio.sleep(0.5)  # only to let it queue; correctness does not depend on it
+            assert not waiter.done()
+            await a.call("release", key="mcp/contended")
+            second = await asyncio.wait_for(waiter, 30)
+            assert second["owner"] == "mcp-second" and second["token"] > first["token"]
+            held = await a.call("who_holds", key="mcp/contended")
+            assert held["holders"][0]["owner"] == "mcp-second"
+            assert held["holders"][0]["mine"] is False
+
+    run(main())
+
+
+@pytest.mark.timeout(120)
+def test_ending_the_mcp_session_releases_at_once(shared: LocalCluster) -> None:
+    async def main() -> None:
+        async with agent(shared, "mcp-leaver") as a:
+            await a.call("claim", key="mcp/leave-1")
+            await a.call("claim", key="mcp/leave-2", capacity=4, units=2)
+        # stdin closed: the server closed its lease session before exiting.
+
+    run(main())
+    with shared.client() as c:
+        assert c.holder("mcp/leave-1", consistency="log") is None
+        assert c.holder("mcp/leave-2", consistency="log") is None
+
+
+@pytest.mark.timeout(150)
+def test_killed_server_frees_its_claims_after_the_session_ttl(shared: LocalCluster) -> None:
+    holding: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with agent(shared, "mcp-doomed") as a:
+            holding.update(await a.call("claim", key="mcp/doomed"))
+            pid = server_pid("mcp-doomed")
+            # The keep-alives keep the claim well past one TTL.
+            await asyncio.sleep(SESSION_TTL * 1.5)
+            assert (await a.call("renew", key="mcp/doomed"))["token"] == holding["token"]
+            os.kill(pid, signal.SIGKILL)
+            holding["killed_at"] = time.monotonic()
+            # The client sees the pipe close; leaving the context must not hang.
+
+    try:
+        run(main())
+    except Exception:  # the SDK may report the dead server on the way out
+        pass
+    with shared.client() as c:
+        holder = c.holder("mcp/doomed")
+        # Still held right after the kill (no keep-alive stopped it early)...
+        if time.monotonic() - holding["killed_at"] < SESSION_TTL * 0.5:
+            assert holder is not None and holder.token == holding["token"]
+        # ...and freed by the cluster once the session TTL ran out.
+        wait_for(
+            lambda: c.holder("mcp/doomed") is None, SESSION_TTL + 20, "the dead agent's claim"
+        )
+        assert time.monotonic() - holding["killed_at"] >= SESSION_TTL * 0.5
+        lease = c.acquire("mcp/doomed", owner="successor", ttl=5.0)
+        assert lease.token > holding["token"]
+        c.release(lease)
+
+
+@pytest.mark.timeout(120)
+def test_revoked_claim_is_reported_on_the_next_call(shared: LocalCluster) -> None:
+    async def main() -> None:
+        async with agent(shared, "mcp-revoked") as a:
+            got = await a.call("claim", key="mcp/revoked")
+            with shared.client() as c:
+                c.revoke("mcp/revoked")
+            with pytest.raises(ToolFailed) as err:
+                await a.call("renew", key="mcp/revoked")
+            assert err.value.code == "LEASE_NOT_FOUND"
+            listed = await a.call("list_claims")
+            assert listed["claims"] == []
+            assert [lost["key"] for lost in listed["lost_claims"]] == ["mcp/revoked"]
+            assert listed["lost_claims"][0]["token"] == got["token"]
+            # Reported once; the key can be claimed again.
+            assert "lost_claims" not in await a.call("list_claims")
+            assert (await a.call("claim", key="mcp/revoked"))["token"] > got["token"]
+
+    run(main())
+
+
+@pytest.mark.timeout(120)
+def test_pool_claims_say_which_units(shared: LocalCluster) -> None:
+    async def main() -> None:
+        async with agent(shared, "mcp-pool-a") as a, agent(shared, "mcp-pool-b") as b:
+            first = await a.call("claim", key="mcp/gpus", capacity=4, units=2)
+            second = await b.call("claim", key="mcp/gpus", capacity=4, units=2)
+            assert first["units"] == 2 and second["units"] == 2
+            if "unit_indices" in first:
+                assert sorted(first["unit_indices"] + second["unit_indices"]) == [0, 1, 2, 3]
+            with pytest.raises(ToolFailed) as err:
+                await a.call("claim", key="mcp/gpus-other", capacity=4, units=5)
+            assert err.value.code == "INVALID_ARGUMENT"
+            await a.call("release_all")
+            await b.call("release_all")
+
+    run(main())
+
+
+BAD_ARGUMENTS: list[tuple[str, dict[str, Any]]] = [
+    ("claim", {}),
+    ("claim", {"key": ""}),
+    ("claim", {"key": 7}),
+    ("claim", {"key": "k" * 5000}),
+    ("claim", {"key": "mcp/bad", "wait": -1}),
+    ("claim", {"key": "mcp/bad", "wait": "soon"}),
+    ("claim", {"key": "mcp/bad", "wait": 1e9}),
+    ("claim", {"key": "mcp/bad", "units": 0}),
+    ("claim", {"key": "mcp/bad", "units": 3, "capacity": 2}),
+    ("claim", {"key": "mcp/bad", "capacity": 10**12}),
+    ("claim", {"key": "mcp/bad", "units": True}),
+    ("claim", {"key": "mcp/bad", "value": {"x": 1}}),
+    ("claim", {"key": "mcp/bad\x00nul"}),
+    ("check_token", {"key": "mcp/bad", "token": -5}),
+    ("check_token", {"key": "mcp/bad", "token": "12"}),
+    ("check_token", {"key": "mcp/bad", "token": 2**70}),
+    ("list_claims", {"prefix": "x", "limit": 0}),
+    ("release", {"key": "mcp/never-claimed"}),
+    ("renew", {"key": "mcp/never-claimed"}),
+    ("no_such_tool", {}),
+]
+
+
+@pytest.mark.timeout(150)
+def test_bad_arguments_are_tool_errors_and_change_nothing(shared: LocalCluster) -> None:
+    async def main() -> None:
+        async with agent(shared, "mcp-hostile") as a:
+            for tool, arguments in BAD_ARGUMENTS:
+                with pytest.raises(ToolFailed) as err:
+                    await a.call(tool, **arguments)
+                assert err.value.body.get("message"), (tool, arguments)
+                if "code" in err.value.body:
+                    assert err.value.body["definite"] is True, (tool, arguments)
+                    assert err.value.body["code"] in ("INVALID_ARGUMENT", "LEASE_NOT_FOUND")
+            # The server still works, and nothing was claimed.
+            assert (await a.call("list_claims"))["claims"] == []
+            assert (await a.call("list_claims", prefix="mcp/bad"))["leases"] == []
+            assert (await a.call("claim", key="mcp/bad"))["token"] > 0
+
+    run(main())
