@@ -197,3 +197,68 @@ def _try(fn: Any) -> bool:
     except RaftLeaseError:
         return False
     return True
+
+
+@pytest.mark.timeout(180)
+def test_a_new_member_catches_up_from_the_leaders_snapshot(
+    cluster_factory: Any,
+) -> None:
+    """The leader compacted its log, so it sends the new member its dump (PySyncObj's
+    ``serialized`` append_entries path) before the entries after it; the add answers
+    ``caught_up`` only once the new member's match index reached the change."""
+    cluster = cluster_factory(3, compaction_min_entries=20, compaction_min_time=2.0)
+    with cluster.client() as c:
+        tokens = [c.acquire(f"s/{i}", owner="w", ttl=120.0).token for i in range(60)]
+    leader = cluster.leader_id()
+    wait_for(
+        lambda: (cluster.node_dir(leader) / "raft.dump").exists(), 30, "the leader's compaction"
+    )
+    new = cluster.new_node("n4")
+    cluster.start_node("n4")
+    result = add(cluster, new)
+    assert result["caught_up"] is True and result["match_index"] >= 60
+    log_text = cluster.log_path("n4").read_text(errors="replace")
+    assert "restored snapshot" in log_text, log_text[-3000:]
+    answer = raw_request(
+        new.client, {"id": 1, "op": "holder", "key": "s/59", "consistency": "stale"}
+    )
+    assert answer["result"]["holder"]["token"] == tokens[-1]
+
+
+@pytest.mark.timeout(120)
+def test_a_removed_member_left_running_is_refused_and_serves_no_writes(
+    cluster: LocalCluster,
+) -> None:
+    """A removed member that is not stopped idles: its peers refuse its connections,
+    it never leads again, and it answers writes with a definite error (it redirects to
+    the leader it last knew, or has none)."""
+    leader = cluster.leader_id()
+    victim = next(n for n in cluster.nodes if n.id != leader)
+    remove(cluster, victim.id)
+    remaining = [n for n in cluster.nodes if n.id != victim.id]
+    with cluster.client() as c:
+        c.acquire("after/removal", owner="w", ttl=30.0)
+    # Its peers closed its connections and refuse new ones: it is connected to none.
+    wait_for(
+        lambda: (
+            raw_request(victim.client, {"id": 1, "op": "status"})["result"]["connected_peers"] == []
+        ),
+        30,
+        "the removed node cut off",
+    )
+    message = {
+        "id": 2,
+        "op": "acquire",
+        "key": "x",
+        "owner": "o",
+        "ttl": 5.0,
+        "cid": "c1",
+        "seq": 1,
+        "ack": 1,
+    }
+    answer = raw_request(victim.client, message)
+    assert not answer["ok"] and answer["definite"] is True
+    assert answer["code"] in ("NOT_LEADER", "UNAVAILABLE")
+    statuses = [raw_request(n.client, {"id": 3, "op": "status"})["result"] for n in remaining]
+    assert sum(s["role"] == "leader" for s in statuses) == 1
+    assert all(victim.id not in members(cluster, n.client) for n in remaining)
