@@ -5,6 +5,7 @@ when auth is on; and the CLI ergonomics: durations, the owner default, booleans 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -22,7 +23,14 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from raftlease import Client, Lease, LeaseHeldError, RaftLeaseError
+from raftlease import (
+    AsyncClient,
+    Client,
+    Lease,
+    LeaseHeldError,
+    LeaseNotFoundError,
+    RaftLeaseError,
+)
 from raftlease.cli import DURATION, TTL, _parse_setting, main
 from raftlease.server.auth import token_digest
 from raftlease.testing import LocalCluster, wait_for
@@ -243,6 +251,32 @@ def test_revoke_needs_the_admin_permission_when_auth_is_on(
     env.update(RAFTLEASE_TOKEN="17", RAFTLEASE_AUTH_TOKEN=agent_token)
     waiting = run("waiters", "jobs/1", "--json", "--endpoints", eps(cluster), env=env)
     assert waiting.returncode == 0, waiting.stderr
+
+
+@pytest.mark.integration
+def test_async_client_revoke_waiters_and_sessions(shared: LocalCluster) -> None:
+    key = "cli-admin/async"
+
+    async def scenario() -> None:
+        async with AsyncClient(shared.endpoints) as ac:
+            held = await ac.acquire(key, owner="a1", ttl=30)
+            waiter = asyncio.ensure_future(ac.acquire(key, owner="a2", ttl=30, wait=30))
+            deadline = time.monotonic() + 30
+            while not await ac.waiters(key):
+                assert time.monotonic() < deadline, "the waiter never queued"
+                await asyncio.sleep(0.05)
+            (queued,) = await ac.waiters(key)
+            assert (queued.position, queued.owner, queued.in_session) == (1, "a2", False)
+            async with ac.session(owner="a-sess", ttl=10):
+                assert any(s.owner == "a-sess" for s in await ac.sessions())
+            assert await ac.revoke(key, lease_id=held.lease_id) == [held.token]
+            granted = await asyncio.wait_for(waiter, 30)
+            assert granted.owner == "a2" and granted.token > held.token
+            with pytest.raises(LeaseNotFoundError):
+                await ac.revoke(key, token=held.token)
+            await ac.release(granted)
+
+    asyncio.run(scenario())
 
 
 # ------------------------------------------------------------- ergonomics
