@@ -186,6 +186,7 @@ def test_metrics_parse_and_move_with_grants_renewals_expiries_and_refusals(
     assert after["raftlease_raft_applied_index"] > before["raftlease_raft_applied_index"]
     assert after["raftlease_apply_batch_requests_count"] > 0
     assert after["raftlease_proposal_commit_seconds_count"] > 0
+    assert after["raftlease_apply_duration_seconds_count"] > 0
     # A stale read is answered by whichever node the client asked: somewhere.
     stale = sum(
         scrape(admin_of(cluster, n.id)).get('raftlease_reads_total{served="stale"}', 0)

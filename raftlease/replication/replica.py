@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -105,6 +106,9 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
         self.store_class = store_class
         self.store = store_class()
         self.observer = observer
+        #: Seconds the state machine took for the entry applied last (tick thread;
+        #: the observer reads it for the metrics).
+        self.last_apply_seconds = 0.0
 
     def _serialize(self) -> _PackedSnapshot:
         return _PackedSnapshot(self.store)
@@ -142,11 +146,13 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
         except Exception:
             log.error("undecodable log entry of %d bytes skipped", len(data))
             return {"ok": False, "code": "INTERNAL", "message": "undecodable log entry"}
+        started = time.perf_counter()
         try:
             result = self.store.apply(entry)
         except Exception:  # a bug in core: report, never wedge the cluster
             log.exception("state machine raised on entry op=%r", entry.get("op"))
             return {"ok": False, "code": "INTERNAL", "message": "state machine error"}
+        self.last_apply_seconds = time.perf_counter() - started
         if self.observer is not None:
             try:
                 self.observer(entry, result)
@@ -288,6 +294,10 @@ class Replica:
         accept that a read from another thread sees some recent applied state."""
         store: LeaseStore = self._consumer.store
         return store
+
+    def last_apply_seconds(self) -> float:
+        """How long the state machine took for the last applied entry (tick thread)."""
+        return float(self._consumer.last_apply_seconds)
 
     def durability_status(self) -> dict[str, Any]:
         """The journal's durability mode and sync counters (``syncs``, and

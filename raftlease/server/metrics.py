@@ -66,6 +66,9 @@ LATENCY_BUCKETS = (
     30.0,
 )
 
+#: Apply time of one log entry (seconds): tens of microseconds for one request.
+APPLY_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.1)
+
 #: Requests per replicated log entry (server/proposer.py caps a batch at 64).
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -146,6 +149,13 @@ class NodeMetrics:
             buckets=BATCH_BUCKETS,
             registry=registry,
         )
+        self.apply_seconds = Histogram(
+            "raftlease_apply_duration_seconds",
+            "Time the state machine took to apply one log entry (a batch entry applies "
+            "all its requests).",
+            buckets=APPLY_BUCKETS,
+            registry=registry,
+        )
         self.commit_seconds = Histogram(
             "raftlease_proposal_commit_seconds",
             "On the leader: from handing an entry to Raft to its result (replication to "
@@ -192,8 +202,11 @@ class NodeMetrics:
         """Event loop: a read served ``lease``, ``stale`` or ``log``."""
         self._reads[served].inc()
 
-    def observe_applied(self, entry: dict[str, Any], events: list[dict[str, Any]]) -> None:
-        """Tick thread, after each applied entry."""
+    def observe_applied(
+        self, entry: dict[str, Any], events: list[dict[str, Any]], seconds: float
+    ) -> None:
+        """Tick thread, after each applied entry; ``seconds``: its apply time."""
+        self.apply_seconds.observe(seconds)
         inner = entry.get("entries")
         self.batch_size.observe(len(inner) if isinstance(inner, list) else 1)
         for event in events:

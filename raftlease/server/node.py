@@ -632,7 +632,7 @@ class NodeServer(TaskWaits):
         self.snapshots.on_applied(replica.last_applied() + 1)
         events = replica.store.events
         if self.metrics is not None:
-            self.metrics.observe_applied(entry, events)
+            self.metrics.observe_applied(entry, events, replica.last_apply_seconds())
         if not events:
             return
         self.watches.record(events, loop)
