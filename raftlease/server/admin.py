@@ -38,7 +38,7 @@ import json
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -49,6 +49,9 @@ from ..errors import RaftLeaseError
 from ..replication import Replica
 from .auth import AuthPolicy
 from .metrics import NodeMetrics
+
+if TYPE_CHECKING:
+    from .http_api import HttpApi
 
 log = logging.getLogger("raftlease.server.admin")
 
@@ -166,6 +169,8 @@ class AdminEndpoint:
         self.tls = tls
         self._server: _AdminServer | None = None
         self._listener: asyncio.base_events.Server | None = None
+        #: The HTTP/JSON API (http_api.HttpApi), mounted by the node: /v1/, /openapi.json.
+        self.api: HttpApi | None = None
 
     @property
     def connections(self) -> int:
@@ -194,6 +199,8 @@ class AdminEndpoint:
         )
 
     async def close(self) -> None:
+        if self.api is not None:
+            await self.api.close()
         if self._listener is not None:
             self._listener.close()
         if self._server is not None:
@@ -210,6 +217,8 @@ class AdminEndpoint:
         if server is not None:
             server.disarm(handler)
         try:
+            if self.api is not None and self.api.owns(request.path):
+                return await self.api.handle(request)
             return self._route(request)
         except Exception:  # never let a bug take the node down
             log.exception("admin request failed")

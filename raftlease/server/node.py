@@ -203,6 +203,9 @@ class NodeServer(TaskWaits):
                 tls=self._tls_context(),
                 max_silence=2 * self.config.election_timeout_max,
             )
+            from .http_api import HttpApi
+
+            self.admin.api = HttpApi(self)  # /v1/ and /openapi.json (docs/http-api.md)
             try:
                 await self.admin.start()
             except OSError as exc:

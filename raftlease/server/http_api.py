@@ -1,0 +1,582 @@
+"""The HTTP/JSON API of one node (docs/http-api.md), served on its ``admin_address``
+beside /metrics and /status, under ``/v1/`` (and ``/openapi.json``).
+
+Each resource (``openapi.ROUTES``) runs one protocol operation. A request becomes the
+same map a native client sends (POST: the JSON body's fields; GET: the query
+parameters, numbers converted by the field table) and goes through the same
+``protocol.parse_request`` and the same ``AuthPolicy`` (the bearer token in
+``Authorization: Bearer ...`` is the native ``auth`` token), then ``NodeServer.handle``.
+A node that is not the leader for it forwards the request to the leader over its own
+client connection (``http_forward``), with the caller's token.
+
+Retries: a mutating request carries ``Idempotency-Key: <1..128 printable chars>`` and
+becomes request 1 of the native client id derived from (principal, key); a retry
+with the same key within the dedup window (10 minutes idle) gets the first answer,
+the same grant and token, never a second one. Without the header each request gets a
+fresh sequence number of this node's own client id.
+
+Errors: ``{"error": {"code", "message", "definite", "detail"?}}`` with the wire code,
+HTTP status by ``openapi.STATUS``. Hostile input: bodies above ``max_frame`` (413),
+bodies not sent within ``BODY_TIMEOUT`` (408, connection closed), a POST without
+``Content-Type: application/json`` (415), undecodable JSON, NaN/Infinity, a JSON value
+that is no object, the HTTP layer's own fields in a body (400) all answer
+``BAD_REQUEST`` before anything is proposed.
+
+Threads: the node's event loop only. Handlers wait (long-polls, watches, the leader's
+answer) without blocking the loop. A client that disconnects during a long-poll is
+noticed between poll slices; its queued acquire is withdrawn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import heapq
+import itertools
+import json
+import logging
+import re
+import secrets
+import ssl
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+from aiohttp import web
+
+from ..errors import (
+    BadRequestError,
+    FrameTooLargeError,
+    InternalError,
+    LeaseHeldError,
+    NotLeaderError,
+    RaftLeaseError,
+    SessionExpiredError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+from ..protocol import HEADER, OPS, parse_request
+from .auth import Principal
+from .http_forward import Forwarder, client_context
+from .openapi import STATUS, Route, all_routes, document, op_fields
+
+if TYPE_CHECKING:
+    from .node import NodeServer
+
+log = logging.getLogger("raftlease.server.http")
+
+#: A request body must arrive whole within this many seconds.
+BODY_TIMEOUT = 10.0
+#: Longest slice of a long-poll: between slices the handler checks that its client
+#: is still connected (and withdraws a queued acquire if not).
+POLL_SLICE = 2.0
+#: A watch stream sends a keep-alive this often, so a vanished client is noticed.
+WATCH_KEEPALIVE = 15.0
+#: NOT_LEADER / UNAVAILABLE answers followed before giving up (an election).
+MAX_HOPS = 8
+#: Fields the HTTP layer sets; a body may not carry them.
+RESERVED = frozenset({"id", "op", "cid", "seq", "ack", "token_auth"})
+_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,128}")
+
+
+class _Sequencer:
+    """This node's own client id for requests without an Idempotency-Key, and the
+    sequence numbers still in flight (the smallest is the ack: every answer below
+    it may be forgotten by the cluster)."""
+
+    def __init__(self, node_id: str) -> None:
+        self.cid = f"http-{node_id}-{secrets.token_hex(8)}"
+        self._seq = itertools.count(1)
+        self._open: set[int] = set()
+        self._heap: list[int] = []
+
+    def begin(self) -> int:
+        seq = next(self._seq)
+        self._open.add(seq)
+        heapq.heappush(self._heap, seq)
+        return seq
+
+    def end(self, seq: int) -> None:
+        self._open.discard(seq)
+
+    def ack(self) -> int:
+        while self._heap and self._heap[0] not in self._open:
+            heapq.heappop(self._heap)
+        return self._heap[0] if self._heap else 1
+
+
+@dataclasses.dataclass
+class _Caller:
+    """Who sent an HTTP request: the bearer token (forwarded as is) and its
+    principal (None without auth, or before authentication)."""
+
+    token: str | None
+    principal: Principal | None
+
+
+def error_body(exc: RaftLeaseError) -> dict[str, Any]:
+    err: dict[str, Any] = {"code": exc.code, "message": exc.message, "definite": exc.definite}
+    if exc.detail:
+        err["detail"] = exc.detail
+    return {"error": err}
+
+
+def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        text=json.dumps(body, default=str),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def error_response(
+    exc: RaftLeaseError, status: int | None = None, close: bool = False
+) -> web.Response:
+    status = status or STATUS.get(exc.code, 500)
+    headers = {"WWW-Authenticate": 'Bearer realm="raftlease"'} if status == 401 else {}
+    if close:
+        headers["Connection"] = "close"
+    response = _json(status, error_body(exc), headers or None)
+    if close:
+        response.force_close()
+    return response
+
+
+def _reject_constant(name: str) -> None:
+    raise BadRequestError(f"{name} is not a JSON number raftlease accepts")
+
+
+class HttpApi:
+    """The ``/v1/`` resources of one node (see the module docstring)."""
+
+    def __init__(self, node: NodeServer, client_tls: ssl.SSLContext | None = None) -> None:
+        self.node = node
+        self.routes: dict[tuple[str, str], Route] = {(r.method, r.path): r for r in all_routes()}
+        self.paths = frozenset(path for _, path in self.routes)
+        self.forwarder = Forwarder(client_tls or client_context(node.config))
+        self.sequencer = _Sequencer(node.config.node_id)
+        self._openapi: bytes | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    def owns(self, path: str) -> bool:
+        return path == "/openapi.json" or path == "/v1" or path.startswith("/v1/")
+
+    async def close(self) -> None:
+        await self.forwarder.close()
+
+    # ----------------------------------------------------------- dispatch
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Answer one request; never raises (a bug answers 500 INTERNAL)."""
+        try:
+            return await self._dispatch(request)
+        except _Refusal as refusal:
+            return error_response(refusal.err, refusal.status, refusal.close)
+        except RaftLeaseError as exc:
+            return error_response(exc)
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception:  # never let a bug take the node down
+            log.exception("HTTP API request failed")
+            return error_response(InternalError("request handler failed"))
+
+    async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.path
+        if path == "/openapi.json":
+            if request.method not in ("GET", "HEAD"):
+                return self._method_not_allowed("GET, HEAD")
+            if self._openapi is None:
+                self._openapi = json.dumps(document(self.node.limits), indent=1).encode()
+            return web.Response(body=self._openapi, content_type="application/json")
+        if path not in self.paths:
+            return error_response(BadRequestError(f"no resource {path!r}"), 404)
+        route = self.routes.get((request.method, path))
+        if route is None:
+            allowed = sorted(m for m, p in self.routes if p == path)
+            return self._method_not_allowed(", ".join(allowed))
+        fields = await self._fields(request, route)
+        for http_name, proto in route.rename:
+            if http_name in fields:
+                fields[proto] = fields.pop(http_name)
+            else:
+                fields.pop(proto, None)  # an election is named, not keyed
+        caller = self._caller(request)
+        if route.op == "watch":
+            return await self._watch(request, fields, caller)
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not _IDEMPOTENCY_KEY.fullmatch(key):
+            raise BadRequestError("Idempotency-Key must be 1 to 128 printable ASCII characters")
+        result = await self.run(route.op, fields, caller, key)
+        if route.poll == "lease" and result.get("queued"):
+            result = await self._await_grant(request, fields, result, caller)
+        elif route.poll == "claim" and result.get("queued"):
+            result = await self._await_claim(request, fields, result, caller)
+        return _json(200, result)
+
+    def _method_not_allowed(self, allowed: str) -> web.Response:
+        err = BadRequestError(f"method not allowed here; use {allowed}")
+        response = _json(405, error_body(err), {"Allow": allowed})
+        return response
+
+    def _caller(self, request: web.BaseRequest) -> _Caller:
+        """The bearer token and its principal; an unknown token is refused at once
+        (UNAUTHENTICATED), a missing one only by operations that need one."""
+        auth = self.node.auth
+        header = request.headers.get("Authorization")
+        if header is None:
+            return _Caller(None, None)
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise UnauthenticatedError("Authorization must be 'Bearer <token>'")
+        if auth is None:
+            return _Caller(None, None)  # auth is off: a token changes nothing
+        return _Caller(token, auth.by_token(token))
+
+    # ------------------------------------------------------------- input
+
+    async def _fields(self, request: web.BaseRequest, route: Route) -> dict[str, Any]:
+        """The request's fields: the JSON body of a POST, or the query of a GET."""
+        if route.method == "GET":
+            if request.body_exists:
+                raise BadRequestError("a GET request has no body; give fields as query parameters")
+            return self._query(request, route)
+        ctype = request.headers.get("Content-Type", "")
+        if ctype.split(";")[0].strip().lower() != "application/json":
+            refused = BadRequestError(f"Content-Type must be application/json, not {ctype!r}")
+            raise _Refusal(refused, 415)
+        limit = self.node.config.max_frame
+        if request.content_length is not None and request.content_length > limit:
+            err = FrameTooLargeError(
+                f"body of {request.content_length} bytes exceeds the limit of {limit}"
+            )
+            raise _Refusal(err, close=True)
+        try:
+            body = await asyncio.wait_for(_read_body(request, limit + 1), BODY_TIMEOUT)
+        except TimeoutError:
+            late = BadRequestError(f"the body did not arrive within {BODY_TIMEOUT:.0f} s")
+            raise _Refusal(late, 408, close=True) from None
+        if len(body) > limit:
+            raise _Refusal(
+                FrameTooLargeError(f"body exceeds the limit of {limit} bytes"), close=True
+            )
+        try:
+            value = json.loads(body, parse_constant=_reject_constant)
+        except RaftLeaseError:
+            raise
+        except (ValueError, RecursionError) as exc:
+            raise BadRequestError(f"body is not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise BadRequestError(f"body must be a JSON object, not {type(value).__name__}")
+        reserved = sorted(RESERVED & set(value))
+        if reserved:
+            raise BadRequestError(f"fields {reserved} are set by the HTTP layer, not the body")
+        return value
+
+    def _query(self, request: web.BaseRequest, route: Route) -> dict[str, Any]:
+        kinds = {f.name: f.kind for f in op_fields(route.op, self.node.limits)}
+        for http_name, proto in route.rename:
+            kinds[http_name] = kinds.pop(proto, "key")
+        fields: dict[str, Any] = {}
+        for name in request.query:
+            values = request.query.getall(name)
+            if len(values) != 1:
+                raise BadRequestError(f"query parameter {name!r} is given {len(values)} times")
+            if name in RESERVED:
+                raise BadRequestError(f"query parameter {name!r} is set by the HTTP layer")
+            text = values[0]
+            kind = kinds.get(name)
+            # Numbers from text; anything else stays a string, and parse_request then
+            # names the field that is not a number.
+            if kind == "integer" and re.fullmatch(r"-?[0-9]{1,20}", text):
+                fields[name] = int(text)
+            elif kind == "number" and re.fullmatch(r"-?[0-9]{1,20}(\.[0-9]{1,9})?", text):
+                fields[name] = float(text)
+            else:
+                fields[name] = text
+        return fields
+
+    # ---------------------------------------------------------- execution
+
+    async def run(
+        self, op: str, fields: dict[str, Any], caller: _Caller, key: str | None = None
+    ) -> dict[str, Any]:
+        """Validate and execute one operation: here, or forwarded to the leader.
+        Raises the operation's ``RaftLeaseError``."""
+        message: dict[str, Any] = {**fields, "id": 1, "op": op}
+        mutating = OPS.get(op, False)
+        seq = 0
+        if mutating and key is not None:
+            who = caller.principal.name if caller.principal is not None else ""
+            digest = hashlib.blake2b(f"{who}\0{key}".encode(), digest_size=16).hexdigest()
+            message.update(cid=f"http-key-{digest}", seq=1, ack=1)
+        elif mutating:
+            seq = self.sequencer.begin()
+            message.update(cid=self.sequencer.cid, seq=seq, ack=self.sequencer.ack())
+        try:
+            try:
+                return await self._execute(message, caller)
+            except SessionExpiredError:
+                if not seq:
+                    raise
+                # This node's client id was evicted while idle (nothing applied):
+                # continue under a fresh one.
+                self.sequencer.end(seq)
+                self.sequencer = _Sequencer(self.node.config.node_id)
+                seq = self.sequencer.begin()
+                message.update(cid=self.sequencer.cid, seq=seq, ack=self.sequencer.ack())
+                return await self._execute(message, caller)
+        finally:
+            if seq:
+                self.sequencer.end(seq)
+
+    async def _execute(self, message: dict[str, Any], caller: _Caller) -> dict[str, Any]:
+        node = self.node
+        request = parse_request(message, node.limits)  # the one validation
+        if node.auth is not None:
+            node.auth.check(caller.principal, request)
+            if caller.principal is not None:
+                request = dataclasses.replace(request, principal=caller.principal.name)
+        timeout = node.config.request_timeout + float(request.args.get("timeout", 0.0))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout + 1.0
+        try:
+            return await node.handle(request)
+        except NotLeaderError as exc:
+            leader = exc.leader
+        hops = 0
+        while True:
+            if leader is None or hops >= MAX_HOPS or loop.time() >= deadline:
+                raise UnavailableError("no leader answered; election in progress?")
+            hops += 1
+            try:
+                return await self.forwarder.call(
+                    str(leader), caller.token, message, max(0.1, deadline - loop.time())
+                )
+            except NotLeaderError as exc:
+                leader = exc.leader
+            except UnavailableError:
+                await asyncio.sleep(0.1)
+            if leader is None or leader == node.config.self_node.client:
+                try:
+                    return await node.handle(request)
+                except NotLeaderError as exc:
+                    leader = exc.leader
+                except UnavailableError:
+                    await asyncio.sleep(0.1)
+                    leader = self._known_leader()
+
+    def _known_leader(self) -> str | None:
+        try:
+            self.node._require_leader()
+        except NotLeaderError as exc:
+            return None if exc.leader is None else str(exc.leader)
+        except RaftLeaseError:
+            return None
+        return self.node.config.self_node.client
+
+    # ---------------------------------------------------------- long-polls
+
+    async def _await_grant(
+        self,
+        request: web.BaseRequest,
+        fields: dict[str, Any],
+        queued: dict[str, Any],
+        caller: _Caller,
+    ) -> dict[str, Any]:
+        """An acquire with ``wait`` joined the key's queue: poll (in slices) until
+        granted (its answer), gone or ``wait`` passed (withdrawn: LEASE_HELD)."""
+        loop = asyncio.get_running_loop()
+        key, lid = str(queued["key"]), str(queued["lease_id"])
+        until = loop.time() + float(fields.get("wait") or 0.0)
+        try:
+            while (left := until - loop.time()) > 0 and not _gone(request):
+                status = await self.run(
+                    "await_lease",
+                    {"key": key, "lease_id": lid, "timeout": min(left, POLL_SLICE)},
+                    caller,
+                )
+                if status.get("state") == "held":
+                    remaining = (int(status["expires_at"]) - int(status["now"])) / 1000.0
+                    return {**status, "key": key, "lease_id": lid, "remaining": remaining}
+                if status.get("state") == "gone":
+                    break
+        except BaseException:
+            # Cancelled, or the poll failed: leave the queue (or drop a grant nobody
+            # will receive) in a task of its own, which cancellation cannot stop.
+            task = asyncio.ensure_future(self._withdraw(key, lid, caller))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            raise
+        await self._withdraw(key, lid, caller)
+        raise LeaseHeldError(f"{key!r} was not granted within the wait", {"key": key})
+
+    async def _withdraw(self, key: str, lid: str, caller: _Caller) -> None:
+        """Leave the queue, or release the lease if it was granted meanwhile."""
+        try:
+            await self.run("release", {"key": key, "lease_id": lid}, caller)
+        except RaftLeaseError as exc:
+            log.debug("withdrawing a queued acquire of %r: %s", key, exc.code)
+
+    async def _await_claim(
+        self,
+        request: web.BaseRequest,
+        fields: dict[str, Any],
+        queued: dict[str, Any],
+        caller: _Caller,
+    ) -> dict[str, Any]:
+        """A claim with ``wait`` is waiting: poll until it is granted (its answer)
+        or gone; then cancel what is left of it."""
+        loop = asyncio.get_running_loop()
+        queue, aid = str(fields.get("queue")), str(queued.get("attempt_id"))
+        until = loop.time() + float(fields.get("wait") or 0.0)
+        status: dict[str, Any] = queued
+        while (left := until - loop.time()) > 0 and not _gone(request):
+            status = await self.run(
+                "await_claim",
+                {"queue": queue, "attempt_id": aid, "timeout": min(left, POLL_SLICE)},
+                caller,
+            )
+            if status.get("state") != "waiting":
+                break
+        if status.get("state") == "claimed":
+            return status
+        try:
+            await self.run("task_claim_cancel", {"queue": queue, "attempt_id": aid}, caller)
+        except RaftLeaseError as exc:
+            log.debug("cancelling a waiting claim on %r: %s", queue, exc.code)
+        return {"claimed": False, "queue": queue, "state": status.get("state", "gone")}
+
+    # -------------------------------------------------------------- watch
+
+    async def _watch(
+        self, request: web.BaseRequest, fields: dict[str, Any], caller: _Caller
+    ) -> web.StreamResponse:
+        """Stream changes as NDJSON (default) or server-sent events (``Accept:
+        text/event-stream``; ``Last-Event-ID`` resumes after that revision)."""
+        node = self.node
+        sse = "text/event-stream" in request.headers.get("Accept", "")
+        last_id = request.headers.get("Last-Event-ID")
+        if sse and last_id is not None and "from_revision" not in fields:
+            if not re.fullmatch(r"[0-9]{1,19}", last_id):
+                raise BadRequestError("Last-Event-ID must be a revision")
+            fields["from_revision"] = int(last_id) + 1
+        parsed = parse_request({**fields, "id": 1, "op": "watch"}, node.limits)
+        if node.auth is not None:
+            node.auth.check(caller.principal, parsed)
+        replica = node._replica()  # raises UNAVAILABLE while the node starts
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream" if sse else "application/x-ndjson",
+                "Cache-Control": "no-cache",
+            }
+        )
+        await response.prepare(request)
+        sink = _WatchSink(request, response, sse)
+        keepalive = asyncio.create_task(sink.keepalive())
+        try:
+            await node.watches.stream(parsed, sink, lambda: replica.store.revision)  # type: ignore[arg-type]
+        except (ConnectionError, RuntimeError):
+            pass
+        finally:
+            keepalive.cancel()
+        return response
+
+
+async def _read_body(request: web.BaseRequest, most: int) -> bytes:
+    """The body, or its first ``most`` bytes if it is longer."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < most:
+        chunk = await request.content.read(most - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _gone(request: web.BaseRequest) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+class _Refusal(Exception):
+    """A refusal answered with a status of its own (415, 408), and after which the
+    connection may be closed (``close``: the body was not read)."""
+
+    def __init__(self, err: RaftLeaseError, status: int | None = None, close: bool = False):
+        super().__init__(err.message)
+        self.err = err
+        self.status = status or STATUS.get(err.code, 400)
+        self.close = close
+
+
+class _WatchSink:
+    """What ``WatchHub.stream`` writes to, instead of a native connection: it takes
+    the native frames, and writes them as NDJSON lines or server-sent events."""
+
+    def __init__(self, request: web.BaseRequest, response: web.StreamResponse, sse: bool) -> None:
+        self._request = request
+        self._response = response
+        self._sse = sse
+        self._buffer: list[bytes] = []
+        self._lock = asyncio.Lock()
+
+    @property
+    def transport(self) -> asyncio.Transport:
+        transport = self._request.transport
+        if transport is None:
+            raise ConnectionResetError("watcher gone")
+        assert isinstance(transport, asyncio.Transport)
+        return transport
+
+    def is_closing(self) -> bool:
+        return _gone(self._request)
+
+    def write(self, data: bytes) -> None:
+        message = msgpack.unpackb(data[HEADER.size :], raw=False)
+        if not message.get("ok"):
+            err = RaftLeaseError(str(message.get("message")), message.get("detail"))
+            body = {
+                "error": {
+                    "code": message.get("code"),
+                    "message": err.message,
+                    "definite": bool(message.get("definite")),
+                    **({"detail": err.detail} if err.detail else {}),
+                }
+            }
+            self._emit("error", None, body)
+            return
+        result = message.get("result") or {}
+        if "revision" in result:
+            self._emit("sync", result["revision"], {"type": "sync", "revision": result["revision"]})
+        for event in result.get("events", ()):
+            self._emit(str(event["type"]), event["revision"], event)
+
+    def _emit(self, kind: str, revision: int | None, body: dict[str, Any]) -> None:
+        text = json.dumps(body, separators=(",", ":"))
+        if not self._sse:
+            self._buffer.append(text.encode() + b"\n")
+            return
+        head = f"id: {revision}\n" if revision is not None and kind != "sync" else ""
+        self._buffer.append(f"{head}event: {kind}\ndata: {text}\n\n".encode())
+
+    async def drain(self) -> None:
+        async with self._lock:
+            chunks, self._buffer = self._buffer, []
+            if chunks:
+                await self._response.write(b"".join(chunks))
+
+    async def keepalive(self) -> None:
+        """A comment (SSE) or an empty line (NDJSON) now and then: a write to a
+        vanished client fails, which ends the stream."""
+        while not self.is_closing():
+            await asyncio.sleep(WATCH_KEEPALIVE)
+            async with self._lock:
+                try:
+                    await self._response.write(b": keepalive\n\n" if self._sse else b"\n")
+                except (ConnectionError, RuntimeError):
+                    self.transport.abort()
+                    return
