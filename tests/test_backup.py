@@ -189,6 +189,14 @@ def test_restore_refuses_a_data_dir_with_raft_state_unless_forced(tmp_path: Path
     with pytest.raises(SnapshotError, match="checksum mismatch"):
         restore_data_dir(bad, _config(tmp_path / "n2"))
     assert not (tmp_path / "n2").exists()
+    # An old cluster's member list would override the new members at start.
+    (tmp_path / "n3").mkdir()
+    (tmp_path / "n3" / "members.json").write_text("{}")
+    with pytest.raises(SnapshotError, match=r"\(members.json\)"):
+        restore_data_dir(snap, _config(tmp_path / "n3", "n3"))
+    assert restore_data_dir(snap, _config(tmp_path / "n3", "n3"), force=True).removed == (
+        "members.json",
+    )
 
 
 @pytest.mark.timeout(30)

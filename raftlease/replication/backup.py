@@ -60,6 +60,8 @@ RAFT_STATE_FILES = (
     DUMP_NAME + ".tmp",
     JOURNAL_NAME + ".repair",
     "running",
+    # The member set a node saw last (membership.py): the old cluster's, not the new one's.
+    "members.json",
 )
 
 _NO_OP = b"\x01"

@@ -271,7 +271,8 @@ class RestoreReport:
 def restore_data_dir(
     snapshot: Path, config: NodeConfig, *, force: bool = False, token_jump: int = DEFAULT_TOKEN_JUMP
 ) -> RestoreReport:
-    """Seed ``config.data_dir`` so the node starts a NEW cluster (``config.nodes``)
+    """Seed ``config.data_dir`` so the node starts a NEW cluster (``config.nodes``, as
+    the dump's member set; a ``members.json`` of an old cluster counts as Raft state)
     with the snapshot's state (``core.snapshot.for_new_cluster``: tokens continue
     ``token_jump`` above the saved ceiling; leases get their TTL again from the new
     cluster's first entry). Every node of the new cluster is seeded from the same file.
@@ -298,10 +299,6 @@ def restore_data_dir(
     _load(fresh)  # the node will load exactly this: prove it does first
     for name in present:
         (data_dir / name).unlink(missing_ok=True)
-    # The member list a node saved (membership changes): the new cluster's is the config.
-    for stale in ("members.json",):
-        with contextlib.suppress(FileNotFoundError):
-            (data_dir / stale).unlink()
     packed: bytes = msgpack.packb(fresh, use_bin_type=True)
     write_seed_dump(data_dir, packed, max(2, int(header["index"])), config.nodes)
     return RestoreReport(
