@@ -344,3 +344,61 @@ def test_leader_change_and_full_restart_lose_no_acknowledged_put_claim_or_comple
         with pytest.raises(StaleAttemptError):
             held.complete("twice")
         assert q.wait_result(held.task_id, timeout=10) == "held result"
+
+
+def _cli(shared: LocalCluster, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raftlease",
+            "queue",
+            *args,
+            "--endpoints",
+            ",".join(shared.endpoints),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+    return out.returncode, out.stdout + out.stderr
+
+
+def test_the_cli_put_claim_complete_fail_stats_dead_retry(shared: LocalCluster) -> None:
+    import json
+
+    code, out = _cli(shared, "put", "t-cli", '{"n": 1}', "--priority", "3", "--json")
+    assert code == 0, out
+    tid = json.loads(out)["task_id"]
+    code, out = _cli(shared, "claim", "t-cli", "--worker", "sh", "--lease-ttl", "60s", "--json")
+    assert code == 0, out
+    claimed = json.loads(out)
+    assert claimed["task_id"] == tid and claimed["payload"] == {"n": 1}
+    # The attempt id from the environment (not the command line) completes it.
+    env = {"RAFTLEASE_ATTEMPT_ID": claimed["attempt_id"]}
+    code, out = _cli(shared, "complete", "t-cli", tid, "--result", '{"ok": true}', env=env)
+    assert code == 0 and f"completed task {tid}" in out, out
+    code, out = _cli(shared, "complete", "t-cli", tid, "--json", env=env)
+    assert code == 1 and json.loads(out)["code"] == "STALE_ATTEMPT", out
+    # A task that fails its only attempt is dead; retry puts it back.
+    code, out = _cli(shared, "put", "t-cli", "plain text", "--max-attempts", "1", "--json")
+    other = json.loads(out)["task_id"]
+    code, out = _cli(shared, "claim", "t-cli", "--worker", "sh", "--json")
+    attempt = json.loads(out)["attempt_id"]
+    assert json.loads(out)["payload"] == "plain text"
+    code, out = _cli(shared, "fail", "t-cli", other, "--attempt-id", attempt, "--error", "OOM")
+    assert code == 0 and "now dead" in out, out
+    code, out = _cli(shared, "dead", "t-cli")
+    assert code == 0 and other in out and "OOM" in out, out
+    code, out = _cli(shared, "stats", "t-cli", "--json")
+    stats = json.loads(out)
+    assert (stats["dead"], stats["completed"]) == (1, 1), out
+    code, out = _cli(shared, "retry", "t-cli", other)
+    assert code == 0, out
+    code, out = _cli(shared, "stats", "t-cli")
+    assert "1 ready" in out and "0 dead" in out, out
+    code, out = _cli(shared, "claim", "t-cli", "--worker", "sh", "--capability", "gpu=x")
+    assert code == 0 and "attempt id:" in out, out
+    code, out = _cli(shared, "claim", "t-cli", "--worker", "sh", "--json")
+    assert code == 4 and json.loads(out)["claimed"] is False, out

@@ -1,0 +1,334 @@
+"""``raftlease queue put|claim|complete|fail|stats|dead|retry``: the leased task queues
+from the shell (docs/queues.md), with human output or ``--json``.
+
+A task claimed here gets no heartbeats (the command exits): give ``--lease-ttl`` long
+enough for the work. The attempt id (the secret that proves the attempt) is printed
+once, to the claimer; ``complete``/``fail`` take it from ``--attempt-id`` or the
+environment (``RAFTLEASE_ATTEMPT_ID``, not visible in ``ps``). Payloads and results
+are JSON text; text that is not JSON is sent as a JSON string.
+
+Exit status as for the other client commands: 0 done, 1 a definite error, 3 an
+unknown outcome; ``claim`` exits 4 when no task came within ``--wait``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from .cli import DURATION, TTL, _client, _client_options, _fail, _safe, main
+from .client.aio_queue import QueueStats, TaskInfo
+from .errors import RaftLeaseError
+
+#: ``claim`` found no task within ``--wait``.
+EXIT_NO_TASK = 4
+
+
+def _json_value(text: str) -> Any:
+    """The JSON value of ``text``, or ``text`` itself as a string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _labels(pairs: tuple[str, ...], what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise click.UsageError(f"{what} must be NAME=VALUE, not {pair!r}")
+        out[name] = value
+    return out
+
+
+def _info_dict(info: TaskInfo) -> dict[str, Any]:
+    return {
+        "task_id": info.task_id,
+        "queue": info.queue,
+        "status": info.status,
+        "payload": info.payload,
+        "priority": info.priority,
+        "requires": info.requires,
+        "attempts": info.attempts,
+        "failures": info.failures,
+        "max_attempts": info.max_attempts,
+        "result": info.result,
+        "dead_reason": info.dead_reason,
+        "history": [
+            {
+                "attempt": a.number,
+                "worker": a.worker,
+                "token": a.token,
+                "outcome": a.outcome,
+                "error": a.error,
+            }
+            for a in info.history
+        ],
+    }
+
+
+def _stats_dict(stats: QueueStats) -> dict[str, Any]:
+    return {
+        "queue": stats.queue,
+        "ready": stats.ready,
+        "delayed": stats.delayed,
+        "claimed": stats.claimed,
+        "dead": stats.dead,
+        "completed": stats.completed,
+        "waiting_claims": stats.waiting_claims,
+        "attempts": stats.attempts,
+        "oldest_ready_age": stats.oldest_ready_age,
+    }
+
+
+def _echo(as_json: bool, data: dict[str, Any], human: str) -> None:
+    click.echo(json.dumps({"ok": True, **data}) if as_json else human)
+
+
+@main.group()
+def queue() -> None:
+    """Leased task queues: put, claim, complete, fail, stats, dead, retry."""
+
+
+_attempt_option = click.option(
+    "--attempt-id",
+    envvar="RAFTLEASE_ATTEMPT_ID",
+    required=True,
+    help="The attempt id claim printed (env RAFTLEASE_ATTEMPT_ID).",
+)
+
+
+@queue.command()
+@click.argument("name")
+@click.argument("payload")
+@click.option("--priority", type=int, default=0, show_default=True, help="-1000..1000.")
+@click.option("--delay", type=DURATION, default=0.0, help="Claimable only after this long.")
+@click.option("--dedup-key", default=None, help="A repeat with this key returns the first id.")
+@click.option("--max-attempts", type=int, default=None, help="Attempts before dead-letter.")
+@click.option("--lease-ttl", type=TTL, default=None, help="Each attempt's TTL (default 30s).")
+@click.option("--progress-timeout", type=TTL, default=None, help="Progress-aware expiry.")
+@click.option("--requires", multiple=True, metavar="NAME=VALUE", help="A needed capability.")
+@click.option("--deadline", type=DURATION, default=None, help="Dead-letter after this long.")
+@_client_options
+def put(
+    name: str,
+    payload: str,
+    priority: int,
+    delay: float,
+    dedup_key: str | None,
+    max_attempts: int | None,
+    lease_ttl: float | None,
+    progress_timeout: float | None,
+    requires: tuple[str, ...],
+    deadline: float | None,
+    endpoints: str,
+    as_json: bool,
+    timeout: float,
+) -> None:
+    """Put PAYLOAD (JSON text) into queue NAME; prints the task id."""
+    try:
+        with _client(endpoints) as c:
+            tid = c.queue(name).put(
+                _json_value(payload),
+                priority=priority,
+                delay=delay,
+                dedup_key=dedup_key,
+                max_attempts=max_attempts,
+                lease_ttl=lease_ttl,
+                progress_timeout=progress_timeout,
+                requires=_labels(requires, "--requires") or None,
+                deadline=deadline,
+                timeout=timeout,
+            )
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    _echo(as_json, {"queue": name, "task_id": tid}, f"put into {_safe(name)}: task {tid}")
+
+
+@queue.command()
+@click.argument("name")
+@click.option("--worker", required=True, help="Who works on it (a label for people and logs).")
+@click.option("--wait", type=DURATION, default=0.0, help="Wait for a task up to this long.")
+@click.option("--lease-ttl", type=TTL, default=None, help="This attempt's TTL.")
+@click.option("--capability", multiple=True, metavar="NAME=VALUE", help="An offered capability.")
+@_client_options
+def claim(
+    name: str,
+    worker: str,
+    wait: float,
+    lease_ttl: float | None,
+    capability: tuple[str, ...],
+    endpoints: str,
+    as_json: bool,
+    timeout: float,
+) -> None:
+    """Claim one task from queue NAME; prints it with its attempt id (no heartbeats
+    follow: the attempt lasts its TTL)."""
+    try:
+        with _client(endpoints) as c:
+            task = c.queue(name).claim(
+                worker=worker,
+                wait=wait,
+                lease_ttl=lease_ttl,
+                capabilities=_labels(capability, "--capability") or None,
+                timeout=max(timeout, wait + 5.0) if wait else timeout,
+            )
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    if task is None:
+        if as_json:
+            click.echo(json.dumps({"ok": True, "queue": name, "claimed": False}))
+        else:
+            click.echo(f"no task in {_safe(name)}", err=True)
+        raise SystemExit(EXIT_NO_TASK)
+    data = {
+        "queue": name,
+        "claimed": True,
+        "task_id": task.task_id,
+        "attempt_id": task.lease_id,
+        "attempt": task.attempt,
+        "token": task.token,
+        "ttl": task.ttl,
+        "valid_for": round(task.remaining, 3),
+        "payload": task.payload,
+    }
+    _echo(
+        as_json,
+        data,
+        f"claimed task {task.task_id} (attempt {task.attempt}, token {task.token}, "
+        f"ttl {task.ttl:g} s)\npayload: {_safe(json.dumps(task.payload))}\n"
+        f"attempt id: {task.lease_id}",
+    )
+
+
+@queue.command()
+@click.argument("name")
+@click.argument("task_id")
+@_attempt_option
+@click.option("--result", default="null", help="The result (JSON text).")
+@_client_options
+def complete(
+    name: str,
+    task_id: str,
+    attempt_id: str,
+    result: str,
+    endpoints: str,
+    as_json: bool,
+    timeout: float,
+) -> None:
+    """Complete TASK_ID of queue NAME with --result (refused unless the attempt is
+    the current one: STALE_ATTEMPT)."""
+    args = {
+        "queue": name,
+        "task_id": task_id,
+        "attempt_id": attempt_id,
+        "result": json.dumps(_json_value(result)),
+    }
+    try:
+        with _client(endpoints) as c:
+            c.call("task_complete", args, mutating=True, timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    _echo(as_json, {"queue": name, "task_id": task_id}, f"completed task {task_id}")
+
+
+@queue.command()
+@click.argument("name")
+@click.argument("task_id")
+@_attempt_option
+@click.option("--error", "error_text", default="", help="Why it failed.")
+@click.option("--retry-after", type=DURATION, default=None, help="Retry after this long.")
+@_client_options
+def fail(
+    name: str,
+    task_id: str,
+    attempt_id: str,
+    error_text: str,
+    retry_after: float | None,
+    endpoints: str,
+    as_json: bool,
+    timeout: float,
+) -> None:
+    """Fail the attempt on TASK_ID of queue NAME: retried after a backoff (or
+    --retry-after), or dead-lettered once it used all its attempts."""
+    args: dict[str, Any] = {
+        "queue": name,
+        "task_id": task_id,
+        "attempt_id": attempt_id,
+        "error": error_text,
+    }
+    if retry_after is not None:
+        args["retry_after"] = retry_after
+    try:
+        with _client(endpoints) as c:
+            result = c.call("task_fail", args, mutating=True, timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    status = str(result.get("status", ""))
+    _echo(
+        as_json,
+        {"queue": name, "task_id": task_id, "status": status},
+        f"failed task {task_id}: now {status}",
+    )
+
+
+@queue.command()
+@click.argument("name")
+@_client_options
+def stats(name: str, endpoints: str, as_json: bool, timeout: float) -> None:
+    """Counts of queue NAME."""
+    try:
+        with _client(endpoints) as c:
+            got = c.queue(name).stats(timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    age = "-" if got.oldest_ready_age is None else f"{got.oldest_ready_age:.1f} s"
+    _echo(
+        as_json,
+        _stats_dict(got),
+        f"queue {_safe(name)}: {got.ready} ready, {got.delayed} delayed, {got.claimed} "
+        f"claimed, {got.dead} dead, {got.completed} completed, {got.waiting_claims} "
+        f"waiting claims, {got.attempts} attempts; oldest ready {age}",
+    )
+
+
+@queue.command()
+@click.argument("name")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@_client_options
+def dead(name: str, limit: int, endpoints: str, as_json: bool, timeout: float) -> None:
+    """The dead-letter list of queue NAME, with every attempt's error."""
+    try:
+        with _client(endpoints) as c:
+            tasks = c.queue(name).dead(limit=limit, timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        click.echo(json.dumps({"ok": True, "queue": name, "dead": [_info_dict(t) for t in tasks]}))
+        return
+    if not tasks:
+        click.echo(f"no dead tasks in {_safe(name)}")
+    for task in tasks:
+        click.echo(f"{task.task_id}: {_safe(task.dead_reason)}")
+        for attempt in task.history:
+            click.echo(
+                f"  attempt {attempt.number} by {_safe(attempt.worker)} (token "
+                f"{attempt.token}): {attempt.outcome} {_safe(attempt.error)}".rstrip()
+            )
+
+
+@queue.command()
+@click.argument("name")
+@click.argument("task_id")
+@_client_options
+def retry(name: str, task_id: str, endpoints: str, as_json: bool, timeout: float) -> None:
+    """Put dead TASK_ID of queue NAME back (a fresh attempt budget)."""
+    try:
+        with _client(endpoints) as c:
+            c.queue(name).retry(task_id, timeout=timeout)
+    except RaftLeaseError as exc:
+        _fail(exc, as_json)
+    _echo(as_json, {"queue": name, "task_id": task_id}, f"retrying task {task_id}")
