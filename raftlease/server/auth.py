@@ -23,7 +23,8 @@ by hash, in constant time), or by a client certificate the node's CA signed (its
 common name is the principal's name). Actions: ``read`` (holder, leases, fence, watch,
 await_lease, waiters; ``sessions`` needs read on the prefix ""), ``write`` (acquire,
 renew, release, transfer, proclaim; lease sessions need write on some prefix),
-``admin`` (``revoke`` on the key's prefix; control operations). A prefix operation
+``admin`` (``revoke`` on the key's prefix; ``snapshot``, the membership operations and
+control operations on the whole key space). A prefix operation
 (``leases``, ``watch``) needs the permission on a prefix that contains the one asked.
 
 Pure apart from ``load_auth`` (reads the file). Event loop only.
