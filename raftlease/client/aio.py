@@ -554,8 +554,9 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         self, prefix: str = "", *, from_revision: int = 0
     ) -> AsyncGenerator[WatchEvent, None]:
         """Changes to keys under ``prefix``, in order: an async iterator of
-        ``WatchEvent`` (grant, renew, release, expire, transfer), each with its
-        revision. ``from_revision=0`` starts from now; otherwise from that revision.
+        ``WatchEvent`` (grant, renew, release, expire, transfer, proclaim, revoke),
+        each with its revision. ``from_revision=0`` starts from now; otherwise from
+        that revision.
 
         On a dropped connection or a dead node it reconnects to another endpoint and
         resumes after the last revision it yielded, so no event is missed or repeated.
