@@ -68,6 +68,7 @@ def _show_header(header: dict[str, Any]) -> None:
         "raftlease_version",
         "body_bytes",
         "body_sha256",
+        "dump_index",
         "known_committed",
     )
     for name in names:

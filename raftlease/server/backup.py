@@ -246,6 +246,7 @@ def save_from_data_dir(
         raise SnapshotError(str(exc)) from None
     body: bytes = msgpack.packb(state.store.to_plain(), use_bin_type=True)
     header = make_header(body, state.index, state.term, source="data-dir", node=node)
+    header["dump_index"] = state.dump_index
     header["known_committed"] = state.known_committed
     header["replayed_entries"] = state.replayed
     header["left_out_entries"] = state.left_out
