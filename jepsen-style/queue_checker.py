@@ -642,14 +642,18 @@ def check_dead_letters(qops: list[QOp], params: QParams) -> dict[str, Any]:
         judged.add(task)
         if reason == "attempts":
             most = put.args.get("max_attempts")
-            if not _is_int(most):
-                verdict.cannot("put without max_attempts", task=task)
+            # ``failures``: the attempts counted against max_attempts (a released one
+            # is not); ``attempts``: every claim. Without ``failures``, the claims.
+            counted = record.get("failures", used)
+            if not _is_int(most) or not _is_int(counted):
+                verdict.cannot("put without max_attempts, or malformed failures", task=task)
                 continue
-            if used < most:
+            if counted < most or counted > used:
                 verdict.bad(
                     "dead-lettered before using all its attempts",
                     task=task,
                     attempts=used,
+                    failures=counted,
                     max_attempts=most,
                 )
             possible = len(granted.get(task, ())) + unanswered.get(put.key, 0)

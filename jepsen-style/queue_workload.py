@@ -57,6 +57,8 @@ from raftlease.errors import RaftLeaseError
 
 Event = dict[str, Any]
 HERE = Path(__file__).resolve().parent
+#: The most dead-letter entries one read returns (raftlease.limits.MAX_DEAD_LIST).
+DEAD_LIST_LIMIT = 10_000
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class QueueConfig:
     #: A stall lasts the attempt's TTL plus this: past the expiry and the first retry
     #: backoff (0.5-1 s by default), so the task is usually handed on meanwhile.
     stall_extra: float = 2.5
+    stall_poll: float = 0.05
     p_stuck: float = 0.3  # of the attempts of a progress_timeout task
     #: Seconds between SIGKILLs of the worker process (drawn), while it holds a task.
     crash_every: tuple[float, float] = (4.0, 9.0)
@@ -129,7 +132,11 @@ def describe_task_state(state: Any) -> dict[str, Any]:
     ``result``, ``reason``. A pending task's reason says why it is pending."""
     status = _field(state, "status", "state")
     status = None if status is None else str(status).lower()
-    out: dict[str, Any] = {"status": status, "attempts": _field(state, "attempts", "attempt")}
+    out: dict[str, Any] = {
+        "status": status,
+        "attempts": _field(state, "attempts", "attempt"),
+        "failures": _field(state, "failures"),
+    }
     if status == "completed":
         out["result"] = _field(state, "result")
     elif status == "dead":
@@ -165,6 +172,7 @@ def describe_dead(entries: Any) -> list[dict[str, Any]]:
             {
                 "task": task_id(entry),
                 "attempts": _field(entry, "attempts", "attempt"),
+                "failures": _field(entry, "failures"),
                 "reason": dead_reason(entry),
             }
         )
@@ -397,10 +405,12 @@ class QueueWorker:
             if isinstance(beat_result, RaftLeaseError) and beat_result.definite:
                 return  # the attempt is over (stale or expired): drop it
         if rng.random() < cfg.p_stall:
-            # A zombie: stall past the attempt's TTL, then complete as if nothing happened.
+            # A zombie: stall past the attempt's TTL, then go on as if nothing happened.
+            # It wakes early once its task is held by a newer attempt (watched with
+            # reads): the moment its late call does the most harm if accepted.
             seconds = attempt_ttl + cfg.stall_extra
             self.rec.note("stall", **ident, seconds=seconds)
-            stop.wait(seconds)
+            self._stall(stop, tid, int(token), seconds, valid_until)
         draw = rng.random()
         if draw < cfg.p_fail:
             self.rec.call(
@@ -415,6 +425,27 @@ class QueueWorker:
             self.rec.call(
                 "q.complete", {**ident, "result": result}, lambda: task.complete(result=result)
             )
+
+    def _stall(
+        self, stop: threading.Event, tid: str, token: int, seconds: float, valid_until: float
+    ) -> None:
+        """Sleep ``seconds``, or less: from the attempt's own expiry on, read the task
+        every ``stall_poll`` s (``q.get``, not final) and stop sleeping once another
+        attempt holds it."""
+        end = time.monotonic() + seconds
+        stop.wait(max(0.0, valid_until - time.monotonic()))
+        while not stop.is_set() and time.monotonic() < end:
+            state = self.rec.call(
+                "q.get",
+                {"task": tid, "final": False},
+                lambda: self.queue.get(tid),
+                lambda info, _sent: describe_task_state(info),
+            )
+            holder = _field(state, "token")
+            if _field(state, "status") == "claimed" and holder is not None and holder != token:
+                self.rec.note("zombie-wakes", task=tid, token=token, holder=holder)
+                return
+            stop.wait(self.config.stall_poll)
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -703,7 +734,10 @@ def final_reads_on(
         else:
             done["get_unanswered"] += 1
     result = until_answered(
-        "q.dead", {}, queue.dead, lambda entries, _s: {"tasks": describe_dead(entries)}
+        "q.dead",
+        {},
+        lambda: queue.dead(limit=DEAD_LIST_LIMIT),
+        lambda entries, _s: {"tasks": describe_dead(entries)},
     )
     done["dead_ok"] = int(not _failed(result))
     return done

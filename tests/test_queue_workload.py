@@ -172,7 +172,7 @@ class FakeQueue:
             task = self.tasks[tid]
             return {**task, "tid": tid}
 
-    def dead(self) -> list[dict[str, Any]]:
+    def dead(self, limit: int = 100) -> list[dict[str, Any]]:
         with self.lock:
             self._tick(time.monotonic())
             return [{**t, "tid": tid} for tid, t in self.tasks.items() if t["status"] == "dead"]
