@@ -212,6 +212,11 @@ class HttpApi:
             result = await self._await_grant(request, fields, result, caller)
         elif route.poll == "claim" and result.get("queued"):
             result = await self._await_claim(request, fields, result, caller)
+        if route.tag == "queues":
+            # The request fields' names beside the native result's short ones.
+            for short, name in (("tid", "task_id"), ("aid", "attempt_id")):
+                if short in result:
+                    result = {**result, name: result[short]}
         return _json(200, result)
 
     def _method_not_allowed(self, allowed: str) -> web.Response:
@@ -429,7 +434,7 @@ class HttpApi:
         """A claim with ``wait`` is waiting: poll until it is granted (its answer)
         or gone; then cancel what is left of it."""
         loop = asyncio.get_running_loop()
-        queue, aid = str(fields.get("queue")), str(queued.get("attempt_id"))
+        queue, aid = str(fields.get("queue")), str(queued.get("aid"))
         until = loop.time() + float(fields.get("wait") or 0.0)
         status: dict[str, Any] = queued
         while (left := until - loop.time()) > 0 and not _gone(request):
