@@ -494,6 +494,7 @@ def _lease_dict(lease: Lease) -> dict[str, Any]:
         "ttl": lease.ttl,
         "lease_id": lease.lease_id,
         "valid_for": round(lease.remaining, 3),
+        **({"unit_indices": list(lease.unit_indices)} if lease.unit_indices else {}),
     }
 
 
@@ -506,6 +507,7 @@ def _holder_dict(holder: Holder) -> dict[str, Any]:
         "remaining": round(holder.remaining, 3),
         "units": holder.units,
         "value": holder.value,
+        **({"unit_indices": list(holder.unit_indices)} if holder.unit_indices else {}),
     }
 
 
@@ -557,7 +559,12 @@ def acquire(
             f"acquired {_safe(lease.key)} for {_safe(lease.owner)}: token {lease.token}, "
             f"ttl {lease.ttl:g} s\n"
             f"lease id: {lease.lease_id}"
+            + (f"\nunits: {_units_text(lease.unit_indices)}" if lease.unit_indices else "")
         )
+
+
+def _units_text(indices: Sequence[int]) -> str:
+    return ",".join(str(i) for i in indices)
 
 
 _lease_id_options = [
@@ -694,8 +701,9 @@ def holder(key: str, consistency: str, endpoints: str, as_json: bool, timeout: f
         click.echo(f"{_safe(key)}: {read.used} of {read.capacity} units held")
         for item in read.holders:
             click.echo(
-                f"  {_safe(item.owner)}: {item.units} unit(s), token {item.token}, "
-                f"{item.remaining:.2f} s left"
+                f"  {_safe(item.owner)}: {item.units} unit(s)"
+                + (f" [{_units_text(item.unit_indices)}]" if item.unit_indices else "")
+                + f", token {item.token}, {item.remaining:.2f} s left"
             )
     else:
         click.echo(
@@ -765,10 +773,10 @@ def status(endpoints: str, as_json: bool, timeout: float) -> None:
 from . import (  # noqa: E402
     cli_admin,  # noqa: F401
     cli_lock,  # noqa: F401
+    cli_mcp,  # noqa: F401
     cli_member,  # noqa: F401
     cli_snapshot,  # noqa: F401
 )
-from . import cli_mcp  # noqa: E402,F401  (registers its commands)
 from . import cli_queue  # noqa: E402,F401  (registers its commands)
 
 if __name__ == "__main__":  # pragma: no cover

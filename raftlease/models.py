@@ -73,6 +73,9 @@ class Lease:
     value: str = ""
     #: The lease session it is attached to; its validity is then the session's.
     session: Attachable | None = field(default=None, compare=False, repr=False)
+    #: The units it holds on a pool or semaphore (capacity 2 to 1024): their indices,
+    #: the lowest free at grant (a GPU pool's device numbers); () otherwise.
+    unit_indices: tuple[int, ...] = ()
 
     @property
     def trusted_until(self) -> float:
@@ -105,6 +108,8 @@ class Holder:
     remaining: float
     units: int = 1
     value: str = ""
+    #: The unit indices this holder holds on a pool (see ``Lease.unit_indices``).
+    unit_indices: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -245,6 +245,7 @@ def test_a_two_unit_key_reports_its_capacity_used_units_and_holders() -> None:
         "ttl": 1000,
         "expires_at": 1010,
         "remaining": 910,
+        "unit_indices": [1],
         "capacity": 2,
         "used": 2,
         "holders": [
@@ -255,6 +256,7 @@ def test_a_two_unit_key_reports_its_capacity_used_units_and_holders() -> None:
                 "ttl": 1000,
                 "expires_at": 1000,
                 "remaining": 900,
+                "unit_indices": [0],
             },
             {
                 "key": "k",
@@ -263,6 +265,7 @@ def test_a_two_unit_key_reports_its_capacity_used_units_and_holders() -> None:
                 "ttl": 1000,
                 "expires_at": 1010,
                 "remaining": 910,
+                "unit_indices": [1],
             },
         ],
     }
@@ -614,7 +617,32 @@ EMPTY_TASKS: dict[str, Any] = {
     "dead": [],
     "by_session": [],
 }
-GOLDEN_V5 = {**GOLDEN_V4, "v": 5, "tasks": EMPTY_TASKS}
+#: Layout 5 rows of pool leases may carry a 12th field: the unit indices they hold
+#: (principal "" before it). A snapshot written before them restores with the lowest
+#: free indices, oldest grant first; its cached answers stay as they were.
+POOL_ROW = ["pool", "P1", "carol", 2, 5000, 300, 5100, 2, "v", "S", "", [0, 1]]
+RESTORED_V5 = {
+    **GOLDEN_V4,
+    "v": 5,
+    "tasks": EMPTY_TASKS,
+    "leases": [GOLDEN_V4["leases"][0], POOL_ROW],
+}
+GOLDEN_V5 = {
+    **RESTORED_V5,
+    # The live store's cached answer to the pool acquire names the units too.
+    "sessions": [
+        [
+            cid,
+            seen,
+            acked,
+            [
+                [seq, {**res, "unit_indices": [0, 1]} if res.get("key") == "pool" else res, fp]
+                for seq, res, fp in results
+            ],
+        ]
+        for cid, seen, acked, results in GOLDEN_V4["sessions"]
+    ],
+}
 
 
 def test_the_snapshot_layout_is_version_5_field_for_field() -> None:
@@ -623,12 +651,15 @@ def test_the_snapshot_layout_is_version_5_field_for_field() -> None:
 
 def test_a_version_4_snapshot_restores_to_the_same_store() -> None:
     restored = LeaseStore.from_plain(copy.deepcopy(GOLDEN_V4))
-    assert restored.to_plain() == GOLDEN_V5
+    assert restored.to_plain() == RESTORED_V5
+    assert restored.leases["P1"].slots == (0, 1)
+    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V5)).to_plain() == GOLDEN_V5
     # And it goes on exactly as the store that wrote it: the next waiter is order 3.
     live = _golden_store()
     later = acquire(400, "W3", owner="eve", wait=100, cid="c4", term=2)
     assert restored.apply(dict(later)) == live.apply(dict(later))
-    assert restored.to_plain() == live.to_plain()
+    # Identical but for the old cached answer to the pool acquire (no unit indices).
+    assert {**restored.to_plain(), "sessions": None} == {**live.to_plain(), "sessions": None}
     assert restored.queues["k"][-1].order == 3
 
 
@@ -638,6 +669,7 @@ def test_a_version_3_snapshot_gets_a_ceiling_one_step_above_its_revision() -> No
         **GOLDEN_V3,
         "v": 5,
         "tasks": EMPTY_TASKS,
+        "leases": RESTORED_V5["leases"],
         "ceiling": GOLDEN_V3["revision"] + TOKEN_RESERVE_STEP,
         # Answers from before fingerprints have none: returned to any retry, as before.
         "sessions": [

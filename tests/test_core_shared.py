@@ -198,6 +198,8 @@ def test_semaphore_of_three_grants_three_and_refuses_the_fourth() -> None:
             "ttl": 1000,
             "expires_at": expires_at,
             "remaining": expires_at - 3,
+            # Each slot names the unit it holds: the lowest free one at its grant.
+            "unit_indices": [token - 1],
         }
 
     assert s.holder("sem") == {

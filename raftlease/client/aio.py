@@ -83,6 +83,7 @@ def _holder(data: dict[str, Any]) -> Holder:
         remaining=max(0.0, data["remaining"] / 1000.0),
         units=int(data.get("units", 1)),
         value=str(data.get("value", "")),
+        unit_indices=tuple(int(i) for i in data.get("unit_indices", ())),
     )
 
 
@@ -200,6 +201,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             units=int(result.get("units", 1)),
             value=str(result.get("value", "")),
             session=session,
+            unit_indices=tuple(int(i) for i in result.get("unit_indices", ())),
         )
 
     def valid_until(self, sent: float, seconds: float) -> float:

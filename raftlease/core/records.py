@@ -8,6 +8,11 @@ from typing import Any
 
 Result = dict[str, Any]
 
+#: Shared keys up to this capacity name the units each lease holds (``slots``: a GPU
+#: pool's device indices). Larger ones (read/write locks, big semaphores) do not: a
+#: writer would carry a million indices.
+MAX_INDEXED_CAPACITY = 1024
+
 
 @dataclass(slots=True)
 class LeaseRecord:
@@ -18,7 +23,9 @@ class LeaseRecord:
     ``session`` is the lease session it is attached to ("" for none): an attached
     lease expires with its session and is renewed by the session's keep-alive;
     ``principal`` is the authenticated client that took it ("" without auth): only it
-    may renew, release, transfer or proclaim the lease."""
+    may renew, release, transfer or proclaim the lease. ``slots`` are the unit indices
+    it holds on a shared key of capacity 2..``MAX_INDEXED_CAPACITY`` (the lowest free
+    ones at grant time, kept across a transfer; empty otherwise)."""
 
     key: str
     lease_id: str
@@ -31,6 +38,7 @@ class LeaseRecord:
     value: str = ""
     session: str = ""
     principal: str = ""
+    slots: tuple[int, ...] = ()
 
     def to_plain(self) -> list[Any]:
         plain = [
@@ -45,6 +53,8 @@ class LeaseRecord:
             self.value,
             self.session,
         ]
+        if self.slots:
+            return [*plain, self.principal, list(self.slots)]
         return [*plain, self.principal] if self.principal else plain
 
 

@@ -71,13 +71,22 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     store._session_deadlines = [(s.expires_at, sid) for sid, s in store.lease_sessions.items()]
     heapq.heapify(store._session_deadlines)
     store.capacity = {key: cap for key, cap in data["capacity"]}
+    unindexed: list[LeaseRecord] = []
     for plain in data["leases"]:
         lease = LeaseRecord(*plain)
+        if len(plain) > 11:
+            lease.slots = tuple(plain[11])
+        else:
+            unindexed.append(lease)
         store.leases[lease.lease_id] = lease
         store.holders.setdefault(lease.key, {})[lease.lease_id] = lease
         store.used[lease.key] = store.used.get(lease.key, 0) + lease.units
         if lease.session:
             store.lease_sessions[lease.session].leases[lease.lease_id] = None
+    # A snapshot from before unit indices: its pool leases get the lowest free ones,
+    # oldest grant (lowest token) first, so every replica assigns the same.
+    for lease in sorted(unindexed, key=lambda lease: lease.token):
+        lease.slots = store.free_slots(lease.key, lease.units)
     store.clients = ClientTable.from_plain(data["sessions"])
     store.queue_order = data["queue_order"]
     for plain in data["waiters"]:

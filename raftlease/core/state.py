@@ -7,7 +7,7 @@ from typing import Any
 
 from .dedup import ClientTable
 from .queue import TaskQueues
-from .records import LeaseRecord, LeaseSession, Result, Waiter
+from .records import MAX_INDEXED_CAPACITY, LeaseRecord, LeaseSession, Result, Waiter
 
 
 class StoreState:
@@ -104,6 +104,8 @@ class StoreState:
         grantee's answer names it; a read says ``in_session``."""
         if lease.units != 1:
             out["units"] = lease.units
+        if lease.slots:
+            out["unit_indices"] = list(lease.slots)
         if lease.value:
             out["value"] = lease.value
         if lease.session:
@@ -112,6 +114,17 @@ class StoreState:
             else:
                 out["in_session"] = True
         return out
+
+    def free_slots(self, key: str, units: int) -> tuple[int, ...]:
+        """The ``units`` lowest unit indices of ``key`` that no live lease holds, for a
+        shared key of capacity 2..``MAX_INDEXED_CAPACITY`` (else ``()``). Called
+        before a grant, when the units are known to fit."""
+        capacity = self.capacity.get(key, 1)
+        if not 1 < capacity <= MAX_INDEXED_CAPACITY:
+            return ()
+        taken = {i for lease in self.holders.get(key, {}).values() for i in lease.slots}
+        free = [i for i in range(capacity) if i not in taken]
+        return tuple(free[:units])
 
     def _live(self, key: str, at: int) -> list[LeaseRecord]:
         """The live leases on ``key`` at log time ``at``, oldest grant first. Safe

@@ -392,7 +392,12 @@ class LeaseStore(StoreState):
         value: str = "",
         sid: str = "",
         principal: str = "",
+        slots: tuple[int, ...] | None = None,
     ) -> LeaseRecord:
+        """``slots``: the unit indices to hold (a transfer keeps them); default the
+        lowest free ones (``free_slots``)."""
+        if slots is None:
+            slots = self.free_slots(key, units)
         self.revision += 1
         session = self.lease_sessions.get(sid) if sid else None
         if session is not None:
@@ -409,6 +414,7 @@ class LeaseStore(StoreState):
             value=value,
             session=sid if session is not None else "",
             principal=principal,
+            slots=slots,
         )
         self.leases[lease_id] = lease
         self.holders.setdefault(key, {})[lease_id] = lease
@@ -588,6 +594,7 @@ class LeaseStore(StoreState):
             lease.units,
             lease.value,
             principal=lease.principal,
+            slots=lease.slots,
         )
         return self._lease_result(new)
 

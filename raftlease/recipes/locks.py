@@ -65,6 +65,14 @@ class _HeldState(KeepAliveState):
         return self.lease.token
 
     @property
+    def unit_indices(self) -> tuple[int, ...]:
+        """The pool units it holds (``Lease.unit_indices``): with a GPU pool,
+        ``CUDA_VISIBLE_DEVICES=",".join(map(str, held.unit_indices))``."""
+        if self.lease is None:
+            raise RuntimeError("the lock is not held")
+        return self.lease.unit_indices
+
+    @property
     def valid(self) -> bool:
         """True while the lock is held and its lease valid on this client's clock."""
         return self.lease is not None and self.lost_reason is None and self.lease.valid
