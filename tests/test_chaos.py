@@ -9,7 +9,10 @@ Part 2 (integration): a CI-profile run on the correct build passes and shows vol
 client refused, every heal measured, every fault kind run, every replica rebuilt), a
 run on a build with the planted bug ``fast_log_clock`` fails with a mutual-exclusion or
 fencing violation, and three power losses pass on the honest build and fail a safety
-checker on the planted build ``unsynced_acks`` (acknowledgements before any sync).
+checker on the planted build ``unsynced_acks`` (acknowledgements before any sync). The
+CI run includes the task-queue workload and its checkers (issue 12); a smoke run on the
+planted build ``accept_stale_attempt`` (a zombie worker's late call accepted) fails
+``queue_one_completion``.
 tests/test_checker_rules.py holds each checker rule's own self-test.
 """
 
@@ -36,6 +39,7 @@ import checker  # noqa: E402
 import linearizability  # noqa: E402
 import nemesis  # noqa: E402
 import proxy  # noqa: E402
+import queue_checker  # noqa: E402
 from workload import FencedStore, History  # noqa: E402
 
 from raftlease.config import NodeAddress  # noqa: E402
@@ -920,6 +924,53 @@ def test_ci_profile_passes_on_the_correct_build(tmp_path: Path) -> None:
     assert replicas["replayed"] == 5 and replicas["index"], replicas
     # The resource asked the cluster before writes, and the cluster answered.
     assert results["checkers"]["fencing"]["stats"]["cluster_confirmed"] > 100, output
+    # The task queues ran beside the leases (issue 12) and had something to judge.
+    assert set(queue_checker.CHECKERS) <= set(verdicts), verdicts
+    queue = {n: results["checkers"][n]["stats"] for n in queue_checker.CHECKERS}
+    final = queue["queue_lost_put"]["final"]
+    assert queue["queue_lost_put"]["acknowledged_puts"] >= 100, queue
+    assert final.get("completed", 0) >= 50 and final.get("dead", 0) >= 3, queue
+    assert queue["queue_one_completion"]["stale_refused"] >= 1, queue
+    notes = queue_checker.queue_stats(_history(tmp_path), [])["notes"]
+    assert notes.get("crash", 0) >= 3 and notes.get("stall", 0) >= 1, notes
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(450)
+def test_planted_bug_accept_stale_attempt_is_caught(tmp_path: Path) -> None:
+    """A smoke run (three faults) of the planted build ``accept_stale_attempt`` fails
+    ``queue_one_completion``: a stalled worker wakes while its task is held by a newer
+    attempt and its late completion (or failure) is accepted. Whether a stall meets a
+    live newer attempt depends on timing, so up to three runs; each one must show a
+    zombie waking, or it proved nothing and the next run is tried."""
+    outputs = []
+    for attempt in range(3):
+        where = tmp_path / f"attempt{attempt}"
+        code, results, output = _run_suite(
+            where,
+            "--profile",
+            "smoke",
+            "--seed",
+            str(1 + attempt),
+            "--queue",
+            "on",
+            "--planted-bug",
+            "accept_stale_attempt",
+            timeout=140,
+        )
+        print(output)
+        outputs.append(output)
+        checkers = results.get("checkers", {})
+        if code == 1 and checkers.get("queue_one_completion", {}).get("valid") is False:
+            kinds = {v["kind"] for v in checkers["queue_one_completion"]["violations"]}
+            assert kinds & {
+                "q.complete accepted from a stale attempt",
+                "q.fail accepted from a stale attempt",
+                "q.heartbeat accepted from a stale attempt",
+                "two completions accepted for one task",
+            }, kinds
+            return
+    pytest.fail("the planted build was not caught in 3 runs:\n" + "\n".join(outputs))
 
 
 @pytest.mark.integration

@@ -86,6 +86,7 @@ COVERED = (
 CHAOS_COVERED = {
     "fast_log_clock": "test_planted_bug_fast_log_clock_is_caught",
     "unsynced_acks": "test_power_loss_keeps_acknowledged_grants_only_with_fsync",
+    "accept_stale_attempt": "test_planted_bug_accept_stale_attempt_is_caught",
 }
 
 #: Runs of a planted build whose catch depends on timing, at most.
