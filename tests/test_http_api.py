@@ -672,3 +672,93 @@ def test_tokens_permissions_and_tls_guard_every_resource(tmp_path: Path) -> None
     finally:
         cluster.stop()
         cluster.close()
+
+
+# ------------------------------------------------------- the TypeScript example
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "typescript" / "lease.ts"
+
+
+def _tokens_balance(source: str) -> None:
+    """A small tokenizer: strings, template literals and comments end; brackets
+    balance outside them."""
+    stack: list[str] = []
+    pairs = {")": "(", "]": "[", "}": "{"}
+    i = 0
+    while i < len(source):
+        ch = source[i]
+        if source.startswith("//", i):
+            i = source.index("\n", i)
+        elif source.startswith("/*", i):
+            i = source.index("*/", i) + 2
+        elif ch in "\"'`":
+            j = i + 1
+            while source[j] != ch:
+                assert ch == "`" or source[j] != "\n", f"unterminated string at {i}"
+                j += 2 if source[j] == "\\" else 1
+            i = j + 1
+        else:
+            if ch in "([{":
+                stack.append(ch)
+            elif ch in ")]}":
+                assert stack and stack.pop() == pairs[ch], f"unbalanced {ch!r} at {i}"
+            i += 1
+    assert not stack, f"unclosed {stack}"
+
+
+def erase_types(source: str) -> str:
+    """TypeScript to JavaScript for the annotation forms lease.ts uses, no others:
+    interfaces, ``name: Type`` on declarations, parameters and class fields, and
+    return types. The result must pass ``node --check``."""
+    source = re.sub(r"^interface \w+ \{\n(?:.*\n)*?\}\n", "", source, flags=re.M)
+    source = re.sub(r"^(\s*)(const|let) (\w+): [^=;\n]+(=|;)", r"\1\2 \3 \4", source, flags=re.M)
+    source = source.replace(" ;", ";")
+    source = re.sub(r"^\s+\w+: [\w<>|, ]+;\n", "", source, flags=re.M)
+
+    def signature(match: re.Match[str]) -> str:
+        line = re.sub(r"(\w+): [\w<>|\[\] ]+(?=[,)])", r"\1", match.group(0))
+        return re.sub(r"\): [^{]+\{", ") {", line)
+
+    return re.sub(r"^\s*(async function|function|constructor).*\{$", signature, source, flags=re.M)
+
+
+def test_the_typescript_example_is_plausible() -> None:
+    source = EXAMPLE.read_text()
+    _tokens_balance(source)
+    for resource in ("/v1/leases/acquire", "/v1/leases/renew", "/v1/leases/release"):
+        assert resource in source and any(r.path == resource for r in all_routes())
+    assert "Idempotency-Key" in source and "fetch(" in source
+    script = erase_types(source)
+    _tokens_balance(script)
+    assert "interface " not in script and not re.search(r"\w: (string|number|any)\b", script)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_the_typescript_example_runs_against_a_cluster(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    import shutil
+    import subprocess
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    script = tmp_path / "lease.mjs"
+    script.write_text(erase_types(EXAMPLE.read_text()))
+    check = subprocess.run([node, "--check", str(script)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    env = {"PATH": "/usr/bin:/bin", "RAFTLEASE_URL": f"http://{follower_api(cluster)}"}
+    out = subprocess.run(
+        [node, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**env, "RAFTLEASE_KEY": "ts/0"},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    token = re.search(r"acquired ts/0 token=(\d+)", out.stdout)
+    assert token is not None, out.stdout
+    assert f"renewed ts/0 token={token.group(1)}" in out.stdout and "released ts/0" in out.stdout
+    status, read = call(follower_api(cluster), "GET", "/v1/leases/holder?key=ts/0")
+    assert status == 200 and read["holder"] is None
