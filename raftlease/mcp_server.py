@@ -44,6 +44,7 @@ from pydantic import Field, StrictFloat, StrictInt, StrictStr
 
 from ._version import __version__
 from .client.aio import AsyncClient
+from .client.aio_queue import AsyncTask
 from .errors import RaftLeaseError
 from .limits import MAX_KEY_BYTES
 from .models import Holder, Lease
@@ -152,6 +153,8 @@ class ClaimBook:
         self._claiming: set[str] = set()
         #: Claims lost since the last tool result, reported (once) in the next one.
         self._lost: list[dict[str, Any]] = []
+        #: Task attempts taken from queues by this session, by task id.
+        self.tasks: dict[str, AsyncTask] = {}
 
     # ------------------------------------------------------------- lifetime
 
@@ -177,6 +180,9 @@ class ClaimBook:
         for key, lease in sorted(self.claims.items()):
             if lease.session is session:
                 self._lose(key, lease, f"lease session lost: {reason}")
+        for task_id, task in sorted(self.tasks.items()):
+            if task.session == session.session_id:
+                self._lose_task(task_id, task, f"lease session lost: {reason}")
         self.session = None
 
     def _lose(self, key: str, lease: Lease, reason: str) -> None:
@@ -184,12 +190,20 @@ class ClaimBook:
         self._lost.append({"key": key, "token": lease.token, "reason": reason})
         log.warning("claim of %r (token %d) lost: %s", key, lease.token, reason)
 
+    def _lose_task(self, task_id: str, task: AsyncTask, reason: str) -> None:
+        self.tasks.pop(task_id, None)
+        self._lost.append(
+            {"queue": task.queue, "task_id": task_id, "token": task.token, "reason": reason}
+        )
+        log.warning("task %s (token %d) lost: %s", task_id, task.token, reason)
+
     async def close(self) -> None:
         """End of the MCP session: close the lease session (releasing every claim at
-        once; if the cluster cannot be reached they expire after the session TTL)
-        and the client. Never raises a cluster error."""
+        once and giving every taken task back; if the cluster cannot be reached they
+        expire after the session TTL) and the client. Never raises a cluster error."""
         session, self.session = self.session, None
         self.claims.clear()
+        self.tasks.clear()
         try:
             if session is not None:
                 await session.close()
@@ -367,6 +381,83 @@ class ClaimBook:
             body["session_valid_for"] = round(self.session.remaining, 3)
         return body
 
+    # ------------------------------------------------------------- queues
+
+    def _task_view(self, task: AsyncTask) -> dict[str, Any]:
+        # An attempt attached to the lease session lives by its keep-alives.
+        session = self.session
+        attached = session is not None and task.session == session.session_id
+        remaining = session.remaining if attached and session is not None else task.remaining
+        return {
+            "queue": task.queue,
+            "task_id": task.task_id,
+            "token": task.token,
+            "attempt": task.attempt,
+            "valid_for": round(remaining, 3),
+        }
+
+    def _task(self, task_id: str) -> AsyncTask:
+        if not isinstance(task_id, str) or not task_id or len(task_id) > 128:
+            raise _tool_error("INVALID_ARGUMENT", "task_id must be a task id from take_task")
+        self._collect_session_loss()
+        task = self.tasks.get(task_id)
+        if task is None:
+            raise _tool_error("TASK_NOT_FOUND", f"this session holds no task {task_id!r}")
+        return task
+
+    async def take_task(
+        self, queue: str, wait: float, capabilities: dict[str, str] | None
+    ) -> dict[str, Any]:
+        if not queue or len(queue.encode("utf-8", "replace")) > 256:
+            raise _tool_error("INVALID_ARGUMENT", "queue must be a name of 1 to 256 bytes")
+        wait = _check_seconds("wait", wait, MAX_WAIT)
+        session = await self._live_session()
+        try:
+            task = await self.client.queue(queue).claim(
+                wait=wait, capabilities=capabilities, session=session
+            )
+        except RaftLeaseError as exc:
+            raise _from_raftlease(exc) from None
+        if task is None:
+            return {"queue": queue, "task": None}
+        self.tasks[task.task_id] = task
+        return {**self._task_view(task), "payload": task.payload}
+
+    async def heartbeat(self, task_id: str, progress: float | None) -> dict[str, Any]:
+        task = self._task(task_id)
+        if progress is not None and not math.isfinite(progress):
+            raise _tool_error("INVALID_ARGUMENT", "progress must be a finite number")
+        try:
+            await task.heartbeat(progress)
+        except RaftLeaseError as exc:
+            if task.lost.is_set():
+                self._lose_task(task_id, task, f"no longer current ({exc.code})")
+            raise _from_raftlease(exc) from None
+        return self._task_view(task)
+
+    async def finish_task(
+        self,
+        task_id: str,
+        how: str,
+        result: Any = None,
+        error: str = "",
+        retry_after: float | None = None,
+    ) -> dict[str, Any]:
+        task = self._task(task_id)
+        try:
+            if how == "completed":
+                await task.complete(result)
+            else:
+                if retry_after is not None:
+                    retry_after = _check_seconds("retry_after", retry_after, 300.0)
+                await task.fail(error, retry_after=retry_after)
+        except RaftLeaseError as exc:
+            if task.lost.is_set():
+                self._lose_task(task_id, task, f"no longer current ({exc.code})")
+            raise _from_raftlease(exc) from None
+        self.tasks.pop(task_id, None)
+        return {"queue": task.queue, "task_id": task_id, "token": task.token, how: True}
+
     async def check_token(self, key: str, token: int) -> dict[str, Any]:
         _check_key(key)
         if isinstance(token, bool) or not 0 <= token < 2**63:
@@ -472,6 +563,57 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
         """Is `token` the fencing token of the current holder of `key`? A protected
         resource asks this before accepting work from a claim holder."""
         return await book.result(ctx, await book.check_token(key, token))
+
+    @server.tool()
+    async def take_task(
+        queue: Annotated[StrictStr, Field(description="The task queue's name.")],
+        ctx: Context,
+        wait: Seconds = 0.0,
+        capabilities: Annotated[
+            dict[StrictStr, StrictStr] | None,
+            Field(description="What this agent offers (tasks may require some)."),
+        ] = None,
+    ) -> dict[str, Any]:
+        """Take the next ready task from `queue` (waiting up to `wait` seconds for
+        one). Returns `task_id`, `payload`, the attempt's fencing `token` and
+        `valid_for`; `task` is null when none was ready. The attempt lives as long as
+        this MCP session: finish it with complete_task or fail_task."""
+        return await book.result(ctx, await book.take_task(queue, wait, capabilities))
+
+    @server.tool()
+    async def heartbeat(
+        task_id: StrictStr,
+        ctx: Context,
+        progress: Annotated[StrictFloat | None, Field(description="Progress, a number.")] = None,
+    ) -> dict[str, Any]:
+        """Report that a taken task is still being worked on (with optional
+        `progress`). Error STALE_ATTEMPT: the task was given to someone else."""
+        return await book.result(ctx, await book.heartbeat(task_id, progress))
+
+    @server.tool()
+    async def complete_task(
+        task_id: StrictStr,
+        ctx: Context,
+        result: Annotated[Any, Field(description="The task's result, any JSON value.")] = None,
+    ) -> dict[str, Any]:
+        """Finish a taken task with `result`. Error STALE_ATTEMPT: this attempt is
+        no longer current (its result is refused; exactly one completion counts)."""
+        return await book.result(ctx, await book.finish_task(task_id, "completed", result))
+
+    @server.tool()
+    async def fail_task(
+        task_id: StrictStr,
+        ctx: Context,
+        error: Annotated[StrictStr, Field(description="What went wrong.")] = "",
+        retry_after: Annotated[
+            StrictFloat | None, Field(description="Seconds before a retry (default: backoff).")
+        ] = None,
+    ) -> dict[str, Any]:
+        """Give up on a taken task: it is retried later (or dead-lettered once out of
+        attempts)."""
+        return await book.result(
+            ctx, await book.finish_task(task_id, "failed", error=error, retry_after=retry_after)
+        )
 
     return server, book
 

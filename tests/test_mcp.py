@@ -9,6 +9,8 @@ stdio (``mcp.ClientSession`` + ``stdio_client``), exactly as an agent host runs 
 * ending the MCP session (stdin closed) releases its claims at once; SIGKILL of the
   server process frees them after the session TTL, never before the keep-alives stop;
 * a claim revoked behind the session's back is reported lost on the next call;
+* queue tools: take_task / heartbeat / complete_task / fail_task through the MCP
+  session's lease session; ending the MCP session gives a taken task back;
 * hostile arguments are tool errors with a definite code and change nothing.
 """
 
@@ -29,9 +31,9 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
+from mcp import ClientSession, StdioServerParameters, stdio_client
 
-from raftlease.testing import LocalCluster, wait_for  # noqa: E402
+from raftlease.testing import LocalCluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -47,6 +49,10 @@ TOOLS = {
     "who_holds",
     "list_claims",
     "check_token",
+    "take_task",
+    "heartbeat",
+    "complete_task",
+    "fail_task",
 }
 
 
@@ -140,7 +146,7 @@ def test_tools_are_listed_with_schemas(shared: LocalCluster) -> None:
         async with agent(shared, "mcp-list") as a:
             listed = await a.session.list_tools()
             tools = {tool.name: tool for tool in listed.tools}
-            assert TOOLS <= set(tools)
+            assert set(tools) >= TOOLS
             claim = tools["claim"].input_schema
             assert claim["required"] == ["key"]
             assert {"wait", "units", "capacity", "value"} <= set(claim["properties"])
@@ -259,17 +265,18 @@ def test_killed_server_frees_its_claims_after_the_session_ttl(shared: LocalClust
 
     try:
         run(main())
-    except Exception:  # the SDK may report the dead server on the way out
-        pass
+    except Exception:
+        # The SDK may report the dead server on the way out; anything before the
+        # kill (a failed assertion) is a real failure.
+        if "killed_at" not in holding:
+            raise
     with shared.client() as c:
         holder = c.holder("mcp/doomed")
         # Still held right after the kill (no keep-alive stopped it early)...
         if time.monotonic() - holding["killed_at"] < SESSION_TTL * 0.5:
             assert holder is not None and holder.token == holding["token"]
         # ...and freed by the cluster once the session TTL ran out.
-        wait_for(
-            lambda: c.holder("mcp/doomed") is None, SESSION_TTL + 20, "the dead agent's claim"
-        )
+        wait_for(lambda: c.holder("mcp/doomed") is None, SESSION_TTL + 20, "the dead agent's claim")
         assert time.monotonic() - holding["killed_at"] >= SESSION_TTL * 0.5
         lease = c.acquire("mcp/doomed", owner="successor", ttl=5.0)
         assert lease.token > holding["token"]
@@ -290,6 +297,10 @@ def test_revoked_claim_is_reported_on_the_next_call(shared: LocalCluster) -> Non
             assert listed["claims"] == []
             assert [lost["key"] for lost in listed["lost_claims"]] == ["mcp/revoked"]
             assert listed["lost_claims"][0]["token"] == got["token"]
+            # Also sent as a log message (notifications/message) to the client.
+            assert any(isinstance(entry, dict) and entry.get("lost_claims") for entry in a.logs), (
+                a.logs
+            )
             # Reported once; the key can be claimed again.
             assert "lost_claims" not in await a.call("list_claims")
             assert (await a.call("claim", key="mcp/revoked"))["token"] > got["token"]
@@ -315,6 +326,42 @@ def test_pool_claims_say_which_units(shared: LocalCluster) -> None:
     run(main())
 
 
+@pytest.mark.timeout(150)
+def test_queue_tools_take_heartbeat_complete_and_fail(shared: LocalCluster) -> None:
+    with shared.client() as c:
+        q = c.queue("mcp-jobs")
+        first = q.put({"n": 1})
+        second = q.put({"n": 2})
+
+        async def main() -> None:
+            async with agent(shared, "mcp-worker") as a:
+                taken = await a.call("take_task", queue="mcp-jobs")
+                assert taken["task_id"] == first and taken["payload"] == {"n": 1}
+                assert taken["token"] > 0 and taken["valid_for"] > 0
+                beat = await a.call("heartbeat", task_id=first, progress=0.5)
+                assert beat["token"] == taken["token"]
+                done = await a.call("complete_task", task_id=first, result={"ok": 1})
+                assert done["completed"] is True
+                with pytest.raises(ToolFailed) as err:
+                    await a.call("complete_task", task_id=first, result=2)
+                assert err.value.code == "TASK_NOT_FOUND"
+
+                nxt = await a.call("take_task", queue="mcp-jobs")
+                assert nxt["task_id"] == second
+                failed = await a.call("fail_task", task_id=second, error="boom", retry_after=0.1)
+                assert failed["failed"] is True
+                again = await a.call("take_task", queue="mcp-jobs", wait=20)
+                assert again["task_id"] == second and again["token"] > nxt["token"]
+                assert (await a.call("take_task", queue="mcp-empty"))["task"] is None
+            # The MCP session ended holding `second`: given back, not held forever.
+
+        run(main())
+        assert q.wait_result(first, timeout=30) == {"ok": 1}
+        wait_for(lambda: q.get(second).status == "ready", 30, "the task given back")
+        info = q.get(second)
+        assert "boom" in info.errors
+
+
 BAD_ARGUMENTS: list[tuple[str, dict[str, Any]]] = [
     ("claim", {}),
     ("claim", {"key": ""}),
@@ -335,6 +382,12 @@ BAD_ARGUMENTS: list[tuple[str, dict[str, Any]]] = [
     ("list_claims", {"prefix": "x", "limit": 0}),
     ("release", {"key": "mcp/never-claimed"}),
     ("renew", {"key": "mcp/never-claimed"}),
+    ("take_task", {"queue": ""}),
+    ("take_task", {"queue": "q", "wait": -3}),
+    ("take_task", {"queue": "q", "capabilities": {"gpu": 1}}),
+    ("heartbeat", {"task_id": "nope"}),
+    ("complete_task", {"task_id": ""}),
+    ("fail_task", {"task_id": "nope", "retry_after": "later"}),
     ("no_such_tool", {}),
 ]
 
@@ -349,7 +402,11 @@ def test_bad_arguments_are_tool_errors_and_change_nothing(shared: LocalCluster) 
                 assert err.value.body.get("message"), (tool, arguments)
                 if "code" in err.value.body:
                     assert err.value.body["definite"] is True, (tool, arguments)
-                    assert err.value.body["code"] in ("INVALID_ARGUMENT", "LEASE_NOT_FOUND")
+                    assert err.value.body["code"] in (
+                        "INVALID_ARGUMENT",
+                        "LEASE_NOT_FOUND",
+                        "TASK_NOT_FOUND",
+                    )
             # The server still works, and nothing was claimed.
             assert (await a.call("list_claims"))["claims"] == []
             assert (await a.call("list_claims", prefix="mcp/bad"))["leases"] == []
