@@ -7,8 +7,9 @@ verifies a file's checksum and prints its header; ``restore`` seeds the data dir
 of one node of a NEW cluster with it. Exit codes as the other commands: 0 done, 1
 refused or failed (the message says why), 3 unknown outcome (timeout), 2 usage.
 
-The client is imported only inside ``save`` (``raftlease node`` loads this module
-through ``cli`` and must not load the client stack).
+The client and the server's backup code are imported only inside the commands: every
+``raftlease`` command loads this module through ``cli``, and ``raftlease node`` must not
+load the client stack nor a client command the server's.
 """
 
 from __future__ import annotations
@@ -24,15 +25,11 @@ import click
 from .cli import _client, _fail, _parse_member, _parse_setting, _safe, main
 from .config import NodeConfig, load_toml
 from .errors import ConfigError, RaftLeaseError
-from .server.backup import (
-    DEFAULT_TOKEN_JUMP,
-    SnapshotError,
-    make_header,
-    read_snapshot,
-    restore_data_dir,
-    save_from_data_dir,
-    write_snapshot,
-)
+from .limits import TOKEN_RESERVE_STEP
+
+#: server.backup.DEFAULT_TOKEN_JUMP (that module is imported only when a command runs:
+#: every other command of the CLI must not load the server stack).
+DEFAULT_TOKEN_JUMP = 256 * TOKEN_RESERVE_STEP
 
 
 @main.group()
@@ -117,6 +114,8 @@ def save(
     """Write a snapshot of the whole state to FILE (atomically: temporary file, fsync,
     rename). From the leader it holds every write acknowledged before the command
     started; with auth on it needs the admin permission (RAFTLEASE_TOKEN)."""
+    from .server.backup import SnapshotError, save_from_data_dir
+
     out = Path(file)
     if data_dir is not None:
         try:
@@ -141,6 +140,8 @@ def save(
 def _save_from_leader(out: Path, endpoints: str, timeout: float, as_json: bool) -> dict[str, Any]:
     """Take the snapshot on the leader, fetch its body in chunks from that node, check
     its length and SHA-256 against what the node wrote, write the file."""
+    from .server.backup import make_header, write_snapshot
+
     deadline = time.monotonic() + timeout
     progress = not as_json
     parts: list[bytes] = []
@@ -198,6 +199,8 @@ def _save_from_leader(out: Path, endpoints: str, timeout: float, as_json: bool) 
 @click.option("--json", "as_json", is_flag=True, help="Print the header as JSON.")
 def inspect(file: str, as_json: bool) -> None:
     """Verify FILE's checksum and print its header."""
+    from .server.backup import SnapshotError, read_snapshot
+
     try:
         header, _ = read_snapshot(Path(file))
     except (SnapshotError, OSError) as exc:
@@ -247,6 +250,8 @@ def restore(
     cluster (same file, each node's own --id and --data-dir, the same members), then
     start the nodes. Refuses a damaged file, a newer format, and a data directory
     that already holds Raft state (unless --force)."""
+    from .server.backup import SnapshotError, restore_data_dir
+
     overrides: dict[str, Any] = dict(_parse_setting(s) for s in settings)
     if node_id:
         overrides["node_id"] = node_id

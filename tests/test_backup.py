@@ -10,6 +10,7 @@ majority-lost procedure, saving offline from a survivor's data directory.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -207,6 +208,19 @@ def test_the_offline_reader_reads_a_seeded_dump(tmp_path: Path) -> None:
     state = read_data_dir(tmp_path)
     assert (state.index, state.dump_index, state.replayed) == (77, 77, 0)
     assert state.store.to_plain() == store.to_plain()
+
+
+@pytest.mark.timeout(60)
+def test_the_cli_loads_the_backup_code_only_when_a_snapshot_command_runs() -> None:
+    from raftlease import cli_snapshot
+
+    assert cli_snapshot.DEFAULT_TOKEN_JUMP == DEFAULT_TOKEN_JUMP
+    # Every raftlease command imports cli_snapshot (through cli): no module-level import
+    # of the server stack (or the client) there.
+    tree = ast.parse(Path(cli_snapshot.__file__).read_text())
+    top = [n for n in tree.body if isinstance(n, ast.ImportFrom)]
+    modules = {n.module for n in top}
+    assert not {m for m in modules if m and m.split(".")[0] in ("server", "client")}, modules
 
 
 @pytest.mark.timeout(30)
