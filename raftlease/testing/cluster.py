@@ -209,17 +209,18 @@ class LocalCluster:
 
     # ---------------------------------------------------------- membership
 
-    def new_node(self, node_id: str | None = None) -> NodeAddress:
+    def new_node(self, node_id: str | None = None, client_port: int | None = None) -> NodeAddress:
         """Addresses for a node to add (free ports, client and raft 100 apart), made
         part of this cluster's layout so that its config, and every config written from
         now on, lists it beside the current members (docs/membership.md). It is not a
-        member until ``raftlease member add`` commits; start it with ``start_node``."""
+        member until ``raftlease member add`` commits; start it with ``start_node``.
+        ``client_port``: its client port (raft 100 above), instead of a free block."""
         taken = {n.id for n in self.nodes}
         if node_id is None:
             node_id = next(f"n{i}" for i in range(1, 1000) if f"n{i}" not in taken)
         if node_id in taken:
             raise ValueError(f"{node_id} is already in this cluster")
-        base = free_port_block(1)
+        base = client_port if client_port is not None else free_port_block(1)
         node = NodeAddress(node_id, f"127.0.0.1:{base + 100}", f"127.0.0.1:{base}")
         self.nodes = (*self.nodes, node)
         return node
