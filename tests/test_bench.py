@@ -149,3 +149,34 @@ def test_durability_phase_alone_in_one_mode(tmp_path: Path) -> None:
     assert [t["met"] for t in issue15] == [None, None, None]
     markdown = (out / "bench.md").read_text()
     assert "| acquire | 1 thread | - | " in markdown
+
+
+#: The task-queue groups (issue 12) and the modes each is measured in.
+TASK_GROUPS = ("task put", "task claim", "task complete", "task end-to-end")
+TASK_MODES = ("1 thread", "16 threads")
+
+
+def test_task_queue_phase_alone(tmp_path: Path) -> None:
+    """``--only tasks``: put, claim, complete and end to end with 1 and 16 threads,
+    then RSS with queued tasks on a fresh cluster; its targets are judged (the memory
+    one is n/a below 100,000 tasks) and the report has its rows and section."""
+    out = tmp_path / "bench"
+    _bench("--quick", "--only", "tasks", "--out", str(out))
+    result = json.loads((out / "bench.json").read_text())
+    workloads = result["workloads"]
+    for group in TASK_GROUPS:
+        assert set(workloads[group]) == set(TASK_MODES), (group, workloads.get(group))
+        for mode, entry in workloads[group].items():
+            assert entry["primary"]["value"] > 0, f"{group} [{mode}]"
+            assert entry["p50_ms"] > 0 and entry["p99_ms"] >= entry["p50_ms"], f"{group} [{mode}]"
+            assert all(x >= 0 for x in _numbers(entry)), f"{group} [{mode}]"
+    memory = next(iter(workloads["task memory"].values()))
+    assert memory["ready_tasks"] == memory["tasks_requested"] == 2_000
+    assert all(v > 0 for v in memory["rss_loaded_mib"].values())
+    issue12 = [t for t in result["targets"] if t.get("issue") == 12]
+    assert len(issue12) == 3, issue12
+    assert issue12[0]["met"] is not None and issue12[1]["met"] is not None
+    assert issue12[2]["met"] is None  # 2,000 tasks: not the 100,000 the target names
+    markdown = (out / "bench.md").read_text()
+    assert "| task end-to-end | 16 threads |" in markdown
+    assert "## Memory with queued tasks" in markdown

@@ -42,7 +42,7 @@ TTL_MEMORY = 3600.0
 
 #: Workload groups run on the main cluster, in order (``--only`` names).
 MAIN_GROUPS = ("acquire", "renew", "release", "holder", "handoff", "failover")
-GROUPS = ("raw", "durability", *MAIN_GROUPS, "memory")
+GROUPS = ("raw", "durability", *MAIN_GROUPS, "memory", "tasks")
 
 #: Values of raftlease's ``NodeConfig.durability`` the durability phase can compare
 #: (written here, not imported: ``scripts/bench`` checks ``--durability`` before the
@@ -52,7 +52,7 @@ DURABILITY_MODES = ("fsync", "none")
 DURABILITY_GROUPS = ("acquire", "renew")
 
 #: Groups that are not throughput tables (no ops/s row, no election count under load).
-NON_THROUGHPUT_GROUPS = ("failover", "memory", "snapshot")
+NON_THROUGHPUT_GROUPS = ("failover", "memory", "snapshot", "task memory")
 
 #: Bounds on error loops: a workload stops after this many failed calls.
 MAX_ERRORS = 2000
@@ -106,6 +106,8 @@ class Profile:
     durability: tuple[str, ...] = DURABILITY_MODES
     #: Tries of the storage probe (write + msync + fdatasync of one journal page).
     sync_probe: int = 200
+    #: Ready tasks the task-queue memory phase queues (workloads/tasks.py).
+    queued_tasks: int = 100_000
 
     @property
     def concurrent_modes(self) -> list[str]:
@@ -155,6 +157,7 @@ QUICK = Profile(
     max_seconds=150.0,
     settle=0.0,
     sync_probe=50,
+    queued_tasks=2_000,
 )
 
 #: By ``Profile.name``, as recorded in meta.profile (a saved result names its profile).

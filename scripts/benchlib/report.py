@@ -172,6 +172,7 @@ def render_markdown(result: Result) -> str:
         if lw.get("term_changes"):
             lines.append("")
             lines.append("Term changes during the load: " + _term_changes(lw["term_changes"]))
+    lines += _task_memory(first_variant(w, "task memory"))
     snap = first_variant(w, "snapshot")
     if snap:
         win = snap["window"]
@@ -233,6 +234,31 @@ def render_markdown(result: Result) -> str:
         for name, text in result["methods"].items():
             lines.append(f"- **{name}**: {text}")
     return "\n".join(lines) + "\n"
+
+
+def _task_memory(mem: dict[str, Any] | None) -> list[str]:
+    """The task-queue memory phase (issue 12), if it ran."""
+    if not mem:
+        return []
+    lines = [
+        "",
+        "## Memory with queued tasks",
+        "",
+        "| node | RSS idle MiB | RSS with tasks MiB | peak RSS MiB |",
+        "|---|---:|---:|---:|",
+    ]
+    for node, idle in mem["rss_idle_mib"].items():
+        lines.append(
+            f"| {node} | {idle:.1f} | {mem['rss_loaded_mib'].get(node, 0):.1f} "
+            f"| {mem['peak_rss_mib'].get(node, 0):.1f} |"
+        )
+    lines += [
+        "",
+        f"{mem['ready_tasks']:,} ready tasks (of {mem['tasks_requested']:,} put) in "
+        f"{mem['put_seconds']:.1f} s ({mem['put_per_s']:,.0f}/s, {mem['put_errors']} errors); "
+        f"{mem['elections_during_load']} election(s) during the load.",
+    ]
+    return lines
 
 
 def _durability(result: Result) -> list[str]:

@@ -30,7 +30,7 @@ from .context import (
     run_meta,
 )
 from .report import write_outputs
-from .workloads import durability, failover, handoff, memory, throughput
+from .workloads import durability, failover, handoff, memory, tasks, throughput
 
 COMMON_METHOD = (
     "Each workload: warm-up {p.warmup} s, then {p.repeat} repetitions of "
@@ -120,6 +120,7 @@ def run_all(ctx: Context, code: dict[str, str]) -> None:
         if any(ctx.wanted(g) for g in MAIN_GROUPS):
             main_cluster(ctx)
         guarded(ctx, "memory", lambda: memory.memory_snapshot(ctx))
+        guarded(ctx, "tasks", lambda: tasks.tasks(ctx))
     finally:
         meta["loadavg_end"] = loadavg()
         meta["elapsed_s"] = time.monotonic() - T0

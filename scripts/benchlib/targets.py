@@ -277,6 +277,43 @@ def _durability_p50(spec: Spec, j: Judged) -> Row | None:
     return _row(spec, figure, float(entry["p50_ms"]) < spec["max_ms"])
 
 
+def _measured_rate(spec: Spec, j: Judged) -> Row | None:
+    """``rate``, shown only when ``group`` was measured (a workload not every run has)."""
+    if spec["group"] not in j.workloads:
+        return None
+    return _rate(spec, j)
+
+
+def _p50(spec: Spec, j: Judged) -> Row | None:
+    """The p50 latency of ``group`` in ``mode`` against ``max_ms`` (no row when the
+    group was not measured)."""
+    entry = j.workloads.get(spec["group"], {}).get(spec["mode"])
+    if spec["group"] not in j.workloads:
+        return None
+    if not isinstance(entry, dict):
+        return _row(spec, f"{spec['group']} [{spec['mode']}] not measured", None)
+    figure = f"{entry['p50_ms']:.2f} ms (p99 {entry['p99_ms']:.2f} ms)"
+    return _row(spec, figure, float(entry["p50_ms"]) < spec["max_ms"])
+
+
+def _task_memory(spec: Spec, j: Judged) -> Row | None:
+    mem = first_variant(j.workloads, "task memory")
+    if not mem:
+        return None
+    peak = max(mem["rss_loaded_mib"].values())
+    full_size = mem["tasks_requested"] >= spec["min_tasks"]
+    row = _row(
+        spec,
+        f"max {peak:.0f} MiB ("
+        + ", ".join(f"{k} {v:.0f}" for k, v in mem["rss_loaded_mib"].items())
+        + f"; {mem['ready_tasks']:,} ready)",
+        peak < spec["max_mib"] if full_size else None,
+        "" if full_size else str(spec["note_small"]),
+    )
+    row["target"] = str(spec["name"]).format(tasks=mem["tasks_requested"])
+    return row
+
+
 def _not_measured(spec: Spec, j: Judged) -> Row | None:
     """A target the benchmark cannot judge yet: an n/a row with ``figure`` as its
     text, shown only when the result has the ``section`` the target belongs to."""
@@ -300,6 +337,9 @@ EVALUATORS: dict[str, Evaluator] = {
     "durability_ratio": _durability_ratio,
     "durability_p50": _durability_p50,
     "not_measured": _not_measured,
+    "measured_rate": _measured_rate,
+    "p50": _p50,
+    "task_memory": _task_memory,
 }
 
 

@@ -6,7 +6,9 @@
   ("fsync", "none"), with a probe of the storage's sync latency;
 - ``handoff``: contended handoff of one lock between N clients, with fairness;
 - ``failover``: SIGKILL of the leader while a client loops acquire/release;
-- ``memory``: RSS with many live leases, then the snapshot stall on that cluster.
+- ``memory``: RSS with many live leases, then the snapshot stall on that cluster;
+- ``tasks``: task queues (issue 12): put, claim, complete and end-to-end tasks/s with
+  1 and N threads, then RSS with many queued tasks.
 
 Each workload function takes the run's ``Context`` (and the cluster it runs on),
 blocks until it is done, and records its entries in the result.
