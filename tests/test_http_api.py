@@ -410,6 +410,31 @@ def test_long_poll_acquire_is_woken_by_a_release_and_withdrawn_at_its_wait(
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
+def test_a_long_poll_whose_client_hangs_up_leaves_the_queue(cluster: LocalCluster) -> None:
+    api = follower_api(cluster)
+    status, first = call(api, "POST", "/v1/leases/acquire", {"key": "d/1", "owner": "a", "ttl": 30})
+    assert status == 200
+    body = json.dumps({"key": "d/1", "owner": "b", "ttl": 30, "wait": 60}).encode()
+    head = (
+        "POST /v1/leases/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    host, _, port = api.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + body)
+        wait_for(lambda: _waiting(api, "d/1") == 1, timeout=20, what="the acquire queued")
+    # Gone within a poll slice or two, long before its 60 s wait.
+    wait_for(lambda: _waiting(api, "d/1") == 0, timeout=20, what="the acquire withdrawn")
+    status, _ = call(
+        api, "POST", "/v1/leases/release", {"key": "d/1", "lease_id": first["lease_id"]}
+    )
+    assert status == 200
+    status, read = call(api, "GET", "/v1/leases/holder?key=d/1")
+    assert status == 200 and read["holder"] is None, "nobody was granted the key for b"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
 def test_an_idempotent_retry_returns_the_same_grant(cluster: LocalCluster) -> None:
     api = follower_api(cluster)
     body = {"key": "i/1", "owner": "a", "ttl": 10}
