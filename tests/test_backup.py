@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -590,5 +591,88 @@ def test_snapshot_save_needs_the_admin_permission(tmp_path: Path) -> None:
         )
         assert denied.returncode == 1 and "admin only" in denied.stderr
         assert not (tmp_path / "d.snap").exists()
+    finally:
+        cluster.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(
+    not os.environ.get("RAFTLEASE_BENCH_SNAPSHOT"),
+    reason="measurement: RAFTLEASE_BENCH_SNAPSHOT=100000 (leases) to run it",
+)
+def test_measure_a_big_snapshot(tmp_path: Path) -> None:
+    """The figures in docs/disaster-recovery.md: fill N leases, save while a thread
+    reads through the log, report the save time, the body size, the reads' latency
+    and the leader's memory; no election may happen."""
+    import asyncio
+    import threading
+
+    from raftlease import AsyncClient
+
+    count = int(os.environ["RAFTLEASE_BENCH_SNAPSHOT"])
+    cluster = LocalCluster(
+        3, data_dir=tmp_path / "c", settings={**TEST_SETTINGS, "request_timeout": 10.0}
+    )
+    try:
+        cluster.start()
+
+        async def fill() -> None:
+            async with AsyncClient(cluster.endpoints, deadline=60) as ac:
+                slots = asyncio.Semaphore(400)
+
+                async def one(i: int) -> None:
+                    async with slots:
+                        await ac.acquire(f"bench/{i:06}", owner=f"agent-{i % 1000}", ttl=3600)
+
+                await asyncio.gather(*(one(i) for i in range(count)))
+
+        asyncio.run(fill())
+        leader = cluster.leader_id()
+        term = cluster.leader()["term"]  # type: ignore[index]
+
+        def rss_mib() -> int:
+            status = Path(f"/proc/{cluster.pid(leader)}/status").read_text()
+            line = next(x for x in status.splitlines() if x.startswith("VmRSS"))
+            return int(line.split()[1]) // 1024
+
+        before_rss = rss_mib()
+        latencies: list[float] = []
+        stop = threading.Event()
+
+        def probe() -> None:
+            with cluster.client() as c:
+                while not stop.is_set():
+                    started = time.monotonic()
+                    c.read("bench/000001", consistency="log")
+                    latencies.append(time.monotonic() - started)
+
+        reader = threading.Thread(target=probe)
+        reader.start()
+        wait_for(lambda: len(latencies) > 50, 30, "reads before the save")
+        baseline = len(latencies)
+        started = time.monotonic()
+        out = _cli(
+            "snapshot",
+            "save",
+            str(tmp_path / "big.snap"),
+            "--endpoints",
+            ",".join(cluster.endpoints),
+            "--json",
+        )
+        took = time.monotonic() - started
+        stop.set()
+        reader.join()
+        assert out.returncode == 0, out.stderr
+        header = json.loads(out.stdout)["header"]
+        during = sorted(latencies[baseline:])
+        print(
+            f"\n{count} leases: save {took:.2f} s, body {header['body_bytes'] / 2**20:.1f} MiB; "
+            f"log reads during: p50 {during[len(during) // 2] * 1000:.1f} ms, "
+            f"p99 {during[int(len(during) * 0.99)] * 1000:.1f} ms, max {during[-1] * 1000:.1f} ms; "
+            f"leader RSS {before_rss} -> {rss_mib()} MiB"
+        )
+        assert header["leases"] == count
+        assert cluster.leader()["term"] == term, "an election during the save"  # type: ignore[index]
     finally:
         cluster.close()
