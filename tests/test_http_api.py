@@ -365,6 +365,8 @@ def test_sessions_and_elections(cluster: LocalCluster) -> None:
     assert status == 200 and elected["token"] > first["token"]
     status, leader = call(api, "GET", "/v1/elections/leader?name=e/1")
     assert leader["holder"]["owner"] == "two"
+    status, unnamed = call(api, "POST", "/v1/elections/campaign", {"owner": "x", "ttl": 5})
+    assert status == 400 and "'name'" in unnamed["error"]["message"]
 
 
 def _waiting(api: str, key: str) -> int:
@@ -454,6 +456,37 @@ def test_an_idempotent_retry_returns_the_same_grant(cluster: LocalCluster) -> No
     assert read["holder"] is None
     status, bad = call(api, "POST", "/v1/leases/acquire", other, {"Idempotency-Key": "a b"})
     assert status == 400 and code_of(bad) == "BAD_REQUEST"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_follower_forwards_through_a_leader_change() -> None:
+    """Kill the leader: a surviving node's API answers again once a new leader is
+    elected, and retries under one Idempotency-Key end in exactly one grant."""
+    cluster = admin_cluster(3)
+    cluster.start()
+    try:
+        old = cluster.leader_id()
+        api = admin_of(cluster, next(n.id for n in cluster.nodes if n.id != old))
+        cluster.kill_node(old)
+        body = {"key": "f/1", "owner": "a", "ttl": 30}
+        answers: list[tuple[int, dict[str, Any]]] = []
+
+        def granted() -> bool:
+            answers.append(call(api, "POST", "/v1/leases/acquire", body, {"Idempotency-Key": "f1"}))
+            return answers[-1][0] == 200
+
+        wait_for(granted, timeout=60, what="a grant through the new leader")
+        for status, answer in answers[:-1]:
+            # Before the election: definite refusals or unknown outcomes, never a grant.
+            assert status in (503, 504, 502), answer
+        again = call(api, "POST", "/v1/leases/acquire", body, {"Idempotency-Key": "f1"})
+        assert again[0] == 200 and again[1]["lease_id"] == answers[-1][1]["lease_id"]
+        status, listing = call(api, "GET", "/v1/leases?prefix=f/")
+        assert status == 200 and len(listing["leases"]) == 1
+    finally:
+        cluster.stop()
+        cluster.close()
 
 
 def _read_lines(response: http.client.HTTPResponse, count: int) -> list[dict[str, Any]]:

@@ -72,8 +72,9 @@ BODY_TIMEOUT = 10.0
 POLL_SLICE = 2.0
 #: A watch stream sends a keep-alive this often, so a vanished client is noticed.
 WATCH_KEEPALIVE = 15.0
-#: NOT_LEADER / UNAVAILABLE answers followed before giving up (an election).
-MAX_HOPS = 8
+#: Tries of one request through NOT_LEADER / UNAVAILABLE answers (an election),
+#: within its deadline.
+MAX_HOPS = 16
 #: Fields the HTTP layer sets; a body may not carry them.
 RESERVED = frozenset({"id", "op", "cid", "seq", "ack", "token_auth"})
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,128}")
@@ -207,11 +208,17 @@ class HttpApi:
         key = request.headers.get("Idempotency-Key")
         if key is not None and not _IDEMPOTENCY_KEY.fullmatch(key):
             raise BadRequestError("Idempotency-Key must be 1 to 128 printable ASCII characters")
-        result = await self.run(route.op, fields, caller, key)
-        if route.poll == "lease" and result.get("queued"):
-            result = await self._await_grant(request, fields, result, caller)
-        elif route.poll == "claim" and result.get("queued"):
-            result = await self._await_claim(request, fields, result, caller)
+        try:
+            result = await self.run(route.op, fields, caller, key)
+            if route.poll == "lease" and result.get("queued"):
+                result = await self._await_grant(request, fields, result, caller)
+            elif route.poll == "claim" and result.get("queued"):
+                result = await self._await_claim(request, fields, result, caller)
+        except RaftLeaseError as exc:
+            for http_name, proto in route.rename:
+                # Name the field the caller sent (an election's 'name', not 'key').
+                exc.message = exc.message.replace(repr(proto), repr(http_name))
+            raise
         if route.tag == "queues":
             # The request fields' names beside the native result's short ones.
             for short, name in (("tid", "task_id"), ("aid", "attempt_id")):
@@ -345,40 +352,46 @@ class HttpApi:
                 request = dataclasses.replace(request, principal=caller.principal.name)
         timeout = node.config.request_timeout + float(request.args.get("timeout", 0.0))
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout + 1.0
-        try:
-            return await node.handle(request)
-        except NotLeaderError as exc:
-            leader = exc.leader
-        hops = 0
-        while True:
-            if leader is None or hops >= MAX_HOPS or loop.time() >= deadline:
-                raise UnavailableError("no leader answered; election in progress?")
-            hops += 1
+        deadline = loop.time() + timeout
+        here = node.config.self_node.client
+        leader: str | None = here
+        last: RaftLeaseError | None = None
+        # Through an election: NOT_LEADER and UNAVAILABLE are definite (nothing was
+        # applied), so the request is tried again, here or at the leader named, until
+        # its deadline; any other answer is final.
+        for _ in range(MAX_HOPS):
             try:
+                if leader == here:
+                    return await node.handle(request)
                 return await self.forwarder.call(
                     str(leader), caller.token, message, max(0.1, deadline - loop.time())
                 )
             except NotLeaderError as exc:
-                leader = exc.leader
-            except UnavailableError:
-                await asyncio.sleep(0.1)
-            if leader is None or leader == node.config.self_node.client:
-                try:
-                    return await node.handle(request)
-                except NotLeaderError as exc:
-                    leader = exc.leader
-                except UnavailableError:
-                    await asyncio.sleep(0.1)
-                    leader = self._known_leader()
+                last = exc
+                named = None if exc.leader is None else str(exc.leader)
+                if named is not None and named != leader:
+                    leader = named
+                    continue  # follow the hint at once
+            except UnavailableError as exc:
+                last = exc
+            if loop.time() + 0.2 >= deadline:
+                break
+            await asyncio.sleep(0.2)
+            leader = self._known_leader()
+        if last is None or isinstance(last, NotLeaderError):
+            raise UnavailableError(f"no leader answered before the deadline ({last})")
+        raise last
 
-    def _known_leader(self) -> str | None:
+    def _known_leader(self) -> str:
+        """The leader's client address as this node knows it (itself when it
+        leads or knows none: its own answer then says why)."""
         try:
             self.node._require_leader()
         except NotLeaderError as exc:
-            return None if exc.leader is None else str(exc.leader)
+            if exc.leader is not None:
+                return str(exc.leader)
         except RaftLeaseError:
-            return None
+            pass
         return self.node.config.self_node.client
 
     # ---------------------------------------------------------- long-polls
