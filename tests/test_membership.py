@@ -279,3 +279,38 @@ def test_a_removed_member_left_running_is_refused_and_serves_no_writes(
     statuses = [raw_request(n.client, {"id": 3, "op": "status"})["result"] for n in remaining]
     assert sum(s["role"] == "leader" for s in statuses) == 1
     assert all(victim.id not in members(cluster, n.client) for n in remaining)
+
+
+@pytest.mark.timeout(120)
+def test_a_node_refuses_to_start_on_a_snapshot_newer_than_it_understands(
+    cluster_factory: Any,
+) -> None:
+    """Rolling upgrades: a node given a snapshot of a newer layout (as a newer build's
+    leader would send it, or left in its data directory by a newer build) stops with a
+    message naming both versions, instead of running with a state it cannot read."""
+    import gzip
+
+    import msgpack
+    from pysyncobj import pickle as pysyncobj_pickle
+
+    from raftlease.core.snapshot import SNAPSHOT_VERSION
+    from raftlease.replication.replica import SNAPSHOT_LOAD_FAILED
+
+    cluster = cluster_factory(1, compaction_min_entries=5, compaction_min_time=1.0)
+    with cluster.client() as c:
+        for i in range(20):
+            c.acquire(f"u/{i}", owner="w", ttl=120.0)
+    dump = cluster.node_dir("n1") / "raft.dump"
+    wait_for(dump.exists, 30, "a snapshot")
+    cluster.stop_node("n1")
+    with gzip.open(dump, "rb") as f:
+        data, last, before_last, members = pysyncobj_pickle.load(f)
+    plain = msgpack.unpackb(data[1], raw=False, strict_map_key=False)
+    assert plain["v"] == SNAPSHOT_VERSION
+    newer = msgpack.packb({**plain, "v": SNAPSHOT_VERSION + 1}, use_bin_type=True)
+    with gzip.open(dump, "wb") as f:
+        pysyncobj_pickle.dump(([data[0], newer], last, before_last, members), f)
+    proc = cluster.start_node("n1")
+    assert proc.wait(timeout=60) == SNAPSHOT_LOAD_FAILED
+    text = cluster.log_path("n1").read_text(errors="replace")
+    assert f"snapshot version {SNAPSHOT_VERSION + 1} is newer than this build" in text

@@ -275,3 +275,69 @@ def test_a_follower_replaying_an_old_removal_of_its_leader_keeps_it(tmp_path: Pa
     finally:
         sync.destroy()
         sync.doTick(0.0)
+
+
+# ----------------------------------------------------------- rolling upgrades
+
+
+def _halting_consumer() -> tuple[_StoreConsumer, list[int]]:
+    consumer = _StoreConsumer(None)
+    halts: list[int] = []
+
+    def halt(status: int) -> None:
+        halts.append(status)
+
+    consumer.halt = halt  # type: ignore[method-assign]
+    return consumer, halts
+
+
+def test_an_entry_of_a_newer_format_stops_the_node_before_it_applies() -> None:
+    import msgpack
+
+    from raftlease.core.snapshot import ENTRY_FORMAT
+    from raftlease.replication.replica import ENTRY_FORMAT_TOO_NEW
+
+    consumer, halts = _halting_consumer()
+    acquire = {
+        "op": "acquire",
+        "key": "k",
+        "owner": "o",
+        "ttl": 5000,
+        "lid": "l1",
+        "now": 1,
+        "term": 1,
+        "cid": "c",
+        "seq": 1,
+        "ack": 1,
+    }
+    # No "fv" (every entry written so far) and fv 1 apply as before.
+    assert consumer.apply_entry(msgpack.packb(acquire), _doApply=True)["ok"] is True
+    again = {**acquire, "key": "k2", "lid": "l2", "seq": 2, "fv": ENTRY_FORMAT}
+    assert consumer.apply_entry(msgpack.packb(again), _doApply=True)["ok"] is True
+    before = consumer.store.to_plain()
+    for fv in (ENTRY_FORMAT + 1, "2", 0, True):
+        newer = {**acquire, "key": "k3", "lid": "l3", "seq": 3, "fv": fv}
+        result = consumer.apply_entry(msgpack.packb(newer), _doApply=True)
+        assert result["ok"] is False and halts[-1] == ENTRY_FORMAT_TOO_NEW
+        assert consumer.store.to_plain() == before  # nothing applied
+    assert len(halts) == 4
+
+
+def test_a_snapshot_of_a_newer_layout_stops_the_node_with_a_clear_message(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import msgpack
+
+    from raftlease.core.snapshot import SNAPSHOT_VERSION
+    from raftlease.replication.replica import SNAPSHOT_LOAD_FAILED
+
+    consumer, halts = _halting_consumer()
+    plain = consumer.store.to_plain()
+    newer = msgpack.packb({**plain, "v": SNAPSHOT_VERSION + 1}, use_bin_type=True)
+    consumer._deserialize(newer)
+    assert halts == [SNAPSHOT_LOAD_FAILED]
+    assert f"snapshot version {SNAPSHOT_VERSION + 1} is newer" in caplog.text
+    assert "upgrade" in caplog.text
+    # The layout this build writes still loads.
+    consumer._deserialize(msgpack.packb(plain, use_bin_type=True))
+    assert halts == [SNAPSHOT_LOAD_FAILED]

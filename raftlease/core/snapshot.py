@@ -19,6 +19,21 @@ from .state import StoreState
 #: Bump when the snapshot layout changes; ``restore`` refuses other versions.
 #: 5: task queues (``tasks``, core/queue.py); a layout 4 snapshot has none.
 SNAPSHOT_VERSION = 5
+#: The log entry format this build writes and applies. An entry without ``fv`` is
+#: format 1 (every entry before the field existed), so this build writes none; a
+#: build that changes what an entry means writes a higher ``fv``, and nodes that
+#: do not know it stop instead of applying it differently (replication/replica.py,
+#: docs/membership.md "Rolling upgrades").
+ENTRY_FORMAT = 1
+
+
+def entry_format(entry: Any) -> int | None:
+    """The format version an entry declares (1 when it declares none); None when
+    ``fv`` is not a positive integer."""
+    fv = entry.get("fv", 1) if isinstance(entry, dict) else 1
+    if isinstance(fv, bool) or not isinstance(fv, int) or fv < 1:
+        return None
+    return fv
 
 
 def to_plain(store: StoreState) -> dict[str, Any]:
@@ -46,6 +61,11 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     """Fill a fresh ``store`` from ``to_plain`` output (this layout version or versions
     2 and 3, which it upgrades). Raises ``ValueError`` on any other version."""
     version = data.get("v")
+    if isinstance(version, int) and not isinstance(version, bool) and version > SNAPSHOT_VERSION:
+        raise ValueError(
+            f"snapshot version {version} is newer than this build understands "
+            f"(up to {SNAPSHOT_VERSION}): it was written by a newer raftlease; upgrade this node"
+        )
     if version not in (2, 3, 4, SNAPSHOT_VERSION):
         raise ValueError(f"snapshot version {version!r} is not 2, 3, 4 or {SNAPSHOT_VERSION}")
     if "ceiling" not in data:

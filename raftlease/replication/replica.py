@@ -24,9 +24,11 @@ from typing import Any
 import msgpack
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
+from .._version import __version__
 from ..clock import Clock, SystemClock
 from ..config import NodeAddress, NodeConfig
 from ..core import LeaseStore, Result
+from ..core.snapshot import ENTRY_FORMAT, entry_format
 from ..errors import (
     InternalError,
     InvalidArgumentError,
@@ -55,6 +57,8 @@ __all__ = ["DialNode", "Replica", "syncobj_conf"]
 
 #: Exit status of a node that cannot load its snapshot.
 SNAPSHOT_LOAD_FAILED = 70
+#: Exit status of a node that meets a log entry of a newer format than it applies.
+ENTRY_FORMAT_TOO_NEW = 71
 
 
 #: Called on the tick thread with (result, error); exactly one of them is None.
@@ -117,19 +121,21 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
         try:
             plain = msgpack.unpackb(data, raw=False, strict_map_key=False)
             store = self.store_class.from_plain(plain)
-        except Exception:
+        except Exception as exc:
             # PySyncObj would only log this and go on with an empty state machine, and
             # such a node can even win an election and wedge the cluster. A node that
             # cannot load its snapshot must not take part at all: stop the process.
             log.critical(
-                "cannot load the snapshot (%s); stopping this node. Restore its data "
-                "directory, or remove it to resync from the leader while the other "
-                "nodes are healthy.",
-                "corrupt or from another snapshot version",
+                "cannot load the snapshot (%s); stopping this node (raftlease %s). If the "
+                "snapshot is newer than this build, upgrade the node; if it is corrupt, "
+                "restore its data directory, or remove it to resync from the leader "
+                "while the other nodes are healthy.",
+                exc if isinstance(exc, ValueError) else "corrupt",
+                __version__,
                 exc_info=True,
             )
-            logging.shutdown()
-            os._exit(SNAPSHOT_LOAD_FAILED)
+            self.halt(SNAPSHOT_LOAD_FAILED)
+            return
         self.store = store
         log.info(
             "restored snapshot: %d leases, revision %d, log time %d ms",
@@ -137,6 +143,12 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
             self.store.revision,
             self.store.now,
         )
+
+    def halt(self, status: int) -> None:
+        """Stop the process at once (tick thread; no exception may leave a replicated
+        method). A test replaces it."""
+        logging.shutdown()
+        os._exit(status)
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_entry(self, data: bytes) -> Result:
@@ -146,6 +158,19 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
         except Exception:
             log.error("undecodable log entry of %d bytes skipped", len(data))
             return {"ok": False, "code": "INTERNAL", "message": "undecodable log entry"}
+        fv = entry_format(entry)
+        if fv is None or fv > ENTRY_FORMAT:
+            # Applying it the old way would diverge from the nodes that know it: stop,
+            # before applying, on every restart, until this node is upgraded.
+            log.critical(
+                "log entry format %r is newer than this node understands (up to %d; "
+                "raftlease %s): upgrade this node; it stops instead of applying it",
+                entry.get("fv") if isinstance(entry, dict) else None,
+                ENTRY_FORMAT,
+                __version__,
+            )
+            self.halt(ENTRY_FORMAT_TOO_NEW)
+            return {"ok": False, "code": "INTERNAL", "message": "entry format too new"}
         started = time.perf_counter()
         try:
             result = self.store.apply(entry)

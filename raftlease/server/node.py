@@ -33,6 +33,7 @@ from .._version import __version__
 from ..clock import Clock, SystemClock
 from ..config import NodeConfig, parse_addr
 from ..core import LeaseStore, Result
+from ..core.snapshot import ENTRY_FORMAT, SNAPSHOT_VERSION
 from ..errors import (
     ConfigError,
     FrameTooLargeError,
@@ -768,6 +769,8 @@ class NodeServer(TaskWaits):
             "sessions": len(store.clients),
             "lease_sessions": len(store.lease_sessions),
             "version": __version__,
+            # What this build applies (docs/membership.md, "Rolling upgrades").
+            "formats": {"entry": ENTRY_FORMAT, "snapshot": SNAPSHOT_VERSION},
             "connected_peers": replica.connected_peers(),
             "lease_reads": self._lease_read_allowed(),
             "clock_rate": getattr(self.clock, "rate", 1.0),
