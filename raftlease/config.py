@@ -125,6 +125,8 @@ class NodeConfig:
     max_leases_per_principal: int = 10_000
     max_sessions_per_principal: int = 1_000
     max_connections_per_principal: int = 256
+    # Tasks one task queue may hold that are not completed (docs/queues.md).
+    max_queue_tasks: int = 250_000
     # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
     # fault-injecting proxy. The peer keeps its identity (its raft address).
     dial: dict[str, str] = field(default_factory=dict)
@@ -246,6 +248,7 @@ class NodeConfig:
             "max_leases_per_principal",
             "max_sessions_per_principal",
             "max_connections_per_principal",
+            "max_queue_tasks",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -16,7 +16,7 @@ import random
 import secrets
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -444,6 +444,47 @@ def bad_requests(key: str, cid: str, min_ttl: float) -> list[tuple[str, dict[str
         ("waiters limit zero", {"op": "waiters", "key": key, "limit": 0}, INV, "'limit'"),
         ("sessions limit string", {"op": "sessions", "limit": "3"}, BAD, "'limit'"),
     ]
+
+    # Issue 12: task queues (payloads and results over 16 KiB, absurd priorities,
+    # TTLs, delays and attempt counts, malformed capability maps, missing ids).
+    def task(op: str, **fields: Any) -> dict[str, Any]:
+        msg: dict[str, Any] = {"op": op, "queue": f"{PREFIX}q"}
+        if op in ("task_complete", "task_fail", "task_heartbeat", "task_release"):
+            msg.update(task_id="T" * 24, attempt_id="f" * 32)
+        if op == "task_put":
+            msg["payload"] = "{}"
+        if op == "task_claim":
+            msg["worker"] = "mallory"
+        if op.startswith("task_") and op not in ("task_get", "task_stats", "task_dead"):
+            msg.update(session(cid, next(seqs)))
+        msg.update(fields)
+        return {k: v for k, v in msg.items() if v is not DROP}
+
+    big = "x" * (16 * 1024 + 1)
+    cases += [
+        ("task put payload map", task("task_put", payload={"a": 1}), BAD, "'payload'"),
+        ("task put payload 16 KiB+1", task("task_put", payload=big), INV, "'payload'"),
+        ("task put priority 10^9", task("task_put", priority=10**9), INV, "'priority'"),
+        ("task put ttl 10^12 s", task("task_put", lease_ttl=1e12), INV, "lease_ttl"),
+        ("task put ttl nan", task("task_put", lease_ttl=math.nan), INV, "lease_ttl"),
+        ("task put delay 10^12 s", task("task_put", delay=1e12), INV, "delay"),
+        ("task put delay negative", task("task_put", delay=-5), INV, "delay"),
+        ("task put attempts 10^6", task("task_put", max_attempts=10**6), INV, "max_attempts"),
+        ("task put attempts zero", task("task_put", max_attempts=0), INV, "max_attempts"),
+        ("task put requires list", task("task_put", requires=["gpu"]), BAD, "'requires'"),
+        ("task put deadline zero", task("task_put", deadline=0), INV, "deadline"),
+        ("task queue empty", task("task_put", queue=""), INV, "'queue'"),
+        ("task queue int", task("task_stats", queue=3), BAD, "'queue'"),
+        ("task claim worker missing", task("task_claim", worker=DROP), BAD, "'worker'"),
+        ("task claim caps int", task("task_claim", capabilities={"gpu": 1}), BAD, "capab"),
+        ("task claim wait 10^9", task("task_claim", wait=1e9), INV, "wait"),
+        ("task complete result big", task("task_complete", result=big), INV, "'result'"),
+        ("task complete no attempt", task("task_complete", attempt_id=DROP), BAD, "attempt_id"),
+        ("task fail error int", task("task_fail", error=3), BAD, "'error'"),
+        ("task beat progress inf", task("task_heartbeat", progress=math.inf), INV, "progress"),
+        ("task dead limit 0", task("task_dead", limit=0), INV, "'limit'"),
+        ("await_task no timeout", task("await_task", task_id="T"), BAD, "'timeout'"),
+    ]
     # A production node has no clock control: the test build's operation is unknown.
     cases.append(("test_clock unknown", {"op": "test_clock", "jump": 3600.0}, BAD, "unknown"))
     return cases
@@ -653,6 +694,88 @@ def test_follower_redirects_well_formed_requests(shared: LocalCluster, baseline:
                 assert response["detail"]["leader"] in shared.endpoints
                 assert response["detail"]["leader"] != where["follower"]
         conn.assert_open()
+
+
+def test_hostile_task_requests_leave_the_queue_unchanged(
+    shared: LocalCluster, baseline: Baseline
+) -> None:
+    """Forged and old attempt ids, unknown task ids and queues, a retry of a task that
+    is not dead: each a definite error code, and the queue exactly as before."""
+    name = f"{PREFIX}tasks"
+    with Client(shared.endpoints) as c:
+        q = c.queue(name)
+        held_id = q.put({"n": 1}, lease_ttl=TTL)
+        other_id = q.put({"n": 2}, lease_ttl=TTL)
+        held = q.claim(worker="honest")
+        old = q.claim(worker="honest")
+        assert held is not None and old is not None and held.task_id == held_id
+        old.release()  # its attempt id is now old
+        before = (q.get(held_id), q.get(other_id), replace(q.stats(), oldest_ready_age=None))
+        cid = "mallory-" + secrets.token_hex(8)
+        seqs = itertools.count(1)
+        ids = {"queue": name, "task_id": held_id}
+        cases: list[tuple[str, dict[str, Any], str]] = [
+            ("forged attempt", {"op": "task_complete", **ids, "attempt_id": "f" * 32}, "STALE"),
+            (
+                "old attempt",
+                {
+                    "op": "task_complete",
+                    "queue": name,
+                    "task_id": other_id,
+                    "attempt_id": old.lease_id,
+                },
+                "STALE",
+            ),
+            ("forged heartbeat", {"op": "task_heartbeat", **ids, "attempt_id": "0" * 32}, "STALE"),
+            (
+                "old release",
+                {
+                    "op": "task_release",
+                    "queue": name,
+                    "task_id": other_id,
+                    "attempt_id": old.lease_id,
+                },
+                "STALE",
+            ),
+            (
+                "unknown task",
+                {"op": "task_fail", "queue": name, "task_id": "nope", "attempt_id": held.lease_id},
+                "TASK_NOT_FOUND",
+            ),
+            (
+                "unknown queue",
+                {
+                    "op": "task_complete",
+                    "queue": f"{PREFIX}none",
+                    "task_id": held_id,
+                    "attempt_id": held.lease_id,
+                },
+                "TASK_NOT_FOUND",
+            ),
+            ("get unknown", {"op": "task_get", "queue": name, "task_id": "nope"}, "TASK_NOT_FOUND"),
+            (
+                "purge unknown",
+                {"op": "task_purge", "queue": name, "task_id": "nope"},
+                "TASK_NOT_FOUND",
+            ),
+            ("retry not dead", {"op": "task_retry", **ids}, "INVALID_ARGUMENT"),
+            ("purge claimed", {"op": "task_purge", **ids}, "INVALID_ARGUMENT"),
+        ]
+        conn = RawConnection(addresses(shared)["leader"])
+        try:
+            for label, message, code in cases:
+                if message["op"] not in ("task_get",):
+                    message = {**message, "cid": cid, "seq": 0, "ack": 1}
+                conn, response = leader_request(shared, conn, message, cid, seqs)
+                assert response.get("ok") is False, (label, response)
+                expected = "STALE_ATTEMPT" if code == "STALE" else code
+                assert response["code"] == expected and response["definite"], (label, response)
+        finally:
+            conn.sock.close()
+        after = (q.get(held_id), q.get(other_id), replace(q.stats(), oldest_ready_age=None))
+        assert after == before  # (the oldest ready task's age grows, of course)
+        held.complete("honest result")  # the real attempt still works
+        assert q.wait_result(held_id, timeout=10) == "honest result"
 
 
 # ------------------------------------------------------------------ aftermath

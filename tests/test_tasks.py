@@ -17,6 +17,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,14 @@ from raftlease import (
     TaskDeadError,
     TaskNotFoundError,
 )
-from raftlease.errors import InvalidArgumentError
+from raftlease.errors import (
+    InvalidArgumentError,
+    PermissionDeniedError,
+    QuotaExceededError,
+    UnauthenticatedError,
+)
+from raftlease.protocol import Request
+from raftlease.server.auth import AuthPolicy
 from raftlease.testing import LocalCluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -402,3 +411,51 @@ def test_the_cli_put_claim_complete_fail_stats_dead_retry(shared: LocalCluster) 
     assert code == 0 and "attempt id:" in out, out
     code, out = _cli(shared, "claim", "t-cli", "--worker", "sh", "--json")
     assert code == 4 and json.loads(out)["claimed"] is False, out
+
+
+def test_a_full_queue_refuses_a_put_definitely_and_unchanged(
+    cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    small = cluster_factory(max_queue_tasks=2)
+    with small.client() as c:
+        q = c.queue("t-quota")
+        first, second = q.put(1), q.put(2)
+        before = q.stats()
+        with pytest.raises(QuotaExceededError) as err:
+            q.put(3)
+        assert err.value.definite and err.value.detail["quota"] == 2
+        assert replace(q.stats(), oldest_ready_age=None) == replace(before, oldest_ready_age=None)
+        task = q.claim(worker="w")
+        assert task is not None and task.task_id == first
+        task.complete("room")  # completed tasks do not count: there is room again
+        third = q.put(3)
+        assert third not in (first, second)
+        assert q.stats().ready == 2
+
+
+def test_queue_permissions_are_on_the_key_queue_name() -> None:
+    from raftlease.protocol import Limits, parse_request
+    from raftlease.server.auth import Principal, Role
+
+    role = Role("worker", (("queue:rollouts", frozenset({"read", "write"})),))
+    reader = Role("viewer", (("queue:", frozenset({"read"})),))
+    policy = AuthPolicy(
+        {
+            "w": Principal("w", (role,)),
+            "v": Principal("v", (reader,)),
+        }
+    )
+
+    def request(op: str, queue: str, **fields: object) -> Request:
+        message = {"id": 1, "op": op, "queue": queue, "cid": "c", "seq": 1, "ack": 1, **fields}
+        return parse_request(message, Limits())
+
+    put = request("task_put", "rollouts", payload="{}")
+    policy.check(policy.principals["w"], put)
+    with pytest.raises(PermissionDeniedError, match="queue:other"):
+        policy.check(policy.principals["w"], request("task_put", "other", payload="{}"))
+    with pytest.raises(PermissionDeniedError):
+        policy.check(policy.principals["v"], put)  # read only
+    policy.check(policy.principals["v"], request("task_stats", "anything"))
+    with pytest.raises(UnauthenticatedError):
+        policy.check(None, put)

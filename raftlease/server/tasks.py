@@ -15,9 +15,9 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
+from ..config import NodeConfig
 from ..core import LeaseStore, Result
 from ..errors import error_class
-from ..limits import DEFAULT_QUEUE_TASKS
 from ..protocol import Request
 from ..replication import Replica
 from .log_clock import LogClock
@@ -33,6 +33,7 @@ class TaskWaits:
     _awaiting: dict[str, list[asyncio.Future[None]]]
     _loop: asyncio.AbstractEventLoop | None
     log_clock: LogClock
+    config: NodeConfig
 
     def _require_leader(self) -> None:
         raise NotImplementedError
@@ -46,14 +47,13 @@ class TaskWaits:
     async def propose(self, entry: dict[str, Any]) -> Result:
         raise NotImplementedError
 
-    @staticmethod
-    def draw_task_ids(op: str, entry: dict[str, Any]) -> None:
+    def draw_task_ids(self, op: str, entry: dict[str, Any]) -> None:
         """Randomness is drawn here, never in the state machine: a put's task id, a
         claim's attempt id (a capability: only the claimer receives it). A put also
-        carries the queue's task quota."""
+        carries the queue's task quota (``max_queue_tasks``)."""
         if op == "task_put":
             entry["tid"] = secrets.token_hex(12)
-            entry["quota"] = DEFAULT_QUEUE_TASKS
+            entry["quota"] = min(self.config.max_queue_tasks, 2**31)
         elif op == "task_claim":
             entry["aid"] = secrets.token_hex(16)
 
