@@ -47,8 +47,10 @@ from .cli import DEFAULT_ENDPOINTS, DURATION, _credentials, _owner_option, main
 )
 def mcp(owner: str, endpoints: str, session_ttl: float, timeout: float, log_level: str) -> None:
     """Speak the Model Context Protocol on stdin/stdout: tools claim, renew, release,
-    release_all, who_holds, list_claims, check_token. Claims live as long as the MCP
-    session (released when stdin closes; after --session-ttl if this process dies).
+    release_all, who_holds, list_claims, check_token, take_task, heartbeat,
+    complete_task, fail_task. Claims and taken tasks live as long as the MCP session
+    (released when stdin closes or on SIGTERM; after --session-ttl if this process
+    dies).
     Credentials as for the other commands: RAFTLEASE_AUTH_TOKEN or RAFTLEASE_TOKEN,
     RAFTLEASE_CA_FILE or RAFTLEASE_TLS=1. See docs/mcp.md."""
     if session_ttl <= 0:

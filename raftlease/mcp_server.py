@@ -31,6 +31,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import signal
 import time
 import warnings
 from collections.abc import AsyncIterator
@@ -38,6 +40,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field, StrictFloat, StrictInt, StrictStr
@@ -489,8 +492,12 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
         try:
             yield {}
         finally:
-            # The MCP session ended (stdin EOF): release everything now.
-            await book.close()
+            # The MCP session ended (stdin EOF, or SIGTERM cancelled the server):
+            # release everything now. Shielded, so a cancellation does not skip it;
+            # bounded, so an unreachable cluster does not keep the process (the
+            # claims then expire after the session TTL).
+            with anyio.CancelScope(shield=True), anyio.move_on_after(10.0):
+                await book.close()
 
     server: MCPServer[Any] = MCPServer(
         "raftlease",
@@ -619,12 +626,31 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
 
 
 async def run_stdio(options: McpOptions) -> None:
-    """Serve one MCP session on stdin/stdout until stdin closes; then release every
-    claim. Blocks (a coroutine for ``anyio.run``)."""
-    server, _ = build_server(options)
+    """Serve one MCP session on stdin/stdout until stdin closes (or SIGTERM/SIGINT);
+    then release every claim. Blocks (a coroutine for ``anyio.run``)."""
+    server, book = build_server(options)
     started = time.monotonic()
+
+    async def on_signals() -> None:
+        # SIGTERM/SIGINT (a host stopping us) end the session like stdin EOF does:
+        # claims are released at once instead of waiting out the session TTL. The
+        # SDK reads stdin in a worker thread that no cancellation interrupts, so
+        # after the release the process exits directly (nothing else is pending:
+        # every claim is gone and stdout carries no answer worth waiting for).
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("signal %d: ending the MCP session", signum)
+                with anyio.CancelScope(shield=True), anyio.move_on_after(10.0):
+                    await book.close()
+                log.info("MCP session ended after %.1f s", time.monotonic() - started)
+                logging.shutdown()
+                os._exit(0)
+
     try:
-        await server.run_stdio_async()
+        async with anyio.create_task_group() as group:
+            group.start_soon(on_signals)
+            await server.run_stdio_async()
+            group.cancel_scope.cancel()
     finally:
         log.info("MCP session ended after %.1f s", time.monotonic() - started)
 

@@ -42,7 +42,7 @@ ALLOWED: dict[str, set[str]] = {
     "cli_admin": GROUND | {"cli", "cli_lock", "client"},
     "cli_member": GROUND | {"cli"},
     # Backups: the snapshot file and restore are server-side code run offline.
-    "cli_snapshot": GROUND | {"cli", "server"},
+    "cli_snapshot": GROUND | {"cli", "client", "server"},
     # raftlease mcp: the MCP server is a client of the cluster (asyncio client, sessions).
     "mcp_server": GROUND | {"client", "recipes"},
     "cli_mcp": GROUND | {"cli", "mcp_server"},
@@ -66,7 +66,7 @@ THIRD_PARTY: dict[str, set[str]] = {
     "cli_admin": {"click"},
     "cli_member": {"click"},
     # mcp (the official MCP SDK) and pydantic (its argument models): raftlease mcp.
-    "mcp_server": {"mcp", "pydantic"},
+    "mcp_server": {"mcp", "pydantic", "anyio"},
     "cli_mcp": {"click", "anyio"},
 }
 

@@ -102,7 +102,9 @@ def server_pid(owner: str) -> int:
 
 
 @asynccontextmanager
-async def agent(cluster: LocalCluster, owner: str, **env: str) -> AsyncIterator[Agent]:
+async def agent(
+    cluster: LocalCluster, owner: str, session_ttl: float = SESSION_TTL
+) -> AsyncIterator[Agent]:
     params = StdioServerParameters(
         command=sys.executable,
         args=[
@@ -112,11 +114,11 @@ async def agent(cluster: LocalCluster, owner: str, **env: str) -> AsyncIterator[
             "--owner",
             owner,
             "--session-ttl",
-            str(SESSION_TTL),
+            str(session_ttl),
             "--endpoints",
             ",".join(cluster.endpoints),
         ],
-        env={**os.environ, **env},
+        env=dict(os.environ),
     )
     logs: list[Any] = []
 
@@ -236,8 +238,9 @@ def test_second_session_fails_or_waits_while_first_holds(shared: LocalCluster) -
 
 @pytest.mark.timeout(120)
 def test_ending_the_mcp_session_releases_at_once(shared: LocalCluster) -> None:
+    # A session TTL far longer than the test: freed keys were released, not expired.
     async def main() -> None:
-        async with agent(shared, "mcp-leaver") as a:
+        async with agent(shared, "mcp-leaver", session_ttl=120) as a:
             await a.call("claim", key="mcp/leave-1")
             await a.call("claim", key="mcp/leave-2", capacity=4, units=2)
         # stdin closed: the server closed its lease session before exiting.
@@ -246,6 +249,40 @@ def test_ending_the_mcp_session_releases_at_once(shared: LocalCluster) -> None:
     with shared.client() as c:
         assert c.holder("mcp/leave-1", consistency="log") is None
         assert c.holder("mcp/leave-2", consistency="log") is None
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_ends_the_session_and_releases_at_once(shared: LocalCluster) -> None:
+    state: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with agent(shared, "mcp-terminated", session_ttl=120) as a:
+            state["token"] = (await a.call("claim", key="mcp/terminated"))["token"]
+            pid = server_pid("mcp-terminated")
+            os.kill(pid, signal.SIGTERM)
+            state["signalled"] = True
+            # The server exits on its own, soon (the lease session closed first).
+            deadline = time.monotonic() + 30
+            while Path(f"/proc/{pid}").exists() and not _zombie(pid):
+                assert time.monotonic() < deadline, "the server did not exit on SIGTERM"
+                await asyncio.sleep(0.05)
+            state["exited"] = True
+
+    try:
+        run(main())
+    except Exception:
+        # Only the SDK's report of the ended server on the way out is expected.
+        if "exited" not in state:
+            raise
+    with shared.client() as c:
+        assert c.holder("mcp/terminated", consistency="log") is None
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except OSError:
+        return True
 
 
 @pytest.mark.timeout(150)
