@@ -17,15 +17,19 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from .cli import _client, _fail, _parse_member, _parse_setting, _safe, main
+from .cli import DURATION, Client, _credentials, _fail, _parse_member, _parse_setting, _safe, main
 from .config import NodeConfig, load_toml
 from .errors import ConfigError, RaftLeaseError
 from .limits import TOKEN_RESERVE_STEP
+
+if TYPE_CHECKING:
+    from .client import Client as BlockingClient
 
 #: server.backup.DEFAULT_TOKEN_JUMP (that module is imported only when a command runs:
 #: every other command of the CLI must not load the server stack).
@@ -82,7 +86,14 @@ def _show_header(header: dict[str, Any]) -> None:
     show_default=True,
     help="Comma-separated client addresses (env RAFTLEASE_ENDPOINTS).",
 )
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds for the whole save.")
+@click.option(
+    "--timeout",
+    type=DURATION,
+    default=300.0,
+    show_default=True,
+    help="For the whole save (5m, 600s); also how long one answer may take (taking a "
+    "snapshot of a big state takes seconds).",
+)
 @click.option(
     "--from-data-dir",
     "data_dir",
@@ -137,6 +148,14 @@ def save(
     _show_header(header)
 
 
+def _save_client(endpoints: Sequence[str] | str, timeout: float) -> BlockingClient:
+    """The CLI's client (credentials from the environment) whose single attempt may
+    take the whole ``timeout``: the leader answers the first request only once the
+    state is written, and a retry of it would find that export busy."""
+    token, tls = _credentials()
+    return Client(endpoints, token=token, tls=tls, deadline=timeout, attempt_timeout=timeout)
+
+
 def _save_from_leader(out: Path, endpoints: str, timeout: float, as_json: bool) -> dict[str, Any]:
     """Take the snapshot on the leader, fetch its body in chunks from that node, check
     its length and SHA-256 against what the node wrote, write the file."""
@@ -146,7 +165,7 @@ def _save_from_leader(out: Path, endpoints: str, timeout: float, as_json: bool) 
     progress = not as_json
     parts: list[bytes] = []
     try:
-        with _client(endpoints) as c:
+        with _save_client(endpoints, timeout) as c:
             started = time.monotonic()
             meta = c.call("snapshot", {}, mutating=False, timeout=timeout)
             # The export lives on the node that answered: read every chunk from it.
@@ -159,7 +178,7 @@ def _save_from_leader(out: Path, endpoints: str, timeout: float, as_json: bool) 
                 err=True,
             )
         received, shown = 0, 0.0
-        with _client([source]) as single:
+        with _save_client([source], timeout) as single:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
