@@ -224,6 +224,36 @@ def test_the_cli_loads_the_backup_code_only_when_a_snapshot_command_runs() -> No
     assert not {m for m in modules if m and m.split(".")[0] in ("server", "client")}, modules
 
 
+@pytest.mark.timeout(60)
+def test_cli_inspect_and_restore_from_a_config_file(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from raftlease.cli import main
+
+    body = _body(_store())
+    snap = tmp_path / "s.snap"
+    write_snapshot(snap, make_header(body, 10, 2, source="leader", node="n1"), body)
+    runner = CliRunner()
+    shown = runner.invoke(main, ["snapshot", "inspect", str(snap), "--json"])
+    assert shown.exit_code == 0 and json.loads(shown.output)["header"]["leases"] == 2
+    raw = snap.read_bytes()
+    damaged = tmp_path / "damaged.snap"
+    damaged.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
+    refused = runner.invoke(main, ["snapshot", "inspect", str(damaged)])
+    assert refused.exit_code == 1 and "checksum mismatch" in refused.output
+    # The docker configs name every member; --data-dir overrides their volume path.
+    config = Path(__file__).resolve().parent.parent / "cluster" / "docker" / "n2.toml"
+    args = ["snapshot", "restore", str(snap), "--config", str(config), "--json"]
+    done = runner.invoke(main, [*args, "--data-dir", str(tmp_path / "n2")])
+    assert done.exit_code == 0, done.output
+    result = json.loads(done.output)
+    assert (result["node"], result["members"]) == ("n2", ["n1", "n2", "n3"])
+    again = runner.invoke(main, [*args, "--data-dir", str(tmp_path / "n2")])
+    assert again.exit_code == 1 and "already holds" in again.output
+    refused = runner.invoke(main, [*args, "--data-dir", str(tmp_path / "x"), "--token-jump", "5"])
+    assert refused.exit_code == 1 and "--token-jump must be at least" in refused.output
+
+
 @pytest.mark.timeout(30)
 def test_snapshot_requests_are_validated_before_anything_runs() -> None:
     limits = Limits()
