@@ -11,7 +11,9 @@ stdio (``mcp.ClientSession`` + ``stdio_client``), exactly as an agent host runs 
 * a claim revoked behind the session's back is reported lost on the next call;
 * queue tools: take_task / heartbeat / complete_task / fail_task through the MCP
   session's lease session; ending the MCP session gives a taken task back;
-* hostile arguments are tool errors with a definite code and change nothing.
+* hostile arguments are tool errors with a definite code and change nothing;
+* on a secured cluster the server uses the CLI's credentials (RAFTLEASE_CA_FILE,
+  RAFTLEASE_AUTH_TOKEN) and the principal's permissions apply.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import json
 import os
 import signal
 import sys
+import textwrap
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -33,7 +36,9 @@ pytest.importorskip("mcp")
 
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
+from raftlease.server.auth import token_digest
 from raftlease.testing import LocalCluster, wait_for
+from raftlease.testing.certs import secure_bundle
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -103,7 +108,7 @@ def server_pid(owner: str) -> int:
 
 @asynccontextmanager
 async def agent(
-    cluster: LocalCluster, owner: str, session_ttl: float = SESSION_TTL
+    cluster: LocalCluster, owner: str, session_ttl: float = SESSION_TTL, **env: str
 ) -> AsyncIterator[Agent]:
     params = StdioServerParameters(
         command=sys.executable,
@@ -118,7 +123,7 @@ async def agent(
             "--endpoints",
             ",".join(cluster.endpoints),
         ],
-        env=dict(os.environ),
+        env={**os.environ, **env},
     )
     logs: list[Any] = []
 
@@ -450,3 +455,52 @@ def test_bad_arguments_are_tool_errors_and_change_nothing(shared: LocalCluster) 
             assert (await a.call("claim", key="mcp/bad"))["token"] > 0
 
     run(main())
+
+
+AGENT_TOKEN = "mcp-agent-token-0123456789abcdef"
+
+
+@pytest.mark.timeout(180)
+def test_credentials_and_permissions_apply(
+    cluster_factory: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    bundle = secure_bundle(tmp_path / "tls")
+    bundle.auth_file.write_text(
+        bundle.auth_file.read_text()
+        + textwrap.dedent(
+            f"""
+            [roles.agent]
+            permissions = [{{ prefix = "gpu/", actions = ["read", "write"] }}]
+
+            [[principals]]
+            name = "mcp-agent"
+            token_sha256 = "{token_digest(AGENT_TOKEN)}"
+            roles = ["agent"]
+            """
+        )
+    )
+    cluster = cluster_factory(3, **bundle.node_settings())
+    tls = {"RAFTLEASE_CA_FILE": str(bundle.ca_file)}
+
+    async def main() -> None:
+        async with agent(cluster, "mcp-secure", RAFTLEASE_AUTH_TOKEN=AGENT_TOKEN, **tls) as a:
+            got = await a.call("claim", key="gpu/0")
+            assert got["token"] > 0
+            with pytest.raises(ToolFailed) as err:
+                await a.call("claim", key="ops/y")
+            assert err.value.code == "PERMISSION_DENIED" and err.value.body["definite"]
+            with pytest.raises(ToolFailed) as err:
+                await a.call("who_holds", key="ops/y")
+            assert err.value.code == "PERMISSION_DENIED"
+            assert (await a.call("who_holds", key="gpu/0"))["holders"][0]["mine"] is True
+        async with agent(cluster, "mcp-anonymous", RAFTLEASE_AUTH_TOKEN="", **tls) as a:
+            with pytest.raises(ToolFailed) as err:
+                await a.call("claim", key="gpu/1")
+            assert err.value.code == "UNAUTHENTICATED"
+
+    run(main())
+    from raftlease import Client
+
+    with Client(cluster.endpoints, tls=str(bundle.ca_file), token=bundle.admin_token) as admin:
+        assert admin.holder("ops/y") is None and admin.holder("gpu/1") is None
+        assert admin.holder("gpu/0") is None  # released when the MCP session ended
