@@ -196,13 +196,13 @@ class HttpApi:
         if route is None:
             allowed = sorted(m for m, p in self.routes if p == path)
             return self._method_not_allowed(", ".join(allowed))
+        caller = self._caller(request)  # before the body: an unknown token reads none
         fields = await self._fields(request, route)
         for http_name, proto in route.rename:
             if http_name in fields:
                 fields[proto] = fields.pop(http_name)
             else:
                 fields.pop(proto, None)  # an election is named, not keyed
-        caller = self._caller(request)
         if route.op == "watch":
             return await self._watch(request, fields, caller)
         key = request.headers.get("Idempotency-Key")
