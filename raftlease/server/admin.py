@@ -12,6 +12,9 @@ Routes (GET, or HEAD):
   entries not yet applied; 503 with a JSON reason otherwise;
 * ``/status``: the JSON of ``raftlease status`` for this node.
 
+Also mounted here: the HTTP/JSON API (``/v1/``, http_api.py) and the live view
+(``/ui/``, dashboard.py), whose data routes need the same admin token as ``/status``.
+
 Hostile input has definite answers: an unknown path 404, another method 405, a request
 line or header over 8 KiB, more than 64 headers, or any request body 400/413 (from
 aiohttp's parser) or a closed connection; a new connection that has not sent a whole
@@ -48,6 +51,7 @@ from ..config import parse_addr
 from ..errors import RaftLeaseError
 from ..replication import Replica
 from .auth import AuthPolicy
+from .dashboard import Dashboard
 from .metrics import NodeMetrics
 
 if TYPE_CHECKING:
@@ -171,6 +175,8 @@ class AdminEndpoint:
         self._listener: asyncio.base_events.Server | None = None
         #: The HTTP/JSON API (http_api.HttpApi), mounted by the node: /v1/, /openapi.json.
         self.api: HttpApi | None = None
+        #: The live view (dashboard.py): /ui/ and its data routes, over ``api``.
+        self.dashboard: Dashboard | None = None
 
     @property
     def connections(self) -> int:
@@ -217,6 +223,10 @@ class AdminEndpoint:
         if server is not None:
             server.disarm(handler)
         try:
+            if self.api is not None and Dashboard.owns(request.path):
+                if self.dashboard is None:
+                    self.dashboard = Dashboard(self.api, self.auth)
+                return await self.dashboard.handle(request)
             if self.api is not None and self.api.owns(request.path):
                 return await self.api.handle(request)
             return self._route(request)

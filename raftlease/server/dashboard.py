@@ -1,0 +1,282 @@
+"""The live view of one node (README "Live view"): a static page at ``/ui/`` and the
+small JSON routes it reads, on the node's admin endpoint beside ``/v1/``.
+
+Routes (GET or HEAD):
+
+* ``/`` and ``/ui``: a redirect to ``/ui/``;
+* ``/ui/``, ``/ui/app.js``, ``/ui/app.css``: the page, shipped in the package
+  (``raftlease/server/ui/``, no build step, nothing from another origin). They carry
+  no data, so they are open; a strict Content-Security-Policy allows only this
+  origin's script, style and ``fetch``;
+* ``/ui/api/state``: one load of everything the page shows: ``leases`` (live
+  holders), ``waiters`` (the queue of each key that has one), ``sessions``,
+  ``queues`` (depths) and ``revision``, the revision the page then watches from;
+* ``/ui/api/live``: the same without ``leases`` (the page refreshes it every few
+  seconds: enqueues, session keep-alives and queue depths are not watch events);
+* ``/ui/api/key?key=K``: the holders and waiters of one key (the page asks after a
+  watch event on it: events carry no TTL);
+* ``/ui/api/cluster``: the status of every member (role, term, applied index, lease
+  reads, drift), this node's from memory and the others' over their client ports
+  (the open ``status`` operation).
+
+The page itself follows ``/v1/watch`` (NDJSON, http_api.py) for changes.
+
+Reads run as the HTTP API runs them (``HttpApi.run``): through ``parse_request``,
+the permission check and, where this node cannot answer, forwarded to the leader;
+linearizable, so remaining times are the leader's. Which keys have waiters and which
+queues exist is read from this node's own state (a name list); queue depths are the
+counters of this node's state, labelled with its applied index (``task_stats`` would
+cost a log entry per queue and refresh).
+
+Security: with an ``auth_file``, every ``/ui/api/`` route needs a bearer token of a
+principal with ``admin`` (as ``/status``): 401 without a known token, 403 without the
+permission. Nothing returned carries a lease, session or attempt id (the reads used
+never reveal them).
+
+Threads: the node's event loop only; handlers wait on reads without blocking it.
+Raises nothing: errors are JSON answers (``http_api.error_response``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.resources
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ..errors import BadRequestError, RaftLeaseError, UnavailableError
+from .http_api import error_response
+
+if TYPE_CHECKING:
+    from .auth import AuthPolicy
+    from .http_api import HttpApi
+
+log = logging.getLogger("raftlease.server.dashboard")
+
+#: Static files of the page: name -> content type.
+STATIC = {
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "app.css": "text/css; charset=utf-8",
+}
+#: Most keys whose waiters one answer lists, and waiters per key.
+MAX_WAITER_KEYS = 200
+MAX_WAITERS = 100
+#: Most leases and sessions one answer lists.
+MAX_LEASES = 5000
+MAX_SESSIONS = 1000
+MAX_QUEUES = 200
+#: Seconds another member has to answer ``status``.
+PEER_STATUS_TIMEOUT = 1.5
+#: Only this origin: the page runs no inline script, and keys rendered as text
+#: could not run one even if a bug put them in markup.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+def _load_static() -> dict[str, bytes]:
+    root = importlib.resources.files("raftlease.server") / "ui"
+    return {name: (root / name).read_bytes() for name in STATIC}
+
+
+class Dashboard:
+    """The ``/ui/`` routes (see the module docstring), over one node's ``HttpApi``."""
+
+    def __init__(self, api: HttpApi, auth: AuthPolicy | None) -> None:
+        self.api = api
+        self.node = api.node
+        self.auth = auth
+        self._static: dict[str, bytes] | None = None
+
+    @staticmethod
+    def owns(path: str) -> bool:
+        return path in ("/", "/ui") or path.startswith("/ui/")
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Answer one request; never raises (a bug answers 500)."""
+        try:
+            return await self._dispatch(request)
+        except RaftLeaseError as exc:
+            return error_response(exc)
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception:  # never let a bug take the node down
+            log.exception("dashboard request failed")
+            return _json(500, {"error": {"code": "INTERNAL", "message": "internal error"}})
+
+    async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.path
+        if request.method not in ("GET", "HEAD"):
+            err = BadRequestError("method not allowed here; use GET")
+            return _json(
+                405, {"error": {"code": err.code, "message": err.message}}, {"Allow": "GET, HEAD"}
+            )
+        if request.body_exists:
+            raise BadRequestError("dashboard requests have no body")
+        if path in ("/", "/ui"):
+            return web.Response(status=302, headers={"Location": "/ui/"})
+        name = path[len("/ui/") :] or "index.html"
+        if name in STATIC:
+            if self._static is None:
+                self._static = _load_static()
+            return web.Response(
+                body=self._static[name],
+                headers={"Content-Type": STATIC[name], **SECURITY_HEADERS},
+            )
+        routes = {
+            "api/state": self._state,
+            "api/live": self._live,
+            "api/key": self._key,
+            "api/cluster": self._cluster,
+        }
+        route = routes.get(name)
+        if route is None:
+            return _json(404, {"error": {"code": "BAD_REQUEST", "message": f"no page {path!r}"}})
+        caller = self.api._caller(request)  # an unknown token: UNAUTHENTICATED
+        if self.auth is not None:
+            self.auth.check_admin(caller.principal, f"read {path}")
+        body = await route(request, caller)
+        return _json(200, body, {"Cache-Control": "no-store"})
+
+    # ------------------------------------------------------------ reads
+
+    async def _read(self, op: str, fields: dict[str, Any], caller: Any) -> dict[str, Any]:
+        return await self.api.run(op, {**fields, "consistency": "linearizable"}, caller)
+
+    async def _state(self, request: web.BaseRequest, caller: Any) -> dict[str, Any]:
+        # The revision first: the leases read after it are at least as new, so the
+        # page, watching from revision + 1, may see a change twice but never miss one.
+        revision = self.node._replica().store.revision
+        leases = await self._read("leases", {"prefix": "", "limit": MAX_LEASES}, caller)
+        live = await self._live(request, caller)
+        return {**live, "revision": revision, "leases": leases.get("leases", [])}
+
+    async def _live(self, request: web.BaseRequest, caller: Any) -> dict[str, Any]:
+        store = self.node._replica().store
+        keys = sorted(list(store.queues))[:MAX_WAITER_KEYS]  # list(): one step, GIL-safe
+        waiters: dict[str, list[dict[str, Any]]] = {}
+        for key in keys:
+            answer = await self._read("waiters", {"key": key, "limit": MAX_WAITERS}, caller)
+            if answer.get("waiters"):
+                waiters[key] = answer["waiters"]
+        sessions = await self._read("sessions", {"limit": MAX_SESSIONS}, caller)
+        return {
+            "node": self.node.config.node_id,
+            "applied_index": self.node._replica().last_applied(),
+            "waiters": waiters,
+            "sessions": sessions.get("sessions", []),
+            "queues": self._queues(),
+        }
+
+    def _queues(self) -> list[dict[str, Any]]:
+        """Depth of each queue from this node's state: copies of small dicts (one
+        step each under the GIL), safe while the tick thread applies."""
+        queues = self.node._replica().store.tasks.queues
+        out = []
+        for name in sorted(list(queues))[:MAX_QUEUES]:
+            queue = queues.get(name)
+            if queue is None:
+                continue
+            counts = dict(queue.counts)
+            out.append(
+                {
+                    "queue": name,
+                    "ready": counts.get("ready", 0),
+                    "delayed": counts.get("delayed", 0),
+                    "claimed": counts.get("claimed", 0),
+                    "dead": counts.get("dead", 0),
+                    "waiting_claims": len(queue.claimers),
+                }
+            )
+        return out
+
+    async def _key(self, request: web.BaseRequest, caller: Any) -> dict[str, Any]:
+        keys = request.query.getall("key", [])
+        if len(keys) != 1:
+            raise BadRequestError("give exactly one 'key' query parameter")
+        key = keys[0]
+        holder = await self._read("holder", {"key": key}, caller)
+        waiters = await self._read("waiters", {"key": key, "limit": MAX_WAITERS}, caller)
+        current = holder.get("holder")
+        holders: list[dict[str, Any]] = []
+        if current is not None:
+            holders = list(current.get("holders") or [current])
+        return {
+            "key": key,
+            "holders": holders,
+            "capacity": waiters.get("capacity", 1),
+            "waiters": waiters.get("waiters", []),
+        }
+
+    async def _cluster(self, request: web.BaseRequest, caller: Any) -> dict[str, Any]:
+        node = self.node
+        me = node.config.self_node
+
+        async def one(member: Any) -> dict[str, Any]:
+            if member.client == me.client:
+                return {"reachable": True, **node.status()}
+            try:
+                status = await self.api.forwarder.call(
+                    member.client, None, {"id": 1, "op": "status"}, PEER_STATUS_TIMEOUT
+                )
+            except (RaftLeaseError, OSError, TimeoutError) as exc:
+                return {
+                    "reachable": False,
+                    "node": member.id,
+                    "client": member.client,
+                    "error": str(exc),
+                }
+            return {"reachable": True, **status}
+
+        try:
+            members = list(node._replica().membership.members())
+        except UnavailableError:
+            members = [me]
+        nodes = await asyncio.gather(*(one(m) for m in members))
+        return {"nodes": [_public_status(s) for s in nodes], "served_by": node.config.node_id}
+
+
+#: Status fields the page shows (nothing else leaves: paths, durability details).
+_STATUS_FIELDS = (
+    "reachable",
+    "node",
+    "client",
+    "role",
+    "term",
+    "commit_index",
+    "applied_index",
+    "leader",
+    "ready",
+    "revision",
+    "leases",
+    "lease_sessions",
+    "lease_reads",
+    "lease_remaining",
+    "drift_alarm",
+    "drift",
+    "clock_rate",
+    "error",
+)
+
+
+def _public_status(status: dict[str, Any]) -> dict[str, Any]:
+    return {k: status[k] for k in _STATUS_FIELDS if k in status}
+
+
+def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        text=json.dumps(body, default=str),
+        content_type="application/json",
+        headers=headers,
+    )

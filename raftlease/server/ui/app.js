@@ -1,0 +1,484 @@
+// raftlease live view (raftlease/server/dashboard.py). No framework, no build step.
+//
+// Data flow: one load of /ui/api/state, then /v1/watch (NDJSON over fetch, so the
+// bearer token can be sent; EventSource cannot send headers) from the revision that
+// load was taken at. Each lease event updates the table at once; the key's holders
+// (remaining TTL: events carry none) and waiters are then re-read with /ui/api/key.
+// Waiters joining a queue, session keep-alives and queue depths are not watch events,
+// so /ui/api/live (no lease list) and /ui/api/cluster are re-read every few seconds.
+//
+// Every key, owner and value is hostile input: it only ever reaches the page as
+// textContent or an attribute value, never as markup (no innerHTML anywhere).
+"use strict";
+
+const TOKEN_KEY = "raftlease.token";
+const LIVE_EVERY_MS = 2000;
+const CLUSTER_EVERY_MS = 3000;
+const KEY_REFRESH_DELAY_MS = 150;
+const TIMELINE_WINDOW_MS = 5 * 60 * 1000;
+const TIMELINE_MAX_ROWS = 30;
+
+const view = {
+  keys: new Map(),        // key -> {holders: Map(token -> holder), capacity, waiters: []}
+  sessions: [],           // {owner, ttl, remaining, leases, waiters, expiresAt}
+  queues: [],
+  nodes: [],
+  revision: 0,
+  intervals: [],          // {key, owner, token, start, end|null} on performance.now()
+  stream: null,           // AbortController of the watch
+  pendingKeys: new Set(),
+  keyRevision: new Map(),  // key -> revision of the last event on it
+  keyTimer: null,
+};
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, text, cls) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (cls) node.className = cls;
+  return node;
+}
+
+function setConn(state, text) {
+  const conn = $("conn");
+  conn.dataset.state = state;
+  conn.textContent = text || state;
+}
+
+// ------------------------------------------------------------------ requests
+
+class AuthNeeded extends Error {}
+
+function headers() {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  return token ? { Authorization: "Bearer " + token } : {};
+}
+
+async function getJSON(path) {
+  const response = await fetch(path, { headers: headers(), cache: "no-store" });
+  if (response.status === 401 || response.status === 403) {
+    let message = "token refused";
+    try { message = (await response.json()).error.message; } catch (e) { /* keep */ }
+    throw new AuthNeeded(message);
+  }
+  const body = await response.json();
+  if (!response.ok) throw new Error((body.error && body.error.message) || response.statusText);
+  return body;
+}
+
+function askToken(message) {
+  $("auth").hidden = false;
+  $("auth-error").textContent = message || "";
+  setConn("error", "token needed");
+}
+
+$("auth").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const token = $("token").value.trim();
+  if (token) sessionStorage.setItem(TOKEN_KEY, token);
+  else sessionStorage.removeItem(TOKEN_KEY);
+  $("token").value = "";
+  $("auth").hidden = true;
+  start();
+});
+
+// ------------------------------------------------------------------- model
+
+function holderFrom(h, sentAt) {
+  return {
+    owner: h.owner,
+    token: h.token,
+    units: h.units || 1,
+    unitIndices: h.unit_indices || null,
+    value: h.value,
+    ttl: h.ttl,
+    expiresAt: typeof h.remaining === "number" ? sentAt + h.remaining : null,
+  };
+}
+
+function entry(key) {
+  let item = view.keys.get(key);
+  if (!item) {
+    item = { holders: new Map(), capacity: 1, waiters: [] };
+    view.keys.set(key, item);
+  }
+  return item;
+}
+
+function dropIfEmpty(key) {
+  const item = view.keys.get(key);
+  if (item && item.holders.size === 0 && item.waiters.length === 0) view.keys.delete(key);
+}
+
+function openInterval(key, owner, token) {
+  const open = view.intervals.find((i) => i.key === key && i.token === token && i.end === null);
+  if (!open) view.intervals.push({ key, owner, token, start: performance.now(), end: null });
+}
+
+function closeInterval(key, token) {
+  for (const i of view.intervals) {
+    if (i.key === key && i.token === token && i.end === null) i.end = performance.now();
+  }
+}
+
+function loadState(state, sentAt) {
+  view.keys.clear();
+  for (const h of state.leases) {
+    const item = entry(h.key);
+    item.holders.set(h.token, holderFrom(h, sentAt));
+    if (h.capacity) item.capacity = h.capacity;
+    openInterval(h.key, h.owner, h.token);
+  }
+  // Intervals the new state no longer has ended while we were not watching.
+  for (const i of view.intervals) {
+    const item = view.keys.get(i.key);
+    if (i.end === null && !(item && item.holders.has(i.token))) i.end = performance.now();
+  }
+  view.revision = state.revision;
+  loadLive(state, sentAt);
+}
+
+function loadLive(live, sentAt) {
+  for (const [key, item] of view.keys) {
+    if (!(key in live.waiters)) item.waiters = [];
+  }
+  for (const key of Object.keys(live.waiters)) entry(key).waiters = live.waiters[key];
+  for (const key of [...view.keys.keys()]) dropIfEmpty(key);
+  view.sessions = live.sessions.map((s) => ({ ...s, expiresAt: sentAt + s.remaining }));
+  view.queues = live.queues;
+  $("served").textContent = "node " + live.node + ", applied index " + live.applied_index;
+}
+
+function applyEvent(event) {
+  if (typeof event.revision === "number" && event.revision <= view.revision) return;
+  view.revision = event.revision;
+  const key = event.key;
+  if (key.startsWith("queue:")) {
+    scheduleLive();  // a task changed: its queue's depth did
+    return;
+  }
+  view.keyRevision.set(key, event.revision);
+  const item = entry(key);
+  if (event.type === "grant" || event.type === "renew" || event.type === "proclaim") {
+    const old = item.holders.get(event.token);
+    item.holders.set(event.token, {
+      owner: event.owner,
+      token: event.token,
+      units: event.units || 1,
+      unitIndices: old ? old.unitIndices : null,
+      value: event.value,
+      ttl: old ? old.ttl : null,
+      expiresAt: old && event.type !== "renew" ? old.expiresAt : null,
+    });
+    if (event.type === "grant") {
+      openInterval(key, event.owner, event.token);
+      // A grant may be a waiter's: it left the queue in the same entry.
+      item.waiters = item.waiters.filter((w) => w.owner !== event.owner);
+    }
+  } else {
+    // release, expire, revoke, transfer (the new holder's grant follows): ends it.
+    item.holders.delete(event.token);
+    closeInterval(key, event.token);
+  }
+  dropIfEmpty(key);
+  scheduleKey(key);
+}
+
+// ----------------------------------------------------------------- refresh
+
+function scheduleKey(key) {
+  view.pendingKeys.add(key);
+  if (view.keyTimer === null) view.keyTimer = setTimeout(refreshKeys, KEY_REFRESH_DELAY_MS);
+}
+
+async function refreshKeys() {
+  view.keyTimer = null;
+  const keys = [...view.pendingKeys];
+  view.pendingKeys.clear();
+  for (const key of keys) {
+    const sentAt = performance.now();
+    const revision = view.keyRevision.get(key);
+    let answer;
+    try {
+      answer = await getJSON("/ui/api/key?key=" + encodeURIComponent(key));
+    } catch (e) {
+      continue;  // the next event or live refresh tries again
+    }
+    // An event on this key arrived meanwhile: its own re-read follows.
+    if (view.keyRevision.get(key) !== revision) continue;
+    const item = entry(key);
+    item.holders = new Map(answer.holders.map((h) => [h.token, holderFrom(h, sentAt)]));
+    item.capacity = answer.capacity;
+    item.waiters = answer.waiters;
+    for (const h of answer.holders) openInterval(key, h.owner, h.token);
+    dropIfEmpty(key);
+  }
+  renderKeys();
+}
+
+let liveTimer = null;
+function scheduleLive() {
+  if (liveTimer === null) liveTimer = setTimeout(() => { liveTimer = null; refreshLive(); }, 200);
+}
+
+async function refreshLive() {
+  const sentAt = performance.now();
+  try {
+    loadLive(await getJSON("/ui/api/live"), sentAt);
+  } catch (e) {
+    if (e instanceof AuthNeeded) askToken(e.message);
+    return;
+  }
+  renderKeys();
+  renderSessions();
+  renderQueues();
+}
+
+async function refreshCluster() {
+  try {
+    view.nodes = (await getJSON("/ui/api/cluster")).nodes;
+  } catch (e) {
+    return;
+  }
+  renderCluster();
+}
+
+// ------------------------------------------------------------------ watch
+
+async function watch(controller) {
+  const url = "/v1/watch?from_revision=" + (view.revision + 1);
+  const response = await fetch(url, { headers: headers(), signal: controller.signal });
+  if (response.status === 401 || response.status === 403) throw new AuthNeeded("watch refused");
+  if (!response.ok || !response.body) throw new Error("watch answered " + response.status);
+  setConn("live");
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) throw new Error("watch stream ended");
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n")) >= 0) {
+      const line = buffer.slice(0, cut).trim();
+      buffer = buffer.slice(cut + 1);
+      if (!line) continue;  // keep-alive
+      const message = JSON.parse(line);
+      if (message.error) {
+        const error = new Error(message.error.message);
+        error.code = message.error.code;
+        throw error;
+      }
+      if (message.type === "sync") continue;
+      applyEvent(message);
+    }
+    renderKeys();
+    renderTimeline();
+    $("revision").textContent = "revision " + view.revision;
+  }
+}
+
+async function start() {
+  if (view.stream) view.stream.abort();
+  const controller = new AbortController();
+  view.stream = controller;
+  let delay = 500;
+  while (view.stream === controller) {
+    try {
+      const sentAt = performance.now();
+      loadState(await getJSON("/ui/api/state"), sentAt);
+      renderAll();
+      await watch(controller);
+    } catch (e) {
+      if (view.stream !== controller) return;
+      if (e instanceof AuthNeeded) { askToken(e.message); view.stream = null; return; }
+      setConn("reconnecting", "reconnecting: " + e.message);
+      await new Promise((resolve) => setTimeout(resolve, delay));
+      delay = Math.min(delay * 2, 5000);
+      continue;
+    }
+  }
+}
+
+// ----------------------------------------------------------------- render
+
+function seconds(ms) {
+  return (Math.max(0, ms) / 1000).toFixed(1) + " s";
+}
+
+function renderCluster() {
+  const body = $("cluster").tBodies[0];
+  body.replaceChildren();
+  const sorted = [...view.nodes].sort((a, b) => String(a.node).localeCompare(String(b.node)));
+  for (const n of sorted) {
+    const row = el("tr");
+    row.dataset.node = n.node || "";
+    if (!n.reachable) {
+      row.className = "unreachable";
+      row.append(el("td", n.node), el("td", n.client), el("td", "unreachable: " + (n.error || "")));
+      body.append(row);
+      continue;
+    }
+    if (n.role === "leader") row.className = "leader";
+    const rates = Object.values(n.drift || {}).map((p) => Math.abs(p.rate_error || 0));
+    const drift = (n.drift_alarm ? "ALARM " : "") +
+      (rates.length ? (Math.max(...rates) * 1e6).toFixed(0) + " ppm" : "-");
+    row.append(
+      el("td", n.node), el("td", n.client), el("td", n.role, "role"), el("td", n.term),
+      el("td", n.commit_index), el("td", n.applied_index, "applied"), el("td", n.leader || "-"),
+      el("td", n.lease_reads ? "yes" : "no"),
+      el("td", n.role === "leader" ? seconds((n.lease_remaining || 0) * 1000) : "-"),
+      el("td", drift),
+    );
+    body.append(row);
+  }
+}
+
+function renderKeys() {
+  const body = $("keys").tBodies[0];
+  body.replaceChildren();
+  const keys = [...view.keys.keys()].sort();
+  $("no-keys").hidden = keys.length > 0;
+  $("key-count").textContent = keys.length ? "(" + keys.length + ")" : "";
+  for (const key of keys) {
+    const item = view.keys.get(key);
+    const holders = [...item.holders.values()].sort((a, b) => a.token - b.token);
+    const row = el("tr");
+    row.dataset.key = key;  // an attribute value: never parsed as markup
+    const holderCell = el("td", null, "holder");
+    const tokenCell = el("td", null, "token");
+    const remainingCell = el("td", null, "remaining");
+    for (const h of holders) {
+      holderCell.append(el("span", h.owner, "owner waiter"));
+      tokenCell.append(el("span", h.token, "waiter"));
+      const left = el("span", h.expiresAt === null ? "…" : "", "countdown waiter");
+      left.dataset.token = String(h.token);
+      remainingCell.append(left);
+    }
+    const used = holders.reduce((sum, h) => sum + h.units, 0);
+    let units = item.capacity > 1 ? used + " of " + item.capacity : "";
+    const indices = holders.filter((h) => h.unitIndices).map((h) => h.unitIndices.join(","));
+    if (indices.length) units += " [" + indices.join("; ") + "]";
+    const waitersCell = el("td", null, "waiters");
+    for (const w of item.waiters) {
+      const text = w.position + ". " + w.owner + (w.units > 1 ? " (" + w.units + " units)" : "") +
+        (w.priority ? " prio " + w.priority : "");
+      waitersCell.append(el("span", text, "waiter"));
+    }
+    row.append(el("td", key, "key"), holderCell, tokenCell, remainingCell, el("td", units, "units"),
+      waitersCell);
+    body.append(row);
+  }
+  tick();
+}
+
+function renderSessions() {
+  const body = $("sessions").tBodies[0];
+  body.replaceChildren();
+  for (const s of view.sessions) {
+    const row = el("tr");
+    const left = el("td", "", "session-remaining");
+    left.dataset.expires = String(s.expiresAt);
+    row.append(el("td", s.owner, "owner"), el("td", seconds(s.ttl)), left, el("td", s.leases),
+      el("td", s.waiters));
+    body.append(row);
+  }
+  tick();
+}
+
+function renderQueues() {
+  const body = $("queues").tBodies[0];
+  body.replaceChildren();
+  for (const q of view.queues) {
+    const row = el("tr");
+    row.dataset.queue = q.queue;
+    row.append(el("td", q.queue, "queue"), el("td", q.ready, "ready"), el("td", q.delayed),
+      el("td", q.claimed, "claimed"), el("td", q.dead), el("td", q.waiting_claims));
+    body.append(row);
+  }
+}
+
+// Countdowns: from the local monotonic clock, set when each answer was requested.
+function tick() {
+  const now = performance.now();
+  for (const row of $("keys").tBodies[0].rows) {
+    const item = view.keys.get(row.dataset.key);
+    if (!item) continue;
+    for (const span of row.querySelectorAll(".countdown")) {
+      const h = item.holders.get(Number(span.dataset.token));
+      if (!h || h.expiresAt === null) continue;
+      span.textContent = seconds(h.expiresAt - now);
+      span.classList.toggle("expiring", h.expiresAt - now < 1000);
+    }
+  }
+  for (const cell of document.querySelectorAll(".session-remaining")) {
+    cell.textContent = seconds(Number(cell.dataset.expires) - now);
+  }
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, String(value));
+  if (text !== undefined) node.textContent = String(text);
+  return node;
+}
+
+function colour(owner) {
+  let hash = 0;
+  for (const ch of String(owner)) hash = (hash * 31 + ch.codePointAt(0)) >>> 0;
+  return "hsl(" + (hash % 360) + ", 55%, 55%)";
+}
+
+// One row per key with a holding interval in the window; like jepsen-style/timeline.py,
+// bars from grant to end (open bars reach "now"), labelled with owner and token.
+function renderTimeline() {
+  const now = performance.now();
+  const from = now - TIMELINE_WINDOW_MS;
+  view.intervals = view.intervals.filter((i) => i.end === null || i.end > from);
+  const keys = [...new Set(view.intervals.map((i) => i.key))].sort().slice(0, TIMELINE_MAX_ROWS);
+  const chart = $("timeline");
+  // Drawn in CSS pixels of the chart's own width: text is never stretched.
+  const width = Math.max(400, chart.clientWidth || 1000);
+  const labelWidth = 200, rowHeight = 18, top = 16;
+  const height = top + Math.max(1, keys.length) * rowHeight + 4;
+  chart.setAttribute("viewBox", "0 0 " + width + " " + height);
+  chart.setAttribute("height", String(height));
+  chart.replaceChildren();
+  const x = (t) => labelWidth + ((Math.max(t, from) - from) / TIMELINE_WINDOW_MS) * (width - labelWidth - 4);
+  for (let m = 0; m <= 5; m++) {
+    const at = x(from + m * 60000);
+    chart.append(svg("line", { x1: at, x2: at, y1: 12, y2: height, class: "axis" }));
+    const label = { x: m === 5 ? at - 2 : at + 2, y: 10, "text-anchor": m === 5 ? "end" : "start" };
+    chart.append(svg("text", label, m === 5 ? "now" : "-" + (5 - m) + " min"));
+  }
+  keys.forEach((key, row) => {
+    const y = top + row * rowHeight;
+    chart.append(svg("text", { x: 2, y: y + 12, class: "timeline-key" },
+      key.length > 26 ? key.slice(0, 25) + "…" : key));
+    for (const i of view.intervals.filter((v) => v.key === key)) {
+      const x1 = x(i.start), x2 = x(i.end === null ? now : i.end);
+      const bar = svg("rect", { x: x1, y: y + 2, width: Math.max(2, x2 - x1), height: rowHeight - 5,
+        fill: colour(i.owner), rx: 2 });
+      bar.append(svg("title", {}, i.owner + " token " + i.token));
+      chart.append(bar);
+      if (x2 - x1 > 60) chart.append(svg("text", { x: x1 + 3, y: y + 12 }, i.owner + " #" + i.token));
+    }
+  });
+}
+
+function renderAll() {
+  renderKeys();
+  renderSessions();
+  renderQueues();
+  renderTimeline();
+  $("revision").textContent = "revision " + view.revision;
+}
+
+setInterval(tick, 200);
+setInterval(renderTimeline, 1000);
+setInterval(() => { if (view.stream) refreshLive(); }, LIVE_EVERY_MS);
+setInterval(refreshCluster, CLUSTER_EVERY_MS);
+refreshCluster();
+start();
