@@ -126,6 +126,8 @@ class WatchEvent:
     value: str = ""
     #: Units of the key's capacity the lease takes (1 for a plain lock).
     units: int = 1
+    #: The unit indices a pool lease holds (see ``Lease.unit_indices``).
+    unit_indices: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -228,3 +228,21 @@ def test_clients_recipes_and_cli_show_the_units(shared: LocalCluster) -> None:
         again = c.acquire("units/gpus", owner="job-3", ttl=10.0, capacity=4, units=3)
         assert again.unit_indices == (0, 1, 2)  # released units are reused, lowest first
         c.release(again)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_watch_events_name_the_units(shared: LocalCluster) -> None:
+    with shared.client() as c:
+        start = c.read("units/watched").revision or 0
+        lease = c.acquire("units/watched", owner="job-w", ttl=10.0, capacity=3, units=2)
+        c.release(lease)
+        events = []
+        for event in c.watch("units/watched", from_revision=start + 1):
+            events.append(event)
+            if event.type == "release":
+                break
+        assert [(e.type, e.unit_indices) for e in events] == [
+            ("grant", (0, 1)),
+            ("release", (0, 1)),
+        ]

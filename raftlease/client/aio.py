@@ -602,6 +602,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
                             revision=int(event["revision"]),
                             value=str(event.get("value", "")),
                             units=int(event.get("units", 1)),
+                            unit_indices=tuple(int(i) for i in event.get("unit_indices", ())),
                         )
             except (ConnectionLostError, UnavailableError):
                 failures += 1

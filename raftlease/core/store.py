@@ -506,18 +506,19 @@ class LeaseStore(StoreState):
             self._grant_next(waiter.key)
 
     def _event(self, kind: str, lease: LeaseRecord) -> None:
-        self.events.append(
-            {
-                "type": kind,
-                "key": lease.key,
-                "owner": lease.owner,
-                "token": lease.token,
-                "revision": self.revision,
-                "lease_id": lease.lease_id,
-                "value": lease.value,
-                "units": lease.units,
-            }
-        )
+        event = {
+            "type": kind,
+            "key": lease.key,
+            "owner": lease.owner,
+            "token": lease.token,
+            "revision": self.revision,
+            "lease_id": lease.lease_id,
+            "value": lease.value,
+            "units": lease.units,
+        }
+        if lease.slots:  # a pool lease: which units it holds (watchers, the live view)
+            event["unit_indices"] = list(lease.slots)
+        self.events.append(event)
 
     def _owned(self, entry: dict[str, Any]) -> LeaseRecord | Result:
         key: str = entry["key"]

@@ -31,6 +31,8 @@ _BEHIND = "behind"
 
 #: The fields of a store event a watch may see (never a lease id).
 PUBLIC_FIELDS = ("type", "key", "owner", "token", "revision", "value", "units")
+#: Public fields only some events have (a pool lease's unit indices).
+OPTIONAL_FIELDS = ("unit_indices",)
 
 
 class WatchHub:
@@ -62,7 +64,7 @@ class WatchHub:
         # ceiling, core.store) changes no key: it only moves the expected revision.
         jumps = [e["revision"] for e in events if e.get("type") == "jump"]
         public = [
-            {k: e[k] for k in PUBLIC_FIELDS}
+            {k: e[k] for k in PUBLIC_FIELDS} | {k: e[k] for k in OPTIONAL_FIELDS if k in e}
             for e in events
             if "revision" in e and e.get("type") != "jump"
         ]
