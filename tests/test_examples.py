@@ -53,3 +53,20 @@ def test_planning_agents_fence_out_a_crashed_agent(shared: LocalCluster) -> None
     assert "  [ok] agent-0's late write was rejected by the fence" in lines
     assert "  [ok] agent-0's subtasks were completed by others" in lines
     assert lines[-1] == "OK"
+
+
+def test_task_planner_gathers_every_result_exactly_once(shared: LocalCluster) -> None:
+    script = EXAMPLES / "task_planner.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--endpoints", ",".join(shared.endpoints)],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("crash: agent-0 was killed") for line in lines), out.stdout
+    assert "  [ok] every subtask's result gathered exactly once" in lines
+    assert "  [ok] crashed agents' subtasks were retried and finished by other agents" in lines
+    assert "  [ok] each accepted result carries a higher token than every earlier attempt" in lines
+    assert lines[-1] == "OK"
