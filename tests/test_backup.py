@@ -166,6 +166,24 @@ def test_restore_transform_continues_tokens_and_gives_leases_their_ttl_again() -
 
 
 @pytest.mark.timeout(30)
+def test_restore_transform_gives_task_attempts_their_ttl_again() -> None:
+    store = LeaseStore()
+    task = {"queue": "q", "ttl": 4000, "cid": "t", "ack": 1}
+    put = store.apply({"op": "task_put", "now": 100, "seq": 1, "tid": "T", "payload": "{}", **task})
+    assert put["ok"], put
+    got = store.apply({"op": "task_claim", "now": 200, "seq": 2, "aid": "A", "worker": "w", **task})
+    assert got["ok"], got
+    attempt = store.tasks.attempts["A"]
+    # Later log time, as when the snapshot is taken well after the claim.
+    assert store.apply({"op": "tick", "now": 3000})["ok"]
+    restored = LeaseStore.from_plain(for_new_cluster(store.to_plain(), DEFAULT_TOKEN_JUMP))
+    again = restored.tasks.attempts["A"]
+    assert (again.worker, again.token) == (attempt.worker, attempt.token)
+    assert again.expires_at == 3000 + attempt.ttl_ms > attempt.expires_at
+    assert again.progress_at == 3000
+
+
+@pytest.mark.timeout(30)
 def test_restore_refuses_a_data_dir_with_raft_state_unless_forced(tmp_path: Path) -> None:
     body = _body(_store())
     snap = tmp_path / "s.snap"

@@ -146,33 +146,24 @@ def for_new_cluster(data: dict[str, Any], token_jump: int) -> dict[str, Any]:
       gets its whole TTL again from the saved log time, which the new cluster's first
       leader continues from: it expires one TTL after the new cluster's first entry,
       never earlier than its holder (who could renew only before the old cluster was
-      lost) believes it holds. Attached leases follow their session. Queued acquires
-      keep what was left of their wait.
+      lost) believes it holds. Attached leases follow their session. Task attempts
+      likewise get their TTL (or their session's) and a whole progress timeout again.
+      Queued acquires and waiting claims keep what was left of their wait.
     """
     if token_jump < TOKEN_RESERVE_STEP:
         raise ValueError(f"token_jump {token_jump} is below one step ({TOKEN_RESERVE_STEP})")
     store = StoreState()
-    restore(store, dict(data))  # validates and upgrades the layout
-    plain = to_plain(store)
+    restore(store, dict(data))  # validates and upgrades the layout; a copy we may change
     now = store.now
-    sessions = []
-    renewed: dict[str, int] = {}
-    for row in plain["lease_sessions"]:
-        row = list(row)
-        row[3] = now + row[2]  # expires_at = now + ttl_ms
-        renewed[row[0]] = row[3]
-        sessions.append(row)
-    leases = []
-    for row in plain["leases"]:
-        row = list(row)
-        session = row[9]
-        row[6] = renewed[session] if session else now + row[4]  # expires_at
-        leases.append(row)
+    for session in store.lease_sessions.values():
+        session.expires_at = now + session.ttl_ms
+    for lease in store.leases.values():
+        owner = store.lease_sessions.get(lease.session) if lease.session else None
+        lease.expires_at = owner.expires_at if owner is not None else now + lease.ttl_ms
+    for attempt in store.tasks.attempts.values():
+        owner = store.lease_sessions.get(attempt.session) if attempt.session else None
+        attempt.expires_at = owner.expires_at if owner is not None else now + attempt.ttl_ms
+        attempt.progress_at = max(attempt.progress_at, now)
     floor = max(store.ceiling, store.revision + store.token_headroom())
-    return {
-        **plain,
-        "term": 0,
-        "ceiling": floor + token_jump,
-        "leases": leases,
-        "lease_sessions": sessions,
-    }
+    # to_plain serializes the records (the heaps are rebuilt when the node loads it).
+    return {**to_plain(store), "term": 0, "ceiling": floor + token_jump}
