@@ -28,6 +28,7 @@ by the SDK as a generic tool error and never ends the server.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -49,7 +50,7 @@ from ._version import __version__
 from .client.aio import AsyncClient
 from .client.aio_queue import AsyncTask
 from .errors import RaftLeaseError
-from .limits import MAX_KEY_BYTES
+from .limits import MAX_CAPACITY, MAX_KEY_BYTES
 from .models import Holder, Lease
 from .recipes.sessions import AsyncSession
 
@@ -63,8 +64,8 @@ Count = Annotated[StrictInt, Field(description="A positive integer.")]
 
 #: Longest wait a claim may ask for (an agent that needs longer asks again).
 MAX_WAIT = 3600.0
-#: Most units a claim may take, and the largest capacity it may name (as the server's).
-MAX_UNITS = 1_000_000
+#: Most units a claim may take, and the largest capacity it may name (the server's).
+MAX_UNITS = MAX_CAPACITY
 
 
 @dataclass(frozen=True)
@@ -158,21 +159,26 @@ class ClaimBook:
         self._lost: list[dict[str, Any]] = []
         #: Task attempts taken from queues by this session, by task id.
         self.tasks: dict[str, AsyncTask] = {}
+        #: Tools run concurrently: two first claims must not open two lease sessions.
+        self._opening = asyncio.Lock()
 
     # ------------------------------------------------------------- lifetime
 
     async def _live_session(self) -> AsyncSession:
         """The lease session, opened on first use and opened anew after a loss."""
-        self._collect_session_loss()
-        if self.session is None:
-            session = self.client.session(owner=self.options.owner, ttl=self.options.session_ttl)
-            try:
-                await session.open()
-            except RaftLeaseError as exc:
-                raise _from_raftlease(exc) from None
-            self.session = session
-            log.info("lease session %s opened", session.session_id[:8])
-        return self.session
+        async with self._opening:
+            self._collect_session_loss()
+            if self.session is None:
+                session = self.client.session(
+                    owner=self.options.owner, ttl=self.options.session_ttl
+                )
+                try:
+                    await session.open()
+                except RaftLeaseError as exc:
+                    raise _from_raftlease(exc) from None
+                self.session = session
+                log.info("lease session %s opened", session.session_id[:8])
+            return self.session
 
     def _collect_session_loss(self) -> None:
         """Move the claims of a lost lease session to the lost list."""

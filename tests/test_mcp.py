@@ -211,6 +211,21 @@ def test_claim_renew_release_and_reads(shared: LocalCluster) -> None:
     run(main())
 
 
+@pytest.mark.timeout(120)
+def test_concurrent_claims_share_one_lease_session(shared: LocalCluster) -> None:
+    async def main() -> None:
+        async with agent(shared, "mcp-concurrent") as a:
+            keys = [f"mcp/concurrent-{i}" for i in range(4)]
+            results = await asyncio.gather(*(a.call("claim", key=key) for key in keys))
+            assert sorted(r["key"] for r in results) == keys
+            with shared.client() as c:
+                mine = [s for s in c.sessions() if s.owner == "mcp-concurrent"]
+                assert [s.leases for s in mine] == [4], mine
+            assert (await a.call("release_all"))["released"] == keys
+
+    run(main())
+
+
 @pytest.mark.timeout(150)
 def test_second_session_fails_or_waits_while_first_holds(shared: LocalCluster) -> None:
     async def main() -> None:
