@@ -15,7 +15,8 @@ sharing one ``Client``:
 - ``task end-to-end``: on queue ``bench-e2e``, as many producer threads (on a Client
   of their own) put as there are worker threads (1 or ``threads``) claiming and
   completing: one op is one task through
-  put -> claim -> complete, three replicated steps.
+  put -> claim -> complete, three replicated steps; and ``async N``: N such loops in
+  flight on one AsyncClient.
 
 Then ``task memory``, on a fresh cluster: RSS per node idle and with ``queued_tasks``
 ready tasks (put by ``threads`` threads, spread over ``QUEUES`` queues).
@@ -32,13 +33,13 @@ import threading
 import time
 from typing import Any
 
-from raftlease.client import Client
+from raftlease.client import AsyncClient, Client
 from raftlease.errors import RaftLeaseError
 from raftlease.testing import LocalCluster
 
 from ..cluster import log_alerts, max_term, node_rss
 from ..context import Context, progress
-from ..measure import Variant, measure, run_threads
+from ..measure import Variant, measure, run_async, run_threads
 
 #: Attempt TTL of the benchmark's claims: long enough that no attempt expires
 #: before the complete phase reaches it.
@@ -56,7 +57,8 @@ METHOD = (
     "while the worker threads claim (waiting on the server when none is ready) and "
     "complete: one op = one task "
     "through put -> claim -> complete (three replicated steps), its latency claim + "
-    "complete. "
+    "complete. 'task end-to-end [async N]': N loops of put -> claim -> complete in "
+    "flight on one AsyncClient (concurrent requests batched into log entries). "
     "Modes: 1 thread, and {threads} threads sharing one Client. 'task memory': a fresh "
     "cluster, RSS per node idle and with {tasks:,} ready tasks over {queues} queues."
 )
@@ -199,6 +201,28 @@ def throughput(ctx: Context, cluster: LocalCluster, client: Client) -> None:
             measure(
                 ctx, cluster, Variant("task end-to-end", mode, _end_to_end(client, e2e, feed, n))
             )
+
+    # Many tasks in flight on one AsyncClient: what batching of concurrent requests
+    # into one log entry gives (each in-flight loop: put -> claim -> complete).
+    async def pipelined(c: AsyncClient, i: int) -> bool:
+        q = c.queue("bench-e2e-async")
+        await q.put(PAYLOAD, lease_ttl=CLAIM_TTL)
+        task = await q.claim(worker=f"a{i % 64}", wait=1.0, lease_ttl=CLAIM_TTL)
+        if task is None:
+            raise RuntimeError("end-to-end: no task within 1 s after a put")
+        await task.complete(result={"ok": True})
+        return True
+
+    mode = f"async {p.async_tasks}"
+    measure(
+        ctx,
+        cluster,
+        Variant(
+            "task end-to-end",
+            mode,
+            lambda seconds: run_async(cluster.endpoints, p.async_tasks, pipelined, seconds),
+        ),
+    )
 
 
 def _end_to_end(client: Client, queue: Any, feed: Any, workers: int) -> Any:
