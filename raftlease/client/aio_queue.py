@@ -281,7 +281,9 @@ class AsyncTask:
         """Count this attempt as failed with ``error``: the task is retried after an
         exponential backoff with jitter (or after ``retry_after`` seconds), or
         dead-lettered once it used all its attempts."""
-        args: dict[str, Any] = {"error": str(error)[:2000]}
+        # At most 2000 bytes of UTF-8 (the limit is 2048), cut on a character boundary.
+        text = str(error).encode("utf-8", "replace")[:2000].decode("utf-8", "ignore")
+        args: dict[str, Any] = {"error": text}
         if retry_after is not None:
             args["retry_after"] = retry_after
         await self._ended("task_fail", args, "failed", timeout)
