@@ -778,6 +778,7 @@ from . import (  # noqa: E402
     cli_snapshot,  # noqa: F401
 )
 from . import cli_queue  # noqa: E402,F401  (registers its commands)
+from . import cli_top  # noqa: E402,F401  (registers its commands)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -164,6 +164,11 @@ def test_page_follows_holders_waiters_and_releases(
         # A released key with nobody waiting disappears.
         page.wait_for_function(f"() => !{_row(page, key)}", timeout=DOM_TIMEOUT_MS)
 
+        # A pool: units used of the capacity, and which unit indices the holder got.
+        pool = c.acquire("view/pool", owner="job-7", ttl=60.0, capacity=4, units=2)
+        _wait_cell(page, "view/pool", "units", "2 of 4 [0,1]")
+        c.release(pool)
+
         # Hostile input renders as text: a key and an owner that are markup.
         hostile = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
         evil = c.acquire(hostile, owner='<b onmouseover="window.pwned=3">x</b>', ttl=60.0)

@@ -166,7 +166,7 @@ function applyEvent(event) {
       owner: event.owner,
       token: event.token,
       units: event.units || 1,
-      unitIndices: old ? old.unitIndices : null,
+      unitIndices: event.unit_indices || (old ? old.unitIndices : null),
       value: event.value,
       ttl: old ? old.ttl : null,
       expiresAt: old && event.type !== "renew" ? old.expiresAt : null,
