@@ -108,6 +108,8 @@ class Profile:
     sync_probe: int = 200
     #: Ready tasks the task-queue memory phase queues (workloads/tasks.py).
     queued_tasks: int = 100_000
+    #: etcd / ZooKeeper clusters measured beside raftlease (``--anchors``; issue 16).
+    anchors: tuple[str, ...] = ()
 
     @property
     def concurrent_modes(self) -> list[str]:

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .anchors import table as anchors_table
 from .context import (
     DURABILITY_MODES,
     NON_THROUGHPUT_GROUPS,
@@ -104,6 +105,7 @@ def render_markdown(result: Result) -> str:
     if served:
         lines += ["", "Reads, as the server says it served them: " + "; ".join(served) + "."]
     lines += _durability(result)
+    lines += anchors_table.render(result)
     handoffs = [e for e in w.get("handoff", {}).values() if isinstance(e, dict)]
     if handoffs:
         lines += ["", "## Contended handoff"]

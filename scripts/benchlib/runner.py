@@ -119,6 +119,12 @@ def run_all(ctx: Context, code: dict[str, str]) -> None:
         guarded(ctx, "durability", lambda: durability.durability(ctx))
         if any(ctx.wanted(g) for g in MAIN_GROUPS):
             main_cluster(ctx)
+        if p.anchors:
+            # Right after raftlease's main cluster, with the same workloads (issue 16);
+            # each anchor isolates its own failures and stops its servers by pid.
+            from .anchors import run as anchors_run
+
+            anchors_run.anchors(ctx, list(p.anchors))
         guarded(ctx, "memory", lambda: memory.memory_snapshot(ctx))
         guarded(ctx, "tasks", lambda: tasks.tasks(ctx))
     finally:

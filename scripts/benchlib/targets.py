@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .anchors import table as anchors_table
 from .context import (
     DURABILITY_MODES,
     NON_THROUGHPUT_GROUPS,
@@ -340,6 +341,8 @@ EVALUATORS: dict[str, Evaluator] = {
     "measured_rate": _measured_rate,
     "p50": _p50,
     "task_memory": _task_memory,
+    # Issue 16: raftlease beside etcd and ZooKeeper (anchors/table.py).
+    **anchors_table.EVALUATORS,
 }
 
 

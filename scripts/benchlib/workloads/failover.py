@@ -24,8 +24,14 @@ from ..monitor import Monitor
 
 MODE = "SIGKILL leader"
 
+#: The client's deadline per call, seconds (issue 16 measures failover with 0.25 s,
+#: the same deadline the etcd and ZooKeeper anchors get): a call that meets a dead
+#: leader fails fast and the loop tries again, as an agent with a short deadline would.
+DEADLINE = 0.25
+
 METHOD = (
-    "One thread (Client, default options) loops acquire(fresh key)/release. After "
+    "One thread (Client with deadline and attempt_timeout 0.25 s; a call that fails "
+    "is retried by the loop at once) loops acquire(fresh key)/release. After "
     ">20 successes the loop pauses between two calls, the leader is SIGKILLed and "
     "the loop resumes at once (so no reply sent before the kill is counted); the "
     "figure is the time from the kill to the first call that completes "
@@ -87,7 +93,7 @@ def failover_once(ctx: Context, cluster: LocalCluster) -> dict[str, Any]:
     stop, hold, held, go = (threading.Event() for _ in range(4))
 
     def loop() -> None:
-        with cluster.client() as c:
+        with cluster.client(deadline=DEADLINE, attempt_timeout=DEADLINE) as c:
             while not stop.is_set():
                 if hold.is_set() and not go.is_set():
                     # Between two calls: the kill happens now, so the next call is
