@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
+import ssl
 import threading
 import urllib.error
 import urllib.request
@@ -21,7 +23,9 @@ from typing import Any
 import pytest
 
 from raftlease.models import Lease
+from raftlease.server.auth import token_digest
 from raftlease.testing import LocalCluster
+from raftlease.testing.certs import secure_bundle
 
 from .test_admin_http import admin_cluster, admin_of
 
@@ -252,3 +256,70 @@ def test_page_routes_are_safe(view_cluster: LocalCluster) -> None:
         assert status == 200 and json.loads(body)["holders"][0]["token"] == lease.token
         assert lease.lease_id not in body.decode()
         c.release(lease)
+
+
+@pytest.mark.timeout(240)
+def test_secured_page_needs_an_admin_token(
+    browser: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """With an auth file the data routes need an admin token (401 without a known one,
+    403 without the permission); the page asks for it, keeps it in sessionStorage,
+    and then shows the cluster over HTTPS."""
+    directory = tmp_path_factory.mktemp("view-secure")
+    bundle = secure_bundle(directory / "certs")
+    reader_token = secrets.token_urlsafe(24)
+    with bundle.auth_file.open("a") as f:  # a principal that may read, not administer
+        f.write(
+            '\n[roles.reader]\npermissions = [{ prefix = "", actions = ["read"] }]\n\n'
+            f'[[principals]]\nname = "reader"\ntoken_sha256 = "{token_digest(reader_token)}"\n'
+            'roles = ["reader"]\n'
+        )
+    cluster = admin_cluster(3, **bundle.node_settings())
+    try:
+        cluster.start()
+        addr = _follower_admin(cluster)
+        tls = ssl.create_default_context(cafile=str(bundle.ca_file))
+
+        def status_of(path: str, token: str | None = None) -> int:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            request = urllib.request.Request(f"https://{addr}{path}", headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=15, context=tls) as response:
+                    return int(response.status)
+            except urllib.error.HTTPError as err:
+                return int(err.code)
+
+        assert status_of("/ui/") == 200  # the page itself holds no data
+        for route in ("/ui/api/state", "/ui/api/live", "/ui/api/cluster", "/ui/api/key?key=k"):
+            assert status_of(route) == 401
+            assert status_of(route, "not-a-token") == 401
+            assert status_of(route, reader_token) == 403
+            assert status_of(route, bundle.admin_token) == 200
+
+        context = browser.new_context(ignore_https_errors=True)
+        page = context.new_page()
+        page.goto(f"https://{addr}/ui/")
+        page.wait_for_selector("#auth:not([hidden])", timeout=DOM_TIMEOUT_MS)
+        page.fill("#token", reader_token)
+        page.click("#auth button")
+        page.wait_for_function(
+            "() => !document.getElementById('auth').hidden && "
+            "document.getElementById('auth-error').textContent.includes('admin')",
+            timeout=DOM_TIMEOUT_MS,
+        )
+        page.fill("#token", bundle.admin_token)
+        page.click("#auth button")
+        page.wait_for_selector("#conn[data-state='live']", timeout=DOM_TIMEOUT_MS)
+        assert page.evaluate("() => sessionStorage.getItem('raftlease.token')") == (
+            bundle.admin_token
+        )
+        with cluster.client(token=bundle.admin_token) as c:
+            lease = c.acquire("secure/gpu", owner="agent-s", ttl=30.0)
+            _wait_cell(page, "secure/gpu", "token", str(lease.token))
+            assert lease.lease_id not in page.content()
+            assert bundle.admin_token not in page.content()
+            c.release(lease)
+            page.wait_for_function(f"() => !{_row(page, 'secure/gpu')}", timeout=DOM_TIMEOUT_MS)
+        context.close()
+    finally:
+        cluster.close()
