@@ -506,6 +506,7 @@ def test_offline_save_reads_pysyncobjs_own_dump_and_journal(tmp_path: Path) -> N
             expected = _leases(c)
         cluster.stop()
         assert len(expected) == 50
+        headers: dict[str, dict[str, Any]] = {}
         for node in cluster.nodes:
             path = tmp_path / f"{node.id}.snap"
             out = _cli(
@@ -517,11 +518,26 @@ def test_offline_save_reads_pysyncobjs_own_dump_and_journal(tmp_path: Path) -> N
                 "--json",
             )
             assert out.returncode == 0, out.stderr
-            header = json.loads(out.stdout)["header"]
+            header = headers[node.id] = json.loads(out.stdout)["header"]
             assert header["dump_index"] > 0, "rebuilt from a dump PySyncObj wrote"
             _, body = read_snapshot(path)
             rows = msgpack.unpackb(body, raw=False, strict_map_key=False)["leases"]
             assert sorted((r[0], r[2], r[3]) for r in rows) == expected, node.id
+        # --committed-only stops at the commit index the node saved (a prefix).
+        out = _cli(
+            "snapshot",
+            "save",
+            str(tmp_path / "committed.snap"),
+            "--from-data-dir",
+            str(cluster.node_dir("n1")),
+            "--committed-only",
+            "--json",
+        )
+        assert out.returncode == 0, out.stderr
+        committed = json.loads(out.stdout)["header"]
+        assert committed["index"] <= committed["known_committed"]
+        # Every entry after the commit index is left out, none before it.
+        assert committed["index"] + committed["left_out_entries"] == headers["n1"]["index"]
     finally:
         cluster.close()
 
