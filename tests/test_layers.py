@@ -41,6 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     "cli_lock": GROUND | {"cli", "client", "recipes"},
     "cli_admin": GROUND | {"cli", "cli_lock", "client"},
     "cli_member": GROUND | {"cli"},
+    "cli_queue": GROUND | {"cli", "client"},
     # Backups: the snapshot file and restore are server-side code run offline.
     "cli_snapshot": GROUND | {"cli", "client", "server"},
     # raftlease mcp: the MCP server is a client of the cluster (asyncio client, sessions).
@@ -65,6 +66,7 @@ THIRD_PARTY: dict[str, set[str]] = {
     "cli_lock": {"click"},
     "cli_admin": {"click"},
     "cli_member": {"click"},
+    "cli_queue": {"click"},
     # mcp (the official MCP SDK) and pydantic (its argument models): raftlease mcp.
     "mcp_server": {"mcp", "pydantic", "anyio"},
     "cli_mcp": {"click", "anyio"},
