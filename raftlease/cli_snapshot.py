@@ -165,6 +165,8 @@ def _save_from_leader(out: Path, endpoints: str, timeout: float, as_json: bool) 
     progress = not as_json
     parts: list[bytes] = []
     try:
+        if progress:
+            click.echo("taking a snapshot on the leader...", err=True)
         with _save_client(endpoints, timeout) as c:
             started = time.monotonic()
             meta = c.call("snapshot", {}, mutating=False, timeout=timeout)

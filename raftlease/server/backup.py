@@ -380,7 +380,10 @@ class SnapshotExports:
     ) -> dict[str, Any]:
         """Take a snapshot: barrier, fork, wait for the child; returns the export's
         id, size, checksum, log index and term. ``state``: the replica's store (read
-        in the forked child only); ``propose``: the node's, for the barrier entries."""
+        in the forked child only); ``propose``: the node's, for the barrier entries.
+        Blocks the calling task (not the loop) for the child's write. Raises what the
+        barrier's proposal raises (``NotLeaderError``, timeouts: nothing was taken)
+        and ``UnavailableError``."""
 
         def pack() -> bytes:  # in the forked child, on its copy-on-write view
             packed: bytes = msgpack.packb(state().to_plain(), use_bin_type=True)
