@@ -42,6 +42,8 @@ ALLOWED: dict[str, set[str]] = {
     "cli_admin": GROUND | {"cli", "cli_lock", "client"},
     "cli_member": GROUND | {"cli"},
     "cli_queue": GROUND | {"cli", "client"},
+    # raftlease top: read-only through the client the CLI builds.
+    "cli_top": GROUND | {"cli", "client"},
     # Backups: the snapshot file and restore are server-side code run offline.
     "cli_snapshot": GROUND | {"cli", "client", "server"},
     # raftlease mcp: the MCP server is a client of the cluster (asyncio client, sessions).
@@ -67,6 +69,7 @@ THIRD_PARTY: dict[str, set[str]] = {
     "cli_admin": {"click"},
     "cli_member": {"click"},
     "cli_queue": {"click"},
+    "cli_top": {"click"},
     # mcp (the official MCP SDK) and pydantic (its argument models): raftlease mcp.
     "mcp_server": {"mcp", "pydantic", "anyio"},
     "cli_mcp": {"click", "anyio"},
