@@ -25,6 +25,9 @@ from typing import Any
 
 from .common import AnchorCluster, AnchorError, Driver, ServerProc, free_ports
 
+#: The server binary (a name on PATH; tests point it elsewhere).
+ETCD = "etcd"
+
 #: TTL of the per-client session lease and the renew pool's leases, seconds.
 SESSION_TTL = 30
 
@@ -35,8 +38,8 @@ def b64(text: str) -> str:
 
 def installed() -> str | None:
     """None if etcd can run here, else why not (for the skip message)."""
-    if shutil.which("etcd") is None:
-        return "etcd not found on PATH (Debian: apt-get install etcd-server)"
+    if shutil.which(ETCD) is None:
+        return f"{ETCD} not found on PATH (Debian: apt-get install etcd-server)"
     return None
 
 
@@ -45,7 +48,7 @@ def command(name: str, data_dir: Path, client_port: int, peer_port: int, cluster
     client = f"http://127.0.0.1:{client_port}"
     peer = f"http://127.0.0.1:{peer_port}"
     return [
-        "etcd",
+        ETCD,
         "--name",
         name,
         "--data-dir",

@@ -68,7 +68,7 @@ def version(name: str) -> str:
     try:
         if name == "etcd":
             out = subprocess.run(
-                ["etcd", "--version"], capture_output=True, text=True, timeout=20
+                [etcd.ETCD, "--version"], capture_output=True, text=True, timeout=20
             ).stdout
             return out.split("\n")[0].replace("etcd Version:", "").strip() or "?"
         jar = sorted(zookeeper.JAR.parent.glob("zookeeper-3*.jar"))

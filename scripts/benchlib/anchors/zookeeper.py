@@ -26,12 +26,14 @@ from .common import AnchorCluster, AnchorError, Driver, ServerProc, free_ports
 CLASSPATH = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 JAR = Path("/usr/share/java/zookeeper.jar")
+#: The JVM (a name on PATH).
+JAVA = "java"
 
 
 def installed() -> str | None:
     """None if a ZooKeeper ensemble and kazoo can run here, else why not."""
-    if shutil.which("java") is None:
-        return "java not found on PATH (Debian: apt-get install default-jre-headless)"
+    if shutil.which(JAVA) is None:
+        return f"{JAVA} not found on PATH (Debian: apt-get install default-jre-headless)"
     if not JAR.exists():
         return f"{JAR} not found (Debian: apt-get install zookeeper)"
     try:
@@ -63,7 +65,7 @@ def config(data_dir: Path, client_port: int, quorum: list[tuple[int, int]]) -> s
 
 def command(cfg: Path, log_dir: Path) -> list[str]:
     return [
-        "java",
+        JAVA,
         "-Xmx1000m",
         f"-Dzookeeper.log.dir={log_dir}",
         "-Dzookeeper.root.logger=INFO,CONSOLE",
