@@ -9,7 +9,7 @@ assigned deterministically to leases of a snapshot written before indices existe
   lease holds exactly ``units`` of them, all below the capacity; a snapshot (also one
   with the indices stripped) restores to the same indices;
 * on a real cluster: ``Lease.unit_indices``, ``Holder.unit_indices``, the pool
-  recipe's ``held.unit_indices`` and the CLI's JSON.
+  recipe's ``held.unit_indices``, the CLI's JSON, watch events and the HTTP API.
 """
 
 from __future__ import annotations
@@ -246,3 +246,24 @@ def test_watch_events_name_the_units(shared: LocalCluster) -> None:
             ("grant", (0, 1)),
             ("release", (0, 1)),
         ]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_the_http_api_shows_the_units() -> None:
+    from .test_admin_http import admin_cluster, admin_of
+    from .test_http_api import call
+
+    cluster = admin_cluster(3)
+    cluster.start()
+    try:
+        api = admin_of(cluster, cluster.leader_id())
+        body = {"key": "units/http", "owner": "h", "ttl": 10, "capacity": 4, "units": 3}
+        status, grant = call(api, "POST", "/v1/leases/acquire", body)
+        assert status == 200 and grant["unit_indices"] == [0, 1, 2], grant
+        status, read = call(api, "GET", "/v1/leases/holder?key=units/http")
+        assert status == 200, read
+        assert [h["unit_indices"] for h in read["holder"]["holders"]] == [[0, 1, 2]], read
+    finally:
+        cluster.stop()
+        cluster.close()
