@@ -372,8 +372,18 @@ def test_pool_claims_say_which_units(shared: LocalCluster) -> None:
             first = await a.call("claim", key="mcp/gpus", capacity=4, units=2)
             second = await b.call("claim", key="mcp/gpus", capacity=4, units=2)
             assert first["units"] == 2 and second["units"] == 2
-            if "unit_indices" in first:
-                assert sorted(first["unit_indices"] + second["unit_indices"]) == [0, 1, 2, 3]
+            assert first["unit_indices"] == [0, 1] and second["unit_indices"] == [2, 3]
+            held = await a.call("who_holds", key="mcp/gpus")
+            assert (held["capacity"], held["used"]) == (4, 4)
+            assert {h["owner"]: h["unit_indices"] for h in held["holders"]} == {
+                "mcp-pool-a": [0, 1],
+                "mcp-pool-b": [2, 3],
+            }
+            # Released units are granted again, lowest first.
+            await a.call("release", key="mcp/gpus")
+            assert (await a.call("claim", key="mcp/gpus", capacity=4, units=1))["unit_indices"] == [
+                0
+            ]
             with pytest.raises(ToolFailed) as err:
                 await a.call("claim", key="mcp/gpus-other", capacity=4, units=5)
             assert err.value.code == "INVALID_ARGUMENT"
