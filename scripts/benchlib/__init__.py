@@ -9,6 +9,7 @@ Modules, from the bottom up:
 - ``measure``: timed load loops (threads, asyncio tasks), repetitions, percentiles;
 - ``raw``: the raw-PySyncObj baseline (node process and its parent-side cluster);
 - ``workloads``: what is measured (throughput, handoff, failover, memory/snapshot);
+- ``anchors``: etcd and ZooKeeper clusters measured beside raftlease (``--anchors``);
 - ``targets`` (+ ``targets.toml``): the targets a run is judged against, as data;
 - ``report``: result JSON -> Markdown (needs no cluster and no raftlease);
 - ``runner``: one whole run: order, failure isolation, signals, output files.
