@@ -132,6 +132,17 @@ def test_page_follows_holders_waiters_and_releases(
             timeout=DOM_TIMEOUT_MS,
         )
 
+        # A renewal restarts the countdown.
+        page.wait_for_function(
+            f"() => parseFloat({_row(page, key)}.querySelector('.countdown').textContent) < 59",
+            timeout=DOM_TIMEOUT_MS,
+        )
+        expiry = f"view.keys.get({json.dumps(key)}).holders.get({first.token}).expiresAt"
+        before_renew = page.evaluate(f"() => {expiry}")
+        first = c.renew(first)
+        # At least 1 s later than before (the countdown was below 59 of 60 s).
+        page.wait_for_function(f"() => {expiry} > {before_renew} + 500", timeout=DOM_TIMEOUT_MS)
+
         # Two waiters, shown in queue order (no watch event: the live refresh).
         granted: dict[str, Lease] = {}
 
@@ -244,7 +255,7 @@ def test_page_routes_are_safe(view_cluster: LocalCluster) -> None:
     assert get("/ui/nope")[0] == 404
     assert get("/ui/api/state", "POST")[0] == 405
     assert get("/ui/api/key")[0] == 400  # no key
-    assert get("/ui/api/key?key=a&key=b")[0] == 400
+    assert get("/ui/api/key?" + "&".join(f"key=k{i}" for i in range(51)))[0] == 400
     with view_cluster.client() as c:
         lease = c.acquire("view/safe", owner="o", ttl=30.0)
         status, _, body = get("/ui/api/state")
@@ -252,8 +263,10 @@ def test_page_routes_are_safe(view_cluster: LocalCluster) -> None:
         state = json.loads(body)
         assert any(h["key"] == "view/safe" for h in state["leases"])
         assert lease.lease_id not in body.decode()
-        status, _, body = get("/ui/api/key?key=view/safe")
-        assert status == 200 and json.loads(body)["holders"][0]["token"] == lease.token
+        status, _, body = get("/ui/api/key?key=view/safe&key=view/none")
+        assert status == 200
+        safe, none = json.loads(body)["keys"]
+        assert safe["holders"][0]["token"] == lease.token and none["holders"] == []
         assert lease.lease_id not in body.decode()
         c.release(lease)
 

@@ -13,8 +13,8 @@ Routes (GET or HEAD):
   ``queues`` (depths) and ``revision``, the revision the page then watches from;
 * ``/ui/api/live``: the same without ``leases`` (the page refreshes it every few
   seconds: enqueues, session keep-alives and queue depths are not watch events);
-* ``/ui/api/key?key=K``: the holders and waiters of one key (the page asks after a
-  watch event on it: events carry no TTL);
+* ``/ui/api/key?key=K&key=...``: the holders and waiters of up to ``MAX_KEYS_ASKED``
+  keys (the page asks after grants and other changes: events carry no TTL);
 * ``/ui/api/cluster``: the status of every member (role, term, applied index, lease
   reads, drift), this node's from memory and the others' over their client ports
   (the open ``status`` operation).
@@ -23,10 +23,11 @@ The page itself follows ``/v1/watch`` (NDJSON, http_api.py) for changes.
 
 Reads run as the HTTP API runs them (``HttpApi.run``): through ``parse_request``,
 the permission check and, where this node cannot answer, forwarded to the leader;
-linearizable, so remaining times are the leader's. Which keys have waiters and which
-queues exist is read from this node's own state (a name list); queue depths are the
-counters of this node's state, labelled with its applied index (``task_stats`` would
-cost a log entry per queue and refresh).
+linearizable, so remaining times are the leader's. The periodic ``/ui/api/live``
+reads the wait queues and queue depths from this node's own state instead, labelled with
+its applied index: one request per key every 2 s would load the leader for nothing
+(waiters are shown by position, not by time left), and ``task_stats`` costs a log entry
+per queue.
 
 Security: with an ``auth_file``, every ``/ui/api/`` route needs a bearer token of a
 principal with ``admin`` (as ``/status``): 401 without a known token, 403 without the
@@ -65,6 +66,8 @@ STATIC = {
 #: Most keys whose waiters one answer lists, and waiters per key.
 MAX_WAITER_KEYS = 200
 MAX_WAITERS = 100
+#: Most keys one /ui/api/key request may ask about.
+MAX_KEYS_ASKED = 50
 #: Most leases and sessions one answer lists.
 MAX_LEASES = 5000
 MAX_SESSIONS = 1000
@@ -166,8 +169,9 @@ class Dashboard:
         keys = sorted(list(store.queues))[:MAX_WAITER_KEYS]  # list(): one step, GIL-safe
         waiters: dict[str, list[dict[str, Any]]] = {}
         for key in keys:
-            answer = await self._read("waiters", {"key": key, "limit": MAX_WAITERS}, caller)
-            if answer.get("waiters"):
+            # list_waiters copies the queue first: safe while the tick thread applies.
+            answer = store.list_waiters(key, MAX_WAITERS)
+            if answer["waiters"]:
                 waiters[key] = answer["waiters"]
         sessions = await self._read("sessions", {"limit": MAX_SESSIONS}, caller)
         return {
@@ -202,9 +206,12 @@ class Dashboard:
 
     async def _key(self, request: web.BaseRequest, caller: Any) -> dict[str, Any]:
         keys = request.query.getall("key", [])
-        if len(keys) != 1:
-            raise BadRequestError("give exactly one 'key' query parameter")
-        key = keys[0]
+        if not 0 < len(keys) <= MAX_KEYS_ASKED:
+            raise BadRequestError(f"give 1 to {MAX_KEYS_ASKED} 'key' query parameters")
+        answers = await asyncio.gather(*(self._one_key(key, caller) for key in keys))
+        return {"keys": list(answers)}
+
+    async def _one_key(self, key: str, caller: Any) -> dict[str, Any]:
         holder = await self._read("holder", {"key": key}, caller)
         waiters = await self._read("waiters", {"key": key, "limit": MAX_WAITERS}, caller)
         current = holder.get("holder")

@@ -160,17 +160,24 @@ function applyEvent(event) {
   }
   view.keyRevision.set(key, event.revision);
   const item = entry(key);
+  let reread = false;
   if (event.type === "grant" || event.type === "renew" || event.type === "proclaim") {
     const old = item.holders.get(event.token);
+    const ttl = old ? old.ttl : null;
+    let expiresAt = old ? old.expiresAt : null;
+    // A renewal restarts the lease's TTL as last read (an estimate on this clock,
+    // as the event carries no TTL); unknown, the key is re-read.
+    if (event.type === "renew") expiresAt = ttl === null ? null : performance.now() + ttl;
     item.holders.set(event.token, {
       owner: event.owner,
       token: event.token,
       units: event.units || 1,
       unitIndices: event.unit_indices || (old ? old.unitIndices : null),
       value: event.value,
-      ttl: old ? old.ttl : null,
-      expiresAt: old && event.type !== "renew" ? old.expiresAt : null,
+      ttl,
+      expiresAt,
     });
+    reread = expiresAt === null;
     if (event.type === "grant") {
       openInterval(key, event.owner, event.token);
       // A grant may be a waiter's: it left the queue in the same entry.
@@ -182,7 +189,7 @@ function applyEvent(event) {
     closeInterval(key, event.token);
   }
   dropIfEmpty(key);
-  scheduleKey(key);
+  if (reread) scheduleKey(key);
 }
 
 // ----------------------------------------------------------------- refresh
@@ -192,27 +199,32 @@ function scheduleKey(key) {
   if (view.keyTimer === null) view.keyTimer = setTimeout(refreshKeys, KEY_REFRESH_DELAY_MS);
 }
 
+const KEYS_PER_REQUEST = 50;  // dashboard.MAX_KEYS_ASKED
+
 async function refreshKeys() {
   view.keyTimer = null;
   const keys = [...view.pendingKeys];
   view.pendingKeys.clear();
-  for (const key of keys) {
+  for (let i = 0; i < keys.length; i += KEYS_PER_REQUEST) {
+    const batch = keys.slice(i, i + KEYS_PER_REQUEST);
+    const revisions = batch.map((key) => view.keyRevision.get(key));
     const sentAt = performance.now();
-    const revision = view.keyRevision.get(key);
     let answer;
     try {
-      answer = await getJSON("/ui/api/key?key=" + encodeURIComponent(key));
+      answer = await getJSON("/ui/api/key?" + batch.map((k) => "key=" + encodeURIComponent(k)).join("&"));
     } catch (e) {
       continue;  // the next event or live refresh tries again
     }
-    // An event on this key arrived meanwhile: its own re-read follows.
-    if (view.keyRevision.get(key) !== revision) continue;
-    const item = entry(key);
-    item.holders = new Map(answer.holders.map((h) => [h.token, holderFrom(h, sentAt)]));
-    item.capacity = answer.capacity;
-    item.waiters = answer.waiters;
-    for (const h of answer.holders) openInterval(key, h.owner, h.token);
-    dropIfEmpty(key);
+    answer.keys.forEach((one, n) => {
+      // An event on this key arrived meanwhile: it is newer than this answer.
+      if (view.keyRevision.get(one.key) !== revisions[n]) return;
+      const item = entry(one.key);
+      item.holders = new Map(one.holders.map((h) => [h.token, holderFrom(h, sentAt)]));
+      item.capacity = one.capacity;
+      item.waiters = one.waiters;
+      for (const h of one.holders) openInterval(one.key, h.owner, h.token);
+      dropIfEmpty(one.key);
+    });
   }
   renderKeys();
 }
