@@ -14,13 +14,15 @@ unknown outcome; ``claim`` exits 4 when no task came within ``--wait``.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .cli import DURATION, TTL, _client, _client_options, _fail, _safe, main
-from .client.aio_queue import QueueStats, TaskInfo
 from .errors import RaftLeaseError
+
+if TYPE_CHECKING:  # a node process imports the CLI: it must not load the client
+    from .client.aio_queue import QueueStats, TaskInfo
 
 #: ``claim`` found no task within ``--wait``.
 EXIT_NO_TASK = 4
