@@ -243,42 +243,43 @@ def test_a_new_member_catches_up_from_the_leaders_snapshot(
 
 
 @pytest.mark.timeout(120)
-def test_a_removed_member_left_running_is_refused_and_serves_no_writes(
+def test_a_removed_member_is_told_stops_serving_and_refuses_to_restart(
     cluster: LocalCluster,
 ) -> None:
-    """A removed member that is not stopped idles: its peers refuse its connections,
-    it never leads again, and it answers writes with a definite error (it redirects to
-    the leader it last knew, or has none)."""
+    """The leader tells a removed member once its removal committed (over the peer
+    connection it keeps for that): the node then answers everything but status and
+    ping with a definite UNAVAILABLE, its peers refuse it, and it refuses to start
+    again on that data directory."""
     leader = cluster.leader_id()
     victim = next(n for n in cluster.nodes if n.id != leader)
     remove(cluster, victim.id)
     remaining = [n for n in cluster.nodes if n.id != victim.id]
     with cluster.client() as c:
         c.acquire("after/removal", owner="w", ttl=30.0)
+
+    def status() -> dict[str, Any]:
+        result: dict[str, Any] = raw_request(victim.client, {"id": 1, "op": "status"})["result"]
+        return result
+
+    wait_for(lambda: status()["role"] == "removed", 30, "the removed node told")
     # Its peers closed its connections and refuse new ones: it is connected to none.
-    wait_for(
-        lambda: (
-            raw_request(victim.client, {"id": 1, "op": "status"})["result"]["connected_peers"] == []
-        ),
-        30,
-        "the removed node cut off",
-    )
-    message = {
-        "id": 2,
-        "op": "acquire",
-        "key": "x",
-        "owner": "o",
-        "ttl": 5.0,
-        "cid": "c1",
-        "seq": 1,
-        "ack": 1,
-    }
-    answer = raw_request(victim.client, message)
-    assert not answer["ok"] and answer["definite"] is True
-    assert answer["code"] in ("NOT_LEADER", "UNAVAILABLE")
-    statuses = [raw_request(n.client, {"id": 3, "op": "status"})["result"] for n in remaining]
+    wait_for(lambda: status()["connected_peers"] == [], 30, "the removed node cut off")
+    acquire = {"id": 2, "op": "acquire", "key": "x", "owner": "o", "ttl": 5.0}
+    acquire.update(cid="c1", seq=1, ack=1)
+    stale = {"id": 3, "op": "holder", "key": "after/removal", "consistency": "stale"}
+    for message in (acquire, stale, {"id": 4, "op": "member_list"}):
+        answer = raw_request(victim.client, message)
+        assert not answer["ok"] and answer["definite"] is True, answer
+        assert answer["code"] == "UNAVAILABLE" and "removed from the cluster" in answer["message"]
+    statuses = [raw_request(n.client, {"id": 5, "op": "status"})["result"] for n in remaining]
     assert sum(s["role"] == "leader" for s in statuses) == 1
     assert all(victim.id not in members(cluster, n.client) for n in remaining)
+    # Restarted on the same data directory, it refuses to start, saying what to do.
+    cluster.stop_node(victim.id)
+    proc = cluster.start_node(victim.id)
+    assert proc.wait(timeout=60) == 2
+    text = cluster.log_path(victim.id).read_text(errors="replace")
+    assert "this node was removed from the cluster" in text and "member add" in text
 
 
 @pytest.mark.timeout(120)

@@ -51,6 +51,8 @@ log = logging.getLogger("raftlease.replication")
 
 #: Where a node keeps the member set it last saw (inside its data directory).
 MEMBERS_FILE = "members.json"
+#: Written when this node learns that its removal committed; it then refuses to start.
+REMOVED_FILE = "removed"
 #: PySyncObj's command type byte of a membership entry (``_COMMAND_TYPE.MEMBERSHIP``).
 MEMBERSHIP_COMMAND = 2
 
@@ -153,6 +155,17 @@ def write_members_file(path: Path, members: Iterable[NodeAddress], index: int) -
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def write_removed_file(path: Path, index: int) -> None:
+    """Record that this node was removed at log index ``index`` (fsync). Raises
+    ``OSError``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, f"removed at log index {index}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def membership_entries(entries: Iterable[Any]) -> list[tuple[str, str]]:

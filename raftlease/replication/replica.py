@@ -30,6 +30,7 @@ from ..config import NodeAddress, NodeConfig
 from ..core import LeaseStore, Result
 from ..core.snapshot import ENTRY_FORMAT, entry_format
 from ..errors import (
+    ConfigError,
     InternalError,
     InvalidArgumentError,
     LeaderChangedError,
@@ -42,11 +43,13 @@ from .journal import repair_journal, trim_torn_tail
 from .leadership import LeaseGuard
 from .membership import (
     MEMBERS_FILE,
+    REMOVED_FILE,
     Change,
     DialNode,
     Membership,
     member_node,
     read_members_file,
+    write_removed_file,
 )
 from .peers import load_or_create_secret
 from .transport import LeaseTransport
@@ -245,6 +248,16 @@ class Replica:
         # change) over the config file's, so a restarted node comes back with the
         # membership of its log, not of a stale config file.
         members_path = config.data_dir / MEMBERS_FILE
+        self.removed_path = config.data_dir / REMOVED_FILE
+        #: Log index at which this node was removed from the cluster (None: a member).
+        self.removed_at: int | None = None
+        if self.removed_path.exists():
+            raise ConfigError(
+                f"this node was removed from the cluster ({self.removed_path}: "
+                f"{self.removed_path.read_text(errors='replace').strip()}); to bring this "
+                "host back, empty its data directory (keep the peer secret) and add it again "
+                "with `raftlease member add` (docs/membership.md)"
+            )
         saved = read_members_file(members_path)
         nodes = config.nodes
         if saved is not None and {m.raft for m in saved} != {m.raft for m in nodes}:
@@ -285,6 +298,7 @@ class Replica:
                 "durability": config.durability,
                 "recorder": recorder,
                 "dial": dial,
+                "on_removed": staticmethod(self._on_removed),
             },
         )
         self._sync = SyncObj(me.raft, peers, conf, consumers=[self._consumer], transportClass=bound)
@@ -485,6 +499,22 @@ class Replica:
             self.membership.finish(change)
             callback(None, InternalError(f"membership change failed: {exc}"))
 
+    def _on_removed(self, index: int) -> None:
+        """Tick thread: the leader told us our removal committed at ``index``. Serve
+        nothing from now on, and refuse to start again on this data directory."""
+        if self.removed_at is not None:
+            return
+        self.removed_at = index
+        log.error(
+            "this node was removed from the cluster at log index %d; it serves nothing "
+            "more: stop it (docs/membership.md)",
+            index,
+        )
+        try:
+            write_removed_file(self.removed_path, index)
+        except OSError as exc:
+            log.error("cannot record the removal in %s: %s", self.removed_path, exc)
+
     def _on_tick(self) -> None:
         """Tick thread: run scheduled calls, then take PySyncObj's member set."""
         while self._tick_calls:
@@ -506,6 +536,8 @@ class Replica:
         return self.guard.lease_valid(self.term())
 
     def role(self) -> str:
+        if self.removed_at is not None:
+            return "removed"
         return "leader" if self.is_leader() else self._role
 
     def _on_state_changed(self, old: int, new: int) -> None:

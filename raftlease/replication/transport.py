@@ -6,7 +6,9 @@ Runs on PySyncObj's tick thread.
 
 from __future__ import annotations
 
+import inspect
 import logging
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from pysyncobj import FAIL_REASON
@@ -24,6 +26,10 @@ log = logging.getLogger("raftlease.replication")
 
 #: Incoming peer connections that have not yet named a member, at most.
 MAX_UNIDENTIFIED_PEERS = 32
+#: How long a leader keeps a removed member's connection for the removal notice to
+#: commit, and how long it repeats the notice once it did.
+REMOVAL_NOTICE_WAIT = 10.0
+REMOVAL_NOTICE_REPEAT = 1.0
 #: A follower rejecting every append_entries of the leader for this long is logged.
 REJECTING_WARN_AFTER = 5.0
 
@@ -62,6 +68,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     follower_log_correction: ClassVar[bool] = True
     #: Where this node dials a peer instead of its raft address (raft -> host:port).
     dial: ClassVar[dict[str, str]] = {}
+    #: Called (tick thread) with the log index of this node's removal when its leader
+    #: tells it the removal committed (``rl_removed``). Bound by ``Replica``.
+    on_removed: ClassVar[Callable[[int], None] | None] = None
     _bumped: dict[str, float]
     #: Follower side: see plan_append_entries.
     _conflict: Conflict | None
@@ -83,6 +92,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._last_rebind = float("-inf")
         self._unknown_since: dict[Any, float] = {}
         self._kept: dict[str, Any] = {}  # removed in our log but leading us (dropNode)
+        # Leader: removed members told once their removal commits (_settle_leaving):
+        # id -> (node, index of the change, deadline, telling until).
+        self._leaving: dict[str, tuple[Any, int, float, float | None]] = {}
         super().__init__(*args, **kwargs)
         sync = self._syncObj
         self.journal = install(sync, self.durability, self.recorder)
@@ -136,7 +148,8 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # the moment PySyncObj applies a change (appended add, reversed remove, a
         # snapshot's member set): the new peer is accepted from now on, and the
         # leader lease is counted over the new majority (LeaseGuard.reconfigure).
-        if self._kept.pop(node.id, None) is None:
+        kept = self._kept.pop(node.id, None) or self._leaving.pop(node.id, None)
+        if kept is None:
             super().addNode(dialled(node, self.dial))
             conn = self._connections.get(node)
             if conn is not None:
@@ -149,7 +162,15 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         sync = self._syncObj
         leader = sync._getLeader()
         removed = node not in sync.otherNodes  # else: shutdown (destroy drops every node)
-        if removed and leader is not None and node == leader and not sync._isLeader():
+        if removed and sync._isLeader():
+            # PySyncObj's leader applies the change before it appends the entry (at the
+            # next index) and would close the connection now: the removed node would
+            # never learn it was removed. Keep the connection (taking nothing from it)
+            # until the removal commits, tell the node, then close it.
+            index = int(sync._SyncObj__raftLog[-1][1]) + 1
+            deadline = self.guard.clock.monotonic() + REMOVAL_NOTICE_WAIT
+            self._leaving[node.id] = (node, index, deadline, None)
+        elif removed and leader is not None and node == leader and not sync._isLeader():
             # A follower catching up appends an old removal of the node that now leads
             # it (removed, then added again: a host replaced under the same address).
             # A leader never removes itself, so a later entry adds it back; Raft has
@@ -162,6 +183,26 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         else:
             super().dropNode(node)
         self.guard.reconfigure(len(sync.otherNodes) + 1)
+
+    def _settle_leaving(self) -> None:
+        """Leader: tell each removed member, once its removal committed, with frames
+        on the connection kept for it (each tick for ``REMOVAL_NOTICE_REPEAT`` s, so a
+        reconnect in between does not lose it), then close that connection. Without a
+        commit in time, or after losing leadership, close it untold."""
+        if not self._leaving:
+            return
+        sync = self._syncObj
+        now = self.guard.clock.monotonic()
+        for node_id, (node, index, deadline, until) in list(self._leaving.items()):
+            done = until is not None and now >= until
+            if done or not sync._isLeader() or (until is None and now > deadline):
+                del self._leaving[node_id]
+                super().dropNode(node)
+            elif sync.raftCommitIndex >= index:
+                notice = {"type": "rl_removed", "index": index, "term": sync.raftCurrentTerm}
+                super().send(node, notice)
+                if until is None:
+                    self._leaving[node_id] = (node, index, deadline, now + REMOVAL_NOTICE_REPEAT)
 
     def _settle_kept(self) -> None:
         """Drop a kept node (dropNode) once it no longer leads this node and is still
@@ -191,6 +232,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         super()._onTick()
         self._drop_silent_strangers()
         self._settle_kept()
+        self._settle_leaving()
         server = self._server
         if self._ready and server is not None and server._TcpServer__state == SERVER_STATE.UNBINDED:
             # PySyncObj's listener unbinds itself on an accept error (EMFILE when the
@@ -238,6 +280,13 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         super()._onIncomingMessageReceived(conn, message)
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:
+        if node.id in self._leaving:
+            # A removed member's late replies: PySyncObj's leader would index its
+            # per-member tables with it (a KeyError on the tick thread).
+            return
+        if isinstance(message, dict) and message.get("type") == "rl_removed":
+            self._removal_notice(node, message)
+            return
         if not isinstance(message, dict) or message.get("type") not in PEER_MESSAGE_TYPES:
             # Only the Raft messages we use: never apply_command (we do not forward
             # proposals) nor timeout_now (we never transfer leadership).
@@ -290,6 +339,24 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                     node.id, message.get("rl_et"), message.get("rl_e"), message.get("rl_t")
                 )
         super()._onMessageReceived(node, message)
+
+    def _removal_notice(self, node: Any, message: dict[str, Any]) -> None:
+        """A leader says our removal committed at ``index``. Only a leader sends it,
+        and only after the commit, which no later leader undoes, over an authenticated
+        member connection (frames of one connection cannot be replayed on another).
+        We may have lost track of that leader meanwhile (our election timeout fires
+        once it stops sending to us, and our term may then be above its), so neither
+        our view of the leader nor the term decides."""
+        index = message.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 1:
+            log.warning("malformed removal notice from %s ignored", node.id)
+            return
+        # A static function bound by Replica (not a method of ours).
+        callback: Any = inspect.getattr_static(self, "on_removed", None)
+        if isinstance(callback, staticmethod):
+            callback = callback.__func__
+        if callback is not None:
+            callback(index)
 
     def _note_rejection(self, node: Any, term: int, plan: AppendPlan) -> None:
         """Warn while this follower keeps rejecting the leader's log (finding 1 of

@@ -540,6 +540,12 @@ class NodeServer(TaskWaits):
             return {"node": self.config.node_id, "version": __version__}
         if request.op == "status":
             return self.status()
+        if self.replica is not None and self.replica.removed_at is not None:
+            # docs/membership.md: a removed node serves nothing but status and ping.
+            raise UnavailableError(
+                f"this node was removed from the cluster (at log index "
+                f"{self.replica.removed_at}): ask the other members"
+            )
         if request.op == "await_lease":
             return await self._await_lease(request)
         if request.op in ("await_claim", "await_task"):
