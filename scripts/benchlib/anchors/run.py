@@ -80,6 +80,14 @@ def version(name: str) -> str:
 def anchors(ctx: Context, names: list[str]) -> None:
     """The whole phase (see the module docstring)."""
     section: dict[str, Any] = {"requested": names, "skipped": {}, "systems": {}}
+    # What the raftlease side of the comparison ran with (its main cluster: defaults).
+    import dataclasses
+
+    from raftlease.config import NodeConfig
+
+    section["raftlease_durability"] = next(
+        (f.default for f in dataclasses.fields(NodeConfig) if f.name == "durability"), "?"
+    )
     ctx.result["anchors"] = section
     versions: dict[str, str] = {}
     for name in names:

@@ -197,6 +197,11 @@ def render(result: Result) -> list[str]:
         return []
     systems = _systems(result)
     lines = ["", "## raftlease beside etcd and ZooKeeper (same run)", ""]
+    if section.get("raftlease_durability"):
+        lines.append(
+            "- **raftlease**: the main cluster, NodeConfig defaults (durability = "
+            f"{section['raftlease_durability']!r})"
+        )
     for name, reason in section.get("skipped", {}).items():
         lines.append(f"- **{TITLES.get(name, name)} skipped**: {reason}")
     for name, system in systems.items():
