@@ -168,7 +168,10 @@ def test_indices_held_are_disjoint_within_capacity_and_survive_snapshots(
             if live:
                 s.apply(release(now, live[which % len(live)], key=key))
         elif what == "transfer":
-            live = sorted(s.holders.get(key, {}))
+            # Only leases still live at this entry's time (it expires the others first).
+            live = sorted(
+                lid for lid, lease in s.holders.get(key, {}).items() if lease.expires_at > now
+            )
             if live:
                 old = live[which % len(live)]
                 before = s.leases[old].slots
