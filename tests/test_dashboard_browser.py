@@ -58,8 +58,10 @@ def view_cluster() -> Iterator[LocalCluster]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     with playwright_api.sync_playwright() as p:
-        # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start.
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start;
+        # --disable-dev-shm-usage: a container's small /dev/shm would crash its renderer.
+        args = ["--no-sandbox", "--disable-dev-shm-usage"]
+        b = p.chromium.launch(executable_path=CHROMIUM, args=args)
         try:
             yield b
         finally:
