@@ -27,7 +27,15 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from benchlib import context, report, targets  # noqa: E402 - found through scripts/
 from benchlib.anchors import ANCHORS, etcd, table, wanted_anchors, zookeeper  # noqa: E402
-from benchlib.anchors.common import entry_of, free_ports, jain, split  # noqa: E402
+from benchlib.anchors.common import (  # noqa: E402
+    AnchorError,
+    Driver,
+    Threads,
+    entry_of,
+    free_ports,
+    jain,
+    split,
+)
 from benchlib.measure import Run  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -115,6 +123,49 @@ def test_small_helpers() -> None:
     # Servers = every process but the client and the rest of the machine.
     assert entry["cpu_us_per_op"]["servers"] == pytest.approx((0.15 + 0.1) / 315 * 1e6)
     assert "cpu_us_per_op" not in entry_of(runs, "1 thread", cpu_valid=False)
+
+
+class _FakeDriver(Driver[list[int]]):
+    """Client objects are lists recording the calls made on them."""
+
+    def __init__(self) -> None:
+        self.made: list[list[int]] = []
+        self.closed = 0
+
+    def connect(self) -> list[int]:
+        self.made.append([])
+        return self.made[-1]
+
+    def close(self, client: list[int]) -> None:
+        self.closed += 1
+
+
+def test_load_threads_have_one_client_each() -> None:
+    driver = _FakeDriver()
+    with Threads(driver, 4) as threads:
+        assert len(driver.made) == 4
+
+        def op(c: list[int], i: int) -> bool:
+            if i >= 5:
+                return False  # this thread's pool is used up
+            c.append(i)
+            if i == 2:
+                raise AnchorError("refused")  # counted, the loop goes on
+            return True
+
+        run = threads.run(op, 30.0)
+        assert run.elapsed < 30.0  # ended by the pools, not the clock
+        assert all(c == [0, 1, 2, 3, 4] for c in driver.made)
+        assert run.ops == 16 and run.errors == 4
+        assert run.extra["per_thread"] == [4, 4, 4, 4]
+
+        def bad_setup(c: list[int], w: int) -> None:
+            if w == 1:
+                raise RuntimeError("set-up failed")
+
+        with pytest.raises(RuntimeError, match="set-up failed"):
+            threads.run(op, 30.0, bad_setup)
+    assert driver.closed == 4
 
 
 # ------------------------------------------------------------------ selection
@@ -271,7 +322,9 @@ def test_comparison_rows(compared: dict[str, Any]) -> None:
 
 
 def test_issue16_targets(compared: dict[str, Any]) -> None:
-    rows = {r["target"]: r for r in targets.evaluate(compared, specs=_issue16()) if r.get("issue") == 16}
+    rows = {
+        r["target"]: r for r in targets.evaluate(compared, specs=_issue16()) if r.get("issue") == 16
+    }
     acq1 = rows["acquire, 1 thread >= 1.5x the better of etcd and ZooKeeper"]
     assert acq1["met"] is True and acq1["figure"].startswith("1.50x (1,500/s vs etcd")
     assert rows["acquire, 16 threads >= 1.5x the better of etcd and ZooKeeper"]["met"] is True
@@ -292,7 +345,9 @@ def test_issue16_targets(compared: dict[str, Any]) -> None:
 def test_one_anchor_skipped_leaves_its_targets_not_applicable(compared: dict[str, Any]) -> None:
     del compared["anchors"]["systems"]["zookeeper"]
     compared["anchors"]["skipped"]["zookeeper"] = "kazoo not installed"
-    rows = {r["target"]: r for r in targets.evaluate(compared, specs=_issue16()) if r.get("issue") == 16}
+    rows = {
+        r["target"]: r for r in targets.evaluate(compared, specs=_issue16()) if r.get("issue") == 16
+    }
     both = rows["acquire, 1 thread >= 1.5x the better of etcd and ZooKeeper"]
     assert both["met"] is None and "ZooKeeper: kazoo not installed" in both["figure"]
     # A target against etcd alone is still judged.

@@ -227,19 +227,26 @@ class Threads:
     def run(self, op: Op, duration: float, setup: Setup | None = None) -> Run:
         """Each thread runs ``setup(client, w)`` (untimed), then all call ``op``
         until ``duration`` has passed or their pool is used up. Blocks until every
-        thread ended (joined with a bound)."""
+        thread ended (joined with a bound). Re-raises the first exception of a
+        set-up; an op's AnchorError counts as an error and the loop goes on."""
         latencies: list[list[float]] = [[] for _ in range(self.n)]
         errors = [0] * self.n
         ready = threading.Barrier(self.n + 1)
         go = threading.Event()
         stop_at = [0.0]
+        failures: list[BaseException] = []
 
         def worker(w: int) -> None:
             client = self.clients[w]
             mine = latencies[w]
-            if setup is not None:
-                setup(client, w)
-            ready.wait(600)
+            try:
+                if setup is not None:
+                    setup(client, w)
+            except Exception as exc:  # re-raised on the calling thread below
+                failures.append(exc)
+            finally:
+                # Always reach the barrier: a failed set-up must not hang the others.
+                ready.wait(600)
             go.wait(600)
             i = 0
             while time.perf_counter() < stop_at[0] and errors[w] < MAX_ERRORS:
@@ -264,6 +271,8 @@ class Threads:
         for t in threads:
             t.join(timeout=duration + 60)
         elapsed = time.perf_counter() - start
+        if failures:
+            raise failures[0]
         merged = [x for lat in latencies for x in lat]
         run = Run(len(merged), sum(errors), elapsed, merged)
         run.extra = {"per_thread": [len(lat) for lat in latencies]}
