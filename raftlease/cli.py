@@ -335,6 +335,8 @@ def up(
         click.echo(f"leader: {leader['node']} ({leader['client']}), term {leader['term']}")
         endpoints = ",".join(cluster.endpoints)
         click.echo(f"endpoints: {endpoints}")
+        if admin:  # the live view (server/dashboard.py) on every node's admin endpoint
+            click.echo(f"dashboard: {scheme}://{admin_addrs[cluster.nodes[0].id]}/ui/")
         if secure:
             click.echo(
                 "secure: TLS and authentication on; files in "
