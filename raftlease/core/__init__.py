@@ -7,7 +7,9 @@
 * ``dedup``: the client-id table that makes retries idempotent;
 * ``state``: the state and its reads;
 * ``store``: ``LeaseStore``, apply and every mutation;
-* ``snapshot``: the versioned plain-data snapshot codec.
+* ``snapshot``: the versioned plain-data snapshot codec;
+* ``task_records``, ``task_state``, ``queue``: leased task queues (limits, records and
+  checks; the state and its reads; every mutation), docs/queues.md.
 
 A test walks this package's AST (tests/test_core_purity.py): it imports nothing that
 reads a clock, draws a random number or does I/O.

@@ -1,0 +1,317 @@
+"""Leased task queues: the limits, record types and entry checks (core/queue.py
+applies the operations). Pure: no I/O, no clock, no randomness."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..limits import (
+    MAX_DEAD_LIST,
+    MAX_ID_CHARS,
+    MAX_OWNER_BYTES,
+    MAX_QUEUE_NAME_BYTES,
+    MAX_TASK_ATTEMPTS,
+    MAX_TASK_BACKOFF_MS,
+    MAX_TASK_CAP_BYTES,
+    MAX_TASK_CAPABILITIES,
+    MAX_TASK_DEDUP_BYTES,
+    MAX_TASK_DELAY_MS,
+    MAX_TASK_ERROR_BYTES,
+    MAX_TASK_PAYLOAD_BYTES,
+    MAX_TASK_REQUIRES,
+    MAX_TASK_RESULT_BYTES,
+    MAX_TTL_MS,
+)
+from .checks import MAX_PRIORITY, utf8_size, valid_int, valid_str
+from .records import LeaseSession
+
+# ---------------------------------------------------------------------- limits
+
+#: The hard caps live in ``limits`` (the protocol enforces the same ones).
+MAX_PAYLOAD_BYTES = MAX_TASK_PAYLOAD_BYTES
+MAX_RESULT_BYTES = MAX_TASK_RESULT_BYTES
+MAX_ERROR_BYTES = MAX_TASK_ERROR_BYTES
+MAX_QUEUE_BYTES = MAX_QUEUE_NAME_BYTES
+MAX_ATTEMPTS = MAX_TASK_ATTEMPTS
+MAX_REQUIRES = MAX_TASK_REQUIRES
+MAX_CAPABILITIES = MAX_TASK_CAPABILITIES
+MAX_CAP_BYTES = MAX_TASK_CAP_BYTES
+MAX_DELAY_MS = MAX_TASK_DELAY_MS
+MAX_DEDUP_BYTES = MAX_TASK_DEDUP_BYTES
+#: Defaults of a put that does not say.
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_TASK_TTL_MS = 30_000
+DEFAULT_BACKOFF_MS = 1_000
+DEFAULT_RETENTION_MS = 3600 * 1000
+#: Exponential backoff never waits longer than this (before jitter).
+MAX_BACKOFF_MS = MAX_TASK_BACKOFF_MS
+#: Waiting claims one queue may hold.
+MAX_WAITING_CLAIMS = 10_000
+#: Attempt history kept per task (newest): every counted attempt of a task fits,
+#: releases beyond it are forgotten first.
+MAX_HISTORY = 2 * MAX_ATTEMPTS
+
+#: Task states.
+READY, DELAYED, CLAIMED, COMPLETED, DEAD = "ready", "delayed", "claimed", "completed", "dead"
+
+
+class Host(Protocol):
+    """What the queues need from the store (``state.StoreState`` is one): log time,
+    the revision counter, the events of this entry, and the lease sessions."""
+
+    now: int
+    revision: int
+    events: list[dict[str, Any]]
+    lease_sessions: dict[str, LeaseSession]
+
+
+# --------------------------------------------------------------------- records
+
+
+@dataclass(slots=True)
+class Attempt:
+    """The current hand-over of a task to one worker. ``session``: the lease session
+    it is attached to ("" for none): it then lives exactly as long as the session."""
+
+    aid: str
+    tid: str
+    worker: str
+    token: int
+    number: int
+    started_at: int
+    expires_at: int
+    ttl_ms: int
+    progress: float | None = None
+    progress_at: int = 0
+    session: str = ""
+    principal: str = ""
+
+    def to_plain(self) -> list[Any]:
+        return [
+            self.aid,
+            self.tid,
+            self.worker,
+            self.token,
+            self.number,
+            self.started_at,
+            self.expires_at,
+            self.ttl_ms,
+            self.progress,
+            self.progress_at,
+            self.session,
+            self.principal,
+        ]
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    """One task. ``history`` rows: ``[number, worker, token, started_at, ended_at,
+    outcome, error]`` (outcome: completed, failed, expired, stalled, released,
+    session, deadline)."""
+
+    tid: str
+    queue: str
+    payload: str
+    priority: int
+    seq: int
+    requires: tuple[tuple[str, str], ...]
+    max_attempts: int
+    ttl_ms: int
+    progress_timeout_ms: int
+    backoff_ms: int
+    retention_ms: int
+    deadline_at: int
+    dedup_key: str
+    created_at: int
+    status: str
+    ready_at: int = 0
+    failures: int = 0
+    attempts: int = 0
+    history: list[list[Any]] = field(default_factory=list)
+    result: str | None = None
+    finished_at: int = 0
+    dead_reason: str = ""
+    principal: str = ""
+
+    def to_plain(self) -> list[Any]:
+        return [
+            self.tid,
+            self.queue,
+            self.payload,
+            self.priority,
+            self.seq,
+            [list(item) for item in self.requires],
+            self.max_attempts,
+            self.ttl_ms,
+            self.progress_timeout_ms,
+            self.backoff_ms,
+            self.retention_ms,
+            self.deadline_at,
+            self.dedup_key,
+            self.created_at,
+            self.status,
+            self.ready_at,
+            self.failures,
+            self.attempts,
+            self.history,
+            self.result,
+            self.finished_at,
+            self.dead_reason,
+            self.principal,
+        ]
+
+    @classmethod
+    def from_plain(cls, row: list[Any]) -> TaskRecord:
+        task = cls(*row)
+        task.requires = tuple((str(k), str(v)) for k, v in row[5])
+        return task
+
+
+@dataclass(slots=True)
+class ClaimWaiter:
+    """A claim waiting for a task it can take, until ``deadline`` (log time) or until
+    its session ends."""
+
+    aid: str
+    queue: str
+    worker: str
+    caps: dict[str, str]
+    ttl_ms: int
+    deadline: int
+    order: int
+    session: str = ""
+    principal: str = ""
+
+    def to_plain(self) -> list[Any]:
+        return [
+            self.aid,
+            self.queue,
+            self.worker,
+            sorted(self.caps.items()),
+            self.ttl_ms,
+            self.deadline,
+            self.order,
+            self.session,
+            self.principal,
+        ]
+
+
+@dataclass(slots=True)
+class QueueState:
+    """One named queue: ready tasks by requirement set (a heap of ``(-priority, seq,
+    tid)`` each, stale items skipped), waiting claims in arrival order, dead-letter
+    list in death order, dedup keys, and counters."""
+
+    name: str
+    ready: dict[tuple[tuple[str, str], ...], list[tuple[int, int, str]]] = field(
+        default_factory=dict
+    )
+    claimers: dict[str, None] = field(default_factory=dict)
+    dead: dict[str, None] = field(default_factory=dict)
+    dedup: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    #: Attempts started in this queue (claims granted), ever.
+    claims_total: int = 0
+
+    def empty(self) -> bool:
+        return not self.claimers and not any(self.counts.values())
+
+
+# ---------------------------------------------------------------------- checks
+
+
+def _valid_map(value: Any, most: int) -> bool:
+    return (
+        isinstance(value, dict)
+        and len(value) <= most
+        and all(
+            valid_str(k, MAX_CAP_BYTES) and isinstance(v, str) and utf8_size(v) <= MAX_CAP_BYTES
+            for k, v in value.items()
+        )
+    )
+
+
+def _valid_progress(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -(2**62) <= value <= 2**62
+    return isinstance(value, float) and math.isfinite(value)
+
+
+_TID_OPS = frozenset(
+    {
+        "task_put",
+        "task_get",
+        "task_heartbeat",
+        "task_complete",
+        "task_fail",
+        "task_release",
+        "task_retry",
+        "task_purge",
+    }
+)
+
+
+def check_task_args(op: str, entry: dict[str, Any]) -> str | None:
+    """Why a ``task_*`` entry is malformed, or None (structural only)."""
+    if not valid_str(entry.get("queue"), MAX_QUEUE_BYTES):
+        return f"'queue' must be a non-empty string of at most {MAX_QUEUE_BYTES} bytes"
+    if op in _TID_OPS and not valid_str(entry.get("tid"), MAX_ID_CHARS):
+        return "'tid' must be a non-empty string"
+    if op in (
+        "task_claim",
+        "task_heartbeat",
+        "task_complete",
+        "task_fail",
+        "task_release",
+        "task_claim_cancel",
+        "task_claim_status",
+    ) and not valid_str(entry.get("aid"), MAX_ID_CHARS):
+        return "'aid' must be a non-empty string"
+    for name, low, high in (
+        ("delay", 0, MAX_DELAY_MS),
+        ("deadline", 1, MAX_DELAY_MS),
+        ("retention", 0, MAX_DELAY_MS),
+        ("backoff", 0, MAX_BACKOFF_MS),
+        ("retry_after", 0, MAX_DELAY_MS),
+        ("wait", 0, MAX_TTL_MS),
+        ("ttl", 1, MAX_TTL_MS),
+        ("progress_timeout", 1, MAX_TTL_MS),
+        ("max_attempts", 1, MAX_ATTEMPTS),
+        ("priority", -MAX_PRIORITY, MAX_PRIORITY),
+        ("limit", 1, MAX_DEAD_LIST),
+    ):
+        if name in entry and not valid_int(entry[name], low, high):
+            return f"'{name}' must be an integer from {low} to {high}"
+    if op == "task_put":
+        payload = entry.get("payload")
+        if not isinstance(payload, str) or utf8_size(payload) > MAX_PAYLOAD_BYTES:
+            return f"'payload' must be a string of at most {MAX_PAYLOAD_BYTES} bytes"
+        if "dedup_key" in entry and not valid_str(entry["dedup_key"], MAX_DEDUP_BYTES):
+            return f"'dedup_key' must be a non-empty string of at most {MAX_DEDUP_BYTES} bytes"
+        if "requires" in entry and not _valid_map(entry["requires"], MAX_REQUIRES):
+            return f"'requires' must map at most {MAX_REQUIRES} names to strings"
+    if op == "task_claim":
+        if not valid_str(entry.get("worker"), MAX_OWNER_BYTES):
+            return "'worker' must be a non-empty string"
+        if "caps" in entry and not _valid_map(entry["caps"], MAX_CAPABILITIES):
+            return f"'caps' must map at most {MAX_CAPABILITIES} names to strings"
+        if "session" in entry:
+            if not valid_str(entry["session"], MAX_ID_CHARS):
+                return "'session' must be a non-empty string"
+            if "ttl" in entry:
+                return "'ttl' must be absent: an attached claim lives as long as its session"
+    if op == "task_heartbeat" and "progress" in entry and not _valid_progress(entry["progress"]):
+        return "'progress' must be a finite number"
+    if op == "task_complete" and "result" in entry:
+        result = entry["result"]
+        if not isinstance(result, str) or utf8_size(result) > MAX_RESULT_BYTES:
+            return f"'result' must be a string of at most {MAX_RESULT_BYTES} bytes"
+    if op == "task_fail" and "error" in entry:
+        text = entry["error"]
+        if not isinstance(text, str) or utf8_size(text) > MAX_ERROR_BYTES:
+            return f"'error' must be a string of at most {MAX_ERROR_BYTES} bytes"
+    return None

@@ -1,0 +1,294 @@
+"""The task queues' state and its reads (``TaskState``); ``queue.TaskQueues`` adds
+every mutation. Pure: no I/O, no clock, no randomness."""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, Self
+
+from .records import Result, error
+from .task_records import (
+    CLAIMED,
+    COMPLETED,
+    DEAD,
+    DELAYED,
+    READY,
+    Attempt,
+    ClaimWaiter,
+    Host,
+    QueueState,
+    TaskRecord,
+)
+
+
+class TaskState:
+    """Every queue of one store. Single-threaded writes (``apply``); the reads are
+    meant to go through the log (the server proposes ``task_get``/``task_stats``/
+    ``task_dead``), except ``claim_status`` and ``task_info``, which only look up dicts
+    and copy, so they are also safe from another thread while ``apply`` runs."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, QueueState] = {}
+        self.tasks: dict[str, TaskRecord] = {}
+        #: Live attempts by attempt id, and waiting claims by attempt id.
+        self.attempts: dict[str, Attempt] = {}
+        self.claims: dict[str, ClaimWaiter] = {}
+        #: tid -> id of its live attempt.
+        self.current: dict[str, str] = {}
+        #: Lease session id -> attempt ids (live attempts and waiting claims) attached.
+        self.by_session: dict[str, dict[str, None]] = {}
+        #: Put order (FIFO within a priority) and claim arrival order.
+        self.order = 0
+        #: Tasks not completed (ready, delayed, claimed, dead): bounds the token
+        #: headroom one entry may need.
+        self.open = 0
+        # Heaps, stale items skipped when popped (rebuilt on restore):
+        self._expiries: list[tuple[int, str]] = []  # (expires_at, aid)
+        self._delayed: list[tuple[int, int, str]] = []  # (ready_at, seq, tid)
+        self._deadlines: list[tuple[int, str]] = []  # (deadline_at, tid)
+        self._claim_deadlines: list[tuple[int, str]] = []  # (deadline, aid)
+        self._drops: list[tuple[int, str]] = []  # (finished_at + retention, tid)
+        #: The current entry's leader-drawn seed (for backoff jitter). Not state.
+        self.seed = 0
+
+    # ------------------------------------------------------------- bookkeeping
+
+    def headroom(self) -> int:
+        """Revisions one entry may create here at most: each open task can expire,
+        be dead-lettered or handed to a waiting claim in the same entry."""
+        return 3 * (self.open + len(self.claims))
+
+    def next_deadline(self) -> int | None:
+        """Earliest log time at which something here is due (a hint for the leader's
+        tick)."""
+        heads = [
+            h[0][0]
+            for h in (
+                self._expiries,
+                self._delayed,
+                self._deadlines,
+                self._claim_deadlines,
+                self._drops,
+            )
+            if h
+        ]
+        return min(heads) if heads else None
+
+    def reused_id(self, op: str, entry: dict[str, Any]) -> str | None:
+        """The leader draws fresh task and attempt ids; a known one is a bug or forged."""
+        if op == "task_put" and entry["tid"] in self.tasks:
+            return "task id already in use"
+        if op == "task_claim" and (entry["aid"] in self.attempts or entry["aid"] in self.claims):
+            return "attempt id already in use"
+        return None
+
+    def _queue(self, name: str) -> QueueState:
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = self.queues[name] = QueueState(name)
+        return queue
+
+    def _forget_if_empty(self, queue: QueueState) -> None:
+        if queue.empty() and not queue.dedup:
+            self.queues.pop(queue.name, None)
+
+    @staticmethod
+    def _move(queue: QueueState, old: str | None, new: str | None) -> None:
+        counts = queue.counts
+        if old is not None:
+            counts[old] = counts.get(old, 0) - 1
+        if new is not None:
+            counts[new] = counts.get(new, 0) + 1
+
+    # ------------------------------------------------------------------ reads
+
+    def claim_result(self, host: Host, attempt: Attempt) -> Result:
+        """What the claimer receives: the task and its attempt (with the attempt id,
+        a capability only the claimer sees)."""
+        return {"ok": True, **self._claim_view(self.tasks[attempt.tid], attempt), "now": host.now}
+
+    def claim_status(self, queue: str, aid: str, now: int) -> dict[str, Any]:
+        """State of a claim, for whoever knows its attempt id: ``waiting``,
+        ``claimed`` (with the task, as ``claim_result``) or ``gone``. Dict look-ups
+        only: safe from another thread while ``apply`` runs."""
+        waiter = self.claims.get(aid)
+        if waiter is not None and waiter.queue == queue and waiter.deadline > now:
+            return {"state": "waiting", "deadline": waiter.deadline}
+        attempt = self.attempts.get(aid)
+        task = self.tasks.get(attempt.tid) if attempt is not None else None
+        if (
+            attempt is not None
+            and task is not None
+            and task.queue == queue
+            and attempt.expires_at > now
+        ):
+            return {"state": "claimed", **self._claim_view(task, attempt), "now": now}
+        return {"state": "gone"}
+
+    @staticmethod
+    def _claim_view(task: TaskRecord, attempt: Attempt) -> dict[str, Any]:
+        return {
+            "claimed": True,
+            "queue": task.queue,
+            "tid": task.tid,
+            "aid": attempt.aid,
+            "payload": task.payload,
+            "token": attempt.token,
+            "attempt": attempt.number,
+            "worker": attempt.worker,
+            "ttl": attempt.ttl_ms,
+            "expires_at": attempt.expires_at,
+            "progress_timeout": task.progress_timeout_ms,
+            "session": attempt.session,
+        }
+
+    def task_info(self, queue: str, tid: str, now: int) -> dict[str, Any] | None:
+        """A task as anyone with read access sees it (never an attempt id), or None.
+        Copies what it returns; safe from another thread while ``apply`` runs."""
+        task = self.tasks.get(tid)
+        if task is None or task.queue != queue:
+            return None
+        info: dict[str, Any] = {
+            "tid": task.tid,
+            "queue": task.queue,
+            "status": task.status,
+            "payload": task.payload,
+            "priority": task.priority,
+            "requires": dict(task.requires),
+            "attempts": task.attempts,
+            "failures": task.failures,
+            "max_attempts": task.max_attempts,
+            "created_at": task.created_at,
+            "history": [list(row) for row in list(task.history)],
+        }
+        if task.status == DELAYED:
+            info["ready_at"] = task.ready_at
+        if task.deadline_at:
+            info["deadline_at"] = task.deadline_at
+        if task.dedup_key:
+            info["dedup_key"] = task.dedup_key
+        if task.status == COMPLETED:
+            info["result"] = task.result
+            info["finished_at"] = task.finished_at
+        if task.status == DEAD:
+            info["dead_reason"] = task.dead_reason
+        attempt = self.attempts.get(self.current.get(tid, ""))
+        if attempt is not None:
+            info["worker"] = attempt.worker
+            info["token"] = attempt.token
+            info["expires_at"] = attempt.expires_at
+            info["progress"] = attempt.progress
+        return info
+
+    def read(self, host: Host, entry: dict[str, Any]) -> Result:
+        """``task_get``, ``task_stats``, ``task_dead`` and ``task_claim_status``
+        through the log."""
+        op: str = entry["op"]
+        name: str = entry["queue"]
+        now = host.now
+        if op == "task_get":
+            info = self.task_info(name, entry["tid"], now)
+            if info is None:
+                return error(
+                    "TASK_NOT_FOUND",
+                    f"queue {name!r} has no task {entry['tid']!r} (never put, purged, or "
+                    "dropped after its retention)",
+                )
+            return {"ok": True, "task": info, "now": now}
+        if op == "task_claim_status":
+            return {"ok": True, **self.claim_status(name, entry["aid"], now), "now": now}
+        if op == "task_dead":
+            queue = self.queues.get(name)
+            limit: int = entry.get("limit", 100)
+            tids = list(queue.dead)[:limit] if queue is not None else []
+            dead = [self.task_info(name, tid, now) for tid in tids]
+            return {"ok": True, "dead": [d for d in dead if d is not None], "now": now}
+        return {"ok": True, "stats": self.stats(name, now), "now": now}
+
+    def stats(self, name: str, now: int) -> dict[str, Any]:
+        """Counts of one queue (zeros for an unknown one) and the age (ms) of its
+        oldest ready task. O(ready tasks): meant for reads through the log."""
+        queue = self.queues.get(name)
+        counts = queue.counts if queue is not None else {}
+        oldest = None
+        if queue is not None:
+            for heap in queue.ready.values():
+                for item in heap:
+                    task = self.tasks.get(item[2])
+                    if task is not None and task.status == READY:
+                        age = now - task.created_at
+                        oldest = age if oldest is None or age > oldest else oldest
+        return {
+            "queue": name,
+            "ready": counts.get(READY, 0),
+            "delayed": counts.get(DELAYED, 0),
+            "claimed": counts.get(CLAIMED, 0),
+            "dead": counts.get(DEAD, 0),
+            "completed": counts.get(COMPLETED, 0),
+            "waiting_claims": len(queue.claimers) if queue is not None else 0,
+            "attempts": queue.claims_total if queue is not None else 0,
+            "oldest_ready_age": oldest,
+        }
+
+    # -------------------------------------------------------------- snapshots
+
+    def to_plain(self) -> dict[str, Any]:
+        queues = [[q.name, q.claims_total, sorted(q.dedup.items())] for q in self.queues.values()]
+        return {
+            "order": self.order,
+            "queues": queues,
+            "tasks": [t.to_plain() for t in self.tasks.values()],
+            "attempts": [a.to_plain() for a in self.attempts.values()],
+            "claims": [w.to_plain() for w in self.claims.values()],
+            "dead": [[q.name, list(q.dead)] for q in self.queues.values() if q.dead],
+            # Attach order matters (a session's end processes it in this order).
+            "by_session": [[sid, list(aids)] for sid, aids in self.by_session.items()],
+        }
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> Self:
+        """Rebuild from ``to_plain`` output (the heaps and counters are derived)."""
+        tq = cls()
+        tq.order = data["order"]
+        for name, claims_total, dedup in data["queues"]:
+            tq.queues[name] = QueueState(name, claims_total=claims_total, dedup=dict(dedup))
+        for row in data["tasks"]:
+            task = TaskRecord.from_plain(row)
+            tq.tasks[task.tid] = task
+            queue = tq._queue(task.queue)
+            tq._move(queue, None, task.status)
+            if task.status != COMPLETED:
+                tq.open += 1
+            if task.status == READY:
+                heap = queue.ready.setdefault(task.requires, [])
+                heap.append((-task.priority, task.seq, task.tid))
+            elif task.status == DELAYED:
+                tq._delayed.append((task.ready_at, task.seq, task.tid))
+            elif task.status == COMPLETED:
+                tq._drops.append((task.finished_at + task.retention_ms, task.tid))
+            if task.deadline_at and task.status in (READY, DELAYED, CLAIMED):
+                tq._deadlines.append((task.deadline_at, task.tid))
+        for name, tids in data["dead"]:
+            tq._queue(name).dead = dict.fromkeys(tids)
+        for row in data["attempts"]:
+            attempt = Attempt(*row)
+            tq.attempts[attempt.aid] = attempt
+            tq.current[attempt.tid] = attempt.aid
+            tq._expiries.append((attempt.expires_at, attempt.aid))
+        for row in data["claims"]:
+            aid, queue_name, worker, caps, ttl_ms, deadline, order, session, principal = row
+            waiter = ClaimWaiter(
+                aid, queue_name, worker, dict(caps), ttl_ms, deadline, order, session, principal
+            )
+            tq.claims[aid] = waiter
+            tq._claim_deadlines.append((deadline, aid))
+        for waiter in sorted(tq.claims.values(), key=lambda w: w.order):
+            tq._queue(waiter.queue).claimers[waiter.aid] = None
+        for sid, aids in data["by_session"]:
+            tq.by_session[sid] = dict.fromkeys(aids)
+        for heap in [*(h for q in tq.queues.values() for h in q.ready.values())]:
+            heapq.heapify(heap)
+        heapq.heapify(tq._delayed)
+        for pairs in (tq._drops, tq._deadlines, tq._expiries, tq._claim_deadlines):
+            heapq.heapify(pairs)
+        return tq
