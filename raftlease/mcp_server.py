@@ -161,6 +161,8 @@ class ClaimBook:
         self.tasks: dict[str, AsyncTask] = {}
         #: Tools run concurrently: two first claims must not open two lease sessions.
         self._opening = asyncio.Lock()
+        #: Closing lease sessions given up as lost (see ``_collect_session_loss``).
+        self._closing: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------- lifetime
 
@@ -193,6 +195,12 @@ class ClaimBook:
             if task.session == session.session_id:
                 self._lose_task(task_id, task, f"lease session lost: {reason}")
         self.session = None
+        # Reported lost, so it must end: a late keep-alive answer could otherwise
+        # revive it (and its claims) behind our back. Stop its keep-alive and close
+        # it on the cluster, in the background (the cluster may be unreachable).
+        closing = asyncio.get_running_loop().create_task(session.close())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     def _lose(self, key: str, lease: Lease, reason: str) -> None:
         self.claims.pop(key, None)
@@ -216,6 +224,8 @@ class ClaimBook:
         try:
             if session is not None:
                 await session.close()
+            if self._closing:
+                await asyncio.gather(*self._closing, return_exceptions=True)
         finally:
             await self.client.close()
 

@@ -8,7 +8,9 @@ stdio (``mcp.ClientSession`` + ``stdio_client``), exactly as an agent host runs 
   first holds the key, and gets it when the first releases;
 * ending the MCP session (stdin closed) releases its claims at once; SIGKILL of the
   server process frees them after the session TTL, never before the keep-alives stop;
-* a claim revoked behind the session's back is reported lost on the next call;
+* a claim revoked behind the session's back, or lost with its lease session (every
+  node paused past the session TTL), is reported lost on the next call and as a log
+  message; the next claim opens a new lease session;
 * queue tools: take_task / heartbeat / complete_task / fail_task through the MCP
   session's lease session; ending the MCP session gives a taken task back;
 * hostile arguments are tool errors with a definite code and change nothing;
@@ -427,6 +429,45 @@ def test_queue_tools_take_heartbeat_complete_and_fail(shared: LocalCluster) -> N
         wait_for(lambda: q.get(second).status == "ready", 30, "the task given back")
         info = q.get(second)
         assert "boom" in info.errors
+
+
+@pytest.mark.timeout(180)
+def test_a_lost_lease_session_is_reported_and_replaced(
+    cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    cluster = cluster_factory(3)
+
+    async def main() -> None:
+        async with agent(cluster, "mcp-cut-off") as a:
+            got = await a.call("claim", key="mcp/cut-off")
+            # Every node stops: keep-alives fail until the claim's validity runs out.
+            for node in cluster.nodes:
+                cluster.pause_node(node.id)
+            try:
+                await asyncio.sleep(SESSION_TTL * 1.5)
+            finally:
+                for node in cluster.nodes:
+                    cluster.resume_node(node.id)
+            listed = await a.call("list_claims")
+            assert listed["claims"] == []
+            [lost] = listed["lost_claims"]
+            assert lost["key"] == "mcp/cut-off" and lost["token"] == got["token"]
+            assert "lease session lost" in lost["reason"]
+            assert any(isinstance(e, dict) and e.get("lost_claims") for e in a.logs)
+            # The next claim opens a new lease session (once the cluster has
+            # expired the old one, the key is free again).
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    again = await a.call("claim", key="mcp/cut-off")
+                    break
+                except ToolFailed as exc:
+                    assert exc.code in ("LEASE_HELD", "TIMEOUT", "UNAVAILABLE"), exc.body
+                    assert time.monotonic() < deadline, "the key never came free"
+                    await asyncio.sleep(0.2)
+            assert again["token"] > got["token"] and again["valid_for"] > 0
+
+    run(main())
 
 
 BAD_ARGUMENTS: list[tuple[str, dict[str, Any]]] = [
