@@ -119,9 +119,9 @@ def _check_count(name: str, value: int, high: int = MAX_UNITS) -> int:
 
 
 def _units_of(lease: Lease | Holder) -> list[int] | None:
-    """The unit indices a pool grant holds (``unit_indices``), when the cluster says."""
-    indices = getattr(lease, "unit_indices", None)
-    return list(indices) if indices is not None else None
+    """The unit indices a pool grant holds (``unit_indices``); None for a plain lock
+    or a key too large to index."""
+    return list(lease.unit_indices) if lease.unit_indices else None
 
 
 def _holder_view(holder: Holder) -> dict[str, Any]:

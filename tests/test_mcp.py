@@ -170,6 +170,7 @@ def test_claim_renew_release_and_reads(shared: LocalCluster) -> None:
         async with agent(shared, "mcp-a") as a:
             got = await a.call("claim", key="mcp/basic")
             assert got["owner"] == "mcp-a" and got["token"] > 0 and got["units"] == 1
+            assert "unit_indices" not in got  # a plain lock has no units to name
             assert 0 < got["valid_for"] <= SESSION_TTL
             token = got["token"]
             # Claiming again in the same session returns the same claim.
