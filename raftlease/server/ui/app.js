@@ -457,6 +457,7 @@ function renderTimeline() {
   const height = top + Math.max(1, keys.length) * rowHeight + 4;
   chart.setAttribute("viewBox", "0 0 " + width + " " + height);
   chart.setAttribute("height", String(height));
+  chart.setAttribute("preserveAspectRatio", "xMinYMin meet");
   chart.replaceChildren();
   const x = (t) => labelWidth + ((Math.max(t, from) - from) / TIMELINE_WINDOW_MS) * (width - labelWidth - 4);
   for (let m = 0; m <= 5; m++) {
