@@ -162,6 +162,8 @@ class Workloads:
         self.driver = driver
         self.out = out
         self.is_etcd = name == "etcd"
+        #: The N-thread clients, which also create the 1-thread release pool.
+        self.helper: Threads | None = None
 
     def wanted(self, group: str) -> bool:
         return self.ctx.only is None or group in self.ctx.only
@@ -193,6 +195,7 @@ class Workloads:
         modes = [("1 thread", 1), (f"{p.threads} threads", p.threads)]
         with Threads(self.driver, 1) as one, Threads(self.driver, p.threads) as many:
             pools = {1: one, p.threads: many}
+            self.helper = many
             for threads in pools.values():
                 self.fill_pools(threads)
             self.warm_up(many)
@@ -289,7 +292,8 @@ class Workloads:
 
     def release_setup(self, mode: str, n: int) -> Callable[[Any, int], None]:
         """Before each repetition each thread acquires its own keys to release: 1.5x
-        what acquire did in this mode over a repetition (untimed)."""
+        what acquire did in this mode over a repetition (untimed; with one thread the
+        N-thread clients create them)."""
         p = self.ctx.profile
         try:
             rate = float(self.out["acquire"][mode]["ops_per_s"]["max"])
@@ -298,8 +302,15 @@ class Workloads:
         total = max(200, int(rate * max(p.duration, p.warmup) * 1.5) + 100)
         shares = split(total, n)
 
+        helper = self.helper if n == 1 else None
+
         def setup(c: Any, w: int) -> None:
             c.release_pool = []
+            if helper is not None:
+                # One thread would take longer to create its keys than to release
+                # them: the N-thread clients create them (a key is deleted by anyone).
+                c.release_pool = self.create_keys(helper, total)
+                return
             for _ in range(shares[w]):
                 key = self.key("rel")
                 try:
@@ -309,6 +320,22 @@ class Workloads:
                 c.release_pool.append(key)
 
         return setup
+
+    def create_keys(self, threads: Threads, total: int) -> list[str]:
+        """Acquire ``total`` fresh keys on ``threads`` (blocks); the keys made."""
+        made: list[str] = []
+        per = split(total, threads.n)[-1]  # the smallest share: at most ``total``
+
+        def create(c: Any, i: int) -> bool:
+            if i >= per:
+                return False
+            key = self.key("rel")
+            c.acquire(key)
+            made.append(key)  # list.append is atomic under the GIL
+            return True
+
+        threads.run(create, 600.0)
+        return made
 
     # ------------------------------------------------------------ handoff
 
