@@ -6,6 +6,8 @@ through a snapshot; a restarted node comes back with the membership of its log."
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -315,3 +317,39 @@ def test_a_node_refuses_to_start_on_a_snapshot_newer_than_it_understands(
     assert proc.wait(timeout=60) == SNAPSHOT_LOAD_FAILED
     text = cluster.log_path("n1").read_text(errors="replace")
     assert f"snapshot version {SNAPSHOT_VERSION + 1} is newer than this build" in text
+
+
+def _cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "raftlease", "member", *args]
+    cmd += ["--endpoints", ",".join(cluster.endpoints), "--json"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.timeout(180)
+def test_the_member_commands(cluster: LocalCluster) -> None:
+    """``raftlease member list|add|remove|replace`` as an operator runs them."""
+    listed = _cli(cluster, "list")
+    assert listed.returncode == 0, listed.stderr
+    assert [m["id"] for m in json.loads(listed.stdout)["members"]] == ["n1", "n2", "n3"]
+    new = new_node_that_dials(cluster, "n4")
+    cluster.start_node("n4")
+    added = _cli(cluster, "add", "n4", "--raft", new.raft, "--client", new.client)
+    assert added.returncode == 0, added.stdout + added.stderr
+    assert json.loads(added.stdout)["caught_up"] is True
+    # A definite refusal exits 1 and says why.
+    again = _cli(cluster, "add", "n4", "--raft", new.raft, "--client", new.client)
+    assert again.returncode == 1 and json.loads(again.stdout)["code"] == "INVALID_ARGUMENT"
+    # Replace a follower: add n5, wait for it, remove the old one.
+    leader = cluster.leader_id()
+    old = next(n.id for n in cluster.nodes if n.id not in (leader, "n4"))
+    n5 = new_node_that_dials(cluster, "n5")
+    cluster.start_node("n5")
+    replaced = _cli(cluster, "replace", old, "n5", "--raft", n5.raft, "--client", n5.client)
+    assert replaced.returncode == 0, replaced.stdout + replaced.stderr
+    result = json.loads(replaced.stdout)
+    assert result["added"]["caught_up"] is True and result["removed"]["member"] == old
+    cluster.forget_node(old)
+    expected = sorted({"n1", "n2", "n3", "n4", "n5"} - {old})
+    wait_for(lambda: all_agree(cluster, expected), 30, "the replaced membership agreed")
+    listed = _cli(cluster, "list")
+    assert [m["id"] for m in json.loads(listed.stdout)["members"]] == expected

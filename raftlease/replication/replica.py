@@ -453,8 +453,8 @@ class Replica:
                 callback(
                     None,
                     InvalidArgumentError(
-                        f"{target.id} is the leader and cannot remove itself; stop it (or "
-                        "pause it) so another node leads, then remove it through that one"
+                        f"{target.id} is the leader and cannot remove itself; stop it so "
+                        "another node leads, then remove it through that one"
                     ),
                 )
                 return
