@@ -135,7 +135,7 @@ WORKER = textwrap.dedent(
     from raftlease import Client
     endpoints, queue = sys.argv[1].split(","), sys.argv[2]
     with Client(endpoints) as c:
-        task = c.queue(queue).claim(worker="doomed", lease_ttl=1.0)
+        task = c.queue(queue).claim(worker="doomed", lease_ttl=4.0)
         with task:
             print("CLAIMED", task.task_id, task.token, flush=True)
             time.sleep(600)   # killed here, holding the task
@@ -177,10 +177,13 @@ def test_a_worker_killed_mid_task_is_retried_by_another(
 def test_progress_timeout_takes_the_task_from_a_stuck_worker(shared: LocalCluster) -> None:
     with shared.client() as c:
         q = c.queue("t-progress")
-        tid = q.put("slow", lease_ttl=0.6, progress_timeout=1.5, max_attempts=2, backoff=0.0)
+        # A long TTL: only the progress timeout can end the stuck attempt, however slow
+        # the machine (a claim's attempt ends by claim + progress_timeout at the latest).
+        tid = q.put("slow", lease_ttl=30.0, progress_timeout=2.5, max_attempts=2, backoff=0.0)
         task = q.claim(worker="stuck")
         assert task is not None
-        with task:  # heartbeats every 0.2 s but never advances progress
+        with task:  # heartbeats in the background, never advancing progress
+            task.heartbeat(progress=1)
             task.heartbeat(progress=1)
             wait_for(lambda: task.lost.is_set() or None, timeout=30, what="the stuck attempt lost")
         info = wait_for(
@@ -190,12 +193,12 @@ def test_progress_timeout_takes_the_task_from_a_stuck_worker(shared: LocalCluste
         # A worker that makes progress keeps it well past the progress timeout.
         good = q.claim(worker="busy", wait=10.0)
         assert good is not None and good.task_id == tid
-        deadline = time.monotonic() + 3.0
+        deadline = time.monotonic() + 5.0
         step = 1
         while time.monotonic() < deadline:
-            good.heartbeat(progress=step)
+            good.heartbeat(progress=step)  # each advance allows 2.5 s more
             step += 1
-            time.sleep(0.2)
+            time.sleep(0.2)  # the work between two progress reports
         good.complete("finally")
         assert q.wait_result(tid, timeout=10) == "finally"
 
@@ -288,14 +291,17 @@ def test_the_async_client_and_task_watch_events(shared: LocalCluster) -> None:
             q = ac.queue("t-async", lease_ttl=5.0)
             events = []
 
-            async def watch() -> None:
-                async for event in ac.watch("queue:t-async/"):
+            async def watch(from_revision: int) -> None:
+                async for event in ac.watch("queue:t-async/", from_revision=from_revision):
                     events.append(event)
                     if event.type == "task_complete":
                         return
 
-            watcher = asyncio.create_task(watch())
-            await asyncio.sleep(0.3)  # let the watch open (it starts from now)
+            # Watch from a known revision (not "from now"), so no event can be missed
+            # however late the stream opens.
+            start = (await ac.read("t-async-probe")).revision
+            assert start is not None
+            watcher = asyncio.create_task(watch(int(start) + 1))
             tid = await q.put({"a": 1})
             task = await q.claim(worker="aw", wait=5.0)
             assert task is not None

@@ -205,8 +205,13 @@ class AsyncTask:
         self.ttl = int(result["ttl"]) / 1000.0
         self.session = str(result.get("session", ""))
         self.on_exit = on_exit
+        #: With a progress timeout, a heartbeat extends only that far past the last
+        #: progress: the background heartbeats (which carry none) run often enough to
+        #: notice at once when the attempt is lost.
+        self.progress_timeout = int(result.get("progress_timeout") or 0) / 1000.0
+        beat_ttl = min(self.ttl, self.progress_timeout) if self.progress_timeout else self.ttl
         self.keep = KeepAliveState(
-            f"task {self.task_id} attempt {self.attempt}", self.ttl, noun="attempt", on_lost=on_lost
+            f"task {self.task_id} attempt {self.attempt}", beat_ttl, noun="attempt", on_lost=on_lost
         )
         self.lost = asyncio.Event()
         #: "completed", "failed" or "released" once this client ended the attempt.
