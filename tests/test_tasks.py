@@ -465,3 +465,23 @@ def test_queue_permissions_are_on_the_key_queue_name() -> None:
     policy.check(policy.principals["v"], request("task_stats", "anything"))
     with pytest.raises(UnauthenticatedError):
         policy.check(None, put)
+
+
+def test_a_claim_attached_to_a_lease_session_ends_with_it(shared: LocalCluster) -> None:
+    with shared.client() as c:
+        q = c.queue("t-session")
+        tid = q.put("job", max_attempts=3, backoff=0.0)
+        session = c.session(owner="agent-s", ttl=5.0)
+        session.open()
+        task = q.claim(session=session)
+        assert task is not None and task.task_id == tid and task.worker == "agent-s"
+        assert q.get(tid).status == "claimed"
+        session.close()  # the session ends: so does the attempt (a failed one)
+        info = wait_for(
+            lambda: ((i := q.get(tid)).status == "ready" and i) or None,
+            timeout=20,
+            what="the task back after its session ended",
+        )
+        assert info.failures == 1 and info.history[-1].outcome == "session"
+        with pytest.raises(StaleAttemptError):
+            task.complete("too late")
