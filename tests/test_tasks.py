@@ -25,6 +25,7 @@ import pytest
 
 from raftlease import (
     AsyncClient,
+    Client,
     StaleAttemptError,
     TaskDeadError,
     TaskNotFoundError,
@@ -485,3 +486,54 @@ def test_a_claim_attached_to_a_lease_session_ends_with_it(shared: LocalCluster) 
         assert info.failures == 1 and info.history[-1].outcome == "session"
         with pytest.raises(StaleAttemptError):
             task.complete("too late")
+
+
+WORKER_TOKEN = "queue-worker-token-0123456789"
+OTHER_TOKEN = "other-worker-token-0123456789"
+
+
+def test_with_auth_queue_ops_need_the_queue_key_and_attempts_are_bound_to_their_principal(
+    cluster_factory: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    from raftlease.server.auth import token_digest
+    from raftlease.testing.certs import secure_bundle
+
+    bundle = secure_bundle(tmp_path / "tls")
+    bundle.auth_file.write_text(
+        bundle.auth_file.read_text()
+        + textwrap.dedent(
+            f"""
+            [roles.rollouts]
+            permissions = [{{ prefix = "queue:rollouts", actions = ["read", "write"] }}]
+
+            [[principals]]
+            name = "worker-1"
+            token_sha256 = "{token_digest(WORKER_TOKEN)}"
+            roles = ["rollouts"]
+
+            [[principals]]
+            name = "worker-2"
+            token_sha256 = "{token_digest(OTHER_TOKEN)}"
+            roles = ["rollouts"]
+            """
+        )
+    )
+    cluster = cluster_factory(3, **bundle.node_settings())
+    ca = str(bundle.ca_file)
+    with (
+        Client(cluster.endpoints, tls=ca, token=WORKER_TOKEN) as one,
+        Client(cluster.endpoints, tls=ca, token=OTHER_TOKEN) as two,
+    ):
+        tid = one.queue("rollouts").put({"seed": 1})
+        with pytest.raises(PermissionDeniedError, match="queue:secret"):
+            one.queue("secret").put({"seed": 2})
+        with pytest.raises(PermissionDeniedError):
+            one.queue("secret").stats()
+        task = one.queue("rollouts").claim(worker="w1")
+        assert task is not None and task.task_id == tid
+        # worker-2 may use the queue, but not worker-1's attempt, even with its id.
+        forged = {"queue": "rollouts", "task_id": tid, "attempt_id": task.lease_id}
+        with pytest.raises(PermissionDeniedError):
+            two.call("task_complete", {**forged, "result": '"stolen"'}, mutating=True)
+        task.complete({"by": "worker-1"})
+        assert two.queue("rollouts").wait_result(tid, timeout=10) == {"by": "worker-1"}
