@@ -341,3 +341,53 @@ def test_a_snapshot_of_a_newer_layout_stops_the_node_with_a_clear_message(
     # The layout this build writes still loads.
     consumer._deserialize(msgpack.packb(plain, use_bin_type=True))
     assert halts == [SNAPSHOT_LOAD_FAILED]
+
+
+# ------------------------------------------------------------ the wire operations
+
+
+def test_member_operations_validate_every_field() -> None:
+    import math
+
+    from raftlease.errors import BadRequestError, InvalidArgumentError
+    from raftlease.protocol import Limits, parse_request
+
+    limits = Limits()
+    good = {"id": 1, "op": "member_add", "member_id": "n4", "raft": B.raft, "client": B.client}
+    request = parse_request(good, limits)
+    assert request.args == {
+        "member_id": "n4",
+        "raft": B.raft,
+        "client": B.client,
+        "timeout": 30.0,
+    }
+    assert parse_request({**good, "timeout": 2.5}, limits).args["timeout"] == 2.5
+    remove = parse_request({"id": 2, "op": "member_remove", "member_id": B.raft}, limits)
+    assert remove.args == {"member_id": B.raft}
+    assert parse_request({"id": 3, "op": "member_list"}, limits).args == {}
+    bad: list[tuple[dict[str, Any], type[Exception]]] = [
+        ({"member_id": None}, BadRequestError),
+        ({"member_id": 4}, BadRequestError),
+        ({"member_id": ""}, InvalidArgumentError),
+        ({"member_id": "x" * 65}, InvalidArgumentError),
+        ({"member_id": "n 4"}, InvalidArgumentError),
+        ({"member_id": "n4\x1b[2J"}, InvalidArgumentError),
+        ({"raft": "127.0.0.1"}, InvalidArgumentError),
+        ({"raft": ":7100"}, InvalidArgumentError),
+        ({"raft": "h:0"}, InvalidArgumentError),
+        ({"raft": "h:70000"}, InvalidArgumentError),
+        ({"raft": "h:-1"}, InvalidArgumentError),
+        ({"client": ["h", 1]}, BadRequestError),
+        ({"client": B.raft}, InvalidArgumentError),  # the same address twice
+        ({"timeout": True}, BadRequestError),
+        ({"timeout": "5"}, BadRequestError),
+        ({"timeout": -1}, InvalidArgumentError),
+        ({"timeout": math.nan}, InvalidArgumentError),
+        ({"timeout": 601}, InvalidArgumentError),
+    ]
+    for change, exc in bad:
+        with pytest.raises(exc):
+            parse_request({**good, **change}, limits)
+    missing = {k: v for k, v in good.items() if k != "client"}
+    with pytest.raises(BadRequestError, match="client"):
+        parse_request(missing, limits)
