@@ -50,6 +50,8 @@ def test_membership_code_we_rely_on_and_correct_is_unchanged() -> None:
         "self.__doChangeCluster(clusterChangeRequest, reverse=True)",
         # A new leader refuses changes until its no-op entry is applied (REQUEST_DENIED).
         "if self.__raftLastApplied < self.__noopIDx:",
+        # A replayed add of the node itself is a no-op (compared with ==, PySyncObj #131).
+        "if newNode == self.__selfNode or newNode in self.__otherNodes:",
         # A node never removes itself: a leader cannot remove itself.
         "if oldNode == self.__selfNode:\n                return False",
         # Every change of the peer set reaches the transport (our lease recount, the
