@@ -228,6 +228,10 @@ def render(result: Result) -> list[str]:
         "|---|---|---:|" + "---:|" * len(names) + "---|---:|---:|---:|",
     ]
     for row in comparison_rows(result):
+        if row["raftlease"] == "-" and not any(
+            any(ch.isdigit() for ch in cell) for cell in row["anchors"].values()
+        ):
+            continue  # a workload this run did not measure (--only)
         lines.append(
             f"| {row['workload']} | {row['mode']} | {row['raftlease']} | "
             + " | ".join(row["anchors"].get(n, "-") for n in names)
