@@ -353,3 +353,28 @@ def test_the_member_commands(cluster: LocalCluster) -> None:
     wait_for(lambda: all_agree(cluster, expected), 30, "the replaced membership agreed")
     listed = _cli(cluster, "list")
     assert [m["id"] for m in json.loads(listed.stdout)["members"]] == expected
+
+
+@pytest.mark.timeout(120)
+def test_member_operations_need_the_admin_permission(cluster_factory: Any, tmp_path: Any) -> None:
+    from raftlease import Client, PermissionDeniedError, UnauthenticatedError
+
+    from .test_client_security import AGENT_TOKEN, secured
+
+    cluster, bundle = secured(cluster_factory, tmp_path)
+    ca = str(bundle.ca_file)
+    ops = [("member_list", {}), ("member_remove", {"member_id": "n3"})]
+    ops.append(("member_add", {"member_id": "n9", "raft": "127.0.0.1:1", "client": "127.0.0.1:2"}))
+    with Client(cluster.endpoints, tls=ca, token=AGENT_TOKEN) as agent:
+        for op, args in ops:
+            with pytest.raises(PermissionDeniedError, match="admin only"):
+                agent.call(op, args, mutating=False, timeout=10)
+    with Client(cluster.endpoints, tls=ca) as anonymous:
+        for op, args in ops:
+            with pytest.raises(UnauthenticatedError):
+                anonymous.call(op, args, mutating=False, timeout=10)
+    with Client(cluster.endpoints, tls=ca, token=bundle.admin_token) as admin:
+        listed = admin.call("member_list", {}, mutating=False, timeout=10)
+        assert [m["id"] for m in listed["members"]] == ["n1", "n2", "n3"]
+        with pytest.raises(InvalidArgumentError, match="not a member"):
+            admin.call("member_remove", {"member_id": "n9"}, mutating=False, timeout=10)
