@@ -777,10 +777,10 @@ from . import (  # noqa: E402
     cli_lock,  # noqa: F401
     cli_mcp,  # noqa: F401
     cli_member,  # noqa: F401
+    cli_queue,  # noqa: F401  (registers its commands)
     cli_snapshot,  # noqa: F401
+    cli_top,  # noqa: F401  (registers its commands)
 )
-from . import cli_queue  # noqa: E402,F401  (registers its commands)
-from . import cli_top  # noqa: E402,F401  (registers its commands)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

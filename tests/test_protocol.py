@@ -23,6 +23,8 @@ from raftlease.errors import (
     RaftLeaseError,
 )
 from raftlease.protocol import (
+    _ATTEMPT_OPS,
+    _TASK_ID_OPS,
     CONSISTENCY_MODES,
     DEFAULT_MAX_FRAME,
     HEADER,
@@ -40,7 +42,6 @@ from raftlease.protocol import (
     parse_request,
     request_id,
 )
-from raftlease.protocol import _ATTEMPT_OPS, _TASK_ID_OPS
 
 pytestmark = pytest.mark.timeout(60)
 
