@@ -701,10 +701,18 @@ def final_reads(
 def final_reads_on(
     queue: Any, history: History, config: QueueConfig, tasks: list[str], budget: float = 60.0
 ) -> dict[str, int]:
-    """One final ``q.get`` of every acknowledged task and one final ``q.dead`` on
-    ``queue``, each retried (a new op) until it answers definitely or ``budget``
-    seconds have passed. Blocks; returns counts."""
+    """One final ``q.get`` of every acknowledged task (and of every task a claim
+    handed out: a put whose answer was lost may have been claimed and completed) and
+    one final ``q.dead`` on ``queue``, each retried (a new op) until it answers
+    definitely or ``budget`` seconds have passed. Blocks; returns counts."""
     end = time.monotonic() + budget
+    claimed = [
+        e["value"]["task"]
+        for e in history.snapshot()
+        if e.get("f") == "q.claim"
+        and e.get("type") == "ok"
+        and isinstance((e.get("value") or {}).get("task"), str)
+    ]
     done = {"get_ok": 0, "get_failed": 0, "get_unanswered": 0, "dead_ok": 0}
     rec = Recorder("final", history.append, config.queue)
 
@@ -723,7 +731,7 @@ def final_reads_on(
                 return result
             time.sleep(0.2)
 
-    for tid in dict.fromkeys(tasks):
+    for tid in dict.fromkeys([*tasks, *claimed]):
         result = until_answered(
             "q.get",
             {"task": tid},

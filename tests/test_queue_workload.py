@@ -134,6 +134,7 @@ class FakeQueue:
                         self.aids += 1
                         task.update(
                             status="claimed",
+                            token=self.revision,
                             current=self.aids,
                             expires=now + ttl,
                             attempts=task["attempts"] + 1,
