@@ -295,10 +295,14 @@ def _pairs(spec: Spec) -> list[tuple[str, str]]:
 
 def eval_ratio(spec: Spec, j: Any) -> dict[str, Any] | None:
     """kind "anchor_ratio": raftlease ``group`` in ``mode`` >= ``min_ratio`` x the
-    best of ``against`` ("anchor:group" items) in the same mode."""
+    best of ``against`` ("anchor:group" items) in the same mode. With ``section``, the
+    row is shown only when the result has that section, and, when the run had no
+    anchors phase, as n/a with the text ``absent``."""
     result: Result = j.result
-    if "anchors" not in result:
+    if "section" in spec and spec["section"] not in result:
         return None
+    if "anchors" not in result:
+        return _row(spec, str(spec["absent"]), None) if "absent" in spec else None
     pairs = _pairs(spec)
     missing = _missing(spec, result, [a for a, _ in pairs])
     if missing is not None:
