@@ -162,7 +162,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         sync = self._syncObj
         leader = sync._getLeader()
         removed = node not in sync.otherNodes  # else: shutdown (destroy drops every node)
-        if removed and sync._isLeader():
+        if self._leaving.pop(node.id, None) is not None or self._kept.pop(node.id, None):
+            super().dropNode(node)  # dropped again (shutdown): close it now
+        elif removed and sync._isLeader():
             # PySyncObj's leader applies the change before it appends the entry (at the
             # next index) and would close the connection now: the removed node would
             # never learn it was removed. Keep the connection (taking nothing from it)
