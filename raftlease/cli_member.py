@@ -41,7 +41,8 @@ def member() -> None:
 @member.command("list")
 @_client_options
 def member_list(endpoints: str, as_json: bool, timeout: float) -> None:
-    """The members as the leader's log has them (the leader's view if one answers)."""
+    """The members in the log of the node that answers (the first endpoint that does),
+    the leader it knows, and the change in progress if it is the leader."""
     try:
         with _admin_client(endpoints, timeout) as c:
             result = c.call("member_list", {}, mutating=False, timeout=timeout)
