@@ -271,7 +271,8 @@ def test_a_removed_member_is_told_stops_serving_and_refuses_to_restart(
     acquire = {"id": 2, "op": "acquire", "key": "x", "owner": "o", "ttl": 5.0}
     acquire.update(cid="c1", seq=1, ack=1)
     stale = {"id": 3, "op": "holder", "key": "after/removal", "consistency": "stale"}
-    for message in (acquire, stale, {"id": 4, "op": "member_list"}):
+    watch = {"id": 6, "op": "watch", "prefix": ""}
+    for message in (acquire, stale, {"id": 4, "op": "member_list"}, watch):
         answer = raw_request(victim.client, message)
         assert not answer["ok"] and answer["definite"] is True, answer
         assert answer["code"] == "UNAVAILABLE" and "removed from the cluster" in answer["message"]

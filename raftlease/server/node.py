@@ -473,6 +473,7 @@ class NodeServer(TaskWaits):
                         if who[0] is not None:
                             request = dataclasses.replace(request, principal=who[0].name)
                     if request.op == "watch":
+                        self._refuse_if_removed()
                         with contextlib.suppress(ConnectionError):  # watcher gone or dropped
                             await self.watches.stream(
                                 request, writer, lambda: self._replica().store.revision
@@ -540,12 +541,7 @@ class NodeServer(TaskWaits):
             return {"node": self.config.node_id, "version": __version__}
         if request.op == "status":
             return self.status()
-        if self.replica is not None and self.replica.removed_at is not None:
-            # docs/membership.md: a removed node serves nothing but status and ping.
-            raise UnavailableError(
-                f"this node was removed from the cluster (at log index "
-                f"{self.replica.removed_at}): ask the other members"
-            )
+        self._refuse_if_removed()
         if request.op == "await_lease":
             return await self._await_lease(request)
         if request.op in ("await_claim", "await_task"):
@@ -605,6 +601,15 @@ class NodeServer(TaskWaits):
             out["consistency"] = "log"
             out["served_by"] = self.config.node_id
         return out
+
+    def _refuse_if_removed(self) -> None:
+        """docs/membership.md: a node told of its removal serves nothing but status
+        and ping. Raises ``UnavailableError`` (definite)."""
+        if self.replica is not None and self.replica.removed_at is not None:
+            raise UnavailableError(
+                f"this node was removed from the cluster (at log index "
+                f"{self.replica.removed_at}): ask the other members"
+            )
 
     def _require_leader(self) -> None:
         replica = self._replica()
