@@ -375,7 +375,7 @@ def _short_run(tmp_path: Path, name: str) -> dict[str, Any]:
     from benchlib.anchors import run
 
     profile = context.QUICK
-    ctx = context.Context(profile, tmp_path, {"acquire", "renew", "holder", "handoff"})
+    ctx = context.Context(profile, tmp_path, {"acquire", "renew", "holder", "handoff", "failover"})
     run.anchors(ctx, [name])
     system: dict[str, Any] = ctx.result["anchors"]["systems"][name]
     assert "error" not in system, system["error"]
@@ -395,8 +395,18 @@ def test_etcd_cluster_measured(tmp_path: Path) -> None:
             assert len(entry["cpu_s"]) == 5  # client, 3 servers, others
     handoff = next(iter(w["handoff"].values()))
     assert handoff["ops_per_s"]["median"] > 0 and 0 < handoff["jain_index"] <= 1
-    # Stopped by pid at the end of the phase.
-    assert not any(Path(f"/proc/{pid}").exists() for pid in system["pids"].values())
+    _check_failover_and_stop(system)
+
+
+def _check_failover_and_stop(system: dict[str, Any]) -> None:
+    failover = system["workloads"]["failover"]["SIGKILL leader"]
+    assert failover["deadline_s"] == 0.25 and failover["reps"]
+    assert all(r["time_to_success_s"] > 0 for r in failover["reps"])
+    # Every server, the restarted one included, stopped by pid at the end of the phase.
+    assert set(system["pids_stopped"]) == set(system["pids"])
+    assert set(system["pids_stopped"].values()) != set(system["pids"].values())  # a restart
+    for pid in (*system["pids"].values(), *system["pids_stopped"].values()):
+        assert not Path(f"/proc/{pid}").exists(), pid
 
 
 @pytest.mark.integration
@@ -411,4 +421,4 @@ def test_zookeeper_ensemble_measured(tmp_path: Path) -> None:
             assert entry["ops_per_s"]["median"] > 0 and entry["errors"] == 0, (group, mode)
     handoff = next(iter(w["handoff"].values()))
     assert handoff["ops_per_s"]["median"] > 0
-    assert not any(Path(f"/proc/{pid}").exists() for pid in system["pids"].values())
+    _check_failover_and_stop(system)

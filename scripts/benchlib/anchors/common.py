@@ -83,6 +83,8 @@ class ServerProc:
     def start(self) -> None:
         """Start the process (output appended to ``log``); returns at once."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        if self._log_file is not None:  # restarted after a kill
+            self._log_file.close()
         self._log_file = self.log.open("ab")
         self.proc = subprocess.Popen(
             self.argv,

@@ -134,15 +134,19 @@ def run_one(ctx: Context, name: str, system: dict[str, Any]) -> None:
     driver: Driver[Any]
     cluster: AnchorCluster = etcd.EtcdCluster(base) if name == "etcd" else zookeeper.ZkCluster(base)
     progress(f"anchors: starting a 3-server {name} cluster in {base}")
-    with cluster:
-        cluster.start(timeout=120)
-        system["pids"] = cluster.pids()
-        if isinstance(cluster, etcd.EtcdCluster):
-            driver = etcd.EtcdDriver(cluster)
-        else:
-            assert isinstance(cluster, zookeeper.ZkCluster)
-            driver = zookeeper.ZkDriver(cluster)
-        Workloads(ctx, name, cluster, driver, system["workloads"]).run()
+    try:
+        with cluster:
+            cluster.start(timeout=120)
+            system["pids"] = cluster.pids()
+            if isinstance(cluster, etcd.EtcdCluster):
+                driver = etcd.EtcdDriver(cluster)
+            else:
+                assert isinstance(cluster, zookeeper.ZkCluster)
+                driver = zookeeper.ZkDriver(cluster)
+            Workloads(ctx, name, cluster, driver, system["workloads"]).run()
+    finally:
+        # The last pid of each server (a restarted one has a new pid), all stopped.
+        system["pids_stopped"] = {n: s.pid for n, s in cluster.servers.items()}
 
 
 class Workloads:
