@@ -98,8 +98,12 @@ class QOp(Protocol):
 
 
 class QParams(Protocol):
-    rho: float
-    margin: float
+    # Read-only members: checker.Params is a frozen dataclass.
+    @property
+    def rho(self) -> float: ...
+
+    @property
+    def margin(self) -> float: ...
 
 
 def _is_int(value: Any) -> TypeGuard[int]:
@@ -476,10 +480,10 @@ def attempts(qops: list[QOp], verdict: _Verdict) -> dict[str, list[Attempt]]:
     for op in qops:
         if op.f not in ATTEMPT_FS:
             continue
-        ident = _attempt_args(op, verdict)
-        if ident is None:
+        attempt = _attempt_args(op, verdict)
+        if attempt is None:
             continue
-        view_ = by_ident.get((op.process, *ident))
+        view_ = by_ident.get((op.process, *attempt))
         if view_ is None:
             continue  # the attempt's claim was not answered: it cannot be held
         if op.f == "q.heartbeat":

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import random
@@ -399,7 +400,7 @@ class QueueWorker:
             beat_result = self.rec.call(
                 "q.heartbeat",
                 {**ident, "progress": hb_progress},
-                lambda p=hb_progress: task.heartbeat(progress=p),
+                functools.partial(task.heartbeat, progress=hb_progress),
                 beat,
             )
             if isinstance(beat_result, RaftLeaseError) and beat_result.definite:
@@ -511,12 +512,12 @@ class QueueThreads:
                 self.seed * 31 + i,
                 self.acknowledged,
             )
-            self._spawn(producer.name, lambda p=producer: p.run(self.stop))
+            self._spawn(producer.name, functools.partial(producer.run, self.stop))
         for i in range(cfg.workers):
             worker = QueueWorker(
                 f"qw{i + 1}", self._client(), self.history.append, cfg, self.seed * 37 + i
             )
-            self._spawn(worker.name, lambda w=worker: w.run(self.stop))
+            self._spawn(worker.name, functools.partial(worker.run, self.stop))
         return self
 
     def join(self, timeout: float = 15.0) -> None:
@@ -735,7 +736,7 @@ def final_reads_on(
         result = until_answered(
             "q.get",
             {"task": tid},
-            lambda t=tid: queue.get(t),
+            functools.partial(queue.get, tid),
             lambda state, _s: describe_task_state(state),
         )
         if not _failed(result):
