@@ -1,0 +1,290 @@
+"""Per-node peer identity: an Ed25519 key per node, and the signed first frame that
+binds an incoming peer connection to the member it claims to be (docs/security.md,
+"Peers").
+
+The cluster secret (peers.py) seals every frame, so only secret holders reach this
+point; but every member holds the secret, so the secret alone cannot tell members
+apart. Each node therefore has its own identity key (``peer_key_file``, default
+``<data_dir>/peer.key``, created mode 0600 at first start, refused if others can read
+it) and publishes its public key as ``<peer_keys_dir>/<id>.pub`` (default
+``<data_dir>/../peers``, the parent that ``raftlease up`` and the test clusters share
+with ``peer.secret``). The first frame a dialer sends, which PySyncObj makes its
+member address, becomes a *hello*:
+
+    ("rl_hello", 1, dialer address, dialer id, acceptor address, nonce, time, signature)
+
+signed with the dialer's key over every field and over the acceptor's random
+connection key from PySyncObj's key exchange (channel binding: a hello is valid on one
+connection only). The acceptor (transport.py) checks that the member whose address is
+claimed has that id and that its public key made the signature, that the hello is for
+itself, recent (``HELLO_WINDOW``) and not seen before (a bounded nonce cache), before
+PySyncObj attributes the connection to that member; otherwise it closes it.
+
+Why not TLS: PySyncObj's poller drives plain non-blocking sockets itself (``recv`` /
+``send`` and its own framing in tcp_connection.py); an ``ssl.SSLSocket`` there would
+need its handshake and ``SSLWantRead``/``SSLWantWrite`` handled inside PySyncObj's read
+and write paths, which we would have to replace wholesale. The handshake at our seam
+keeps PySyncObj's framing unchanged.
+
+Threads: ``HelloVerifier`` is used on PySyncObj's tick thread only; the rest are plain
+functions (file I/O at start and on each incoming peer connection).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import stat
+import struct
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+
+from ..errors import ConfigError
+
+log = logging.getLogger("raftlease.replication")
+
+HELLO = "rl_hello"
+HELLO_VERSION = 1
+#: A hello more than this many seconds from the acceptor's clock is refused.
+HELLO_WINDOW = 60.0
+#: Nonces of accepted hellos remembered (oldest forgotten first); a forgotten one
+#: is older than the window by then in any realistic connection rate, and the
+#: channel binding refuses it anyway.
+NONCE_CACHE = 4096
+NONCE_BYTES = 16
+#: Node ids that may name a public key file.
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_CONTEXT = b"raftlease peer hello v1\x00"
+
+
+class HelloRefused(Exception):
+    """A hello that does not authenticate the connection (the reason is the text)."""
+
+
+def load_or_create_key(path: Path) -> Ed25519PrivateKey:
+    """This node's identity key from ``path`` (PEM, PKCS#8); created (mode 0600,
+    atomically) if the file does not exist. Raises ``ConfigError`` if it is readable
+    by group or others, unreadable or not an Ed25519 key."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        pem = Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, pem)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # never replace a key that appeared meanwhile
+            log.warning("created this node's peer identity key %s", path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    try:
+        mode = path.stat().st_mode
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the peer key {str(path)!r}: {exc}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(
+            f"the peer key {str(path)!r} is readable by other users (mode "
+            f"{stat.S_IMODE(mode):o}); run: chmod 600 {path}"
+        )
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"the peer key {str(path)!r} is not a PEM private key ({exc})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ConfigError(f"the peer key {str(path)!r} is not an Ed25519 key")
+    return key
+
+
+def public_hex(key: Ed25519PrivateKey) -> str:
+    """The raw public key of ``key``, 64 hex digits."""
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return raw.hex()
+
+
+def valid_public_hex(text: Any) -> bool:
+    if not isinstance(text, str) or len(text) != 64:
+        return False
+    try:
+        bytes.fromhex(text)
+    except ValueError:
+        return False
+    return True
+
+
+def public_key_path(directory: Path, node_id: str) -> Path | None:
+    """``<directory>/<node_id>.pub``, or None for an id that cannot be a file name."""
+    if not _SAFE_ID.match(node_id):
+        return None
+    return directory / f"{node_id}.pub"
+
+
+def write_public_key(directory: Path, node_id: str, pub: str) -> None:
+    """Publish ``pub`` as ``node_id``'s public key in ``directory`` (made 0700),
+    atomically; unchanged if it already says so. Raises ``ConfigError`` for an id
+    that cannot be a file name, ``OSError`` if the directory cannot be written."""
+    path = public_key_path(directory, node_id)
+    if path is None:
+        raise ConfigError(f"node id {node_id!r} cannot name a public key file")
+    if read_public_key(directory, node_id) == pub:
+        return
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, (pub + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_public_key(directory: Path, node_id: str) -> str | None:
+    """``node_id``'s public key (hex) from ``directory``; None if there is no valid
+    one (missing, unreadable or malformed file, or an unsafe id)."""
+    path = public_key_path(directory, node_id)
+    if path is None:
+        return None
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if valid_public_hex(text) else None
+
+
+def _signed_bytes(
+    dialer: str, dialer_id: str, acceptor: str, nonce: bytes, stamp: float, binding: bytes
+) -> bytes:
+    parts = [p.encode() for p in (dialer, dialer_id, acceptor)] + [nonce, binding]
+    body = b"".join(struct.pack(">I", len(p)) + p for p in parts)
+    return _CONTEXT + body + struct.pack(">d", stamp)
+
+
+def make_hello(
+    key: Ed25519PrivateKey,
+    dialer: str,
+    dialer_id: str,
+    acceptor: str,
+    binding: bytes,
+    now: float | None = None,
+    nonce: bytes | None = None,
+) -> tuple[Any, ...]:
+    """The first frame of a connection this node (``dialer``, raft address, id
+    ``dialer_id``) dialled to ``acceptor`` (raft address). ``binding``: the random
+    key the acceptor sent in PySyncObj's key exchange (b"" without encryption).
+    ``now``/``nonce``: for tests; default the wall clock and fresh random bytes."""
+    stamp = time.time() if now is None else now
+    nonce = os.urandom(NONCE_BYTES) if nonce is None else nonce
+    signature = key.sign(_signed_bytes(dialer, dialer_id, acceptor, nonce, stamp, binding))
+    return (HELLO, HELLO_VERSION, dialer, dialer_id, acceptor, nonce, stamp, signature)
+
+
+class HelloVerifier:
+    """The acceptor's check of hellos (tick thread only).
+
+    ``me``: this node's raft address. ``keys_for(address)``: the claimed member's id
+    and its candidate public keys (hex), or None when ``address`` is no member."""
+
+    def __init__(
+        self,
+        me: str,
+        keys_for: Callable[[str], tuple[str, Iterable[str]] | None],
+        window: float = HELLO_WINDOW,
+        cache: int = NONCE_CACHE,
+    ) -> None:
+        self.me = me
+        self.keys_for = keys_for
+        self.window = window
+        self.cache = cache
+        self._seen: OrderedDict[bytes, float] = OrderedDict()
+
+    def verify(self, message: Any, binding: bytes, now: float | None = None) -> str:
+        """The member address ``message`` authenticates on a connection whose
+        acceptor random key is ``binding``. Raises ``HelloRefused`` (reason as text)."""
+        if not (isinstance(message, tuple) and len(message) == 8 and message[0] == HELLO):
+            raise HelloRefused(f"first frame {message!r:.80} names no member in a signed hello")
+        _, version, dialer, dialer_id, acceptor, nonce, stamp, signature = message
+        if version != HELLO_VERSION:
+            raise HelloRefused(f"hello version {version!r:.20}")
+        if not all(isinstance(v, str) and len(v) <= 300 for v in (dialer, dialer_id, acceptor)):
+            raise HelloRefused("malformed hello")
+        if not (isinstance(nonce, bytes) and len(nonce) == NONCE_BYTES):
+            raise HelloRefused("malformed hello nonce")
+        if not (isinstance(signature, bytes) and len(signature) == 64):
+            raise HelloRefused("malformed hello signature")
+        if isinstance(stamp, bool) or not isinstance(stamp, float | int):
+            raise HelloRefused("malformed hello time")
+        if acceptor != self.me:
+            raise HelloRefused(f"hello for {acceptor!r:.80}, not this node")
+        clock = time.time() if now is None else now
+        if not abs(clock - float(stamp)) <= self.window:
+            raise HelloRefused(f"hello time {float(stamp) - clock:+.0f} s from ours")
+        if nonce in self._seen:
+            raise HelloRefused("replayed hello (nonce seen before)")
+        member = self.keys_for(dialer)
+        if member is None:
+            raise HelloRefused(f"first frame names no member ({dialer!r:.80})")
+        member_id, keys = member
+        if dialer_id != member_id:
+            raise HelloRefused(f"{dialer_id!r:.80} claims member {member_id!r}'s address")
+        signed = _signed_bytes(dialer, dialer_id, acceptor, nonce, float(stamp), binding)
+        known = [k for k in keys if valid_public_hex(k)]
+        if not known:
+            raise HelloRefused(f"no public key known for member {member_id!r}")
+        for pub in known:
+            try:
+                Ed25519PublicKey.from_public_bytes(bytes.fromhex(pub)).verify(signature, signed)
+            except InvalidSignature:
+                continue
+            self._remember(nonce, clock)
+            return str(dialer)
+        raise HelloRefused(f"hello not signed by member {member_id!r}'s key")
+
+    def _remember(self, nonce: bytes, now: float) -> None:
+        self._seen[nonce] = now
+        while len(self._seen) > self.cache:
+            self._seen.popitem(last=False)
+
+
+class PeerIdentity:
+    """What a node's transport needs: its key and id, and where members' public keys
+    are. Immutable after construction; safe from any thread."""
+
+    def __init__(self, key: Ed25519PrivateKey, node_id: str, keys_dir: Path) -> None:
+        self.key = key
+        self.node_id = node_id
+        self.keys_dir = keys_dir
+        self.public = public_hex(key)
+
+    @classmethod
+    def load(cls, key_path: Path, node_id: str, keys_dir: Path) -> PeerIdentity:
+        """Load (or create) the key at ``key_path`` and publish its public key as
+        ``<keys_dir>/<node_id>.pub``. Raises ``ConfigError``."""
+        identity = cls(load_or_create_key(key_path), node_id, keys_dir)
+        try:
+            write_public_key(keys_dir, node_id, identity.public)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot publish the peer public key in {str(keys_dir)!r}: {exc}"
+            ) from None
+        return identity
