@@ -74,6 +74,7 @@ from typing import Any, TypeGuard
 
 from linearizability import LOp, check_ops
 from queue_checker import QUEUE_FS, check_queues, has_queues
+from secure import check_security
 
 Event = dict[str, Any]
 MAX_REPORTED = 50
@@ -1561,6 +1562,8 @@ def check(
         "linearizable": check_linearizable(ops, params, shared),
         "liveness": check_liveness(every_op, events, params),
         "replicas": check_replicas(events),
+        # A secure run (meta ``secure``) proves auth was on by its probes (secure.py).
+        "security": check_security(events),
     }
     if has_queues(events, every_op):
         results.update(check_queues(events, every_op, params))

@@ -55,17 +55,16 @@ import os
 import random
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import secure
 from proxy import DROP, HOLD, ProxyNet
 from workload import History
 
-from raftlease.protocol import FrameDecoder, encode_frame
 from raftlease.testing import LocalCluster
 
 #: kind -> (category, default duration in seconds)
@@ -185,20 +184,9 @@ def _length(specs: list[FaultSpec]) -> float:
 
 
 def raw_request(addr: str, message: dict[str, Any], timeout: float = 1.0) -> dict[str, Any]:
-    """One request to one node on a fresh connection (no redirect, no retry)."""
-    host, _, port = addr.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        sock.settimeout(timeout)
-        sock.sendall(encode_frame(message))
-        decoder = FrameDecoder()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            data = sock.recv(65536)
-            if not data:
-                break
-            for frame in decoder.feed(data):
-                return dict(frame)
-    raise OSError(f"no answer from {addr}")
+    """One request to one node on a fresh connection (no redirect, no retry); on a
+    secure run over TLS as the ``nemesis`` principal (``secure.raw_request``)."""
+    return secure.raw_request(addr, message, timeout, "nemesis")
 
 
 class Nemesis:

@@ -26,6 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import secure
 from workload import History, RemoteStore, Worker, WorkloadConfig
 
 HERE = Path(__file__).resolve().parent
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             attempt_timeout=config.attempt_timeout,
             clock_drift=config.clock_drift,
             margin=config.margin,
+            **secure.client_options("lease-worker"),
         ) as client:
             worker = Worker(
                 args.name, client, store, emit, config, args.seed, pause_window=args.pause_window

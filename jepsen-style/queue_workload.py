@@ -51,6 +51,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import secure
 from workload import History
 
 from raftlease import Client
@@ -486,6 +487,7 @@ class QueueThreads:
             attempt_timeout=cfg.attempt_timeout,
             clock_drift=cfg.clock_drift,
             margin=cfg.margin,
+            **secure.client_options("queue-worker"),
         )
         self._clients.append(client)
         return client
@@ -695,6 +697,7 @@ def final_reads(
         attempt_timeout=config.attempt_timeout,
         clock_drift=config.clock_drift,
         margin=config.margin,
+        **secure.client_options("queue-worker"),
     ) as client:
         return final_reads_on(client.queue(config.queue), history, config, tasks, budget)
 
@@ -784,6 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         attempt_timeout=config.attempt_timeout,
         clock_drift=config.clock_drift,
         margin=config.margin,
+        **secure.client_options("queue-worker"),
     ) as client:
         worker = QueueWorker(
             args.name,

@@ -37,6 +37,7 @@ sys.path.insert(0, str(HERE))
 import checker  # noqa: E402
 import nemesis  # noqa: E402
 import replay  # noqa: E402
+import secure  # noqa: E402
 import soak  # noqa: E402
 import timeline  # noqa: E402
 from proc_client import ClientProcess  # noqa: E402
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"raftlease chaos suite: profile={args.profile} seed={seed} nodes={args.nodes} "
         f"clients={args.clients}+1 faults={len(specs)} planned={planned:.0f}s "
-        f"planted_bug={args.planted_bug or '-'}\noutput: {out}",
+        f"planted_bug={args.planted_bug or '-'} secure={_secure(args)}\noutput: {out}",
         flush=True,
     )
     (out / "schedule.json").write_text(json.dumps([s.to_json() for s in specs], indent=1))
@@ -128,6 +129,14 @@ def run(args: argparse.Namespace) -> int:
     pairs = args.nodes * (args.nodes - 1) // 2
     proxies = ProxyNet(addresses, [base + 200 + i for i in range(pairs)])
     settings = dict(NODE_SETTINGS)
+    # TLS on the client port and an auth file with one role per harness principal
+    # (secure.py); every harness client, in this process and its children, then
+    # connects with TLS and its principal's token.
+    secured = _secure(args)
+    if secured:
+        tls_auth, clients_file = secure.make(out / "secure")
+        settings.update(tls_auth)
+        secure.install(clients_file)
     if args.profile == "soak":
         # Compaction by entry count, so that restarts do not put off compaction and a
         # journal sawtooth does not decide the memory rule (soak.py).
@@ -173,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
             "margin": config.margin,
             "liveness_bound": LIVENESS_BOUND,
             "planted_bug": args.planted_bug or "",
+            # TLS and authentication on (secure.py); the probes prove it.
+            "secure": secured,
             # The fenced resource asks the cluster before every write (workload.py).
             "fence": "cluster",
             "queues": qconfig.meta() if with_queue else {},
@@ -208,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
             attempt_timeout=FENCE_TIMEOUT,
             clock_drift=config.clock_drift,
             margin=config.margin,
+            **secure.client_options("resource"),
         )
         asker = fence_client
 
@@ -254,6 +266,8 @@ def run(args: argparse.Namespace) -> int:
         nem = nemesis.Nemesis(cluster, proxies, history, config.clock_drift, proc, say)
         time.sleep(WARMUP)
         say("warm-up done")
+        for answer in secure.probe(cluster.endpoints, history.append):
+            say(f"security probe {answer['probe']}: {answer.get('code') or answer.get('error')}")
         for n, spec in enumerate(specs):
             if time.monotonic() > deadline:
                 say(f"time budget exhausted: skipping the last {len(specs) - n} faults")
@@ -368,6 +382,11 @@ def run(args: argparse.Namespace) -> int:
     return 2 if "unknown" in (results["valid"], resources) else 3
 
 
+def _secure(args: argparse.Namespace) -> bool:
+    """TLS and authentication on: ``--secure``/``--insecure``, else on for ``ci``."""
+    return bool(args.secure) if args.secure is not None else args.profile == "ci"
+
+
 def _node_processes(cluster: LocalCluster) -> dict[str, tuple[int | None, Path]]:
     """What the soak monitor samples: each node's pid (None while it is down) and data
     directory. Called on the monitor's thread; reads ``cluster.procs`` only."""
@@ -442,6 +461,20 @@ def main(argv: list[str] | None = None) -> int:
         help="run the nodes as a planted-bug test build (raftlease.testing.hooks)",
     )
     parser.add_argument("--nodes", type=int, default=5)
+    security = parser.add_mutually_exclusive_group()
+    security.add_argument(
+        "--secure",
+        dest="secure",
+        action="store_true",
+        default=None,
+        help="TLS on the client port, tokens and roles for every client (default for ci)",
+    )
+    security.add_argument(
+        "--insecure",
+        dest="secure",
+        action="store_false",
+        help="plain TCP, no authentication (default for every profile but ci)",
+    )
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--kinds", default="", help="comma-separated fault kinds (default all)")
     parser.add_argument(

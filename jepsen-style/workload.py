@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import secure
+
 from raftlease import Client, FencedResource, Lease, Session, StaleTokenError
 from raftlease.errors import RaftLeaseError
 
@@ -684,6 +686,7 @@ class WorkerThread(threading.Thread):
                 attempt_timeout=self.config.attempt_timeout,
                 clock_drift=self.config.clock_drift,
                 margin=self.config.margin,
+                **secure.client_options("lease-worker"),
             ) as client:
                 Worker(
                     self.worker_name,

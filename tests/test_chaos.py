@@ -40,6 +40,7 @@ import linearizability  # noqa: E402
 import nemesis  # noqa: E402
 import proxy  # noqa: E402
 import queue_checker  # noqa: E402
+import secure  # noqa: E402
 from workload import FencedStore, History  # noqa: E402
 
 from raftlease.config import NodeAddress  # noqa: E402
@@ -864,6 +865,76 @@ def test_proxy_passes_holds_delays_drops_refuses_and_resets(
         assert _closed(sock)
 
 
+# ------------------------------------------------------------ secure runs (issue 11)
+
+
+def test_secure_bundle_gives_each_harness_principal_only_its_role(tmp_path: Path) -> None:
+    from raftlease.server.auth import load_auth
+
+    settings, clients_file = secure.make(tmp_path / "secure")
+    assert set(settings) == {"tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_file"}
+    for path in [*map(Path, settings.values()), clients_file]:
+        assert path.stat().st_mode & 0o077 == 0, path  # secrets and keys: owner only
+    tokens = json.loads(clients_file.read_text())["tokens"]
+    assert set(tokens) == set(secure.PRINCIPALS)
+    text = Path(settings["auth_file"]).read_text()
+    assert not any(token in text for token in tokens.values())  # stored hashed only
+    policy = load_auth(Path(settings["auth_file"]))
+    who = {name: policy.by_token(token) for name, token in tokens.items()}
+    assert {name: p.name for name, p in who.items()} == {n: n for n in tokens}
+    worker = who["lease-worker"]
+    assert worker.allows("write", "k1") and worker.allows("write", "pool1")
+    assert not worker.allows("write", "queue:jobs")
+    assert who["queue-worker"].allows("write", "queue:jobs")
+    assert not who["queue-worker"].allows("read", "k1")
+    assert who["resource"].allows("read", "k1") and not who["resource"].allows("write", "k1")
+    assert not who["resource"].allows("admin", "")
+    assert who["nemesis"].allows("admin", "")
+
+
+def test_client_options_follow_the_installed_bundle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(secure.ENV, raising=False)
+    monkeypatch.setattr(secure, "_cache", None)
+    assert secure.client_options("lease-worker") == {} and not secure.enabled()
+    assert secure.probe(["127.0.0.1:1"], lambda e: None) == []  # insecure: no probe
+    _, clients_file = secure.make(tmp_path / "secure")
+    monkeypatch.setenv(secure.ENV, str(clients_file))
+    options = secure.client_options("queue-worker")
+    tokens = json.loads(clients_file.read_text())["tokens"]
+    assert options == {"tls": str(tmp_path / "secure" / "ca.pem"), "token": tokens["queue-worker"]}
+    with pytest.raises(KeyError):
+        secure.client_options("stranger")
+    monkeypatch.setattr(secure, "_cache", None)
+
+
+def _security(meta: dict[str, Any], *probes: dict[str, Any]) -> dict[str, Any]:
+    return secure.check_security([{"type": "meta", **meta}, *probes])
+
+
+def _probe(name: str, code: str | None, expect: str, ok: bool | None = False) -> dict[str, Any]:
+    return {"type": "probe", "probe": name, "code": code, "expect": expect, "ok": ok, "t": 1.0}
+
+
+def test_security_checker_judges_the_probes() -> None:
+    good = [_probe(n, code, code) for n, _, _, code in secure.PROBES]
+    assert _security({"secure": False})["valid"] is True  # insecure run: nothing to judge
+    result = _security({"secure": True}, *good)
+    assert result["valid"] is True and result["stats"] == {"secure": True, "probes": 2}
+    # Served without a token: authentication was not on.
+    served = _probe("no-token", None, "UNAUTHENTICATED", ok=True)
+    assert _security({"secure": True}, served, good[1])["valid"] is False
+    wrong = _probe("read-only-admin", "UNAUTHENTICATED", "PERMISSION_DENIED")
+    assert _security({"secure": True}, good[0], wrong)["violation_count"] == 1
+    # A secure run that never got an answer to a probe proved nothing.
+    unanswered = _probe("no-token", None, "UNAUTHENTICATED", ok=None)
+    assert _security({"secure": True}, unanswered, good[1])["valid"] == "unknown"
+    assert _security({"secure": True})["valid"] == "unknown"
+    # The suite's verdict includes it.
+    assert "security" in checker.check([{"type": "meta", "t": 0.0}])["checkers"]
+
+
 # --------------------------------------------------------- part 2: integration
 
 RUN = SUITE / "run.py"
@@ -904,6 +975,12 @@ def test_ci_profile_passes_on_the_correct_build(tmp_path: Path) -> None:
     assert not results.get("harness_errors"), output
     assert set(results["faults_run"]) == set(nemesis.KINDS), output
     assert code == 0 and results["valid"] is True, output
+    # The CI run is secure (issue 11): TLS and tokens for every client, and the run
+    # itself showed that a client without a token is refused.
+    meta = next(e for e in _history(tmp_path) if e.get("type") == "meta")
+    assert meta["secure"] is True and meta["settings"]["auth_file"], meta
+    security = results["checkers"]["security"]
+    assert security["valid"] is True and security["stats"]["probes"] == len(secure.PROBES)
     # Verdicts prove something only if things happened: the volume of the run.
     volume = results["volume"]
     assert volume["valid"] is True, (volume["violations"], output)
