@@ -2,12 +2,15 @@
 
     python jepsen-style/run.py --profile ci|long|smoke|soak [--minutes N] [--seed S]
                                [--out DIR] [--planted-bug fast_log_clock]
+                               [--secure | --insecure]
 
 Starts ``--nodes`` node processes on 127.0.0.1 (``raftlease.testing.LocalCluster``,
 test hooks on, short timers) with a fault proxy on every node pair, runs ``--clients``
 client threads plus one client process against them while the nemesis applies the
 profile's schedule, then checks the history. Writes ``DIR/history.jsonl``,
 ``DIR/results.json``, ``DIR/timeline.html`` and the node logs (``DIR/cluster``).
+With ``--secure`` (the ``ci`` default) the client ports serve TLS and every client
+authenticates with its own role's token (``secure.py``).
 The ``soak`` profile (default 30 minutes) also samples every node's memory, fds,
 threads, journal and dump every ``--sample-every`` seconds (``soak.py``) and judges
 the series: results.json ``soak``.
