@@ -202,6 +202,16 @@ def test_sizes_must_be_positive_integers(name: str, value: Any) -> None:
     assert repr(value) in message
 
 
+@pytest.mark.parametrize(
+    "name", ["max_waiters_per_principal", "max_watches_per_principal", "max_watches_per_node"]
+)
+@pytest.mark.parametrize("value", [0, -1, 2.0, "8", True])
+def test_waiter_and_watch_quotas_must_be_positive_integers(name: str, value: Any) -> None:
+    message = config_error(**{name: value})
+    assert name in message
+    assert repr(value) in message
+
+
 # ------------------------------------------------------------------- members
 
 

@@ -109,6 +109,8 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
         return "'owner' must be a non-empty string"
     if "quota" in entry and not valid_int(entry["quota"], 1, 2**31):
         return "'quota' must be a positive integer"
+    if "wait_quota" in entry and not valid_int(entry["wait_quota"], 1, 2**31):
+        return "'wait_quota' must be a positive integer"
     if "principal" in entry and not valid_str(entry["principal"], MAX_OWNER_BYTES):
         return "'principal' must be a non-empty string"
     if "value" in entry and not (

@@ -125,6 +125,8 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         w.principal for w in store.waiting.values()
     ]:
         store._count(store.held_by, principal, 1)
+    for waiter in store.waiting.values():
+        store._count(store.waiting_by, waiter.principal, 1)
     for session in store.lease_sessions.values():
         store._count(store.sessions_by, session.principal, 1)
     store._deadlines = [(r.expires_at, r.lease_id) for r in store.leases.values()]

@@ -56,6 +56,8 @@ class StoreState:
         #: (for quotas; authenticated principals only). Rebuilt on restore.
         self.held_by: dict[str, int] = {}
         self.sessions_by: dict[str, int] = {}
+        #: principal -> its queued acquires alone (the waiter quota). Rebuilt on restore.
+        self.waiting_by: dict[str, int] = {}
         #: What the last ``apply`` changed, for the server (wake long-polls, watches).
         #: Not part of the state: rebuilt by every apply, never snapshotted.
         self.events: list[dict[str, Any]] = []

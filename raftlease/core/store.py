@@ -328,6 +328,15 @@ class LeaseStore(StoreState):
         wait: int = entry.get("wait", 0)
         if wait <= 0:
             return self._held_error(key, capacity, queue)
+        wait_quota = entry.get("wait_quota")
+        queued = self.waiting_by.get(principal, 0)
+        if principal and wait_quota is not None and queued >= wait_quota:
+            # Checked only when it would queue: a grant needs no waiter slot.
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{principal} has {queued} queued acquires; its quota is {wait_quota}",
+                quota=wait_quota,
+            )
         self.capacity[key] = capacity
         self.queue_order += 1
         waiter = Waiter(
@@ -348,6 +357,7 @@ class LeaseStore(StoreState):
         queue.insert(position, waiter)
         self.waiting[lease_id] = waiter
         self._count(self.held_by, principal, 1)
+        self._count(self.waiting_by, principal, 1)
         if session is not None:
             session.waiters[lease_id] = None
         heapq.heappush(self._wait_deadlines, (waiter.deadline, lease_id))
@@ -469,6 +479,7 @@ class LeaseStore(StoreState):
             queue.pop(0)
             del self.waiting[waiter.lease_id]
             self._count(self.held_by, waiter.principal, -1)
+            self._count(self.waiting_by, waiter.principal, -1)
             if session is not None:
                 session.waiters.pop(waiter.lease_id, None)
             self._grant(
@@ -493,6 +504,7 @@ class LeaseStore(StoreState):
         queue.remove(waiter)
         del self.waiting[waiter.lease_id]
         self._count(self.held_by, waiter.principal, -1)
+        self._count(self.waiting_by, waiter.principal, -1)
         if waiter.session:
             session = self.lease_sessions.get(waiter.session)
             if session is not None:

@@ -484,6 +484,8 @@ class HttpApi:
         if node.auth is not None:
             node.auth.check(caller.principal, parsed)
         replica = node._replica()  # raises UNAVAILABLE while the node starts
+        who = caller.principal.name if caller.principal is not None else None
+        node.watches.admit(who)  # QUOTA_EXCEEDED as a plain answer, before streaming
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream" if sse else "application/x-ndjson",
@@ -494,7 +496,7 @@ class HttpApi:
         sink = _WatchSink(request, response, sse)
         keepalive = asyncio.create_task(sink.keepalive())
         try:
-            await node.watches.stream(parsed, sink, lambda: replica.store.revision)  # type: ignore[arg-type]
+            await node.watches.stream(parsed, sink, lambda: replica.store.revision, who)  # type: ignore[arg-type]
         except (ConnectionError, RuntimeError):
             pass
         finally:

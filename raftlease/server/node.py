@@ -130,7 +130,10 @@ class NodeServer(TaskWaits):
         )
         self.replica: Replica | None = None
         self.proposer: Proposer | None = None
-        self.watches = WatchHub()
+        self.watches = WatchHub(
+            max_per_principal=config.max_watches_per_principal,
+            max_per_node=config.max_watches_per_node,
+        )
         #: ``raftlease snapshot save``: the leader's exports (backup.py).
         self.snapshots = SnapshotExports(config.data_dir, config.node_id)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -423,6 +426,7 @@ class NodeServer(TaskWaits):
         finally:
             self._connections -= 1
             self._adopt(who, None)
+            self.watches.end_for(writer)  # frees their watch quota slots now
             with contextlib.suppress(Exception):
                 await writer.drain()
             writer.close()
@@ -476,7 +480,10 @@ class NodeServer(TaskWaits):
                         self._refuse_if_removed()
                         with contextlib.suppress(ConnectionError):  # watcher gone or dropped
                             await self.watches.stream(
-                                request, writer, lambda: self._replica().store.revision
+                                request,
+                                writer,
+                                lambda: self._replica().store.revision,
+                                request.principal,
                             )
                         return
                     response = ok_response(request.id, await self.handle(request))
@@ -575,6 +582,8 @@ class NodeServer(TaskWaits):
             entry["principal"] = request.principal
             if request.op == "acquire":
                 entry["quota"] = self.config.max_leases_per_principal
+                # Queued acquires of this principal (core/store.py decides).
+                entry["wait_quota"] = self.config.max_waiters_per_principal
             elif request.op == "session_open":
                 entry["quota"] = self.config.max_sessions_per_principal
         if request.cid is not None:

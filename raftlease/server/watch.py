@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CompactedError, UnavailableError
+from ..errors import CompactedError, QuotaExceededError, UnavailableError
 from ..protocol import Request, encode_frame, error_response, ok_response
 
 #: Changes each node keeps for watches to resume from.
@@ -25,8 +25,14 @@ MAX_WATCH_BACKLOG = 1024
 #: Seconds a write to a watcher may wait for it to read before its connection is
 #: dropped (its client resumes from its last revision on a new connection).
 WATCH_DRAIN_TIMEOUT = 30.0
+#: Default watch quotas (node-local: watches are not replicated). The node passes
+#: its config's ``max_watches_per_principal`` and ``max_watches_per_node``.
+MAX_WATCHES_PER_PRINCIPAL = 256
+MAX_WATCHES_PER_NODE = 4096
 #: Put on a watch's queue instead of more changes once it is full.
 _BEHIND = "behind"
+#: Put on a watch's queue when its connection has closed (``end_for``).
+_CLOSED = "closed"
 
 
 #: The fields of a store event a watch may see (never a lease id).
@@ -43,17 +49,26 @@ class WatchHub:
         history: int = WATCH_HISTORY,
         backlog: int = MAX_WATCH_BACKLOG,
         drain_timeout: float = WATCH_DRAIN_TIMEOUT,
+        max_per_principal: int = MAX_WATCHES_PER_PRINCIPAL,
+        max_per_node: int = MAX_WATCHES_PER_NODE,
     ) -> None:
         """``backlog``: batches queued per watch before it is ended as too slow;
         ``drain_timeout``: how long one write may wait for the watcher to read before
-        the connection is dropped."""
+        the connection is dropped; ``max_per_principal``/``max_per_node``: live
+        watches one authenticated principal / everyone may have on this node."""
         self.backlog = backlog
         self.drain_timeout = drain_timeout
+        self.max_per_principal = max_per_principal
+        self.max_per_node = max_per_node
+        #: Live watches per authenticated principal (event loop only).
+        self._by_principal: dict[str, int] = {}
         # Recent changes (public fields only) and the live subscribers.
         self._history: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
         self._watchers: dict[
             object, tuple[asyncio.Queue[list[dict[str, Any]] | str | None], str]
         ] = {}
+        #: The writer each live watch streams to (to end them when it closes).
+        self._writers: dict[object, object] = {}
         #: The last revision recorded (a change, or a token-ceiling jump).
         self._last: int | None = None
 
@@ -110,20 +125,60 @@ class WatchHub:
             writer.transport.abort()
             raise ConnectionResetError("watcher did not read for too long") from None
 
+    def end_for(self, writer: object) -> None:
+        """Event loop: the connection behind ``writer`` closed; end its watches now
+        (a watch otherwise notices only on its next write), so their quota slots
+        are free at once."""
+        for token, owner in list(self._writers.items()):
+            if owner is writer and token in self._watchers:
+                self._watchers[token][0].put_nowait(_CLOSED)
+
+    @property
+    def live(self) -> int:
+        """Watches streaming on this node now."""
+        return len(self._watchers)
+
+    def admit(self, principal: str | None) -> None:
+        """Raise ``QuotaExceededError`` (definite: nothing subscribed) if one more
+        watch would exceed this node's total or ``principal``'s share. Event loop."""
+        if len(self._watchers) >= self.max_per_node:
+            raise QuotaExceededError(
+                f"this node already serves {len(self._watchers)} watches "
+                f"(max_watches_per_node is {self.max_per_node})",
+                {"quota": self.max_per_node},
+            )
+        held = self._by_principal.get(principal, 0) if principal else 0
+        if principal and held >= self.max_per_principal:
+            raise QuotaExceededError(
+                f"{principal} already has {held} watches on this node "
+                f"(max_watches_per_principal is {self.max_per_principal})",
+                {"quota": self.max_per_principal},
+            )
+
     async def stream(
-        self, request: Request, writer: asyncio.StreamWriter, revision: Callable[[], int]
+        self,
+        request: Request,
+        writer: asyncio.StreamWriter,
+        revision: Callable[[], int],
+        principal: str | None = None,
     ) -> None:
         """Stream changes under a prefix, from ``from_revision`` (0: from now), as
         frames that all carry the request's id, until the connection closes.
-        ``revision`` returns the node's applied store revision."""
+        ``revision`` returns the node's applied store revision. Counts toward the
+        watch quotas of ``principal`` and of the node while it runs; raises
+        ``QuotaExceededError`` before writing anything if they are reached."""
         prefix: str = request.args["prefix"]
         start: int = request.args["from_revision"]
+        self.admit(principal)
+        if principal:
+            self._by_principal[principal] = self._by_principal.get(principal, 0) + 1
         # Subscribe before copying the history: an event the tick thread records in
         # between then reaches us twice (copy and queue) instead of never; revisions
         # already sent are skipped below.
         queue: asyncio.Queue[list[dict[str, Any]] | str | None] = asyncio.Queue()
         token = object()
         self._watchers[token] = (queue, prefix)
+        self._writers[token] = writer
         try:
             history = list(self._history)  # a copy: the tick thread appends to it
             current = max(revision(), history[-1]["revision"] if history else 0)
@@ -152,6 +207,8 @@ class WatchHub:
                     writer.write(encode_frame(error_response(request.id, err)))
                     await self._drain(writer)
                     return
+                if events == _CLOSED:
+                    return
                 if isinstance(events, str):
                     # A watcher that reads slower than changes come: end the stream
                     # rather than buffer without end. The client resumes from its last
@@ -171,3 +228,10 @@ class WatchHub:
                     await self._drain(writer)
         finally:
             self._watchers.pop(token, None)
+            self._writers.pop(token, None)
+            if principal:
+                left = self._by_principal[principal] - 1
+                if left > 0:
+                    self._by_principal[principal] = left
+                else:
+                    del self._by_principal[principal]

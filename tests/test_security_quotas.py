@@ -1,0 +1,247 @@
+"""Quotas of queued acquires and watches (issue 11), on real node processes.
+
+Queued acquires per principal are replicated: the leader stamps
+``max_waiters_per_principal`` into each acquire entry and the state machine decides
+(core/store.py), so every replica agrees. Watches are node-local (not replicated):
+``max_watches_per_principal`` and ``max_watches_per_node`` are counted by each node's
+WatchHub. Every refusal is ``QUOTA_EXCEEDED`` (definite) with the state unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from raftlease import Client, QuotaExceededError, WatchEvent
+from raftlease.core import LeaseStore
+from raftlease.server.auth import token_digest
+from raftlease.testing import LocalCluster
+from raftlease.testing.certs import SecureBundle, secure_bundle
+
+from .test_admin_http import admin_cluster, admin_of
+
+Factory = Callable[..., LocalCluster]
+
+AGENT_TOKEN = "agent-token-quotas-0123456789"
+OTHER_TOKEN = "other-token-quotas-0123456789"
+
+
+def _bundle(tmp_path: Path) -> SecureBundle:
+    """The secure bundle plus two agents on gpu/ (read and write)."""
+    bundle = secure_bundle(tmp_path / "tls")
+    bundle.auth_file.write_text(
+        bundle.auth_file.read_text()
+        + textwrap.dedent(
+            f"""
+            [roles.agent]
+            permissions = [{{ prefix = "gpu/", actions = ["read", "write"] }}]
+
+            [[principals]]
+            name = "agent-7"
+            token_sha256 = "{token_digest(AGENT_TOKEN)}"
+            roles = ["agent"]
+
+            [[principals]]
+            name = "agent-8"
+            token_sha256 = "{token_digest(OTHER_TOKEN)}"
+            roles = ["agent"]
+            """
+        )
+    )
+    return bundle
+
+
+def _acquire(n: int, principal: str, key: str, wait: int = 60_000) -> dict[str, Any]:
+    """An acquire entry as the leader stamps it (quotas included)."""
+    return {
+        "op": "acquire",
+        "now": 1_000 + n,
+        "key": key,
+        "owner": principal,
+        "ttl": 30_000,
+        "wait": wait,
+        "lid": f"L{n}",
+        "cid": f"c-{principal}",
+        "seq": n,
+        "ack": 1,
+        "principal": principal,
+        "quota": 100,
+        "wait_quota": 2,
+    }
+
+
+@pytest.mark.timeout(30)
+def test_state_machine_decides_the_waiter_quota_and_rebuilds_it_on_restore() -> None:
+    store = LeaseStore()
+    for n, key in enumerate(["a", "b"], start=1):
+        assert store.apply(_acquire(n, "holder", key))["ok"]  # granted: no waiter slot
+    assert store.apply(_acquire(3, "p", "a"))["queued"]
+    assert store.apply(_acquire(4, "p", "b"))["queued"]
+    before = store.to_plain()
+    refused = store.apply(_acquire(5, "p", "a"))
+    assert refused["code"] == "QUOTA_EXCEEDED" and refused["detail"] == {"quota": 2}
+    after = store.to_plain()
+    # Only the dedup record and the applied index and log time moved: no waiter, no lease.
+    moved = ("sessions", "applied", "now")
+    assert {k: v for k, v in after.items() if k not in moved} == {
+        k: v for k, v in before.items() if k not in moved
+    }
+    # A restored replica counts the same waiters and refuses the same entry.
+    packed = msgpack.packb(store.to_plain())
+    restored = LeaseStore.from_plain(msgpack.unpackb(packed, strict_map_key=False))
+    assert restored.waiting_by == store.waiting_by == {"p": 2}
+    assert restored.apply(_acquire(6, "p", "b"))["code"] == "QUOTA_EXCEEDED"
+    # A bad stamped quota is refused before anything changes.
+    bad = _acquire(7, "q", "a") | {"wait_quota": 0}
+    assert store.apply(bad)["code"] == "BAD_REQUEST"
+
+
+def _queue(client: Client, key: str, owner: str) -> dict[str, Any]:
+    """Send one queued acquire (wait 60 s) and return the node's answer at once
+    (the low-level call does not long-poll for the grant)."""
+    return client.call(
+        "acquire", {"key": key, "owner": owner, "ttl": 30, "wait": 60}, mutating=True
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_queued_acquires_stop_at_the_waiter_quota(cluster_factory: Factory, tmp_path: Path) -> None:
+    bundle = _bundle(tmp_path)
+    cluster = cluster_factory(3, **bundle.node_settings(), max_waiters_per_principal=3)
+    ca = str(bundle.ca_file)
+    with (
+        Client(cluster.endpoints, tls=ca, token=bundle.admin_token) as admin,
+        Client(cluster.endpoints, tls=ca, token=AGENT_TOKEN) as agent,
+        Client(cluster.endpoints, tls=ca, token=OTHER_TOKEN) as other,
+    ):
+        blockers = {f"gpu/{i}": admin.acquire(f"gpu/{i}", owner="ops", ttl=60) for i in range(5)}
+        queued = [_queue(agent, f"gpu/{i}", "a") for i in range(3)]
+        assert all(answer["queued"] for answer in queued)
+        before = {key: [w.owner for w in admin.waiters(key)] for key in blockers}
+        with pytest.raises(QuotaExceededError) as refused:
+            _queue(agent, "gpu/3", "a")
+        assert refused.value.definite
+        # Nothing changed: gpu/3 has no waiter, every queue is as it was.
+        assert {key: [w.owner for w in admin.waiters(key)] for key in blockers} == before
+        assert admin.waiters("gpu/3") == []
+        # An acquire that is granted at once needs no waiter slot.
+        granted = agent.acquire("gpu/free", owner="a", ttl=30)
+        assert granted.token > 0
+        # Another principal still queues.
+        assert _queue(other, "gpu/3", "b")["queued"]
+        # A grant frees the slot: release gpu/0, agent's waiter there becomes a lease.
+        admin.release(blockers["gpu/0"])
+        deadline = time.monotonic() + 30
+        while admin.holder("gpu/0") is None or admin.holder("gpu/0").owner != "a":
+            assert time.monotonic() < deadline, "the queued acquire was never granted"
+            time.sleep(0.05)
+        assert _queue(agent, "gpu/4", "a")["queued"]
+        with pytest.raises(QuotaExceededError):
+            _queue(agent, "gpu/3", "a")
+        # Every replica decided the same (the quota travels in the entry).
+        for endpoint in cluster.endpoints:
+            with Client([endpoint], tls=ca, token=bundle.admin_token) as one:
+                owners = [w.owner for w in one.waiters("gpu/3", consistency="stale")]
+                deadline = time.monotonic() + 30
+                while owners != ["b"]:
+                    assert time.monotonic() < deadline, (endpoint, owners)
+                    time.sleep(0.05)
+                    owners = [w.owner for w in one.waiters("gpu/3", consistency="stale")]
+
+
+def _open_watch(client: Client) -> Iterator[WatchEvent]:
+    """A watch on gpu/ from revision 1 whose first event has arrived (so the node
+    counts it). Raises what the node answered (QuotaExceededError)."""
+    stream = client.watch("gpu/", from_revision=1)
+    next(stream)
+    return stream
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_watches_stop_at_the_principal_and_node_quotas(
+    cluster_factory: Factory, tmp_path: Path
+) -> None:
+    bundle = _bundle(tmp_path)
+    cluster = cluster_factory(
+        1, **bundle.node_settings(), max_watches_per_principal=2, max_watches_per_node=3
+    )
+    ca = str(bundle.ca_file)
+    opened: list[Client] = []
+
+    def client(token: str) -> Client:
+        made = Client(cluster.endpoints, tls=ca, token=token)
+        opened.append(made)
+        return made
+
+    try:
+        admin = client(bundle.admin_token)
+        admin.acquire("gpu/x", owner="ops", ttl=60)  # one event in the history
+        agent_a, agent_b, agent_c = client(AGENT_TOKEN), client(AGENT_TOKEN), client(AGENT_TOKEN)
+        _open_watch(agent_a)
+        _open_watch(agent_b)
+        with pytest.raises(QuotaExceededError) as refused:
+            _open_watch(agent_c)
+        assert refused.value.definite
+        assert "max_watches_per_principal" in str(refused.value)
+        # Another principal gets the node's last watch; then the node is full.
+        _open_watch(client(OTHER_TOKEN))
+        with pytest.raises(QuotaExceededError) as full:
+            _open_watch(client(OTHER_TOKEN))
+        assert "max_watches_per_node" in str(full.value)
+        # Requests other than watches are served as before.
+        assert admin.holder("gpu/x") is not None
+        # Closing a watcher's connection frees its slot (the node notices the close).
+        agent_a.close()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                _open_watch(client(AGENT_TOKEN))
+                break
+            except QuotaExceededError:
+                assert time.monotonic() < deadline, "the closed watch never freed its slot"
+                time.sleep(0.1)
+    finally:
+        for made in opened:
+            made.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_watches_without_auth_count_per_node(cluster_factory: Factory) -> None:
+    cluster = cluster_factory(1, max_watches_per_node=1)
+    with Client(cluster.endpoints) as first, Client(cluster.endpoints) as second:
+        first.acquire("gpu/x", owner="ops", ttl=60)
+        _open_watch(first)
+        with pytest.raises(QuotaExceededError):
+            _open_watch(second)
+        assert second.holder("gpu/x") is not None
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_http_watches_count_toward_the_node_quota() -> None:
+    cluster = admin_cluster(1, max_watches_per_node=1)
+    cluster.start()
+    try:
+        with Client(cluster.endpoints) as client:
+            client.acquire("gpu/x", owner="ops", ttl=60)
+            _open_watch(client)
+            # Refused as a plain answer before anything streams.
+            url = f"http://{admin_of(cluster, 'n1')}/v1/watch?prefix=gpu/"
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(url, timeout=30).close()
+            assert refused.value.code == 429
+            assert json.loads(refused.value.read())["error"]["code"] == "QUOTA_EXCEEDED"
+    finally:
+        cluster.close()
