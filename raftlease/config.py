@@ -125,6 +125,12 @@ class NodeConfig:
     max_leases_per_principal: int = 10_000
     max_sessions_per_principal: int = 1_000
     max_connections_per_principal: int = 256
+    # Queued acquires of one principal (they count toward max_leases_per_principal
+    # too); stamped into acquire entries and decided by the state machine.
+    max_waiters_per_principal: int = 1_000
+    # Live watches on one node (node-local: watches are not replicated).
+    max_watches_per_principal: int = 256
+    max_watches_per_node: int = 4_096
     # Tasks one task queue may hold that are not completed (docs/queues.md).
     max_queue_tasks: int = 250_000
     # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
@@ -248,6 +254,9 @@ class NodeConfig:
             "max_leases_per_principal",
             "max_sessions_per_principal",
             "max_connections_per_principal",
+            "max_waiters_per_principal",
+            "max_watches_per_principal",
+            "max_watches_per_node",
             "max_queue_tasks",
         ):
             value = getattr(self, name)
