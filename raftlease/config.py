@@ -20,6 +20,8 @@ from .limits import MAX_KEY_BYTES, MAX_LIST, MAX_OWNER_BYTES, MAX_TTL_MS
 #: Settings that name files; relative paths in a TOML file are taken from its folder.
 FILE_SETTINGS = (
     "peer_secret_file",
+    "peer_key_file",
+    "peer_keys_dir",
     "tls_cert_file",
     "tls_key_file",
     "tls_client_ca_file",
@@ -109,6 +111,11 @@ class NodeConfig:
     # The cluster's shared peer secret (docs/security.md); "" means
     # <data_dir>/../peer.secret, created by the first node that starts without one.
     peer_secret_file: str = ""
+    # This node's Ed25519 peer identity key ("": <data_dir>/peer.key, created 0600),
+    # and the folder of the members' public keys, <id>.pub ("": <data_dir>/../peers;
+    # each node writes its own there at start). docs/security.md, "Peers".
+    peer_key_file: str = ""
+    peer_keys_dir: str = ""
     # Clients (docs/security.md): TLS on the client port, client certificates signed
     # by tls_client_ca_file, tokens and roles from auth_file. A node refuses to serve
     # clients on a non-loopback address without TLS and an auth file unless insecure.
@@ -164,6 +171,16 @@ class NodeConfig:
         if self.peer_secret_file:
             return Path(self.peer_secret_file)
         return self.data_dir.parent / "peer.secret"
+
+    @property
+    def peer_key_path(self) -> Path:
+        """This node's peer identity key (private to it)."""
+        return Path(self.peer_key_file) if self.peer_key_file else self.data_dir / "peer.key"
+
+    @property
+    def peer_keys_path(self) -> Path:
+        """The folder of the members' public peer keys (``<id>.pub``)."""
+        return Path(self.peer_keys_dir) if self.peer_keys_dir else self.data_dir.parent / "peers"
 
     def client_addr_for_raft(self, raft_addr: str) -> str | None:
         for node in self.nodes:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from raftlease.config import ConfigError
+from raftlease.replication.identity import load_or_create_key, make_hello
 from raftlease.replication.peers import PeerCipher, load_or_create_secret
 from raftlease.testing import LocalCluster, wait_for
 
@@ -154,7 +155,11 @@ def test_a_member_connection_cannot_inject_proposals(cluster_factory: Factory) -
     other = cluster.nodes[(target + 1) % 3]
     peer = Peer(raft_addr(cluster, target), secret_of(cluster))
     peer.handshake()
-    peer.send(other.raft)  # claims to be another member
+    # An insider holding another member's identity key too (identity.py): its signed
+    # hello, bound to this connection, is accepted as that member.
+    key = load_or_create_key(cluster.node_dir(other.id) / "peer.key")
+    assert peer.their_key is not None
+    peer.send(make_hello(key, other.raft, other.id, cluster.nodes[target].raft, peer.their_key))
     peer.send({"type": "apply_command", "command": b"\x00junk", "request_id": 1})
     peer.send({"type": "timeout_now", "term": 10**9})
     log = cluster.log_path(cluster.nodes[target].id)

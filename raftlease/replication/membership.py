@@ -88,7 +88,7 @@ def dialled(node: Any, dial: dict[str, str]) -> DialNode:
     target = dial.get(str(node.id), str(node.id))
     if isinstance(node, DialNode) and node.dial_target == target:
         return node
-    extra = {k: getattr(node, k) for k in ("rl_id", "rl_client") if hasattr(node, k)}
+    extra = {k: getattr(node, k) for k in ("rl_id", "rl_client", "rl_pub") if hasattr(node, k)}
     return DialNode(str(node.id), target, **extra)
 
 

@@ -15,11 +15,12 @@ unpickles anything:
   decrypted, and bounds decompression to ``MAX_PEER_DECOMPRESSED``, so even a peer
   cannot make a node buffer without end.
 * ``LeaseTransport`` (transport.py) then accepts only what we use: the first frame must
-  name a configured member (no read-only nodes, no utility commands such as ``status``
-  or ``transfer``), and only the Raft messages of ``PEER_MESSAGE_TYPES``.
+  be a configured member's signed hello (identity.py; no read-only nodes, no utility
+  commands such as ``status`` or ``transfer``), and only the Raft messages of
+  ``PEER_MESSAGE_TYPES``.
 
-What this does not give: identity per node. Every member holds the same secret, so a
-holder of the secret can pose as any member (docs/security.md).
+What this does not give: identity per node. Every member holds the same secret; which
+member a connection is, is proven by the signed first frame of identity.py.
 
 Threads: connections run on PySyncObj's tick thread; the secret is read at start.
 """

@@ -39,6 +39,7 @@ from ..errors import (
     UnavailableError,
 )
 from .durable import SyncRecorder
+from .identity import PeerIdentity, read_public_key
 from .journal import repair_journal, trim_torn_tail
 from .leadership import LeaseGuard
 from .membership import (
@@ -287,6 +288,9 @@ class Replica:
         self._role = "follower"
         me = config.self_node
         conf = syncobj_conf(config, load_or_create_secret(config.peer_secret_path))
+        # This node's identity key, its public key published for the other members
+        # (identity.py): every peer connection is signed for and checked with them.
+        identity = PeerIdentity.load(config.peer_key_path, me.id, config.peer_keys_path)
         conf.onStateChanged = self._on_state_changed
         dial = {p.raft: config.dial[p.id] for p in config.peers if p.id in config.dial}
         peers = [member_node(p, DialNode, dial=dial.get(p.raft, p.raft)) for p in others]
@@ -299,6 +303,7 @@ class Replica:
                 "recorder": recorder,
                 "dial": dial,
                 "on_removed": staticmethod(self._on_removed),
+                "identity": identity,
             },
         )
         self._sync = SyncObj(me.raft, peers, conf, consumers=[self._consumer], transportClass=bound)
@@ -490,6 +495,12 @@ class Replica:
                 callback(None, _fail_reason_error(reason))
 
         node = member_node(member)
+        if kind == "add":
+            # The entry carries the new member's public key, so members whose key
+            # folder lacks its file accept it after the change (identity.py).
+            pub = read_public_key(self.config.peer_keys_path, member.id)
+            if pub is not None:
+                node.rl_pub = pub
         try:
             if kind == "add":
                 sync.addNodeToCluster(node, callback=done)

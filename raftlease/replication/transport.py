@@ -16,8 +16,18 @@ from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.tcp_server import SERVER_STATE
 from pysyncobj.transport import TCPTransport
 
+from ..errors import ConfigError
 from .durable import DurableJournal, SyncRecorder, install
 from .follower_log import AppendPlan, Conflict, plan_append_entries, snapshot_is_behind
+from .identity import (
+    HelloRefused,
+    HelloVerifier,
+    PeerIdentity,
+    make_hello,
+    read_public_key,
+    valid_public_hex,
+    write_public_key,
+)
 from .leadership import LeaseGuard
 from .membership import dialled
 from .peers import PEER_MESSAGE_TYPES, BoundedTcpConnection, PeerCipher
@@ -71,6 +81,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     #: Called (tick thread) with the log index of this node's removal when its leader
     #: tells it the removal committed (``rl_removed``). Bound by ``Replica``.
     on_removed: ClassVar[Callable[[int], None] | None] = None
+    #: This node's peer identity (identity.py). Bound by ``Replica``; without one the
+    #: first frame is the bare address, which every acceptor refuses.
+    identity: ClassVar[PeerIdentity | None] = None
     _bumped: dict[str, float]
     #: Follower side: see plan_append_entries.
     _conflict: Conflict | None
@@ -95,7 +108,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # Leader: removed members told once their removal commits (_settle_leaving):
         # id -> (node, index of the change, deadline, telling until).
         self._leaving: dict[str, tuple[Any, int, float, float | None]] = {}
+        self._verifier: HelloVerifier | None = None
         super().__init__(*args, **kwargs)
+        self._verifier = HelloVerifier(str(self._selfNode.address), self._member_keys)
         sync = self._syncObj
         self.journal = install(sync, self.durability, self.recorder)
         sync.addOnTickCallback(self.journal.sync_if_dirty)
@@ -148,6 +163,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # the moment PySyncObj applies a change (appended add, reversed remove, a
         # snapshot's member set): the new peer is accepted from now on, and the
         # leader lease is counted over the new majority (LeaseGuard.reconfigure).
+        self._keep_carried_key(node)
         kept = self._kept.pop(node.id, None) or self._leaving.pop(node.id, None)
         if kept is None:
             super().addNode(dialled(node, self.dial))
@@ -155,6 +171,24 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             if conn is not None:
                 self._bound(conn)
         self.guard.reconfigure(len(self._syncObj.otherNodes) + 1)
+
+    def _keep_carried_key(self, node: Any) -> None:
+        """A member added through a change entry carries its public key (``rl_pub``):
+        publish it in our key folder too, so that we still accept it after a restart
+        (members.json keeps only addresses). The entry was committed by an admin's
+        change, so the key is as trusted as the membership itself."""
+        identity = self.identity
+        member_id = getattr(node, "rl_id", None)
+        pub = getattr(node, "rl_pub", None)
+        if identity is None or not isinstance(member_id, str) or not valid_public_hex(pub):
+            return
+        if read_public_key(identity.keys_dir, member_id) == pub:
+            return
+        try:
+            write_public_key(identity.keys_dir, member_id, str(pub))
+            log.info("member %s's public peer key saved from its membership entry", member_id)
+        except (OSError, ConfigError) as exc:
+            log.warning("cannot save member %s's public peer key: %s", member_id, exc)
 
     def dropNode(self, node: Any) -> None:
         # A removed member: its connection is closed, and it is refused from now on
@@ -266,20 +300,57 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                 self._unknownConnections.discard(conn)
                 conn.disconnect()
 
+    def _sendSelfAddress(self, conn: Any) -> None:
+        # Dialer: PySyncObj sends our bare address; we send a hello signed with our
+        # identity key, bound to this connection by the acceptor's random key.
+        identity = self.identity
+        node = self._connToNode(conn)
+        if identity is None or node is None:
+            super()._sendSelfAddress(conn)
+            return
+        binding = conn.sendRandKey or b""
+        me = str(self._selfNode.address)
+        conn.send(make_hello(identity.key, me, identity.node_id, str(node.address), binding))
+
+    def _member_keys(self, address: str) -> tuple[str, list[str]] | None:
+        """The id and candidate public keys of the member at raft ``address``: the key
+        its membership entry carried (``rl_pub``), then ``<peer_keys_dir>/<id>.pub``."""
+        node = self._nodeAddrToNode.get(address)
+        member_id = getattr(node, "rl_id", None)
+        if node is None or not isinstance(member_id, str):
+            return None
+        keys = []
+        carried = getattr(node, "rl_pub", None)
+        if isinstance(carried, str):
+            keys.append(carried)
+        identity = self.identity
+        if identity is not None:
+            published = read_public_key(identity.keys_dir, member_id)
+            if published is not None and published not in keys:
+                keys.append(published)
+        return member_id, keys
+
     def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:
         """The first frames of an incoming connection (already authenticated by the
-        peer secret): the key exchange, then the name of a configured member. A
-        read-only node, a utility command (``status``, ``transfer``, ...) or an unknown
-        name closes the connection."""
+        peer secret): the key exchange, then a hello signed by the identity key of
+        the configured member whose address it claims (identity.py). A bare address,
+        a read-only node, a utility command (``status``, ``transfer``, ...), an
+        unknown member, a wrong signature or a replayed hello closes the connection
+        before PySyncObj attributes anything to a member."""
         if self._syncObj.encryptor is not None and not conn.sendRandKey:
             super()._onIncomingMessageReceived(conn, message)  # the random-key exchange
             return
-        if not isinstance(message, str) or message not in self._nodeAddrToNode:
-            log.warning("peer connection refused: first frame %.80r names no member", message)
+        verifier = self._verifier
+        try:
+            if verifier is None:
+                raise HelloRefused("transport not ready")
+            address = verifier.verify(message, conn.recvRandKey or b"")
+        except HelloRefused as exc:
+            log.warning("peer connection refused: %s", exc)
             self._unknownConnections.discard(conn)
             conn.disconnect()
             return
-        super()._onIncomingMessageReceived(conn, message)
+        super()._onIncomingMessageReceived(conn, address)
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:
         if node.id in self._leaving:
