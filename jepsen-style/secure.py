@@ -5,7 +5,8 @@ port's certificate for 127.0.0.1, one bearer token per harness principal and an 
 file with one role each (files mode 0600, directory 0700):
 
 * ``lease-worker``: read, write on ``k``, ``sem``, ``pool`` (so lease sessions too),
-  priority up to 10: the lease threads and the client process;
+  shape on ``sem`` and ``pool`` (it creates the shared keys), priority up to 10: the
+  lease threads and the client process;
 * ``queue-worker``: read, write on ``queue:``: queue producers, workers, worker
   processes and the final reads;
 * ``resource``: read on ``k``: the fenced resource's ``fence`` calls;
@@ -50,7 +51,11 @@ ENV = "RAFTLEASE_CHAOS_SECURITY"
 #: principal -> (role's permissions as (prefix, actions) pairs, max_priority).
 PRINCIPALS: dict[str, tuple[tuple[tuple[str, tuple[str, ...]], ...], int]] = {
     "lease-worker": (
-        (("k", ("read", "write")), ("sem", ("read", "write")), ("pool", ("read", "write"))),
+        (
+            ("k", ("read", "write")),
+            ("sem", ("read", "write", "shape")),
+            ("pool", ("read", "write", "shape")),
+        ),
         10,
     ),
     "queue-worker": ((("queue:", ("read", "write")),), 0),

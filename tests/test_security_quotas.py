@@ -21,7 +21,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from raftlease import Client, QuotaExceededError, WatchEvent
+from raftlease import Client, PermissionDeniedError, QuotaExceededError, WatchEvent
 from raftlease.core import LeaseStore
 from raftlease.server.auth import token_digest
 from raftlease.testing import LocalCluster
@@ -245,3 +245,93 @@ def test_http_watches_count_toward_the_node_quota() -> None:
             assert json.loads(refused.value.read())["error"]["code"] == "QUOTA_EXCEEDED"
     finally:
         cluster.close()
+
+
+# ------------------------------------------------------------ shapes (issue 11)
+
+
+def _shared(n: int, principal: str, key: str, capacity: int, shaper: bool) -> dict[str, Any]:
+    entry = _acquire(n, principal, key, wait=0) | {"capacity": capacity, "units": 1}
+    if not shaper:
+        entry["shaper"] = False  # what the leader stamps for a principal without shape
+    return entry
+
+
+@pytest.mark.timeout(30)
+def test_state_machine_lets_only_a_shaper_fix_a_shared_keys_capacity() -> None:
+    store = LeaseStore()
+    # A plain lock (capacity 1) needs no shape permission.
+    assert store.apply(_shared(1, "p", "lock", 1, shaper=False))["ok"]
+    before = store.to_plain()
+    refused = store.apply(_shared(2, "p", "pool", 8, shaper=False))
+    assert refused["code"] == "PERMISSION_DENIED" and refused["detail"] == {"key": "pool"}
+    moved = ("sessions", "applied", "now")
+    after = store.to_plain()
+    assert {k: v for k, v in after.items() if k not in moved} == {
+        k: v for k, v in before.items() if k not in moved
+    }
+    assert "pool" not in store.capacity
+    # Once a shaper fixed the shape, anyone with write joins it with that capacity.
+    assert store.apply(_shared(3, "ops", "pool", 8, shaper=True))["ok"]
+    assert store.apply(_shared(4, "p", "pool", 8, shaper=False))["ok"]
+    assert store.apply(_shared(5, "p", "pool", 4, shaper=False))["code"] == "CAPACITY_MISMATCH"
+    # A stamped flag other than false is malformed.
+    assert store.apply(_shared(6, "p", "x", 2, shaper=True) | {"shaper": True})["code"] == (
+        "BAD_REQUEST"
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_only_a_principal_with_shape_creates_a_pool(
+    cluster_factory: Factory, tmp_path: Path
+) -> None:
+    bundle = secure_bundle(tmp_path / "tls")
+    bundle.auth_file.write_text(
+        bundle.auth_file.read_text()
+        + textwrap.dedent(
+            f"""
+            [roles.agent]
+            permissions = [{{ prefix = "gpu/", actions = ["read", "write"] }}]
+
+            [roles.pool-owner]
+            permissions = [{{ prefix = "gpu/", actions = ["read", "write", "shape"] }}]
+
+            [[principals]]
+            name = "agent-7"
+            token_sha256 = "{token_digest(AGENT_TOKEN)}"
+            roles = ["agent"]
+
+            [[principals]]
+            name = "shaper"
+            token_sha256 = "{token_digest(OTHER_TOKEN)}"
+            roles = ["pool-owner"]
+            """
+        )
+    )
+    cluster = cluster_factory(3, **bundle.node_settings())
+    ca = str(bundle.ca_file)
+    with (
+        Client(cluster.endpoints, tls=ca, token=AGENT_TOKEN) as agent,
+        Client(cluster.endpoints, tls=ca, token=OTHER_TOKEN) as shaper,
+        Client(cluster.endpoints, tls=ca, token=bundle.admin_token) as admin,
+    ):
+        # The squat: an agent fixing a wrong capacity on a free pool key is refused,
+        # definite, and the key stays free (no holder, no shape).
+        with pytest.raises(PermissionDeniedError) as refused:
+            agent.acquire("gpu/pool", owner="a", ttl=30, capacity=1_000, units=1)
+        assert refused.value.definite
+        assert admin.holder("gpu/pool") is None and admin.leases("gpu/") == []
+        # A plain lock needs no shape permission.
+        assert agent.acquire("gpu/lock", owner="a", ttl=30).token > 0
+        # The shaper fixes the shape; the agent then joins it (its capacity must match).
+        first = shaper.acquire("gpu/pool", owner="s", ttl=30, capacity=4, units=1)
+        joined = agent.acquire("gpu/pool", owner="a", ttl=30, capacity=4, units=2)
+        assert first.token < joined.token
+        # Once the pool is empty again its shape is gone: the agent cannot re-fix it.
+        shaper.release(first)
+        agent.release(joined)
+        with pytest.raises(PermissionDeniedError):
+            agent.acquire("gpu/pool", owner="a", ttl=30, capacity=2, units=1)
+        # admin implies shape.
+        assert admin.acquire("gpu/other", owner="o", ttl=30, capacity=3, units=1).token > 0

@@ -294,6 +294,15 @@ class LeaseStore(StoreState):
                 f"{key!r} is in use with capacity {known}, not {capacity}",
                 capacity=known,
             )
+        if known is None and capacity > 1 and entry.get("shaper") is False:
+            # The first acquire fixes a shared key's shape: only principals with the
+            # shape permission may (docs/security.md), or anyone could squat a pool.
+            return error(
+                "PERMISSION_DENIED",
+                f"{entry.get('principal', '')} may not fix the capacity of {key!r} "
+                f"(needs the shape permission on it); it has no holder or waiter yet",
+                key=key,
+            )
         sid: str = entry.get("session", "")
         session = self.lease_sessions.get(sid) if sid else None
         principal: str = entry.get("principal", "")

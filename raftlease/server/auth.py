@@ -24,8 +24,11 @@ common name is the principal's name). Actions: ``read`` (holder, leases, fence, 
 await_lease, waiters; ``sessions`` needs read on the prefix ""), ``write`` (acquire,
 renew, release, transfer, proclaim; lease sessions need write on some prefix),
 ``admin`` (``revoke`` on the key's prefix; ``snapshot``, the membership operations and
-control operations on the whole key space). A prefix operation
-(``leases``, ``watch``) needs the permission on a prefix that contains the one asked.
+control operations on the whole key space), ``shape`` (with ``write``: be the first to
+acquire a shared key, fixing its capacity; ``admin`` implies it; decided in the state
+machine from a flag the leader stamps, since only it knows whether the key has a shape).
+A prefix operation (``leases``, ``watch``) needs the permission on a prefix that
+contains the one asked.
 
 Pure apart from ``load_auth`` (reads the file). Event loop only.
 """
@@ -42,7 +45,7 @@ from typing import Any
 from ..errors import ConfigError, PermissionDeniedError, UnauthenticatedError
 from ..protocol import Request
 
-ACTIONS = frozenset({"read", "write", "admin"})
+ACTIONS = frozenset({"read", "write", "admin", "shape"})
 READ_OPS = frozenset({"holder", "leases", "fence", "watch", "await_lease", "waiters"})
 WRITE_OPS = frozenset({"acquire", "renew", "release", "transfer", "proclaim"})
 #: Operators' operations on a key: need ``admin`` on a prefix of it.
@@ -92,6 +95,12 @@ class Principal:
                 if action in actions and key.startswith(prefix):
                     return True
         return False
+
+    def may_shape(self, key: str) -> bool:
+        """May this principal fix the capacity ("shape") of the shared key ``key``
+        (the first acquire of a semaphore or pool)? ``shape`` or ``admin`` on a
+        prefix of it."""
+        return self.allows("shape", key) or self.allows("admin", key)
 
     def may_write_somewhere(self) -> bool:
         return any("write" in actions for role in self.roles for _, actions in role.permissions)

@@ -584,6 +584,13 @@ class NodeServer(TaskWaits):
                 entry["quota"] = self.config.max_leases_per_principal
                 # Queued acquires of this principal (core/store.py decides).
                 entry["wait_quota"] = self.config.max_waiters_per_principal
+                # Whether it may fix a shared key's capacity is known here; whether
+                # this acquire would fix it, only in the state machine (core/store.py).
+                shaper = self.auth.principals.get(request.principal) if self.auth else None
+                if request.args.get("capacity", 1) > 1 and (
+                    shaper is None or not shaper.may_shape(request.args["key"])
+                ):
+                    entry["shaper"] = False
             elif request.op == "session_open":
                 entry["quota"] = self.config.max_sessions_per_principal
         if request.cid is not None:
