@@ -24,6 +24,7 @@ from .identity import (
     HelloVerifier,
     PeerIdentity,
     make_hello,
+    public_key_path,
     read_public_key,
     valid_public_hex,
     write_public_key,
@@ -174,15 +175,19 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
 
     def _keep_carried_key(self, node: Any) -> None:
         """A member added through a change entry carries its public key (``rl_pub``):
-        publish it in our key folder too, so that we still accept it after a restart
-        (members.json keeps only addresses). The entry was committed by an admin's
-        change, so the key is as trusted as the membership itself."""
+        publish it in our key folder too, if the folder has none for that id, so that we
+        still accept it after a restart (members.json keeps only addresses). The entry
+        was committed by an admin's change, so the key is as trusted as the membership
+        itself. An existing file is never replaced: a follower replaying an old add
+        would otherwise put back a replaced host's old key (the live node object's
+        key is accepted besides the file's, see _member_keys)."""
         identity = self.identity
         member_id = getattr(node, "rl_id", None)
         pub = getattr(node, "rl_pub", None)
         if identity is None or not isinstance(member_id, str) or not valid_public_hex(pub):
             return
-        if read_public_key(identity.keys_dir, member_id) == pub:
+        path = public_key_path(identity.keys_dir, member_id)
+        if path is None or path.exists():
             return
         try:
             write_public_key(identity.keys_dir, member_id, str(pub))
