@@ -102,7 +102,8 @@ def _report(result: dict[str, Any], as_json: bool) -> None:
     type=DURATION,
     default=30.0,
     show_default=True,
-    help="How long the leader waits for the new member to replicate the log.",
+    help="How long the leader streams the log to the new node (a learner, counted for "
+    "nothing) before it adds it; if it has not caught up by then, nothing changes.",
 )
 @_client_options
 def member_add(
@@ -117,7 +118,20 @@ def member_add(
     """Add MEMBER_ID. Start it first with a config listing the current members and
     itself (docs/membership.md); it is refused by the others until this commits."""
     args = {"member_id": member_id, "raft": raft, "client": client, "timeout": catch_up}
-    _report(_change("member_add", args, endpoints, as_json, timeout + catch_up), as_json)
+    added = _change("member_add", args, endpoints, as_json, timeout + catch_up)
+    if added.get("added") is False:
+        # The learner stage ended at --catch-up: nothing changed (docs/membership.md).
+        learner = added.get("learner") or {}
+        if as_json:
+            click.echo(json.dumps({"ok": False, **added}))
+        else:
+            click.echo(
+                f"{_safe(member_id)} did not catch up within {catch_up} s (at index "
+                f"{learner.get('match_index')} of {learner.get('commit_index')}); not added",
+                err=True,
+            )
+        sys.exit(1)
+    _report(added, as_json)
 
 
 @member.command("remove")
@@ -153,7 +167,10 @@ def member_replace(
     args = {"member_id": new_id, "raft": raft, "client": client, "timeout": catch_up}
     added = _change("member_add", args, endpoints, as_json, timeout + catch_up)
     if not added.get("caught_up"):
-        _report(added, as_json)
+        if added.get("added") is False:
+            click.echo(f"{_safe(new_id)} did not catch up: not added", err=True)
+        else:
+            _report(added, as_json)
         click.echo(f"not removing {_safe(old_id)} until {_safe(new_id)} has caught up", err=True)
         sys.exit(1)
     removed = _change("member_remove", {"member_id": old_id}, endpoints, as_json, timeout)

@@ -161,12 +161,11 @@ def test_one_change_at_a_time_and_definite_refusals(cluster: LocalCluster) -> No
         assert "one change at a time" in answer["message"]
     finally:
         adder.join(60)
-    assert results and results[0]["caught_up"] is False
-    # The ghost is a member (4 of 4 needed 3 acks: the three live ones); take it out.
-    assert members(cluster) == ["n1", "n2", "n3", "n5"]
-    remove(cluster, "n5")
+    # It never caught up as a learner (test_membership_learner.py): nothing changed.
+    assert results and results[0]["caught_up"] is False and results[0]["added"] is False
+    assert members(cluster) == ["n1", "n2", "n3"]
     cluster.forget_node("n5")
-    wait_for(lambda: all_agree(cluster, ["n1", "n2", "n3"]), 30, "back to three members")
+    wait_for(lambda: all_agree(cluster, ["n1", "n2", "n3"]), 30, "still three members")
 
 
 @pytest.mark.timeout(240)

@@ -418,6 +418,7 @@ class Replica:
         kind: str,
         member: NodeAddress,
         callback: Callable[[Change | None, RaftLeaseError | None], None],
+        learn: bool = False,
     ) -> None:
         """Propose adding (``kind`` "add") or removing ("remove") ``member``.
 
@@ -427,14 +428,60 @@ class Replica:
         ``InvalidArgumentError`` (already a member, not a member, the leader itself),
         ``UnavailableError`` (another change in flight, or the new leader has not yet
         committed an entry of its term: definite), ``LeaderChangedError`` (unknown).
+
+        ``learn`` (an add only): claim the change slot and start the learner stage
+        instead of appending: the leader streams the log to the new node, which
+        counts for nothing (transport.start_learner), and ``callback`` gets the
+        ``Change`` at once; then ``commit_learner`` appends it, or ``drop_learner``
+        gives it up (both release the slot on failure).
         """
-        self._tick_calls.append(lambda: self._start_change(kind, member, callback))
+        self._tick_calls.append(lambda: self._start_change(kind, member, callback, learn))
+
+    def learner_match(self, raft: str) -> int | None:
+        """On the leader: the highest log index known replicated on learner ``raft``
+        (None while it is not connected, or not a learner). Any thread."""
+        transport = self._sync._SyncObj__transport
+        if not transport.is_learner(raft):
+            return None
+        return self.match_index(raft)
+
+    def commit_learner(
+        self, change: Change, callback: Callable[[Change | None, RaftLeaseError | None], None]
+    ) -> None:
+        """Append the add of learner ``change`` (non-blocking, any thread; callback
+        on the tick thread as for ``change_members``). Refused with ``UnavailableError``
+        (definite: nothing was appended; the slot is released) if this node lost its
+        leadership, and with it the learner, meanwhile."""
+
+        def run() -> None:
+            transport = self._sync._SyncObj__transport
+            if not self._sync._isLeader() or not transport.is_learner(change.member.raft):
+                transport.stop_learner(change.member.raft)
+                self.membership.finish(change)
+                callback(None, UnavailableError("leadership changed during the catch-up: retry"))
+                return
+            self._propose_change(change, callback)
+
+        self._tick_calls.append(run)
+
+    def drop_learner(self, change: Change, then: Callable[[], None] | None = None) -> None:
+        """Give up the learner stage of ``change`` and release the change slot
+        (non-blocking, any thread); ``then`` runs on the tick thread once it is."""
+
+        def run() -> None:
+            self._sync._SyncObj__transport.stop_learner(change.member.raft)
+            self.membership.finish(change)
+            if then is not None:
+                then()
+
+        self._tick_calls.append(run)
 
     def _start_change(
         self,
         kind: str,
         member: NodeAddress,
         callback: Callable[[Change | None, RaftLeaseError | None], None],
+        learn: bool = False,
     ) -> None:
         sync = self._sync
         if not sync._isLeader():
@@ -477,6 +524,19 @@ class Replica:
         except RaftLeaseError as exc:
             callback(None, exc)
             return
+        if kind == "add" and learn:
+            self._sync._SyncObj__transport.start_learner(member_node(member))
+            callback(change, None)
+            return
+        self._propose_change(change, callback)
+
+    def _propose_change(
+        self, change: Change, callback: Callable[[Change | None, RaftLeaseError | None], None]
+    ) -> None:
+        """Tick thread: append ``change`` (its slot claimed); ``callback`` as for
+        ``change_members``."""
+        sync = self._sync
+        kind, member = change.kind, change.member
 
         def done(_: Any, reason: int) -> None:
             if reason == FAIL_REASON.SUCCESS:

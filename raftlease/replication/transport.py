@@ -6,13 +6,14 @@ Runs on PySyncObj's tick thread.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 from pysyncobj import FAIL_REASON
-from pysyncobj.tcp_connection import TcpConnection
+from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.tcp_server import SERVER_STATE
 from pysyncobj.transport import TCPTransport
 
@@ -109,6 +110,10 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # Leader: removed members told once their removal commits (_settle_leaving):
         # id -> (node, index of the change, deadline, telling until).
         self._leaving: dict[str, tuple[Any, int, float, float | None]] = {}
+        # Leader: members being added, streamed the log before their change (learner
+        # stage, start_learner): raft address -> node, and when we last dialled it.
+        self._learners: dict[str, Any] = {}
+        self._learner_dialled: dict[str, float] = {}
         self._verifier: HelloVerifier | None = None
         super().__init__(*args, **kwargs)
         self._verifier = HelloVerifier(str(self._selfNode.address), self._member_keys)
@@ -166,7 +171,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # leader lease is counted over the new majority (LeaseGuard.reconfigure).
         self._keep_carried_key(node)
         kept = self._kept.pop(node.id, None) or self._leaving.pop(node.id, None)
-        if kept is None:
+        if kept is None and node.id in self._learners:
+            self._promote_learner(node)
+        elif kept is None:
             super().addNode(dialled(node, self.dial))
             conn = self._connections.get(node)
             if conn is not None:
@@ -199,6 +206,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # A removed member: its connection is closed, and it is refused from now on
         # (_onIncomingMessageReceived), like any stranger.
         sync = self._syncObj
+        if node.id in self._learners and node not in self._nodes:
+            self.stop_learner(node.id)  # shutdown: destroy drops the read-only nodes too
+            return
         leader = sync._getLeader()
         removed = node not in sync.otherNodes  # else: shutdown (destroy drops every node)
         if self._leaving.pop(node.id, None) is not None or self._kept.pop(node.id, None):
@@ -260,6 +270,124 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                 del self._kept[node_id]
                 super().dropNode(node)
 
+    # ------------------------------------------------- learners (membership.py)
+
+    def start_learner(self, node: Any) -> None:
+        """Tick thread, leader: stream the log (a snapshot first when the log is
+        compacted) to ``node``, a member about to be added, before its change. It is
+        one of PySyncObj's read-only nodes: it gets ``append_entries`` and has a match
+        index, but never counts for a commit, a vote or the leader lease (none of its
+        messages but ``next_node_idx`` is taken, and that one not by the guard). Its
+        connection is accepted only while it is a learner of this leader, after the
+        same checks as a member's (the peer secret, its signed hello)."""
+        learner = dialled(node, self.dial)
+        leaving = self._leaving.pop(learner.id, None)
+        if leaving is not None:
+            # Removed, and now added again (a host replaced under its address): the
+            # connection kept for the removal notice goes; the learner gets its own.
+            TCPTransport.dropNode(self, leaving[0])
+        self._learners[learner.id] = learner
+        if self._shouldConnect(learner):
+            sync = self._syncObj
+            conf = sync.conf
+            conn = TcpConnection(
+                poller=sync._poller,
+                timeout=conf.connectionTimeout,
+                sendBufferSize=conf.sendBufferSize,
+                recvBufferSize=conf.recvBufferSize,
+                keepalive=conf.tcp_keepalive,
+            )
+            conn.encryptor = sync.encryptor
+            conn.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, conn))
+            conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, learner))
+            conn.setOnDisconnectedCallback(functools.partial(self._onDisconnected, conn))
+            self._connections[learner] = self._bound(conn)
+        self._dial_learners()
+
+    def stop_learner(self, raft: str) -> None:
+        """Tick thread: stop streaming to learner ``raft`` (its add was abandoned, or
+        this node no longer leads) and close its connection."""
+        learner = self._learners.pop(raft, None)
+        self._learner_dialled.pop(raft, None)
+        if learner is None:
+            return
+        conn = self._connections.get(learner)
+        if conn is not None:
+            conn.disconnect()  # -> _onDisconnected: PySyncObj forgets the read-only node
+            if self._connections.get(learner) is conn:
+                del self._connections[learner]
+        if learner in self._readonlyNodes:
+            self._readonlyNodes.discard(learner)
+            self._onReadonlyNodeDisconnected(learner)
+
+    def is_learner(self, raft: str) -> bool:
+        return raft in self._learners
+
+    def _promote_learner(self, node: Any) -> None:
+        """The add of a learner is applied (PySyncObj has just put it in its member
+        set with fresh next and match indexes): the learner's connection becomes the
+        member's as it is, so the new member counts from its next acknowledgement on,
+        with no reconnect in between."""
+        learner = self._learners.pop(node.id)
+        self._learner_dialled.pop(node.id, None)
+        for name in ("rl_id", "rl_client", "rl_pub"):  # as the change entry has them
+            if hasattr(node, name):
+                setattr(learner, name, getattr(node, name))
+        if learner in self._readonlyNodes:
+            self._readonlyNodes.discard(learner)
+            self._syncObj._SyncObj__readonlyNodes.discard(learner)  # stays connected
+        if learner in self._connections:
+            self._nodes.add(learner)
+            self._nodeAddrToNode[learner.address] = learner
+        else:  # never connected: the plain path
+            super().addNode(learner)
+
+    def _dial_learners(self) -> None:
+        """Leader, tick thread: (re)connect to the learners whose address is below
+        ours (PySyncObj's rule: the greater address dials), at most once per
+        ``connectionRetryTime``; a node that no longer leads drops its learners."""
+        if not self._learners:
+            return
+        sync = self._syncObj
+        if not sync._isLeader():
+            for raft in list(self._learners):
+                self.stop_learner(raft)
+            return
+        now = self.guard.clock.monotonic()
+        for raft, learner in self._learners.items():
+            conn = self._connections.get(learner)
+            if conn is None or conn.state != CONNECTION_STATE.DISCONNECTED:
+                continue
+            if now - self._learner_dialled.get(raft, float("-inf")) < sync.conf.connectionRetryTime:
+                continue
+            self._learner_dialled[raft] = now
+            conn.connect(learner.ip, learner.port)
+
+    def _onNodeConnected(self, node: Any) -> None:
+        if node.id in self._learners and node not in self._nodes:
+            # Our outgoing connection to a learner: a read-only node for PySyncObj.
+            self._readonlyNodes.add(node)
+            self._onReadonlyNodeConnected(node)
+            log.info("learner %s connected: streaming the log to it", node.id)
+            return
+        super()._onNodeConnected(node)
+
+    def _accept_learner(self, conn: Any, raft: str) -> None:
+        """A learner dialled us: take its connection as a read-only node's."""
+        learner = self._learners[raft]
+        old = self._connections.get(learner)
+        if old is not None and old is not conn:
+            old.disconnect()
+        if learner in self._readonlyNodes:
+            self._readonlyNodes.discard(learner)
+            self._onReadonlyNodeDisconnected(learner)
+        self._unknownConnections.discard(conn)
+        self._connections[learner] = conn
+        conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, learner))
+        self._readonlyNodes.add(learner)
+        self._onReadonlyNodeConnected(learner)
+        log.info("learner %s connected: streaming the log to it", raft)
+
     def _onNewIncomingConnection(self, conn: Any) -> None:
         if len(self._unknownConnections) >= MAX_UNIDENTIFIED_PEERS:
             # Strangers holding connections open must not use up the file descriptors
@@ -274,6 +402,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._drop_silent_strangers()
         self._settle_kept()
         self._settle_leaving()
+        self._dial_learners()
         server = self._server
         if self._ready and server is not None and server._TcpServer__state == SERVER_STATE.UNBINDED:
             # PySyncObj's listener unbinds itself on an accept error (EMFILE when the
@@ -320,7 +449,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     def _member_keys(self, address: str) -> tuple[str, list[str]] | None:
         """The id and candidate public keys of the member at raft ``address``: the key
         its membership entry carried (``rl_pub``), then ``<peer_keys_dir>/<id>.pub``."""
-        node = self._nodeAddrToNode.get(address)
+        node = self._nodeAddrToNode.get(address) or self._learners.get(address)
         member_id = getattr(node, "rl_id", None)
         if node is None or not isinstance(member_id, str):
             return None
@@ -355,12 +484,31 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             self._unknownConnections.discard(conn)
             conn.disconnect()
             return
+        if address in self._learners and address not in self._nodeAddrToNode:
+            if self._syncObj._isLeader():  # a learner of this leader, and only that
+                self._accept_learner(conn, address)
+            else:
+                self._unknownConnections.discard(conn)
+                conn.disconnect()
+            return
         super()._onIncomingMessageReceived(conn, address)
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:
         if node.id in self._leaving:
             # A removed member's late replies: PySyncObj's leader would index its
             # per-member tables with it (a KeyError on the tick thread).
+            return
+        if node.id in self._learners and node not in self._nodes:
+            # A learner never takes part: only its acknowledgements of the log it is
+            # streamed (its match index) are taken, and not for the leader lease (no
+            # guard.on_reply). Its vote requests, term notices, anything else: dropped.
+            if (
+                isinstance(message, dict)
+                and message.get("type") == "next_node_idx"
+                and self._syncObj._isLeader()
+                and node in self._readonlyNodes
+            ):
+                super()._onMessageReceived(node, message)
             return
         if isinstance(message, dict) and message.get("type") == "rl_removed":
             self._removal_notice(node, message)
