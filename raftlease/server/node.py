@@ -149,6 +149,10 @@ class NodeServer(TaskWaits):
         self.recovering_until: float | None = None
         #: Who may do what on the client port (auth_file); None: no authentication.
         self._principal_connections: dict[str, int] = {}
+        #: Open client connections and their principal cells (an auth reload checks
+        #: them), and the TLS contexts a reload loads new files into (event loop).
+        self._live: dict[asyncio.StreamWriter, list[Principal | None]] = {}
+        self._live_tls: list[ssl.SSLContext] = []
         self.auth: AuthPolicy | None = (
             load_auth(Path(config.auth_file)) if config.auth_file else None
         )
@@ -174,13 +178,16 @@ class NodeServer(TaskWaits):
         self._stopping = asyncio.Event()
         host, port = parse_addr(self.config.self_node.client, "client address")
         # Bind the client port first: if it is taken, fail before joining Raft.
+        client_tls = self._tls_context()
+        if client_tls is not None:
+            self._live_tls.append(client_tls)  # SIGHUP loads new files into it
         server = await asyncio.start_server(
             self._serve_connection,
             host,
             port,
             reuse_address=True,
             limit=1 << 16,
-            ssl=self._tls_context(),
+            ssl=client_tls,
         )
         if self.config.insecure:
             log.warning(
@@ -198,13 +205,16 @@ class NodeServer(TaskWaits):
             from .admin import AdminEndpoint
 
             self.proposer.on_commit = self.metrics.observe_commit
+            admin_tls = self._tls_context()
+            if admin_tls is not None:
+                self._live_tls.append(admin_tls)
             self.admin = AdminEndpoint(
                 self.config.admin_address,
                 self.metrics,
                 self.status,
                 lambda: self.replica,
                 auth=self.auth,
-                tls=self._tls_context(),
+                tls=admin_tls,
                 max_silence=2 * self.config.election_timeout_max,
             )
             from .http_api import HttpApi
@@ -222,6 +232,9 @@ class NodeServer(TaskWaits):
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 self._loop.add_signal_handler(sig, self.stop)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            # Rotation without restart (docs/security.md): the auth file, TLS files.
+            self._loop.add_signal_handler(signal.SIGHUP, self.reload_security)
         private_data_dir(self.config.data_dir)
         self.snapshots.clean_leftovers()
         self.last_stop = mark_running(self.config.data_dir)
@@ -264,6 +277,70 @@ class NodeServer(TaskWaits):
             await self._loop.run_in_executor(None, replica.close)
             mark_stopped(self.config.data_dir)
             log.info("node %s stopped", self.config.node_id)
+
+    def reload_security(self) -> bool:
+        """``SIGHUP`` (event loop): read the auth file and the client-port TLS files
+        again. A file that fails to load is refused with an error log line and what
+        was in force stays so. With a new auth file every open connection is checked
+        against it: one whose principal is gone, or that authenticated with a token
+        the file no longer holds (and has no client certificate naming it), is
+        closed; the others get their principal's new roles. New TLS files serve new
+        handshakes (existing TLS connections keep theirs). Never raises; returns
+        whether everything was applied."""
+        ok = True
+        if self.config.auth_file:
+            try:
+                policy = load_auth(Path(self.config.auth_file))
+            except ConfigError as exc:
+                log.error("reload refused: %s; the previous auth policy stays in force", exc)
+                ok = False
+            else:
+                self.auth = policy
+                if self.admin is not None:
+                    self.admin.auth = policy
+                    if self.admin.dashboard is not None:
+                        self.admin.dashboard.auth = policy
+                closed = 0
+                for writer, who in list(self._live.items()):
+                    if not self._recheck(who, writer):
+                        closed += 1
+                        writer.close()
+                log.info(
+                    "reloaded the auth file: %d principals; %d connections closed",
+                    len(policy.principals),
+                    closed,
+                )
+        if self._live_tls:
+            try:
+                self._tls_context()  # the new files, loaded apart first: all or nothing
+                for context in self._live_tls:
+                    context.load_cert_chain(self.config.tls_cert_file, self.config.tls_key_file)
+                    if self.config.tls_client_ca_file:
+                        # Adds the file's CAs; a CA once trusted stays until a restart.
+                        context.load_verify_locations(self.config.tls_client_ca_file)
+            except (ConfigError, OSError, ssl.SSLError) as exc:
+                log.error("reload refused: %s; the previous TLS files stay in force", exc)
+                ok = False
+            else:
+                log.info("reloaded the client-port TLS files")
+        return ok
+
+    def _recheck(self, who: list[Principal | None], writer: asyncio.StreamWriter) -> bool:
+        """After an auth reload: give the connection its principal as the new policy
+        has it. False (and the connection unauthenticated) if the principal is gone or
+        its token was replaced and no client certificate names it."""
+        old = who[0]
+        if old is None or self.auth is None:
+            return True
+        new = self.auth.principals.get(old.name)
+        by_cert = self._certificate_principal(writer)
+        if new is not None and (
+            new.token_sha256 == old.token_sha256 or (by_cert is not None and by_cert is new)
+        ):
+            who[0] = new  # same name: the connection count stays
+            return True
+        self._adopt(who, None)
+        return False
 
     def _tls_context(self) -> ssl.SSLContext | None:
         """TLS for the client port (tls_cert_file); with tls_client_ca_file, client
@@ -390,6 +467,7 @@ class NodeServer(TaskWaits):
         # The connection's principal (auth.py): from its client certificate, or set
         # by an auth request. A one-item list the request tasks share.
         who: list[Principal | None] = [None]
+        self._live[writer] = who  # an auth reload re-checks it
         try:
             try:
                 self._adopt(who, self._certificate_principal(writer))
@@ -425,6 +503,7 @@ class NodeServer(TaskWaits):
             pass
         finally:
             self._connections -= 1
+            self._live.pop(writer, None)
             self._adopt(who, None)
             self.watches.end_for(writer)  # frees their watch quota slots now
             with contextlib.suppress(Exception):
