@@ -542,6 +542,8 @@ class Replica:
             if reason == FAIL_REASON.SUCCESS:
                 callback(change, None)
                 return
+            # A learner whose add failed is streamed nothing more (a no-op otherwise).
+            self._sync._SyncObj__transport.stop_learner(member.raft)
             self.membership.finish(change)
             if reason == FAIL_REASON.REQUEST_DENIED:
                 callback(
@@ -567,6 +569,7 @@ class Replica:
             else:
                 sync.removeNodeFromCluster(node, callback=done)
         except Exception as exc:  # never let it escape on the tick thread
+            self._sync._SyncObj__transport.stop_learner(member.raft)
             self.membership.finish(change)
             callback(None, InternalError(f"membership change failed: {exc}"))
 
