@@ -6,6 +6,7 @@ messages checked in process."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -18,7 +19,7 @@ from raftlease.testing import LocalCluster
 from raftlease.testing.cluster import PORT_RANGE, port_free, wait_for
 
 from .test_cluster import raw_request
-from .test_membership import add, all_agree, members, new_node_that_dials
+from .test_membership import _cli, add, all_agree, members, new_node_that_dials
 
 
 def new_node_dialled_by_the_leader(cluster: LocalCluster, node_id: str) -> NodeAddress:
@@ -146,6 +147,17 @@ def test_a_learner_that_never_catches_up_changes_nothing(cluster: LocalCluster) 
     assert result["added"] is False and result["caught_up"] is False
     assert result["learner"]["match_index"] is None
     assert result["members"] == ["n1", "n2", "n3"]
+    assert members(cluster) == ["n1", "n2", "n3"]
+    assert _pending(leader["client"]) is None
+    # The CLI exits 1 (nothing changed), and replace keeps the member it would remove.
+    flags = ("--raft", ghost.raft, "--client", ghost.client, "--catch-up", "2s")
+    added = _cli(cluster, "add", "n5", *flags)
+    assert added.returncode == 1, added.stdout + added.stderr
+    answer = json.loads(added.stdout)
+    assert answer["ok"] is False and answer["added"] is False
+    follower = next(n.id for n in cluster.nodes if n.client != leader["client"])
+    replaced = _cli(cluster, "replace", follower, "n5", *flags)
+    assert replaced.returncode == 1 and "not removing" in replaced.stderr, replaced.stderr
     assert members(cluster) == ["n1", "n2", "n3"]
     assert _pending(leader["client"]) is None
     cluster.forget_node("n5")
