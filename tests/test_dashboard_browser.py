@@ -32,13 +32,13 @@ from .test_admin_http import admin_cluster, admin_of
 pytestmark = pytest.mark.integration
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-# .ci/run installs chromium and the dev extra installs Playwright: in CI a missing one
+# scripts/test installs chromium (as root) and the dev extra Playwright: in CI a missing one
 # fails the module instead of skipping it, so the browser test cannot vanish silently.
 if os.environ.get("CI") != "true":
     pytest.importorskip("playwright.sync_api")
     if CHROMIUM is None:
         pytest.skip("no chromium here (apt-get install chromium)", allow_module_level=True)
-assert CHROMIUM is not None, "CI must have chromium (.ci/run installs it)"
+assert CHROMIUM is not None, "CI must have chromium (scripts/test installs it as root)"
 import playwright.sync_api as playwright_api  # noqa: E402
 
 #: Generous: a 2-core machine shared with other test processes.
