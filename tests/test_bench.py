@@ -5,7 +5,7 @@ No timed assertions: the figures depend on the machine. This only checks that
 phase in both modes included) and reports a positive figure for each, that
 ``scripts/bench --render`` turns the saved JSON back into the same Markdown
 (tests/test_bench_report.py covers the renderer alone), and that the durability phase
-runs alone in one mode.
+runs alone in one mode, and the security phase (not in the quick profile) alone.
 """
 
 from __future__ import annotations
@@ -181,3 +181,37 @@ def test_task_queue_phase_alone(tmp_path: Path) -> None:
     markdown = (out / "bench.md").read_text()
     assert "| task end-to-end | 16 threads |" in markdown
     assert "## Memory with queued tasks" in markdown
+
+
+def test_security_phase_alone(tmp_path: Path) -> None:
+    """``--only security`` (issue 11): acquire in every mode on a cluster without client
+    TLS and auth, then on one with TLS, an auth file and a token; the secure cluster
+    refused a client without a token and the principal outside its prefix, every
+    acquire succeeded on both, the peer-cipher micro-benchmark ran, and the cost target
+    is judged (met or not: the figure depends on the machine)."""
+    out = tmp_path / "bench"
+    _bench("--quick", "--only", "security", "--out", str(out))
+    result = json.loads((out / "bench.json").read_text())
+    assert result["raw"] == {} and result["workloads"] == {}
+    security = result["security"]
+    assert security["modes"] == ["insecure", "secure"]
+    for cluster in ("insecure", "secure"):
+        record = security["clusters"][cluster]
+        assert "error" not in record, record
+        acquire = record["workloads"]["acquire"]
+        assert set(acquire) == set(CONCURRENCY), f"{cluster}: {acquire}"
+        for mode, entry in acquire.items():
+            assert entry["primary"]["value"] > 0 and entry["errors"] == 0, f"{cluster} [{mode}]"
+            assert entry["p50_ms"] > 0 and entry["p99_ms"] >= entry["p50_ms"]
+    assert security["clusters"]["secure"]["probes"] == {
+        "no token": "UNAUTHENTICATED",
+        "token, key outside bench/": "PERMISSION_DENIED",
+    }
+    assert "probes" not in security["clusters"]["insecure"]
+    for figure in security["peer_cipher"]["sizes"].values():
+        assert figure["seal_us"] > 0 and figure["open_us"] > 0
+    issue11 = [t for t in result["targets"] if t.get("issue") == 11]
+    assert len(issue11) == 1 and issue11[0]["met"] in (True, False), issue11
+    markdown = (out / "bench.md").read_text()
+    assert "## Security: client TLS + auth vs none" in markdown
+    assert "| acquire | 16 threads |" in markdown

@@ -42,7 +42,7 @@ TTL_MEMORY = 3600.0
 
 #: Workload groups run on the main cluster, in order (``--only`` names).
 MAIN_GROUPS = ("acquire", "renew", "release", "holder", "handoff", "failover")
-GROUPS = ("raw", "durability", *MAIN_GROUPS, "memory", "tasks")
+GROUPS = ("raw", "durability", "security", *MAIN_GROUPS, "memory", "tasks")
 
 #: Values of raftlease's ``NodeConfig.durability`` the durability phase can compare
 #: (written here, not imported: ``scripts/bench`` checks ``--durability`` before the
@@ -110,6 +110,9 @@ class Profile:
     queued_tasks: int = 100_000
     #: etcd / ZooKeeper clusters measured beside raftlease (``--anchors``; issue 16).
     anchors: tuple[str, ...] = ()
+    #: The security phase (issue 11: client TLS + auth against none, two clusters)
+    #: runs in this profile; without it, only when ``--only`` names it.
+    security: bool = True
 
     @property
     def concurrent_modes(self) -> list[str]:
@@ -160,6 +163,8 @@ QUICK = Profile(
     settle=0.0,
     sync_probe=50,
     queued_tasks=2_000,
+    # Two more clusters would not fit tests/test_bench.py's limit; --only security runs it.
+    security=False,
 )
 
 #: By ``Profile.name``, as recorded in meta.profile (a saved result names its profile).
@@ -252,6 +257,17 @@ def durability_entry(
     durability phase (None if that phase, mode or workload was not run or failed)."""
     try:
         entry = result["durability"]["clusters"][durability]["workloads"][group][mode]
+    except (KeyError, TypeError):
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+def security_entry(result: Result, cluster: str, group: str, mode: str) -> dict[str, Any] | None:
+    """The entry of ``group`` in ``mode`` measured on the ``cluster`` ("insecure" or
+    "secure") of the security phase (None if that phase, cluster or workload was not
+    run or failed)."""
+    try:
+        entry = result["security"]["clusters"][cluster]["workloads"][group][mode]
     except (KeyError, TypeError):
         return None
     return entry if isinstance(entry, dict) else None

@@ -126,15 +126,22 @@ def run_threads(client: Client, nthreads: int, op: SyncOp, duration: float) -> R
     return Run(len(merged), sum(errors), elapsed, merged)
 
 
-def run_async(endpoints: list[str], ntasks: int, op: AsyncOp, duration: float) -> Run:
+def run_async(
+    endpoints: list[str],
+    ntasks: int,
+    op: AsyncOp,
+    duration: float,
+    options: dict[str, Any] | None = None,
+) -> Run:
     """An AsyncClient with ``ntasks`` tasks in flight, each looping ``op``; runs its
-    own event loop and blocks until the tasks end."""
+    own event loop and blocks until the tasks end. ``options``: the AsyncClient's
+    keyword arguments (a secured cluster's ``tls`` and ``token``)."""
 
     async def main() -> Run:
         counter = itertools.count()
         latencies: list[float] = []
         errors = [0]
-        async with AsyncClient(endpoints) as client:
+        async with AsyncClient(endpoints, **(options or {})) as client:
             # Connect and find the leader before the clock starts.
             await client.call("holder", {"key": "bench/warm"}, mutating=False)
             stop_at = time.perf_counter() + duration
@@ -300,7 +307,10 @@ def concurrency_variants(
     modes: list[tuple[str, Callable[[float], Run]]] = [
         ("1 thread", lambda d: run_threads(client, 1, sync_op, d)),
         (f"{p.threads} threads", lambda d: run_threads(client, p.threads, sync_op, d)),
-        (f"async {p.async_tasks}", lambda d: run_async(endpoints, p.async_tasks, async_op, d)),
+        (
+            f"async {p.async_tasks}",
+            lambda d: run_async(endpoints, p.async_tasks, async_op, d, cluster.client_options),
+        ),
     ]
     for mode, runner in modes:
         prep: Callable[[int], None] | None = None

@@ -20,6 +20,7 @@ from .context import (
     durability_entry,
     first_variant,
     fmt,
+    security_entry,
 )
 
 #: File names inside the output directory.
@@ -105,6 +106,7 @@ def render_markdown(result: Result) -> str:
     if served:
         lines += ["", "Reads, as the server says it served them: " + "; ".join(served) + "."]
     lines += _durability(result)
+    lines += _security(result)
     lines += anchors_table.render(result)
     handoffs = [e for e in w.get("handoff", {}).values() if isinstance(e, dict)]
     if handoffs:
@@ -208,6 +210,7 @@ def render_markdown(result: Result) -> str:
                 lines.append(f"- {name} cluster, {kind['count']}x {kind['nodes']}: `{shape}`")
     errors = [(g, m["error"]) for g, m in w.items() if isinstance(m, dict) and "error" in m]
     errors += _durability_errors(result)
+    errors += _security_errors(result)
     if errors:
         lines += ["", "## Failures", ""]
         lines += [f"- **{g}**: {e}" for g, e in errors]
@@ -336,6 +339,81 @@ def _durability_errors(result: Result) -> list[tuple[str, str]]:
         for group, modes in record.get("workloads", {}).items():
             if isinstance(modes, dict) and "error" in modes:
                 out.append((f"durability {mode}, {group}", str(modes["error"])))
+    return out
+
+
+def _security(result: Result) -> list[str]:
+    """The security section (issue 11): per workload and mode, the cluster without
+    client TLS and auth beside the one with them, and the peer-cipher micro-benchmark
+    (nothing when the run had no security phase)."""
+    d = result.get("security")
+    if not isinstance(d, dict):
+        return []
+    lines = [
+        "",
+        "## Security: client TLS + auth vs none",
+        "",
+        "One 3-node cluster without client TLS and authentication ('insecure'), then one "
+        "with TLS on the client port, an auth file and a bearer token ('secure'), same "
+        "NodeConfig defaults otherwise (see Method). Peer authentication cannot be turned "
+        "off, so both pay it; its own cost is the peer-cipher line below.",
+        "",
+        "| workload | mode | insecure ops/s (spread) | secure ops/s (spread) "
+        "| secure / insecure | insecure p50 / p99 ms | secure p50 / p99 ms "
+        "| server CPU µs/op insecure / secure | errors insecure / secure |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    rows: list[tuple[str, str]] = []
+    for record in d.get("clusters", {}).values():
+        for group, modes in record.get("workloads", {}).items():
+            for mode, entry in modes.items():
+                if isinstance(entry, dict) and (group, mode) not in rows:
+                    rows.append((group, mode))
+    for group, mode in rows:
+        i, s = (security_entry(result, c, group, mode) for c in ("insecure", "secure"))
+        ri, rs = _median(i), _median(s)
+        ratio = rs / ri if rs is not None and ri else None
+        lines.append(
+            f"| {group} | {mode} | {_ops(i)} | {_ops(s)} | {_ratio(ratio)} "
+            f"| {_latency(i)} | {_latency(s)} | {_cpu_per_op(i)} / {_cpu_per_op(s)} "
+            f"| {'-' if i is None else i['errors']} / {'-' if s is None else s['errors']} |"
+        )
+    probes = d.get("clusters", {}).get("secure", {}).get("probes")
+    if probes:
+        lines += [
+            "",
+            "Before its workloads the secure cluster answered: "
+            + "; ".join(f"{what}: {code}" for what, code in probes.items())
+            + ".",
+        ]
+    cipher = d.get("peer_cipher") or {}
+    if cipher.get("sizes"):
+        lines += [
+            "",
+            "Peer cipher (PeerCipher, AES-128-GCM, every Raft frame; in the benchmark "
+            f"process, p50 of {cipher.get('tries', '?')}): "
+            + "; ".join(
+                f"{size} B frame: seal {f['seal_us']:.1f} µs + open {f['open_us']:.1f} µs"
+                for size, f in cipher["sizes"].items()
+            )
+            + ". A frame carries one entry or a batch; the hello's signature is paid once "
+            "per peer connection, not per entry.",
+        ]
+    return lines
+
+
+def _security_errors(result: Result) -> list[tuple[str, str]]:
+    """(what, error) of the security phase's clusters and workloads that failed."""
+    d = result.get("security")
+    if not isinstance(d, dict):
+        return []
+    out = []
+    for cluster, record in d.get("clusters", {}).items():
+        if record.get("error"):
+            out.append((f"security {cluster}", str(record["error"])))
+        for group, modes in record.get("workloads", {}).items():
+            if isinstance(modes, dict) and "error" in modes:
+                out.append((f"security {cluster}, {group}", str(modes["error"])))
     return out
 
 

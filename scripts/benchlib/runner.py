@@ -30,7 +30,7 @@ from .context import (
     run_meta,
 )
 from .report import write_outputs
-from .workloads import durability, failover, handoff, memory, tasks, throughput
+from .workloads import durability, failover, handoff, memory, security, tasks, throughput
 
 COMMON_METHOD = (
     "Each workload: warm-up {p.warmup} s, then {p.repeat} repetitions of "
@@ -117,6 +117,8 @@ def run_all(ctx: Context, code: dict[str, str]) -> None:
         guarded(ctx, "raw", lambda: throughput.raw(ctx))
         # Right after raw: its ratios to the ceiling come from the same stretch of time.
         guarded(ctx, "durability", lambda: durability.durability(ctx))
+        if p.security or (ctx.only is not None and "security" in ctx.only):
+            guarded(ctx, "security", lambda: security.security(ctx))
         if any(ctx.wanted(g) for g in MAIN_GROUPS):
             main_cluster(ctx)
         if p.anchors:

@@ -27,6 +27,7 @@ from .context import (
     durability_entry,
     first_variant,
     raw_pipelined,
+    security_entry,
 )
 
 #: The targets of the report, next to this module.
@@ -315,6 +316,26 @@ def _task_memory(spec: Spec, j: Judged) -> Row | None:
     return row
 
 
+def _security_ratio(spec: Spec, j: Judged) -> Row | None:
+    """The secure cluster's median rate of ``group`` in ``mode`` over the insecure
+    one's (security phase, issue 11), against ``min_ratio``; no row without the phase."""
+    if not isinstance(j.result.get("security"), dict):
+        return None
+    group, mode = spec["group"], spec["mode"]
+    secure = security_entry(j.result, "secure", group, mode)
+    insecure = security_entry(j.result, "insecure", group, mode)
+    if secure is None or insecure is None or not insecure["ops_per_s"]["median"]:
+        return _row(spec, f"{group} [{mode}] not measured on both clusters", None)
+    rs, ri = float(secure["ops_per_s"]["median"]), float(insecure["ops_per_s"]["median"])
+    ratio = rs / ri
+    return _row(
+        spec,
+        f"{100 * ratio:.0f} % (secure {rs:,.0f}/s, insecure {ri:,.0f}/s; "
+        f"cost {100 * (1 - ratio):.0f} %)",
+        ratio >= spec["min_ratio"],
+    )
+
+
 def _not_measured(spec: Spec, j: Judged) -> Row | None:
     """A target the benchmark cannot judge yet: an n/a row with ``figure`` as its
     text, shown only when the result has the ``section`` the target belongs to."""
@@ -338,6 +359,7 @@ EVALUATORS: dict[str, Evaluator] = {
     "durability_ratio": _durability_ratio,
     "durability_p50": _durability_p50,
     "not_measured": _not_measured,
+    "security_ratio": _security_ratio,
     "measured_rate": _measured_rate,
     "p50": _p50,
     "task_memory": _task_memory,
