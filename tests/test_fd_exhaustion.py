@@ -1,0 +1,94 @@
+"""A node that runs out of file descriptors keeps its Raft port (issue 11).
+
+PySyncObj closes its listener for good when ``accept`` fails (EMFILE), so a peer that
+restarts afterwards could never reconnect. Our transport binds the listener again, once
+a second, as soon as descriptors are free (``replication/transport.py``). This test does
+it to a real node process: it lowers the follower's descriptor limit with ``prlimit``,
+fills it with client connections, makes the Raft listener's accept fail, frees the
+descriptors, and shows that a restarted peer is served by that follower again.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+from collections.abc import Callable
+from contextlib import ExitStack
+
+import pytest
+
+from raftlease.testing import LocalCluster, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+Factory = Callable[..., LocalCluster]
+
+
+def _addr(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _log(cluster: LocalCluster, node_id: str) -> str:
+    return cluster.log_path(node_id).read_text(errors="replace")
+
+
+def _raft_port_accepts(addr: tuple[str, int]) -> bool:
+    try:
+        with socket.create_connection(addr, timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def test_a_node_out_of_descriptors_binds_its_raft_port_again(cluster_factory: Factory) -> None:
+    cluster = cluster_factory(3)
+    leader = cluster.leader_id()
+    # PySyncObj's higher address dials the lower one: the victim is the follower with
+    # the lower Raft address, so the restarted peer must come in through its listener.
+    followers = sorted((n for n in cluster.nodes if n.id != leader), key=lambda n: _addr(n.raft)[1])
+    victim, peer = followers[0].id, followers[1].id
+    pid = cluster.pid(victim)
+    raft = _addr(cluster.node(victim).raft)
+    client = _addr(cluster.node(victim).client)
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    limit = _open_fds(pid) + 16
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        with ExitStack() as hogs:
+            # Client connections take the node's last descriptors (its event loop
+            # accepts each one); then one more connection to the Raft port makes
+            # PySyncObj's accept fail with EMFILE, and it unbinds its listener.
+            for _ in range(40):
+                hogs.enter_context(socket.create_connection(client, timeout=2))
+            wait_for(lambda: _open_fds(pid) >= limit, 30, "the node to run out of descriptors")
+            wait_for(
+                lambda: not _raft_port_accepts(raft),
+                30,
+                "PySyncObj to unbind the Raft listener after a failed accept",
+            )
+            assert cluster.is_running(victim)
+        # Descriptors free again: the listener is bound again within about a second.
+        wait_for(lambda: _raft_port_accepts(raft), 30, "the Raft port to accept again")
+        assert "raft listener was unbound (accept failed); bound again" in _log(cluster, victim)
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+    # A peer that restarts now must reach the victim again: with the leader stopped,
+    # the victim and the restarted peer are the majority that elects and commits.
+    cluster.kill_node(peer)
+    cluster.start_node(peer)
+    cluster.kill_node(leader)
+    attempts = iter(range(1000))
+    with cluster.client() as c:
+        lease = wait_for(
+            # A fresh key per try: an attempt that timed out may still have been granted.
+            lambda: c.acquire(f"after-emfile-{next(attempts)}", owner="a", ttl=5, timeout=2.0),
+            60,
+            "a grant committed by the victim and the restarted peer alone",
+        )
+    assert lease.token > 0
