@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from workload import History  # noqa: E402
 
 from raftlease.errors import RaftLeaseError  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 
 class Stale(RaftLeaseError):
@@ -225,33 +226,64 @@ def results(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return queue_checker.check_queues(events, ops, checker.Params(rho=0.01, margin=0.05))
 
 
-def test_the_workload_against_an_honest_queue_passes_every_queue_checker() -> None:
-    events = run_workload(FakeQueue())
-    out = results(events)
-    assert {k: v["valid"] for k, v in out.items()} == dict.fromkeys(queue_checker.CHECKERS, True), {
-        k: (v["violations"][:3], v["unknown"][:3]) for k, v in out.items()
-    }
+#: A run is threads against wall time: on a loaded machine a short one may miss the
+#: stall, the dead letter or the late completion a check needs. Each test runs again
+#: (longer, another seed) until the run has them, up to this many times; what must hold
+#: (every checker valid on the honest queue) is asserted on every run.
+TRIES = 4
+
+
+def _runs(bug: str = "") -> Iterator[tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]]:
+    for attempt in range(TRIES):
+        events = run_workload(FakeQueue(bug=bug), seconds=3.0 + 2.0 * attempt, seed=1 + attempt)
+        yield events, results(events)
+
+
+def _volume(events: list[dict[str, Any]], out: dict[str, dict[str, Any]]) -> list[str]:
+    """What an honest run lacks for the test to mean something (empty: nothing)."""
     notes = queue_checker.queue_stats(events, queue_checker.queue_ops(checker.pair_ops(events)))
-    assert notes["notes"].get("stall", 0) > 0 and notes["notes"].get("stuck", 0) > 0
     final = out["queue_lost_put"]["stats"]["final"]
-    assert final.get("completed", 0) > 20 and final.get("dead", 0) > 0
-    assert out["queue_dead_letter"]["stats"]["by_reason"].get("deadline", 0) > 0
-    assert out["queue_one_completion"]["stats"]["stale_refused"] > 0
-    # The whole registry agrees: queue ops are well-formed history for checker.check too.
-    assert checker.check(events)["checkers"]["history"]["valid"] is True
+    wanted = {
+        "a stall": notes["notes"].get("stall", 0) > 0,
+        "a stuck worker": notes["notes"].get("stuck", 0) > 0,
+        "20 completions": final.get("completed", 0) > 20,
+        "a dead letter": final.get("dead", 0) > 0,
+        "a deadline dead letter": out["queue_dead_letter"]["stats"]["by_reason"].get("deadline", 0)
+        > 0,
+        "a stale call refused": out["queue_one_completion"]["stats"]["stale_refused"] > 0,
+    }
+    return [what for what, ok in wanted.items() if not ok]
+
+
+def test_the_workload_against_an_honest_queue_passes_every_queue_checker() -> None:
+    missing: list[str] = []
+    for events, out in _runs():
+        assert {k: v["valid"] for k, v in out.items()} == dict.fromkeys(
+            queue_checker.CHECKERS, True
+        ), {k: (v["violations"][:3], v["unknown"][:3]) for k, v in out.items()}
+        # The whole registry agrees: queue ops are well-formed history for checker.check.
+        assert checker.check(events)["checkers"]["history"]["valid"] is True
+        missing = _volume(events, out)
+        if not missing:
+            return
+    pytest.fail(f"{TRIES} honest runs and still no {', '.join(missing)}")
 
 
 def test_a_queue_accepting_stale_completions_is_caught() -> None:
-    out = results(run_workload(FakeQueue(bug="stale_completion")))
-    assert out["queue_one_completion"]["valid"] is False
-    kinds = {v["kind"] for v in out["queue_one_completion"]["violations"]}
-    assert kinds & {
+    stale = {
         "q.complete accepted from a stale attempt",
         "q.heartbeat accepted from a stale attempt",
         "q.fail accepted from a stale attempt",
     }
+    for _events, out in _runs("stale_completion"):
+        verdict = out["queue_one_completion"]
+        if verdict["valid"] is False and stale & {v["kind"] for v in verdict["violations"]}:
+            return
+    pytest.fail(f"a queue accepting stale completions was not caught in {TRIES} runs")
 
 
 def test_a_queue_granting_one_task_twice_is_caught() -> None:
-    out = results(run_workload(FakeQueue(bug="double_grant")))
-    assert out["queue_exclusive"]["valid"] is False
+    for _events, out in _runs("double_grant"):
+        if out["queue_exclusive"]["valid"] is False:
+            return
+    pytest.fail(f"a queue granting one task twice was not caught in {TRIES} runs")
