@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 import unicodedata
@@ -319,6 +320,9 @@ def up(
     )
     click.echo(f"starting {count} nodes, data in {cluster.data_dir}")
     scheme = "https" if secure else "http"
+    # SIGTERM (kill, timeout, a container or service stop) must stop the nodes as Ctrl-C
+    # does; left to its default, it ended this process and left every node running.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         cluster.start(wait=False)
         for n in cluster.nodes:
@@ -361,6 +365,11 @@ def up(
     finally:
         cluster.stop()
         click.echo("all nodes stopped")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM handler of ``up``: unwind through its Ctrl-C path (which stops every node)."""
+    raise KeyboardInterrupt
 
 
 def _demo(endpoints: list[str]) -> None:

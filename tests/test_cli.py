@@ -189,6 +189,12 @@ def test_up_demo_then_ctrl_c_stops_every_node(tmp_path: Path) -> None:
     assert "agent-e leads at 10.0.0.5:7000" in demo.stdout
     assert "all nodes stopped" in demo.stdout
 
+    # Ctrl-C, and SIGTERM (kill, timeout, a service stop), each stop every node.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        _up_until_running_then(sig, port, tmp_path / f"run-{sig.name}")
+
+
+def _up_until_running_then(sig: signal.Signals, port: int, data_dir: Path) -> None:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -198,7 +204,7 @@ def test_up_demo_then_ctrl_c_stops_every_node(tmp_path: Path) -> None:
             "--port",
             str(port),
             "--data-dir",
-            str(tmp_path / "run"),
+            str(data_dir),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -219,7 +225,7 @@ def test_up_demo_then_ctrl_c_stops_every_node(tmp_path: Path) -> None:
         assert "press Ctrl-C" in text, text
         pids = [int(p) for p in re.findall(r"pid (\d+)", text)]
         assert len(pids) == 3
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         rest, _ = proc.communicate(timeout=30)
         assert "all nodes stopped" in rest
         assert proc.returncode == 0
