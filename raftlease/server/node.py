@@ -64,7 +64,7 @@ from .log_clock import LogClock
 from .metrics import NodeMetrics, NodeView
 from .proposer import Proposer
 from .restart import LastStop, mark_running, mark_stopped
-from .tasks import TaskWaits
+from .tasks import TaskWaits, park
 from .watch import WatchHub
 
 if TYPE_CHECKING:
@@ -784,18 +784,7 @@ class NodeServer(TaskWaits):
             remaining = deadline - loop.time()
             if status["state"] != "waiting" or remaining <= 0:
                 return status
-            wake = loop.create_future()
-            self._awaiting.setdefault(lid, []).append(wake)
-            try:
-                await asyncio.wait_for(wake, remaining)
-            except TimeoutError:
-                pass
-            finally:
-                waiters = self._awaiting.get(lid, [])
-                if wake in waiters:
-                    waiters.remove(wake)
-                if not waiters:
-                    self._awaiting.pop(lid, None)
+            await park(self._awaiting, lid, remaining, loop)
 
     # --------------------------------------------------------------- watches
 

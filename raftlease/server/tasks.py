@@ -26,6 +26,30 @@ from .log_clock import LogClock
 FINAL = ("completed", "dead")
 
 
+async def park(
+    awaiting: dict[str, list[asyncio.Future[None]]],
+    ident: str,
+    timeout: float,
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Event loop: wait up to ``timeout`` seconds until a state change concerning
+    ``ident`` resolves the future parked under it in ``awaiting`` (the tick thread's
+    wake-ups), then unpark. Returns on the wake-up or the timeout alike: the long-poll
+    re-reads the state either way. Cancellation unparks too."""
+    wake: asyncio.Future[None] = loop.create_future()
+    awaiting.setdefault(ident, []).append(wake)
+    try:
+        await asyncio.wait_for(wake, timeout)
+    except TimeoutError:
+        pass
+    finally:
+        waiters = awaiting.get(ident, [])
+        if wake in waiters:
+            waiters.remove(wake)
+        if not waiters:
+            awaiting.pop(ident, None)
+
+
 class TaskWaits:
     """What ``NodeServer`` adds for task queues; it provides the attributes and
     methods declared here."""
@@ -121,18 +145,7 @@ class TaskWaits:
             remaining = deadline - loop.time()
             if done(status) or remaining <= 0:
                 return status
-            wake = loop.create_future()
-            self._awaiting.setdefault(ident, []).append(wake)
-            try:
-                await asyncio.wait_for(wake, remaining)
-            except TimeoutError:
-                pass
-            finally:
-                waiters = self._awaiting.get(ident, [])
-                if wake in waiters:
-                    waiters.remove(wake)
-                if not waiters:
-                    self._awaiting.pop(ident, None)
+            await park(self._awaiting, ident, remaining, loop)
 
     def wake_tasks(self, events: list[dict[str, Any]], loop: asyncio.AbstractEventLoop) -> None:
         """Tick thread: wake the long-polls a task change concerns (a claim granted
