@@ -33,9 +33,7 @@ node, and so must every committed log entry two nodes both hold.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import io
 import pickle
 import struct
 from dataclasses import dataclass, field
@@ -46,55 +44,17 @@ import msgpack
 
 from raftlease.core import LeaseStore
 
+# The package's offline reader (raftlease snapshot save --from-data-dir) reads dumps,
+# commit indexes and commands the same way; only the journal is read here strictly (a
+# damaged record is a finding for the checker, where a restore stops at a torn tail).
+from raftlease.replication.backup import BackupError as ReplayError
+from raftlease.replication.backup import entry_bytes, read_commit_index, read_dump
+
 JOURNAL_NAME = b"PYSYNCOBJ"
 JOURNAL_FORMAT = 1
 HEADER_SIZE = 24 + 8 + 4 + 4
 END_OFFSET_AT = 24 + 8 + 4
-REGULAR, NO_OP, MEMBERSHIP, VERSION = 0, 1, 2, 3
-
-#: The only callables a dump or a command may name: the ones protocol-2 pickles of
-#: bytes, tuples, sets and plain objects use (under their Python 2 module names too:
-#: protocol 2 writes ``__builtin__`` and ``copy_reg``). Anything else (PySyncObj's node
-#: objects in the dump's cluster set) becomes an inert stand-in: never imported or run.
-_BUILTINS = ("bytes", "bytearray", "set", "frozenset", "dict", "list", "tuple", "object")
-_ALLOWED = {
-    *((module, name) for module in ("builtins", "__builtin__") for name in _BUILTINS),
-    ("_codecs", "encode"),
-    ("copyreg", "_reconstructor"),
-    ("copy_reg", "_reconstructor"),
-}
-
 Entry = tuple[bytes, int, int]  # (command, index, term)
-
-
-class ReplayError(Exception):
-    """A data directory this reader cannot interpret: the comparison is unknown."""
-
-
-class _Opaque:
-    """Stand-in for a class named inside a pickle that is not a plain builtin."""
-
-    origin = "?"
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> _Opaque:
-        return object.__new__(cls)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
-
-
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED:
-            return super().find_class(module, name)
-        return type(name, (_Opaque,), {"origin": f"{module}.{name}"})
-
-
-def _loads(data: bytes) -> Any:
-    return _Unpickler(io.BytesIO(data)).load()
 
 
 def read_journal(path: Path) -> list[Entry]:
@@ -119,54 +79,6 @@ def read_journal(path: Path) -> list[Entry]:
         out.append((bytes(data[offset + 20 : offset + 4 + size]), index, term))
         offset += size + 8
     return out
-
-
-def read_dump(path: Path) -> tuple[dict[str, Any], int]:
-    """A full dump: the consumer's ``to_plain()`` data and the index it was taken at."""
-    try:
-        with gzip.open(path, "rb") as f:
-            dump = _Unpickler(f).load()
-        data, last = dump[0], dump[1]
-        consumer = data[1]
-        index = int(last[1])
-    except Exception as exc:
-        raise ReplayError(f"{path}: unreadable dump ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(consumer, bytes):
-        raise ReplayError(f"{path}: consumer data is {type(consumer).__name__}, not bytes")
-    # The node loads its snapshot with strict_map_key=False (raftlease's _deserialize).
-    plain = msgpack.unpackb(consumer, raw=False, strict_map_key=False)
-    if not isinstance(plain, dict):
-        raise ReplayError(f"{path}: snapshot is a {type(plain).__name__}, not a map")
-    return plain, index
-
-
-def read_commit_index(path: Path) -> int | None:
-    if not path.exists():
-        return None
-    try:
-        meta = _loads(path.read_bytes())
-        return int(meta["raftCommitIndex"])
-    except Exception:
-        return None
-
-
-def entry_bytes(command: bytes) -> bytes | None:
-    """The msgpack entry a regular command carries; None for a command that never
-    reaches the state machine (no-op, membership, code version)."""
-    if not command:
-        raise ReplayError("empty command")
-    kind = command[0]
-    if kind in (NO_OP, MEMBERSHIP, VERSION):
-        return None
-    if kind != REGULAR:
-        raise ReplayError(f"unknown command type {kind}")
-    call = _loads(command[1:])
-    if not (isinstance(call, tuple) and len(call) in (2, 3) and isinstance(call[1], tuple)):
-        raise ReplayError(f"regular command is not a replicated call: {call!r:.80}")
-    args = call[1]
-    if len(args) != 1 or not isinstance(args[0], bytes) or (len(call) == 3 and call[2]):
-        raise ReplayError(f"replicated call is not apply_entry(bytes): {call!r:.80}")
-    return args[0]
 
 
 @dataclass
@@ -204,7 +116,8 @@ def load_node(node: str, directory: Path) -> NodeDisk:
     disk = NodeDisk(node, read_journal(journal))
     dump = directory / "raft.dump"
     if dump.exists():
-        disk.dump, disk.dump_index = read_dump(dump)
+        disk.dump, last = read_dump(dump)
+        disk.dump_index = last[1]
     disk.commit_index = read_commit_index(directory / "raft.journal.meta")
     for entry in disk.entries:
         if entry[1] in disk.by_index:

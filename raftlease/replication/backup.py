@@ -242,7 +242,7 @@ def entry_bytes(command: bytes) -> bytes | None:
     if not (isinstance(call, tuple) and len(call) in (2, 3) and isinstance(call[1], tuple)):
         raise BackupError("a journal command is not a replicated call")
     args = call[1]
-    if len(args) != 1 or not isinstance(args[0], bytes):
+    if len(args) != 1 or not isinstance(args[0], bytes) or (len(call) == 3 and call[2]):
         raise BackupError("a journal command is not apply_entry(bytes)")
     return args[0]
 
@@ -271,7 +271,7 @@ def read_data_dir(data_dir: Path, committed_only: bool = False) -> OfflineState:
         dump_index, term = last[1], last[2]
         index = dump_index
     entries = read_journal(journal_path) if journal_path.exists() else []
-    known = _commit_index(data_dir / (JOURNAL_NAME + ".meta"))
+    known = read_commit_index(data_dir / (JOURNAL_NAME + ".meta"))
     tail = [e for e in entries if e[1] > dump_index]
     if tail and tail[0][1] != dump_index + 1:
         raise BackupError(
@@ -299,7 +299,9 @@ def read_data_dir(data_dir: Path, committed_only: bool = False) -> OfflineState:
     return OfflineState(store, index, term, dump_index, known, replayed, left_out)
 
 
-def _commit_index(path: Path) -> int | None:
+def read_commit_index(path: Path) -> int | None:
+    """The commit index a node saved in its journal's ``.meta`` file (None if absent
+    or unreadable: it may lag the real one by a second)."""
     if not path.exists():
         return None
     try:
