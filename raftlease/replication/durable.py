@@ -7,8 +7,10 @@ vote file without fsync, and renames its dump into place without fsync (its issu
 
 * ``DurableJournal`` wraps PySyncObj's ``FileJournal`` (installed by our transport
   before PySyncObj's tick thread starts) and remembers whether entries were written
-  since the last sync. ``sync`` is one ``msync`` + ``fdatasync`` for everything
-  appended since the previous one (group commit).
+  since the last sync. ``sync`` is one ``fdatasync`` for everything appended since
+  the previous one (group commit); on Linux that alone writes back the map's dirty
+  pages, elsewhere an ``msync`` of the pages written since the last sync comes first
+  (``DurableJournal.MSYNC``).
 * A follower syncs before it answers an ``append_entries`` (``next_node_idx``,
   ``LeaseTransport.send``): its answer is what the leader counts.
 * A leader sends its new entries first and syncs at the end of the same tick (an
@@ -37,8 +39,10 @@ from __future__ import annotations
 
 import gzip
 import logging
+import mmap
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -94,19 +98,20 @@ class SyncRecorder:
     #: there always takes the acknowledged writes since the last real sync.
     WRITEBACK_EVERY = 30
 
-    def journal(self, path: Path, read: Callable[[int, int], bytes], low: int, high: int) -> None:
-        """The journal's bytes ``[low, high)`` and its header reached the disk."""
+    def journal(
+        self, path: Path, read: Callable[[int, int], bytes], ranges: list[tuple[int, int]]
+    ) -> None:
+        """The journal's byte ranges ``(offset, size)`` reached the disk: exactly the
+        ranges the sync declared (``DurableJournal.ranges``), so a simulated power
+        loss keeps nothing the sync did not cover. The first sync's ranges start at 0
+        (``DurableJournal`` starts with everything unsynced)."""
         shadow = Path(str(path) + self.SUFFIX)
         if not shadow.exists():
-            low = 0
             shadow.write_bytes(b"")
         with open(shadow, "r+b") as f:
-            f.seek(0)
-            f.write(read(0, FIRST_RECORD_OFFSET))
-            low = max(low, FIRST_RECORD_OFFSET)
-            if high > low:
-                f.seek(low)
-                f.write(read(low, high - low))
+            for offset, size in ranges:
+                f.seek(offset)
+                f.write(read(offset, size))
 
     def copy(self, path: Path) -> None:
         """The whole file at ``path`` reached the disk."""
@@ -218,7 +223,25 @@ class DurableJournal:
 
     ``fsync``: every write makes the journal dirty. ``none``: only entries carrying
     ``DURABLE_MARK`` and log rewrites (compaction, snapshot install) do.
+
+    What a sync covers (docs/design.md, "Durability"): PySyncObj writes the journal
+    through the map only at the end of the last record (``add``), in the header's
+    last-record offset (every write path), and from the first record on when it
+    rewrites the file (``clear``, ``deleteEntriesTo``); ``deleteEntriesFrom`` moves
+    only the header. ``_low`` is the lowest record offset written since the last
+    sync, so ``ranges`` (the header's page and the pages from ``_low`` to the end of
+    the last record) hold every byte the loader reads that changed since then.
     """
+
+    #: msync the written ranges before the fdatasync. Not on Linux: there a shared
+    #: mapping's writes dirty the page-cache pages themselves (mm/msync.c: "MS_SYNC
+    #: syncs the entire file - including mappings"; MS_ASYNC "doesn't do anything,
+    #: since dirty pages are properly tracked"; "the application may now run fsync()
+    #: to write out the dirty pages"), and an msync(MS_SYNC) is itself an fdatasync of
+    #: its range (``vfs_fsync_range(..., datasync=1)``), so a second one would only
+    #: cost a syscall and a device cache flush. POSIX promises only what msync does,
+    #: so other systems keep it.
+    MSYNC = not sys.platform.startswith("linux")
 
     def __init__(
         self,
@@ -236,7 +259,7 @@ class DurableJournal:
         self.recorder = recorder
         #: Something written since the last sync that this mode must sync.
         self.dirty = True  # whatever PySyncObj's loader wrote (its first no-op entry)
-        #: Lowest journal byte offset written since the last sync (for the recorder).
+        #: Lowest journal byte offset written since the last sync (0: everything).
         self._low = 0
         #: Syncs done, and entries they covered (group commit: covered >= syncs).
         self.syncs = 0
@@ -263,11 +286,29 @@ class DurableJournal:
         if self.dirty:
             self.sync()
 
+    def ranges(self) -> list[tuple[int, int]]:
+        """The journal's byte ranges ``(offset, size)`` written since the last sync,
+        widened to whole pages (msync's unit): the header's page (its last-record
+        offset changes on every write) and the pages from ``_low`` to the end of the
+        last record, merged when they touch. Bytes past the last record are not the
+        loader's (their pages are covered only where they share one with a record)."""
+        page = mmap.ALLOCATIONGRANULARITY
+        high = self._offset()
+        start = self._low - self._low % page
+        if start <= page:
+            return [(0, high)]
+        return [(0, page), (start, high - start)]
+
     def sync(self) -> None:
-        """Make everything written so far durable: msync the map, fdatasync the file
-        (its size may have grown). Stops the process if the kernel reports an error."""
+        """Make everything written so far durable: msync the ranges written since the
+        last sync where that is needed (``MSYNC``), then fdatasync the file (its size
+        may have grown). Runs on the tick thread and blocks it for the disk's sync
+        time. Stops the process if the kernel reports an error (never raises)."""
         try:
-            self._file.flush()
+            if self.MSYNC:
+                mapping = self._file._ResizableFile__mm
+                for offset, size in self.ranges():
+                    mapping.flush(offset, size)
             os.fdatasync(self._file._ResizableFile__f.fileno())
         except (OSError, ValueError):
             _fail_stop(f"the journal {self.journal_path}")
@@ -279,8 +320,7 @@ class DurableJournal:
 
     def _record(self) -> None:
         if self.recorder is not None:
-            high = self._offset()
-            self.recorder.journal(self.journal_path, self._file.read, self._low, high)
+            self.recorder.journal(self.journal_path, self._file.read, self.ranges())
         self._low = self._offset()
 
     def sync_dump(self) -> None:
