@@ -138,6 +138,20 @@ class NodeConfig:
     # Live watches on one node (node-local: watches are not replicated).
     max_watches_per_principal: int = 256
     max_watches_per_node: int = 4_096
+    # Long-polls (await_lease, await_claim, await_task) parked on one node at once:
+    # of one authenticated principal, and from everyone (node-local, like watches).
+    max_long_polls_per_principal: int = 1_000
+    max_long_polls_per_node: int = 4_096
+    # Queued acquires from everyone, on every key together; stamped into acquire
+    # entries and decided by the state machine (replicated, like the waiter quota).
+    max_waiters_total: int = 100_000
+    # Connections that have not authenticated (docs/security.md, "Client port
+    # limits"): with auth_file at most max_unauthenticated_connections at once, each
+    # closed unless it authenticates within auth_timeout; from one source address at
+    # most max_connections_per_address of them (without auth_file: every connection).
+    max_unauthenticated_connections: int = 64
+    auth_timeout: float = 10.0
+    max_connections_per_address: int = 256
     # Tasks one task queue may hold that are not completed (docs/queues.md).
     max_queue_tasks: int = 250_000
     # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
@@ -257,6 +271,7 @@ class NodeConfig:
             "compaction_min_time",
             "frame_timeout",
             "idle_timeout",
+            "auth_timeout",
         ):
             value = getattr(self, name)
             if not _is_number(value) or not math.isfinite(value) or value <= 0:
@@ -274,6 +289,11 @@ class NodeConfig:
             "max_waiters_per_principal",
             "max_watches_per_principal",
             "max_watches_per_node",
+            "max_long_polls_per_principal",
+            "max_long_polls_per_node",
+            "max_waiters_total",
+            "max_unauthenticated_connections",
+            "max_connections_per_address",
             "max_queue_tasks",
         ):
             value = getattr(self, name)

@@ -111,6 +111,8 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
         return "'quota' must be a positive integer"
     if "wait_quota" in entry and not valid_int(entry["wait_quota"], 1, 2**31):
         return "'wait_quota' must be a positive integer"
+    if "waiters_total" in entry and not valid_int(entry["waiters_total"], 1, 2**31):
+        return "'waiters_total' must be a positive integer"
     if "shaper" in entry and entry["shaper"] is not False:
         return "'shaper' must be false when present"
     if "principal" in entry and not valid_str(entry["principal"], MAX_OWNER_BYTES):

@@ -346,6 +346,16 @@ class LeaseStore(StoreState):
                 f"{principal} has {queued} queued acquires; its quota is {wait_quota}",
                 quota=wait_quota,
             )
+        waiters_total = entry.get("waiters_total")
+        if waiters_total is not None and len(self.waiting) >= waiters_total:
+            # Everyone's queued acquires on every key (max_waiters_total): derived
+            # from the wait queues, so a restored snapshot counts the same.
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{len(self.waiting)} acquires are queued on this cluster; at most "
+                f"{waiters_total} may be (max_waiters_total)",
+                quota=waiters_total,
+            )
         self.capacity[key] = capacity
         self.queue_order += 1
         waiter = Waiter(

@@ -64,7 +64,7 @@ from .log_clock import LogClock
 from .metrics import NodeMetrics, NodeView
 from .proposer import Proposer
 from .restart import LastStop, mark_running, mark_stopped
-from .tasks import TaskWaits, park
+from .tasks import LONG_POLL_OPS, PollSlots, TaskWaits, park
 from .watch import WatchHub
 
 if TYPE_CHECKING:
@@ -142,6 +142,8 @@ class NodeServer(TaskWaits):
         self._tick_in_flight = False
         # Long-polls for queued acquires: lease id -> futures to wake (event loop only).
         self._awaiting: dict[str, list[asyncio.Future[None]]] = {}
+        #: The long-poll quota (per principal and per node; server/tasks.py).
+        self.polls = PollSlots(config.max_long_polls_per_principal, config.max_long_polls_per_node)
         self.requests_total = 0
         #: How the previous run ended, and until when (monotonic) this node stays out
         #: of the cluster after an unclean stop with durability "none".
@@ -153,6 +155,10 @@ class NodeServer(TaskWaits):
         #: them), and the TLS contexts a reload loads new files into (event loop).
         self._live: dict[asyncio.StreamWriter, list[Principal | None]] = {}
         self._live_tls: list[ssl.SSLContext] = []
+        #: Each open connection's source address (max_connections_per_address), and
+        #: the auth_timeout timers of those not authenticated yet (event loop).
+        self._hosts: dict[asyncio.StreamWriter, str] = {}
+        self._auth_timers: dict[asyncio.StreamWriter, asyncio.TimerHandle] = {}
         self.auth: AuthPolicy | None = (
             load_auth(Path(config.auth_file)) if config.auth_file else None
         )
@@ -463,17 +469,25 @@ class NodeServer(TaskWaits):
         decoder = FrameDecoder(self.config.max_frame)
         slots = asyncio.Semaphore(MAX_INFLIGHT_PER_CONNECTION)
         tasks: set[asyncio.Task[None]] = set()
+        # Long-polls in flight: cancelled when the connection closes, so their quota
+        # slots are freed then, not at their timeout (nobody reads their answer).
+        polls: set[asyncio.Task[None]] = set()
         frame_started: float | None = None
         # The connection's principal (auth.py): from its client certificate, or set
         # by an auth request. A one-item list the request tasks share.
         who: list[Principal | None] = [None]
         self._live[writer] = who  # an auth reload re-checks it
+        peer = writer.get_extra_info("peername")
+        self._hosts[writer] = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
         try:
             try:
                 self._adopt(who, self._certificate_principal(writer))
+                if who[0] is None:
+                    self._admit_unauthenticated(writer)
             except QuotaExceededError as exc:
                 writer.write(encode_frame(error_response(None, exc)))
                 return
+            self._arm_auth_deadline(writer, who)
             while True:
                 data = await self._read_within(reader, writer, decoder, tasks, frame_started)
                 if not data:
@@ -493,6 +507,10 @@ class NodeServer(TaskWaits):
                     task = asyncio.create_task(self._answer(message, writer, slots, who))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
+                    op = message.get("op")
+                    if isinstance(op, str) and op in LONG_POLL_OPS:  # a list op: no hash
+                        polls.add(task)
+                        task.add_done_callback(polls.discard)
                 if broken is not None:
                     # The stream cannot be resynchronised: finish what came before,
                     # answer once with id None, then close.
@@ -502,13 +520,85 @@ class NodeServer(TaskWaits):
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            for task in list(polls):
+                task.cancel()
             self._connections -= 1
             self._live.pop(writer, None)
+            self._hosts.pop(writer, None)
+            timer = self._auth_timers.pop(writer, None)
+            if timer is not None:
+                timer.cancel()
             self._adopt(who, None)
             self.watches.end_for(writer)  # frees their watch quota slots now
             with contextlib.suppress(Exception):
                 await writer.drain()
             writer.close()
+
+    def _admit_unauthenticated(self, writer: asyncio.StreamWriter) -> None:
+        """A new connection that is not authenticated (no client certificate; without
+        an auth file, every connection). Raises ``QuotaExceededError`` (the caller
+        answers it and closes) when its address already has
+        ``max_connections_per_address`` such connections; with an auth file also when
+        ``max_unauthenticated_connections`` are open and no other address holds more
+        of them than this one. If one does, its oldest unauthenticated connection is
+        closed to make room: a stranger's flood from one address cannot keep other
+        addresses' clients from connecting and authenticating."""
+        config = self.config
+        host = self._hosts.get(writer, "?")
+        others = [w for w, who in self._live.items() if who[0] is None and w is not writer]
+        by_host: dict[str, int] = {}
+        for other in others:
+            name = self._hosts.get(other, "?")
+            by_host[name] = by_host.get(name, 0) + 1
+        mine = by_host.get(host, 0)
+        if mine >= config.max_connections_per_address:
+            log.info("client connection from %s refused: max_connections_per_address", host)
+            raise QuotaExceededError(
+                f"{mine} connections from {host} have not authenticated "
+                f"(max_connections_per_address is {config.max_connections_per_address})"
+            )
+        if self.auth is None or len(others) < config.max_unauthenticated_connections:
+            return
+        heaviest = max(by_host, key=lambda name: by_host[name])
+        if by_host[heaviest] <= mine:
+            log.info("client connection from %s refused: max_unauthenticated_connections", host)
+            raise QuotaExceededError(
+                f"{len(others)} connections have not authenticated "
+                f"(max_unauthenticated_connections is {config.max_unauthenticated_connections})"
+            )
+        # _live keeps accept order: the first of the heaviest address is its oldest.
+        victim = next(w for w in others if self._hosts.get(w) == heaviest)
+        log.info(
+            "unauthenticated client connection from %s closed to admit one from %s "
+            "(max_unauthenticated_connections)",
+            heaviest,
+            host,
+        )
+        self._live.pop(victim, None)  # counted no more, though its task ends later
+        victim.transport.abort()
+
+    def _arm_auth_deadline(self, writer: asyncio.StreamWriter, who: list[Principal | None]) -> None:
+        """With an auth file: close the connection if it is still not authenticated
+        ``auth_timeout`` from now (a failed ``auth`` does not move a deadline already
+        set). Event loop."""
+        if self.auth is None or who[0] is not None or writer in self._auth_timers:
+            return
+        loop = asyncio.get_running_loop()
+        self._auth_timers[writer] = loop.call_later(
+            self.config.auth_timeout, self._auth_deadline_passed, writer, who
+        )
+
+    def _auth_deadline_passed(
+        self, writer: asyncio.StreamWriter, who: list[Principal | None]
+    ) -> None:
+        self._auth_timers.pop(writer, None)
+        if who[0] is None and writer in self._live:
+            log.info(
+                "client connection from %s closed: not authenticated within %.0f s",
+                self._hosts.get(writer, "?"),
+                self.config.auth_timeout,
+            )
+            writer.transport.abort()
 
     def _certificate_principal(self, writer: asyncio.StreamWriter) -> Principal | None:
         """The principal a verified client certificate names (its common name)."""
@@ -547,7 +637,11 @@ class NodeServer(TaskWaits):
                 else:
                     request = parse_request(message, self.limits)
                     if request.op == "auth":
-                        response = ok_response(request.id, self._authenticate(request, who))
+                        try:
+                            response = ok_response(request.id, self._authenticate(request, who))
+                        finally:
+                            # Unauthenticated again (a refused token): a deadline anew.
+                            self._arm_auth_deadline(writer, who)
                         writer.write(encode_frame(response))
                         await writer.drain()
                         return
@@ -629,9 +723,11 @@ class NodeServer(TaskWaits):
             return self.status()
         self._refuse_if_removed()
         if request.op == "await_lease":
-            return await self._await_lease(request)
+            with self.polls.hold(request.principal):  # QUOTA_EXCEEDED when full
+                return await self._await_lease(request)
         if request.op in ("await_claim", "await_task"):
-            return await self.await_task_op(request)  # server/tasks.py
+            with self.polls.hold(request.principal):
+                return await self.await_task_op(request)  # server/tasks.py
         if request.op == "snapshot":
             return await self._snapshot(request)
         if request.op == "member_list":
@@ -655,6 +751,10 @@ class NodeServer(TaskWaits):
         self._require_leader()
         entry: dict[str, Any] = {k: v for k, v in request.args.items() if k != "consistency"}
         entry["op"] = request.op
+        if request.op == "acquire":
+            # Everyone's queued acquires together, with or without authentication
+            # (core/store.py decides, only when this acquire would queue).
+            entry["waiters_total"] = self.config.max_waiters_total
         if request.principal:
             # Bound to the lease or session it makes, and part of the dedup
             # fingerprint: nobody else can use it or read its cached answer.
@@ -863,6 +963,10 @@ class NodeServer(TaskWaits):
             "clients": len(store.clients),
             "sessions": len(store.clients),
             "lease_sessions": len(store.lease_sessions),
+            # Long-polls parked on this node now (max_long_polls_per_node), and client
+            # connections not authenticated (all of them without an auth file).
+            "long_polls": self.polls.total,
+            "unauthenticated_connections": sum(1 for who in self._live.values() if who[0] is None),
             "version": __version__,
             # What this build applies (docs/membership.md, "Rolling upgrades").
             "formats": {"entry": ENTRY_FORMAT, "snapshot": SNAPSHOT_VERSION},
