@@ -1,5 +1,6 @@
 """Operators' commands: ``raftlease watch PREFIX``, ``raftlease sessions``,
-``raftlease waiters KEY`` and ``raftlease revoke KEY``.
+``raftlease waiters KEY``, ``raftlease revoke KEY`` and ``raftlease reload [--all]``
+(a node reads its auth and TLS files again; needs ``admin`` with auth).
 
 Human lines by default, JSON with ``--json`` (``watch`` prints one JSON object per
 line). What they show is what every reader may see: owners, tokens, units, times;
@@ -214,3 +215,55 @@ def revoke(
     else:
         listed = ", ".join(str(t) for t in tokens)
         click.echo(f"revoked {len(tokens)} lease(s) on {_safe(key)} (token {listed})")
+
+
+@main.command()
+@click.option(
+    "--all",
+    "every",
+    is_flag=True,
+    help="Ask every node in --endpoints (default: only the first).",
+)
+@_client_options
+def reload(every: bool, endpoints: str, as_json: bool, timeout: float) -> None:
+    """Admin: make a node read its auth file and client-port TLS files again, as
+    SIGHUP does (tokens, roles, pinned shapes, certificates, client CAs). Each node
+    reads its own files: with --all every node listed is asked, one by one. Exit 0
+    when every node asked took its new files; 1 when one refused a file (its previous
+    file stays in force; the reason is printed) or could not be asked."""
+    targets = [e.strip() for e in endpoints.split(",") if e.strip()]
+    if not targets:
+        raise click.UsageError("--endpoints names no node")
+    if not every:
+        targets = targets[:1]
+    rows: list[dict[str, Any]] = []
+    with _client(targets) as c:
+        for endpoint in targets:
+            try:
+                answer = c.reload(endpoint, timeout=timeout)
+            except RaftLeaseError as exc:
+                rows.append(
+                    {
+                        "endpoint": endpoint,
+                        "reloaded": False,
+                        "code": exc.code,
+                        "error": exc.message,
+                    }
+                )
+            else:
+                rows.append({"endpoint": endpoint, **answer})
+    everything = all(row.get("reloaded") for row in rows)
+    if as_json:
+        click.echo(json.dumps({"ok": everything, "nodes": rows}))
+    else:
+        for row in rows:
+            where = f"{_safe(row.get('node', '?'))} ({_safe(row['endpoint'])})"
+            if row.get("reloaded"):
+                click.echo(f"{where}: reloaded")
+            elif "code" in row:
+                click.echo(f"{where}: not asked: {row['code']} {_safe(row['error'])}")
+            else:
+                for why in row.get("errors") or ["refused"]:
+                    click.echo(f"{where}: refused: {_safe(why)}")
+    if not everything:
+        sys.exit(1)

@@ -95,6 +95,8 @@ OPS: dict[str, bool] = {
     "member_list": False,
     "member_add": False,
     "member_remove": False,
+    # Operators (docs/security.md): the node reached reads its auth and TLS files again.
+    "reload": False,
 }
 
 #: Longest member id accepted by ``member_add``.

@@ -615,6 +615,24 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         """The status of one node (no redirect, no retry)."""
         return await self.transport.node_status(endpoint, timeout=timeout)
 
+    async def reload(self, endpoint: str, *, timeout: float = 10.0) -> dict[str, Any]:
+        """Operators: make the node at ``endpoint`` read its auth file and client-port
+        TLS files again, as ``SIGHUP`` does (docs/security.md). Returns ``{"node",
+        "reloaded", "errors"}``: ``reloaded`` false means a file was refused and the
+        old one stays in force, ``errors`` says why. One node, no redirect, no retry
+        (reloading is per node: the files are each node's own). Raises
+        ``PermissionDeniedError`` without ``admin`` (with auth on),
+        ``ConnectionLostError`` if the node is unreachable or the reload closed this
+        connection (its token was removed)."""
+        conn = await self.transport.connection(endpoint, timeout)
+        response = await conn.request({"op": "reload"}, timeout)
+        if not response.get("ok"):
+            raise from_wire(
+                str(response.get("code")), str(response.get("message")), response.get("detail")
+            )
+        result: dict[str, Any] = response["result"]
+        return result
+
     async def cluster_status(self, *, timeout: float = 2.0) -> list[dict[str, Any]]:
         """Status of every endpoint; unreachable ones are reported, not raised."""
 

@@ -276,5 +276,10 @@ class Client(SharedKeyLocks[HeldLock]):
         """Blocking iterator over ``AsyncClient.watch``; stop by breaking out of it."""
         return self._portal.iterate(self._async.watch(prefix, from_revision=from_revision))
 
+    def reload(self, endpoint: str, *, timeout: float = 10.0) -> dict[str, Any]:
+        """``AsyncClient.reload``: the node at ``endpoint`` reads its auth and TLS
+        files again (admin). Blocks up to ``timeout``."""
+        return self._run(self._async.reload(endpoint, timeout=timeout))
+
     def cluster_status(self, *, timeout: float = 2.0) -> list[dict[str, Any]]:
         return self._run(self._async.cluster_status(timeout=timeout))

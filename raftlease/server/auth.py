@@ -30,6 +30,16 @@ machine from a flag the leader stamps, since only it knows whether the key has a
 A prefix operation (``leases``, ``watch``) needs the permission on a prefix that
 contains the one asked.
 
+Shapes can be pinned (docs/security.md, "Pinned shapes"): ``[[shapes]]`` with a
+``key`` (that key only) or a ``prefix`` (every key under it) and a ``capacity``. An
+acquire of a pinned key with another capacity is refused ``CAPACITY_MISMATCH`` by the
+leader before it is proposed, and the pinned capacity needs no ``shape`` permission.
+An exact key wins over any prefix, and a longer prefix over a shorter one:
+
+    [[shapes]]
+    prefix = "gpu/pools/a100/"
+    capacity = 8
+
 Pure apart from ``load_auth`` (reads the file). Event loop only.
 """
 
@@ -43,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, PermissionDeniedError, UnauthenticatedError
+from ..limits import MAX_CAPACITY
 from ..protocol import Request
 
 ACTIONS = frozenset({"read", "write", "admin", "shape"})
@@ -113,6 +124,20 @@ class Principal:
 @dataclass(frozen=True)
 class AuthPolicy:
     principals: dict[str, Principal] = field(default_factory=dict)
+    #: Pinned shapes: exact keys, and (prefix, capacity) longest prefix first.
+    shape_keys: dict[str, int] = field(default_factory=dict)
+    shape_prefixes: tuple[tuple[str, int], ...] = ()
+
+    def pinned_capacity(self, key: str) -> int | None:
+        """The capacity the auth file pins for ``key`` (an exact ``key`` entry, else
+        the longest ``prefix`` containing it), or None if it pins none."""
+        pinned = self.shape_keys.get(key)
+        if pinned is not None:
+            return pinned
+        for prefix, capacity in self.shape_prefixes:
+            if key.startswith(prefix):
+                return capacity
+        return None
 
     def by_token(self, token: str) -> Principal:
         """The principal whose token this is; raises ``UnauthenticatedError``."""
@@ -183,6 +208,10 @@ class AuthPolicy:
             # A snapshot holds every lease id: admin on the whole key space.
             self.check_admin(principal, op)
             return
+        if op == "reload":
+            # Re-reads this very policy and the node's TLS files: operators only.
+            self.check_admin(principal, op)
+            return
         raise PermissionDeniedError(f"{op} is not allowed here")
 
     def check_admin(self, principal: Principal | None, what: str) -> None:
@@ -238,7 +267,45 @@ def load_auth(path: Path) -> AuthPolicy:
         principals[name] = Principal(name, tuple(roles[r] for r in entry.get("roles", [])), digest)
     if not principals:
         raise _fail(path, "names no principals")
-    return AuthPolicy(principals)
+    keys, prefixes = _load_shapes(path, raw.get("shapes", []))
+    return AuthPolicy(principals, keys, prefixes)
+
+
+def _load_shapes(path: Path, raw: Any) -> tuple[dict[str, int], tuple[tuple[str, int], ...]]:
+    """The ``[[shapes]]`` tables: each a ``key`` or a ``prefix`` (a string, not both)
+    and a ``capacity`` (1..MAX_CAPACITY; 1 pins a plain lock). Raises ``ConfigError``."""
+    if not isinstance(raw, list):
+        raise _fail(path, "shapes must be an array of tables ([[shapes]])")
+    keys: dict[str, int] = {}
+    prefixes: dict[str, int] = {}
+    for n, entry in enumerate(raw, start=1):
+        where = f"shapes entry {n}"
+        if not isinstance(entry, dict):
+            raise _fail(path, f"{where} must be a table")
+        unknown = sorted(set(entry) - {"key", "prefix", "capacity"})
+        if unknown:
+            raise _fail(path, f"{where}: unknown fields {unknown} (key or prefix, capacity)")
+        if ("key" in entry) == ("prefix" in entry):
+            raise _fail(path, f"{where} needs exactly one of key and prefix")
+        kind = "key" if "key" in entry else "prefix"
+        name = entry[kind]
+        if not isinstance(name, str) or (kind == "key" and not name):
+            raise _fail(
+                path, f"{where}: {kind} must be a{' non-empty' if kind == 'key' else ''} string"
+            )
+        capacity = entry.get("capacity")
+        if (
+            not isinstance(capacity, int)
+            or isinstance(capacity, bool)
+            or not 1 <= capacity <= MAX_CAPACITY
+        ):
+            raise _fail(path, f"{where}: capacity must be an integer from 1 to {MAX_CAPACITY}")
+        table = keys if kind == "key" else prefixes
+        if name in table:
+            raise _fail(path, f"{where}: {kind} {name!r} is pinned twice")
+        table[name] = capacity
+    ordered = tuple(sorted(prefixes.items(), key=lambda item: -len(item[0])))
+    return keys, ordered
 
 
 def token_digest(token: str) -> str:

@@ -35,6 +35,7 @@ from ..config import NodeConfig, parse_addr
 from ..core import LeaseStore, Result
 from ..core.snapshot import ENTRY_FORMAT, SNAPSHOT_VERSION
 from ..errors import (
+    CapacityMismatchError,
     ConfigError,
     FrameTooLargeError,
     InternalError,
@@ -65,6 +66,7 @@ from .metrics import NodeMetrics, NodeView
 from .proposer import Proposer
 from .restart import LastStop, mark_running, mark_stopped
 from .tasks import LONG_POLL_OPS, PollSlots, TaskWaits, park
+from .tls_reload import LiveTLS, RefusalLog
 from .watch import WatchHub
 
 if TYPE_CHECKING:
@@ -154,7 +156,7 @@ class NodeServer(TaskWaits):
         #: Open client connections and their principal cells (an auth reload checks
         #: them), and the TLS contexts a reload loads new files into (event loop).
         self._live: dict[asyncio.StreamWriter, list[Principal | None]] = {}
-        self._live_tls: list[ssl.SSLContext] = []
+        self._live_tls: list[LiveTLS] = []
         #: Each open connection's source address (max_connections_per_address), and
         #: the auth_timeout timers of those not authenticated yet (event loop).
         self._hosts: dict[asyncio.StreamWriter, str] = {}
@@ -186,7 +188,8 @@ class NodeServer(TaskWaits):
         # Bind the client port first: if it is taken, fail before joining Raft.
         client_tls = self._tls_context()
         if client_tls is not None:
-            self._live_tls.append(client_tls)  # SIGHUP loads new files into it
+            # A reload replaces the context its new handshakes use (tls_reload.py).
+            self._live_tls.append(LiveTLS(client_tls, self.config.tls_client_ca_file))
         server = await asyncio.start_server(
             self._serve_connection,
             host,
@@ -213,7 +216,7 @@ class NodeServer(TaskWaits):
             self.proposer.on_commit = self.metrics.observe_commit
             admin_tls = self._tls_context()
             if admin_tls is not None:
-                self._live_tls.append(admin_tls)
+                self._live_tls.append(LiveTLS(admin_tls, self.config.tls_client_ca_file))
             self.admin = AdminEndpoint(
                 self.config.admin_address,
                 self.metrics,
@@ -312,24 +315,53 @@ class NodeServer(TaskWaits):
                         closed += 1
                         writer.close()
                 log.info(
-                    "reloaded the auth file: %d principals; %d connections closed",
+                    "reloaded the auth file: %d principals, %d pinned shapes; %d "
+                    "connections closed",
                     len(policy.principals),
+                    len(policy.shape_keys) + len(policy.shape_prefixes),
                     closed,
                 )
         if self._live_tls:
             try:
-                self._tls_context()  # the new files, loaded apart first: all or nothing
-                for context in self._live_tls:
-                    context.load_cert_chain(self.config.tls_cert_file, self.config.tls_key_file)
-                    if self.config.tls_client_ca_file:
-                        # Adds the file's CAs; a CA once trusted stays until a restart.
-                        context.load_verify_locations(self.config.tls_client_ca_file)
-            except (ConfigError, OSError, ssl.SSLError) as exc:
+                # Fresh contexts from the files, all built before any is used: all or
+                # nothing. (OpenSSL cannot remove a CA from a live context.)
+                fresh = [self._tls_context() for _ in self._live_tls]
+            except ConfigError as exc:
                 log.error("reload refused: %s; the previous TLS files stay in force", exc)
                 ok = False
             else:
-                log.info("reloaded the client-port TLS files")
+                removed = False
+                for live, context in zip(self._live_tls, fresh, strict=True):
+                    assert context is not None  # _live_tls is only filled with TLS on
+                    removed |= live.replace(context, self.config.tls_client_ca_file)
+                closed = self._close_untrusted() if removed else 0
+                log.info("reloaded the client-port TLS files; %d connections closed", closed)
         return ok
+
+    def _close_untrusted(self) -> int:
+        """After a reload removed a client CA: close every open client connection
+        whose certificate no CA in the new file issued (its principal could not
+        connect again). Returns how many were closed."""
+        closed = 0
+        for writer in list(self._live):
+            ssl_object = writer.get_extra_info("ssl_object")
+            der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+            if der and not self._live_tls[0].trusted(der):
+                closed += 1
+                writer.close()
+        return closed
+
+    def reload_op(self) -> dict[str, Any]:
+        """The ``reload`` operation (admin): what ``SIGHUP`` does, on this node, and
+        whether every file was taken (``errors``: why not). Event loop; never raises.
+        A connection the new auth file no longer admits is closed, the caller's too."""
+        refusals = RefusalLog()
+        log.addHandler(refusals)
+        try:
+            reloaded = self.reload_security()
+        finally:
+            log.removeHandler(refusals)
+        return {"node": self.config.node_id, "reloaded": reloaded, "errors": refusals.messages}
 
     def _recheck(self, who: list[Principal | None], writer: asyncio.StreamWriter) -> bool:
         """After an auth reload: give the connection its principal as the new policy
@@ -721,6 +753,8 @@ class NodeServer(TaskWaits):
             return {"node": self.config.node_id, "version": __version__}
         if request.op == "status":
             return self.status()
+        if request.op == "reload":
+            return self.reload_op()  # this node's files, not the cluster's state
         self._refuse_if_removed()
         if request.op == "await_lease":
             with self.polls.hold(request.principal):  # QUOTA_EXCEEDED when full
@@ -765,9 +799,21 @@ class NodeServer(TaskWaits):
                 entry["wait_quota"] = self.config.max_waiters_per_principal
                 # Whether it may fix a shared key's capacity is known here; whether
                 # this acquire would fix it, only in the state machine (core/store.py).
+                capacity, key = request.args.get("capacity", 1), request.args["key"]
+                # A shape pinned in the auth file (auth.py) is checked here, by the
+                # leader, before anything is proposed: every surface's acquire ends up
+                # here, on whichever node leads. The pinned capacity needs no shape.
+                pinned = self.auth.pinned_capacity(key) if self.auth else None
+                if pinned is not None and capacity != pinned:
+                    raise CapacityMismatchError(
+                        f"{key!r} is pinned to capacity {pinned} by the auth file, not {capacity}",
+                        {"key": key, "capacity": pinned, "pinned": True},
+                    )
                 shaper = self.auth.principals.get(request.principal) if self.auth else None
-                if request.args.get("capacity", 1) > 1 and (
-                    shaper is None or not shaper.may_shape(request.args["key"])
+                if (
+                    capacity > 1
+                    and pinned is None
+                    and (shaper is None or not shaper.may_shape(key))
                 ):
                     entry["shaper"] = False
             elif request.op == "session_open":
