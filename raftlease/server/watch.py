@@ -17,8 +17,19 @@ from typing import Any
 from ..errors import CompactedError, QuotaExceededError, UnavailableError
 from ..protocol import Request, encode_frame, error_response, ok_response
 
-#: Changes each node keeps for watches to resume from.
+#: Changes each node keeps for watches to resume from: at most this many, and at most
+#: ``WATCH_HISTORY_BYTES`` of them (whichever bound is reached first).
 WATCH_HISTORY = 100_000
+#: Estimated bytes of history each node keeps (``event_bytes``). A count alone did not
+#: bound memory: 100,000 changes of short keys held ~50 MB per node (more than the
+#: rest of the node), and of 4 KiB keys, owners and values over 1 GB; under the soak's
+#: load a node's RSS grew by the history for ~30 minutes before the count capped it
+#: (jepsen-style/README.md, finding 5). 4 MiB is ~8,000 changes of short keys.
+WATCH_HISTORY_BYTES = 4 * 1024 * 1024
+#: What one history event costs besides the bytes of its key, owner and value:
+#: measured ~500 B on CPython 3.11 (a dict of 7-8 fields, two ints, three small
+#: strings' headers, the deque slot) for an event of short strings.
+EVENT_OVERHEAD = 400
 #: Batches of changes queued for one watch before it is ended as too slow (it then
 #: resumes from its last revision, from the history, on a fresh stream).
 MAX_WATCH_BACKLOG = 1024
@@ -41,18 +52,33 @@ PUBLIC_FIELDS = ("type", "key", "owner", "token", "revision", "value", "units")
 OPTIONAL_FIELDS = ("unit_indices",)
 
 
+def event_bytes(event: dict[str, Any]) -> int:
+    """The history's estimate of what ``event`` (public fields) holds in memory:
+    ``EVENT_OVERHEAD`` plus the lengths of its strings and 8 bytes per unit index."""
+    size = EVENT_OVERHEAD + len(event.get("unit_indices") or ()) * 8
+    for name in ("key", "owner", "value", "type"):
+        field = event.get(name)
+        if isinstance(field, str | bytes):
+            size += len(field)
+    return size
+
+
 class WatchHub:
     """History and subscribers of one node's watches."""
 
     def __init__(
         self,
         history: int = WATCH_HISTORY,
+        history_bytes: int = WATCH_HISTORY_BYTES,
         backlog: int = MAX_WATCH_BACKLOG,
         drain_timeout: float = WATCH_DRAIN_TIMEOUT,
         max_per_principal: int = MAX_WATCHES_PER_PRINCIPAL,
         max_per_node: int = MAX_WATCHES_PER_NODE,
     ) -> None:
-        """``backlog``: batches queued per watch before it is ended as too slow;
+        """``history``/``history_bytes``: most changes / estimated bytes of them kept
+        for watches to resume from (the oldest go first; a watch from an older
+        revision gets ``COMPACTED``); ``backlog``: batches queued per watch before it
+        is ended as too slow;
         ``drain_timeout``: how long one write may wait for the watcher to read before
         the connection is dropped; ``max_per_principal``/``max_per_node``: live
         watches one authenticated principal / everyone may have on this node."""
@@ -62,8 +88,13 @@ class WatchHub:
         self.max_per_node = max_per_node
         #: Live watches per authenticated principal (event loop only).
         self._by_principal: dict[str, int] = {}
-        # Recent changes (public fields only) and the live subscribers.
-        self._history: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
+        # Recent changes (public fields only) and the live subscribers. The tick
+        # thread alone changes the history and its byte count; readers on the event
+        # loop copy it (a deque copy is one C call under the GIL).
+        self.history_limit = history
+        self.history_bytes = history_bytes
+        self._history: collections.deque[dict[str, Any]] = collections.deque()
+        self._history_size = 0
         self._watchers: dict[
             object, tuple[asyncio.Queue[list[dict[str, Any]] | str | None], str]
         ] = {}
@@ -93,9 +124,17 @@ class WatchHub:
         # node skipped history (it installed a snapshot). The history restarts there.
         if last is not None and public[0]["revision"] != last + 1:
             history.clear()
+            self._history_size = 0
             gap = True
         self._last = public[-1]["revision"]
         history.extend(public)  # deque appends are atomic; readers copy first
+        self._history_size += sum(event_bytes(e) for e in public)
+        # Drop the oldest beyond either bound; the newest change always stays (a
+        # watch from the current revision needs no history).
+        while len(history) > 1 and (
+            len(history) > self.history_limit or self._history_size > self.history_bytes
+        ):
+            self._history_size -= event_bytes(history.popleft())
         if self._watchers:
             with contextlib.suppress(RuntimeError):  # loop closed during shutdown
                 loop.call_soon_threadsafe(self._publish, public, gap)
@@ -137,6 +176,12 @@ class WatchHub:
     def live(self) -> int:
         """Watches streaming on this node now."""
         return len(self._watchers)
+
+    @property
+    def history_size(self) -> tuple[int, int]:
+        """The history's length and estimated bytes now (any thread; a moment's
+        view, the tick thread may be adding to it)."""
+        return len(self._history), self._history_size
 
     def admit(self, principal: str | None) -> None:
         """Raise ``QuotaExceededError`` (definite: nothing subscribed) if one more
