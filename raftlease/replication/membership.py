@@ -207,6 +207,12 @@ class Membership:
         self._change: Change | None = None
         self.changes_seen = 0
         self._saved = False
+        # The PySyncObj node objects the last refresh took, by identity (kept so their
+        # ids stay theirs): the same objects give the same members, because a node's
+        # rl_id and rl_client are set when it is made and _known changes only with the
+        # member set, so refresh skips rebuilding them (it runs on every tick).
+        self._seen: tuple[Any, ...] = ()
+        self._seen_ids: frozenset[int] = frozenset()
 
     # ------------------------------------------------------------- reading
 
@@ -229,7 +235,12 @@ class Membership:
     def refresh(self, other_nodes: Iterable[Any], index: int) -> bool:
         """Tick thread: take PySyncObj's peer set; if it changed, remember it and
         write it to disk. Returns True if it changed."""
-        members = [node_address(n, self._known) for n in other_nodes]
+        nodes = tuple(other_nodes)
+        ids = frozenset(map(id, nodes))
+        if ids == self._seen_ids and self._saved:
+            return False  # the objects of the last tick: nothing to rebuild
+        self._seen, self._seen_ids = nodes, ids
+        members = [node_address(n, self._known) for n in nodes]
         current = tuple(
             sorted({m.raft: m for m in (*members, self.me)}.values(), key=lambda m: m.id)
         )
