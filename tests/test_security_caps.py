@@ -556,6 +556,15 @@ def test_long_polls_without_auth_count_per_node_native_and_http() -> None:
                     30,
                     "the HTTP acquire's withdrawal",
                 )
+                # The native client does the same: its acquire with wait raises, and
+                # it withdraws the acquire it had queued.
+                with pytest.raises(QuotaExceededError):
+                    client.acquire("k", owner="n", ttl=30, wait=20)
+                wait_for(
+                    lambda: [w.owner for w in client.waiters("k")] == ["w"],
+                    30,
+                    "the native acquire's withdrawal",
+                )
             finally:
                 parked.close()
             wait_for(lambda: long_polls(endpoint) == 0, 30, "the closed connection's slot")
@@ -632,8 +641,9 @@ def test_a_strangers_connections_do_not_keep_an_agent_out(
 
 @pytest.mark.integration
 @pytest.mark.timeout(240)
-def test_connections_per_address_without_auth(cluster_factory: Factory) -> None:
-    cluster = cluster_factory(1, max_connections_per_address=4)
+def test_connections_per_address_without_auth() -> None:
+    cluster = admin_cluster(1, max_connections_per_address=4)
+    cluster.start()
     endpoint = cluster.endpoints[0]
     held = [Raw(endpoint, source="127.0.0.3") for _ in range(4)]
     try:
@@ -652,6 +662,40 @@ def test_connections_per_address_without_auth(cluster_factory: Factory) -> None:
             assert client.acquire("k", owner="o", ttl=30).token > 0
         for raw in held:
             assert raw.call("ping")["ok"]
+        # The refusal is counted by the limit that made it.
+        url = f"http://{admin_of(cluster, 'n1')}/metrics"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            text = response.read().decode()
+        assert (
+            'raftlease_client_connections_closed_total{limit="max_connections_per_address"} 1.0'
+            in text
+        )
     finally:
         for raw in held:
             raw.close()
+        cluster.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_a_client_without_token_reconnects_after_its_auth_deadline(
+    cluster_factory: Factory, tmp_path: Path
+) -> None:
+    """``status`` and ``ping`` need no token, but their connection is closed at the auth
+    deadline like any other; the client library connects again on its next request."""
+    cluster = cluster_factory(1, auth_file=str(auth_file(tmp_path)), auth_timeout=1.0)
+    node = cluster.nodes[0].id
+    endpoint = cluster.endpoints[0]
+    with Client(cluster.endpoints) as anonymous:
+        assert anonymous.node_status(endpoint)["node"] == node
+        wait_for(
+            lambda: "not authenticated within" in cluster.log_path(node).read_text(),
+            30,
+            "the node to close the connection at its auth deadline",
+        )
+        statuses = wait_for(
+            lambda: anonymous.node_status(endpoint, timeout=5.0),
+            30,
+            "a status over a new connection",
+        )
+        assert statuses["node"] == node

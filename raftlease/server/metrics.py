@@ -131,6 +131,14 @@ class NodeMetrics:
             ["op", "code"],
             registry=registry,
         )
+        self.connections_closed = Counter(
+            "raftlease_client_connections_closed",
+            "Client connections refused or closed by a connection limit, by the limit "
+            "(max_connections, max_connections_per_address, max_unauthenticated_connections, "
+            "evicted: closed to admit another address's, auth_timeout).",
+            ["limit"],
+            registry=registry,
+        )
         self.lease_events = {
             kind: Counter(name, help_text, registry=registry)
             for kind, (name, help_text) in LEASE_EVENT_COUNTERS.items()

@@ -495,6 +495,7 @@ class NodeServer(TaskWaits):
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         if self._connections >= self.config.max_connections:
+            self._count_closed("max_connections")
             writer.close()
             return
         self._connections += 1
@@ -585,6 +586,7 @@ class NodeServer(TaskWaits):
         mine = by_host.get(host, 0)
         if mine >= config.max_connections_per_address:
             log.info("client connection from %s refused: max_connections_per_address", host)
+            self._count_closed("max_connections_per_address")
             raise QuotaExceededError(
                 f"{mine} connections from {host} have not authenticated "
                 f"(max_connections_per_address is {config.max_connections_per_address})"
@@ -594,6 +596,7 @@ class NodeServer(TaskWaits):
         heaviest = max(by_host, key=lambda name: by_host[name])
         if by_host[heaviest] <= mine:
             log.info("client connection from %s refused: max_unauthenticated_connections", host)
+            self._count_closed("max_unauthenticated_connections")
             raise QuotaExceededError(
                 f"{len(others)} connections have not authenticated "
                 f"(max_unauthenticated_connections is {config.max_unauthenticated_connections})"
@@ -608,6 +611,12 @@ class NodeServer(TaskWaits):
         )
         self._live.pop(victim, None)  # counted no more, though its task ends later
         victim.transport.abort()
+        self._count_closed("evicted")
+
+    def _count_closed(self, limit: str) -> None:
+        """Count a connection refused or closed by a connection limit (metrics)."""
+        if self.metrics is not None:
+            self.metrics.connections_closed.labels(limit).inc()
 
     def _arm_auth_deadline(self, writer: asyncio.StreamWriter, who: list[Principal | None]) -> None:
         """With an auth file: close the connection if it is still not authenticated
@@ -631,6 +640,7 @@ class NodeServer(TaskWaits):
                 self.config.auth_timeout,
             )
             writer.transport.abort()
+            self._count_closed("auth_timeout")
 
     def _certificate_principal(self, writer: asyncio.StreamWriter) -> Principal | None:
         """The principal a verified client certificate names (its common name)."""
