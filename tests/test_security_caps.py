@@ -700,3 +700,53 @@ def test_a_client_without_token_reconnects_after_its_auth_deadline(
             "a status over a new connection",
         )
         assert statuses["node"] == node
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_one_principals_2000_connections_do_not_keep_another_out(
+    cluster_factory: Factory, tmp_path: Path
+) -> None:
+    """agent-7 opens 2,000 connections (from 127.0.0.2) and authenticates each:
+    ``max_connections_per_principal`` (256) of them are its, the others are refused
+    (QUOTA_EXCEEDED on ``auth``, then closed at the auth deadline, or refused on
+    accept once its address holds its share of unauthenticated connections), and
+    agent-8 (from 127.0.0.1) connects and is served throughout."""
+    cluster = cluster_factory(1, auth_file=str(auth_file(tmp_path)), auth_timeout=3.0)
+    node = cluster.nodes[0].id
+    endpoint = cluster.endpoints[0]
+    pid = cluster.pid(node)
+    rss_before = rss_kib(pid)
+    flood: list[Raw] = []
+    outcomes = {"ok": 0, "QUOTA_EXCEEDED": 0, "closed": 0}
+    try:
+        for n in range(2_000):
+            try:
+                raw = Raw(endpoint, source="127.0.0.2")
+            except OSError:
+                outcomes["closed"] += 1
+                continue
+            flood.append(raw)
+            try:
+                answer = raw.call("auth", token=AGENT_TOKEN)
+            except (OSError, AssertionError):  # closed before it answered
+                outcomes["closed"] += 1
+                continue
+            if answer.get("ok"):
+                outcomes["ok"] += 1
+            else:
+                assert answer["code"] == "QUOTA_EXCEEDED", answer
+                outcomes["QUOTA_EXCEEDED"] += 1
+            if n % 250 == 249:
+                other = authenticated(endpoint, OTHER_TOKEN)
+                assert other.call("holder", key="gpu/x")["ok"]
+                other.close()
+        assert outcomes["ok"] == 256, outcomes
+        assert sum(outcomes.values()) == 2_000
+        with Client(cluster.endpoints, token=OTHER_TOKEN) as other_client:
+            assert other_client.acquire("gpu/b", owner="b", ttl=30).token > 0
+        assert rss_kib(pid) - rss_before < 64 * 1024
+    finally:
+        for raw in flood:
+            raw.close()
+    assert "Traceback" not in cluster.log_path(node).read_text()
