@@ -465,6 +465,14 @@ def test_long_polls_stop_at_the_quotas_and_free_their_slots(
             refused = first.answer(poll(first, lids[1]), timeout=10)
             assert error_code(refused) == "QUOTA_EXCEEDED"
             assert "max_long_polls_per_principal" in refused["message"]
+            # A flood of 1,000 more on the same connection: each refused at once, none
+            # parked, and the node's memory does not grow with them.
+            rss_before = rss_kib(cluster.pid(cluster.nodes[0].id))
+            sent = [poll(first, lids[n % 3]) for n in range(1_000)]
+            codes = {error_code(first.answer(rid, timeout=60)) for rid in sent}
+            assert codes == {"QUOTA_EXCEEDED"}
+            assert long_polls(endpoint) == 2
+            assert rss_kib(cluster.pid(cluster.nodes[0].id)) - rss_before < 32 * 1024
             # Another principal gets the node's last slot (this one ends at 15 s: far
             # beyond the checks that need it parked, on a loaded machine too).
             other = conn(OTHER_TOKEN)
