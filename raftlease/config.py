@@ -110,6 +110,8 @@ class NodeConfig:
     durability: str = "fsync"
     # The cluster's shared peer secret (docs/security.md); "" means
     # <data_dir>/../peer.secret, created by the first node that starts without one.
+    # One secret per line: the first seals, each opens (a rolling rotation; SIGHUP
+    # reads the file again).
     peer_secret_file: str = ""
     # This node's Ed25519 peer identity key ("": <data_dir>/peer.key, created 0600),
     # and the folder of the members' public keys, <id>.pub ("": <data_dir>/../peers;

@@ -22,7 +22,15 @@ unpickles anything:
 What this does not give: identity per node. Every member holds the same secret; which
 member a connection is, is proven by the signed first frame of identity.py.
 
-Threads: connections run on PySyncObj's tick thread; the secret is read at start.
+Rolling rotation (docs/security.md, "Rotating the peer secret"): the secret file holds
+one secret per line; the first seals, every one opens. Each frame names the key that
+sealed it by a 4-byte key id derived from that secret, so opening costs one lookup and
+one AES-GCM try, never a trial of every key. ``PeerCipher.rekey`` (``SIGHUP``) swaps
+the keys under every open connection at once (PySyncObj gives all connections the one
+cipher object).
+
+Threads: connections run on PySyncObj's tick thread; the secrets are read at start and
+at each ``SIGHUP`` (event loop), which swaps them in without a lock (``PeerCipher``).
 """
 
 from __future__ import annotations
@@ -63,10 +71,15 @@ PEER_MESSAGE_TYPES = frozenset({"append_entries", "next_node_idx", "request_vote
 SECRET_BYTES = 32
 
 
+#: Most secrets one secret file may hold (the sealing one and those still accepted).
+MAX_SECRETS = 4
+
+
 def load_or_create_secret(path: Path) -> str:
-    """The cluster's peer secret from ``path``; created (random, mode 0600) if the file
-    does not exist, atomically, so nodes starting together share one. Raises
-    ``ConfigError`` if the file is readable by others, empty or unreadable."""
+    """The cluster's peer secret file's text from ``path`` (``load_secrets``); the
+    file is created (one random secret, mode 0600) if it does not exist, atomically,
+    so nodes starting together share one. Raises ``ConfigError`` as
+    ``load_secrets``."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -83,60 +96,143 @@ def load_or_create_secret(path: Path) -> str:
             pass
         finally:
             tmp.unlink(missing_ok=True)
+    return load_secrets(path)
+
+
+def load_secrets(path: Path) -> str:
+    """The peer secret file at ``path``, never created: its secrets, one per line
+    (blank lines and surrounding white space dropped), joined by newlines. The first
+    seals frames; the others are accepted too, during a rotation. Blocks on the
+    file read. Raises ``ConfigError`` if the file is missing, unreadable, readable by
+    group or others, or its secrets are not valid (``parse_secrets``)."""
     try:
         mode = path.stat().st_mode
-        text = path.read_text().strip()
-    except OSError as exc:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read the peer secret {str(path)!r}: {exc}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(
             f"the peer secret {str(path)!r} is readable by other users (mode "
             f"{stat.S_IMODE(mode):o}); run: chmod 600 {path}"
         )
-    if len(text) < 32:
-        raise ConfigError(f"the peer secret {str(path)!r} must hold at least 32 characters")
-    return text
+    try:
+        found = parse_secrets(text)
+    except ConfigError as exc:
+        raise ConfigError(f"the peer secret {str(path)!r}: {exc}") from None
+    return "\n".join(found)
+
+
+def parse_secrets(text: str) -> tuple[str, ...]:
+    """The secrets of a peer secret file's text, one per non-blank line, the sealing
+    one first. Raises ``ConfigError`` (naming no secret) unless there are 1 to
+    ``MAX_SECRETS`` of them, each at least 32 characters, with distinct key ids."""
+    found: list[str] = []
+    for line in text.splitlines():
+        secret = line.strip()
+        if secret and secret not in found:
+            found.append(secret)
+    if not found:
+        raise ConfigError("must hold at least 32 characters (it holds no secret)")
+    if len(found) > MAX_SECRETS:
+        raise ConfigError(
+            f"holds {len(found)} secrets; at most {MAX_SECRETS} (the sealing one first, "
+            "then those still accepted)"
+        )
+    for n, secret in enumerate(found, start=1):
+        if len(secret) < 32:
+            raise ConfigError(f"must hold at least 32 characters (line {n} of its secrets)")
+    ids = [key_id(_frame_key(secret)) for secret in found]
+    if len(set(ids)) != len(ids):  # 1 in 2**32 per pair: make another secret
+        raise ConfigError("two of its secrets have the same key id; replace one")
+    return tuple(found)
+
+
+def _frame_key(secret: str) -> bytes:
+    """The key the per-frame keys are derived from (BLAKE2b of the secret)."""
+    return hashlib.blake2b(secret.encode(), digest_size=32, person=b"raftlease-peer1").digest()
+
+
+def key_id(key: bytes) -> bytes:
+    """The 4-byte id frames carry to name the secret that sealed them: a hash of the
+    secret's frame key under its own label, so it reveals nothing the sealed frames
+    do not (it appears in log lines, as hex). Never a secret."""
+    return hashlib.blake2b(key, digest_size=4, person=b"raftlease-kid1").digest()
+
+
+class UnacceptedKey(ValueError):
+    """A peer frame sealed with a key this node does not accept (a stranger's, or a
+    secret dropped by a rotation). Its message names only the frame's key id."""
 
 
 class PeerCipher:
     """Authenticated encryption of peer frames, in place of PySyncObj's Fernet (which
     costs ~70 us per frame round trip here; this costs a few): AES-128-GCM under a key
-    derived per frame from the cluster secret and 16 random bytes (BLAKE2b keyed with
+    derived per frame from a cluster secret and 16 random bytes (BLAKE2b keyed with
     the secret), so no nonce is ever reused whatever the number of frames. The frame's
-    time stamp is authenticated as associated data. Same interface as the Fernet
-    object PySyncObj uses (``encrypt_at_time``, ``extract_timestamp``, ``decrypt``);
-    our transport installs it before PySyncObj makes any connection.
+    time stamp and key id are authenticated as associated data. Same interface as the
+    Fernet object PySyncObj uses (``encrypt_at_time``, ``extract_timestamp``,
+    ``decrypt``); our transport installs it before PySyncObj makes any connection.
 
-    Token: time stamp (8 bytes, big endian) | salt (16) | ciphertext and tag."""
+    ``secret``: the secret file's text, one secret per line (``parse_secrets``): the
+    first seals, each opens. A frame names its secret by key id, so opening looks
+    the key up once: a frame of a secret not held is refused (``UnacceptedKey``)
+    before any decryption.
+
+    Token: time stamp (8 bytes, big endian) | key id (4) | salt (16) | ciphertext
+    and tag.
+
+    Threads: any; ``rekey`` replaces the accepted keys, then the sealing key, each in
+    one assignment that a frame reads once, so a frame is sealed (or opened) wholly
+    with the old key (keys) or the new.
+    Raises ``ConfigError`` (constructor, ``rekey``) for a text ``parse_secrets``
+    refuses."""
 
     _NONCE = bytes(12)
 
     def __init__(self, secret: str) -> None:
-        self._key = hashlib.blake2b(
-            secret.encode(), digest_size=32, person=b"raftlease-peer1"
-        ).digest()
+        self.rekey(secret)
 
-    def _cipher(self, salt: bytes) -> AESGCM:
-        return AESGCM(hashlib.blake2b(salt, key=self._key, digest_size=16).digest())
+    def rekey(self, secret: str) -> None:
+        """Seal with the first secret of ``secret`` from now on, and open frames of
+        any of its secrets only (the keys of every connection change at once).
+        Raises ``ConfigError`` and changes nothing if ``secret`` is not valid."""
+        keys = [_frame_key(s) for s in parse_secrets(secret)]
+        # Two attributes, each read once per frame: sealing and opening are each
+        # wholly old or wholly new (they never depend on one another).
+        self._accepted = {key_id(k): k for k in keys}
+        self._seal = (key_id(keys[0]), keys[0])
 
+    @property
+    def key_ids(self) -> tuple[str, tuple[str, ...]]:
+        """The sealing key's id and every accepted key's id (sealing one first), hex."""
+        return self._seal[0].hex(), tuple(k.hex() for k in self._accepted)
+
+    # The per-frame key is inlined in both paths (no helper call): this runs for
+    # every peer frame on the tick thread.
     def encrypt_at_time(self, data: bytes, current_time: int) -> bytes:
-        stamp = struct.pack(">Q", current_time)
+        kid, key = self._seal
+        head = struct.pack(">Q", current_time) + kid
         salt = os.urandom(16)
-        return stamp + salt + self._cipher(salt).encrypt(self._NONCE, data, stamp)
+        cipher = AESGCM(hashlib.blake2b(salt, key=key, digest_size=16).digest())
+        return head + salt + cipher.encrypt(self._NONCE, data, head)
 
     def extract_timestamp(self, token: bytes) -> int:
-        if len(token) < 8 + 16 + 16:
+        if len(token) < 44:  # time stamp, key id, salt, tag
             raise ValueError("peer frame too short")
         stamp: int = struct.unpack(">Q", token[:8])[0]
         return stamp
 
     def decrypt(self, token: bytes) -> bytes:
-        """The frame's plaintext; raises ``cryptography.exceptions.InvalidTag`` (or
-        ``ValueError``) unless it was made with the cluster secret, unchanged."""
-        if len(token) < 8 + 16 + 16:
+        """The frame's plaintext; raises ``UnacceptedKey`` if its key id is not one
+        of the accepted secrets', ``cryptography.exceptions.InvalidTag`` (or
+        ``ValueError``) unless it was sealed with that secret, unchanged."""
+        if len(token) < 44:
             raise ValueError("peer frame too short")
-        stamp, salt = token[:8], token[8:24]
-        plain: bytes = self._cipher(salt).decrypt(self._NONCE, token[24:], stamp)
+        key = self._accepted.get(token[8:12])
+        if key is None:
+            raise UnacceptedKey(f"sealed with key id {token[8:12].hex()}, not accepted here")
+        cipher = AESGCM(hashlib.blake2b(token[12:28], key=key, digest_size=16).digest())
+        plain: bytes = cipher.decrypt(self._NONCE, token[28:], token[:12])
         return plain
 
 
@@ -195,6 +291,10 @@ class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
                 rand_key, message = message
                 if rand_key != self.recvRandKey:
                     raise ValueError("frame of another connection")
+        except UnacceptedKey as exc:  # a stranger's, or a secret dropped by a rotation
+            log.warning("unauthenticated peer frame (%s): closed", exc)
+            self.disconnect()
+            return None
         except Exception as exc:
             log.warning("unauthenticated or malformed peer frame (%s): closed", type(exc).__name__)
             self.disconnect()

@@ -52,7 +52,7 @@ from .membership import (
     read_members_file,
     write_removed_file,
 )
-from .peers import load_or_create_secret
+from .peers import PeerCipher, load_or_create_secret, load_secrets
 from .transport import LeaseTransport
 
 log = logging.getLogger("raftlease.replication")
@@ -308,6 +308,24 @@ class Replica:
         )
         self._sync = SyncObj(me.raft, peers, conf, consumers=[self._consumer], transportClass=bound)
         self._sync.addOnTickCallback(self._on_tick)
+        seal, accepted = self._peer_cipher().key_ids
+        log.info("peer secrets: sealing with key id %s; accepting %s", seal, ", ".join(accepted))
+
+    def _peer_cipher(self) -> PeerCipher:
+        cipher = self._sync.encryptor
+        assert isinstance(cipher, PeerCipher)  # the transport installs it (peers.py)
+        return cipher
+
+    def reload_peer_secret(self) -> tuple[str, tuple[str, ...]]:
+        """Read ``peer_secret_file`` again (``SIGHUP``; never creates it): seal every
+        peer frame with its first secret from now on and open frames of its secrets
+        only, on the connections already open too (a rolling rotation,
+        docs/security.md). Any thread; blocks on the file read. Returns the sealing
+        key id and the accepted ones (hex). Raises ``ConfigError``, changing
+        nothing, if the file is missing, unreadable, too open or not valid."""
+        cipher = self._peer_cipher()
+        cipher.rekey(load_secrets(self.config.peer_secret_path))
+        return cipher.key_ids
 
     # ---------------------------------------------------------------- writes
 

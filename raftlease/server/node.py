@@ -288,14 +288,15 @@ class NodeServer(TaskWaits):
             log.info("node %s stopped", self.config.node_id)
 
     def reload_security(self) -> bool:
-        """``SIGHUP`` (event loop): read the auth file and the client-port TLS files
-        again. A file that fails to load is refused with an error log line and what
-        was in force stays so. With a new auth file every open connection is checked
-        against it: one whose principal is gone, or that authenticated with a token
-        the file no longer holds (and has no client certificate naming it), is
-        closed; the others get their principal's new roles. New TLS files serve new
-        handshakes (existing TLS connections keep theirs). Never raises; returns
-        whether everything was applied."""
+        """``SIGHUP`` (event loop): read the auth file, the client-port TLS files and
+        the peer secret file again. A file that fails to load is refused with an
+        error log line and what was in force stays so. With a new auth file every
+        open connection is checked against it: one whose principal is gone, or that
+        authenticated with a token the file no longer holds (and has no client
+        certificate naming it), is closed; the others get their principal's new
+        roles. New TLS files serve new handshakes (existing TLS connections keep
+        theirs). New peer secrets apply to open peer connections too. Never raises;
+        returns whether everything was applied."""
         ok = True
         if self.config.auth_file:
             try:
@@ -336,6 +337,20 @@ class NodeServer(TaskWaits):
                     removed |= live.replace(context, self.config.tls_client_ca_file)
                 closed = self._close_untrusted() if removed else 0
                 log.info("reloaded the client-port TLS files; %d connections closed", closed)
+        if self.replica is not None:  # before it exists, it reads the file when made
+            # A rolling rotation of the peer secret (docs/security.md): the file's
+            # first secret seals from now on, all of its secrets open.
+            try:
+                seal, accepted = self.replica.reload_peer_secret()
+            except ConfigError as exc:
+                log.error("reload refused: %s; the previous peer secrets stay in force", exc)
+                ok = False
+            else:
+                log.info(
+                    "reloaded the peer secret file: sealing with key id %s; accepting %s",
+                    seal,
+                    ", ".join(accepted),
+                )
         return ok
 
     def _close_untrusted(self) -> int:
