@@ -20,6 +20,18 @@ claimed has that id and that its public key made the signature, that the hello i
 itself, recent (``HELLO_WINDOW``) and not seen before (a bounded nonce cache), before
 PySyncObj attributes the connection to that member; otherwise it closes it.
 
+The acceptor then proves who *it* is with a *hello reply*, the first frame it sends
+after the key exchange:
+
+    ("rl_hello_reply", 1, acceptor address, acceptor id, dialer id, nonce, time, signature)
+
+signed with the acceptor's key (under another context string, so a hello can never
+pass as a reply) over every field and over the *dialer's* random key from the key
+exchange. The dialer takes nothing from the connection and sends nothing beyond its
+hello until the reply verifies with the key of the member it dialled (same window,
+nonce cache and key lookup as for a hello): an insider holding only the cluster
+secret who binds a member's raft address is refused by the dialers.
+
 Why not TLS: PySyncObj's poller drives plain non-blocking sockets itself (``recv`` /
 ``send`` and its own framing in tcp_connection.py); an ``ssl.SSLSocket`` there would
 need its handshake and ``SSLWantRead``/``SSLWantWrite`` handled inside PySyncObj's read
@@ -66,6 +78,8 @@ NONCE_BYTES = 16
 #: Node ids that may name a public key file.
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _CONTEXT = b"raftlease peer hello v1\x00"
+REPLY = "rl_hello_reply"
+_REPLY_CONTEXT = b"raftlease peer hello reply v1\x00"
 
 
 class HelloRefused(Exception):
@@ -173,11 +187,17 @@ def read_public_key(directory: Path, node_id: str) -> str | None:
 
 
 def _signed_bytes(
-    dialer: str, dialer_id: str, acceptor: str, nonce: bytes, stamp: float, binding: bytes
+    dialer: str,
+    dialer_id: str,
+    acceptor: str,
+    nonce: bytes,
+    stamp: float,
+    binding: bytes,
+    context: bytes = _CONTEXT,
 ) -> bytes:
     parts = [p.encode() for p in (dialer, dialer_id, acceptor)] + [nonce, binding]
     body = b"".join(struct.pack(">I", len(p)) + p for p in parts)
-    return _CONTEXT + body + struct.pack(">d", stamp)
+    return context + body + struct.pack(">d", stamp)
 
 
 def make_hello(
@@ -199,8 +219,28 @@ def make_hello(
     return (HELLO, HELLO_VERSION, dialer, dialer_id, acceptor, nonce, stamp, signature)
 
 
+def make_reply(
+    key: Ed25519PrivateKey,
+    acceptor: str,
+    acceptor_id: str,
+    dialer_id: str,
+    binding: bytes,
+    now: float | None = None,
+    nonce: bytes | None = None,
+) -> tuple[Any, ...]:
+    """The acceptor's answer to a verified hello: this node (``acceptor``, raft
+    address, id ``acceptor_id``) to the member ``dialer_id`` on the connection whose
+    *dialer's* random key (PySyncObj's key exchange; b"" without encryption) is
+    ``binding``. ``now``/``nonce``: for tests."""
+    stamp = time.time() if now is None else now
+    nonce = os.urandom(NONCE_BYTES) if nonce is None else nonce
+    signed = _signed_bytes(acceptor, acceptor_id, dialer_id, nonce, stamp, binding, _REPLY_CONTEXT)
+    return (REPLY, HELLO_VERSION, acceptor, acceptor_id, dialer_id, nonce, stamp, key.sign(signed))
+
+
 class HelloVerifier:
-    """The acceptor's check of hellos (tick thread only).
+    """The acceptor's check of hellos and the dialer's check of hello replies (tick
+    thread only; one nonce cache for both).
 
     ``me``: this node's raft address. ``keys_for(address)``: the claimed member's id
     and its candidate public keys (hex), or None when ``address`` is no member."""
@@ -259,6 +299,61 @@ class HelloVerifier:
             self._remember(nonce, clock)
             return str(dialer)
         raise HelloRefused(f"hello not signed by member {member_id!r}'s key")
+
+    def verify_reply(
+        self, message: Any, dialled: str, my_id: str, binding: bytes, now: float | None = None
+    ) -> None:
+        """Check the acceptor's reply on a connection this node dialled to member
+        address ``dialled``, this node being ``my_id``, whose own random key (the
+        dialer's) is ``binding``. Raises ``HelloRefused`` (reason as text) unless the
+        reply names that member with its id, is for us, is recent, has a nonce not
+        seen before and is signed by that member's key over this connection."""
+        if not (isinstance(message, tuple) and len(message) == 8 and message[0] == REPLY):
+            raise HelloRefused(
+                f"{dialled!r:.80} answered {message!r:.80}, not a signed hello reply"
+            )
+        _, version, acceptor, acceptor_id, dialer_id, nonce, stamp, signature = message
+        if version != HELLO_VERSION:
+            raise HelloRefused(f"hello reply version {version!r:.20}")
+        if not all(
+            isinstance(v, str) and len(v) <= 300 for v in (acceptor, acceptor_id, dialer_id)
+        ):
+            raise HelloRefused("malformed hello reply")
+        if not (isinstance(nonce, bytes) and len(nonce) == NONCE_BYTES):
+            raise HelloRefused("malformed hello reply nonce")
+        if not (isinstance(signature, bytes) and len(signature) == 64):
+            raise HelloRefused("malformed hello reply signature")
+        if isinstance(stamp, bool) or not isinstance(stamp, float | int):
+            raise HelloRefused("malformed hello reply time")
+        if acceptor != dialled:
+            raise HelloRefused(f"hello reply from {acceptor!r:.80}, we dialled {dialled!r:.80}")
+        if dialer_id != my_id:
+            raise HelloRefused(f"hello reply for {dialer_id!r:.80}, not this node")
+        clock = time.time() if now is None else now
+        if not abs(clock - float(stamp)) <= self.window:
+            raise HelloRefused(f"hello reply time {float(stamp) - clock:+.0f} s from ours")
+        if nonce in self._seen:
+            raise HelloRefused("replayed hello reply (nonce seen before)")
+        member = self.keys_for(dialled)
+        if member is None:
+            raise HelloRefused(f"{dialled!r:.80} is no member")
+        member_id, keys = member
+        if acceptor_id != member_id:
+            raise HelloRefused(f"{acceptor_id!r:.80} answered for member {member_id!r}")
+        signed = _signed_bytes(
+            acceptor, acceptor_id, dialer_id, nonce, float(stamp), binding, _REPLY_CONTEXT
+        )
+        known = [k for k in keys if valid_public_hex(k)]
+        if not known:
+            raise HelloRefused(f"no public key known for member {member_id!r}")
+        for pub in known:
+            try:
+                Ed25519PublicKey.from_public_bytes(bytes.fromhex(pub)).verify(signature, signed)
+            except InvalidSignature:
+                continue
+            self._remember(nonce, clock)
+            return
+        raise HelloRefused(f"hello reply not signed by member {member_id!r}'s key")
 
     def _remember(self, nonce: bytes, now: float) -> None:
         self._seen[nonce] = now

@@ -185,11 +185,14 @@ def membership_entries(entries: Iterable[Any]) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class Change:
-    """A change this node proposed as leader: ``kind`` is ``add`` or ``remove``."""
+    """A change this node proposed as leader: ``kind`` is ``add`` or ``remove``;
+    ``pub``: the public peer key an add carries when the operator gave one
+    (``member add --peer-key``), else None (the leader's key folder's file, if any)."""
 
     kind: str
     member: NodeAddress
     term: int
+    pub: str | None = None
 
 
 class Membership:

@@ -437,6 +437,7 @@ class Replica:
         member: NodeAddress,
         callback: Callable[[Change | None, RaftLeaseError | None], None],
         learn: bool = False,
+        pub: str | None = None,
     ) -> None:
         """Propose adding (``kind`` "add") or removing ("remove") ``member``.
 
@@ -452,8 +453,13 @@ class Replica:
         counts for nothing (transport.start_learner), and ``callback`` gets the
         ``Change`` at once; then ``commit_learner`` appends it, or ``drop_learner``
         gives it up (both release the slot on failure).
+
+        ``pub`` (an add only): the new member's public peer key (64 hex digits, from
+        ``member add --peer-key``): the learner is checked with it and the change entry
+        carries it. Refused (``InvalidArgumentError``, definite) if this node's key
+        folder already holds another key for that id.
         """
-        self._tick_calls.append(lambda: self._start_change(kind, member, callback, learn))
+        self._tick_calls.append(lambda: self._start_change(kind, member, callback, learn, pub))
 
     def learner_match(self, raft: str) -> int | None:
         """On the leader: the highest log index known replicated on learner ``raft``
@@ -500,6 +506,7 @@ class Replica:
         member: NodeAddress,
         callback: Callable[[Change | None, RaftLeaseError | None], None],
         learn: bool = False,
+        pub: str | None = None,
     ) -> None:
         sync = self._sync
         if not sync._isLeader():
@@ -512,6 +519,18 @@ class Replica:
             if member.raft in by_raft or member.id in by_id:
                 err = InvalidArgumentError(f"{member.id} ({member.raft}) is already a member")
                 callback(None, err)
+                return
+            known = read_public_key(self.config.peer_keys_path, member.id)
+            if pub is not None and known is not None and known != pub:
+                # Two keys for one id: one of them is not the new member's. Which one
+                # is for the operator to find out; nothing changes.
+                callback(
+                    None,
+                    InvalidArgumentError(
+                        f"the peer key given for {member.id} is not the one this leader "
+                        f"already has in its peer_keys_dir ({member.id}.pub); nothing changed"
+                    ),
+                )
                 return
         else:
             target = by_id.get(member.id) or by_raft.get(member.raft)
@@ -536,14 +555,17 @@ class Replica:
         first = int(log_[0][1])
         commit = int(sync.raftCommitIndex)
         tail = [log_[i] for i in range(max(0, commit - first + 1), len(log_))]
-        change = Change(kind, member, int(sync.raftCurrentTerm))
+        change = Change(kind, member, int(sync.raftCurrentTerm), pub)
         try:
             self.membership.begin(change, tail)
         except RaftLeaseError as exc:
             callback(None, exc)
             return
         if kind == "add" and learn:
-            self._sync._SyncObj__transport.start_learner(member_node(member))
+            learner = member_node(member)
+            if pub is not None:
+                learner.rl_pub = pub  # the learner's hello is checked with it
+            self._sync._SyncObj__transport.start_learner(learner)
             callback(change, None)
             return
         self._propose_change(change, callback)
@@ -577,8 +599,9 @@ class Replica:
         node = member_node(member)
         if kind == "add":
             # The entry carries the new member's public key, so members whose key
-            # folder lacks its file accept it after the change (identity.py).
-            pub = read_public_key(self.config.peer_keys_path, member.id)
+            # folder lacks its file accept it after the change (identity.py): the one
+            # the operator gave (member add --peer-key), else the leader's file.
+            pub = change.pub or read_public_key(self.config.peer_keys_path, member.id)
             if pub is not None:
                 node.rl_pub = pub
         try:

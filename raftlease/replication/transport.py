@@ -25,6 +25,7 @@ from .identity import (
     HelloVerifier,
     PeerIdentity,
     make_hello,
+    make_reply,
     public_key_path,
     read_public_key,
     valid_public_hex,
@@ -115,6 +116,11 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._learners: dict[str, Any] = {}
         self._learner_dialled: dict[str, float] = {}
         self._verifier: HelloVerifier | None = None
+        # Dialer: our outgoing connections whose acceptor has not yet proven it is the
+        # member we dialled (its signed hello reply): connection -> when it connected.
+        # Nothing is sent on them but the key exchange and our hello, and nothing
+        # received is taken but the reply (_onOutgoingMessageReceived).
+        self._unproven: dict[Any, float] = {}
         super().__init__(*args, **kwargs)
         self._verifier = HelloVerifier(str(self._selfNode.address), self._member_keys)
         sync = self._syncObj
@@ -122,6 +128,8 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         sync.addOnTickCallback(self.journal.sync_if_dirty)
 
     def send(self, node: Any, message: Any) -> bool:
+        if not self._proven(node):
+            return False  # PySyncObj sends as soon as TCP connects: not before the reply
         if isinstance(message, dict):
             kind = message.get("type")
             if kind == "append_entries":
@@ -249,7 +257,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             if done or not sync._isLeader() or (until is None and now > deadline):
                 del self._leaving[node_id]
                 super().dropNode(node)
-            elif sync.raftCommitIndex >= index:
+            elif sync.raftCommitIndex >= index and self._proven(node):
                 notice = {"type": "rl_removed", "index": index, "term": sync.raftCurrentTerm}
                 super().send(node, notice)
                 if until is None:
@@ -400,6 +408,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     def _onTick(self) -> None:
         super()._onTick()
         self._drop_silent_strangers()
+        self._drop_unproven()
         self._settle_kept()
         self._settle_leaving()
         self._dial_learners()
@@ -433,6 +442,85 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                 del since[conn]
                 self._unknownConnections.discard(conn)
                 conn.disconnect()
+
+    def _proven(self, node: Any) -> bool:
+        """False while our connection to ``node`` waits for its signed hello reply."""
+        conn = self._connections.get(node)
+        return conn is None or conn not in self._unproven
+
+    def _onOutgoingConnected(self, conn: Any) -> None:
+        # Dialer, TCP connected. PySyncObj marks the connection CONNECTED when this
+        # returns, and its send() needs only that: gate it until the reply verifies.
+        self._unproven[conn] = self.guard.clock.monotonic()
+        if self._syncObj.encryptor is not None:
+            super()._onOutgoingConnected(conn)  # sends our random key; the rest below
+            return
+        # Without encryption PySyncObj would send our address and count the node
+        # connected at once; we send the hello and wait for the reply instead.
+        self._sendSelfAddress(conn)
+        conn.setOnMessageReceivedCallback(functools.partial(self._onHelloReply, conn))
+
+    def _onOutgoingMessageReceived(self, conn: Any, message: Any) -> None:
+        """Dialer: the acceptor's random key (PySyncObj's key exchange). We answer with
+        our hello, as PySyncObj answers with our address, but do not count the node
+        connected (PySyncObj would, and would then send it Raft messages and hand it
+        everything it sends): the next frame must be the acceptor's signed reply."""
+        if not conn.sendRandKey:
+            conn.sendRandKey = message
+            self._sendSelfAddress(conn)
+        conn.setOnMessageReceivedCallback(functools.partial(self._onHelloReply, conn))
+
+    def _onHelloReply(self, conn: Any, message: Any) -> None:
+        """Dialer: the first frame after our hello must be the dialled member's hello
+        reply, signed with its key over our random key (identity.py); otherwise the
+        connection is closed before PySyncObj sees anything from it."""
+        node = self._connToNode(conn)
+        identity = self.identity
+        verifier = self._verifier
+        try:
+            if node is None or identity is None or verifier is None:
+                raise HelloRefused("transport not ready")
+            verifier.verify_reply(
+                message, str(node.address), identity.node_id, conn.recvRandKey or b""
+            )
+        except HelloRefused as exc:
+            log.warning("peer connection refused: %s", exc)
+            self._unproven.pop(conn, None)
+            conn.disconnect()
+            return
+        self._unproven.pop(conn, None)
+        conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+        self._onNodeConnected(node)
+
+    def _onDisconnected(self, conn: Any) -> None:
+        self._unproven.pop(conn, None)
+        super()._onDisconnected(conn)
+
+    def _drop_unproven(self) -> None:
+        """Close our outgoing connections whose acceptor has not proven itself within
+        ``connectionTimeout``: PySyncObj times out only connections with traffic, and
+        would never dial again while one stays open."""
+        if not self._unproven:
+            return
+        now = self.guard.clock.monotonic()
+        limit = self._syncObj.conf.connectionTimeout
+        for conn, opened in list(self._unproven.items()):
+            if now - opened > limit:
+                log.warning("peer connection refused: no signed hello reply within %.1f s", limit)
+                self._unproven.pop(conn, None)
+                conn.disconnect()
+
+    def _reply(self, conn: Any, hello: Any) -> None:
+        """Acceptor: prove to the dialer of a verified ``hello`` that we are the member
+        it dialled. Sent before PySyncObj counts the connection (it may send Raft
+        messages at once), so it is the dialer's first frame after the key exchange."""
+        identity = self.identity
+        if identity is None:
+            return  # the dialer refuses us: a node without an identity is no member
+        me = str(self._selfNode.address)
+        conn.send(
+            make_reply(identity.key, me, identity.node_id, str(hello[3]), conn.sendRandKey or b"")
+        )
 
     def _sendSelfAddress(self, conn: Any) -> None:
         # Dialer: PySyncObj sends our bare address; we send a hello signed with our
@@ -470,7 +558,8 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         the configured member whose address it claims (identity.py). A bare address,
         a read-only node, a utility command (``status``, ``transfer``, ...), an
         unknown member, a wrong signature or a replayed hello closes the connection
-        before PySyncObj attributes anything to a member."""
+        before PySyncObj attributes anything to a member. A verified hello is answered
+        with our signed hello reply (``_reply``) before anything else is sent."""
         if self._syncObj.encryptor is not None and not conn.sendRandKey:
             super()._onIncomingMessageReceived(conn, message)  # the random-key exchange
             return
@@ -486,11 +575,13 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             return
         if address in self._learners and address not in self._nodeAddrToNode:
             if self._syncObj._isLeader():  # a learner of this leader, and only that
+                self._reply(conn, message)
                 self._accept_learner(conn, address)
             else:
                 self._unknownConnections.discard(conn)
                 conn.disconnect()
             return
+        self._reply(conn, message)
         super()._onIncomingMessageReceived(conn, address)
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:
