@@ -104,7 +104,7 @@ class Profile:
     settle: float  # max seconds to wait for a quiet machine before each repetition
     #: The durability modes measured side by side, in run order (``--durability``).
     durability: tuple[str, ...] = DURABILITY_MODES
-    #: Tries of the storage probe (write + msync + fdatasync of one journal page).
+    #: Tries of the storage probe (write + the node's journal sync of one page).
     sync_probe: int = 200
     #: Ready tasks the task-queue memory phase queues (workloads/tasks.py).
     queued_tasks: int = 100_000
