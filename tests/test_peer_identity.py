@@ -36,6 +36,7 @@ from raftlease.replication.peers import PeerCipher
 from raftlease.testing import LocalCluster, wait_for
 from tests.conftest import FAST_SETTINGS
 from tests.test_membership import add, all_agree, new_node_that_dials
+from tests.test_peer_conn_key import join_as_member
 
 Factory = Callable[..., LocalCluster]
 
@@ -331,8 +332,8 @@ def test_the_members_own_key_is_accepted_and_a_replayed_hello_is_not(
     peer = Peer(raft_addr(cluster, target), secret)
     bind = peer.handshake()
     nonce = os.urandom(16)
-    hello = make_hello(key, n2.raft, n2.id, me.raft, bind, nonce=nonce)
-    peer.send(hello)
+    # After the hellos, frames are sealed with the connection's key (test_peer_conn_key).
+    hello = join_as_member(peer, "cipher", key, n2.raft, n2.id, me.raft, nonce=nonce)
     peer.send({"type": "timeout_now", "term": 10**9})
     wait_for(
         lambda: "'timeout_now' message: dropped" in log_text(cluster, me.id),

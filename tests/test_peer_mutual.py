@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from raftlease.config import NodeAddress
 from raftlease.errors import InvalidArgumentError, RaftLeaseError
@@ -36,12 +37,14 @@ from raftlease.protocol import Limits, parse_request
 from raftlease.replication.identity import (
     HelloRefused,
     HelloVerifier,
+    connection_key,
+    exchange_public,
     make_hello,
     make_reply,
     public_hex,
     read_public_key,
 )
-from raftlease.replication.peers import PeerCipher
+from raftlease.replication.peers import ConnectionCipher, PeerCipher
 from raftlease.testing import LocalCluster, wait_for
 from tests.conftest import FAST_SETTINGS
 from tests.test_cluster import raw_request
@@ -67,6 +70,10 @@ class FakeAcceptor:
     def __init__(self, addr: tuple[str, int], secret: str, answer: Answer) -> None:
         self.cipher = PeerCipher(secret)
         self.answer = answer
+        # Ephemeral keys of replies made with a member's key (exchange public -> its
+        # private key): after such a reply the connection goes on under the agreed
+        # connection key, as the member's would (tests/test_peer_conn_key.py).
+        self.agree: dict[bytes, X25519PrivateKey] = {}
         self.connections: list[list[Any]] = []
         self.lock = threading.Lock()
         self.closing = False
@@ -87,15 +94,17 @@ class FakeAcceptor:
         threading.Thread(target=self._accept, daemon=True).start()
 
     # -- frames as PySyncObj's TcpConnection makes them, sealed with the secret
-    def _send(self, sock: socket.socket, key: bytes | None, message: Any) -> None:
+    def _send(
+        self, sock: socket.socket, key: bytes | None, message: Any, cipher: Any = None
+    ) -> None:
         if key is not None:
             message = (key, message)
-        sealed = self.cipher.encrypt_at_time(
+        sealed = (cipher or self.cipher).encrypt_at_time(
             zlib.compress(pickle.dumps(message)), int(time.monotonic())
         )
         sock.sendall(struct.pack("i", len(sealed)) + sealed)
 
-    def _frames(self, sock: socket.socket) -> Any:
+    def _frames(self, sock: socket.socket, box: list[Any]) -> Any:
         buffer = b""
         while not self.closing:
             while len(buffer) >= 4:
@@ -103,7 +112,7 @@ class FakeAcceptor:
                 if len(buffer) < 4 + length:
                     break
                 data, buffer = buffer[4 : 4 + length], buffer[4 + length :]
-                yield pickle.loads(zlib.decompress(self.cipher.decrypt(data)))
+                yield pickle.loads(zlib.decompress(box[0].decrypt(data)))
             try:
                 chunk = sock.recv(65536)
             except TimeoutError:
@@ -133,8 +142,9 @@ class FakeAcceptor:
             self.connections.append(seen)
         mine = os.urandom(32)
         theirs: bytes | None = None
+        box: list[Any] = [self.cipher]  # this connection's cipher
         try:
-            for frame in self._frames(sock):
+            for frame in self._frames(sock, box):
                 if theirs is None:  # the dialer's random key, unwrapped
                     seen.append(frame)
                     theirs = frame
@@ -147,23 +157,34 @@ class FakeAcceptor:
                     first = self.answer(theirs, message)
                     if first is not None:
                         self._send(sock, theirs, first)
+                    private = None
+                    if isinstance(first, tuple) and len(first) == 9:
+                        private = self.agree.get(first[8])
+                    if private is not None:
+                        conn = connection_key(
+                            private, message[8], message[8], first[8], theirs, mine
+                        )
+                        box[0] = ConnectionCipher(self.cipher, conn)
                 elif isinstance(message, dict):
-                    self._follow(sock, theirs, message)
+                    self._follow(sock, theirs, message, box[0])
         except (OSError, ValueError, AssertionError):
             pass
         finally:
             with contextlib.suppress(OSError):
                 sock.close()
 
-    def _follow(self, sock: socket.socket, theirs: bytes, message: dict[str, Any]) -> None:
+    def _follow(
+        self, sock: socket.socket, theirs: bytes, message: dict[str, Any], cipher: Any
+    ) -> None:
         kind = message.get("type")
         if kind == "append_entries" and "prevLogIdx" in message:
             appended = message["prevLogIdx"] + len(message.get("entries") or []) + 1
             ack = {"type": "next_node_idx", "next_node_idx": appended, "reset": False}
             ack.update(success=True, rl_et=message.get("term"), rl_e=message.get("rl_s"))
-            self._send(sock, theirs, ack)
+            self._send(sock, theirs, ack, cipher)
         elif kind == "request_vote" and not message.get("rl_bump"):
-            self._send(sock, theirs, {"type": "response_vote", "term": message.get("term")})
+            vote = {"type": "response_vote", "term": message.get("term")}
+            self._send(sock, theirs, vote, cipher)
 
     def drop_connections(self) -> None:
         with self.lock:
@@ -439,7 +460,10 @@ def test_the_members_own_reply_is_accepted_and_a_replayed_reply_is_not(
     recorded: dict[str, Any] = {}  # dialer id -> the genuine reply it accepted
 
     def genuine(bind: bytes, hello: Any) -> Any:
-        reply = make_reply(key, low.raft, low.id, hello[3], bind)
+        private = X25519PrivateKey.generate()
+        mine = exchange_public(private)
+        fake.agree[mine] = private
+        reply = make_reply(key, low.raft, low.id, hello[3], bind, exchange=mine)
         recorded.setdefault(hello[3], reply)
         return reply
 

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from raftlease.config import ConfigError
-from raftlease.replication.identity import load_or_create_key, make_hello
+from raftlease.replication.identity import load_or_create_key
 from raftlease.replication.peers import PeerCipher, load_or_create_secret
 from raftlease.testing import LocalCluster, wait_for
+from tests.test_peer_conn_key import join_as_member
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -159,7 +160,8 @@ def test_a_member_connection_cannot_inject_proposals(cluster_factory: Factory) -
     # hello, bound to this connection, is accepted as that member.
     key = load_or_create_key(cluster.node_dir(other.id) / "peer.key")
     assert peer.their_key is not None
-    peer.send(make_hello(key, other.raft, other.id, cluster.nodes[target].raft, peer.their_key))
+    # After the hellos, frames are sealed with the connection's key (test_peer_conn_key).
+    join_as_member(peer, "fernet", key, other.raft, other.id, cluster.nodes[target].raft)
     peer.send({"type": "apply_command", "command": b"\x00junk", "request_id": 1})
     peer.send({"type": "timeout_now", "term": 10**9})
     log = cluster.log_path(cluster.nodes[target].id)

@@ -11,7 +11,8 @@ it) and publishes its public key as ``<peer_keys_dir>/<id>.pub`` (default
 with ``peer.secret``). The first frame a dialer sends, which PySyncObj makes its
 member address, becomes a *hello*:
 
-    ("rl_hello", 1, dialer address, dialer id, acceptor address, nonce, time, signature)
+    ("rl_hello", 2, dialer address, dialer id, acceptor address, nonce, time, signature,
+     exchange)
 
 signed with the dialer's key over every field and over the acceptor's random
 connection key from PySyncObj's key exchange (channel binding: a hello is valid on one
@@ -23,7 +24,8 @@ PySyncObj attributes the connection to that member; otherwise it closes it.
 The acceptor then proves who *it* is with a *hello reply*, the first frame it sends
 after the key exchange:
 
-    ("rl_hello_reply", 1, acceptor address, acceptor id, dialer id, nonce, time, signature)
+    ("rl_hello_reply", 2, acceptor address, acceptor id, dialer id, nonce, time,
+     signature, exchange)
 
 signed with the acceptor's key (under another context string, so a hello can never
 pass as a reply) over every field and over the *dialer's* random key from the key
@@ -31,6 +33,14 @@ exchange. The dialer takes nothing from the connection and sends nothing beyond 
 hello until the reply verifies with the key of the member it dialled (same window,
 nonce cache and key lookup as for a hello): an insider holding only the cluster
 secret who binds a member's raft address is refused by the dialers.
+
+A key per connection: ``exchange`` is an ephemeral X25519 public key (signed with the
+rest). Both ends derive the connection's key from the shared secret, both public keys
+and both random keys (``connection_key``) and drop their ephemeral private key; every
+frame after the reply, both ways, is sealed with ``peers.ConnectionCipher`` (that key
+and the cluster secret), so an insider holding only the secret who relays a running
+connection opens and alters nothing after the hellos (transport.py switches the
+connection's cipher at the exact frame).
 
 Why not TLS: PySyncObj's poller drives plain non-blocking sockets itself (``recv`` /
 ``send`` and its own framing in tcp_connection.py); an ``ssl.SSLSocket`` there would
@@ -44,6 +54,7 @@ functions (file I/O at start and on each incoming peer connection).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -61,13 +72,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from ..errors import ConfigError
 
 log = logging.getLogger("raftlease.replication")
 
 HELLO = "rl_hello"
-HELLO_VERSION = 1
+#: 2: the hello and the reply carry an ephemeral X25519 public key (``exchange``).
+HELLO_VERSION = 2
+#: Length of an X25519 public key (the hellos' ``exchange``).
+EXCHANGE_BYTES = 32
 #: A hello more than this many seconds from the acceptor's clock is refused.
 HELLO_WINDOW = 60.0
 #: Nonces of accepted hellos remembered (oldest forgotten first); a forgotten one
@@ -194,8 +209,9 @@ def _signed_bytes(
     stamp: float,
     binding: bytes,
     context: bytes = _CONTEXT,
+    exchange: bytes = b"",
 ) -> bytes:
-    parts = [p.encode() for p in (dialer, dialer_id, acceptor)] + [nonce, binding]
+    parts = [p.encode() for p in (dialer, dialer_id, acceptor)] + [nonce, binding, exchange]
     body = b"".join(struct.pack(">I", len(p)) + p for p in parts)
     return context + body + struct.pack(">d", stamp)
 
@@ -208,15 +224,19 @@ def make_hello(
     binding: bytes,
     now: float | None = None,
     nonce: bytes | None = None,
+    exchange: bytes = b"",
 ) -> tuple[Any, ...]:
     """The first frame of a connection this node (``dialer``, raft address, id
     ``dialer_id``) dialled to ``acceptor`` (raft address). ``binding``: the random
     key the acceptor sent in PySyncObj's key exchange (b"" without encryption).
+    ``exchange``: the dialer's ephemeral X25519 public key for this connection
+    (``exchange_public``; signed too; b"" without encryption).
     ``now``/``nonce``: for tests; default the wall clock and fresh random bytes."""
     stamp = time.time() if now is None else now
     nonce = os.urandom(NONCE_BYTES) if nonce is None else nonce
-    signature = key.sign(_signed_bytes(dialer, dialer_id, acceptor, nonce, stamp, binding))
-    return (HELLO, HELLO_VERSION, dialer, dialer_id, acceptor, nonce, stamp, signature)
+    signed = _signed_bytes(dialer, dialer_id, acceptor, nonce, stamp, binding, _CONTEXT, exchange)
+    signature = key.sign(signed)
+    return (HELLO, HELLO_VERSION, dialer, dialer_id, acceptor, nonce, stamp, signature, exchange)
 
 
 def make_reply(
@@ -227,15 +247,63 @@ def make_reply(
     binding: bytes,
     now: float | None = None,
     nonce: bytes | None = None,
+    exchange: bytes = b"",
 ) -> tuple[Any, ...]:
     """The acceptor's answer to a verified hello: this node (``acceptor``, raft
     address, id ``acceptor_id``) to the member ``dialer_id`` on the connection whose
     *dialer's* random key (PySyncObj's key exchange; b"" without encryption) is
-    ``binding``. ``now``/``nonce``: for tests."""
+    ``binding``. ``exchange``: the acceptor's ephemeral X25519 public key (signed).
+    ``now``/``nonce``: for tests."""
     stamp = time.time() if now is None else now
     nonce = os.urandom(NONCE_BYTES) if nonce is None else nonce
-    signed = _signed_bytes(acceptor, acceptor_id, dialer_id, nonce, stamp, binding, _REPLY_CONTEXT)
-    return (REPLY, HELLO_VERSION, acceptor, acceptor_id, dialer_id, nonce, stamp, key.sign(signed))
+    signed = _signed_bytes(
+        acceptor, acceptor_id, dialer_id, nonce, stamp, binding, _REPLY_CONTEXT, exchange
+    )
+    signature = key.sign(signed)
+    return (
+        REPLY,
+        HELLO_VERSION,
+        acceptor,
+        acceptor_id,
+        dialer_id,
+        nonce,
+        stamp,
+        signature,
+        exchange,
+    )
+
+
+def exchange_public(private: X25519PrivateKey) -> bytes:
+    """The raw public key (32 bytes) of an ephemeral X25519 key, for a hello."""
+    return private.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
+
+
+def connection_key(
+    private: X25519PrivateKey,
+    theirs: bytes,
+    dialer_public: bytes,
+    acceptor_public: bytes,
+    dialer_rand: bytes,
+    acceptor_rand: bytes,
+) -> bytes:
+    """The key of one peer connection (32 bytes), the same at both ends: BLAKE2b of
+    the X25519 shared secret of ``private`` (our ephemeral key) and ``theirs`` (the
+    other end's, from its signed hello), keyed by nothing secret but bound to both
+    public keys and both random keys of PySyncObj's exchange on this connection. The
+    cluster secret is mixed in per frame (``peers.ConnectionCipher``), so opening a
+    frame needs both. The caller drops ``private`` afterwards (forward secrecy).
+    Raises ``HelloRefused`` for a malformed or low-order public key."""
+    if not (isinstance(theirs, bytes) and len(theirs) == EXCHANGE_BYTES):
+        raise HelloRefused("hello without a key exchange")
+    try:
+        shared = private.exchange(X25519PublicKey.from_public_bytes(theirs))
+    except ValueError:  # an all-zero shared secret: a low-order point
+        raise HelloRefused("hello with an unusable key exchange") from None
+    parts = (shared, dialer_public, acceptor_public, dialer_rand, acceptor_rand)
+    body = b"".join(struct.pack(">I", len(p)) + p for p in parts)
+    return hashlib.blake2b(body, digest_size=32, person=b"raftlease-conn1").digest()
 
 
 class HelloVerifier:
@@ -261,9 +329,9 @@ class HelloVerifier:
     def verify(self, message: Any, binding: bytes, now: float | None = None) -> str:
         """The member address ``message`` authenticates on a connection whose
         acceptor random key is ``binding``. Raises ``HelloRefused`` (reason as text)."""
-        if not (isinstance(message, tuple) and len(message) == 8 and message[0] == HELLO):
+        if not (isinstance(message, tuple) and len(message) == 9 and message[0] == HELLO):
             raise HelloRefused(f"first frame {message!r:.80} names no member in a signed hello")
-        _, version, dialer, dialer_id, acceptor, nonce, stamp, signature = message
+        _, version, dialer, dialer_id, acceptor, nonce, stamp, signature, exchange = message
         if version != HELLO_VERSION:
             raise HelloRefused(f"hello version {version!r:.20}")
         if not all(isinstance(v, str) and len(v) <= 300 for v in (dialer, dialer_id, acceptor)):
@@ -274,6 +342,8 @@ class HelloVerifier:
             raise HelloRefused("malformed hello signature")
         if isinstance(stamp, bool) or not isinstance(stamp, float | int):
             raise HelloRefused("malformed hello time")
+        if not (isinstance(exchange, bytes) and len(exchange) in (0, EXCHANGE_BYTES)):
+            raise HelloRefused("malformed hello key exchange")
         if acceptor != self.me:
             raise HelloRefused(f"hello for {acceptor!r:.80}, not this node")
         clock = time.time() if now is None else now
@@ -287,7 +357,9 @@ class HelloVerifier:
         member_id, keys = member
         if dialer_id != member_id:
             raise HelloRefused(f"{dialer_id!r:.80} claims member {member_id!r}'s address")
-        signed = _signed_bytes(dialer, dialer_id, acceptor, nonce, float(stamp), binding)
+        signed = _signed_bytes(
+            dialer, dialer_id, acceptor, nonce, float(stamp), binding, _CONTEXT, exchange
+        )
         known = [k for k in keys if valid_public_hex(k)]
         if not known:
             raise HelloRefused(f"no public key known for member {member_id!r}")
@@ -308,11 +380,11 @@ class HelloVerifier:
         dialer's) is ``binding``. Raises ``HelloRefused`` (reason as text) unless the
         reply names that member with its id, is for us, is recent, has a nonce not
         seen before and is signed by that member's key over this connection."""
-        if not (isinstance(message, tuple) and len(message) == 8 and message[0] == REPLY):
+        if not (isinstance(message, tuple) and len(message) == 9 and message[0] == REPLY):
             raise HelloRefused(
                 f"{dialled!r:.80} answered {message!r:.80}, not a signed hello reply"
             )
-        _, version, acceptor, acceptor_id, dialer_id, nonce, stamp, signature = message
+        _, version, acceptor, acceptor_id, dialer_id, nonce, stamp, signature, exchange = message
         if version != HELLO_VERSION:
             raise HelloRefused(f"hello reply version {version!r:.20}")
         if not all(
@@ -325,6 +397,8 @@ class HelloVerifier:
             raise HelloRefused("malformed hello reply signature")
         if isinstance(stamp, bool) or not isinstance(stamp, float | int):
             raise HelloRefused("malformed hello reply time")
+        if not (isinstance(exchange, bytes) and len(exchange) in (0, EXCHANGE_BYTES)):
+            raise HelloRefused("malformed hello reply key exchange")
         if acceptor != dialled:
             raise HelloRefused(f"hello reply from {acceptor!r:.80}, we dialled {dialled!r:.80}")
         if dialer_id != my_id:
@@ -341,7 +415,7 @@ class HelloVerifier:
         if acceptor_id != member_id:
             raise HelloRefused(f"{acceptor_id!r:.80} answered for member {member_id!r}")
         signed = _signed_bytes(
-            acceptor, acceptor_id, dialer_id, nonce, float(stamp), binding, _REPLY_CONTEXT
+            acceptor, acceptor_id, dialer_id, nonce, float(stamp), binding, _REPLY_CONTEXT, exchange
         )
         known = [k for k in keys if valid_public_hex(k)]
         if not known:

@@ -20,7 +20,9 @@ unpickles anything:
   ``PEER_MESSAGE_TYPES``.
 
 What this does not give: identity per node. Every member holds the same secret; which
-member a connection is, is proven by the signed first frame of identity.py.
+member a connection is, is proven by the signed first frame of identity.py. After the
+hellos, ``ConnectionCipher`` seals with a key agreed for that connection alone and
+the secret together, so the secret alone opens no later frame.
 
 Rolling rotation (docs/security.md, "Rotating the peer secret"): the secret file holds
 one secret per line; the first seals, every one opens. Each frame names the key that
@@ -232,6 +234,60 @@ class PeerCipher:
         if key is None:
             raise UnacceptedKey(f"sealed with key id {token[8:12].hex()}, not accepted here")
         cipher = AESGCM(hashlib.blake2b(token[12:28], key=key, digest_size=16).digest())
+        plain: bytes = cipher.decrypt(self._NONCE, token[28:], token[:12])
+        return plain
+
+
+class ConnectionCipher:
+    """The cipher of one peer connection after its signed hellos (transport.py): as
+    ``PeerCipher``, but each frame's key is derived from the cluster secret's frame
+    key *and* the connection key agreed in the hellos (identity.connection_key), so
+    neither the cluster secret alone (an insider on the path) nor another
+    connection's key opens it. The frame names the cluster secret's key id as
+    ``PeerCipher`` does, and the cluster cipher's keys are read at every frame: a
+    rotation (``PeerCipher.rekey``) applies under every connection at once, and a
+    frame of a secret no longer accepted is refused with ``UnacceptedKey``.
+
+    Per-frame cost: that of ``PeerCipher`` plus one dict lookup (the combined key is
+    computed once per cluster key). Threads: the tick thread (one connection's);
+    reads the cluster cipher's keys as ``PeerCipher`` does. Raises as
+    ``PeerCipher.decrypt``."""
+
+    _NONCE = bytes(12)
+
+    def __init__(self, cluster: PeerCipher, key: bytes) -> None:
+        self._cluster = cluster
+        self._key = key
+        self._combined: dict[bytes, bytes] = {}  # cluster frame key -> ours
+
+    def _for(self, cluster_key: bytes) -> bytes:
+        combined = self._combined.get(cluster_key)
+        if combined is None:
+            combined = hashlib.blake2b(
+                self._key, key=cluster_key, digest_size=32, person=b"raftlease-conn1"
+            ).digest()
+            if len(self._combined) >= 2 * MAX_SECRETS:  # keys dropped by rotations
+                self._combined.clear()
+            self._combined[cluster_key] = combined
+        return combined
+
+    def encrypt_at_time(self, data: bytes, current_time: int) -> bytes:
+        kid, key = self._cluster._seal
+        head = struct.pack(">Q", current_time) + kid
+        salt = os.urandom(16)
+        cipher = AESGCM(hashlib.blake2b(salt, key=self._for(key), digest_size=16).digest())
+        return head + salt + cipher.encrypt(self._NONCE, data, head)
+
+    def extract_timestamp(self, token: bytes) -> int:
+        return self._cluster.extract_timestamp(token)
+
+    def decrypt(self, token: bytes) -> bytes:
+        if len(token) < 44:
+            raise ValueError("peer frame too short")
+        key = self._cluster._accepted.get(token[8:12])
+        if key is None:
+            raise UnacceptedKey(f"sealed with key id {token[8:12].hex()}, not accepted here")
+        cipher = AESGCM(hashlib.blake2b(token[12:28], key=self._for(key), digest_size=16).digest())
         plain: bytes = cipher.decrypt(self._NONCE, token[28:], token[:12])
         return plain
 

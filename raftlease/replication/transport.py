@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pysyncobj import FAIL_REASON
 from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.tcp_server import SERVER_STATE
@@ -24,6 +25,8 @@ from .identity import (
     HelloRefused,
     HelloVerifier,
     PeerIdentity,
+    connection_key,
+    exchange_public,
     make_hello,
     make_reply,
     public_key_path,
@@ -33,7 +36,7 @@ from .identity import (
 )
 from .leadership import LeaseGuard
 from .membership import dialled
-from .peers import PEER_MESSAGE_TYPES, BoundedTcpConnection, PeerCipher
+from .peers import PEER_MESSAGE_TYPES, BoundedTcpConnection, ConnectionCipher, PeerCipher
 
 log = logging.getLogger("raftlease.replication")
 
@@ -121,6 +124,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # Nothing is sent on them but the key exchange and our hello, and nothing
         # received is taken but the reply (_onOutgoingMessageReceived).
         self._unproven: dict[Any, float] = {}
+        # Dialer: the ephemeral X25519 key of our hello on each connection, until the
+        # reply's key is known (_onHelloReply); dropped then, or at disconnect.
+        self._exchange: dict[Any, X25519PrivateKey] = {}
         super().__init__(*args, **kwargs)
         self._verifier = HelloVerifier(str(self._selfNode.address), self._member_keys)
         sync = self._syncObj
@@ -452,7 +458,11 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # Dialer, TCP connected. PySyncObj marks the connection CONNECTED when this
         # returns, and its send() needs only that: gate it until the reply verifies.
         self._unproven[conn] = self.guard.clock.monotonic()
+        self._exchange.pop(conn, None)
         if self._syncObj.encryptor is not None:
+            # PySyncObj reuses a connection object when it dials again: its last
+            # connection's key must not seal this one's key exchange.
+            conn.encryptor = self._syncObj.encryptor
             super()._onOutgoingConnected(conn)  # sends our random key; the rest below
             return
         # Without encryption PySyncObj would send our address and count the node
@@ -483,9 +493,24 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             verifier.verify_reply(
                 message, str(node.address), identity.node_id, conn.recvRandKey or b""
             )
+            private = self._exchange.pop(conn, None)
+            cluster = self._syncObj.encryptor
+            if cluster is not None:
+                if private is None:
+                    raise HelloRefused("no key exchange of ours on this connection")
+                mine = exchange_public(private)
+                key = connection_key(
+                    private, message[8], mine, message[8], conn.recvRandKey, conn.sendRandKey
+                )
+                del private  # forward secrecy: only the connection key remains
+                # From the next frame on, both ways: this connection's key. Frames
+                # are opened one at a time after this callback returns, so one that
+                # came in the same read as the reply is opened with it too.
+                conn.encryptor = ConnectionCipher(cluster, key)
         except HelloRefused as exc:
             log.warning("peer connection refused: %s", exc)
             self._unproven.pop(conn, None)
+            self._exchange.pop(conn, None)
             conn.disconnect()
             return
         self._unproven.pop(conn, None)
@@ -494,6 +519,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
 
     def _onDisconnected(self, conn: Any) -> None:
         self._unproven.pop(conn, None)
+        self._exchange.pop(conn, None)
         super()._onDisconnected(conn)
 
     def _drop_unproven(self) -> None:
@@ -510,17 +536,43 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                 self._unproven.pop(conn, None)
                 conn.disconnect()
 
-    def _reply(self, conn: Any, hello: Any) -> None:
+    def _reply(self, conn: Any, hello: Any) -> bool:
         """Acceptor: prove to the dialer of a verified ``hello`` that we are the member
         it dialled. Sent before PySyncObj counts the connection (it may send Raft
-        messages at once), so it is the dialer's first frame after the key exchange."""
+        messages at once), so it is the dialer's first frame after the key exchange.
+        With encryption, the reply carries our ephemeral X25519 key and every frame
+        after it is sealed with the key agreed with the hello's (``ConnectionCipher``).
+        False (nothing sent) if the hello's key exchange is unusable: the caller
+        closes the connection."""
         identity = self.identity
         if identity is None:
-            return  # the dialer refuses us: a node without an identity is no member
+            return True  # the dialer refuses us: a node without an identity is no member
         me = str(self._selfNode.address)
+        cluster = self._syncObj.encryptor
+        exchange = b""
+        key = None
+        if cluster is not None:
+            private = X25519PrivateKey.generate()
+            exchange = exchange_public(private)
+            try:
+                key = connection_key(
+                    private, hello[8], hello[8], exchange, conn.sendRandKey, conn.recvRandKey
+                )
+            except HelloRefused as exc:
+                log.warning("peer connection refused: %s", exc)
+                return False
+            del private  # forward secrecy: only the connection key remains
+        binding = conn.sendRandKey or b""
         conn.send(
-            make_reply(identity.key, me, identity.node_id, str(hello[3]), conn.sendRandKey or b"")
+            make_reply(
+                identity.key, me, identity.node_id, str(hello[3]), binding, exchange=exchange
+            )
         )
+        if key is not None:
+            # The reply is sealed (at send) with the cluster key; everything after it,
+            # both ways, with this connection's.
+            conn.encryptor = ConnectionCipher(cluster, key)
+        return True
 
     def _sendSelfAddress(self, conn: Any) -> None:
         # Dialer: PySyncObj sends our bare address; we send a hello signed with our
@@ -532,7 +584,15 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             return
         binding = conn.sendRandKey or b""
         me = str(self._selfNode.address)
-        conn.send(make_hello(identity.key, me, identity.node_id, str(node.address), binding))
+        exchange = b""
+        if self._syncObj.encryptor is not None:
+            private = X25519PrivateKey.generate()
+            self._exchange[conn] = private
+            exchange = exchange_public(private)
+        hello = make_hello(
+            identity.key, me, identity.node_id, str(node.address), binding, exchange=exchange
+        )
+        conn.send(hello)
 
     def _member_keys(self, address: str) -> tuple[str, list[str]] | None:
         """The id and candidate public keys of the member at raft ``address``: the key
@@ -573,15 +633,18 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             self._unknownConnections.discard(conn)
             conn.disconnect()
             return
-        if address in self._learners and address not in self._nodeAddrToNode:
-            if self._syncObj._isLeader():  # a learner of this leader, and only that
-                self._reply(conn, message)
-                self._accept_learner(conn, address)
-            else:
-                self._unknownConnections.discard(conn)
-                conn.disconnect()
+        learner = address in self._learners and address not in self._nodeAddrToNode
+        if learner and not self._syncObj._isLeader():  # a learner of this leader only
+            self._unknownConnections.discard(conn)
+            conn.disconnect()
             return
-        self._reply(conn, message)
+        if not self._reply(conn, message):
+            self._unknownConnections.discard(conn)
+            conn.disconnect()
+            return
+        if learner:
+            self._accept_learner(conn, address)
+            return
         super()._onIncomingMessageReceived(conn, address)
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:
