@@ -17,7 +17,8 @@ the series: results.json ``soak``.
 
 Exit status: 0 when every checker (and a soak's resource verdict) passes; 1 on any
 violation (or a soak verdict failed); 2 when a checker could not decide (unknown);
-3 when the harness itself failed.
+3 when the harness itself failed; 130 when SIGINT or SIGTERM stopped it (faults
+healed and every node process stopped first; nothing is judged).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -73,6 +75,8 @@ NODE_SETTINGS: dict[str, Any] = {**TEST_SETTINGS, "clock_drift": 0.01}
 LIVENESS_BOUND = 8.0
 WARMUP = 3.0
 COOLDOWN = 3.0
+#: Exit status of a run stopped by SIGINT or SIGTERM (the shell's 128 + SIGINT).
+INTERRUPTED = 130
 #: How long the fenced resource waits for the cluster's answer before a write
 #: (``Client.fence``); no answer in time refuses the write.
 FENCE_TIMEOUT = 1.0
@@ -285,10 +289,21 @@ def run(args: argparse.Namespace) -> int:
         nem.heal_all()
         stop.wait(COOLDOWN)
         say("schedule done; stopping clients")
+    except KeyboardInterrupt:
+        # SIGINT, or SIGTERM (main installs the handler): heal, stop the clients and
+        # every node process, and skip the final reads, which would wait on a cluster
+        # nobody wants any more. Nodes must never outlive the harness.
+        say("interrupted: healing faults, stopping clients and nodes (no final reads)")
+        status = INTERRUPTED
     except Exception:
         traceback.print_exc()
         status = 3
     finally:
+        # From here on a signal must not cut the cleanup short and orphan the nodes:
+        # it is only noted (and skips the final reads if they have not started).
+        late = _defer_stop_signals()
+        if status == INTERRUPTED:
+            late.set()
         if monitor is not None:
             monitor.stop()  # the last sample is taken under load, before the clients stop
         stop.set()
@@ -303,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
             queue_threads.join()
         if crasher is not None:
             crasher.join()
-        if queue_threads is not None and nem is not None and status == 0:
+        if queue_threads is not None and nem is not None and status == 0 and not late.is_set():
             # Every acknowledged put's end, read while the healed cluster still runs.
             counts = final_reads(cluster.endpoints, history, qconfig, queue_threads.acknowledged)
             say(f"queue final reads: {counts}")
@@ -311,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
             with contextlib.suppress(Exception):
                 fence_client.close()
         final: dict[str, Any] | None = None
-        if nem is not None and status == 0:
+        if nem is not None and status == 0 and not late.is_set():
             final = nem.final_state(record=False)
             say(f"replicas converged: {final['converged']}")
         with contextlib.suppress(Exception):
@@ -329,6 +344,9 @@ def run(args: argparse.Namespace) -> int:
         if server is not None:
             server.stop()
         history.close()
+    if late.is_set():
+        print(f"interrupted: nothing judged; the history so far is in {out / 'history.jsonl'}")
+        return INTERRUPTED
     errors = [f"{w.worker_name}: {w.error!r}" for w in workers if w.error is not None]
     errors += [
         *(queue_threads.errors if queue_threads else []),
@@ -383,6 +401,30 @@ def run(args: argparse.Namespace) -> int:
     if results["valid"] != "unknown" and resources is True and not errors:
         return 0
     return 2 if "unknown" in (results["valid"], resources) else 3
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM handler (main thread): stop the run as Ctrl-C does, so ``run``'s
+    cleanup stops every node process instead of leaving them running."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _defer_stop_signals() -> threading.Event:
+    """From the start of ``run``'s cleanup: SIGINT/SIGTERM no longer raise, they set
+    the returned event (and say so), so the cleanup always reaches the nodes' stop.
+    Main thread only (``signal.signal``). SIGKILL still ends the harness at once, and
+    then the nodes are left behind."""
+    late = threading.Event()
+
+    def note(signum: int, frame: object) -> None:
+        if not late.is_set():
+            print(f"signal {signum}: stopping the nodes, then exiting", flush=True)
+        late.set()
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, note)
+    return late
 
 
 def _secure(args: argparse.Namespace) -> bool:
@@ -497,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sample-every must be positive")
     if args.nodes < 3:
         parser.error("--nodes must be at least 3")
+    signal.signal(signal.SIGTERM, _interrupt)
     return run(args)
 
 
