@@ -390,7 +390,9 @@ def _security(result: Result) -> list[str]:
     if cipher.get("sizes"):
         lines += [
             "",
-            "Peer cipher (PeerCipher, AES-128-GCM, every Raft frame; in the benchmark "
+            # Runs saved before the key per connection timed PeerCipher alone.
+            f"Peer cipher ({cipher.get('cipher', 'PeerCipher')}, AES-128-GCM, every Raft "
+            "frame; in the benchmark "
             f"process, p50 of {cipher.get('tries', '?')}): "
             + "; ".join(
                 f"{size} B frame: seal {f['seal_us']:.1f} µs + open {f['open_us']:.1f} µs"
