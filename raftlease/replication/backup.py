@@ -272,6 +272,10 @@ def read_data_dir(data_dir: Path, committed_only: bool = False) -> OfflineState:
         index = dump_index
     entries = read_journal(journal_path) if journal_path.exists() else []
     known = read_commit_index(data_dir / (JOURNAL_NAME + ".meta"))
+    if known is not None and dump_index > known:
+        # The saved commit index lags the real one by up to a second, but PySyncObj
+        # dumps only applied (so committed) state: the dump's index is committed too.
+        known = dump_index
     tail = [e for e in entries if e[1] > dump_index]
     if tail and tail[0][1] != dump_index + 1:
         raise BackupError(
