@@ -306,6 +306,19 @@ def connection_key(
     return hashlib.blake2b(body, digest_size=32, person=b"raftlease-conn1").digest()
 
 
+def _check_shape(what: str, nonce: Any, signature: Any, stamp: Any, exchange: Any) -> None:
+    """The fields a hello and a hello reply (``what``) share are well formed. Raises
+    ``HelloRefused``."""
+    if not (isinstance(nonce, bytes) and len(nonce) == NONCE_BYTES):
+        raise HelloRefused(f"malformed {what} nonce")
+    if not (isinstance(signature, bytes) and len(signature) == 64):
+        raise HelloRefused(f"malformed {what} signature")
+    if isinstance(stamp, bool) or not isinstance(stamp, float | int):
+        raise HelloRefused(f"malformed {what} time")
+    if not (isinstance(exchange, bytes) and len(exchange) in (0, EXCHANGE_BYTES)):
+        raise HelloRefused(f"malformed {what} key exchange")
+
+
 class HelloVerifier:
     """The acceptor's check of hellos and the dialer's check of hello replies (tick
     thread only; one nonce cache for both).
@@ -336,21 +349,10 @@ class HelloVerifier:
             raise HelloRefused(f"hello version {version!r:.20}")
         if not all(isinstance(v, str) and len(v) <= 300 for v in (dialer, dialer_id, acceptor)):
             raise HelloRefused("malformed hello")
-        if not (isinstance(nonce, bytes) and len(nonce) == NONCE_BYTES):
-            raise HelloRefused("malformed hello nonce")
-        if not (isinstance(signature, bytes) and len(signature) == 64):
-            raise HelloRefused("malformed hello signature")
-        if isinstance(stamp, bool) or not isinstance(stamp, float | int):
-            raise HelloRefused("malformed hello time")
-        if not (isinstance(exchange, bytes) and len(exchange) in (0, EXCHANGE_BYTES)):
-            raise HelloRefused("malformed hello key exchange")
+        _check_shape("hello", nonce, signature, stamp, exchange)
         if acceptor != self.me:
             raise HelloRefused(f"hello for {acceptor!r:.80}, not this node")
-        clock = time.time() if now is None else now
-        if not abs(clock - float(stamp)) <= self.window:
-            raise HelloRefused(f"hello time {float(stamp) - clock:+.0f} s from ours")
-        if nonce in self._seen:
-            raise HelloRefused("replayed hello (nonce seen before)")
+        clock = self._check_fresh("hello", stamp, nonce, now)
         member = self.keys_for(dialer)
         if member is None:
             raise HelloRefused(f"first frame names no member ({dialer!r:.80})")
@@ -360,17 +362,8 @@ class HelloVerifier:
         signed = _signed_bytes(
             dialer, dialer_id, acceptor, nonce, float(stamp), binding, _CONTEXT, exchange
         )
-        known = [k for k in keys if valid_public_hex(k)]
-        if not known:
-            raise HelloRefused(f"no public key known for member {member_id!r}")
-        for pub in known:
-            try:
-                Ed25519PublicKey.from_public_bytes(bytes.fromhex(pub)).verify(signature, signed)
-            except InvalidSignature:
-                continue
-            self._remember(nonce, clock)
-            return str(dialer)
-        raise HelloRefused(f"hello not signed by member {member_id!r}'s key")
+        self._check_signature("hello", member_id, keys, signature, signed, nonce, clock)
+        return str(dialer)
 
     def verify_reply(
         self, message: Any, dialled: str, my_id: str, binding: bytes, now: float | None = None
@@ -391,23 +384,12 @@ class HelloVerifier:
             isinstance(v, str) and len(v) <= 300 for v in (acceptor, acceptor_id, dialer_id)
         ):
             raise HelloRefused("malformed hello reply")
-        if not (isinstance(nonce, bytes) and len(nonce) == NONCE_BYTES):
-            raise HelloRefused("malformed hello reply nonce")
-        if not (isinstance(signature, bytes) and len(signature) == 64):
-            raise HelloRefused("malformed hello reply signature")
-        if isinstance(stamp, bool) or not isinstance(stamp, float | int):
-            raise HelloRefused("malformed hello reply time")
-        if not (isinstance(exchange, bytes) and len(exchange) in (0, EXCHANGE_BYTES)):
-            raise HelloRefused("malformed hello reply key exchange")
+        _check_shape("hello reply", nonce, signature, stamp, exchange)
         if acceptor != dialled:
             raise HelloRefused(f"hello reply from {acceptor!r:.80}, we dialled {dialled!r:.80}")
         if dialer_id != my_id:
             raise HelloRefused(f"hello reply for {dialer_id!r:.80}, not this node")
-        clock = time.time() if now is None else now
-        if not abs(clock - float(stamp)) <= self.window:
-            raise HelloRefused(f"hello reply time {float(stamp) - clock:+.0f} s from ours")
-        if nonce in self._seen:
-            raise HelloRefused("replayed hello reply (nonce seen before)")
+        clock = self._check_fresh("hello reply", stamp, nonce, now)
         member = self.keys_for(dialled)
         if member is None:
             raise HelloRefused(f"{dialled!r:.80} is no member")
@@ -417,6 +399,30 @@ class HelloVerifier:
         signed = _signed_bytes(
             acceptor, acceptor_id, dialer_id, nonce, float(stamp), binding, _REPLY_CONTEXT, exchange
         )
+        self._check_signature("hello reply", member_id, keys, signature, signed, nonce, clock)
+
+    def _check_fresh(self, what: str, stamp: float | int, nonce: bytes, now: float | None) -> float:
+        """A hello (or reply, ``what``) within the time window whose nonce was not seen
+        before; returns the clock it was judged by. Raises ``HelloRefused``."""
+        clock = time.time() if now is None else now
+        if not abs(clock - float(stamp)) <= self.window:
+            raise HelloRefused(f"{what} time {float(stamp) - clock:+.0f} s from ours")
+        if nonce in self._seen:
+            raise HelloRefused(f"replayed {what} (nonce seen before)")
+        return clock
+
+    def _check_signature(
+        self,
+        what: str,
+        member_id: str,
+        keys: Iterable[str],
+        signature: bytes,
+        signed: bytes,
+        nonce: bytes,
+        clock: float,
+    ) -> None:
+        """``signature`` over ``signed`` verifies with one of the member's keys; only then
+        is the nonce remembered. Raises ``HelloRefused``."""
         known = [k for k in keys if valid_public_hex(k)]
         if not known:
             raise HelloRefused(f"no public key known for member {member_id!r}")
@@ -427,7 +433,7 @@ class HelloVerifier:
                 continue
             self._remember(nonce, clock)
             return
-        raise HelloRefused(f"hello reply not signed by member {member_id!r}'s key")
+        raise HelloRefused(f"{what} not signed by member {member_id!r}'s key")
 
     def _remember(self, nonce: bytes, now: float) -> None:
         self._seen[nonce] = now
