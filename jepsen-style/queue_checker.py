@@ -19,6 +19,8 @@ the one clock every worker thread and process shares) and ``value``. The shapes
   (``ready``, ``delayed``, ``claimed``, ``completed``, ``dead``), ``attempts``,
   ``result`` (completed), ``reason`` (dead: ``attempts`` or ``deadline``; pending: why).
 * ``q.dead``: invoke ``final``; ok ``tasks``: ``[{task, attempts, reason}]``.
+* ``q.purge`` (the soak's janitor, ``queue_workload.Janitor``): invoke ``task``; ok with
+  no value; a task still pending is refused definitely (``INVALID_ARGUMENT``).
 
 A refusal of a stale attempt is ``fail`` with ``error`` ``STALE_ATTEMPT``; a final
 ``q.get`` of an unknown task is ``fail`` with ``TASK_NOT_FOUND``. ``q.note`` events
@@ -39,6 +41,10 @@ makes it ``unknown``, never a pass, and so does a run with nothing to judge:
 * ``queue_lost_put``: every acknowledged put ends completed or dead-lettered, or is
   still pending at the end with a reason, in the final reads; a task the cluster no
   longer knows, or two puts of different payloads answered with one task id, is lost.
+  The one exception is a task whose ``q.purge`` was invoked after a read had returned
+  it completed or dead, and was not definitely refused: it may be gone (``purged``);
+  and a task whose purge was acknowledged must be gone (found again, the purge was
+  undone).
 * ``queue_one_completion``: at most one completion is accepted per task; no
   completion, failure or heartbeat is accepted from an attempt after a newer attempt
   of its task was granted (a stale attempt); an accepted completion is not lost (the
@@ -65,7 +71,17 @@ from typing import Any, Protocol, TypeGuard
 Event = dict[str, Any]
 MAX_REPORTED = 50
 QUEUE_FS = frozenset(
-    {"q.put", "q.claim", "q.heartbeat", "q.complete", "q.fail", "q.release", "q.get", "q.dead"}
+    {
+        "q.put",
+        "q.claim",
+        "q.heartbeat",
+        "q.complete",
+        "q.fail",
+        "q.release",
+        "q.get",
+        "q.dead",
+        "q.purge",
+    }
 )
 #: Operations of one attempt, invoked with its ``task`` and ``token``.
 ATTEMPT_FS = frozenset({"q.heartbeat", "q.complete", "q.fail", "q.release"})
@@ -236,6 +252,34 @@ def _final_reads(qops: list[QOp]) -> tuple[dict[str, QOp], list[QOp]]:
     return gets, deads
 
 
+def _purges(qops: list[QOp], verdict: _Verdict) -> tuple[set[str], set[str]]:
+    """Tasks that may be gone by a purge: its ``q.purge`` was invoked after a read
+    (any ``q.get`` ok) had returned the task ``completed`` or ``dead``, and was not
+    definitely refused (ok, or unknown outcome); and the tasks whose purge was
+    acknowledged. A purge of a task nobody had seen finished excuses nothing, so a
+    cluster that purged (or lost) a pending task is still caught."""
+    finished: dict[str, float] = {}  # task -> earliest answer of a read saying finished
+    for op in qops:
+        if op.f == "q.get" and op.type == "ok" and op.value.get("status") in ("completed", "dead"):
+            task = op.args.get("task")
+            if isinstance(task, str):
+                finished[task] = min(finished.get(task, math.inf), op.ret)
+    maybe: set[str] = set()
+    acked: set[str] = set()
+    for op in qops:
+        if op.f != "q.purge" or op.type not in ("ok", "info"):
+            continue
+        task = op.args.get("task")
+        if not isinstance(task, str):
+            verdict.cannot("purge invoked without a task id", op=_brief(op))
+            continue
+        if op.type == "ok":
+            acked.add(task)
+        if finished.get(task, math.inf) < op.inv:
+            maybe.add(task)
+    return maybe, acked
+
+
 def _puts(qops: list[QOp], verdict: _Verdict | None = None) -> dict[str, QOp]:
     """Acknowledged puts by task id (the first one answered with that id)."""
     out: dict[str, QOp] = {}
@@ -283,11 +327,22 @@ def check_lost_puts(qops: list[QOp]) -> dict[str, Any]:
                 ops=[_brief(p) for p in puts],
             )
     gets, _ = _final_reads(qops)
+    maybe_purged, purged = _purges(qops, verdict)
     outcome: dict[str, int] = defaultdict(int)
     for task, puts in sorted(by_task.items()):
         read = gets.get(task)
         if read is None:
             verdict.cannot("acknowledged put without a final read", task=task)
+            continue
+        if read.type == "ok" and task in purged:
+            verdict.bad(
+                "acknowledged purge undone: the final read finds the task",
+                task=task,
+                read=_brief(read),
+            )
+            continue
+        if read.type == "fail" and read.error in NOT_FOUND_CODES and task in maybe_purged:
+            outcome["purged"] += 1
             continue
         if read.type == "fail" and read.error in NOT_FOUND_CODES:
             verdict.bad(
@@ -378,8 +433,16 @@ def check_one_completion(qops: list[QOp]) -> dict[str, Any]:
                 ops=[_brief(op) for op in oks],
             )
     gets, _ = _final_reads(qops)
+    maybe_purged, _ = _purges(qops, verdict)
     for task, maybe in completions.items():
         read = gets.get(task)
+        if (
+            read is not None
+            and read.type == "fail"
+            and read.error in NOT_FOUND_CODES
+            and task in maybe_purged
+        ):
+            continue  # purged once finished (the soak's janitor): nothing left to read
         if read is None or read.type != "ok":
             if accepted.get(task):
                 verdict.cannot("accepted completion without a final read", task=task)

@@ -34,6 +34,7 @@ bug is an ``info`` completion.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import functools
 import json
@@ -61,6 +62,8 @@ Event = dict[str, Any]
 HERE = Path(__file__).resolve().parent
 #: The most dead-letter entries one read returns (raftlease.limits.MAX_DEAD_LIST).
 DEAD_LIST_LIMIT = 10_000
+#: What a read or purge of a task the cluster does not know answers.
+NOT_FOUND_CODES = frozenset({"TASK_NOT_FOUND", "NOT_FOUND"})
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,15 @@ class QueueConfig:
     attempt_timeout: float = 1.0
     clock_drift: float = 0.01
     margin: float = 0.05
+    #: Seconds after its put's answer when the janitor purges a finished task (0: no
+    #: janitor). The soak profile sets it so that the replicated state levels off
+    #: within its warm-up: completed tasks are otherwise kept for their retention (an
+    #: hour by default) and dead letters until purged, so the state (and every node's
+    #: memory) would grow all run, which the resource rules cannot tell from a leak.
+    purge_after: float = 0.0
+    #: Seconds between janitor rounds, and the most purges one round sends.
+    purge_every: float = 1.0
+    purge_batch: int = 50
 
     def meta(self) -> dict[str, Any]:
         """The ``meta`` event's ``queues`` entry."""
@@ -107,6 +119,7 @@ class QueueConfig:
                 "max_attempts": list(self.max_attempts),
                 "lease_ttls": list(self.lease_ttls),
                 "progress_timeout": self.progress_timeout,
+                "purge_after": self.purge_after,
             }
         }
 
@@ -454,6 +467,81 @@ class QueueWorker:
             self.step(stop)
 
 
+# ------------------------------------------------------------------ janitor
+
+
+class Janitor:
+    """Purges finished tasks ``purge_after`` seconds after their put was answered, so
+    the soak's replicated state levels off. Each due task is read first (``q.get``,
+    not final) and purged (``q.purge``) only if the read says ``completed`` or
+    ``dead``; a task still pending is read again in a later round, one the cluster
+    does not know (or purged) is not tried again. The checkers excuse a final read
+    of ``TASK_NOT_FOUND`` only for a task whose purge was invoked after a read had
+    returned it finished and was not definitely refused, and flag one whose
+    acknowledged purge is undone (queue_checker.py), so a purge cannot hide a lost
+    pending task. Runs in its own thread until ``stop``; blocks only on its client
+    calls (each within the workload's deadline)."""
+
+    def __init__(
+        self,
+        client: Client,
+        emit: Callable[[Event], Any],
+        config: QueueConfig,
+        acknowledged: list[str],
+    ) -> None:
+        self.queue = client.queue(config.queue)
+        self.config = config
+        self.rec = Recorder("qj", emit, config.queue)
+        self.acknowledged = acknowledged
+        self.seen = 0
+        #: (first seen, task id): the time is within a round of the put's answer (the
+        #: producers append to ``acknowledged`` when answered).
+        self.waiting: collections.deque[tuple[float, str]] = collections.deque()
+
+    def _purge(self, tid: str) -> bool:
+        """Read ``tid`` and purge it if finished. True when it needs no more rounds."""
+        state = self.rec.call(
+            "q.get",
+            {"task": tid, "final": False},
+            functools.partial(self.queue.get, tid),
+            lambda info, _sent: describe_task_state(info),
+        )
+        if _failed(state):
+            return isinstance(state, RaftLeaseError) and state.code in NOT_FOUND_CODES
+        if _field(state, "status") not in ("completed", "dead"):
+            return False
+        result = self.rec.call("q.purge", {"task": tid}, functools.partial(self.queue.purge, tid))
+        return not _failed(result) or (
+            isinstance(result, RaftLeaseError) and result.code in NOT_FOUND_CODES
+        )
+
+    def round(self, now: float) -> int:
+        """Take in newly acknowledged puts, then handle up to ``purge_batch`` of those
+        due. Returns how many were handled."""
+        fresh = self.acknowledged[self.seen :]
+        self.seen += len(fresh)
+        self.waiting.extend((now, tid) for tid in fresh)
+        handled = 0
+        again: list[tuple[float, str]] = []
+        while (
+            self.waiting
+            and self.waiting[0][0] + self.config.purge_after <= now
+            and handled < self.config.purge_batch
+        ):
+            item = self.waiting.popleft()
+            handled += 1
+            if not self._purge(item[1]):
+                again.append(item)  # pending still, or no answer: a later round
+        # Behind the tasks due later, so a task that stays pending blocks nobody.
+        self.waiting.extend(again)
+        return handled
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.round(time.monotonic())
+            stop.wait(self.config.purge_every)
+
+
 # ----------------------------------------------------------- harness side
 
 
@@ -520,6 +608,9 @@ class QueueThreads:
                 f"qw{i + 1}", self._client(), self.history.append, cfg, self.seed * 37 + i
             )
             self._spawn(worker.name, functools.partial(worker.run, self.stop))
+        if cfg.purge_after > 0:
+            janitor = Janitor(self._client(), self.history.append, cfg, self.acknowledged)
+            self._spawn("qj", functools.partial(janitor.run, self.stop))
         return self
 
     def join(self, timeout: float = 15.0) -> None:

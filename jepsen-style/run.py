@@ -167,7 +167,13 @@ def run(args: argparse.Namespace) -> int:
     # The queue workload (issue 12) runs beside the lease workload unless --queue off;
     # "auto" runs it when the client has queues.
     with_queue = args.queue == "on" or (args.queue == "auto" and hasattr(Client, "queue"))
-    qconfig = QueueConfig(clock_drift=settings["clock_drift"], margin=config.margin)
+    qconfig = QueueConfig(
+        clock_drift=settings["clock_drift"],
+        margin=config.margin,
+        # The soak's janitor purges finished tasks, so that the replicated state levels
+        # off within the warm-up (soak.py, PURGE_AFTER).
+        purge_after=soak.PURGE_AFTER if args.profile == "soak" else 0.0,
+    )
     t0 = time.monotonic()
     say = Progress(history, t0)
     history.append(

@@ -247,6 +247,83 @@ def test_lost_put_is_unknown_with_nothing_put() -> None:
 # --------------------------------------------------------- one completion
 
 
+def purged(h: QHist, task: str, read_at: float, status: str = "completed") -> QHist:
+    """The soak janitor's steps for ``task``: a read that finds it ``status``, then an
+    acknowledged purge; the final read finds nothing."""
+    h.events = [e for e in h.events if not (e.get("f") == "q.get" and f"'{task}'" in str(e))]
+    h.op(
+        "qj",
+        "q.get",
+        read_at,
+        read_at + 0.05,
+        args={"task": task, "final": False},
+        value={"status": status, "attempts": 1},
+    )
+    h.op("qj", "q.purge", read_at + 0.1, read_at + 0.15, args={"task": task})
+    h.get(task, 10.0, type="fail", error="TASK_NOT_FOUND")
+    return h
+
+
+def test_a_task_purged_after_it_was_read_finished_is_not_lost() -> None:
+    results = purged(purged(good(), "t1", 5.0), "t3", 5.0, status="dead").check()
+    assert {name: r["valid"] for name, r in results.items()} == dict.fromkeys(
+        queue_checker.CHECKERS, True
+    ), {k: (v["violations"], v["unknown"]) for k, v in results.items()}
+    assert results["queue_lost_put"]["stats"]["final"] == {
+        "completed": 1,
+        "purged": 2,
+        "ready": 1,
+    }
+
+
+def test_a_purge_excuses_nothing_without_a_read_that_saw_the_task_finished() -> None:
+    # t4 was pending: a purge of it (had the cluster taken it) loses an acknowledged put.
+    h = good()
+    h.events = [e for e in h.events if not (e.get("f") == "q.get" and "'t4'" in str(e))]
+    h.op("qj", "q.get", 5.0, 5.05, args={"task": "t4", "final": False}, value={"status": "ready"})
+    h.op("qj", "q.purge", 5.1, 5.15, args={"task": "t4"})
+    h.get("t4", 10.0, type="fail", error="TASK_NOT_FOUND")
+    assert kinds(h.check()["queue_lost_put"]) == [
+        "acknowledged put lost: the cluster no longer knows it"
+    ]
+    # A read that answered only after the purge was invoked is no evidence either.
+    h = good()
+    h.events = [e for e in h.events if not (e.get("f") == "q.get" and "'t1'" in str(e))]
+    h.op("qj", "q.purge", 5.0, 5.3, args={"task": "t1"})
+    h.op(
+        "qj", "q.get", 4.9, 5.2, args={"task": "t1", "final": False}, value={"status": "completed"}
+    )
+    h.get("t1", 10.0, type="fail", error="TASK_NOT_FOUND")
+    assert h.check()["queue_lost_put"]["valid"] is False
+
+
+def test_a_definitely_refused_purge_excuses_nothing() -> None:
+    h = purged(good(), "t1", 5.0)
+    for e in h.events:
+        if e.get("f") == "q.purge" and e["type"] == "ok":
+            e.update(type="fail", error="INVALID_ARGUMENT")
+    assert h.check()["queue_lost_put"]["valid"] is False
+
+
+def test_an_acknowledged_purge_undone_fails() -> None:
+    h = purged(good(), "t1", 5.0)
+    h.events = [
+        e
+        for e in h.events
+        if not (e.get("f") == "q.get" and e.get("process") == "final" and "'t1'" in str(e))
+    ]
+    h.get("t1", 10.0, status="completed", attempts=1, result={"by": "w1"})
+    assert kinds(h.check()["queue_lost_put"]) == [
+        "acknowledged purge undone: the final read finds the task"
+    ]
+
+
+def test_a_purge_without_a_task_id_is_unknown() -> None:
+    h = good()
+    h.op("qj", "q.purge", 5.0, 5.1, args={})
+    assert h.check()["queue_lost_put"]["valid"] == "unknown"
+
+
 def test_two_accepted_completions_of_one_task_fail() -> None:
     h = good()
     h.attempt_op("w1", "q.complete", "t1", 10, 2.5, result={"by": "w1"})

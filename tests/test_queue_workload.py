@@ -27,6 +27,7 @@ sys.path.insert(0, str(SUITE))
 import checker  # noqa: E402
 import queue_checker  # noqa: E402
 from queue_workload import (  # noqa: E402
+    Janitor,
     Producer,
     QueueConfig,
     QueueWorker,
@@ -46,6 +47,11 @@ class Stale(RaftLeaseError):
 
 class NotFound(RaftLeaseError):
     code = "TASK_NOT_FOUND"
+    definite = True
+
+
+class Pending(RaftLeaseError):
+    code = "INVALID_ARGUMENT"
     definite = True
 
 
@@ -71,7 +77,8 @@ class FakeTask:
 class FakeQueue:
     """Issue 12's task semantics in one process (one lock; log time = monotonic).
     ``bug``: ``stale_completion`` accepts any attempt's call while its task is
-    claimed; ``double_grant`` hands a claimed task out again."""
+    claimed; ``double_grant`` hands a claimed task out again; ``purge_pending`` purges
+    a pending task too (the newest one) with every purge."""
 
     def __init__(self, bug: str = "") -> None:
         self.lock = threading.Lock()
@@ -79,6 +86,7 @@ class FakeQueue:
         self.tasks: dict[str, dict[str, Any]] = {}
         self.revision = 0
         self.aids = 0
+        self.puts = 0
 
     def queue(self, name: str) -> FakeQueue:
         return self
@@ -103,7 +111,8 @@ class FakeQueue:
     def put(self, payload: Any, **options: Any) -> str:
         with self.lock:
             now = time.monotonic()
-            tid = f"t{len(self.tasks) + 1}"
+            self.puts += 1
+            tid = f"t{self.puts}"  # never reused, even after a purge
             delay = float(options.get("delay", 0.0))
             self.tasks[tid] = {
                 "payload": payload,
@@ -174,16 +183,34 @@ class FakeQueue:
             task = self.tasks[tid]
             return {**task, "tid": tid}
 
+    def purge(self, tid: str) -> None:
+        with self.lock:
+            self._tick(time.monotonic())
+            if tid not in self.tasks:
+                raise NotFound(tid)
+            if self.tasks[tid]["status"] not in ("completed", "dead"):
+                raise Pending(tid)
+            del self.tasks[tid]
+            if self.bug == "purge_pending":
+                pending = [t for t, v in self.tasks.items() if v["status"] in ("ready", "delayed")]
+                if pending:
+                    del self.tasks[pending[-1]]
+
     def dead(self, limit: int = 100) -> list[dict[str, Any]]:
         with self.lock:
             self._tick(time.monotonic())
             return [{**t, "tid": tid} for tid, t in self.tasks.items() if t["status"] == "dead"]
 
 
-def run_workload(fake: FakeQueue, seconds: float = 3.0, seed: int = 1) -> list[dict[str, Any]]:
-    """Producer + three workers against ``fake`` for ``seconds``, then the final reads;
-    stalls and failures more often than in a chaos run, so a short run has them."""
+def run_workload(
+    fake: FakeQueue, seconds: float = 3.0, seed: int = 1, purge_after: float = 0.0
+) -> list[dict[str, Any]]:
+    """Producer + three workers against ``fake`` for ``seconds`` (and the janitor, with
+    ``purge_after``), then the final reads; stalls and failures more often than in a
+    chaos run, so a short run has them."""
     config = QueueConfig(
+        purge_after=purge_after,
+        purge_every=0.05,
         put_every=(0.01, 0.03),
         p_stall=0.2,
         p_fail=0.15,
@@ -210,6 +237,8 @@ def run_workload(fake: FakeQueue, seconds: float = 3.0, seed: int = 1) -> list[d
         QueueWorker(f"qw{i}", fake, history.append, config, seed + i)  # type: ignore[arg-type]
         for i in range(3)
     ]
+    if purge_after:
+        actors.append(Janitor(fake, history.append, config, acknowledged))  # type: ignore[arg-type]
     threads = [threading.Thread(target=a.run, args=(stop,), daemon=True) for a in actors]
     for thread in threads:
         thread.start()
@@ -233,9 +262,16 @@ def results(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 TRIES = 4
 
 
-def _runs(bug: str = "") -> Iterator[tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]]:
+def _runs(
+    bug: str = "", purge_after: float = 0.0
+) -> Iterator[tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]]:
     for attempt in range(TRIES):
-        events = run_workload(FakeQueue(bug=bug), seconds=3.0 + 2.0 * attempt, seed=1 + attempt)
+        events = run_workload(
+            FakeQueue(bug=bug),
+            seconds=3.0 + 2.0 * attempt,
+            seed=1 + attempt,
+            purge_after=purge_after,
+        )
         yield events, results(events)
 
 
@@ -287,3 +323,25 @@ def test_a_queue_granting_one_task_twice_is_caught() -> None:
         if out["queue_exclusive"]["valid"] is False:
             return
     pytest.fail(f"a queue granting one task twice was not caught in {TRIES} runs")
+
+
+def test_the_soak_janitor_purges_finished_tasks_and_every_checker_still_decides() -> None:
+    """With the janitor (the soak profile's), finished tasks go while the run goes on;
+    the checkers stay valid and count them as purged, not lost."""
+    for _events, out in _runs(purge_after=0.3):
+        assert {k: v["valid"] for k, v in out.items()} == dict.fromkeys(
+            queue_checker.CHECKERS, True
+        ), {k: (v["violations"][:3], v["unknown"][:3]) for k, v in out.items()}
+        final = out["queue_lost_put"]["stats"]["final"]
+        if final.get("purged", 0) > 10 and final.get("completed", 0) + final.get("dead", 0) > 0:
+            return
+    pytest.fail(f"{TRIES} runs with the janitor and never 10 purged plus a finished task left")
+
+
+def test_a_purge_that_takes_a_pending_task_is_caught() -> None:
+    """A purge excuses only the task it was asked for, once seen finished: a cluster
+    that purges a pending task with it has lost an acknowledged put."""
+    for _events, out in _runs("purge_pending", purge_after=0.3):
+        if out["queue_lost_put"]["valid"] is False:
+            return
+    pytest.fail(f"a purge taking a pending task was not caught in {TRIES} runs")
