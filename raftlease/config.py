@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .limits import MAX_KEY_BYTES, MAX_LIST, MAX_OWNER_BYTES, MAX_TTL_MS
+from .limits import DEFAULT_COMPLETED_TASKS, MAX_KEY_BYTES, MAX_LIST, MAX_OWNER_BYTES, MAX_TTL_MS
 
 #: Settings that name files; relative paths in a TOML file are taken from its folder.
 FILE_SETTINGS = (
@@ -156,6 +156,9 @@ class NodeConfig:
     max_connections_per_address: int = 256
     # Tasks one task queue may hold that are not completed (docs/queues.md).
     max_queue_tasks: int = 250_000
+    # Completed tasks the cluster retains, across all queues: stamped into each
+    # completion; beyond it the oldest completed task is dropped (docs/queues.md).
+    max_completed_tasks: int = DEFAULT_COMPLETED_TASKS
     # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
     # fault-injecting proxy. The peer keeps its identity (its raft address).
     dial: dict[str, str] = field(default_factory=dict)
@@ -297,6 +300,7 @@ class NodeConfig:
             "max_unauthenticated_connections",
             "max_connections_per_address",
             "max_queue_tasks",
+            "max_completed_tasks",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

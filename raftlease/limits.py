@@ -38,7 +38,12 @@ MAX_TASK_CAPABILITIES = 64
 MAX_TASK_CAP_BYTES = 128
 MAX_TASK_DEDUP_BYTES = 512
 #: Tasks one queue may hold (ready, delayed, claimed or dead; completed ones are
-#: bounded by their retention instead): the quota the node sends with each put.
+#: bounded by their retention and by ``DEFAULT_COMPLETED_TASKS`` instead): the quota
+#: the node sends with each put.
 DEFAULT_QUEUE_TASKS = 250_000
+#: Completed tasks the cluster retains, across all queues (``max_completed_tasks``):
+#: the bound the leader stamps into each completion; a completion entry without the
+#: stamp (written before the bound existed) uses this one.
+DEFAULT_COMPLETED_TASKS = 50_000
 #: Most tasks one dead-letter read returns.
 MAX_DEAD_LIST = 10_000

@@ -23,9 +23,9 @@ MAX_PENDING_PER_CLIENT = 4096
 
 #: Fields of an entry that the leader adds or draws (or that legitimately differ
 #: between a request and its retry): left out of the fingerprint.
-#: ``waiters_total`` is node config, not the client's: a retry after a config change
-#: is still the same request.
-_STAMPED = frozenset({"now", "term", "ack", "durable", "seed", "waiters_total"})
+#: ``waiters_total`` and ``max_completed`` are node config, not the client's: a retry
+#: after a config change is still the same request.
+_STAMPED = frozenset({"now", "term", "ack", "durable", "seed", "waiters_total", "max_completed"})
 _DRAWN = {
     "acquire": "lid",
     "transfer": "new_lid",

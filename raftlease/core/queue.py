@@ -34,7 +34,7 @@ import hashlib
 import heapq
 from typing import Any
 
-from ..limits import DEFAULT_QUEUE_TASKS
+from ..limits import DEFAULT_COMPLETED_TASKS, DEFAULT_QUEUE_TASKS
 from .checks import TASK_MUTATING_OPS
 from .records import LeaseSession, Result, error
 from .task_records import (
@@ -121,7 +121,14 @@ class TaskQueues(TaskState):
             task.result = entry.get("result", "")
             self._finish(host, task, COMPLETED)
             self._event(host, "task_complete", task, worker=attempt.worker, token=attempt.token)
-            return {"ok": True, "tid": task.tid, "token": attempt.token, "revision": host.revision}
+            # The bound counts this task too (it may be the oldest, with a tiny bound).
+            self._bound_completed(entry.get("max_completed", DEFAULT_COMPLETED_TASKS))
+            return {
+                "ok": True,
+                "tid": attempt.tid,
+                "token": attempt.token,
+                "revision": host.revision,
+            }
         if op == "task_release":
             self._give_back(host, task, attempt)
             return {"ok": True, "tid": task.tid, "revision": host.revision}
@@ -572,13 +579,33 @@ class TaskQueues(TaskState):
         task.finished_at = host.now
         self.open -= 1
         heapq.heappush(self._drops, (host.now + task.retention_ms, task.tid))
+        if status == COMPLETED:
+            self.completed += 1
+            heapq.heappush(self._completed, (task.finished_at, task.seq, task.tid))
+            if len(self._completed) > 64 and len(self._completed) > 2 * self.completed:
+                self._compact_completed()
+
+    def _bound_completed(self, bound: int) -> None:
+        """``max_completed_tasks`` (stamped by the leader into each completion):
+        while more completed tasks are retained than ``bound``, across all queues,
+        forget the oldest by ``(finished_at, put order)``, as its retention would
+        (no event, no revision). The victim is derived from the task records alone,
+        so a replica restored from a snapshot picks the same one."""
+        while self.completed > bound:
+            oldest = self.oldest_completed()
+            if oldest is None:  # pragma: no cover - the count says one exists
+                break
+            self._remove(oldest)
 
     def _remove(self, task: TaskRecord) -> None:
-        """Forget a dead or completed task (purge, or retention over)."""
+        """Forget a dead or completed task (purge, retention over, or the count
+        bound on completed tasks)."""
         queue = self._queue(task.queue)
         if task.status == DEAD:
             self.open -= 1
             queue.dead.pop(task.tid, None)
+        elif task.status == COMPLETED:
+            self.completed -= 1
         self._move(queue, task.status, None)
         del self.tasks[task.tid]
         if task.dedup_key and queue.dedup.get(task.dedup_key) == task.tid:

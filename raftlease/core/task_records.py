@@ -283,6 +283,7 @@ def check_task_args(op: str, entry: dict[str, Any]) -> str | None:
         ("max_attempts", 1, MAX_ATTEMPTS),
         ("priority", -MAX_PRIORITY, MAX_PRIORITY),
         ("limit", 1, MAX_DEAD_LIST),
+        ("max_completed", 1, 2**31),  # stamped by the leader (max_completed_tasks)
     ):
         if name in entry and not valid_int(entry[name], low, high):
             return f"'{name}' must be an integer from {low} to {high}"

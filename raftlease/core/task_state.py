@@ -48,6 +48,13 @@ class TaskState:
         self._deadlines: list[tuple[int, str]] = []  # (deadline_at, tid)
         self._claim_deadlines: list[tuple[int, str]] = []  # (deadline, aid)
         self._drops: list[tuple[int, str]] = []  # (finished_at + retention, tid)
+        #: Completed tasks, oldest first by ``(finished_at, seq, tid)``: the count
+        #: bound's victims (``max_completed_tasks``). Items of tasks dropped since
+        #: (retention, purge) are stale; ``oldest_completed`` skips them and
+        #: ``_compact_completed`` rebuilds the heap from the records.
+        self._completed: list[tuple[int, int, str]] = []
+        #: Completed tasks in all queues (the sum of every queue's ``counts``).
+        self.completed = 0
         #: The current entry's leader-drawn seed (for backoff jitter). Not state.
         self.seed = 0
 
@@ -91,6 +98,34 @@ class TaskState:
     def _forget_if_empty(self, queue: QueueState) -> None:
         if queue.empty() and not queue.dedup:
             self.queues.pop(queue.name, None)
+
+    def _completed_item(self, item: tuple[int, int, str]) -> bool:
+        """Is ``item`` of ``_completed`` a retained completed task (not a stale
+        item of a task dropped since, nor of a later task given the same id)?"""
+        task = self.tasks.get(item[2])
+        return (
+            task is not None
+            and task.status == COMPLETED
+            and task.finished_at == item[0]
+            and task.seq == item[1]
+        )
+
+    def _compact_completed(self) -> None:
+        """Rebuild ``_completed`` from the task records once stale items outnumber
+        live ones (amortized O(1) per completion; derived from the records only, so
+        a restored replica holds the same set)."""
+        self._completed = [
+            (t.finished_at, t.seq, t.tid) for t in self.tasks.values() if t.status == COMPLETED
+        ]
+        heapq.heapify(self._completed)
+
+    def oldest_completed(self) -> TaskRecord | None:
+        """The completed task the count bound drops next: the oldest by
+        ``(finished_at, put order)``, or None. Pops stale items on the way."""
+        heap = self._completed
+        while heap and not self._completed_item(heap[0]):
+            heapq.heappop(heap)
+        return self.tasks[heap[0][2]] if heap else None
 
     @staticmethod
     def _move(queue: QueueState, old: str | None, new: str | None) -> None:
@@ -259,6 +294,8 @@ class TaskState:
             tq._move(queue, None, task.status)
             if task.status != COMPLETED:
                 tq.open += 1
+            else:
+                tq.completed += 1
             if task.status == READY:
                 heap = queue.ready.setdefault(task.requires, [])
                 heap.append((-task.priority, task.seq, task.tid))
@@ -266,6 +303,7 @@ class TaskState:
                 tq._delayed.append((task.ready_at, task.seq, task.tid))
             elif task.status == COMPLETED:
                 tq._drops.append((task.finished_at + task.retention_ms, task.tid))
+                tq._completed.append((task.finished_at, task.seq, task.tid))
             if task.deadline_at and task.status in (READY, DELAYED, CLAIMED):
                 tq._deadlines.append((task.deadline_at, task.tid))
         for name, tids in data["dead"]:
@@ -291,4 +329,5 @@ class TaskState:
         heapq.heapify(tq._delayed)
         for pairs in (tq._drops, tq._deadlines, tq._expiries, tq._claim_deadlines):
             heapq.heapify(pairs)
+        heapq.heapify(tq._completed)
         return tq

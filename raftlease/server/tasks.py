@@ -122,12 +122,16 @@ class TaskWaits:
     def draw_task_ids(self, op: str, entry: dict[str, Any]) -> None:
         """Randomness is drawn here, never in the state machine: a put's task id, a
         claim's attempt id (a capability: only the claimer receives it). A put also
-        carries the queue's task quota (``max_queue_tasks``)."""
+        carries the queue's task quota (``max_queue_tasks``), a completion the count
+        bound on retained completed tasks (``max_completed_tasks``), both decided by
+        the state machine."""
         if op == "task_put":
             entry["tid"] = secrets.token_hex(12)
             entry["quota"] = min(self.config.max_queue_tasks, 2**31)
         elif op == "task_claim":
             entry["aid"] = secrets.token_hex(16)
+        elif op == "task_complete":
+            entry["max_completed"] = min(self.config.max_completed_tasks, 2**31)
 
     async def await_task_op(self, request: Request) -> dict[str, Any]:
         """``await_claim``: until the waiting claim is granted (``claimed``, with the
