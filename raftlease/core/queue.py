@@ -306,7 +306,7 @@ class TaskQueues(TaskState):
             return error(
                 "TASK_NOT_FOUND",
                 f"queue {entry['queue']!r} has no task {tid!r} (never put, purged, or "
-                "dropped after its retention)",
+                "dropped after its retention or by max_completed_tasks)",
             )
         attempt = self.attempts.get(entry["aid"])
         if attempt is None or attempt.tid != tid:

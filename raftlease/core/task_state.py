@@ -227,7 +227,7 @@ class TaskState:
                 return error(
                     "TASK_NOT_FOUND",
                     f"queue {name!r} has no task {entry['tid']!r} (never put, purged, or "
-                    "dropped after its retention)",
+                    "dropped after its retention or by max_completed_tasks)",
                 )
             return {"ok": True, "task": info, "now": now}
         if op == "task_claim_status":
