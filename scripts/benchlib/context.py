@@ -42,7 +42,7 @@ TTL_MEMORY = 3600.0
 
 #: Workload groups run on the main cluster, in order (``--only`` names).
 MAIN_GROUPS = ("acquire", "renew", "release", "holder", "handoff", "failover")
-GROUPS = ("raw", "durability", "security", *MAIN_GROUPS, "memory", "tasks")
+GROUPS = ("raw", "durability", "security", *MAIN_GROUPS, "memory", "tasks", "scale")
 
 #: Values of raftlease's ``NodeConfig.durability`` the durability phase can compare
 #: (written here, not imported: ``scripts/bench`` checks ``--durability`` before the
@@ -52,7 +52,7 @@ DURABILITY_MODES = ("fsync", "none")
 DURABILITY_GROUPS = ("acquire", "renew")
 
 #: Groups that are not throughput tables (no ops/s row, no election count under load).
-NON_THROUGHPUT_GROUPS = ("failover", "memory", "snapshot", "task memory")
+NON_THROUGHPUT_GROUPS = ("failover", "memory", "snapshot", "task memory", "scale")
 
 #: Bounds on error loops: a workload stops after this many failed calls.
 MAX_ERRORS = 2000
@@ -113,6 +113,14 @@ class Profile:
     #: The security phase (issue 11: client TLS + auth against none, two clusters)
     #: runs in this profile; without it, only when ``--only`` names it.
     security: bool = True
+    #: The scale phase (issue 16; workloads/scale.py): agents with a lease session of
+    #: ``scale_ttl`` s holding one lease each, over ``scale_processes`` client
+    #: processes, ramped in ``scale_steps`` steps, then held ``scale_hold`` s.
+    scale_agents: int = 20_000
+    scale_processes: int = 4
+    scale_ttl: float = 10.0
+    scale_steps: int = 10
+    scale_hold: float = 60.0
 
     @property
     def concurrent_modes(self) -> list[str]:
@@ -139,7 +147,8 @@ FULL = Profile(
     snapshot_steady=15.0,
     # The durability phase adds two clusters' worth of acquire and renew to the
     # ~30 min of the other phases; the settle waits can stretch every repetition.
-    max_seconds=5400.0,
+    # The scale phase adds a ramp (~1-2 min) and a 60 s hold.
+    max_seconds=5700.0,
     settle=10.0,
 )
 
@@ -165,6 +174,13 @@ QUICK = Profile(
     queued_tasks=2_000,
     # Two more clusters would not fit tests/test_bench.py's limit; --only security runs it.
     security=False,
+    # A smoke run of the scale phase (~10 s): one step, a shorter TTL so that a few
+    # keep-alive intervals fit; not judged (the target names 20,000 agents, TTL 10 s).
+    scale_agents=300,
+    scale_processes=2,
+    scale_ttl=6.0,
+    scale_steps=1,
+    scale_hold=4.0,
 )
 
 #: By ``Profile.name``, as recorded in meta.profile (a saved result names its profile).

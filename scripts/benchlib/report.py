@@ -177,6 +177,7 @@ def render_markdown(result: Result) -> str:
             lines.append("")
             lines.append("Term changes during the load: " + _term_changes(lw["term_changes"]))
     lines += _task_memory(first_variant(w, "task memory"))
+    lines += _scale(first_variant(w, "scale"))
     snap = first_variant(w, "snapshot")
     if snap:
         win = snap["window"]
@@ -264,6 +265,81 @@ def _task_memory(mem: dict[str, Any] | None) -> list[str]:
         f"{mem['elections_during_load']} election(s) during the load.",
     ]
     return lines
+
+
+def _scale(entry: dict[str, Any] | None) -> list[str]:
+    """The scale phase (issue 16): the ramp's steps, the hold, and the cluster at its
+    end (nothing when the phase did not run)."""
+    if not entry:
+        return []
+    lines = [
+        "",
+        "## Scale: agents with lease sessions (issue 16)",
+        "",
+        f"{entry['agents_requested']:,} agents requested over {entry['processes']} client "
+        f"processes, each a lease session (TTL {entry['ttl_s']:g} s) holding one lease, "
+        f"keep-alive every {entry['interval_s']:.2f} s. Ramp in {len(entry['steps'])} "
+        f"step(s): {entry.get('ramp_seconds', 0):.1f} s (opening the agents "
+        f"{entry.get('open_seconds', 0):.1f} s of it); reached "
+        f"{entry['agents_reached']:,}, sustained {entry['sustained']:,}"
+        + (f"; ramp stopped: {entry['stopped']}." if entry.get("stopped") else ".")
+        + f" Sessions lost in the whole phase (no fault injected): "
+        f"{entry.get('sessions_lost', '-')}"
+        + (f" ({_kinds(entry['lost_kinds'])})" if entry.get("lost_kinds") else "")
+        + f"; {entry.get('elections', '-')} election(s).",
+        "",
+        "| window | agents | seconds | keep-alives/s (due) | p50 ms | p99 ms | max ms "
+        "| failed | lost |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    windows = [(f"step {i}", s) for i, s in enumerate(entry["steps"], 1)]
+    if entry.get("hold"):
+        windows.append(("**hold**", entry["hold"]))
+    for name, w in windows:
+        if "p99_ms" not in w:
+            lines.append(f"| {name} | {w['agents']:,} | - | - | - | - | - | - | - |")
+            continue
+        lines.append(
+            f"| {name} | {w['agents']:,} | {w['seconds']:.1f} "
+            f"| {w['per_s']:,.0f} ({w['due_per_s']:,.0f}) | {w['p50_ms']:.1f} "
+            f"| {w['p99_ms']:.1f} | {w['max_ms']:.0f} | {w.get('failed', 0)} "
+            f"| {w.get('lost', 0)} |"
+        )
+    hold = entry.get("hold")
+    if hold:
+        share = hold.get("cpu_share", {})
+        nodes = sorted(k for k in share if k not in ("client", "others") and "agents" not in k)
+        agents_share = sum(v for k, v in share.items() if k.startswith("agents"))
+        syncs = hold.get("journal", {}).get(hold["leader"], {}).get("journal_syncs")
+        end = entry.get("leader_end") or {}
+        lines += [
+            "",
+            f"Hold: {hold['keepalives']:,} keep-alives in {hold['seconds']:.1f} s"
+            + (f" ({_kinds(hold['failed_kinds'])} failed)" if hold.get("failed_kinds") else "")
+            + f"; CPU share of one core: leader {hold['leader']} "
+            f"{hold['leader_cpu_share']:.0%} (nodes "
+            + ", ".join(f"{k}{'*' if k == hold['leader'] else ''} {share[k]:.0%}" for k in nodes)
+            + f"); agent processes {agents_share:.0%}; rest of the machine "
+            f"{share.get('others', 0):.0%}"
+            + (
+                f"; {hold['keepalives'] / syncs:,.1f} keep-alives per leader journal sync"
+                if syncs
+                else ""
+            )
+            + ". At the end: RSS MiB "
+            + ", ".join(f"{k} {v:.1f}" for k, v in entry.get("rss_end_mib", {}).items())
+            + f"; the leader holds {_count(end.get('lease_sessions'))} sessions and "
+            f"{_count(end.get('leases'))} leases.",
+        ]
+    return lines
+
+
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else "-"
+
+
+def _kinds(kinds: dict[str, Any]) -> str:
+    return ", ".join(f"{v} {k}" for k, v in kinds.items())
 
 
 def _durability(result: Result) -> list[str]:

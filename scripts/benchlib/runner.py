@@ -30,7 +30,7 @@ from .context import (
     run_meta,
 )
 from .report import write_outputs
-from .workloads import durability, failover, handoff, memory, security, tasks, throughput
+from .workloads import durability, failover, handoff, memory, scale, security, tasks, throughput
 
 COMMON_METHOD = (
     "Each workload: warm-up {p.warmup} s, then {p.repeat} repetitions of "
@@ -129,6 +129,8 @@ def run_all(ctx: Context, code: dict[str, str]) -> None:
             anchors_run.anchors(ctx, list(p.anchors))
         guarded(ctx, "memory", lambda: memory.memory_snapshot(ctx))
         guarded(ctx, "tasks", lambda: tasks.tasks(ctx))
+        # Last: its agent processes load the machine more than any other phase.
+        guarded(ctx, "scale", lambda: scale.scale(ctx))
     finally:
         meta["loadavg_end"] = loadavg()
         meta["elapsed_s"] = time.monotonic() - T0

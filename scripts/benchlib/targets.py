@@ -336,6 +336,60 @@ def _security_ratio(spec: Spec, j: Judged) -> Row | None:
     )
 
 
+def _scale(spec: Spec, j: Judged) -> Row | None:
+    """Issue 16's scale target, both halves: ``min_agents`` agents sustained with a
+    hold p99 keep-alive latency under ``max_p99_ms`` and no session lost (the scale
+    phase), and under ``max_mib`` RSS per node with ``min_leases`` live leases (the
+    memory phase's figures). A half is n/a when its phase did not run or ran smaller
+    (the quick profile); the row is met only when both are, not met when either is
+    not. Shown when the run has the scale phase, or the ``section`` it was listed
+    under before the phase existed (anchors)."""
+    entry = first_variant(j.workloads, "scale")
+    ran = "scale" in j.workloads
+    if not ran and spec["section"] not in j.result:
+        return None
+    parts: list[str] = []
+    agents_ok: bool | None = None
+    if entry is None:
+        parts.append("agents: the scale phase " + ("failed" if ran else "did not run"))
+    else:
+        hold = entry.get("hold") or {}
+        p99 = hold.get("p99_ms")
+        lost = int(entry.get("sessions_lost", 0))
+        parts.append(
+            f"agents: {entry['sustained']:,} of {entry['agents_requested']:,} sustained, "
+            + ("no hold" if p99 is None else f"hold p99 {p99:.0f} ms")
+            + f", {lost} session(s) lost"
+            + (f" (ramp stopped: {entry['stopped']})" if entry.get("stopped") else "")
+        )
+        if entry["agents_requested"] >= spec["min_agents"]:
+            agents_ok = (
+                entry["sustained"] >= spec["min_agents"]
+                and p99 is not None
+                and p99 < spec["max_p99_ms"]
+                and lost == 0
+            )
+        else:
+            parts[-1] += f" ({entry['agents_requested']:,} requested: n/a)"
+    rss_ok: bool | None = None
+    mem = first_variant(j.workloads, "memory")
+    if mem is None:
+        parts.append("RSS: the memory phase did not run")
+    else:
+        peak = max(mem["rss_loaded_mib"].values())
+        parts.append(
+            f"RSS: max {peak:.0f} MiB per node with {mem['leases_requested']:,} leases "
+            "(memory phase)"
+        )
+        if mem["leases_requested"] >= spec["min_leases"]:
+            rss_ok = peak < spec["max_mib"]
+        else:
+            parts[-1] += " (n/a)"
+    halves = (agents_ok, rss_ok)
+    met = False if False in halves else (True if halves == (True, True) else None)
+    return _row(spec, "; ".join(parts), met)
+
+
 def _not_measured(spec: Spec, j: Judged) -> Row | None:
     """A target the benchmark cannot judge yet: an n/a row with ``figure`` as its
     text, shown only when the result has the ``section`` the target belongs to."""
@@ -363,6 +417,7 @@ EVALUATORS: dict[str, Evaluator] = {
     "measured_rate": _measured_rate,
     "p50": _p50,
     "task_memory": _task_memory,
+    "scale": _scale,
     # Issue 16: raftlease beside etcd and ZooKeeper (anchors/table.py).
     **anchors_table.EVALUATORS,
 }

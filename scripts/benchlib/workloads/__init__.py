@@ -8,7 +8,9 @@
 - ``failover``: SIGKILL of the leader while a client loops acquire/release;
 - ``memory``: RSS with many live leases, then the snapshot stall on that cluster;
 - ``tasks``: task queues (issue 12): put, claim, complete and end-to-end tasks/s with
-  1 and N threads, then RSS with many queued tasks.
+  1 and N threads, then RSS with many queued tasks;
+- ``scale``: many agents with a lease session each (issue 16), kept alive every ttl/3
+  by a few agent processes: ramp, hold, keep-alive latency, sessions lost, RSS.
 
 Each workload function takes the run's ``Context`` (and the cluster it runs on),
 blocks until it is done, and records its entries in the result.
