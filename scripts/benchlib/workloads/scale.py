@@ -198,13 +198,18 @@ class _Agents:
     ``collect`` the answers (bounded waits), ``stop`` them by pid. A reader thread
     per process turns its stdout lines into messages on a queue."""
 
-    def __init__(self, cluster: LocalCluster, ctx: Context, ttl: float) -> None:
-        p = ctx.profile
+    def __init__(self, ctx: Context) -> None:
         self.logs = ctx.out / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: list[subprocess.Popen[str]] = []
         self.queues: list[queue.Queue[dict[str, Any]]] = []
         self._log_files: list[IO[str]] = []
+
+    def start(self, cluster: LocalCluster, ctx: Context, ttl: float) -> None:
+        """Start ``scale_processes`` agent processes (not waiting for them: "ready"
+        comes through ``collect``). Call ``stop`` whatever this raises: the processes
+        started before a failure are in ``procs``."""
+        p = ctx.profile
+        self.logs.mkdir(parents=True, exist_ok=True)
         for k in range(p.scale_processes):
             args = {
                 "endpoints": cluster.endpoints,
@@ -337,8 +342,9 @@ def scale(ctx: Context) -> None:
         cluster.start()
         cluster.wait_for_leader(30)
         term0 = max_term(cluster)
-        agents = _Agents(cluster, ctx, ttl)
+        agents = _Agents(ctx)
         try:
+            agents.start(cluster, ctx, ttl)
             progress(
                 "scale: agent processes started, pids "
                 + " ".join(str(pid) for pid in agents.pids.values())
