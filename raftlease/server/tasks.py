@@ -12,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from ..config import NodeConfig
 from ..core import LeaseStore, Result
-from ..errors import QuotaExceededError, error_class
+from ..errors import error_class
 from ..protocol import Request
 from ..replication import Replica
 from .log_clock import LogClock
+from .slots import Slots
 
 #: Task statuses after which a producer's ``await_task`` answers at once.
 FINAL = ("completed", "dead")
@@ -29,49 +30,14 @@ FINAL = ("completed", "dead")
 LONG_POLL_OPS = frozenset({"await_lease", "await_claim", "await_task"})
 
 
-class PollSlots:
+class PollSlots(Slots):
     """The long-poll quota of one node (``max_long_polls_per_principal`` and
     ``max_long_polls_per_node``; node-local, like watches: long-polls are not
-    replicated). Event loop only; never blocks."""
+    replicated). A closed connection cancels its polls, which frees their slots.
+    Event loop only; never blocks."""
 
     def __init__(self, per_principal: int, per_node: int) -> None:
-        self.per_principal = per_principal
-        self.per_node = per_node
-        #: Long-polls holding a slot now, in all and by principal.
-        self.total = 0
-        self.by_principal: dict[str, int] = {}
-
-    @contextlib.contextmanager
-    def hold(self, principal: str | None) -> Iterator[None]:
-        """Hold one slot for the ``with`` block; it is freed however the block ends
-        (answer, timeout, error, cancellation: a closed connection cancels its
-        polls). ``principal`` None (no authentication) counts toward the node's
-        limit only. Raises ``QuotaExceededError`` (definite, nothing held) when full."""
-        if self.total >= self.per_node:
-            raise QuotaExceededError(
-                f"this node already serves {self.total} long-polls (max_long_polls_per_node)",
-                {"quota": self.per_node},
-            )
-        mine = self.by_principal.get(principal, 0) if principal else 0
-        if principal and mine >= self.per_principal:
-            raise QuotaExceededError(
-                f"{principal} already has {mine} long-polls on this node "
-                "(max_long_polls_per_principal)",
-                {"quota": self.per_principal},
-            )
-        self.total += 1
-        if principal:
-            self.by_principal[principal] = mine + 1
-        try:
-            yield
-        finally:
-            self.total -= 1
-            if principal:
-                left = self.by_principal[principal] - 1
-                if left:
-                    self.by_principal[principal] = left
-                else:
-                    del self.by_principal[principal]
+        super().__init__("long-polls", "max_long_polls", per_principal, per_node)
 
 
 async def park(

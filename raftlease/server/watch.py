@@ -14,8 +14,9 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CompactedError, QuotaExceededError, UnavailableError
+from ..errors import CompactedError, UnavailableError
 from ..protocol import Request, encode_frame, error_response, ok_response
+from .slots import Slots
 
 #: Changes each node keeps for watches to resume from: at most this many, and at most
 #: ``WATCH_HISTORY_BYTES`` of them (whichever bound is reached first).
@@ -84,10 +85,8 @@ class WatchHub:
         watches one authenticated principal / everyone may have on this node."""
         self.backlog = backlog
         self.drain_timeout = drain_timeout
-        self.max_per_principal = max_per_principal
-        self.max_per_node = max_per_node
-        #: Live watches per authenticated principal (event loop only).
-        self._by_principal: dict[str, int] = {}
+        #: The watch quotas (event loop only): live watches in all and by principal.
+        self.slots = Slots("watches", "max_watches", max_per_principal, max_per_node)
         # Recent changes (public fields only) and the live subscribers. The tick
         # thread alone changes the history and its byte count; readers on the event
         # loop copy it (a deque copy is one C call under the GIL).
@@ -186,19 +185,7 @@ class WatchHub:
     def admit(self, principal: str | None) -> None:
         """Raise ``QuotaExceededError`` (definite: nothing subscribed) if one more
         watch would exceed this node's total or ``principal``'s share. Event loop."""
-        if len(self._watchers) >= self.max_per_node:
-            raise QuotaExceededError(
-                f"this node already serves {len(self._watchers)} watches "
-                f"(max_watches_per_node is {self.max_per_node})",
-                {"quota": self.max_per_node},
-            )
-        held = self._by_principal.get(principal, 0) if principal else 0
-        if principal and held >= self.max_per_principal:
-            raise QuotaExceededError(
-                f"{principal} already has {held} watches on this node "
-                f"(max_watches_per_principal is {self.max_per_principal})",
-                {"quota": self.max_per_principal},
-            )
+        self.slots.admit(principal)
 
     async def stream(
         self,
@@ -212,11 +199,15 @@ class WatchHub:
         ``revision`` returns the node's applied store revision. Counts toward the
         watch quotas of ``principal`` and of the node while it runs; raises
         ``QuotaExceededError`` before writing anything if they are reached."""
+        with self.slots.hold(principal):
+            await self._stream(request, writer, revision)
+
+    async def _stream(
+        self, request: Request, writer: asyncio.StreamWriter, revision: Callable[[], int]
+    ) -> None:
+        """``stream``'s work, once the watch holds its quota slot."""
         prefix: str = request.args["prefix"]
         start: int = request.args["from_revision"]
-        self.admit(principal)
-        if principal:
-            self._by_principal[principal] = self._by_principal.get(principal, 0) + 1
         # Subscribe before copying the history: an event the tick thread records in
         # between then reaches us twice (copy and queue) instead of never; revisions
         # already sent are skipped below.
@@ -274,9 +265,3 @@ class WatchHub:
         finally:
             self._watchers.pop(token, None)
             self._writers.pop(token, None)
-            if principal:
-                left = self._by_principal[principal] - 1
-                if left > 0:
-                    self._by_principal[principal] = left
-                else:
-                    del self._by_principal[principal]
