@@ -259,7 +259,8 @@ def test_report_section() -> None:
     steps = [line for line in lines if line.startswith("| step ")]
     assert len(steps) == 3 and steps[2].startswith("| step 3 | 13,000 | 4.2 |")
     hold = next(line for line in lines if line.startswith("| **hold** |"))
-    assert hold == "| **hold** | 12,000 | 60.0 | 3,600 (3,600) | 10.0 | 40.0 | 80 | 0 | 0 |"
+    assert hold == "| **hold** | 12,000 | 60.0 | 3,600 (3,600) | 10.0 | 40.0 | 80 | 0 | 0 | 90% |"
+    assert steps[0].endswith("| 0 | 0 | - |")  # a step without CPU figures
     text = next(line for line in lines if line.startswith("Hold: "))
     assert "leader n2 90% (nodes n1 30%, n2* 90%, n3 30%); agent processes 20%" in text
     assert "6.0 keep-alives per leader journal sync" in text

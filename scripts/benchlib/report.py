@@ -289,21 +289,22 @@ def _scale(entry: dict[str, Any] | None) -> list[str]:
         + f"; {entry.get('elections', '-')} election(s).",
         "",
         "| window | agents | seconds | keep-alives/s (due) | p50 ms | p99 ms | max ms "
-        "| failed | lost |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| failed | lost | leader CPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     windows = [(f"step {i}", s) for i, s in enumerate(entry["steps"], 1)]
     if entry.get("hold"):
         windows.append(("**hold**", entry["hold"]))
     for name, w in windows:
         if "p99_ms" not in w:
-            lines.append(f"| {name} | {w['agents']:,} | - | - | - | - | - | - | - |")
+            lines.append(f"| {name} | {w['agents']:,} | - | - | - | - | - | - | - | - |")
             continue
+        leader_cpu = w.get("leader_cpu_share")
         lines.append(
             f"| {name} | {w['agents']:,} | {w['seconds']:.1f} "
             f"| {w['per_s']:,.0f} ({w['due_per_s']:,.0f}) | {w['p50_ms']:.1f} "
             f"| {w['p99_ms']:.1f} | {w['max_ms']:.0f} | {w.get('failed', 0)} "
-            f"| {w.get('lost', 0)} |"
+            f"| {w.get('lost', 0)} | {'-' if leader_cpu is None else f'{leader_cpu:.0%}'} |"
         )
     hold = entry.get("hold")
     if hold:

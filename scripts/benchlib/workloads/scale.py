@@ -377,6 +377,7 @@ def _ramp_and_hold(
         "primary": {"name": "agents_sustained", "value": 0},
     }
     ctx.workloads["scale"] = {entry["mode"]: entry}
+    probe = CpuProbe({**{n.id: cluster.pid(n.id) for n in cluster.nodes}, **agents.pids})
     previous = merge(agents.ask({"cmd": "report"}, "report", ANSWER_TIMEOUT))
     t_ramp = time.monotonic()
     level = 0
@@ -394,11 +395,14 @@ def _ramp_and_hold(
             # Latencies before the window (while the step's agents opened) are not
             # the window's: this report resets them (the counters are cumulative).
             agents.ask({"cmd": "report"}, "report", ANSWER_TIMEOUT)
+            leader = cluster.leader_id()
+            cpu_before = probe.sample()
             t_window = time.monotonic()
             time.sleep(window)
             report = merge(agents.ask({"cmd": "report"}, "report", ANSWER_TIMEOUT))
             seconds = time.monotonic() - t_window
             step.update(window_figures(report["latencies"], target, seconds, interval))
+            step.update(_cpu_share(CpuProbe.delta(cpu_before, probe.sample()), seconds, leader))
             step.update(delta(report, previous))
             step["alive"] = report["alive"]
             step["lost_kinds"] = report["lost_kinds"]
@@ -414,7 +418,7 @@ def _ramp_and_hold(
             + (
                 f"{step['per_s']:,.0f} keep-alives/s (due {step['due_per_s']:,.0f}/s) "
                 f"p50 {step['p50_ms']:.1f} ms p99 {step['p99_ms']:.1f} ms, "
-                f"lost {step['lost']}"
+                f"lost {step['lost']}, leader CPU {step['leader_cpu_share']:.0%}"
                 if "p99_ms" in step
                 else "no window"
             )
@@ -471,10 +475,8 @@ def _hold(
     hold.update(delta(report, start))
     hold["failed_kinds"] = report["failed_kinds"]
     hold["lost_kinds"] = report["lost_kinds"]
-    hold["leader"] = leader
     hold["cpu_s"] = cpu
-    hold["cpu_share"] = {k: v / seconds for k, v in cpu.items()} if seconds > 0 else {}
-    hold["leader_cpu_share"] = hold["cpu_share"].get(leader, 0.0)
+    hold.update(_cpu_share(cpu, seconds, leader))
     if journal:
         hold["journal"] = journal
     entry["hold"] = hold
@@ -492,6 +494,12 @@ def _hold(
         + ", ".join(f"{k} {v:.0f}" for k, v in entry["rss_end_mib"].items())
     )
     return report
+
+
+def _cpu_share(cpu: dict[str, float], seconds: float, leader: str) -> dict[str, Any]:
+    """CPU seconds over a window as shares of one core, and the leader's."""
+    share = {k: v / seconds for k, v in cpu.items()} if seconds > 0 else {}
+    return {"leader": leader, "cpu_share": share, "leader_cpu_share": share.get(leader, 0.0)}
 
 
 # ------------------------------------------------------- an agent process
