@@ -125,6 +125,21 @@ def _report(result: dict[str, Any], as_json: bool) -> None:
         )
 
 
+def _add_args(
+    member_id: str, raft: str, client: str, catch_up: float, peer_key: str | None
+) -> dict[str, Any]:
+    """The ``member_add`` admin op's arguments (``add`` and ``replace``)."""
+    args: dict[str, Any] = {
+        "member_id": member_id,
+        "raft": raft,
+        "client": client,
+        "timeout": catch_up,
+    }
+    if peer_key is not None:
+        args["peer_key"] = peer_key
+    return args
+
+
 @member.command("add")
 @click.argument("member_id")
 @click.option("--raft", "raft", required=True, help="The new member's Raft address host:port.")
@@ -152,14 +167,7 @@ def member_add(
 ) -> None:
     """Add MEMBER_ID. Start it first with a config listing the current members and
     itself (docs/membership.md); it is refused by the others until this commits."""
-    args: dict[str, Any] = {
-        "member_id": member_id,
-        "raft": raft,
-        "client": client,
-        "timeout": catch_up,
-    }
-    if peer_key is not None:
-        args["peer_key"] = peer_key
+    args = _add_args(member_id, raft, client, catch_up, peer_key)
     added = _change("member_add", args, endpoints, as_json, timeout + catch_up)
     if added.get("added") is False:
         # The learner stage ended at --catch-up: nothing changed (docs/membership.md).
@@ -208,14 +216,7 @@ def member_replace(
 ) -> None:
     """Replace OLD_ID by NEW_ID: add the new member, wait for it to catch up, then
     remove the old one (two changes; a failure in between leaves both members)."""
-    args: dict[str, Any] = {
-        "member_id": new_id,
-        "raft": raft,
-        "client": client,
-        "timeout": catch_up,
-    }
-    if peer_key is not None:
-        args["peer_key"] = peer_key
+    args = _add_args(new_id, raft, client, catch_up, peer_key)
     added = _change("member_add", args, endpoints, as_json, timeout + catch_up)
     if not added.get("caught_up"):
         if added.get("added") is False:
