@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import ssl
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,9 +17,8 @@ from cryptography import x509
 
 from raftlease import Client, UnauthenticatedError
 from raftlease.protocol import encode_frame
-from raftlease.server.auth import token_digest
 from raftlease.testing import LocalCluster
-from raftlease.testing.certs import SecureBundle, issue, make_ca, secure_bundle
+from raftlease.testing.certs import SecureBundle, agent_role, issue, make_ca, secure_bundle
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -31,17 +29,7 @@ NEW_TOKEN = "agent-token-after-rotation-45678"
 
 
 def _agent(token: str) -> str:
-    return textwrap.dedent(
-        f"""
-        [roles.agent]
-        permissions = [{{ prefix = "gpu/", actions = ["read", "write"] }}]
-
-        [[principals]]
-        name = "agent-7"
-        token_sha256 = "{token_digest(token)}"
-        roles = ["agent"]
-        """
-    )
+    return agent_role({"agent-7": token})
 
 
 def _replace(path: Path, text: str) -> None:

@@ -170,20 +170,7 @@ def test_quotas_stop_one_principal_without_locking_out_another(
     cluster_factory: Factory, tmp_path: Path
 ) -> None:
     bundle = secure_bundle(tmp_path / "tls")
-    bundle.auth_file.write_text(
-        bundle.auth_file.read_text()
-        + textwrap.dedent(
-            f"""
-            [roles.agent]
-            permissions = [{{ prefix = "gpu/", actions = ["read", "write"] }}]
-
-            [[principals]]
-            name = "agent-7"
-            token_sha256 = "{token_digest(AGENT_TOKEN)}"
-            roles = ["agent"]
-            """
-        )
-    )
+    bundle.add_agents({"agent-7": AGENT_TOKEN})
     cluster = cluster_factory(
         1,
         **bundle.node_settings(),

@@ -28,7 +28,6 @@ import pytest
 
 from raftlease.errors import RaftLeaseError
 from raftlease.protocol import OPS, Limits, parse_request
-from raftlease.server.auth import token_digest
 from raftlease.server.openapi import STATUS, all_routes, document, op_fields
 from raftlease.testing import LocalCluster
 from raftlease.testing.certs import secure_bundle
@@ -682,15 +681,7 @@ AGENT_TOKEN = "agent-token-http-0123456789abcdef"
 @pytest.mark.timeout(180)
 def test_tokens_permissions_and_tls_guard_every_resource(tmp_path: Path) -> None:
     bundle = secure_bundle(tmp_path / "tls")
-    bundle.auth_file.write_text(
-        bundle.auth_file.read_text()
-        + "\n[roles.agent]\n"
-        + 'permissions = [{ prefix = "gpu/", actions = ["read", "write"] }]\n\n'
-        + "[[principals]]\n"
-        + 'name = "agent-7"\n'
-        + f'token_sha256 = "{token_digest(AGENT_TOKEN)}"\n'
-        + 'roles = ["agent"]\n'
-    )
+    bundle.add_agents({"agent-7": AGENT_TOKEN})
     cluster = admin_cluster(3, **bundle.node_settings())
     cluster.start()
     try:

@@ -25,7 +25,6 @@ import json
 import os
 import signal
 import sys
-import textwrap
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -38,7 +37,6 @@ pytest.importorskip("mcp")
 
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
-from raftlease.server.auth import token_digest
 from raftlease.testing import LocalCluster, wait_for
 from raftlease.testing.certs import secure_bundle
 
@@ -532,20 +530,7 @@ def test_credentials_and_permissions_apply(
     cluster_factory: Callable[..., LocalCluster], tmp_path: Path
 ) -> None:
     bundle = secure_bundle(tmp_path / "tls")
-    bundle.auth_file.write_text(
-        bundle.auth_file.read_text()
-        + textwrap.dedent(
-            f"""
-            [roles.agent]
-            permissions = [{{ prefix = "gpu/", actions = ["read", "write"] }}]
-
-            [[principals]]
-            name = "mcp-agent"
-            token_sha256 = "{token_digest(AGENT_TOKEN)}"
-            roles = ["agent"]
-            """
-        )
-    )
+    bundle.add_agents({"mcp-agent": AGENT_TOKEN})
     cluster = cluster_factory(3, **bundle.node_settings())
     tls = {"RAFTLEASE_CA_FILE": str(bundle.ca_file)}
 

@@ -36,7 +36,6 @@ from raftlease.config import NodeConfig
 from raftlease.core import LeaseStore
 from raftlease.errors import ConfigError
 from raftlease.protocol import FrameDecoder, encode_frame
-from raftlease.server.auth import token_digest
 from raftlease.server.tasks import PollSlots
 from raftlease.testing import LocalCluster, wait_for
 from raftlease.testing.certs import secure_bundle
@@ -133,30 +132,8 @@ def long_polls(endpoint: str) -> int:
 def auth_file(tmp_path: Path) -> Path:
     """The test bundle's auth file (admin) plus two agents on gpu/ and queue:."""
     bundle = secure_bundle(tmp_path / "tls")
-    path = bundle.auth_file
-    path.write_text(
-        path.read_text()
-        + textwrap.dedent(
-            f"""
-            [roles.agent]
-            permissions = [
-              {{ prefix = "gpu/", actions = ["read", "write"] }},
-              {{ prefix = "queue:", actions = ["read", "write"] }},
-            ]
-
-            [[principals]]
-            name = "agent-7"
-            token_sha256 = "{token_digest(AGENT_TOKEN)}"
-            roles = ["agent"]
-
-            [[principals]]
-            name = "agent-8"
-            token_sha256 = "{token_digest(OTHER_TOKEN)}"
-            roles = ["agent"]
-            """
-        )
-    )
-    return path
+    bundle.add_agents({"agent-7": AGENT_TOKEN, "agent-8": OTHER_TOKEN}, ("gpu/", "queue:"))
+    return bundle.auth_file
 
 
 def authenticated(endpoint: str, token: str, source: str = "127.0.0.1") -> Raw:

@@ -38,25 +38,7 @@ OTHER_TOKEN = "other-token-quotas-0123456789"
 def _bundle(tmp_path: Path) -> SecureBundle:
     """The secure bundle plus two agents on gpu/ (read and write)."""
     bundle = secure_bundle(tmp_path / "tls")
-    bundle.auth_file.write_text(
-        bundle.auth_file.read_text()
-        + textwrap.dedent(
-            f"""
-            [roles.agent]
-            permissions = [{{ prefix = "gpu/", actions = ["read", "write"] }}]
-
-            [[principals]]
-            name = "agent-7"
-            token_sha256 = "{token_digest(AGENT_TOKEN)}"
-            roles = ["agent"]
-
-            [[principals]]
-            name = "agent-8"
-            token_sha256 = "{token_digest(OTHER_TOKEN)}"
-            roles = ["agent"]
-            """
-        )
-    )
+    bundle.add_agents({"agent-7": AGENT_TOKEN, "agent-8": OTHER_TOKEN})
     return bundle
 
 

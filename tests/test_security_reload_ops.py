@@ -21,9 +21,9 @@ import pytest
 from raftlease import Client, PermissionDeniedError, UnauthenticatedError
 from raftlease.errors import CapacityMismatchError, ConfigError, RaftLeaseError
 from raftlease.protocol import encode_frame
-from raftlease.server.auth import load_auth, token_digest
+from raftlease.server.auth import load_auth
 from raftlease.testing import TEST_SETTINGS, LocalCluster
-from raftlease.testing.certs import SecureBundle, issue, make_ca, secure_bundle
+from raftlease.testing.certs import SecureBundle, agent_role, issue, make_ca, secure_bundle
 
 from .test_admin_http import admin_cluster, admin_of
 
@@ -31,17 +31,7 @@ Factory = Callable[..., LocalCluster]
 
 AGENT_TOKEN = "agent-token-shapes-0123456789abcdef"
 
-AGENT = textwrap.dedent(
-    f"""
-    [roles.agent]                     # read and write on gpu/, no shape permission
-    permissions = [{{ prefix = "gpu/", actions = ["read", "write"] }}]
-
-    [[principals]]
-    name = "agent-7"
-    token_sha256 = "{token_digest(AGENT_TOKEN)}"
-    roles = ["agent"]
-    """
-)
+AGENT = agent_role({"agent-7": AGENT_TOKEN})  # read and write on gpu/, no shape permission
 
 SHAPES = textwrap.dedent(
     """

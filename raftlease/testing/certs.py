@@ -11,6 +11,7 @@ import datetime
 import ipaddress
 import os
 import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +116,12 @@ class SecureBundle:
     client_cert: Path
     client_key: Path
 
+    def add_agents(
+        self, principals: Mapping[str, str], prefixes: Sequence[str] = ("gpu/",)
+    ) -> None:
+        """Append ``agent_role(principals, prefixes)`` to the auth file."""
+        self.auth_file.write_text(self.auth_file.read_text() + agent_role(principals, prefixes))
+
     def node_settings(self) -> dict[str, str]:
         return {
             "tls_cert_file": str(self.server_cert),
@@ -122,6 +129,22 @@ class SecureBundle:
             "tls_client_ca_file": str(self.ca_file),
             "auth_file": str(self.auth_file),
         }
+
+
+def agent_role(principals: Mapping[str, str], prefixes: Sequence[str] = ("gpu/",)) -> str:
+    """Auth-file text (docs/security.md): a role ``agent`` with read and write on each
+    of ``prefixes`` and no other permission, and one principal per ``name: token``
+    holding it (the token stored as its SHA-256)."""
+    permissions = "".join(
+        f'  {{ prefix = "{prefix}", actions = ["read", "write"] }},\n' for prefix in prefixes
+    )
+    text = f"\n[roles.agent]\npermissions = [\n{permissions}]\n"
+    for name, token in principals.items():
+        text += (
+            f'\n[[principals]]\nname = "{name}"\n'
+            f'token_sha256 = "{token_digest(token)}"\nroles = ["agent"]\n'
+        )
+    return text
 
 
 def secure_bundle(
