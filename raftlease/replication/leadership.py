@@ -163,6 +163,9 @@ class LeaseGuard:
         self._acks: dict[str, float] = {}  # follower id -> newest echoed stamp this term
         self.lease_until = float("-inf")
         self.votes_refused = 0
+        #: Elections brought forward to the promise's end because the connection to
+        #: the leader closed (transport.LeaseTransport._leader_gone).
+        self.early_elections = 0
 
     # ------------------------------------------------------------- follower
 
@@ -199,6 +202,12 @@ class LeaseGuard:
     def echo_for(self, leader: str) -> tuple[int, float] | None:
         """(term, stamp) to echo in a reply to ``leader``."""
         return self._echo.get(leader)
+
+    def promise_left(self) -> float:
+        """Seconds until this node's vote promise ends (0 once it has): what an
+        election brought forward must still wait. Any thread; never blocks."""
+        now = self.clock.monotonic()
+        return max(0.0, self.promise - (now - self.last_heard), self.promise - (now - self.started))
 
     def refuse_vote(self) -> bool:
         """True while this node promised not to vote (heard from a leader within S,
@@ -283,4 +292,5 @@ class LeaseGuard:
             "drift_alarm": self.drift.alarm,
             "drift": self.drift.snapshot(),
             "votes_refused": self.votes_refused,
+            "early_elections": self.early_elections,
         }

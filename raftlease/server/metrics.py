@@ -406,6 +406,13 @@ class NodeCollector(Collector):
         )
         refused.add_metric([], float(guard.get("votes_refused") or 0))
         yield refused
+        early = CounterMetricFamily(
+            "raftlease_early_elections",
+            "Elections brought forward to the vote promise's end because the connection "
+            "to the leader closed (its process died).",
+        )
+        early.add_metric([], float(guard.get("early_elections") or 0))
+        yield early
 
     def _files(
         self, replica: Replica, config: NodeConfig

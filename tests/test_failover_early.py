@@ -1,0 +1,81 @@
+"""Failover when the leader's process dies: its kernel closes its connections at once,
+and a follower that sees its leader's connection close runs for election when its
+vote promise ends (plus a small random spread), not at its full random election
+timeout (issue 16: failover). Never earlier than the promise: the old leader's lease
+relies on it (docs/design.md).
+
+Timing is not asserted (2 noisy cores): the tests check which path the election
+took, through the node's ``early_elections`` counter in ``status``, and the pure
+delay rule. The failover figures are in the benchmark (``scripts/bench --only
+failover``).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from raftlease import Client
+from raftlease.replication.transport import EARLY_SPREAD, early_election_delay
+from raftlease.testing import LocalCluster, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def node_status(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
+    with Client([cluster.node(node_id).client]) as c:
+        return c.node_status(cluster.node(node_id).client)
+
+
+def early(cluster: LocalCluster, survivors: list[str]) -> dict[str, int]:
+    return {n: int(node_status(cluster, n)["early_elections"]) for n in survivors}
+
+
+def test_the_delay_never_ends_before_the_promise() -> None:
+    rng = random.Random(16)
+    low, high = EARLY_SPREAD
+    for _ in range(2_000):
+        promise = rng.uniform(0.05, 5.0)
+        left = rng.choice([0.0, rng.uniform(0.0, promise)])
+        delay = early_election_delay(left, promise)
+        assert left + low * promise <= delay <= left + high * promise
+
+
+@pytest.mark.integration
+def test_a_killed_leader_is_replaced_by_an_election_at_the_promise_end(
+    cluster: LocalCluster,
+) -> None:
+    old = cluster.wait_for_leader()
+    survivors = [n.id for n in cluster.nodes if n.id != old["node"]]
+    assert early(cluster, survivors) == dict.fromkeys(survivors, 0)
+    cluster.kill_node(old["node"])  # SIGKILL: the kernel closes the leader's sockets
+    new = cluster.wait_for_leader(timeout=30, exclude=old["node"])
+    assert new["term"] > old["term"]
+    counts = early(cluster, survivors)
+    # Each follower saw the connection close and brought its election forward (the
+    # other one may then have voted before its own deadline, which is fine).
+    assert sum(counts.values()) >= 1, counts
+    with cluster.client() as c:  # and the new leader serves writes
+        assert c.acquire("failover/k", owner="agent-1", ttl=5.0).token > 0
+
+
+@pytest.mark.integration
+def test_a_paused_leader_closes_nothing_and_brings_no_election_forward(
+    cluster: LocalCluster,
+) -> None:
+    old = cluster.wait_for_leader()
+    survivors = [n.id for n in cluster.nodes if n.id != old["node"]]
+    cluster.pause_node(old["node"])  # SIGSTOP: its connections stay open
+    try:
+        cluster.wait_for_leader(timeout=30, exclude=old["node"])
+        assert early(cluster, survivors) == dict.fromkeys(survivors, 0)
+    finally:
+        cluster.resume_node(old["node"])
+    # The old leader rejoins as a follower (its term is behind).
+    wait_for(
+        lambda: node_status(cluster, old["node"]).get("role") == "follower" or None,
+        30,
+        "the resumed leader to follow",
+    )
