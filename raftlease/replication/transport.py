@@ -6,10 +6,12 @@ Runs on PySyncObj's tick thread.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -539,6 +541,24 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._exchange.pop(conn, None)
         super()._onDisconnected(conn)
 
+    def _wake_at(self, delay: float) -> None:
+        """Wake the tick thread ``delay`` seconds from now: it otherwise sleeps in its
+        poll for up to ``autoTickPeriod`` (50 ms) past the election deadline when no
+        message comes, and with the leader gone none does. Through PySyncObj's own
+        pipe notifier (the one a proposal from another thread uses), from a one-shot
+        timer thread; nothing happens if the node has stopped meanwhile."""
+        notifier = getattr(self._syncObj, "_SyncObj__pipeNotifier", None)
+        if notifier is None:
+            return
+
+        def wake() -> None:
+            with contextlib.suppress(OSError, ValueError):  # pipe closed: node stopped
+                notifier.notify()
+
+        timer = threading.Timer(delay + 0.001, wake)
+        timer.daemon = True
+        timer.start()
+
     def _onNodeDisconnected(self, node: Any) -> None:
         super()._onNodeDisconnected(node)
         self._leader_gone(node)
@@ -562,6 +582,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         if deadline < sync._SyncObj__raftElectionDeadline:
             sync._SyncObj__raftElectionDeadline = deadline
             self.guard.early_elections += 1
+            self._wake_at(delay)
             log.info(
                 "connection to leader %s closed: running for election in %.3f s (the "
                 "vote promise's end plus a spread)",
