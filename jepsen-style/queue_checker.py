@@ -18,7 +18,9 @@ the one clock every worker thread and process shares) and ``value``. The shapes
 * ``q.get``: invoke ``task``, ``final`` (true for the end-of-run read); ok ``status``
   (``ready``, ``delayed``, ``claimed``, ``completed``, ``dead``), ``attempts``,
   ``result`` (completed), ``reason`` (dead: ``attempts`` or ``deadline``; pending: why).
-* ``q.dead``: invoke ``final``; ok ``tasks``: ``[{task, attempts, reason}]``.
+* ``q.dead``: invoke ``final``; ok ``tasks``: ``[{task, attempts, reason, payload}]``
+  (``payload``: the put's unique payload, which finds the put of a dead letter whose
+  put answer was lost; a ``q.get`` of a dead task carries it too).
 * ``q.purge`` (the soak's janitor, ``queue_workload.Janitor``): invoke ``task``; ok with
   no value; a task still pending is refused definitely (``INVALID_ARGUMENT``).
 
@@ -652,8 +654,10 @@ def check_dead_letters(qops: list[QOp], params: QParams) -> dict[str, Any]:
     verdict = _Verdict()
     gets, deads = _final_reads(qops)
     puts = _puts(qops)
+    # Puts whose answer was lost, by payload: a dead letter that names its payload
+    # (the workload records it) is judged against its put like an acknowledged one.
     maybe_puts = {
-        str(op.args.get("payload")) for op in qops if op.f == "q.put" and op.type == "info"
+        str(op.args.get("payload")): op for op in qops if op.f == "q.put" and op.type == "info"
     }
     granted: dict[str, set[int]] = defaultdict(set)
     unanswered: dict[str, int] = defaultdict(int)  # per queue
@@ -691,6 +695,8 @@ def check_dead_letters(qops: list[QOp], params: QParams) -> dict[str, Any]:
     by_reason: dict[str, int] = defaultdict(int)
     for task, record, op in records:
         put = puts.get(task)
+        if put is None and isinstance(record.get("payload"), str):
+            put = maybe_puts.get(record["payload"])
         if put is None:
             if maybe_puts:
                 verdict.cannot("dead-lettered task of an unanswered put?", task=task)

@@ -156,6 +156,7 @@ def describe_task_state(state: Any) -> dict[str, Any]:
         out["result"] = _field(state, "result")
     elif status == "dead":
         out["reason"] = dead_reason(state)
+        out["payload"] = _field(_field(state, "payload"), "id")  # see describe_dead
     elif status == "ready":
         out["reason"] = "ready at the end: the workers had stopped"
     elif status == "delayed":
@@ -180,7 +181,9 @@ def dead_reason(state: Any) -> str | None:
 
 
 def describe_dead(entries: Any) -> list[dict[str, Any]]:
-    """A ``q.dead`` answer as ``[{task, attempts, reason}]``."""
+    """A ``q.dead`` answer as ``[{task, attempts, failures, reason, payload}]``;
+    ``payload`` is the producer's unique payload id (None if the entry has none), so
+    a dead letter of a put whose answer was lost can still be matched to its put."""
     out = []
     for entry in list(entries or []):
         out.append(
@@ -189,6 +192,7 @@ def describe_dead(entries: Any) -> list[dict[str, Any]]:
                 "attempts": _field(entry, "attempts", "attempt"),
                 "failures": _field(entry, "failures"),
                 "reason": dead_reason(entry),
+                "payload": _field(_field(entry, "payload"), "id"),
             }
         )
     return out

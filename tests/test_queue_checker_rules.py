@@ -541,6 +541,38 @@ def test_a_dead_letter_nobody_put_or_already_completed_fails() -> None:
     assert "completed task in the dead-letter list" in kinds(done.check()["queue_dead_letter"])
 
 
+def test_a_dead_letter_of_an_unanswered_put_is_judged_by_its_payload() -> None:
+    """A put whose answer was lost has no task id in the history; the dead-letter
+    entry's payload (the workload records it) finds the put, so the entry is judged,
+    not ``unknown``."""
+
+    def lost_put(used: int) -> QHist:
+        h = good()
+        h.op("prod", "q.put", 2.0, 2.5, args={"payload": "p-lost", "max_attempts": 2}, type="info")
+        h.claim("w1", "t9", 3.0, token=40, attempt=1)
+        h.attempt_op("w1", "q.fail", "t9", 40, 3.2, error="boom")
+        h.claim("w2", "t9", 4.0, token=41, attempt=2)
+        h.attempt_op("w2", "q.fail", "t9", 41, 4.2, error="boom")
+        h.get("t9", 10.0, status="dead", attempts=used, reason="attempts", payload="p-lost")
+        row = {"task": "t9", "attempts": used, "reason": "attempts", "payload": "p-lost"}
+        h.events = [e for e in h.events if e.get("f") != "q.dead"]
+        h.dead(10.2, [{"task": "t3", "attempts": 1, "reason": "attempts"}, row])
+        return h
+
+    assert lost_put(2).check()["queue_dead_letter"]["valid"] is True
+    assert (
+        kinds(lost_put(1).check()["queue_dead_letter"])
+        == ["dead-lettered before using all its attempts"] * 2
+    )  # the list's entry and the final read's
+    # Without the payload the entry cannot be matched to a put: unknown, never a pass.
+    h = lost_put(2)
+    for e in h.events:
+        for row in (e.get("value") or {}).get("tasks") or []:
+            row.pop("payload", None)
+    h.events = [e for e in h.events if not (e.get("f") == "q.get" and "'t9'" in str(e))]
+    assert h.check()["queue_dead_letter"]["valid"] == "unknown"
+
+
 def test_dead_letters_are_unknown_without_a_final_list_or_a_reason() -> None:
     h = good()
     h.events = [e for e in h.events if e.get("f") != "q.dead"]
