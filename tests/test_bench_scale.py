@@ -270,6 +270,13 @@ def test_report_section() -> None:
     without = copy.deepcopy(result)
     del without["workloads"]["scale"]
     assert "## Scale" not in report.render_markdown(without)
+    # Sessions lost in the failed step were replaced before the hold: the report says so.
+    result["workloads"]["scale"]["20000 agents"]["refill"] = {"from": 40, "to": 12_000}
+    result["workloads"]["scale"]["20000 agents"]["refill"]["seconds"] = 21.5
+    assert (
+        " After the failed step 40 agents were left; new ones were opened to 12,000 in "
+        "21.5 s before the hold."
+    ) in report.render_markdown(result)
     # No hold (no level held): the steps alone.
     entry = _scale_entry(20_000, 0, 0.0, "1 session(s) lost at 2,000 agents")
     entry["hold"] = None

@@ -283,6 +283,7 @@ def _scale(entry: dict[str, Any] | None) -> list[str]:
         f"{entry.get('open_seconds', 0):.1f} s of it); reached "
         f"{entry['agents_reached']:,}, sustained {entry['sustained']:,}"
         + (f"; ramp stopped: {entry['stopped']}." if entry.get("stopped") else ".")
+        + _refill(entry.get("refill"))
         + f" Sessions lost in the whole phase (no fault injected): "
         f"{entry.get('sessions_lost', '-')}"
         + (f" ({_kinds(entry['lost_kinds'])})" if entry.get("lost_kinds") else "")
@@ -333,6 +334,16 @@ def _scale(entry: dict[str, Any] | None) -> list[str]:
             f"{_count(end.get('leases'))} leases.",
         ]
     return lines
+
+
+def _refill(refill: dict[str, Any] | None) -> str:
+    if not refill:
+        return ""
+    to = "?" if refill["to"] < 0 else f"{refill['to']:,}"
+    return (
+        f" After the failed step {refill['from']:,} agents were left; new ones were opened "
+        f"to {to} in {refill['seconds']:.1f} s before the hold."
+    )
 
 
 def _count(value: Any) -> str:

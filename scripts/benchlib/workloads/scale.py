@@ -428,7 +428,11 @@ def _ramp_and_hold(
             entry["stopped"] = verdict
             # Back to the last level that held: the hold measures a sustained level.
             agents.send([{"cmd": "shrink", "to": n} for n in shares(level, p.scale_processes)])
-            agents.collect("shrunk", ANSWER_TIMEOUT)
+            alive = sum(int(m["alive"]) for m in agents.collect("shrunk", ANSWER_TIMEOUT))
+            if level > 0 and alive < level:
+                # Sessions lost in the failed step are replaced by new agents, so the
+                # hold runs at the level that held (or shows that it no longer does).
+                entry["refill"] = _refill(agents, p.scale_processes, level, alive)
             previous = merge(agents.ask({"cmd": "report"}, "report", ANSWER_TIMEOUT))
             break
         level = target
@@ -446,6 +450,20 @@ def _ramp_and_hold(
     entry["sessions_lost"] = int(previous["lost"])
     entry["lost_kinds"] = previous["lost_kinds"]
     entry["elections"] = max_term(cluster) - term0
+
+
+def _refill(agents: _Agents, processes: int, level: int, alive: int) -> dict[str, Any]:
+    """Open new agents until ``level`` are alive again (bounded like a step's opening);
+    what it did, for the report."""
+    bound = 15.0 + (level - alive) * OPEN_SECONDS_PER_AGENT
+    t0 = time.monotonic()
+    progress(f"scale: {alive:,} agents left of {level:,}; opening new ones back to {level:,}")
+    agents.send([{"cmd": "fill", "to": n} for n in shares(level, processes)])
+    try:
+        after = sum(int(m["alive"]) for m in agents.collect("grown", bound))
+    except TimeoutError:
+        after = -1  # not known: the hold's start says how many are alive
+    return {"from": alive, "to": after, "seconds": time.monotonic() - t0}
 
 
 def _hold(
@@ -642,6 +660,10 @@ async def _agents(args: dict[str, Any]) -> None:
                     want = int(command["to"])
                     start, next_index = next_index, max(next_index, want)
                     growing = asyncio.create_task(grow(start, want))
+                elif cmd == "fill":  # new agents until "to" are alive
+                    need = max(0, int(command["to"]) - alive())
+                    start, next_index = next_index, next_index + need
+                    growing = asyncio.create_task(grow(start, start + need))
                 elif cmd == "shrink":
                     if growing is not None and not growing.done():
                         growing.cancel()
