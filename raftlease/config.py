@@ -108,6 +108,9 @@ class NodeConfig:
     # "fsync": no entry is acknowledged before it is on stable storage (group commit);
     # "none": the journal is left to the kernel's writeback (docs/configuration.md).
     durability: str = "fsync"
+    # Seconds between returns of the node's free heap pages to the kernel (glibc's
+    # malloc_trim, server/heap.py); 0 turns it off.
+    heap_trim_interval: float = 30.0
     # The cluster's shared peer secret (docs/security.md); "" means
     # <data_dir>/../peer.secret, created by the first node that starts without one.
     # One secret per line: the first seals, each opens (a rolling rotation; SIGHUP
@@ -305,6 +308,11 @@ class NodeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        trim = self.heap_trim_interval
+        if not _is_number(trim) or not math.isfinite(trim) or trim < 0:
+            raise ConfigError(
+                f"heap_trim_interval must be 0 (off) or a positive number of seconds, got {trim!r}"
+            )
         for name in FILE_SETTINGS:
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(f"{name} must be a path, got {getattr(self, name)!r}")

@@ -32,10 +32,19 @@ from .conftest import FAST_SETTINGS, _show_logs_on_failure
 pytestmark = pytest.mark.integration
 
 
-def admin_cluster(count: int = 3, **settings: Any) -> LocalCluster:
-    """A cluster whose node i serves its admin endpoint 200 above its client port."""
+def admin_cluster(
+    count: int = 3, node_extra: dict[str, dict[str, Any]] | None = None, **settings: Any
+) -> LocalCluster:
+    """A cluster whose node i serves its admin endpoint 200 above its client port
+    (``node_extra``: more settings of single nodes)."""
     base = free_port_block(count)  # keeps base+200.. free as well
-    nodes = {f"n{i + 1}": {"admin_address": f"127.0.0.1:{base + 200 + i}"} for i in range(count)}
+    nodes = {
+        f"n{i + 1}": {
+            "admin_address": f"127.0.0.1:{base + 200 + i}",
+            **(node_extra or {}).get(f"n{i + 1}", {}),
+        }
+        for i in range(count)
+    }
     return LocalCluster(
         count, client_port=base, settings={**FAST_SETTINGS, **settings}, node_settings=nodes
     )
@@ -253,6 +262,26 @@ def test_snapshot_metrics_after_a_log_compaction(fresh: list[LocalCluster]) -> N
     assert samples["raftlease_snapshot_last_write_timestamp_seconds"] > 0
     assert samples["raftlease_snapshot_failures_total"] == 0
     assert samples["raftlease_leases_live"] == 40
+
+
+@pytest.mark.timeout(120)
+def test_heap_trims_are_counted(fresh: list[LocalCluster]) -> None:
+    """The node returns its free heap pages every ``heap_trim_interval`` (server/heap.py)
+    and says so in its metrics; with 0 it never does."""
+    cluster = admin_cluster(
+        3, heap_trim_interval=0.2, node_extra={"n3": {"heap_trim_interval": 0}}
+    )
+    fresh.append(cluster)
+    cluster.start()
+    on, off = admin_of(cluster, "n1"), admin_of(cluster, "n3")
+
+    def trimmed() -> dict[str, float] | None:
+        samples = scrape(on)
+        return samples if samples.get("raftlease_heap_trims_total", 0) >= 2 else None
+
+    samples = wait_for(trimmed, timeout=60, what="two heap trims")
+    assert 0 <= samples["raftlease_heap_trim_seconds"] < 1.0
+    assert scrape(off).get("raftlease_heap_trims_total") == 0
 
 
 # ------------------------------------------------------------ health, status

@@ -215,6 +215,13 @@ def test_waiter_and_watch_quotas_must_be_positive_integers(name: str, value: Any
 # ------------------------------------------------------------------- members
 
 
+def test_heap_trim_interval_is_zero_or_positive() -> None:
+    assert make(heap_trim_interval=0).heap_trim_interval == 0
+    assert make(heap_trim_interval=2.5).heap_trim_interval == 2.5
+    for bad in (-1, math.inf, math.nan, "30", True):
+        assert "heap_trim_interval" in config_error(heap_trim_interval=bad)
+
+
 def test_no_nodes() -> None:
     assert "at least one node" in config_error(nodes=[])
 

@@ -49,14 +49,16 @@ def test_a_killed_leader_is_replaced_by_an_election_at_the_promise_end(
 ) -> None:
     old = cluster.wait_for_leader()
     survivors = [n.id for n in cluster.nodes if n.id != old["node"]]
-    assert early(cluster, survivors) == dict.fromkeys(survivors, 0)
+    # Compared before and after, not against zero: a connection that closed while the
+    # cluster formed may already have counted.
+    before = early(cluster, survivors)
     cluster.kill_node(old["node"])  # SIGKILL: the kernel closes the leader's sockets
     new = cluster.wait_for_leader(timeout=30, exclude=old["node"])
     assert new["term"] > old["term"]
-    counts = early(cluster, survivors)
+    after = early(cluster, survivors)
     # Each follower saw the connection close and brought its election forward (the
     # other one may then have voted before its own deadline, which is fine).
-    assert sum(counts.values()) >= 1, counts
+    assert sum(after.values()) - sum(before.values()) >= 1, (before, after)
     with cluster.client() as c:  # and the new leader serves writes
         assert c.acquire("failover/k", owner="agent-1", ttl=5.0).token > 0
 
@@ -67,10 +69,11 @@ def test_a_paused_leader_closes_nothing_and_brings_no_election_forward(
 ) -> None:
     old = cluster.wait_for_leader()
     survivors = [n.id for n in cluster.nodes if n.id != old["node"]]
+    before = early(cluster, survivors)
     cluster.pause_node(old["node"])  # SIGSTOP: its connections stay open
     try:
         cluster.wait_for_leader(timeout=30, exclude=old["node"])
-        assert early(cluster, survivors) == dict.fromkeys(survivors, 0)
+        assert early(cluster, survivors) == before
     finally:
         cluster.resume_node(old["node"])
     # The old leader rejoins as a follower (its term is behind).

@@ -13,6 +13,7 @@ minutes with every fault kind.
 from __future__ import annotations
 
 import os
+import socket
 import struct
 import sys
 import time
@@ -251,6 +252,38 @@ def test_process_stats_read_this_process() -> None:
     assert stats["rss_kb"] > 1000 and stats["threads"] >= 1 and stats["fds"] >= 3
     assert stats["age"] >= 0
     assert soak.process_stats(2**22 + 12345) is None  # above pid_max: never a process
+
+
+def test_accepted_connections_are_counted_apart_and_a_leaked_socket_is_not() -> None:
+    """A node's accepted connections follow its clients (``conns_in``) and are left out
+    of the judged ``fds``; one whose client has closed (CLOSE_WAIT: what a socket leak
+    looks like) stays in ``fds``."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        before = soak.process_stats(os.getpid())
+        assert before is not None
+        dialled = [socket.create_connection(server.getsockname()) for _ in range(3)]
+        accepted = [server.accept()[0] for _ in dialled]
+        try:
+            during = soak.process_stats(os.getpid())
+            assert during is not None
+            # This process holds both ends: the 3 accepted ones are on the listening
+            # port, the 3 dialled ones on ephemeral ports.
+            assert during["conns_in"] - before["conns_in"] == 3
+            assert during["fds_total"] - before["fds_total"] == 6
+            assert during["fds"] - before["fds"] == 3
+            dialled.pop().close()  # its accepted end goes to CLOSE_WAIT
+            deadline = time.monotonic() + 10
+            while True:
+                after = soak.process_stats(os.getpid())
+                assert after is not None
+                if after["conns_in"] - before["conns_in"] == 2:
+                    break
+                assert time.monotonic() < deadline, after
+                time.sleep(0.01)
+            assert after["fds"] - before["fds"] == 3  # 2 dialled + the leaked one
+        finally:
+            for sock in dialled + accepted:
+                sock.close()
 
 
 def test_file_sizes_read_the_journal_header(tmp_path: Path) -> None:

@@ -130,6 +130,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._last_rebind = float("-inf")
         self._unknown_since: dict[Any, float] = {}
         self._kept: dict[str, Any] = {}  # removed in our log but leading us (dropNode)
+        self._wake_timer: threading.Timer | None = None  # at most one pending (_wake_at)
         # Leader: removed members told once their removal commits (_settle_leaving):
         # id -> (node, index of the change, deadline, telling until).
         self._leaving: dict[str, tuple[Any, int, float, float | None]] = {}
@@ -555,9 +556,15 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             with contextlib.suppress(OSError, ValueError):  # pipe closed: node stopped
                 notifier.notify()
 
+        # One pending timer at most, however often a leader's connection flaps: a new
+        # deadline is always earlier than the one before (``_leader_gone``), so the
+        # old wake-up is no longer needed.
+        if self._wake_timer is not None:
+            self._wake_timer.cancel()
         timer = threading.Timer(delay + 0.001, wake)
         timer.daemon = True
         timer.start()
+        self._wake_timer = timer
 
     def _onNodeDisconnected(self, node: Any) -> None:
         super()._onNodeDisconnected(node)

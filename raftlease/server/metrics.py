@@ -37,7 +37,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -137,6 +143,17 @@ class NodeMetrics:
             "(max_connections, max_connections_per_address, max_unauthenticated_connections, "
             "evicted: closed to admit another address's, auth_timeout).",
             ["limit"],
+            registry=registry,
+        )
+        self.heap_trims = Counter(
+            "raftlease_heap_trims",
+            "Returns of free heap pages to the kernel (glibc malloc_trim, every "
+            "heap_trim_interval seconds).",
+            registry=registry,
+        )
+        self.heap_trim_seconds = Gauge(
+            "raftlease_heap_trim_seconds",
+            "How long the last heap trim held the allocator (seconds).",
             registry=registry,
         )
         self.lease_events = {

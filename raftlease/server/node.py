@@ -61,6 +61,7 @@ from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder
 from . import membership_ops
 from .auth import AuthPolicy, Principal, load_auth
 from .backup import SnapshotExports
+from .heap import HeapTrimmer
 from .log_clock import LogClock
 from .metrics import NodeMetrics, NodeView
 from .proposer import Proposer
@@ -271,10 +272,12 @@ class NodeServer(TaskWaits):
             self.config.data_dir,
         )
         expiry = asyncio.create_task(self._expiry_loop())
+        heap = asyncio.create_task(self._heap_loop())
         try:
             await self._stopping.wait()
         finally:
             expiry.cancel()
+            heap.cancel()
             for task in watchers:
                 task.cancel()
             if self.admin is not None:
@@ -1138,6 +1141,28 @@ class NodeServer(TaskWaits):
                 log.debug("tick not applied: %s", exc)
             finally:
                 self._tick_in_flight = False
+
+    async def _heap_loop(self) -> None:
+        """Every ``heap_trim_interval`` seconds, hand the heap's free pages back to the
+        kernel (server/heap.py: without it a node that runs for hours keeps growing by
+        freed memory the allocator cannot return). On the event loop: a trim takes
+        well under a millisecond at a node's size. Off with 0, or where the C library
+        has no ``malloc_trim`` (logged once)."""
+        interval = self.config.heap_trim_interval
+        if interval <= 0:
+            return
+        trimmer = HeapTrimmer()
+        if not trimmer.available:
+            log.info("heap trimming off: this C library has no malloc_trim")
+            return
+        while True:
+            await asyncio.sleep(interval)
+            trimmer.trim()
+            if self.metrics is not None:
+                self.metrics.heap_trims.inc()
+                self.metrics.heap_trim_seconds.set(trimmer.last_seconds)
+            if trimmer.last_seconds > 0.05:  # a heap far larger than a node's should be
+                log.warning("heap trim took %.3f s", trimmer.last_seconds)
 
 
 def private_data_dir(data_dir: Path) -> None:
