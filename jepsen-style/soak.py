@@ -2,7 +2,9 @@
 
 ``Monitor`` samples, every ``interval`` seconds (10 by default) while the soak runs,
 each node process's resident memory (``VmRSS`` of ``/proc/PID/status``), its open
-file descriptors (entries of ``/proc/PID/fd``), its threads (``Threads``), its age,
+file descriptors (entries of ``/proc/PID/fd``; ``fds`` leaves out the established
+connections accepted on a port the node listens on, counted apart as ``conns_in``,
+see ``process_stats``), its threads (``Threads``), its age,
 and the sizes of its data directory's files: ``raft.journal`` (the file, and the
 bytes it uses: PySyncObj's journal is an mmap that only grows, its header holds the
 end of the last record) and ``raft.dump`` (the snapshot). ``verdict`` judges the
@@ -99,6 +101,7 @@ SERIES_FIELDS = (
     "age",
     "rss_kb",
     "fds",
+    "conns_in",
     "threads",
     "journal_bytes",
     "journal_used",
@@ -113,15 +116,28 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def process_stats(pid: int) -> dict[str, Any] | None:
     """RSS (KiB), threads, open fds and age (seconds) of process ``pid``, from /proc;
-    None if it is gone."""
+    None if it is gone.
+
+    ``fds_total`` is every open fd; ``conns_in`` the established TCP connections the
+    process accepted (local port one it listens on); ``fds`` the rest, which the
+    rules judge. Accepted connections are left out because they follow the clients,
+    not the node: each harness client keeps one connection to every node it was
+    redirected to, so a node's count rises by about one per client the first time
+    it leads (+13 on a 3-node soak with no restart) and stays. A node that leaks a
+    socket still shows: one its client closed is in CLOSE_WAIT, not established."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        entries = os.listdir(f"/proc/{pid}/fd")
         stat = Path(f"/proc/{pid}/stat").read_text()
         uptime = float(Path("/proc/uptime").read_text().split()[0])
     except (OSError, ValueError):
         return None
-    out: dict[str, Any] = {"fds": fds}
+    conns_in = accepted_connections(pid, entries)
+    out: dict[str, Any] = {
+        "fds": len(entries) - conns_in,
+        "fds_total": len(entries),
+        "conns_in": conns_in,
+    }
     for line in status.splitlines():
         name, _, value = line.partition(":")
         if name == "VmRSS":
@@ -133,6 +149,36 @@ def process_stats(pid: int) -> dict[str, Any] | None:
     with contextlib.suppress(IndexError, ValueError):
         out["age"] = round(uptime - int(fields[19]) / _CLOCK_TICKS, 1)
     return out if "rss_kb" in out and "threads" in out else None
+
+
+#: TCP states of /proc/net/tcp (include/net/tcp_states.h).
+_TCP_ESTABLISHED, _TCP_LISTEN = "01", "0A"
+
+
+def accepted_connections(pid: int, entries: Iterable[str]) -> int:
+    """How many of process ``pid``'s fds (``entries`` of /proc/PID/fd) are established
+    TCP connections on a local port it also listens on (connections it accepted);
+    0 when /proc cannot tell (the process gone meanwhile)."""
+    inodes: set[str] = set()
+    for name in entries:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    listening: set[str] = set()
+    established: list[str] = []  # local ports of our established sockets
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) < 10 or fields[9] not in inodes:
+                    continue
+                port = fields[1].rpartition(":")[2]
+                if fields[3] == _TCP_LISTEN:
+                    listening.add(port)
+                elif fields[3] == _TCP_ESTABLISHED:
+                    established.append(port)
+    return sum(1 for port in established if port in listening)
 
 
 def file_sizes(directory: Path) -> dict[str, int | None]:
@@ -475,7 +521,8 @@ def summary_lines(result: Mapping[str, Any]) -> list[str]:
         procs = result.get("restarts", {}).get(node, {}).get("processes")
         lines.append(
             f"  {node}: rss {_num(rss.get('ref'))} -> {_num(rss.get('last'))} KiB "
-            f"({rss.get('why')}), fds {_num(fds.get('ref'))} -> {_num(fds.get('last'))}, "
+            f"({rss.get('why')}), fds {_num(fds.get('ref'))} -> {_num(fds.get('last'))} "
+            f"(besides accepted connections), "
             f"threads {_num(threads.get('ref'))} -> {_num(threads.get('last'))}, journal "
             f"max {_num(journal.get('max'))} B, dump max {_num(dump.get('max'))} B, "
             f"processes {procs}"
