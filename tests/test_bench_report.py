@@ -396,3 +396,17 @@ def test_a_scoped_context_records_apart_and_shares_the_rest() -> None:
     assert (ctx.label, scoped.label) == ("", "durability none: ")
     # One key counter: keys on the two clusters never repeat within a run.
     assert len({ctx.key("a"), scoped.key("a"), ctx.key("a")}) == 3
+
+
+def test_memory_table_shows_the_settled_rss_when_measured(result: dict[str, Any]) -> None:
+    """The full profile reads RSS again ``memory_settle`` s after the lease load (a
+    compaction and two heap trims later); the table then has a column for it."""
+    mem = result["workloads"]["memory"]["5000 leases"]
+    mem["rss_settled_mib"] = {node: 41.25 for node in mem["rss_idle_mib"]}
+    mem["settle_seconds"] = 65.0
+    text = report.render_markdown(result)
+    assert "| node | RSS idle MiB | RSS with leases MiB | peak RSS MiB | settled RSS MiB |" in text
+    section = text.split("## Memory", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| n") and "node" not in line]
+    assert rows and all(line.endswith("| 41.2 |") for line in rows), rows
+    assert "settled: 65 s after it" in text

@@ -108,6 +108,10 @@ class Profile:
     sync_probe: int = 200
     #: Ready tasks the task-queue memory phase queues (workloads/tasks.py).
     queued_tasks: int = 100_000
+    #: Seconds after the lease load before the memory phase reads RSS again
+    #: ("settled": a log compaction, compaction_min_time 30 s, and two heap trims,
+    #: heap_trim_interval 30 s, have run); 0 skips it.
+    memory_settle: float = 65.0
     #: etcd / ZooKeeper clusters measured beside raftlease (``--anchors``; issue 16).
     anchors: tuple[str, ...] = ()
     #: The security phase (issue 11: client TLS + auth against none, two clusters)
@@ -172,6 +176,7 @@ QUICK = Profile(
     settle=0.0,
     sync_probe=50,
     queued_tasks=2_000,
+    memory_settle=0.0,
     # Two more clusters would not fit tests/test_bench.py's limit; --only security runs it.
     security=False,
     # A smoke run of the scale phase (~10 s): one step, a shorter TTL so that a few

@@ -149,15 +149,29 @@ def render_markdown(result: Result) -> str:
             "",
             "## Memory",
             "",
-            "| node | RSS idle MiB | RSS with leases MiB | peak RSS MiB |",
-            "|---|---:|---:|---:|",
+        ]
+        # A run without the settled reading (--quick, or saved before it existed)
+        # renders as it always did.
+        settled = mem.get("rss_settled_mib") or {}
+        extra = " settled RSS MiB |" if settled else ""
+        lines += [
+            "| node | RSS idle MiB | RSS with leases MiB | peak RSS MiB |" + extra,
+            "|---|---:|---:|---:|" + ("---:|" if settled else ""),
         ]
         for node in mem["rss_idle_mib"]:
+            after = settled.get(node)
+            cell = "" if not settled else f" {'-' if after is None else f'{after:.1f}'} |"
             lines.append(
                 f"| {node} | {mem['rss_idle_mib'][node]:.1f} "
                 f"| {mem['rss_loaded_mib'].get(node, 0):.1f} "
-                f"| {mem['peak_rss_mib'].get(node, 0):.1f} |"
+                f"| {mem['peak_rss_mib'].get(node, 0):.1f} |" + cell
             )
+        if settled:
+            lines += [
+                "",
+                f"RSS with leases: 1 s after the load; settled: {mem['settle_seconds']:.0f} s "
+                "after it (a log compaction and two heap trims later).",
+            ]
         lw = mem["load_window"]
         lines += [
             "",

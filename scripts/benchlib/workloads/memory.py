@@ -86,6 +86,17 @@ def memory_snapshot(ctx: Context) -> None:
             + ", ".join(f"{k} {v.get('VmRSS', 0):.0f}" for k, v in loaded.items())
         )
         preload_window = monitor.analyse(t_load, t_loaded)
+        settled: dict[str, dict[str, float]] = {}
+        if p.memory_settle > 0:
+            # What a node holds in steady state: the load's journal entries go with the
+            # next compaction and freed heap pages with the next trims.
+            progress(f"memory: waiting {p.memory_settle:.0f} s for the nodes to settle")
+            time.sleep(max(0.0, t_loaded + p.memory_settle - time.monotonic()))
+            settled = node_rss(cluster)
+            progress(
+                "memory: settled RSS MiB "
+                + ", ".join(f"{k} {v.get('VmRSS', 0):.0f}" for k, v in settled.items())
+            )
         ctx.workloads["memory"] = {
             f"{p.memory_leases} leases": {
                 "mode": f"{p.memory_leases} live leases",
@@ -97,6 +108,8 @@ def memory_snapshot(ctx: Context) -> None:
                 "rss_idle_mib": {k: v.get("VmRSS", 0.0) for k, v in idle.items()},
                 "rss_loaded_mib": {k: v.get("VmRSS", 0.0) for k, v in loaded.items()},
                 "peak_rss_mib": {k: v.get("VmHWM", 0.0) for k, v in loaded.items()},
+                "rss_settled_mib": {k: v.get("VmRSS", 0.0) for k, v in settled.items()},
+                "settle_seconds": p.memory_settle,
                 "elections_during_load": max_term(cluster) - term0,
                 "load_window": preload_window,
                 "primary": {
