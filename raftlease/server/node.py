@@ -1146,7 +1146,7 @@ class NodeServer(TaskWaits):
         """Every ``heap_trim_interval`` seconds, hand the heap's free pages back to the
         kernel (server/heap.py: without it a node that runs for hours keeps growing by
         freed memory the allocator cannot return). On the event loop: a trim takes
-        well under a millisecond at a node's size. Off with 0, or where the C library
+        milliseconds at most at a node's size. Off with 0, or where the C library
         has no ``malloc_trim`` (logged once)."""
         interval = self.config.heap_trim_interval
         if interval <= 0:
