@@ -268,9 +268,7 @@ def test_snapshot_metrics_after_a_log_compaction(fresh: list[LocalCluster]) -> N
 def test_heap_trims_are_counted(fresh: list[LocalCluster]) -> None:
     """The node returns its free heap pages every ``heap_trim_interval`` (server/heap.py)
     and says so in its metrics; with 0 it never does."""
-    cluster = admin_cluster(
-        3, heap_trim_interval=0.2, node_extra={"n3": {"heap_trim_interval": 0}}
-    )
+    cluster = admin_cluster(3, heap_trim_interval=0.2, node_extra={"n3": {"heap_trim_interval": 0}})
     fresh.append(cluster)
     cluster.start()
     on, off = admin_of(cluster, "n1"), admin_of(cluster, "n3")
