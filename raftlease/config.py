@@ -30,6 +30,8 @@ FILE_SETTINGS = (
 
 #: Values of ``NodeConfig.durability``.
 DURABILITY_MODES = ("fsync", "none")
+#: Values of ``NodeConfig.keepalives``.
+KEEPALIVE_MODES = ("memory", "log")
 
 
 def is_loopback(host: str) -> bool:
@@ -108,6 +110,10 @@ class NodeConfig:
     # "fsync": no entry is acknowledged before it is on stable storage (group commit);
     # "none": the journal is left to the kernel's writeback (docs/configuration.md).
     durability: str = "fsync"
+    # "memory": the leader answers renewals and session keep-alives from memory and
+    # writes them into the log in batches later; "log": each one is a log write
+    # (docs/configuration.md, docs/design.md "Keep-alives from memory").
+    keepalives: str = "memory"
     # Seconds between returns of the node's free heap pages to the kernel (glibc's
     # malloc_trim, server/heap.py); 0 turns it off.
     heap_trim_interval: float = 30.0
@@ -354,6 +360,10 @@ class NodeConfig:
         if self.durability not in DURABILITY_MODES:
             raise ConfigError(
                 f"durability must be one of {', '.join(DURABILITY_MODES)}, got {self.durability!r}"
+            )
+        if self.keepalives not in KEEPALIVE_MODES:
+            raise ConfigError(
+                f"keepalives must be one of {', '.join(KEEPALIVE_MODES)}, got {self.keepalives!r}"
             )
         if self.compaction_min_entries < 2:
             raise ConfigError(

@@ -335,6 +335,12 @@ def bad_requests(key: str, cid: str, min_ttl: float) -> list[tuple[str, dict[str
     cases: list[tuple[str, dict[str, Any], str, str]] = [
         ("unknown op", {"op": "explode", "key": key}, BAD, "unknown operation 'explode'"),
         ("internal op tick", {"op": "tick"}, BAD, "unknown operation 'tick'"),
+        (
+            "internal op extend",
+            {"op": "extend", "leases": [["forged", 2**40]]},
+            BAD,
+            "unknown operation 'extend'",
+        ),
         ("missing op", {"key": key}, BAD, "unknown operation None"),
         ("int op", {"op": 3}, BAD, "unknown operation 3"),
         ("list op", {"op": ["acquire"]}, BAD, "unknown operation"),

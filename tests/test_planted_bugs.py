@@ -14,6 +14,8 @@ functions returning a list of violations.
 | ``skip_read_barrier`` | own-term entry before lease reads | ``stale_reads`` |
 | ``raw_follower_log`` | follower-log correction | ``applied_entries_truncated`` |
 | ``skip_dedup`` | dedup table | ``retry_applied_twice`` |
+| ``unwritten_keepalives`` | keep-alives from memory reach the log | ``early_grants`` |
+| ``no_term_extension`` | a new term extends every lease | ``early_grants`` |
 
 The chaos suite's own runs catch the other two (``CHAOS_COVERED``, in
 tests/test_chaos.py): ``fast_log_clock`` (the log clock) and ``unsynced_acks`` (no
@@ -54,6 +56,7 @@ from raftlease.testing.node import (
     ForgetfulStore,
     PromiselessGuard,
     RawFollowerLogTransport,
+    ShortMemoryStore,
     StaleAcceptingStore,
     StaleAcceptingTasks,
     build_hooks,
@@ -78,6 +81,8 @@ COVERED = (
     "raw_follower_log",
     "skip_dedup",
     "accept_stale_attempt",
+    "unwritten_keepalives",
+    "no_term_extension",
 )
 
 #: Planted bugs caught by chaos-suite runs, and the test of tests/test_chaos.py that
@@ -216,6 +221,18 @@ def retry_applied_twice(
     return violations
 
 
+def early_grants(valid_until: float, grants: list[tuple[float, str]]) -> list[str]:
+    """Grants of the key to another owner acknowledged (``(returned at, owner)``, this
+    process's monotonic time) before the holder's ``valid_until``: each means two
+    owners at once."""
+    return [
+        f"{owner} was granted the key {valid_until - returned:.3f} s before the holder's "
+        "valid_until"
+        for returned, owner in grants
+        if returned < valid_until
+    ]
+
+
 # ------------------------------------------------------ hooks: unit tests
 
 
@@ -256,6 +273,8 @@ PLANTED_FIELDS: dict[str, dict[str, Any]] = {
     "raw_follower_log": {"transport_class": RawFollowerLogTransport},
     "skip_dedup": {"store_class": ForgetfulStore},
     "accept_stale_attempt": {"store_class": StaleAcceptingStore},
+    "unwritten_keepalives": {"keepalive_flush": False},
+    "no_term_extension": {"store_class": ShortMemoryStore},
 }
 
 HOOK_FIELDS = (
@@ -264,6 +283,7 @@ HOOK_FIELDS = (
     "lease_read_barrier",
     "transport_class",
     "store_class",
+    "keepalive_flush",
 )
 
 
@@ -803,3 +823,59 @@ def _read_barrier_scenario(p: Proxied) -> list[str]:
     finally:
         reads = reader.stop()
     return stale_reads(write, reads)
+
+
+# --- unwritten_keepalives, no_term_extension: keep-alives from the leader's memory
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("build", "kill_leader"),
+    [
+        ("honest", False),
+        ("unwritten_keepalives", False),
+        ("honest", True),
+        ("no_term_extension", True),
+    ],
+)
+def test_a_keepalive_from_memory_holds_until_valid_until(
+    cluster_factory: Callable[..., LocalCluster], build: str, kill_leader: bool
+) -> None:
+    """A renewal 40 % into a 6 s TTL is answered from the leader's memory; it is due
+    for the log half a TTL before the logged expiry (server/keepalive.py). Another
+    owner then tries to take the key until the holder's ``valid_until``: no grant may
+    come before it. Without writing the keep-alive into the log (``unwritten_
+    keepalives``) the lease ends at its logged expiry; with the leader killed right
+    after the renewal and a new term that extends nothing (``no_term_extension``) the
+    new leader ends it there too: both grant the key early."""
+    cluster = cluster_factory(hooks=hooks_for(build))
+    ttl = 6.0
+    with cluster.client() as holder, cluster.client(deadline=2.0) as rival:
+        lease = holder.acquire("keepalive/k", owner="holder", ttl=ttl)
+        granted = time.monotonic()
+        wait_for(
+            lambda: time.monotonic() >= granted + 0.4 * ttl, 10, "40 % of the TTL", interval=0.02
+        )
+        renewed = holder.renew(lease)
+        leader = cluster.leader_id()
+        status = status_of(cluster.node(leader).client)
+        assert status is not None and status["keepalives_pending"] >= 1, status
+        if kill_leader:
+            cluster.kill_node(leader)
+        grants: list[tuple[float, str]] = []
+        # After a leader change a lease may outlive its holder by one TTL (the new
+        # term's extension), so the rival may have to wait that long more.
+        deadline = renewed.valid_until + (ttl + 2.0 if kill_leader else 1.0)
+        while time.monotonic() < deadline and not grants:
+            try:
+                rival.acquire("keepalive/k", owner="rival", ttl=ttl, timeout=1.0)
+            except RaftLeaseError:
+                time.sleep(0.05)  # held (or no leader yet): try again, until the deadline
+                continue
+            grants.append((time.monotonic(), "rival"))
+    violations = early_grants(renewed.valid_until, grants)
+    if build == "honest":
+        assert violations == [], violations
+        assert grants, "the key was never granted to the rival after valid_until"
+    else:
+        assert violations != [], "the planted build kept the lease until valid_until"

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raftlease import core, errors
+from raftlease.core.checks import LEADER_OPS
 from raftlease.errors import (
     BadRequestError,
     FrameTooLargeError,
@@ -350,6 +351,7 @@ def test_ops_table() -> None:
     assert {"acquire", "renew", "release", "holder", "leases", "status", "ping"} <= set(OPS)
     # The state machine's internal expiry entry is never a client operation.
     assert "tick" not in OPS
+    assert not LEADER_OPS & set(OPS)  # tick, reserve, extend: the leader's only
 
 
 # -------------------------------------------------------------- bad requests

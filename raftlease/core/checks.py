@@ -62,8 +62,13 @@ MAX_PRIORITY = 1000
 
 
 #: Entries only a leader proposes (never accepted from a client): ``tick`` moves log
-#: time; ``reserve`` moves the fencing-token ceiling ahead.
-LEADER_OPS = frozenset({"tick", "reserve"})
+#: time; ``reserve`` moves the fencing-token ceiling ahead; ``extend`` writes the
+#: keep-alives the leader answered from memory (server/keepalive.py) into the log.
+LEADER_OPS = frozenset({"tick", "reserve", "extend"})
+
+#: Most leases, sessions or client ids in one ``extend`` entry (about 45 bytes each,
+#: so an entry stays below the proposer's batch size).
+MAX_EXTEND = 600
 
 
 ALL_OPS = MUTATING_OPS | READ_OPS | LEADER_OPS
@@ -180,6 +185,24 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
     elif op == "sessions":
         if not valid_int(entry.get("limit", 1000), 1, MAX_LIST):
             return "'limit' must be an integer from 1 to 100000"
+    elif op == "extend":
+        for field in ("leases", "sessions"):
+            items = entry.get(field, [])
+            if not isinstance(items, list) or len(items) > MAX_EXTEND:
+                return f"'{field}' must be a list of at most {MAX_EXTEND} [id, until] pairs"
+            for item in items:
+                if not (
+                    isinstance(item, list)
+                    and len(item) == 2
+                    and valid_str(item[0], MAX_ID_CHARS)
+                    and valid_int(item[1], 0, 2**62)
+                ):
+                    return f"'{field}' must hold [id, until] pairs"
+        cids = entry.get("cids", [])
+        if not isinstance(cids, list) or len(cids) > MAX_EXTEND:
+            return f"'cids' must be a list of at most {MAX_EXTEND} client ids"
+        if not all(valid_str(cid, MAX_ID_CHARS) for cid in cids):
+            return "'cids' must hold client ids"
     elif op == "leases":
         prefix = entry.get("prefix", "")
         if not isinstance(prefix, str) or utf8_size(prefix) > MAX_KEY_BYTES:

@@ -25,7 +25,9 @@ MAX_PENDING_PER_CLIENT = 4096
 #: between a request and its retry): left out of the fingerprint.
 #: ``waiters_total`` and ``max_completed`` are node config, not the client's: a retry
 #: after a config change is still the same request.
-_STAMPED = frozenset({"now", "term", "ack", "durable", "seed", "waiters_total", "max_completed"})
+_STAMPED = frozenset(
+    {"now", "term", "ack", "durable", "seed", "fv", "waiters_total", "max_completed"}
+)
 _DRAWN = {
     "acquire": "lid",
     "transfer": "new_lid",
@@ -85,6 +87,14 @@ class ClientTable(OrderedDict[str, ClientRecord]):
                 f"client has {len(record.results)} unacknowledged requests",
             )
         return record
+
+    def touch(self, cid: str, now: int) -> None:
+        """``cid`` was heard from at log time ``now`` outside the log (a keep-alive
+        answered from the leader's memory): keep it from idle eviction."""
+        record = self.get(cid)
+        if record is not None and now > record.last_seen:
+            record.last_seen = now
+            self.move_to_end(cid)
 
     def evict_idle(self, now: int) -> None:
         """Forget every client whose last request is ``CLIENT_IDLE_MS`` before ``now``."""

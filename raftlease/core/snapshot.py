@@ -24,7 +24,9 @@ SNAPSHOT_VERSION = 5
 #: build that changes what an entry means writes a higher ``fv``, and nodes that
 #: do not know it stop instead of applying it differently (replication/replica.py,
 #: docs/membership.md "Rolling upgrades").
-ENTRY_FORMAT = 1
+#: 2: leaders answer keep-alives from memory and log them later (``extend``); the
+#: first entry of a new term extends every live lease and session by its TTL.
+ENTRY_FORMAT = 2
 
 
 def entry_format(entry: Any) -> int | None:

@@ -99,6 +99,16 @@ class StoreState:
         }
         return self._extras(lease, result)
 
+    def renewal_answer(self, lease: LeaseRecord, until: int, now: int) -> dict[str, Any]:
+        """What a ``renew`` answers, for a renewal the leader answered from memory
+        (server/keepalive.py): the lease as a renewal at log time ``now`` to ``until``
+        would leave it (no ``ok``, as the node's answers carry none)."""
+        out = self._lease_result(lease)
+        del out["ok"]
+        out["expires_at"] = until
+        out["now"] = now
+        return out
+
     @staticmethod
     def _extras(lease: LeaseRecord, out: dict[str, Any], grantee: bool = True) -> dict[str, Any]:
         """Fields shown only when they differ from a plain lock's. The lease session's

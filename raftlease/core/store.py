@@ -94,6 +94,8 @@ class LeaseStore(StoreState):
         if not isinstance(entries, list) or not 0 < len(entries) <= MAX_BATCH:
             return error("BAD_REQUEST", f"'entries' must be a list of 1 to {MAX_BATCH} entries")
         stamp = {"now": batch.get("now"), "term": batch.get("term", 0)}
+        if "fv" in batch:  # the entry format: what a new term's first entry means
+            stamp["fv"] = batch["fv"]
         if "seed" in batch:  # the leader's random draw for this entry (core/queue.py)
             stamp["seed"] = batch["seed"]
         results = []
@@ -144,6 +146,13 @@ class LeaseStore(StoreState):
             # cached refusal. A retry of a request already answered is replayed from
             # the dedup table below (its id is in use: by its own lease).
             return error("BAD_REQUEST", reused)
+        if term > self.term and entry.get("fv", 1) >= 2:
+            # The first entry of a new leader's term (format 2 and later): leaders
+            # answer keep-alives from memory and write them into the log later
+            # (``extend``), so a deposed leader may have promised any live lease or
+            # session up to one TTL past its logged expiry. Extend them all by their
+            # TTL from this entry's time, before it expires anything (docs/design.md).
+            self._extend_all(max(self.now, now))
         if term > self.term or self.ceiling == 0:
             self._new_epoch()
         elif op != "reserve" and self.revision + self.token_headroom() > self.ceiling:
@@ -162,6 +171,10 @@ class LeaseStore(StoreState):
         # Drawn by the leader, stamped like ``now``: the backoff jitter's source.
         seed = entry.get("seed", 0)
         self.tasks.seed = seed if valid_int(seed, 0, 2**64) else 0
+        if op == "extend":
+            # Applied without moving log time: the leader may split what is due into
+            # several entries before the one that moves time past their old expiry.
+            return self._leader_extend(entry, max(self.now, now))
         self._advance(now)
 
         if op == "tick":
@@ -256,6 +269,58 @@ class LeaseStore(StoreState):
     def _rebuild_deadlines(self) -> None:
         self._deadlines = [(r.expires_at, r.lease_id) for r in self.leases.values()]
         heapq.heapify(self._deadlines)
+
+    def _extend_all(self, base: int) -> None:
+        """A new term begins at log time ``base``: every live lease and lease session
+        is extended to at least ``base`` + its TTL (attached leases and task attempts
+        with their session). No revision and no event: nothing a watcher could act on
+        changed, only how long a lease may outlive a dead holder (one TTL at most per
+        leader change, never less than it was promised)."""
+        for lease in self.leases.values():
+            until = base + lease.ttl_ms
+            if not lease.session and until > lease.expires_at:
+                lease.expires_at = until
+        for session in self.lease_sessions.values():
+            until = base + session.ttl_ms
+            if until > session.expires_at:
+                session.expires_at = until
+                for lease_id in session.leases:
+                    self.leases[lease_id].expires_at = until
+                self.tasks.session_kept(self, session)
+        self._rebuild_deadlines()
+        self._session_deadlines = [(s.expires_at, sid) for sid, s in self.lease_sessions.items()]
+        heapq.heapify(self._session_deadlines)
+
+    def _leader_extend(self, entry: dict[str, Any], base: int) -> Result:
+        """``extend``: the keep-alives the leader answered from memory (``[id, until]``
+        pairs for leases and lease sessions), and the client ids that sent them (kept
+        from idle eviction). An ``until`` is at most the TTL past this entry's time
+        (the leader's time when it answered is earlier); one that is not later than
+        the logged expiry, or whose lease or session is gone, changes nothing."""
+        extended = 0
+        for lease_id, until in entry.get("leases", []):
+            lease = self.leases.get(lease_id)
+            if (
+                lease is None
+                or lease.session
+                or not lease.expires_at < until <= base + lease.ttl_ms
+            ):
+                continue
+            self._extend(lease, until)
+            extended += 1
+        for sid, until in entry.get("sessions", []):
+            session = self.lease_sessions.get(sid)
+            if session is None or not session.expires_at < until <= base + session.ttl_ms:
+                continue
+            session.expires_at = until
+            heapq.heappush(self._session_deadlines, (until, sid))
+            for lease_id in session.leases:
+                self._extend(self.leases[lease_id], until)
+            self.tasks.session_kept(self, session)
+            extended += 1
+        for cid in entry.get("cids", []):
+            self.clients.touch(cid, base)
+        return {"ok": True, "now": self.now, "extended": extended}
 
     def _apply_mutation(self, op: str, entry: dict[str, Any]) -> Result:
         record = self.clients.admit(entry["cid"], entry["seq"], entry["ack"], self.now)

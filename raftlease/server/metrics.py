@@ -84,7 +84,11 @@ LEASE_EVENT_COUNTERS = {
         "raftlease_lease_grants",
         "Leases granted (applied grants, queued handoffs included).",
     ),
-    "renew": ("raftlease_lease_renewals", "Lease renewals applied."),
+    "renew": (
+        "raftlease_lease_renewals",
+        "Lease renewals applied (one answered from the leader's memory counts when its "
+        "extend entry is applied, once for all renewals of that lease before it).",
+    ),
     "release": ("raftlease_lease_releases", "Leases released by their holder."),
     "expire": ("raftlease_lease_expiries", "Leases that expired (their TTL or session ran out)."),
 }
@@ -149,6 +153,12 @@ class NodeMetrics:
             "raftlease_heap_trims",
             "Returns of free heap pages to the kernel (glibc malloc_trim, every "
             "heap_trim_interval seconds).",
+            registry=registry,
+        )
+        self.keepalives_from_memory = Counter(
+            "raftlease_keepalives_from_memory",
+            "Lease renewals and session keep-alives this node answered from its memory as "
+            "leader (keepalives = memory); they reach the log later, in extend entries.",
             registry=registry,
         )
         self.heap_trim_seconds = Gauge(

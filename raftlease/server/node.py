@@ -62,6 +62,7 @@ from . import membership_ops
 from .auth import AuthPolicy, Principal, load_auth
 from .backup import SnapshotExports
 from .heap import HeapTrimmer
+from .keepalive import LEASE, SESSION
 from .log_clock import LogClock
 from .metrics import NodeMetrics, NodeView
 from .proposer import Proposer
@@ -99,7 +100,9 @@ class ServerHooks:
     ``transport_class``, ``store_class``: the replica's PySyncObj transport and state
     machine; ``recorder``: keeps what reached stable storage, for a simulated power
     loss; ``durability``: overrides the config's mode; ``restart_wait``: the wait after
-    an unclean stop with ``durability = "none"`` (False only in a planted bug).
+    an unclean stop with ``durability = "none"`` (False only in a planted bug);
+    ``keepalive_flush``: keep-alives answered from memory are written into the log
+    (False only in a planted bug).
     """
 
     clock: Clock | None = None
@@ -112,6 +115,7 @@ class ServerHooks:
     recorder: SyncRecorder | None = None
     durability: str | None = None
     restart_wait: bool = True
+    keepalive_flush: bool = True
 
 
 class NodeServer(TaskWaits):
@@ -208,6 +212,7 @@ class NodeServer(TaskWaits):
         self.proposer = Proposer(
             self._loop, lambda: self.replica, self.log_clock, self.config.request_timeout
         )
+        self.proposer.write_keepalives = self.hooks.keepalive_flush
         watchers: list[asyncio.Task[None]] = []
         if self.metrics is not None:
             # Bound before Raft too (a taken port fails the start), and serving while
@@ -810,6 +815,12 @@ class NodeServer(TaskWaits):
             return self._local_read(request, "lease")
         if consistency is not None and metrics is not None:
             metrics.observe_read("log")
+        if request.op in ("renew", "session_keepalive") and self.config.keepalives == "memory":
+            answer = self._keepalive_in_memory(request)
+            if answer is not None:
+                if metrics is not None:
+                    metrics.keepalives_from_memory.inc()
+                return answer
         self._require_leader()
         entry: dict[str, Any] = {k: v for k, v in request.args.items() if k != "consistency"}
         entry["op"] = request.op
@@ -870,6 +881,63 @@ class NodeServer(TaskWaits):
             out["consistency"] = "log"
             out["served_by"] = self.config.node_id
         return out
+
+    def _keepalive_in_memory(self, request: Request) -> dict[str, Any] | None:
+        """A ``renew`` of a plain lease or a ``session_keepalive``, neither changing the
+        TTL, answered by the leader from memory (server/keepalive.py): the answer a log
+        write would give, or None when it must go through the log instead (not the
+        leader, no valid leader lease, a new TTL, a lease in a session, or anything
+        but the plain success: the log then gives the exact error).
+
+        Event loop; never blocks. Safe for the same reason as a lease read: while its
+        leader lease is valid no other node can lead, and its state holds every
+        acknowledged write (docs/design.md, "Keep-alives from memory")."""
+        replica = self.replica
+        proposer = self.proposer
+        if replica is None or proposer is None or not replica.is_leader():
+            return None
+        if not self._lease_read_allowed():
+            return None
+        store = replica.store
+        term = replica.term()
+        keep = proposer.keepalives
+        keep.reset(term)
+        now = self.log_clock.stamp(term, store.now)
+        args = request.args
+        principal = request.principal or ""
+        if request.op == "renew":
+            lease = store.leases.get(args["lid"])
+            if (
+                lease is None
+                or lease.key != args["key"]
+                or lease.principal != principal
+                or lease.session
+                or args.get("ttl", lease.ttl_ms) != lease.ttl_ms
+                or lease.expires_at <= now
+            ):
+                return None
+            until = now + lease.ttl_ms
+            keep.record(LEASE, lease.lease_id, until, lease.expires_at, lease.ttl_ms, request.cid)
+            return store.renewal_answer(lease, until, now)
+        session = store.lease_sessions.get(args["sid"])
+        if (
+            session is None
+            or session.principal != principal
+            or args.get("ttl", session.ttl_ms) != session.ttl_ms
+            or session.expires_at <= now
+        ):
+            return None
+        until = now + session.ttl_ms
+        keep.record(
+            SESSION, session.session_id, until, session.expires_at, session.ttl_ms, request.cid
+        )
+        return {
+            "session_id": session.session_id,
+            "ttl": session.ttl_ms,
+            "expires_at": until,
+            "leases": len(session.leases),
+            "now": now,
+        }
 
     def _refuse_if_removed(self) -> None:
         """docs/membership.md: a node told of its removal serves nothing but status
@@ -976,7 +1044,16 @@ class NodeServer(TaskWaits):
             return False
         if not self.hooks.lease_read_barrier:  # a planted bug (test builds only)
             return True
-        return replica.store.term == replica.term()
+        term = replica.term()
+        if replica.store.term != term:
+            return False
+        keep = self.proposer.keepalives if self.proposer is not None else None
+        if keep is not None and keep.term == term and len(keep):
+            # A keep-alive answered from memory that is due for the log (its logged
+            # expiry is near): local state could read its lease as gone. Through the
+            # log, whose flush writes it first (server/keepalive.py).
+            return not keep.lagging(self.log_clock.stamp(term, replica.store.now))
+        return True
 
     def _local_read(self, request: Request, mode: str) -> dict[str, Any]:
         """Answer a read from this node's state. ``lease``: the leader, at the log
@@ -1046,6 +1123,8 @@ class NodeServer(TaskWaits):
             "formats": {"entry": ENTRY_FORMAT, "snapshot": SNAPSHOT_VERSION},
             "connected_peers": replica.connected_peers(),
             "lease_reads": self._lease_read_allowed(),
+            "keepalives": self.config.keepalives,
+            **self._keepalive_counts(),
             "clock_rate": getattr(self.clock, "rate", 1.0),
             "token_ceiling": store.ceiling,
             "client_tls": bool(self.config.tls_cert_file),
@@ -1054,6 +1133,18 @@ class NodeServer(TaskWaits):
             "last_stop": self.last_stop.value,
             **replica.durability_status(),
             **replica.guard.snapshot(),
+        }
+
+    def _keepalive_counts(self) -> dict[str, int]:
+        """Keep-alives answered from memory since start, pairs of them written by
+        ``extend`` entries, and those not written yet (server/keepalive.py)."""
+        keep = self.proposer.keepalives if self.proposer is not None else None
+        if keep is None:
+            return {"keepalives_in_memory": 0, "keepalives_written": 0, "keepalives_pending": 0}
+        return {
+            "keepalives_in_memory": keep.answered,
+            "keepalives_written": keep.written,
+            "keepalives_pending": len(keep),
         }
 
     def _recovering_status(self) -> dict[str, Any]:
@@ -1126,10 +1217,15 @@ class NodeServer(TaskWaits):
                     self._tick_in_flight = False
                 continue
             now_mono = self.clock.monotonic()
+            stamp = self.log_clock.stamp(term, replica.store.now)
+            flush_at = self.proposer.keepalives.next_flush_at() if self.proposer else None
             needed = (
                 replica.store.term < term
                 or now_mono - last_tick >= LOG_TIME_REFRESH
-                or (due is not None and due <= self.log_clock.stamp(term, replica.store.now))
+                or (due is not None and due <= stamp)
+                # Keep-alives answered from memory, due for the log: a tick's flush
+                # writes them (server/keepalive.py).
+                or (flush_at is not None and flush_at <= stamp)
             )
             if not needed:
                 continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -17,9 +18,13 @@ from typing import Any, TypeVar
 import msgpack
 
 from ..core import Result
+from ..core.snapshot import ENTRY_FORMAT
 from ..errors import InternalError, RaftLeaseError, TimeoutError_, UnavailableError
 from ..replication import Replica
+from .keepalive import Extension, MemoryKeepalives
 from .log_clock import LogClock
+
+log = logging.getLogger("raftlease.server")
 
 #: Most requests replicated together in one batch log entry.
 MAX_BATCH_ENTRIES = 64
@@ -55,6 +60,12 @@ class Proposer:
         #: Called on the tick thread with the seconds from proposing an entry to its
         #: result (metrics.NodeMetrics.observe_commit); None: not measured.
         self.on_commit: Callable[[float], None] | None = None
+        #: Keep-alives the leader answered from memory (server/keepalive.py): each
+        #: flush first writes those due, so no entry moves log time past an expiry
+        #: the log holds for a lease or session renewed only in memory.
+        self.keepalives = MemoryKeepalives()
+        #: False only in a planted bug (test builds): keep-alives stay in memory.
+        self.write_keepalives = True
 
     async def propose(self, entry: dict[str, Any]) -> Result:
         """Replicate ``entry`` and return its result.
@@ -91,6 +102,17 @@ class Proposer:
             return
         term = replica.term()
         now = self.log_clock.stamp(term, replica.store.now)
+        keep = self.keepalives
+        keep.reset(term)
+        extensions = keep.take_due(now) if self.write_keepalives else []
+        if extensions and not self._propose_extensions(replica, extensions, term, now):
+            # Not even queued (PySyncObj's command queue is full): nothing after them
+            # may go either, or it could move log time past what they extend.
+            keep.give_back(extensions)
+            for _, future in pending:
+                if not future.done():
+                    future.set_exception(UnavailableError("the Raft command queue is full"))
+            return
         # The first entries of a term move the fencing-token ceiling (core.store), as
         # does a reserve: they reach stable storage in either durability mode.
         new_term = replica.store.term < term
@@ -98,16 +120,11 @@ class Proposer:
             # The entry's randomness, drawn here like its time stamp: the source of
             # the task queues' backoff jitter (core/queue.py).
             seed = secrets.randbits(32)
+            stamp = {"term": term, "now": now, "seed": seed, "fv": ENTRY_FORMAT}
             if len(chunk) == 1:
-                body: dict[str, Any] = {**chunk[0][0], "term": term, "now": now, "seed": seed}
+                body: dict[str, Any] = {**chunk[0][0], **stamp}
             else:
-                body = {
-                    "op": "batch",
-                    "term": term,
-                    "now": now,
-                    "seed": seed,
-                    "entries": [entry for entry, _ in chunk],
-                }
+                body = {"op": "batch", **stamp, "entries": [entry for entry, _ in chunk]}
             if new_term or any(entry.get("op") == "reserve" for entry, _ in chunk):
                 body["durable"] = True  # replication.durable.DURABLE_MARK
             futures = [future for _, future in chunk]
@@ -127,6 +144,27 @@ class Proposer:
                     loop.call_soon_threadsafe(_settle, futures, result, err)
 
             replica.propose(msgpack.packb(body, use_bin_type=True), on_done)
+
+    def _propose_extensions(
+        self, replica: Replica, extensions: list[Extension], term: int, now: int
+    ) -> bool:
+        """Propose one ``extend`` entry per item of ``extensions``, ahead of the flush's
+        requests. False when one could not even be queued (PySyncObj answers a full
+        command queue at once, on this thread); an entry that fails later (leadership
+        lost) needs nothing: the next leader's first entry extends every lease."""
+        refused: list[RaftLeaseError] = []
+        for ext in extensions:
+
+            def on_done(result: Result | None, err: RaftLeaseError | None) -> None:
+                if err is not None:
+                    refused.append(err)
+                    log.debug("keep-alives not written: %s", err)
+
+            body = {**ext.entry(), "term": term, "now": now, "fv": ENTRY_FORMAT}
+            replica.propose(msgpack.packb(body, use_bin_type=True), on_done)
+            if refused:
+                return False
+        return True
 
 
 def _text_bytes(entry: dict[str, Any]) -> int:

@@ -40,6 +40,11 @@ PLANTED_BUGS: dict[str, str] = {
     "accept_stale_attempt": "a task's heartbeat, completion, failure or release from an "
     "attempt that is no longer current is taken as the current attempt's: a zombie "
     "worker's late result replaces the live worker's",
+    "unwritten_keepalives": "the leader answers renewals and session keep-alives from "
+    "memory and never writes them into the log: a lease ends at its logged expiry while "
+    "its holder was told it lives longer",
+    "no_term_extension": "a new leader's first entry does not extend the live leases, so "
+    "keep-alives the deposed leader answered from memory are forgotten",
 }
 
 HOOK_KEYS = ("clock_control", "planted_bug", "record_synced")

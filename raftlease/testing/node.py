@@ -66,6 +66,16 @@ class ForgetfulStore(LeaseStore):
         return super()._apply_mutation(op, entry)
 
 
+class ShortMemoryStore(LeaseStore):
+    """Planted bug ``no_term_extension``: the first entry of a new term extends no
+    lease, so a keep-alive the deposed leader answered from memory, and had not yet
+    written into the log, is forgotten: the lease ends at the expiry the log holds,
+    before the time its holder was told. Tick thread, like the store."""
+
+    def _extend_all(self, base: int) -> None:
+        return None
+
+
 class StaleAcceptingTasks(TaskQueues):
     """Planted bug ``accept_stale_attempt``: an attempt call (heartbeat, complete,
     fail, release) that names an attempt which is not its task's current one is
@@ -126,6 +136,7 @@ def clock_control(clock: AdjustableClock) -> Any:
 STORES: dict[str, type[LeaseStore]] = {
     "skip_dedup": ForgetfulStore,
     "accept_stale_attempt": StaleAcceptingStore,
+    "no_term_extension": ShortMemoryStore,
 }
 
 
@@ -153,6 +164,7 @@ def build_hooks(
         recorder=SyncRecorder() if record_synced or planted_bug == "unsynced_acks" else None,
         durability="none" if planted_bug == "unsynced_acks" else None,
         restart_wait=planted_bug != "unsynced_acks",
+        keepalive_flush=planted_bug != "unwritten_keepalives",
     )
 
 

@@ -26,7 +26,9 @@ SNAPSHOT_METHOD = (
     "compaction_min_entries={entries} and "
     "compaction_min_time={seconds} s, so PySyncObj compacts "
     "its log (snapshot of the whole state via fork) every few seconds while a pacer "
-    "renews one lease every 10 ms (one log entry each, applied on every node). A "
+    "renews one lease every 10 ms, alternating its TTL between 60 and 61 s (a renewal "
+    "with a new TTL is a log write even with keepalives = memory: one log entry each, "
+    "applied on every node). A "
     "poller per node reads its status every 10 ms (applied index, term) and "
     "watches raft.dump / raft.dump.tmp (a snapshot is being written while the .tmp "
     "exists; a new raft.dump mtime is a finished snapshot). A stall of the tick "
@@ -156,7 +158,10 @@ def snapshot(ctx: Context, cluster: LocalCluster) -> None:
             while time.monotonic() < stop_at:
                 t = time.perf_counter()
                 try:
-                    lease = c.renew(lease, timeout=5.0)
+                    # A new TTL each time: a log entry each (keepalives = memory
+                    # answers a renewal with the same TTL from the leader's memory).
+                    ttl = 61.0 if lease.ttl == 60.0 else 60.0
+                    lease = c.renew(lease, ttl=ttl, timeout=5.0)
                     pacer_lat.append(time.perf_counter() - t)
                 except RaftLeaseError as exc:
                     pacer_errors.append(type(exc).__name__)

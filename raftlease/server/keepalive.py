@@ -1,0 +1,141 @@
+"""Keep-alives answered from the leader's memory, written into the log later.
+
+A renewal of a plain lease (``renew`` without a new TTL) and a lease session's
+keep-alive (``session_keepalive`` without a new TTL) need not be a log write of their
+own: the leader answers them from its state while its leader lease is valid (as it
+answers lease reads), remembers the new expiry here, and writes what it remembered
+into the log in one ``extend`` entry (core/store.py), batched across every lease and
+session, before log time could reach the expiry the log still holds: half a TTL
+before it, or at the latest in the same flush as the entry that would move log time
+past it (``proposer.Proposer``). A new leader knows nothing of this memory: the first
+entry of its term extends every live lease and session by its TTL (core/store.py), so a
+lease outlives a dead holder by at most one TTL per leader change and never ends
+before a time its holder was told. docs/design.md ("Keep-alives from memory") gives
+the argument.
+
+Threads: every method runs on the event loop (the proposer's flush and the request
+handler); nothing here blocks.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from ..core.checks import MAX_EXTEND
+
+#: Kinds of what is kept alive.
+LEASE = "lease"
+SESSION = "session"
+
+
+@dataclass
+class Extension:
+    """What one ``extend`` entry carries: ``[id, until]`` pairs and client ids."""
+
+    leases: list[list[object]] = field(default_factory=list)
+    sessions: list[list[object]] = field(default_factory=list)
+    cids: list[str] = field(default_factory=list)
+
+    def entry(self) -> dict[str, object]:
+        return {"op": "extend", "leases": self.leases, "sessions": self.sessions, "cids": self.cids}
+
+    def size(self) -> int:
+        return max(len(self.leases) + len(self.sessions), len(self.cids))
+
+
+class MemoryKeepalives:
+    """The leader's keep-alives not yet in the log, for one term.
+
+    ``record`` remembers one; ``take_due(now)`` hands over (and forgets) every one whose
+    flush time has come, as ``extend`` entries; ``lagging(now)`` says whether some
+    expiry the log holds could already be behind log time ``now`` (then a read from
+    local state would miss a renewal: the node reads through the log instead)."""
+
+    def __init__(self) -> None:
+        self.term = -1
+        #: (kind, id) -> the expiry promised (log-time ms).
+        self._pending: dict[tuple[str, str], int] = {}
+        #: (flush at, kind, id): one per pending item, ordered by when it is due.
+        self._due: list[tuple[int, str, str]] = []
+        self._cids: set[str] = set()
+        #: Keep-alives answered from memory since the node started (status, metrics).
+        self.answered = 0
+        #: Pairs written into the log by ``extend`` entries since the node started.
+        self.written = 0
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def reset(self, term: int) -> None:
+        """Forget everything if ``term`` is not the one remembered for: a new term's
+        first entry already extended every lease (core/store.py)."""
+        if term != self.term:
+            self.term = term
+            self._pending.clear()
+            self._due.clear()
+            self._cids.clear()
+
+    def record(
+        self, kind: str, ident: str, until: int, logged: int, ttl_ms: int, cid: str | None
+    ) -> None:
+        """Remember that ``ident`` was promised to live until ``until``; the log says
+        ``logged``. It is due for the log half a TTL before ``logged``."""
+        key = (kind, ident)
+        previous = self._pending.get(key)
+        if previous is None:
+            heapq.heappush(self._due, (logged - ttl_ms // 2, kind, ident))
+            self._pending[key] = until
+        elif until > previous:
+            self._pending[key] = until
+        if cid is not None:
+            self._cids.add(cid)
+        self.answered += 1
+
+    def next_flush_at(self) -> int | None:
+        """Log time when the earliest pending keep-alive is due for the log."""
+        return self._due[0][0] if self._due else None
+
+    def lagging(self, now: int) -> bool:
+        """Could the log hold an expiry at or before ``now`` that memory extended?"""
+        return bool(self._due) and self._due[0][0] <= now
+
+    def take_due(self, now: int) -> list[Extension]:
+        """Every keep-alive due for the log at log time ``now``, as ``extend`` entries
+        of at most ``MAX_EXTEND`` pairs each (and the client ids heard from, once the
+        first one is due), forgotten here once handed over. Empty when none is due."""
+        due = self._due
+        if not due or due[0][0] > now:
+            return []
+        out = [Extension()]
+        while due and due[0][0] <= now:
+            _, kind, ident = heapq.heappop(due)
+            until = self._pending.pop((kind, ident), None)
+            if until is None:
+                continue
+            if out[-1].size() >= MAX_EXTEND:
+                out.append(Extension())
+            (out[-1].leases if kind == LEASE else out[-1].sessions).append([ident, until])
+        cids = sorted(self._cids)
+        self._cids.clear()
+        for start in range(0, len(cids), MAX_EXTEND):
+            if start // MAX_EXTEND >= len(out):
+                out.append(Extension())
+            out[start // MAX_EXTEND].cids = cids[start : start + MAX_EXTEND]
+        out = [ext for ext in out if ext.size()]
+        self.written += sum(len(e.leases) + len(e.sessions) for e in out)
+        return out
+
+    def give_back(self, extensions: list[Extension]) -> None:
+        """Remember again what ``take_due`` handed over but could not be proposed
+        (due at once: the next flush writes it first)."""
+        for ext in extensions:
+            for kind, pairs in ((LEASE, ext.leases), (SESSION, ext.sessions)):
+                for ident, until in pairs:
+                    key = (kind, str(ident))
+                    assert isinstance(until, int)
+                    if key not in self._pending:
+                        heapq.heappush(self._due, (0, kind, str(ident)))
+                    self._pending[key] = max(until, self._pending.get(key, 0))
+            self._cids.update(ext.cids)
+            self.written -= len(ext.leases) + len(ext.sessions)
