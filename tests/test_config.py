@@ -222,6 +222,13 @@ def test_heap_trim_interval_is_zero_or_positive() -> None:
         assert "heap_trim_interval" in config_error(heap_trim_interval=bad)
 
 
+def test_keepalives_is_memory_or_log() -> None:
+    assert make().keepalives == "memory"  # the default: keep-alives from memory
+    assert make(keepalives="log").keepalives == "log"
+    for bad in ("Memory", "", "fsync", 1, None):
+        assert "keepalives must be one of memory, log" in config_error(keepalives=bad)
+
+
 def test_no_nodes() -> None:
     assert "at least one node" in config_error(nodes=[])
 
