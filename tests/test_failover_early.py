@@ -47,20 +47,33 @@ def test_the_delay_never_ends_before_the_promise() -> None:
 def test_a_killed_leader_is_replaced_by_an_election_at_the_promise_end(
     cluster: LocalCluster,
 ) -> None:
-    old = cluster.wait_for_leader()
-    survivors = [n.id for n in cluster.nodes if n.id != old["node"]]
-    # Compared before and after, not against zero: a connection that closed while the
-    # cluster formed may already have counted.
-    before = early(cluster, survivors)
-    cluster.kill_node(old["node"])  # SIGKILL: the kernel closes the leader's sockets
-    new = cluster.wait_for_leader(timeout=30, exclude=old["node"])
-    assert new["term"] > old["term"]
-    after = early(cluster, survivors)
-    # Each follower saw the connection close and brought its election forward (the
-    # other one may then have voted before its own deadline, which is fine).
-    assert sum(after.values()) - sum(before.values()) >= 1, (before, after)
-    with cluster.client() as c:  # and the new leader serves writes
-        assert c.acquire("failover/k", owner="agent-1", ttl=5.0).token > 0
+    # A follower brings its election forward only if the early deadline is before the
+    # one it already has: one that drew a short random timeout right after a heartbeat
+    # (or whose tick thread handles the close late on a loaded machine) keeps its own.
+    # So up to three kills, and at least one must take the early path.
+    moved: list[tuple[dict[str, int], dict[str, int]]] = []
+    for attempt in range(3):
+        old = cluster.wait_for_leader()
+        survivors = [n.id for n in cluster.nodes if n.id != old["node"]]
+        # Compared before and after, not against zero: a connection that closed while
+        # the cluster formed may already have counted.
+        before = early(cluster, survivors)
+        cluster.kill_node(old["node"])  # SIGKILL: the kernel closes the leader's sockets
+        new = cluster.wait_for_leader(timeout=30, exclude=old["node"])
+        assert new["term"] > old["term"]
+        after = early(cluster, survivors)
+        moved.append((before, after))
+        with cluster.client() as c:  # and the new leader serves writes
+            assert c.acquire(f"failover/k{attempt}", owner="agent-1", ttl=5.0).token > 0
+        if sum(after.values()) > sum(before.values()):
+            return
+        cluster.start_node(old["node"])
+        wait_for(
+            lambda: node_status(cluster, old["node"]).get("leader") is not None or None,
+            30,
+            "the restarted node to follow the new leader",
+        )
+    pytest.fail(f"no follower brought its election forward in 3 kills: {moved}")
 
 
 @pytest.mark.integration
