@@ -67,9 +67,10 @@ def test_a_killed_leader_is_replaced_by_an_election_at_the_promise_end(
             assert c.acquire(f"failover/k{attempt}", owner="agent-1", ttl=5.0).token > 0
         if sum(after.values()) > sum(before.values()):
             return
-        cluster.start_node(old["node"])
+        restarted = str(old["node"])
+        cluster.start_node(restarted)
         wait_for(
-            lambda: node_status(cluster, old["node"]).get("leader") is not None or None,
+            lambda n=restarted: node_status(cluster, n).get("leader") is not None or None,
             30,
             "the restarted node to follow the new leader",
         )

@@ -77,6 +77,21 @@ def test_a_keepalive_is_due_half_a_ttl_before_its_logged_expiry() -> None:
     assert len(keep) == 0 and keep.next_flush_at() is None
 
 
+def test_an_extend_entry_in_flight_keeps_reads_off_local_state_past_its_expiry() -> None:
+    """Handed over is not applied: until the ``extend`` entry lands, local state still
+    holds the old expiry, and a read at or past it would see the lease gone."""
+    keep = MemoryKeepalives()
+    keep.reset(1)
+    keep.record(LEASE, "l1", until=1500, logged=1000, ttl_ms=1000, cid=None)
+    (ext,) = keep.take_due(500)
+    assert ext.logged == 1000
+    flight = keep.proposed(ext)
+    assert not keep.lagging(999)  # the log's expiry is not reached yet: reads are fine
+    assert keep.lagging(1000)  # from it on, only the log (behind the entry) is right
+    keep.landed(flight)
+    assert not keep.lagging(1000)
+
+
 def test_a_new_term_forgets_what_memory_held() -> None:
     keep = MemoryKeepalives()
     keep.reset(1)

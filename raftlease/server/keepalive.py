@@ -36,6 +36,9 @@ class Extension:
     leases: list[list[object]] = field(default_factory=list)
     sessions: list[list[object]] = field(default_factory=list)
     cids: list[str] = field(default_factory=list)
+    #: The earliest expiry the log holds for what this entry extends (log-time ms):
+    #: until the entry is applied, local state may read that as gone from then on.
+    logged: int = 2**62
 
     def entry(self) -> dict[str, object]:
         return {"op": "extend", "leases": self.leases, "sessions": self.sessions, "cids": self.cids}
@@ -56,9 +59,13 @@ class MemoryKeepalives:
         self.term = -1
         #: (kind, id) -> the expiry promised (log-time ms).
         self._pending: dict[tuple[str, str], int] = {}
-        #: (flush at, kind, id): one per pending item, ordered by when it is due.
-        self._due: list[tuple[int, str, str]] = []
+        #: (flush at, logged expiry, kind, id): one per pending item, by when it is due.
+        self._due: list[tuple[int, int, str, str]] = []
         self._cids: set[str] = set()
+        #: ``extend`` entries proposed and not applied yet: id -> the earliest expiry
+        #: the log holds for what they extend.
+        self._in_flight: dict[int, int] = {}
+        self._next_flight = 0
         #: Keep-alives answered from memory since the node started (status, metrics).
         self.answered = 0
         #: Pairs written into the log by ``extend`` entries since the node started.
@@ -75,6 +82,7 @@ class MemoryKeepalives:
             self._pending.clear()
             self._due.clear()
             self._cids.clear()
+            self._in_flight.clear()
 
     def record(
         self, kind: str, ident: str, until: int, logged: int, ttl_ms: int, cid: str | None
@@ -84,7 +92,7 @@ class MemoryKeepalives:
         key = (kind, ident)
         previous = self._pending.get(key)
         if previous is None:
-            heapq.heappush(self._due, (logged - ttl_ms // 2, kind, ident))
+            heapq.heappush(self._due, (logged - ttl_ms // 2, logged, kind, ident))
             self._pending[key] = until
         elif until > previous:
             self._pending[key] = until
@@ -97,8 +105,23 @@ class MemoryKeepalives:
         return self._due[0][0] if self._due else None
 
     def lagging(self, now: int) -> bool:
-        """Could the log hold an expiry at or before ``now`` that memory extended?"""
-        return bool(self._due) and self._due[0][0] <= now
+        """Could the log hold an expiry at or before ``now`` that memory extended?
+        True for a promise due for the log (its flush time has come) and for one
+        proposed in an ``extend`` entry not yet applied whose logged expiry is past."""
+        if self._due and self._due[0][0] <= now:
+            return True
+        return any(logged <= now for logged in self._in_flight.values())
+
+    def proposed(self, ext: Extension) -> int:
+        """``ext`` was proposed: until ``landed`` (its id), reads check its expiry."""
+        self._next_flight += 1
+        self._in_flight[self._next_flight] = ext.logged
+        return self._next_flight
+
+    def landed(self, flight: int) -> None:
+        """The ``extend`` entry ``flight`` was applied here (or failed: then this node
+        no longer leads, and the next term's first entry extends everything)."""
+        self._in_flight.pop(flight, None)
 
     def take_due(self, now: int) -> list[Extension]:
         """Every keep-alive due for the log at log time ``now``, as ``extend`` entries
@@ -109,13 +132,15 @@ class MemoryKeepalives:
             return []
         out = [Extension()]
         while due and due[0][0] <= now:
-            _, kind, ident = heapq.heappop(due)
+            _, logged, kind, ident = heapq.heappop(due)
             until = self._pending.pop((kind, ident), None)
             if until is None:
                 continue
             if out[-1].size() >= MAX_EXTEND:
                 out.append(Extension())
-            (out[-1].leases if kind == LEASE else out[-1].sessions).append([ident, until])
+            ext = out[-1]
+            (ext.leases if kind == LEASE else ext.sessions).append([ident, until])
+            ext.logged = min(ext.logged, logged)
         cids = sorted(self._cids)
         self._cids.clear()
         for start in range(0, len(cids), MAX_EXTEND):
@@ -135,7 +160,7 @@ class MemoryKeepalives:
                     key = (kind, str(ident))
                     assert isinstance(until, int)
                     if key not in self._pending:
-                        heapq.heappush(self._due, (0, kind, str(ident)))
+                        heapq.heappush(self._due, (0, ext.logged, kind, str(ident)))
                     self._pending[key] = max(until, self._pending.get(key, 0))
             self._cids.update(ext.cids)
             self.written -= len(ext.leases) + len(ext.sessions)

@@ -153,12 +153,20 @@ class Proposer:
         command queue at once, on this thread); an entry that fails later (leadership
         lost) needs nothing: the next leader's first entry extends every lease."""
         refused: list[RaftLeaseError] = []
+        keep, loop = self.keepalives, self._loop
         for ext in extensions:
+            flight = keep.proposed(ext)
 
-            def on_done(result: Result | None, err: RaftLeaseError | None) -> None:
+            def on_done(
+                result: Result | None, err: RaftLeaseError | None, flight: int = flight
+            ) -> None:
+                # Tick thread, once applied here (or failed). Until the event loop
+                # hears of it, reads of what it extends go through the log.
                 if err is not None:
                     refused.append(err)
                     log.debug("keep-alives not written: %s", err)
+                with contextlib.suppress(RuntimeError):  # loop closed during shutdown
+                    loop.call_soon_threadsafe(keep.landed, flight)
 
             body = {**ext.entry(), "term": term, "now": now, "fv": ENTRY_FORMAT}
             replica.propose(msgpack.packb(body, use_bin_type=True), on_done)
