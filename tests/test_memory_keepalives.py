@@ -58,21 +58,22 @@ def acquire(store: LeaseStore, w: Writer, key: str, lid: str, now: int, ttl: int
 # ----------------------------------------------------------- the pending set
 
 
-def test_a_keepalive_is_due_half_a_ttl_before_its_logged_expiry() -> None:
+def test_a_keepalive_is_due_a_quarter_ttl_before_its_logged_expiry() -> None:
     keep = MemoryKeepalives()
     keep.reset(3)
     keep.record(LEASE, "l1", until=1500, logged=1000, ttl_ms=1000, cid="c1")
     keep.record(LEASE, "l1", until=1700, logged=1000, ttl_ms=1000, cid="c1")  # later
     keep.record(SESSION, "s1", until=2000, logged=1800, ttl_ms=400, cid="c2")
     assert len(keep) == 2 and keep.answered == 3
-    assert keep.next_flush_at() == 500
-    assert not keep.lagging(499) and keep.lagging(500)
-    assert keep.take_due(499) == []
-    (ext,) = keep.take_due(500)
+    assert keep.next_flush_at() == 750
+    # Due for the log is not yet a risk for reads: that starts at the logged expiry.
+    assert not keep.lagging(999) and keep.lagging(1000)
+    assert keep.take_due(749) == []
+    (ext,) = keep.take_due(750)
     # The latest promise, and every client heard from (kept from idle eviction).
     assert ext.leases == [["l1", 1700]] and ext.sessions == [] and ext.cids == ["c1", "c2"]
     assert len(keep) == 1 and keep.written == 1
-    (ext,) = keep.take_due(1600)
+    (ext,) = keep.take_due(1700)
     assert ext.sessions == [["s1", 2000]] and ext.cids == []
     assert len(keep) == 0 and keep.next_flush_at() is None
 
@@ -83,13 +84,29 @@ def test_an_extend_entry_in_flight_keeps_reads_off_local_state_past_its_expiry()
     keep = MemoryKeepalives()
     keep.reset(1)
     keep.record(LEASE, "l1", until=1500, logged=1000, ttl_ms=1000, cid=None)
-    (ext,) = keep.take_due(500)
+    (ext,) = keep.take_due(750)
     assert ext.logged == 1000
     flight = keep.proposed(ext)
     assert not keep.lagging(999)  # the log's expiry is not reached yet: reads are fine
     assert keep.lagging(1000)  # from it on, only the log (behind the entry) is right
     keep.landed(flight)
     assert not keep.lagging(1000)
+
+
+def test_a_written_promise_no_longer_counts_and_a_renewed_one_keeps_its_logged_expiry() -> None:
+    keep = MemoryKeepalives()
+    keep.reset(1)
+    keep.record(LEASE, "l1", until=1500, logged=1000, ttl_ms=1000, cid=None)
+    keep.record(LEASE, "l2", until=1600, logged=1100, ttl_ms=1000, cid=None)
+    keep.record(LEASE, "l1", until=1700, logged=1000, ttl_ms=1000, cid=None)
+    assert keep.lagging(1000)
+    (ext,) = keep.take_due(750)  # l1 only: l2 is due at 850
+    keep.landed(keep.proposed(ext))
+    assert not keep.lagging(1099) and keep.lagging(1100)  # l2's logged expiry
+    for i in range(300):  # written items do not pile up in the expiry heap
+        keep.record(LEASE, f"x{i}", until=5000, logged=4000, ttl_ms=1000, cid=None)
+        keep.landed(keep.proposed(keep.take_due(3750)[0]))
+    assert len(keep._expiry) <= 4 * len(keep) + 65
 
 
 def test_a_new_term_forgets_what_memory_held() -> None:
@@ -107,7 +124,7 @@ def test_what_is_due_at_once_is_split_into_entries_of_bounded_size() -> None:
     keep.reset(1)
     for i in range(MAX_EXTEND * 2 + 5):
         keep.record(LEASE, f"l{i}", 2000, 1000, 1000, f"c{i}")
-    entries = keep.take_due(600)
+    entries = keep.take_due(750)
     assert [len(e.leases) for e in entries] == [MAX_EXTEND, MAX_EXTEND, 5]
     assert sum(len(e.cids) for e in entries) == MAX_EXTEND * 2 + 5
     assert all(e.size() <= MAX_EXTEND for e in entries)
@@ -117,9 +134,9 @@ def test_what_could_not_be_proposed_is_due_again_first() -> None:
     keep = MemoryKeepalives()
     keep.reset(1)
     keep.record(LEASE, "l1", 2000, 1000, 1000, "c1")
-    taken = keep.take_due(600)
+    taken = keep.take_due(750)
     keep.give_back(taken)
-    assert keep.written == 0 and keep.lagging(0)
+    assert keep.written == 0 and keep.next_flush_at() == 0 and keep.lagging(1000)
     (again,) = keep.take_due(0)
     assert again.leases == [["l1", 2000]] and again.cids == ["c1"]
 

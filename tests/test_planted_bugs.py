@@ -842,7 +842,7 @@ def test_a_keepalive_from_memory_holds_until_valid_until(
     cluster_factory: Callable[..., LocalCluster], build: str, kill_leader: bool
 ) -> None:
     """A renewal 40 % into a 6 s TTL is answered from the leader's memory; it is due
-    for the log half a TTL before the logged expiry (server/keepalive.py). Another
+    for the log a quarter of a TTL before the logged expiry (server/keepalive.py). Another
     owner then tries to take the key until the holder's ``valid_until``: no grant may
     come before it. Without writing the keep-alive into the log (``unwritten_
     keepalives``) the lease ends at its logged expiry; with the leader killed right

@@ -5,8 +5,8 @@ keep-alive (``session_keepalive`` without a new TTL) need not be a log write of 
 own: the leader answers them from its state while its leader lease is valid (as it
 answers lease reads), remembers the new expiry here, and writes what it remembered
 into the log in one ``extend`` entry (core/store.py), batched across every lease and
-session, before log time could reach the expiry the log still holds: half a TTL
-before it, or at the latest in the same flush as the entry that would move log time
+session, before log time could reach the expiry the log still holds: a quarter of a
+TTL before it, or at the latest in the same flush as the entry that would move log time
 past it (``proposer.Proposer``). A new leader knows nothing of this memory: the first
 entry of its term extends every live lease and session by its TTL (core/store.py), so a
 lease outlives a dead holder by at most one TTL per leader change and never ends
@@ -23,6 +23,13 @@ import heapq
 from dataclasses import dataclass, field
 
 from ..core.checks import MAX_EXTEND
+
+#: A promise is due for the log this fraction (1/n) of its TTL before the expiry the log
+#: holds. The smaller, the fewer writes (each write carries the newest promise; with
+#: keep-alives every ttl/3, half a TTL wrote about every one of them, a quarter about
+#: every other), but while one is due and unwritten the leader reads through the log:
+#: a quarter of a TTL is far above a commit's latency.
+FLUSH_AHEAD = 4
 
 #: Kinds of what is kept alive.
 LEASE = "lease"
@@ -57,10 +64,13 @@ class MemoryKeepalives:
 
     def __init__(self) -> None:
         self.term = -1
-        #: (kind, id) -> the expiry promised (log-time ms).
-        self._pending: dict[tuple[str, str], int] = {}
+        #: (kind, id) -> (the expiry promised, the expiry the log holds), log-time ms.
+        self._pending: dict[tuple[str, str], tuple[int, int]] = {}
         #: (flush at, logged expiry, kind, id): one per pending item, by when it is due.
         self._due: list[tuple[int, int, str, str]] = []
+        #: (logged expiry, kind, id), by logged expiry: what ``lagging`` looks at. Lazy:
+        #: an item written since stays until it comes to the top.
+        self._expiry: list[tuple[int, str, str]] = []
         self._cids: set[str] = set()
         #: ``extend`` entries proposed and not applied yet: id -> the earliest expiry
         #: the log holds for what they extend.
@@ -81,6 +91,7 @@ class MemoryKeepalives:
             self.term = term
             self._pending.clear()
             self._due.clear()
+            self._expiry.clear()
             self._cids.clear()
             self._in_flight.clear()
 
@@ -88,14 +99,15 @@ class MemoryKeepalives:
         self, kind: str, ident: str, until: int, logged: int, ttl_ms: int, cid: str | None
     ) -> None:
         """Remember that ``ident`` was promised to live until ``until``; the log says
-        ``logged``. It is due for the log half a TTL before ``logged``."""
+        ``logged``. It is due for the log ``1 / FLUSH_AHEAD`` of a TTL before ``logged``."""
         key = (kind, ident)
         previous = self._pending.get(key)
         if previous is None:
-            heapq.heappush(self._due, (logged - ttl_ms // 2, logged, kind, ident))
-            self._pending[key] = until
-        elif until > previous:
-            self._pending[key] = until
+            heapq.heappush(self._due, (logged - ttl_ms // FLUSH_AHEAD, logged, kind, ident))
+            self._push_expiry(logged, kind, ident)
+            self._pending[key] = (until, logged)
+        elif until > previous[0]:
+            self._pending[key] = (until, previous[1])
         if cid is not None:
             self._cids.add(cid)
         self.answered += 1
@@ -106,11 +118,29 @@ class MemoryKeepalives:
 
     def lagging(self, now: int) -> bool:
         """Could the log hold an expiry at or before ``now`` that memory extended?
-        True for a promise due for the log (its flush time has come) and for one
-        proposed in an ``extend`` entry not yet applied whose logged expiry is past."""
-        if self._due and self._due[0][0] <= now:
-            return True
+        True for a promise not written yet, or proposed in an ``extend`` entry not yet
+        applied, whose logged expiry is at or before ``now``. (Not merely one due for
+        the log: with thousands of sessions one is nearly always due for the next
+        flush, and reads would then always go through the log.)"""
+        expiry, pending = self._expiry, self._pending
+        while expiry:
+            logged, kind, ident = expiry[0]
+            item = pending.get((kind, ident))
+            if item is not None and item[1] == logged:
+                if logged <= now:
+                    return True
+                break
+            heapq.heappop(expiry)  # written since, or renewed again and re-pushed
         return any(logged <= now for logged in self._in_flight.values())
+
+    def _push_expiry(self, logged: int, kind: str, ident: str) -> None:
+        expiry = self._expiry
+        heapq.heappush(expiry, (logged, kind, ident))
+        if len(expiry) > 64 and len(expiry) > 4 * len(self._pending):
+            # Written items left behind dominate: keep only the pending ones.
+            self._expiry = [(lg, k, i) for (k, i), (_, lg) in self._pending.items()]
+            self._expiry.append((logged, kind, ident))
+            heapq.heapify(self._expiry)
 
     def proposed(self, ext: Extension) -> int:
         """``ext`` was proposed: until ``landed`` (its id), reads check its expiry."""
@@ -133,9 +163,10 @@ class MemoryKeepalives:
         out = [Extension()]
         while due and due[0][0] <= now:
             _, logged, kind, ident = heapq.heappop(due)
-            until = self._pending.pop((kind, ident), None)
-            if until is None:
+            item = self._pending.pop((kind, ident), None)
+            if item is None:
                 continue
+            until = item[0]
             if out[-1].size() >= MAX_EXTEND:
                 out.append(Extension())
             ext = out[-1]
@@ -159,8 +190,12 @@ class MemoryKeepalives:
                 for ident, until in pairs:
                     key = (kind, str(ident))
                     assert isinstance(until, int)
-                    if key not in self._pending:
+                    previous = self._pending.get(key)
+                    if previous is None:
                         heapq.heappush(self._due, (0, ext.logged, kind, str(ident)))
-                    self._pending[key] = max(until, self._pending.get(key, 0))
+                        self._push_expiry(ext.logged, kind, str(ident))
+                        self._pending[key] = (until, ext.logged)
+                    else:
+                        self._pending[key] = (max(until, previous[0]), previous[1])
             self._cids.update(ext.cids)
             self.written -= len(ext.leases) + len(ext.sessions)

@@ -82,12 +82,14 @@ BOOT = (
 SCRIPTS_DIR = Path(__file__).resolve().parents[2]
 
 METHOD = (
-    "A fresh 3-node cluster with the NodeConfig defaults (durability fsync). {procs} "
+    "A fresh 3-node cluster with the NodeConfig defaults (durability fsync, keepalives "
+    "memory). {procs} "
     "agent processes, each one AsyncClient running its share of the agents as asyncio "
     "tasks; an agent = a lease session (TTL {ttl:g} s) holding one lease on its own key, "
     "kept alive every ttl/3 = {interval:.2f} s counted from the previous send (each "
     "keep-alive bounded by ttl/3, as the session recipe does; first keep-alive spread "
-    "over the interval). A keep-alive is one replicated, fsynced log write. Ramp: "
+    "over the interval). The leader answers a keep-alive from memory and writes the "
+    "newest promises into the log in batches (docs/design.md 9a). Ramp: "
     "{steps} step(s) up to {agents:,} agents; after a step's agents are open, every "
     "keep-alive of a {window:.1f} s window is timed; the ramp stops at a lost session, "
     "an agent that could not open, p99 > ttl/3, or fewer than {done:.0%} of the "
