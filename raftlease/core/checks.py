@@ -66,9 +66,11 @@ MAX_PRIORITY = 1000
 #: keep-alives the leader answered from memory (server/keepalive.py) into the log.
 LEADER_OPS = frozenset({"tick", "reserve", "extend"})
 
-#: Most leases, sessions or client ids in one ``extend`` entry (about 45 bytes each,
-#: so an entry stays below the proposer's batch size).
+#: Most leases and sessions in one ``extend`` entry (about 45 bytes each, so an entry
+#: stays below the proposer's 32 KiB batch size).
 MAX_EXTEND = 600
+#: Most client ids in one ``extend`` entry (up to 131 bytes each, packed).
+MAX_EXTEND_CIDS = 200
 
 
 ALL_OPS = MUTATING_OPS | READ_OPS | LEADER_OPS
@@ -199,8 +201,8 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
                 ):
                     return f"'{field}' must hold [id, until] pairs"
         cids = entry.get("cids", [])
-        if not isinstance(cids, list) or len(cids) > MAX_EXTEND:
-            return f"'cids' must be a list of at most {MAX_EXTEND} client ids"
+        if not isinstance(cids, list) or len(cids) > MAX_EXTEND_CIDS:
+            return f"'cids' must be a list of at most {MAX_EXTEND_CIDS} client ids"
         if not all(valid_str(cid, MAX_ID_CHARS) for cid in cids):
             return "'cids' must hold client ids"
     elif op == "leases":

@@ -295,22 +295,28 @@ class LeaseStore(StoreState):
         """``extend``: the keep-alives the leader answered from memory (``[id, until]``
         pairs for leases and lease sessions), and the client ids that sent them (kept
         from idle eviction). An ``until`` is at most the TTL past this entry's time
-        (the leader's time when it answered is earlier); one that is not later than
-        the logged expiry, or whose lease or session is gone, changes nothing."""
+        (the leader's time when it answered is earlier; a longer one, promised under
+        a TTL shortened since, is cut to it); one that is not later than the logged
+        expiry, or whose lease or session is gone, changes nothing."""
         extended = 0
-        for lease_id, until in entry.get("leases", []):
+        for lease_id, promised in entry.get("leases", []):
             lease = self.leases.get(lease_id)
-            if (
-                lease is None
-                or lease.session
-                or not lease.expires_at < until <= base + lease.ttl_ms
-            ):
+            if lease is None or lease.session:
+                continue
+            # Never more than the TTL past this entry's time: a promise made under a TTL
+            # the holder has shortened since is cut to the new one (never below a
+            # promise made under it, which is at most ``base + ttl``).
+            until = min(promised, base + lease.ttl_ms)
+            if until <= lease.expires_at:
                 continue
             self._extend(lease, until)
             extended += 1
-        for sid, until in entry.get("sessions", []):
+        for sid, promised in entry.get("sessions", []):
             session = self.lease_sessions.get(sid)
-            if session is None or not session.expires_at < until <= base + session.ttl_ms:
+            if session is None:
+                continue
+            until = min(promised, base + session.ttl_ms)
+            if until <= session.expires_at:
                 continue
             session.expires_at = until
             heapq.heappush(self._session_deadlines, (until, sid))

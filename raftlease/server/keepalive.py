@@ -22,7 +22,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from ..core.checks import MAX_EXTEND
+from ..core.checks import MAX_EXTEND, MAX_EXTEND_CIDS
+from ..core.dedup import CLIENT_IDLE_MS
 
 #: A promise is due for the log this fraction (1/n) of its TTL before the expiry the log
 #: holds. The smaller, the fewer writes (each write carries the newest promise; with
@@ -30,6 +31,18 @@ from ..core.checks import MAX_EXTEND
 #: every other), but while one is due and unwritten the leader reads through the log:
 #: a quarter of a TTL is far above a commit's latency.
 FLUSH_AHEAD = 4
+
+#: Client ids heard from only by keep-alives from memory are written (kept from the dedup
+#: table's idle eviction) at the latest this long after the first of them (log-time
+#: ms), however long the TTLs: well within ``CLIENT_IDLE_MS``.
+CID_FLUSH_MS = CLIENT_IDLE_MS // 4
+#: Client ids held for the next write at most; at this many they are due at once, and
+#: beyond twice it new ones are not kept (their client, if evicted, takes a new id).
+CID_CAP = 5 * MAX_EXTEND_CIDS
+
+#: ``lagging`` is asked this far ahead (log-time ms) of the stamp the leader takes for
+#: the check: the read that follows takes its own, slightly later, stamp.
+LAG_SLACK_MS = 250
 
 #: Kinds of what is kept alive.
 LEASE = "lease"
@@ -51,7 +64,7 @@ class Extension:
         return {"op": "extend", "leases": self.leases, "sessions": self.sessions, "cids": self.cids}
 
     def size(self) -> int:
-        return max(len(self.leases) + len(self.sessions), len(self.cids))
+        return len(self.leases) + len(self.sessions) + len(self.cids)
 
 
 class MemoryKeepalives:
@@ -64,14 +77,16 @@ class MemoryKeepalives:
 
     def __init__(self) -> None:
         self.term = -1
-        #: (kind, id) -> (the expiry promised, the expiry the log holds), log-time ms.
-        self._pending: dict[tuple[str, str], tuple[int, int]] = {}
+        #: (kind, id) -> (the expiry promised, the expiry the log holds, the TTL), ms.
+        self._pending: dict[tuple[str, str], tuple[int, int, int]] = {}
         #: (flush at, logged expiry, kind, id): one per pending item, by when it is due.
         self._due: list[tuple[int, int, str, str]] = []
         #: (logged expiry, kind, id), by logged expiry: what ``lagging`` looks at. Lazy:
         #: an item written since stays until it comes to the top.
         self._expiry: list[tuple[int, str, str]] = []
         self._cids: set[str] = set()
+        #: Log time of the first client id held since the last write (None: none held).
+        self._cids_since: int | None = None
         #: ``extend`` entries proposed and not applied yet: id -> the earliest expiry
         #: the log holds for what they extend.
         self._in_flight: dict[int, int] = {}
@@ -93,28 +108,56 @@ class MemoryKeepalives:
             self._due.clear()
             self._expiry.clear()
             self._cids.clear()
+            self._cids_since = None
             self._in_flight.clear()
 
     def record(
-        self, kind: str, ident: str, until: int, logged: int, ttl_ms: int, cid: str | None
+        self,
+        kind: str,
+        ident: str,
+        until: int,
+        logged: int,
+        ttl_ms: int,
+        cid: str | None,
+        now: int = 0,
     ) -> None:
-        """Remember that ``ident`` was promised to live until ``until``; the log says
-        ``logged``. It is due for the log ``1 / FLUSH_AHEAD`` of a TTL before ``logged``."""
+        """Remember that ``ident`` was promised to live until ``until`` at log time
+        ``now``; the log says ``logged`` with TTL ``ttl_ms``. It is due for the log
+        ``1 / FLUSH_AHEAD`` of a TTL before ``logged``. ``cid``: the client that asked,
+        if the dedup table knows it (only those can be kept from eviction).
+
+        A log write since the last record may have lowered the logged expiry (a renewal
+        with a shorter TTL): the item is then due by the new one, and the promise is
+        the new answer (the client's own later request replaced the older promise,
+        exactly as the log replaces it)."""
         key = (kind, ident)
         previous = self._pending.get(key)
-        if previous is None:
-            heapq.heappush(self._due, (logged - ttl_ms // FLUSH_AHEAD, logged, kind, ident))
-            self._push_expiry(logged, kind, ident)
-            self._pending[key] = (until, logged)
+        if previous is None or logged < previous[1] or ttl_ms != previous[2]:
+            low, promise = logged, until
+            if previous is not None:
+                low = min(logged, previous[1])
+                if ttl_ms == previous[2]:
+                    promise = max(until, previous[0])
+            self._pending[key] = (promise, low, ttl_ms)
+            heapq.heappush(self._due, (low - ttl_ms // FLUSH_AHEAD, low, kind, ident))
+            self._push_expiry(low, kind, ident)
         elif until > previous[0]:
-            self._pending[key] = (until, previous[1])
-        if cid is not None:
+            self._pending[key] = (until, previous[1], ttl_ms)
+        if cid is not None and len(self._cids) < 2 * CID_CAP:
+            if self._cids_since is None:
+                self._cids_since = now
             self._cids.add(cid)
         self.answered += 1
 
     def next_flush_at(self) -> int | None:
-        """Log time when the earliest pending keep-alive is due for the log."""
-        return self._due[0][0] if self._due else None
+        """Log time when the earliest pending keep-alive (or the client ids held) is due
+        for the log."""
+        at = self._due[0][0] if self._due else None
+        since = self._cids_since
+        if since is not None:
+            cids_at = since if len(self._cids) >= CID_CAP else since + CID_FLUSH_MS
+            at = cids_at if at is None else min(at, cids_at)
+        return at
 
     def lagging(self, now: int) -> bool:
         """Could the log hold an expiry at or before ``now`` that memory extended?
@@ -138,7 +181,7 @@ class MemoryKeepalives:
         heapq.heappush(expiry, (logged, kind, ident))
         if len(expiry) > 64 and len(expiry) > 4 * len(self._pending):
             # Written items left behind dominate: keep only the pending ones.
-            self._expiry = [(lg, k, i) for (k, i), (_, lg) in self._pending.items()]
+            self._expiry = [(lg, k, i) for (k, i), (_, lg, _) in self._pending.items()]
             self._expiry.append((logged, kind, ident))
             heapq.heapify(self._expiry)
 
@@ -158,7 +201,8 @@ class MemoryKeepalives:
         of at most ``MAX_EXTEND`` pairs each (and the client ids heard from, once the
         first one is due), forgotten here once handed over. Empty when none is due."""
         due = self._due
-        if not due or due[0][0] > now:
+        at = self.next_flush_at()
+        if at is None or at > now:
             return []
         out = [Extension()]
         while due and due[0][0] <= now:
@@ -172,12 +216,13 @@ class MemoryKeepalives:
             ext = out[-1]
             (ext.leases if kind == LEASE else ext.sessions).append([ident, until])
             ext.logged = min(ext.logged, logged)
+        # The client ids in entries of their own (an id may be up to 128 bytes: with
+        # 600 pairs the entry would outgrow the proposer's batch size).
         cids = sorted(self._cids)
         self._cids.clear()
-        for start in range(0, len(cids), MAX_EXTEND):
-            if start // MAX_EXTEND >= len(out):
-                out.append(Extension())
-            out[start // MAX_EXTEND].cids = cids[start : start + MAX_EXTEND]
+        self._cids_since = None
+        for start in range(0, len(cids), MAX_EXTEND_CIDS):
+            out.append(Extension(cids=cids[start : start + MAX_EXTEND_CIDS]))
         out = [ext for ext in out if ext.size()]
         self.written += sum(len(e.leases) + len(e.sessions) for e in out)
         return out
@@ -194,8 +239,12 @@ class MemoryKeepalives:
                     if previous is None:
                         heapq.heappush(self._due, (0, ext.logged, kind, str(ident)))
                         self._push_expiry(ext.logged, kind, str(ident))
-                        self._pending[key] = (until, ext.logged)
+                        # The TTL is not known here; -1 makes the next record refresh it.
+                        self._pending[key] = (until, ext.logged, -1)
                     else:
-                        self._pending[key] = (max(until, previous[0]), previous[1])
+                        low = min(ext.logged, previous[1])
+                        self._pending[key] = (max(until, previous[0]), low, previous[2])
+            if ext.cids and self._cids_since is None:
+                self._cids_since = 0  # due at once
             self._cids.update(ext.cids)
             self.written -= len(ext.leases) + len(ext.sessions)

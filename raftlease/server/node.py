@@ -62,7 +62,7 @@ from . import membership_ops
 from .auth import AuthPolicy, Principal, load_auth
 from .backup import SnapshotExports
 from .heap import HeapTrimmer
-from .keepalive import LEASE, SESSION
+from .keepalive import LAG_SLACK_MS, LEASE, SESSION
 from .log_clock import LogClock
 from .metrics import NodeMetrics, NodeView
 from .proposer import Proposer
@@ -905,6 +905,13 @@ class NodeServer(TaskWaits):
         now = self.log_clock.stamp(term, store.now)
         args = request.args
         principal = request.principal or ""
+
+        def known() -> str | None:
+            # Only a client id the dedup table holds can be kept from its eviction; a
+            # made-up one must not take room in the leader's memory.
+            cid = request.cid
+            return cid if cid is not None and cid in store.clients else None
+
         if request.op == "renew":
             lease = store.leases.get(args["lid"])
             if (
@@ -917,7 +924,7 @@ class NodeServer(TaskWaits):
             ):
                 return None
             until = now + lease.ttl_ms
-            keep.record(LEASE, lease.lease_id, until, lease.expires_at, lease.ttl_ms, request.cid)
+            keep.record(LEASE, lease.lease_id, until, lease.expires_at, lease.ttl_ms, known(), now)
             return store.renewal_answer(lease, until, now)
         session = store.lease_sessions.get(args["sid"])
         if (
@@ -929,7 +936,7 @@ class NodeServer(TaskWaits):
             return None
         until = now + session.ttl_ms
         keep.record(
-            SESSION, session.session_id, until, session.expires_at, session.ttl_ms, request.cid
+            SESSION, session.session_id, until, session.expires_at, session.ttl_ms, known(), now
         )
         return {
             "session_id": session.session_id,
@@ -1048,11 +1055,14 @@ class NodeServer(TaskWaits):
         if replica.store.term != term:
             return False
         keep = self.proposer.keepalives if self.proposer is not None else None
-        if keep is not None and keep.term == term and len(keep):
-            # A keep-alive answered from memory that is due for the log (its logged
-            # expiry is near): local state could read its lease as gone. Through the
-            # log, whose flush writes it first (server/keepalive.py).
-            return not keep.lagging(self.log_clock.stamp(term, replica.store.now))
+        if keep is not None and keep.term == term:
+            # A keep-alive answered from memory, not yet written or written in an entry
+            # not yet applied, whose logged expiry is reached: local state could read
+            # its lease as gone. Through the log, whose flush writes it first
+            # (server/keepalive.py). ``LAG_SLACK_MS`` covers the later stamp the read
+            # itself takes.
+            stamp = self.log_clock.stamp(term, replica.store.now)
+            return not keep.lagging(stamp + LAG_SLACK_MS)
         return True
 
     def _local_read(self, request: Request, mode: str) -> dict[str, Any]:
