@@ -190,7 +190,8 @@ def test_metrics_parse_and_move_with_grants_renewals_expiries_and_refusals(
     before = cluster_view()
     with cluster.client() as c:
         lease = c.acquire("metrics/a", owner="agent-a", ttl=5.0)
-        c.renew(lease)
+        lease = c.renew(lease)  # from the leader's memory (keepalives = memory)
+        c.renew(lease, ttl=6.0)  # a new TTL: a log write, a renewal applied at once
         with pytest.raises(LeaseHeldError):
             c.acquire("metrics/a", owner="agent-b", ttl=5.0)
         c.holder("metrics/a", consistency="log")
@@ -205,9 +206,10 @@ def test_metrics_parse_and_move_with_grants_renewals_expiries_and_refusals(
             now.get(name, 0) >= before.get(name, 0) + step
             for name, step in (
                 ("raftlease_lease_grants_total", 2),
-                # The renewal is answered from the leader's memory (keepalives =
-                # memory); it reaches the renewals counter only once it is logged.
+                # The first renewal is answered from the leader's memory (keepalives =
+                # memory): counted there; the second, with a new TTL, is applied.
                 ("raftlease_keepalives_from_memory_total", 1),
+                ("raftlease_lease_renewals_total", 1),
                 ("raftlease_lease_releases_total", 1),
                 ("raftlease_lease_expiries_total", 1),
                 (summed[0], 1),

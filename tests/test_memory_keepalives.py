@@ -186,14 +186,16 @@ def test_what_could_not_be_proposed_is_due_again_first() -> None:
 def test_an_extend_entry_extends_without_moving_log_time() -> None:
     store, w = LeaseStore(), Writer()
     acquire(store, w, "k", "l1", now=0, ttl=1000)
+    store.apply(entry("tick", 900))
     revision = store.revision
     # Stamped past the logged expiry (1000): the extension is applied first and log
     # time does not move, so the lease lives on.
     result = store.apply(entry("extend", 1200, leases=[["l1", 1900]], cids=["c1"]))
-    assert result == {"ok": True, "now": 0, "extended": 1}
-    assert store.now == 0 and store.leases["l1"].expires_at == 1900
+    assert result == {"ok": True, "now": 900, "extended": 1}
+    assert store.now == 900 and store.leases["l1"].expires_at == 1900
     assert store.revision == revision + 1 and store.events[0]["type"] == "renew"
-    assert store.clients["c1"].last_seen == 1200  # kept from idle eviction
+    # Kept from idle eviction, at applied log time (the table stays in last_seen order).
+    assert store.clients["c1"].last_seen == 900
     store.apply(entry("tick", 1899))
     assert "l1" in store.leases
     store.apply(entry("tick", 1900))
@@ -244,13 +246,19 @@ def test_a_new_terms_first_entry_extends_every_lease_and_session() -> None:
     store.apply(w("session_open", 0, sid="s1", owner="o", ttl=500))
     store.apply(w("acquire", 0, key="j", owner="o", lid="l2", session="s1"))
     revision = store.revision
-    # Term 2 begins at log time 800: before it expires anything, every lease and
-    # session lives at least its TTL from then (no revision: nothing a watcher sees).
-    store.apply(entry("tick", 800, term=2))
-    assert store.leases["l1"].expires_at == 1800
-    assert store.lease_sessions["s1"].expires_at == 1300
-    assert store.leases["l2"].expires_at == 1300
+    # The same term change without the extension (format 1): what the new epoch alone
+    # does to the revision and the events.
+    twin = LeaseStore.from_plain(store.to_plain())
+    twin.apply({"op": "tick", "now": 400, "term": 2})
+    # Term 2 begins at log time 400 (before anything is due, so the twin expires nothing
+    # either): every lease and session lives at least its TTL from then (no revision:
+    # nothing a watcher sees).
+    store.apply(entry("tick", 400, term=2))
+    assert store.leases["l1"].expires_at == 1400
+    assert store.lease_sessions["s1"].expires_at == 900
+    assert store.leases["l2"].expires_at == 900
     assert store.revision >= revision  # the new epoch may jump it; no change per lease
+    assert store.revision == twin.revision and store.events == twin.events
     # Even one whose logged expiry the entry's own time passes (a deposed leader
     # could have renewed it from memory).
     store.apply(entry("tick", 1900, term=3))

@@ -318,14 +318,12 @@ class LeaseStore(StoreState):
             until = min(promised, base + session.ttl_ms)
             if until <= session.expires_at:
                 continue
-            session.expires_at = until
-            heapq.heappush(self._session_deadlines, (until, sid))
-            for lease_id in session.leases:
-                self._extend(self.leases[lease_id], until)
-            self.tasks.session_kept(self, session)
+            self._keep_session(session, until)
             extended += 1
         for cid in entry.get("cids", []):
-            self.clients.touch(cid, base)
+            # At applied log time, not ``base``: the dedup table stays ordered by
+            # ``last_seen`` (a later leader may stamp below ``base``).
+            self.clients.touch(cid, self.now)
         return {"ok": True, "now": self.now, "extended": extended}
 
     def _apply_mutation(self, op: str, entry: dict[str, Any]) -> Result:
@@ -771,14 +769,19 @@ class LeaseStore(StoreState):
             return _not_yours("lease session", entry["sid"])
         if entry.get("ttl") is not None:
             session.ttl_ms = entry["ttl"]
-        session.expires_at = self.now + session.ttl_ms
-        heapq.heappush(self._session_deadlines, (session.expires_at, session.session_id))
+        self._keep_session(session, self.now + session.ttl_ms)
+        return self._session_result(session)
+
+    def _keep_session(self, session: LeaseSession, until: int) -> None:
+        """Extend ``session`` to ``until``, and with it every attached lease (a renew
+        event each) and task attempt: a keep-alive, logged or written from memory."""
+        session.expires_at = until
+        heapq.heappush(self._session_deadlines, (until, session.session_id))
         for lease_id in session.leases:
             lease = self.leases[lease_id]
             lease.ttl_ms = session.ttl_ms
-            self._extend(lease, session.expires_at)
+            self._extend(lease, until)
         self.tasks.session_kept(self, session)  # and its task attempts
-        return self._session_result(session)
 
     def _session_close(self, entry: dict[str, Any]) -> Result:
         session = self.lease_sessions.get(entry["sid"])
@@ -827,6 +830,16 @@ class LeaseStore(StoreState):
             "leases": len(session.leases),
             "now": self.now,
         }
+
+    def keepalive_answer(self, session: LeaseSession, until: int, now: int) -> dict[str, Any]:
+        """What a ``session_keepalive`` answers, for one the leader answered from memory
+        (server/keepalive.py): as a keep-alive at log time ``now`` to ``until`` would
+        (no ``ok``, as the node's answers carry none)."""
+        out = self._session_result(session)
+        del out["ok"]
+        out["expires_at"] = until
+        out["now"] = now
+        return out
 
     def _task(self, entry: dict[str, Any]) -> Result:
         """A ``task_*`` mutation (core/queue.py)."""

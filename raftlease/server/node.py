@@ -938,13 +938,7 @@ class NodeServer(TaskWaits):
         keep.record(
             SESSION, session.session_id, until, session.expires_at, session.ttl_ms, known(), now
         )
-        return {
-            "session_id": session.session_id,
-            "ttl": session.ttl_ms,
-            "expires_at": until,
-            "leases": len(session.leases),
-            "now": now,
-        }
+        return store.keepalive_answer(session, until, now)
 
     def _refuse_if_removed(self) -> None:
         """docs/membership.md: a node told of its removal serves nothing but status
