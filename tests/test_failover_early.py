@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 
 from raftlease import Client
-from raftlease.replication.transport import EARLY_SPREAD, early_election_delay
+from raftlease.replication import transport
+from raftlease.replication.transport import (
+    EARLY_FIRST,
+    EARLY_JITTER,
+    EARLY_SLOT,
+    early_election_delay,
+    election_rank,
+)
 from raftlease.testing import LocalCluster, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,12 +42,98 @@ def early(cluster: LocalCluster, survivors: list[str]) -> dict[str, int]:
 
 def test_the_delay_never_ends_before_the_promise() -> None:
     rng = random.Random(16)
-    low, high = EARLY_SPREAD
     for _ in range(2_000):
         promise = rng.uniform(0.05, 5.0)
         left = rng.choice([0.0, rng.uniform(0.0, promise)])
-        delay = early_election_delay(left, promise)
-        assert left + low * promise <= delay <= left + high * promise
+        rank = rng.randrange(0, 5)
+        delay = early_election_delay(left, promise, rank)
+        start = left + (EARLY_FIRST + rank * EARLY_SLOT) * promise
+        assert left + EARLY_FIRST * promise <= start <= delay <= start + EARLY_JITTER * promise
+
+
+def test_each_rank_runs_only_after_the_one_before_it_had_its_slot() -> None:
+    """The next follower's earliest moment is a slot, less the jitter, after the
+    latest of the one before: two followers never run at the same moment (which split
+    the vote when the spread was one random draw for all)."""
+    assert EARLY_SLOT - EARLY_JITTER >= 1 / 8  # 50 ms with the default 0.4 s promise
+    rng = random.Random(17)
+    for _ in range(500):
+        promise = rng.uniform(0.05, 5.0)
+        left = rng.uniform(0.0, promise)
+        for rank in range(4):
+            latest = max(early_election_delay(left, promise, rank) for _ in range(50))
+            earliest = min(early_election_delay(left, promise, rank + 1) for _ in range(50))
+            assert earliest - latest >= (EARLY_SLOT - EARLY_JITTER) * promise - 1e-9
+
+
+def test_the_survivors_agree_on_their_order() -> None:
+    members = ["127.0.0.1:7003", "127.0.0.1:7001", "127.0.0.1:7002"]
+    gone = "127.0.0.1:7002"
+    survivors = [m for m in members if m != gone]
+    # Each survivor's view: the other members, itself not among them (PySyncObj's
+    # otherNodes), the gone leader still listed.
+    ranks = {me: election_rank(me, [m for m in members if m != me], gone) for me in survivors}
+    assert ranks == {"127.0.0.1:7001": 0, "127.0.0.1:7003": 1}
+    # Five members, the first gone: the rest run in id order.
+    five = [f"10.0.0.{i}:1" for i in range(1, 6)]
+    assert [election_rank(me, five, five[0]) for me in five[1:]] == [0, 1, 2, 3]
+
+
+class _Node:
+    def __init__(self, node_id: str) -> None:
+        self.id = node_id
+
+
+class _Sync:
+    """The few parts of a PySyncObj follower that ``_leader_gone`` reads."""
+
+    def __init__(self, leader: _Node, others: list[_Node], deadline: float) -> None:
+        self.leader = leader
+        self.otherNodes = set(others)
+        self._SyncObj__raftElectionDeadline = deadline
+
+    def _getLeader(self) -> _Node:
+        return self.leader
+
+    def _isLeader(self) -> bool:
+        return False
+
+
+class _Guard:
+    promise = 0.4
+    early_elections = 0
+
+    def promise_left(self) -> float:
+        return 0.3
+
+
+def test_the_early_deadline_is_set_on_pysyncobjs_own_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PySyncObj compares its election deadline with its own clock
+    (``pysyncobj.monotonic``: CLOCK_MONOTONIC_RAW), which drifts from
+    ``time.monotonic()`` with uptime (NTP slews only the latter; 0.26 s after 3 h
+    on the CI VM kind). A deadline set on the wrong clock fired that much late.
+    The raft clock is moved 1,000 s away here, so the wrong one cannot pass."""
+    import pysyncobj.syncobj
+    from pysyncobj.monotonic import monotonic as pysyncobj_clock
+
+    assert pysyncobj.syncobj.monotonicTime is pysyncobj_clock  # what PySyncObj compares with
+    assert transport.raft_clock is pysyncobj_clock  # and what the transport sets it on
+    monkeypatch.setattr(transport, "raft_clock", lambda: 1_000_000.0)
+    leader, me, other = _Node("127.0.0.1:7002"), _Node("127.0.0.1:7001"), _Node("127.0.0.1:7003")
+    sync = _Sync(leader, [leader, other], deadline=2_000_000.0)
+    t = transport.LeaseTransport.__new__(transport.LeaseTransport)
+    t._syncObj = sync
+    t._selfNode = me
+    t.guard = _Guard()  # type: ignore[assignment]
+    woken: list[float] = []
+    t._wake_at = woken.append  # type: ignore[method-assign]
+    t._leader_gone(leader)
+    delay = sync._SyncObj__raftElectionDeadline - 1_000_000.0
+    assert 0.3 + EARLY_FIRST * 0.4 <= delay <= 0.3 + (EARLY_FIRST + EARLY_JITTER) * 0.4  # rank 0
+    assert woken == [pytest.approx(delay)]
+    assert t.guard.early_elections == 1
 
 
 @pytest.mark.integration

@@ -12,12 +12,12 @@ import inspect
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pysyncobj import FAIL_REASON
+from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.tcp_server import SERVER_STATE
 from pysyncobj.transport import TCPTransport
@@ -54,19 +54,35 @@ REMOVAL_NOTICE_REPEAT = 1.0
 REJECTING_WARN_AFTER = 5.0
 
 
-#: An election brought forward (``LeaseTransport._leader_gone``) waits this share of
-#: the vote promise past its end, drawn uniformly: spread so that the two followers of
-#: a 3-node cluster rarely run at the same moment and split the vote, and at least a
-#: little, so that a follower that heard the last heartbeat a moment later has ended
-#: its own promise too when the first vote request comes.
-EARLY_SPREAD = (1 / 16, 1 / 4)
+#: An election brought forward (``LeaseTransport._leader_gone``) waits, past the end of
+#: the vote promise, ``EARLY_FIRST`` of the promise plus one ``EARLY_SLOT`` per rank
+#: (the follower's place, by node id, among the members other than the gone leader)
+#: plus up to ``EARLY_JITTER``, all shares of the promise. The first slot is late
+#: enough that a follower that heard the last heartbeat a moment later has ended its
+#: own promise too when the first vote request comes; the slots are far enough apart
+#: (100 ms with the defaults) that the next follower runs only if the one before could
+#: not win, so two followers do not split the vote by running at the same moment (with
+#: one random spread for all, two that ran within a few ms of each other did, and the
+#: retry cost a full random election timeout); the jitter covers members whose views
+#: of the membership differ for a moment.
+EARLY_FIRST = 1 / 16
+EARLY_SLOT = 1 / 4
+EARLY_JITTER = 1 / 32
 
 
-def early_election_delay(promise_left: float, promise: float) -> float:
-    """Seconds from now to an election brought forward: the promise's rest, then a
-    random share of ``EARLY_SPREAD`` of the promise. Never less than ``promise_left``."""
-    low, high = EARLY_SPREAD
-    return promise_left + random.uniform(low * promise, high * promise)
+def early_election_delay(promise_left: float, promise: float, rank: int = 0) -> float:
+    """Seconds from now to an election brought forward by the follower of ``rank``
+    (0 runs first): the promise's rest, then its slot. Never less than
+    ``promise_left`` plus ``EARLY_FIRST`` of the promise."""
+    slot = EARLY_FIRST + max(0, rank) * EARLY_SLOT + random.uniform(0.0, EARLY_JITTER)
+    return promise_left + slot * promise
+
+
+def election_rank(me: str, members: list[str], gone: str) -> int:
+    """``me``'s place, by node id, among ``members`` (this node included or not)
+    other than the gone leader ``gone``: the order in which the survivors bring
+    their elections forward. The same on every survivor that sees the same members."""
+    return sorted({m for m in members if m != gone} | {me}).index(me)
 
 
 class LeaseTransport(TCPTransport):  # type: ignore[misc]
@@ -572,7 +588,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
 
     def _leader_gone(self, node: Any) -> None:
         """A follower whose connection to its leader closed runs for election when its
-        vote promise ends, plus a random spread (``early_election_delay``), instead of
+        vote promise ends, plus its rank's slot (``early_election_delay``), instead of
         at its full random election timeout from the last heartbeat (0.7 s on average
         by default). A leader that dies (SIGKILL, crash) has its sockets closed by its
         kernel at once, so this is most failovers. Never before the promise ends: the
@@ -584,17 +600,25 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         leader = sync._getLeader()
         if leader is None or str(leader.id) != str(node.id) or sync._isLeader():
             return
-        delay = early_election_delay(self.guard.promise_left(), self.guard.promise)
-        deadline = time.monotonic() + delay  # PySyncObj's clock (monotonicTime)
+        rank = election_rank(
+            str(self._selfNode.id), [str(n.id) for n in sync.otherNodes], str(node.id)
+        )
+        delay = early_election_delay(self.guard.promise_left(), self.guard.promise, rank)
+        # On PySyncObj's own clock: it compares the deadline with CLOCK_MONOTONIC_RAW,
+        # not time.monotonic(). NTP slews CLOCK_MONOTONIC only, so the two drift apart
+        # with uptime (0.26 s after 3 h on the CI VM kind), and a deadline on the wrong
+        # one fired that much late (or was not taken at all, for looking later).
+        deadline = raft_clock() + delay
         if deadline < sync._SyncObj__raftElectionDeadline:
             sync._SyncObj__raftElectionDeadline = deadline
             self.guard.early_elections += 1
             self._wake_at(delay)
             log.info(
                 "connection to leader %s closed: running for election in %.3f s (the "
-                "vote promise's end plus a spread)",
+                "vote promise's end plus the slot of rank %d)",
                 node.id,
                 delay,
+                rank,
             )
 
     def _drop_unproven(self) -> None:
