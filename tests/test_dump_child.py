@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -82,6 +83,39 @@ def test_a_child_that_keeps_them_keeps_the_port_accepting() -> None:
     # The control: without the call the child's copy keeps the listener open, so
     # the test above shows the call, not the kernel, closes it.
     assert with_busy_child(lambda: None) is False
+
+
+def test_the_standard_streams_stay_even_when_they_are_sockets() -> None:
+    """stderr a socket (systemd's journal stream): closing it would give its number
+    to the dump file the child opens next, and a stray write to stderr would land
+    in the dump."""
+    here, there = socket.socketpair()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.dup2(here.fileno(), 2)
+            close_inherited_sockets()
+            kept = stat.S_ISSOCK(os.fstat(2).st_mode)
+            gone = True
+            try:
+                os.fstat(here.fileno())
+                gone = False
+            except OSError:
+                pass
+            os.write(w, b"%d%d" % (kept, gone))
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        answer = os.read(r, 2)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+        here.close()
+        there.close()
+    assert answer == b"11", "stderr kept and the other socket closed, in the child"
 
 
 class SlowState:

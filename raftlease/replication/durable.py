@@ -179,7 +179,10 @@ def close_inherited_sockets() -> None:
     writes a large dump (seconds with 100,000 leases), the child's copies would keep
     its connections open and its ports accepting: followers would not see the
     leader's connections close (no early election), and clients would wait for an
-    answer instead of being refused. Linux (/proc/self/fd); elsewhere nothing."""
+    answer instead of being refused. The standard streams stay, even when they are
+    sockets (systemd's journal): closed, the dump file opened next would take their
+    number, and a stray write to stderr would land in the dump. Linux
+    (/proc/self/fd); elsewhere nothing."""
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:
@@ -187,7 +190,7 @@ def close_inherited_sockets() -> None:
     for name in names:
         try:
             fd = int(name)
-            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+            if fd > 2 and stat.S_ISSOCK(os.fstat(fd).st_mode):
                 os.close(fd)
         except (OSError, ValueError):
             pass  # the listing's own descriptor, gone by now
