@@ -165,9 +165,12 @@ def _scale_entry(requested: int, sustained: int, p99: float, stopped: str | None
     }
 
 
-def _memory(leases: int, peak: float) -> dict[str, Any]:
+def _memory(leases: int, peak: float, settled: float | None = None) -> dict[str, Any]:
     rss = {"n1": peak - 1, "n2": peak, "n3": peak - 2}
-    return {"leases_requested": leases, "rss_loaded_mib": rss, "rss_idle_mib": rss}
+    out: dict[str, Any] = {"leases_requested": leases, "rss_loaded_mib": rss, "rss_idle_mib": rss}
+    if settled is not None:
+        out["rss_settled_mib"] = {"n1": settled - 2, "n2": settled, "n3": settled - 1}
+    return out
 
 
 def _result(
@@ -197,8 +200,18 @@ def test_scale_target_judges_both_halves() -> None:
     assert met is not None and met["met"] is True and met["issue"] == 16
     assert met["figure"] == (
         "agents: 20,000 of 20,000 sustained, hold p99 60 ms, 0 session(s) lost; "
-        "RSS: max 95 MiB per node with 100,000 leases (memory phase)"
+        "RSS: max 95 MiB per node with 100,000 leases (memory phase, 1 s after the load; "
+        "not settled)"
     )
+    # Settled (after the load's log compaction) is what is judged when the run has it.
+    steady = _row(_result(_scale_entry(20_000, 20_000, 60.0, None), _memory(100_000, 138.0, 97.0)))
+    assert steady is not None and steady["met"] is True
+    assert steady["figure"].endswith(
+        "RSS: max 97 MiB per node settled with 100,000 leases (138 MiB 1 s after the load, "
+        "before its log compaction; memory phase)"
+    )
+    heavy = _row(_result(_scale_entry(20_000, 20_000, 60.0, None), _memory(100_000, 98.0, 101.0)))
+    assert heavy is not None and heavy["met"] is False
     # Either half failing fails the row.
     rss = _row(_result(_scale_entry(20_000, 20_000, 60.0, None), _memory(100_000, 141.0)))
     assert rss is not None and rss["met"] is False
@@ -223,7 +236,7 @@ def test_scale_target_is_not_applicable_below_full_size() -> None:
     assert quick is not None and quick["met"] is None
     assert (
         "(300 requested: n/a)" in quick["figure"]
-        and "5,000 leases (memory phase) (n/a)" in (quick["figure"])
+        and "5,000 leases (memory phase, 1 s after the load; not settled) (n/a)" in quick["figure"]
     )
     # A half that is judged and fails is enough for "not met".
     half = _row(_result(_scale_entry(300, 300, 20.0, None), _memory(100_000, 141.0)))

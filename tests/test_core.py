@@ -124,7 +124,7 @@ def held_by(store: LeaseStore, key: str) -> str | None:
 
 def held(store: LeaseStore, key: str) -> LeaseRecord:
     """The one lease on ``key`` (a plain lock)."""
-    (lease,) = store.holders[key].values()
+    (lease,) = store.holders_of(key)
     return lease
 
 
@@ -969,7 +969,7 @@ def test_revoke_one_lease_of_a_shared_key_by_lease_id_or_token() -> None:
         tokens[lid] = ok(store.apply(entry))["token"]
     assert ok(store.apply(revoke(11, lid="B")))["tokens"] == [tokens["B"]]
     assert ok(store.apply(revoke(12, seq=2, token=tokens["C"])))["tokens"] == [tokens["C"]]
-    assert set(store.holders["k"]) == {"A"}
+    assert [lease.lease_id for lease in store.holders_of("k")] == ["A"]
     assert ok(store.apply(revoke(13, seq=3)))["tokens"] == [tokens["A"]]
     assert "k" not in store.holders and "k" not in store.capacity
 

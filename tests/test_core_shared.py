@@ -727,19 +727,25 @@ def check_invariants(s: LeaseStore, caps: dict[str, int]) -> None:
     # The lease index and the per-key holder index agree.
     for lid, lease in s.leases.items():
         assert lease.lease_id == lid
-        assert s.holders.get(lease.key, {}).get(lid) is lease, lid
-    assert sum(len(h) for h in s.holders.values()) == len(s.leases)
+        assert any(held is lease for held in s.holders_of(lease.key)), lid
+    assert sum(len(s.holders_of(key)) for key in s.holders) == len(s.leases)
+    # A lone holder is kept bare (no dict of its own), two or more in a dict.
+    for key, held in s.holders.items():
+        assert isinstance(held, LeaseRecord) or len(held) >= 2, (key, held)
 
     # Units: sum over live holders == used <= capacity (the key's fixed capacity), and
-    # capacity/used are tracked exactly for keys with holders or waiters.
+    # capacity/used are tracked exactly for keys of capacity > 1 with holders or
+    # waiters (capacity 1 is the default, kept by no entry).
     tracked = set(s.holders) | set(s.queues)
-    assert set(s.capacity) == tracked and set(s.used) == tracked
+    shared = {key for key in tracked if caps[key] != 1}
+    assert set(s.capacity) == shared and set(s.used) == shared
     for key in tracked:
-        assert s.capacity[key] == caps[key], (key, s.capacity[key])
-        units = sum(lease.units for lease in s.holders.get(key, {}).values())
-        assert units == s.used[key] <= s.capacity[key], (key, units, s.used[key])
+        assert s.capacity_of(key) == caps[key], (key, s.capacity_of(key))
+        assert s.known_capacity(key) == caps[key], key
+        units = sum(lease.units for lease in s.holders_of(key))
+        assert units == s.units_used(key) <= s.capacity_of(key), (key, units, s.units_used(key))
         # holders are in grant order, so their tokens increase
-        tokens = [lease.token for lease in s.holders.get(key, {}).values()]
+        tokens = [lease.token for lease in s.holders_of(key)]
         assert tokens == sorted(set(tokens)), (key, tokens)
 
     # Tokens are unique store-wide and were issued by this store.
@@ -768,7 +774,7 @@ def check_invariants(s: LeaseStore, caps: dict[str, int]) -> None:
     for key, queue in s.queues.items():
         assert queue, f"empty queue kept for {key!r}"
         head = queue[0]
-        assert s.used[key] + head.units > s.capacity[key], (key, head, s.used[key])
+        assert s.units_used(key) + head.units > s.capacity_of(key), (key, head)
         ranks = [w.rank() for w in queue]
         assert ranks == sorted(ranks)
         for waiter in queue:
@@ -882,7 +888,7 @@ class Workload:
         roll = rng.random()
         # Capacities stay fixed per key: a wrong one only while a holder outlives
         # this entry's time step, so it is refused (CAPACITY_MISMATCH).
-        in_use = any(x.expires_at > now for x in s.holders.get(key, {}).values())
+        in_use = any(x.expires_at > now for x in s.holders_of(key))
         if roll < 0.03 and in_use and not in_batch:
             entry["capacity"] = rng.choice([c for c in (1, 2, 3, 8) if c != cap])
             entry["units"] = 1

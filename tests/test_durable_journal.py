@@ -116,3 +116,43 @@ def test_a_whole_journal_is_left_alone(tmp_path: Path) -> None:
     assert trim_torn_tail(path) == 0
     assert path.read_bytes() == before
     assert trim_torn_tail(tmp_path / "missing") == 0
+
+
+def mapped_rss_kib(path: Path) -> int:
+    """Resident KiB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and not fields[0].endswith(":"):
+            inside = len(fields) > 5 and fields[5] == str(path)
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux /proc only")
+@pytest.mark.parametrize("mode", ["fsync", "none"])
+def test_a_compaction_hands_the_dead_pages_back(tmp_path: Path, mode: str) -> None:
+    """After a compaction the pages of dead records leave the node's RSS (they were
+    19 MiB of it after 100,000 leases), and the journal still loads the same."""
+    j = journal(tmp_path, mode)
+    path = (tmp_path / "raft.journal").resolve()
+    record = b"\x01" + b"r" * 1000
+    for i in range(1, 8001):
+        j.add(record + str(i).encode(), i, 1)
+    j.sync()
+    before = mapped_rss_kib(path)
+    assert before > 6_000, before  # ~8 MB of records written through the map
+    j.deleteEntriesTo(7990)  # PySyncObj's compaction: the last 10 records move up
+    j.sync_if_dirty()
+    after = mapped_rss_kib(path)
+    assert after < 200, (before, after)
+    # Nothing the loader reads changed, and appending past the released pages works.
+    j.add(record + b"next", 8001, 2)
+    j.sync_if_dirty()
+    j._destroy()
+    kept = entries(path)
+    assert [(idx, term) for _, idx, term in kept] == [(i, 1) for i in range(7991, 8001)] + [
+        (8001, 2)
+    ]
+    assert kept[0][0] == record + b"7991" and kept[-1][0] == record + b"next"

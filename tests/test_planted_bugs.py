@@ -333,7 +333,7 @@ def test_store_answers_a_retry_from_the_dedup_table(build: str) -> None:
     base |= {"cid": "c1", "seq": 1, "ack": 1, "term": 1}
     first = store.apply({**base, "lid": "a" * 32, "now": 1000})
     retry = store.apply({**base, "lid": "b" * 32, "now": 1001})
-    held = len(store.holders.get("k", []))
+    held = len(store.holders_of("k"))
     violations = retry_applied_twice(first, retry, held)
     if build == "honest":
         assert violations == []

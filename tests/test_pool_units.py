@@ -124,7 +124,7 @@ KEYS = {"gpus": 5, "slots": 3}
 def check_units(store: LeaseStore) -> None:
     for key, capacity in KEYS.items():
         held: list[int] = []
-        for lease in store.holders.get(key, {}).values():
+        for lease in store.holders_of(key):
             assert len(lease.slots) == lease.units, lease
             held.extend(lease.slots)
         assert len(held) == len(set(held)), (key, held)  # disjoint
@@ -164,14 +164,12 @@ def test_indices_held_are_disjoint_within_capacity_and_survive_snapshots(
                 )
             )
         elif what == "release":
-            live = sorted(s.holders.get(key, {}))
+            live = sorted(lease.lease_id for lease in s.holders_of(key))
             if live:
                 s.apply(release(now, live[which % len(live)], key=key))
         elif what == "transfer":
             # Only leases still live at this entry's time (it expires the others first).
-            live = sorted(
-                lid for lid, lease in s.holders.get(key, {}).items() if lease.expires_at > now
-            )
+            live = sorted(lease.lease_id for lease in s.holders_of(key) if lease.expires_at > now)
             if live:
                 old = live[which % len(live)]
                 before = s.leases[old].slots

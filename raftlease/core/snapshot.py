@@ -92,7 +92,10 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         store.lease_sessions[sid] = LeaseSession(sid, owner, ttl_ms, expires_at, {}, {}, principal)
     store._session_deadlines = [(s.expires_at, sid) for sid, s in store.lease_sessions.items()]
     heapq.heapify(store._session_deadlines)
-    store.capacity = {key: cap for key, cap in data["capacity"]}
+    # Capacity 1 is the default, kept by no entry (layouts before this build and
+    # layout 2's upgrade list it).
+    store.capacity = {key: cap for key, cap in data["capacity"] if cap != 1}
+    store.used = {key: 0 for key in store.capacity}
     unindexed: list[LeaseRecord] = []
     for plain in data["leases"]:
         lease = LeaseRecord(*plain)
@@ -101,8 +104,7 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         else:
             unindexed.append(lease)
         store.leases[lease.lease_id] = lease
-        store.holders.setdefault(lease.key, {})[lease.lease_id] = lease
-        store.used[lease.key] = store.used.get(lease.key, 0) + lease.units
+        store._add_holder(lease)
         if lease.session:
             store.lease_sessions[lease.session].leases[lease.lease_id] = None
     # A snapshot from before unit indices: its pool leases get the lowest free ones,

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import sys
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -73,6 +74,12 @@ class LeaseStore(StoreState):
     an earlier one that does not (so a waiting writer is never starved by a stream of
     readers).
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: The TTL of the last grant, whose int ``_grant`` shares: a cache, not
+        #: state (never snapshotted; no answer depends on it).
+        self._last_ttl: int = 0
 
     # ------------------------------------------------------------------ apply
 
@@ -356,7 +363,7 @@ class LeaseStore(StoreState):
         lease_id: str = entry["lid"]
         capacity: int = entry.get("capacity", 1)
         units: int = entry.get("units", 1)
-        known = self.capacity.get(key)
+        known = self.known_capacity(key)
         if known is not None and known != capacity:
             return error(
                 "CAPACITY_MISMATCH",
@@ -397,10 +404,10 @@ class LeaseStore(StoreState):
         queue = self.queues.get(key)
         priority: int = entry.get("priority", 0)
         first = not queue or priority > queue[0].priority
-        if first and self.used.get(key, 0) + units <= capacity:
+        if first and self.units_used(key) + units <= capacity:
             # Nobody waits ahead of it (the queue is empty, or it outranks the head)
             # and the units fit: granted now.
-            self.capacity[key] = capacity
+            self._fix_capacity(key, capacity)
             lease = self._grant(key, lease_id, entry["owner"], ttl, units, value, sid, principal)
             return self._lease_result(lease)
         wait: int = entry.get("wait", 0)
@@ -425,7 +432,7 @@ class LeaseStore(StoreState):
                 f"{waiters_total} may be (max_waiters_total)",
                 quota=waiters_total,
             )
-        self.capacity[key] = capacity
+        self._fix_capacity(key, capacity)
         self.queue_order += 1
         waiter = Waiter(
             key=key,
@@ -460,9 +467,15 @@ class LeaseStore(StoreState):
             "now": self.now,
         }
 
+    def _fix_capacity(self, key: str, capacity: int) -> None:
+        """Record the capacity of a key about to get a holder or waiter: above 1
+        only (absent means 1), with its units in use from 0."""
+        if capacity != 1 and key not in self.capacity:
+            self.capacity[key] = capacity
+            self.used[key] = self.units_used(key)
+
     def _held_error(self, key: str, capacity: int, queue: list[Waiter] | None) -> Result:
-        holders = self.holders.get(key)
-        newest = next(reversed(holders.values())) if holders else None
+        newest = self.newest_holder(key)
         detail: dict[str, Any] = {"waiting": len(queue or ())}
         if newest is not None:
             detail.update(
@@ -471,8 +484,8 @@ class LeaseStore(StoreState):
                 remaining=(newest.expires_at - self.now) / 1000.0,
             )
         if capacity > 1:
-            detail.update(capacity=capacity, used=self.used.get(key, 0))
-            why = f"{self.used.get(key, 0)} of {capacity} units are taken"
+            detail.update(capacity=capacity, used=self.units_used(key))
+            why = f"{self.units_used(key)} of {capacity} units are taken"
             if queue:
                 why += f" and {len(queue)} acquire(s) wait ahead"
             return error("LEASE_HELD", f"{key!r}: {why}", **detail)
@@ -500,6 +513,17 @@ class LeaseStore(StoreState):
         session = self.lease_sessions.get(sid) if sid else None
         if session is not None:
             ttl = session.ttl_ms  # a queued acquire's TTL is its session's, as of now
+        # Memory, not meaning: one string per distinct owner and principal rather
+        # than one per lease (an agent holds many; about 60 B a copy), and the TTL's
+        # int shared with the last grant's when equal (one TTL per workload, mostly).
+        if type(owner) is str:
+            owner = sys.intern(owner)
+        if principal and type(principal) is str:
+            principal = sys.intern(principal)
+        if ttl == self._last_ttl:
+            ttl = self._last_ttl
+        else:
+            self._last_ttl = ttl
         lease = LeaseRecord(
             key=key,
             lease_id=lease_id,
@@ -515,8 +539,7 @@ class LeaseStore(StoreState):
             slots=slots,
         )
         self.leases[lease_id] = lease
-        self.holders.setdefault(key, {})[lease_id] = lease
-        self.used[key] = self.used.get(key, 0) + units
+        self._add_holder(lease)
         if session is not None:
             session.leases[lease_id] = None
         heapq.heappush(self._deadlines, (lease.expires_at, lease_id))
@@ -530,11 +553,7 @@ class LeaseStore(StoreState):
         key = lease.key
         del self.leases[lease.lease_id]
         self._count(self.held_by, lease.principal, -1)
-        holders = self.holders[key]
-        del holders[lease.lease_id]
-        if not holders:
-            del self.holders[key]
-        self.used[key] -= lease.units
+        self._remove_holder(lease)
         if lease.session:
             session = self.lease_sessions.get(lease.session)
             if session is not None:
@@ -549,7 +568,7 @@ class LeaseStore(StoreState):
         the head of the queue while they fit, in this entry. Then forget the key's
         capacity if nothing holds or waits on it."""
         queue = self.queues.get(key)
-        capacity = self.capacity.get(key, 1)
+        capacity = self.capacity_of(key)
         while queue:
             waiter = queue[0]
             session = self.lease_sessions.get(waiter.session) if waiter.session else None
@@ -562,7 +581,7 @@ class LeaseStore(StoreState):
                 # ``_advance``: never grant it.
                 self._dequeue(waiter, "deadline", grant_next=False)
                 continue
-            if self.used.get(key, 0) + waiter.units > capacity:
+            if self.units_used(key) + waiter.units > capacity:
                 break
             queue.pop(0)
             del self.waiting[waiter.lease_id]
@@ -627,11 +646,10 @@ class LeaseStore(StoreState):
             if lease.principal != entry.get("principal", ""):
                 return _not_yours("lease", key)
             return lease
-        holders = self.holders.get(key)
-        if not holders:
+        newest = self.newest_holder(key)
+        if newest is None:
             return error("LEASE_NOT_FOUND", f"no live lease on {key!r} (expired or released)")
-        newest = next(reversed(holders.values()))
-        if self.capacity.get(key, 1) > 1:
+        if self.capacity_of(key) > 1:
             return error(
                 "LEASE_NOT_FOUND",
                 f"the lease is not among the holders of {key!r} (expired or released)",
@@ -717,7 +735,7 @@ class LeaseStore(StoreState):
         Attached leases leave their session, which lives on. Not bound to the lease's
         principal: the node lets only ``admin`` principals send it."""
         key: str = entry["key"]
-        holders = list(self.holders.get(key, {}).values())
+        holders = self.holders_of(key)
         if "lid" in entry:
             holders = [lease for lease in holders if lease.lease_id == entry["lid"]]
         elif "token" in entry:

@@ -375,6 +375,7 @@ class DurableJournal:
         self.sync_dump()
         self._inner.clear()
         self._touch(FIRST_RECORD_OFFSET, True)
+        self.release_tail()
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:
         self._inner.deleteEntriesFrom(entryFrom)
@@ -385,6 +386,31 @@ class DurableJournal:
         self.sync_dump()
         self._inner.deleteEntriesTo(entryTo)
         self._touch(FIRST_RECORD_OFFSET, True)
+        self.release_tail()
+
+    def release_tail(self) -> int:
+        """Unmap the journal's pages past the last record from this process (return
+        how many bytes that covered); called after a rewrite to the start.
+
+        PySyncObj's file only grows (doubling), and its map keeps every page it ever
+        wrote resident: after the load of 100,000 leases and a compaction, about
+        19 MiB of dead records counted in the node's RSS. ``MADV_DONTNEED`` on a
+        shared file mapping drops only this process's mapping of those pages: they
+        stay in the page cache (dirty ones are still written back), a later read
+        sees the file's bytes and a later write faults the page back in, so nothing
+        the loader or a sync sees changes. Best effort: where madvise is missing or
+        refuses, nothing happens."""
+        mapping = self._file._ResizableFile__mm
+        page = mmap.PAGESIZE
+        start = -(-self._offset() // page) * page
+        size = len(mapping) - start
+        if size <= 0 or not hasattr(mapping, "madvise"):
+            return 0
+        try:
+            mapping.madvise(mmap.MADV_DONTNEED, start, size)
+        except (OSError, ValueError):
+            return 0
+        return size
 
     def __getitem__(self, item: Any) -> Any:
         return self._inner[item]
