@@ -132,8 +132,9 @@ dedup.py ClientTable.admit `ack > record.acked` > -> >=
 records.py ClientRecord `acked: int = 1` 1 -> 0
     The default is used only by ClientTable.admit for a new client id, admitted only
     with ack 1 (a higher ack is SESSION_EXPIRED), which sets acked to 1 at once.
-state.py StoreState.holder `self.capacity.get(key, 1)` 1 -> *
-    Read only for a key with live leases, and a held key has a capacity entry.
+state.py StoreState._add_holder `self.used.get(key, 0)` 0 -> *
+    Reached only for a key with a capacity entry, and every key with one has a used
+    entry (``_fix_capacity`` and the snapshot restore set both).
 store.py LeaseStore._advance `if now > self.now:` > -> >=
     When the stamp equals log time the assignment writes the same value.
 store.py LeaseStore._advance `len(deadlines) > 64` > -> >=
@@ -148,22 +149,10 @@ store.py LeaseStore._advance `len(deadlines) > 4 * len` > -> >=
     Rebuilds the expiry heap sooner, as above.
 store.py LeaseStore._advance `4 * len(self.leases)` 4 -> 3
     Rebuilds the expiry heap sooner, as above.
-store.py LeaseStore._acquire `self.used.get(key, 0)` 0 -> -1
-    used is absent only for a key nobody holds or waits on, where units <= capacity holds
-    (validated), so -1 + units <= capacity holds too.
 store.py LeaseStore._acquire `entry.get("wait", 0)` 0 -> -1
     An absent 'wait' is then -1 instead of 0: both are <= 0, no waiting.
-store.py LeaseStore._held_error `used=self.used.get(key, 0)` 0 -> *
-    An acquire is refused only when its units do not fit (units are in use) or the key
-    has a queue (so it is held): used is always present.
 store.py LeaseStore._grant `units: int = 1` 1 -> *
     Every caller of _grant passes units.
-store.py LeaseStore._grant_next `self.capacity.get(key, 1)` 1 -> *
-    Used only while the key has a queue, and a key with a queue has a capacity entry.
-store.py LeaseStore._grant_next `self.used.get(key, 0)` 0 -> *
-    Read only while the key has a queue, and a key with a queue has a used entry.
-store.py LeaseStore._owned `self.capacity.get(key, 1)` 1 -> *
-    Reached only when the key has live holders, so it has a capacity entry.
 """
 
 

@@ -48,7 +48,7 @@ def to_plain(store: StoreState) -> dict[str, Any]:
         "ceiling": store.ceiling,
         "applied": store.applied,
         "expired_total": store.expired_total,
-        "capacity": [[key, cap] for key, cap in store.capacity.items()],
+        "capacity": _capacity_rows(store),
         "leases": [lease.to_plain() for lease in store.leases.values()],
         "lease_sessions": [s.to_plain() for s in store.lease_sessions.values()],
         "queue_order": store.queue_order,
@@ -57,6 +57,16 @@ def to_plain(store: StoreState) -> dict[str, Any]:
         "sessions": store.clients.to_plain(),
         "tasks": store.tasks.to_plain(),
     }
+
+
+def _capacity_rows(store: StoreState) -> list[list[Any]]:
+    """Every key with holders or waiters and its capacity, sorted by key: the rows of
+    capacity 1 too, though the store keeps no entry for them, because a build before
+    that reads a missing row as "no capacity fixed" (it would let a held lock be
+    shared: same layout, same meaning). Sorted, so a replica restored from a snapshot
+    writes the same bytes as the one that lived through the history."""
+    keys = set(store.holders).union(store.queues, store.capacity)
+    return [[key, store.capacity_of(key)] for key in sorted(keys)]
 
 
 def restore(store: StoreState, data: dict[str, Any]) -> None:
@@ -99,6 +109,11 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     unindexed: list[LeaseRecord] = []
     for plain in data["leases"]:
         lease = LeaseRecord(*plain)
+        # The objects a live grant would share (``StoreState.share``): a restored
+        # node holds its leases in as little memory as the one that granted them.
+        lease.owner = store.share(lease.owner)
+        lease.principal = store.share(lease.principal)
+        lease.ttl_ms = store.share(lease.ttl_ms)
         if len(plain) > 11:
             lease.slots = tuple(plain[11])
         else:

@@ -3,11 +3,17 @@ read and a stale read all answer from). Mutations live in ``store.LeaseStore``."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from .dedup import ClientTable
 from .queue import TaskQueues
 from .records import MAX_INDEXED_CAPACITY, LeaseRecord, LeaseSession, Result, Waiter
+
+T = TypeVar("T", str, int)
+
+#: ``StoreState.share`` forgets its objects when it holds this many (the leases keep
+#: theirs): bounded memory whatever the number of distinct owners.
+SHARED_MAX = 4096
 
 
 class StoreState:
@@ -70,6 +76,10 @@ class StoreState:
         self.events: list[dict[str, Any]] = []
         #: Leased task queues (core/queue.py).
         self.tasks = TaskQueues()
+        #: Memory, not state (never snapshotted; no answer depends on it): one object
+        #: per distinct owner, principal and TTL among recent grants, shared by their
+        #: leases (``share``).
+        self._shared: dict[str | int, str | int] = {}
 
     def _count(self, table: dict[str, int], principal: str, delta: int) -> None:
         if principal:
@@ -89,6 +99,19 @@ class StoreState:
     def sessions(self) -> ClientTable:
         """Deprecated name of ``clients`` (the dedup table, not lease sessions)."""
         return self.clients
+
+    def share(self, value: T) -> T:
+        """``value``, or an equal object an earlier lease already holds: an agent's
+        leases then share one copy of its name (about 60 B a lease) and a workload's
+        one TTL one int. Not ``sys.intern``: interned strings are immortal on CPython
+        3.12, and owner names come from clients. Called by the apply thread only."""
+        found = self._shared.get(value)
+        if found is not None and type(found) is type(value):
+            return found
+        if len(self._shared) >= SHARED_MAX:
+            self._shared.clear()
+        self._shared[value] = value
+        return value
 
     # ------------------------------------------------------------------ holders
 

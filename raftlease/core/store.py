@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import sys
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -74,12 +73,6 @@ class LeaseStore(StoreState):
     an earlier one that does not (so a waiting writer is never starved by a stream of
     readers).
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        #: The TTL of the last grant, whose int ``_grant`` shares: a cache, not
-        #: state (never snapshotted; no answer depends on it).
-        self._last_ttl: int = 0
 
     # ------------------------------------------------------------------ apply
 
@@ -513,29 +506,18 @@ class LeaseStore(StoreState):
         session = self.lease_sessions.get(sid) if sid else None
         if session is not None:
             ttl = session.ttl_ms  # a queued acquire's TTL is its session's, as of now
-        # Memory, not meaning: one string per distinct owner and principal rather
-        # than one per lease (an agent holds many; about 60 B a copy), and the TTL's
-        # int shared with the last grant's when equal (one TTL per workload, mostly).
-        if type(owner) is str:
-            owner = sys.intern(owner)
-        if principal and type(principal) is str:
-            principal = sys.intern(principal)
-        if ttl == self._last_ttl:
-            ttl = self._last_ttl
-        else:
-            self._last_ttl = ttl
         lease = LeaseRecord(
             key=key,
             lease_id=lease_id,
-            owner=owner,
+            owner=self.share(owner),
             token=self.revision,
-            ttl_ms=ttl,
+            ttl_ms=self.share(ttl),
             granted_at=self.now,
             expires_at=self.now + ttl if session is None else session.expires_at,
             units=units,
             value=value,
             session=sid if session is not None else "",
-            principal=principal,
+            principal=self.share(principal),
             slots=slots,
         )
         self.leases[lease_id] = lease
