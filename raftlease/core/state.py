@@ -127,7 +127,9 @@ class StoreState:
         return list(held.values())
 
     def newest_holder(self, key: str) -> LeaseRecord | None:
-        """The most recent grant among the live leases on ``key`` (None: no holder)."""
+        """The most recent grant among the live leases on ``key`` (None: no holder).
+        Apply thread only: ``reversed`` walks a shared key's dict, which ``apply`` may
+        change under another thread (use ``holders_of`` there)."""
         held = self.holders.get(key)
         if held is None or isinstance(held, LeaseRecord):
             return held
