@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgpack
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
 
 from .._version import __version__
 from ..clock import Clock, SystemClock
@@ -39,6 +39,7 @@ from ..errors import (
     UnavailableError,
 )
 from .durable import SyncRecorder
+from .group_send import GroupSendSyncObj
 from .identity import PeerIdentity, read_public_key
 from .journal import repair_journal, trim_torn_tail
 from .leadership import LeaseGuard
@@ -306,7 +307,10 @@ class Replica:
                 "identity": identity,
             },
         )
-        self._sync = SyncObj(me.raft, peers, conf, consumers=[self._consumer], transportClass=bound)
+        # One append_entries per follower per tick, not per command (group_send.py).
+        self._sync = GroupSendSyncObj(
+            me.raft, peers, conf, consumers=[self._consumer], transportClass=bound
+        )
         self._sync.addOnTickCallback(self._on_tick)
         seal, accepted = self._peer_cipher().key_ids
         log.info("peer secrets: sealing with key id %s; accepting %s", seal, ", ".join(accepted))

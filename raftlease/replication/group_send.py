@@ -1,0 +1,69 @@
+"""One ``append_entries`` per follower per tick, however many commands the tick
+appended (issue 16: concurrent acquires and releases).
+
+PySyncObj has two modes, and neither fits:
+
+* ``appendEntriesUseBatch=True`` sends new entries only at the next heartbeat
+  (``appendEntriesPeriod``), and a command put from another thread does not wake the
+  tick thread (its pipe notifier exists only without batching): every write waits
+  for a heartbeat (PYSYNCOBJ.md, trap 8).
+* ``appendEntriesUseBatch=False`` (ours) wakes the tick thread for each command and,
+  in ``_checkCommandsToApply``, calls ``__sendAppendEntries`` after *each* command it
+  appends. With K commands queued, every follower gets K messages, each carrying one
+  entry, each pickled, sealed (peers.py) and sent, each answered, and each answer
+  costs the follower a journal sync first (durable.py): K of everything where one
+  would do.
+
+``GroupSendSyncObj`` keeps the second mode and its wake-ups, and turns the
+per-command send into one send at the end of the tick's ``_checkCommandsToApply``:
+while that method runs on the tick thread the configuration says "batch" (so it only
+appends), and afterwards one ``__sendAppendEntries`` carries everything it appended to
+every follower. The send still comes before the tick's journal sync (an on-tick
+callback, run after this method), so the leader's sync still overlaps the followers'
+round trip.
+
+What it changes is only how entries are grouped into messages: the entries, their
+order, their terms, the commit rule and what a follower checks are PySyncObj's, and
+nothing here reads or changes the state machine.
+
+The flag flip is seen by the client threads too: ``_applyCommand`` puts a command
+and then notifies the tick thread only when the flag says "no batch". A command put
+while the flag says "batch" may miss its wake-up; so after restoring the flag the
+tick thread wakes itself if the queue is not empty. Under the GIL either the command
+was in the queue by then (seen, woken) or its put came after the restore (it
+notifies itself).
+
+A subclass, not a wrapper set on the object: PySyncObj writes every attribute added
+to a ``SyncObj`` after its constructor into the dump (``__properies``), and a
+function there would break log compaction.
+
+Threads: the override runs on PySyncObj's tick thread only.
+"""
+
+from __future__ import annotations
+
+from pysyncobj import SyncObj
+from pysyncobj.syncobj import _RAFT_STATE
+
+
+class GroupSendSyncObj(SyncObj):  # type: ignore[misc]
+    """``SyncObj`` sending the commands a tick appends in one ``append_entries`` per
+    follower (module docstring). Needs ``appendEntriesUseBatch=False``."""
+
+    def _checkCommandsToApply(self) -> None:
+        conf = self._SyncObj__conf
+        before = self._SyncObj__getCurrentLogIndex()
+        conf.appendEntriesUseBatch = True
+        try:
+            super()._checkCommandsToApply()
+        finally:
+            conf.appendEntriesUseBatch = False
+        if (
+            self._SyncObj__raftState == _RAFT_STATE.LEADER
+            and self._SyncObj__getCurrentLogIndex() != before
+        ):
+            self._SyncObj__sendAppendEntries()
+        # FastQueue has no empty(); its deque is read in one step under the GIL.
+        notifier = getattr(self, "_SyncObj__pipeNotifier", None)  # absent without pipes
+        if notifier is not None and self._SyncObj__commandsQueue._FastQueue__queue:
+            notifier.notify()
