@@ -1,6 +1,7 @@
 """``GroupSendSyncObj`` (replication/group_send.py): the commands one tick appends go
-to each follower in one ``append_entries``, not one message per command, and every
-entry still arrives, in order, on every node.
+to each follower in one ``append_entries``, not one message per command; the commit
+index is not broadcast on its own; and every entry still arrives, in order, on every
+node.
 
 Three PySyncObj objects on 127.0.0.1 with ``autoTick=False``: the test runs every
 tick itself, so "one tick" is exact and nothing depends on timing. The same run with
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj.syncobj import monotonicTime
 from pysyncobj.transport import TCPTransport
 
 from raftlease.replication.group_send import GroupSendSyncObj
@@ -114,6 +116,23 @@ def test_one_tick_sends_one_append_per_follower(cluster: tuple[list[Any], list[L
         assert len(sent) == COMMANDS * len(followers), sent
     assert not chief._SyncObj__conf.appendEntriesUseBatch  # restored after the tick
 
+    # The commit: PySyncObj tells the followers at once (an append_entries of no
+    # entries right after the leader applies); ours leaves it to the next append or
+    # heartbeat. Count the leader's sends that were neither (no heartbeat due).
+    broadcasts = []
+    send_all = chief._SyncObj__sendAppendEntries
+
+    def counting_send_all() -> None:
+        if monotonicTime() <= chief._SyncObj__newAppendEntriesTime:
+            broadcasts.append(chief.raftCommitIndex)
+        send_all()
+
+    chief._SyncObj__sendAppendEntries = counting_send_all
+    tick_all(nodes, lambda: chief.raftLastApplied >= index + COMMANDS, "the leader applied")
+    if isinstance(chief, GroupSendSyncObj):
+        assert broadcasts == []
+    else:
+        assert broadcasts, "PySyncObj broadcast the commit index"
     tick_all(nodes, lambda: all(len(log.items) == COMMANDS for log in logs), "all applied")
     assert all(log.items == list(range(COMMANDS)) for log in logs)
 

@@ -1,5 +1,6 @@
 """One ``append_entries`` per follower per tick, however many commands the tick
-appended (issue 16: concurrent acquires and releases).
+appended, and no message only to say the commit index moved (issue 16: server CPU
+and throughput of acquires and releases).
 
 PySyncObj has two modes, and neither fits:
 
@@ -21,6 +22,19 @@ appends), and afterwards one ``__sendAppendEntries`` carries everything it appen
 every follower. The send still comes before the tick's journal sync (an on-tick
 callback, run after this method), so the leader's sync still overlaps the followers'
 round trip.
+
+It also drops PySyncObj's commit broadcast: without batching, a leader that has just
+applied entries sends every follower an ``append_entries`` of no entries at once,
+only to carry the new commit index, and each follower answers it. That was half
+the peer messages of a lone acquire (eight on the leader: the append, the
+broadcast, and their answers). The commit index now travels with the next append
+or heartbeat (``heartbeat_interval``, 50 ms by default), which every
+``append_entries`` carries anyway. Nothing waits for a follower to apply: the
+leader commits on the followers' answers to the append, and answers and lease
+reads come from the leader. What changes is how soon a follower's own state
+catches up: within one heartbeat under no load (a ``stale`` read on a follower
+may be that much older; a follower that becomes leader applies everything
+committed before it serves, as before).
 
 What it changes is only how entries are grouped into messages: the entries, their
 order, their terms, the commit rule and what a follower checks are PySyncObj's, and
@@ -67,3 +81,9 @@ class GroupSendSyncObj(SyncObj):  # type: ignore[misc]
         notifier = getattr(self, "_SyncObj__pipeNotifier", None)  # absent without pipes
         if notifier is not None and self._SyncObj__commandsQueue._FastQueue__queue:
             notifier.notify()
+
+    def _SyncObj__applyLogEntries(self) -> bool:
+        # PySyncObj's "send now" answer, which without batching is always yes after
+        # an apply: no. The next append or heartbeat carries the commit index.
+        super()._SyncObj__applyLogEntries()
+        return False
