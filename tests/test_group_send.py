@@ -138,18 +138,20 @@ def test_one_tick_sends_one_append_per_follower(cluster: tuple[list[Any], list[L
 
 
 def test_the_batch_flag_is_restored_when_the_tick_raises(
-    cluster: tuple[list[Any], list[Log]], monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    nodes, _ = cluster
-    node = nodes[0]
-    if not isinstance(node, GroupSendSyncObj):
-        pytest.skip("the override only")
+    addr = f"127.0.0.1:{free_port_block(1)}"
+    conf = SyncObjConf(autoTick=False, appendEntriesUseBatch=False, bindAddress=addr)
+    node = GroupSendSyncObj(addr, [], conf, consumers=[Log()])
 
     def boom(self: Any) -> None:
         assert self._SyncObj__conf.appendEntriesUseBatch is True  # set while it runs
         raise RuntimeError("boom")
 
     monkeypatch.setattr(SyncObj, "_checkCommandsToApply", boom)
-    with pytest.raises(RuntimeError, match="boom"):
-        node._checkCommandsToApply()
-    assert node._SyncObj__conf.appendEntriesUseBatch is False
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            node._checkCommandsToApply()
+        assert node._SyncObj__conf.appendEntriesUseBatch is False
+    finally:
+        node.destroy()
