@@ -7,7 +7,7 @@ PySyncObj has two modes, and neither fits:
 * ``appendEntriesUseBatch=True`` sends new entries only at the next heartbeat
   (``appendEntriesPeriod``), and a command put from another thread does not wake the
   tick thread (its pipe notifier exists only without batching): every write waits
-  for a heartbeat (PYSYNCOBJ.md, trap 8).
+  for a heartbeat (docs/pysyncobj.md, trap 8).
 * ``appendEntriesUseBatch=False`` (ours) wakes the tick thread for each command and,
   in ``_checkCommandsToApply``, calls ``__sendAppendEntries`` after *each* command it
   appends. With K commands queued, every follower gets K messages, each carrying one
