@@ -36,7 +36,7 @@ import logging
 import os
 import pickle
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,13 +235,17 @@ class Membership:
 
     # ------------------------------------------------------------ tick thread
 
-    def refresh(self, other_nodes: Iterable[Any], index: int) -> bool:
+    def refresh(self, other_nodes: Iterable[Any], index: int | Callable[[], int]) -> bool:
         """Tick thread: take PySyncObj's peer set; if it changed, remember it and
-        write it to disk. Returns True if it changed."""
+        write it to disk. Returns True if it changed. ``index`` is the log index the
+        saved set is recorded at, or a function giving it: called only when the set is
+        saved (reading the log's last entry on every tick cost more than the check)."""
         nodes = tuple(other_nodes)
         ids = frozenset(map(id, nodes))
         if ids == self._seen_ids and self._saved:
             return False  # the objects of the last tick: nothing to rebuild
+        if callable(index):
+            index = index()
         self._seen, self._seen_ids = nodes, ids
         members = [node_address(n, self._known) for n in nodes]
         current = tuple(

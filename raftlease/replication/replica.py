@@ -642,7 +642,9 @@ class Replica:
                 call()
             except Exception:
                 log.exception("tick-thread call failed")
-        self.membership.refresh(self._sync.otherNodes, self.last_log_index())
+        # PySyncObj's own set, not the copy ``otherNodes`` makes: refresh copies it
+        # itself, and the set changes only on this thread.
+        self.membership.refresh(self._sync._SyncObj__otherNodes, self.last_log_index)
 
     def lease_valid(self) -> bool:
         """True while this node is leader and holds a valid leader lease, so it may
