@@ -82,12 +82,14 @@ class Proposer:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
+        # A timer on the future itself, not asyncio.wait_for (which adds a second
+        # future and two callbacks per request). Cancelling the awaiting task cancels
+        # ``future``; its result, if it comes later, is dropped (``_settle``).
+        timer = loop.call_later(self.request_timeout, _expire, future, self.request_timeout)
         try:
-            return await asyncio.wait_for(future, self.request_timeout)
-        except TimeoutError:
-            raise TimeoutError_(
-                f"no commit within {self.request_timeout} s; the outcome is unknown"
-            ) from None
+            return await future
+        finally:
+            timer.cancel()
 
     def _flush(self) -> None:
         """Event loop: propose what accumulated, stamped with log time and term."""
@@ -207,6 +209,12 @@ def split_batches(
     if current:
         chunks.append(current)
     return chunks
+
+
+def _expire(future: asyncio.Future[Result], timeout: float) -> None:
+    """Event loop: ``propose``'s deadline passed before the entry's outcome came."""
+    if not future.done():
+        future.set_exception(TimeoutError_(f"no commit within {timeout} s; the outcome is unknown"))
 
 
 def _settle(
