@@ -230,7 +230,7 @@ def test_internals_the_durable_journal_relies_on_are_unchanged() -> None:
 
 
 def test_internals_the_peer_checks_rely_on_are_unchanged() -> None:
-    """``replication.peers.BoundedTcpConnection`` mirrors PySyncObj's read path and
+    """``replication.peers.BoundedTcpConnection`` mirrors PySyncObj's read and send paths and
     ``LeaseTransport`` wraps its first-frame handling (docs/pysyncobj.md)."""
     import inspect
 
@@ -246,7 +246,14 @@ def test_internals_the_peer_checks_rely_on_are_unchanged() -> None:
         "data = self.encryptor.decrypt(data)",
         "message = pickle.loads(zlib.decompress(data))",
         "randKey, message = message",
+        # BoundedTcpConnection.send mirrors PySyncObj's send (only the framing of
+        # small messages differs, peers.zlib_frame)
+        "def send(self, message):",
         "message = (self.sendRandKey, message)",
+        "data = zlib.compress(pickle.dumps(message), 3)",
+        "data = struct.pack('i', len(data)) + data",
+        "self.__writeBuffer += data",
+        "self.__trySendBuffer()",
     ):
         assert fragment in conn, f"pysyncobj changed: {fragment!r}"
     tr = inspect.getsource(transport.TCPTransport)
@@ -266,3 +273,35 @@ def test_internals_the_peer_checks_rely_on_are_unchanged() -> None:
     assert "dataTimestamp = self.encryptor.extract_timestamp(data)" in conn
     assert "conn.encryptor = self._syncObj.encryptor" in tr
     assert "return self.__encryptor" in inspect.getsource(SyncObj)
+
+
+def test_every_private_name_we_reach_into_still_exists() -> None:
+    """Every ``_Class__name`` of PySyncObj's that raftlease's code touches is still an
+    attribute or method of that class's source (an upgrade that renames one would
+    otherwise surface as an AttributeError on the tick thread, or, for an attribute we
+    assign, as a silently ignored new attribute)."""
+    import inspect
+    import re
+
+    from pysyncobj import fast_queue, journal, serializer, tcp_connection, tcp_server
+
+    classes: dict[str, Any] = {
+        "SyncObj": SyncObj,
+        "TcpConnection": tcp_connection.TcpConnection,
+        "TcpServer": tcp_server.TcpServer,
+        "FastQueue": fast_queue.FastQueue,
+        "FileJournal": journal.FileJournal,
+        "ResizableFile": journal.ResizableFile,
+        "Serializer": serializer.Serializer,
+    }
+    package = Path(__file__).resolve().parent.parent / "raftlease"
+    used: set[tuple[str, str]] = set()
+    for path in package.rglob("*.py"):
+        used.update(re.findall(r"\b_([A-Z][A-Za-z]*)__([a-zA-Z]\w*)", path.read_text()))
+    assert ("SyncObj", "otherNodes") in used  # the scan sees what it must
+    for owner, name in sorted(used):
+        assert owner in classes, f"raftlease reaches into an unchecked class: _{owner}__{name}"
+        source = inspect.getsource(classes[owner])
+        assert f"self.__{name}" in source or f"def __{name}(" in source, (
+            f"pysyncobj changed: {owner}.__{name} is gone"
+        )
