@@ -573,7 +573,10 @@ class NodeServer(TaskWaits):
                     await asyncio.gather(*tasks, return_exceptions=True)
                     writer.write(encode_frame(error_response(None, broken)))
                     break
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (OSError, asyncio.IncompleteReadError):
+            # OSError: a reset, and TLS errors (ssl.SSLError), e.g. a client's data
+            # after the close_notify of a connection the node is closing (an auth
+            # reload): the connection is over either way.
             pass
         finally:
             for task in list(polls):
