@@ -1,7 +1,8 @@
 """One TCP connection to a node with many requests in flight (matched by request
 id), and the client id + sequence numbers that make retries idempotent.
 
-Event-loop only: create and use these from the client's asyncio loop.
+``Connection``: event-loop only (create and use it from the client's asyncio loop);
+``RequestSequencer``: any thread.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import heapq
 import itertools
 import secrets
 import ssl
+import threading
 from typing import Any
 
 from ..errors import ConnectionLostError, RaftLeaseError, TimeoutError_, from_wire
@@ -159,25 +161,34 @@ class RequestSequencer:
     """The client id and request numbers that make retries idempotent (Raft
     dissertation §6.3; the cluster's dedup table keys on them): a random id, a sequence
     number per mutating request, and the requests still awaiting an answer (every seq
-    below the smallest of them is acknowledged to the cluster)."""
+    below the smallest of them is acknowledged to the cluster).
+
+    Threads: any (the blocking client's direct lane numbers requests on the calling
+    thread while the event loop numbers the rest); each method holds a lock for a few
+    set and heap operations, never while waiting."""
 
     def __init__(self) -> None:
         self.cid = secrets.token_hex(16)
         self._seq = itertools.count(1)
         self._outstanding: set[int] = set()
         self._heap: list[int] = []  # outstanding seqs, ended ones removed lazily
+        self._lock = threading.Lock()
 
     def begin(self) -> int:
-        seq = next(self._seq)
-        self._outstanding.add(seq)
-        heapq.heappush(self._heap, seq)
-        return seq
+        with self._lock:
+            seq = next(self._seq)
+            self._outstanding.add(seq)
+            heapq.heappush(self._heap, seq)
+            return seq
 
     def end(self, seq: int) -> None:
-        self._outstanding.discard(seq)
+        """Idempotent: ending a seq twice is harmless."""
+        with self._lock:
+            self._outstanding.discard(seq)
 
     def ack(self) -> int:
-        heap = self._heap
-        while heap[0] not in self._outstanding:
-            heapq.heappop(heap)
-        return heap[0]
+        with self._lock:
+            heap = self._heap
+            while heap[0] not in self._outstanding:
+                heapq.heappop(heap)
+            return heap[0]

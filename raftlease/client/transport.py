@@ -18,6 +18,7 @@ import random
 import ssl
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import (
@@ -44,6 +45,31 @@ DEFAULT_ATTEMPT_TIMEOUT = 3.0
 #: 0.58 s median with 0.1 here). A try of a leaderless cluster costs each node one
 #: short NOT_LEADER / UNAVAILABLE answer.
 MAX_BACKOFF = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one try of a request on ``target`` ended: ``unsent`` (no connection, so
+    nothing can have applied), ``lost`` (connection lost or no answer in time: maybe
+    applied) or the node's ``response``."""
+
+    target: str
+    response: dict[str, Any] = field(default_factory=dict)
+    unsent: ConnectionLostError | None = None
+    lost: RaftLeaseError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """A call whose first try was made outside ``Transport.call`` (client/direct.py):
+    its deadline (``time.monotonic`` seconds), client id and sequence number, and
+    that try's outcome."""
+
+    deadline: float
+    ids: RequestSequencer | None
+    seq: int
+    target: str
+    outcome: Outcome
 
 
 class Transport:
@@ -75,6 +101,16 @@ class Transport:
         self._conns: dict[str, Connection] = {}
         self._connect_lock = asyncio.Lock()
         self._rotation = itertools.cycle(self.endpoints)
+
+    @property
+    def tls(self) -> ssl.SSLContext | None:
+        """The TLS context of every connection (None: plain TCP)."""
+        return self._tls
+
+    @property
+    def token(self) -> str | None:
+        """The bearer token each new connection authenticates with (None: none)."""
+        return self._token
 
     async def connection(self, addr: str, timeout: float) -> Connection:
         """The open connection to ``addr`` (made if needed). Raises
@@ -115,21 +151,42 @@ class Transport:
         for conn in conns.values():
             await conn.close()
 
-    async def call(
-        self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None = None
-    ) -> dict[str, Any]:
-        """Send one request, retrying until the deadline. Returns the result map."""
-        deadline = time.monotonic() + (self.deadline if timeout is None else timeout)
-        # Refuse a request the server would reject as an oversized frame (it would
-        # close the connection every pipelined request shares) before sending it.
+    def check_size(self, op: str, args: dict[str, Any]) -> None:
+        """Refuse a request the server would reject as an oversized frame (it would
+        close the connection every pipelined request shares) before sending it.
+        Raises ``InvalidArgumentError``."""
         if sum(len(v) for v in args.values() if isinstance(v, str)) > 4096:
             size = len(encode_frame({"op": op, **args}))
             if size > DEFAULT_MAX_FRAME:
                 raise InvalidArgumentError(
                     f"request of {size} bytes exceeds the frame limit of {DEFAULT_MAX_FRAME}"
                 )
-        ids = self.sequencer if mutating else None  # the client id and seq it retries under
-        seq = ids.begin() if ids is not None else 0
+
+    async def call(
+        self,
+        op: str,
+        args: dict[str, Any],
+        *,
+        mutating: bool,
+        timeout: float | None = None,
+        resume: Resume | None = None,
+    ) -> dict[str, Any]:
+        """Send one request, retrying until the deadline. Returns the result map.
+
+        ``resume``: the call's first attempt was made elsewhere (the blocking client's
+        direct lane, client/direct.py) under ``resume.ids``/``resume.seq`` until
+        ``resume.deadline``; this continues from its outcome, under the same client id
+        and sequence number, so a retry is deduplicated as any other."""
+        outcome: Outcome | None = None
+        if resume is None:
+            deadline = time.monotonic() + (self.deadline if timeout is None else timeout)
+            self.check_size(op, args)
+            ids = self.sequencer if mutating else None  # the client id and seq it retries under
+            seq = ids.begin() if ids is not None else 0
+            target = self.target
+        else:
+            deadline, ids, seq = resume.deadline, resume.ids, resume.seq
+            target, outcome = resume.target, resume.outcome
         backoff = 0.02
         last: RaftLeaseError | None = None
         maybe_applied = False
@@ -137,68 +194,64 @@ class Transport:
         # attempt's plain timeout would hide it).
         leader_changed = False
         try:
-            while (remaining := deadline - time.monotonic()) > 0:
-                target = self.target
-                message: dict[str, Any] = {"op": op, **args}
-                if ids is not None:
-                    message.update(cid=ids.cid, seq=seq, ack=ids.ack())
-                attempt = min(remaining, self.attempt_timeout)
-                try:
-                    conn = await self.connection(target, attempt)
-                except ConnectionLostError as exc:  # never sent: nothing can have applied
-                    last = exc
+            while True:
+                if outcome is None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    outcome = await self._attempt(op, args, ids, seq, remaining)
+                    target = outcome.target
+                got, outcome = outcome, None
+                if got.unsent is not None:  # never sent: nothing can have applied
+                    last = got.unsent
+                    self.target = self.next_endpoint()
+                elif got.lost is not None:
+                    # The request may have reached the node: outcome unknown.
+                    maybe_applied = True
+                    last = got.lost
                     self.target = self.next_endpoint()
                 else:
-                    try:
-                        response = await conn.request(message, attempt)
-                    except (ConnectionLostError, TimeoutError_) as exc:
-                        # The request may have reached the node: outcome unknown.
-                        maybe_applied = True
-                        last = exc
-                        self.target = self.next_endpoint()
-                    else:
-                        if response.get("ok"):
-                            result: dict[str, Any] = response.get("result") or {}
-                            return result
-                        last = from_wire(
-                            str(response.get("code")),
-                            str(response.get("message")),
-                            response.get("detail"),
-                        )
-                        leader_changed = leader_changed or isinstance(last, LeaderChangedError)
-                        if isinstance(last, NotLeaderError) and last.leader not in (None, target):
-                            if str(last.leader) in self.endpoints:
-                                self.target = str(last.leader)
-                                continue  # redirect at once
-                            # A leader we were not told about: a forged or stale hint
-                            # (the lease we would get there could be anyone's). Go on
-                            # through our own endpoints instead.
-                            self._note_unknown_leader(str(last.leader))
-                            if len(self.endpoints) == 1:
-                                raise NotLeaderError(
-                                    f"{target} is not the leader and names {last.leader}, "
-                                    "which is not among this client's endpoints (a "
-                                    "redirect is followed only to a listed endpoint: list "
-                                    "every member's client address)",
-                                    {"leader": last.leader},
-                                )
-                        if isinstance(last, ClientExpiredError) and ids is not None:
-                            # Our client id was evicted while idle: nothing of this
-                            # request can have applied (applying refreshes the id's
-                            # record). Continue under a fresh client id.
-                            ids.end(seq)
-                            ids = self._renew_ids(ids)
-                            seq = ids.begin()
-                            continue
-                        if last.definite and not isinstance(
-                            last, NotLeaderError | UnavailableError
-                        ):
-                            raise last
-                        # Not the leader, unavailable, or indefinite (commit timeout,
-                        # leader change: maybe a deposed leader that cannot commit):
-                        # retry, deduplicated by the client id and seq, on the next endpoint.
-                        maybe_applied = maybe_applied or not last.definite
-                        self.target = self.next_endpoint()
+                    response = got.response
+                    if response.get("ok"):
+                        result: dict[str, Any] = response.get("result") or {}
+                        return result
+                    last = from_wire(
+                        str(response.get("code")),
+                        str(response.get("message")),
+                        response.get("detail"),
+                    )
+                    leader_changed = leader_changed or isinstance(last, LeaderChangedError)
+                    if isinstance(last, NotLeaderError) and last.leader not in (None, target):
+                        if str(last.leader) in self.endpoints:
+                            self.target = str(last.leader)
+                            continue  # redirect at once
+                        # A leader we were not told about: a forged or stale hint
+                        # (the lease we would get there could be anyone's). Go on
+                        # through our own endpoints instead.
+                        self._note_unknown_leader(str(last.leader))
+                        if len(self.endpoints) == 1:
+                            raise NotLeaderError(
+                                f"{target} is not the leader and names {last.leader}, "
+                                "which is not among this client's endpoints (a "
+                                "redirect is followed only to a listed endpoint: list "
+                                "every member's client address)",
+                                {"leader": last.leader},
+                            )
+                    if isinstance(last, ClientExpiredError) and ids is not None:
+                        # Our client id was evicted while idle: nothing of this
+                        # request can have applied (applying refreshes the id's
+                        # record). Continue under a fresh client id.
+                        ids.end(seq)
+                        ids = self._renew_ids(ids)
+                        seq = ids.begin()
+                        continue
+                    if last.definite and not isinstance(last, NotLeaderError | UnavailableError):
+                        raise last
+                    # Not the leader, unavailable, or indefinite (commit timeout,
+                    # leader change: maybe a deposed leader that cannot commit):
+                    # retry, deduplicated by the client id and seq, on the next endpoint.
+                    maybe_applied = maybe_applied or not last.definite
+                    self.target = self.next_endpoint()
                 await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
                 # Capped low: while a leader is being elected the next try should come
                 # soon after it is (failover time is election + this backoff).
@@ -210,6 +263,29 @@ class Transport:
             cls: type[RaftLeaseError] = LeaderChangedError if leader_changed else TimeoutError_
             raise cls(f"{op} did not complete before its deadline; outcome unknown (last: {last})")
         raise UnavailableError(f"{op} failed before its deadline: {last}")
+
+    async def _attempt(
+        self,
+        op: str,
+        args: dict[str, Any],
+        ids: RequestSequencer | None,
+        seq: int,
+        remaining: float,
+    ) -> Outcome:
+        """One try of a request on the current target."""
+        target = self.target
+        message: dict[str, Any] = {"op": op, **args}
+        if ids is not None:
+            message.update(cid=ids.cid, seq=seq, ack=ids.ack())
+        attempt = min(remaining, self.attempt_timeout)
+        try:
+            conn = await self.connection(target, attempt)
+        except ConnectionLostError as exc:
+            return Outcome(target, unsent=exc)
+        try:
+            return Outcome(target, response=await conn.request(message, attempt))
+        except (ConnectionLostError, TimeoutError_) as exc:
+            return Outcome(target, lost=exc)
 
     def _renew_ids(self, expired: RequestSequencer) -> RequestSequencer:
         if self.sequencer is expired:
