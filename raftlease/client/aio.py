@@ -46,6 +46,7 @@ from ..recipes.election import AsyncElection
 from ..recipes.locks import AsyncHeldLock
 from ..recipes.sessions import AsyncSession
 from ..recipes.shared import SharedKeyLocks
+from . import direct
 from .aio_queue import AsyncQueue
 from .transport import DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE, Transport
 
@@ -172,7 +173,12 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None = None
     ) -> dict[str, Any]:
         """Send one request, retrying until the deadline. Returns the result map.
-        Low level: the methods below are built on it."""
+        Low level: the methods below are built on it. Inside a blocking ``Client``
+        call that took its direct lane (client/direct.py) the first try is made on the
+        calling thread and this awaits nothing."""
+        lane = direct.active(self)
+        if lane is not None:
+            return lane.call(op, args, mutating=mutating, timeout=timeout)
         return await self.transport.call(op, args, mutating=mutating, timeout=timeout)
 
     def _lease(

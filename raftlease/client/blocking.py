@@ -18,6 +18,7 @@ from ..recipes.locks import HeldLock
 from ..recipes.sessions import Session
 from ..recipes.shared import SharedKeyLocks
 from .aio import AsyncClient
+from .direct import DirectLane, run_inline
 from .queue import Queue
 
 T = TypeVar("T")
@@ -83,14 +84,38 @@ class Client(SharedKeyLocks[HeldLock]):
     their deadline; they may be made from many threads at once.
     """
 
-    def __init__(self, endpoints: Sequence[str] | str, **options: Any) -> None:
-        """``options``: those of ``AsyncClient`` (deadline, attempt_timeout, ...)."""
+    def __init__(
+        self, endpoints: Sequence[str] | str, *, direct: bool = True, **options: Any
+    ) -> None:
+        """``options``: those of ``AsyncClient`` (deadline, attempt_timeout, ...).
+        ``direct``: make the first try of renew, release, read, holder, fence and
+        acquire without ``wait`` on the calling thread (client/direct.py: a second
+        connection to the leader, no hop to the loop thread); False: every call
+        goes through the loop thread."""
         self._portal = LoopPortal()
 
         async def make() -> AsyncClient:
             return AsyncClient(endpoints, **options)
 
         self._async = self._portal.run(make())
+        self._lane = DirectLane(self._async.transport, self._portal.run) if direct else None
+
+    def _direct(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Run the coroutine ``make()`` (one whose only await is ``AsyncClient.call``)
+        with its first try on this thread when the lane is free, else as ``_run``."""
+        lane = self._lane
+        portal = self._portal
+        if (
+            lane is None
+            or portal.closed
+            or threading.current_thread() is portal.thread
+            or not lane.take()
+        ):
+            return self._run(make())
+        try:
+            return run_inline(self._async, lane, make())
+        finally:
+            lane.give()
 
     @property
     def aio(self) -> AsyncClient:
@@ -126,6 +151,8 @@ class Client(SharedKeyLocks[HeldLock]):
             return
         self._run(self._async.close())
         self._portal.close()
+        if self._lane is not None:
+            self._lane.close()
 
     def acquire(
         self,
@@ -141,8 +168,8 @@ class Client(SharedKeyLocks[HeldLock]):
         session: Attachable | None = None,
         timeout: float | None = None,
     ) -> Lease:
-        return self._run(
-            self._async.acquire(
+        def make() -> Coroutine[Any, Any, Lease]:
+            return self._async.acquire(
                 key,
                 owner=owner,
                 ttl=ttl,
@@ -154,7 +181,9 @@ class Client(SharedKeyLocks[HeldLock]):
                 session=session,
                 timeout=timeout,
             )
-        )
+
+        # A waiting acquire long-polls on the loop (AsyncClient._await_grant).
+        return self._run(make()) if wait > 0 else self._direct(make)
 
     def proclaim(self, lease: Lease, value: str, *, timeout: float | None = None) -> Lease:
         return self._run(self._async.proclaim(lease, value, timeout=timeout))
@@ -172,7 +201,9 @@ class Client(SharedKeyLocks[HeldLock]):
         consistency: str = "linearizable",
         timeout: float | None = None,
     ) -> bool:
-        return self._run(self._async.fence(key, token, consistency=consistency, timeout=timeout))
+        return self._direct(
+            lambda: self._async.fence(key, token, consistency=consistency, timeout=timeout)
+        )
 
     def lock(self, key: str, **options: Any) -> HeldLock:
         """``with client.lock(key, owner=..., ttl=..., wait=...) as held:`` acquires,
@@ -204,20 +235,22 @@ class Client(SharedKeyLocks[HeldLock]):
     def renew(
         self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
     ) -> Lease:
-        return self._run(self._async.renew(lease, ttl=ttl, timeout=timeout))
+        return self._direct(lambda: self._async.renew(lease, ttl=ttl, timeout=timeout))
 
     def release(self, lease: Lease, *, timeout: float | None = None) -> None:
-        self._run(self._async.release(lease, timeout=timeout))
+        self._direct(lambda: self._async.release(lease, timeout=timeout))
 
     def read(
         self, key: str, *, consistency: str = "linearizable", timeout: float | None = None
     ) -> Read:
-        return self._run(self._async.read(key, consistency=consistency, timeout=timeout))
+        return self._direct(lambda: self._async.read(key, consistency=consistency, timeout=timeout))
 
     def holder(
         self, key: str, *, consistency: str = "linearizable", timeout: float | None = None
     ) -> Holder | None:
-        return self._run(self._async.holder(key, consistency=consistency, timeout=timeout))
+        return self._direct(
+            lambda: self._async.holder(key, consistency=consistency, timeout=timeout)
+        )
 
     def leases(
         self,

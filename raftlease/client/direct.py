@@ -1,0 +1,222 @@
+"""The blocking client's direct lane: a call's first try made on the calling thread.
+
+A blocking ``Client`` call normally hops to the client's event-loop thread and back
+(``LoopPortal``): measured here, the two hops cost more client CPU than the request
+itself (about 120 of the 270 µs a 1-thread renew spent in the client process, and a
+wake-up of each thread on the way). The lane is one blocking socket to the node the
+transport targets. A call that gets it (one calling thread at a time; the others take
+the portal as before) sends its request and reads the answer on its own thread. Only a
+plain success ends there: anything else (an error answer, a redirect, a lost
+connection, no answer in time) is handed to ``Transport.call`` on the event loop with
+the try's outcome, its client id, sequence number and deadline (``transport.Resume``),
+which goes on exactly as if it had made that try itself. So retries, redirects,
+deduplication and every error stay in one place (transport.py).
+
+The lane runs ``AsyncClient`` coroutines inline on the calling thread
+(``run_inline``): while a lane is active on a thread (``active``) ``AsyncClient.call``
+returns the lane's answer without awaiting anything, so the coroutine finishes in
+one step. Only methods whose coroutines await nothing but ``call`` take this path
+(``Client._direct``).
+
+Threads: ``DirectLane`` is used by one calling thread at a time (``take``/``give``);
+its socket is never touched by the event loop. Blocking: a try blocks the calling
+thread up to the call's attempt timeout (``Transport.attempt_timeout``, capped by
+its deadline). Not cancellable, like every blocking ``Client`` call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from ..errors import ConnectionLostError, InternalError, RaftLeaseError, TimeoutError_, from_wire
+from ..protocol import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
+from .transport import Outcome, Resume, Transport
+
+T = TypeVar("T")
+
+_ACTIVE = threading.local()
+
+
+def active(client: object) -> DirectLane | None:
+    """The lane a call of ``client`` on this thread must use, or None (the loop)."""
+    if getattr(_ACTIVE, "client", None) is client:
+        lane: DirectLane | None = _ACTIVE.lane
+        return lane
+    return None
+
+
+def run_inline(client: object, lane: DirectLane, coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` (a coroutine of ``client`` that awaits only its ``call``) to its
+    end on this thread with ``lane`` active. Raises what it raises;
+    ``InternalError`` if it awaited anything else (a bug: it is closed then)."""
+    _ACTIVE.client, _ACTIVE.lane = client, lane
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    finally:
+        _ACTIVE.client = _ACTIVE.lane = None
+    coro.close()
+    raise InternalError("a direct-lane call awaited the event loop")
+
+
+class DirectLane:
+    """One blocking connection for first tries made on a calling thread (module doc).
+
+    ``resume`` continues a call on the event loop from a try's outcome (the blocking
+    client's portal running ``Transport.call``)."""
+
+    def __init__(
+        self, transport: Transport, resume: Callable[[Coroutine[Any, Any, Any]], Any]
+    ) -> None:
+        self._transport = transport
+        self._tls = transport.tls
+        self._token = transport.token
+        self._resume = resume
+        self._busy = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._addr = ""
+        self._decoder = FrameDecoder(DEFAULT_MAX_FRAME * 16)
+        self._ids = itertools.count(1)
+
+    def take(self) -> bool:
+        """Claim the lane for this thread without waiting; False if another has it."""
+        return self._busy.acquire(blocking=False)
+
+    def give(self) -> None:
+        self._busy.release()
+
+    def close(self) -> None:
+        """Close the socket (any thread; with the lane taken, or once the client is
+        closed and no call can take it)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def call(
+        self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None
+    ) -> dict[str, Any]:
+        """``Transport.call``, its first try made here (calling thread, lane taken).
+        Raises what ``Transport.call`` raises."""
+        transport = self._transport
+        deadline = time.monotonic() + (transport.deadline if timeout is None else timeout)
+        transport.check_size(op, args)
+        ids = transport.sequencer if mutating else None
+        seq = ids.begin() if ids is not None else 0
+        try:
+            target = transport.target  # one read of a str the loop replaces whole
+            message: dict[str, Any] = {"op": op, **args}
+            if ids is not None:
+                message.update(cid=ids.cid, seq=seq, ack=ids.ack())
+            attempt = max(0.0, min(deadline - time.monotonic(), transport.attempt_timeout))
+            outcome = self._try(target, message, attempt)
+            if outcome.response.get("ok"):
+                result: dict[str, Any] = outcome.response.get("result") or {}
+                return result
+            resumed: dict[str, Any] = self._resume(
+                transport.call(
+                    op,
+                    args,
+                    mutating=mutating,
+                    resume=Resume(deadline, ids, seq, target, outcome),
+                )
+            )
+            return resumed
+        finally:
+            if ids is not None:
+                ids.end(seq)  # Transport.call ends it too on a resume: idempotent
+
+    def _try(self, target: str, message: dict[str, Any], timeout: float) -> Outcome:
+        try:
+            self._connect(target, timeout)
+        except ConnectionLostError as exc:
+            return Outcome(target, unsent=exc)
+        try:
+            return Outcome(target, response=self._request(message, timeout))
+        except (ConnectionLostError, TimeoutError_) as exc:
+            self.close()  # a late answer must not be read as the next request's
+            return Outcome(target, lost=exc)
+
+    def _connect(self, addr: str, timeout: float) -> None:
+        """A connection to ``addr``, authenticated when the client has a token.
+        Raises ``ConnectionLostError`` if it cannot connect (nothing sent), or the
+        node's refusal of the token (as ``Connection.open``)."""
+        if self._sock is not None and self._addr == addr:
+            return
+        self.close()
+        host, _, port = addr.rpartition(":")
+        host = host.strip("[]")
+        try:
+            sock = socket.create_connection((host, int(port)), timeout=max(timeout, 0.001))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as asyncio does
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_hostname=host)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            raise ConnectionLostError(f"cannot connect to {addr}: {exc}") from None
+        self._sock, self._addr = sock, addr
+        self._decoder = FrameDecoder(DEFAULT_MAX_FRAME * 16)
+        if self._token is not None:
+            try:
+                answer = self._request({"op": "auth", "token": self._token}, timeout)
+            except TimeoutError_ as exc:
+                self.close()
+                raise ConnectionLostError(f"cannot connect to {addr}: {exc}") from None
+            except BaseException:
+                self.close()
+                raise
+            if not answer.get("ok"):
+                self.close()
+                raise from_wire(
+                    str(answer.get("code")), str(answer.get("message")), answer.get("detail")
+                )
+
+    def _request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send ``message`` and read frames until its answer. Raises
+        ``TimeoutError_`` (no answer within ``timeout``), ``ConnectionLostError``, or
+        the error the node closed the stream with (as ``Connection``)."""
+        sock = self._sock
+        assert sock is not None
+        rid = next(self._ids)
+        message["id"] = rid
+        ends = time.monotonic() + timeout
+        try:
+            sock.settimeout(max(timeout, 0.001))
+            sock.sendall(encode_frame(message))
+            while True:
+                data = sock.recv(1 << 16)
+                if not data:
+                    raise ConnectionLostError(f"connection to {self._addr} lost")
+                for frame in self._decoder.feed(data):
+                    if frame.get("id") == rid:
+                        return frame
+                    if frame.get("id") is None and not frame.get("ok", True):
+                        self.close()  # the node refused the stream itself and closes it
+                        raise from_wire(
+                            str(frame.get("code")),
+                            str(frame.get("message")),
+                            frame.get("detail"),
+                        )
+                    # else: an answer to nothing in flight here; not ours
+                sock.settimeout(max(ends - time.monotonic(), 0.001))
+        except TimeoutError:  # socket.timeout
+            raise TimeoutError_(f"no answer from {self._addr} within {timeout:.2f} s") from None
+        except RaftLeaseError as exc:
+            if isinstance(exc, ConnectionLostError | TimeoutError_):
+                raise
+            if self._sock is None:
+                raise  # the node's own refusal, connection closed above
+            self.close()  # a malformed frame from the node
+            raise ConnectionLostError(f"connection to {self._addr} lost: {exc}") from None
+        except OSError as exc:
+            raise ConnectionLostError(f"connection to {self._addr} lost: {exc}") from None
+        except BaseException:
+            self.close()  # interrupted mid-request: the stream's state is unknown
+            raise

@@ -1,0 +1,224 @@
+"""The blocking client's direct lane (client/direct.py): a call's first try made on
+the calling thread, anything but a plain success handed to the event loop's
+``Transport.call`` with that try's outcome.
+
+* Against scripted peers (tests/test_client_retry.py's ``ScriptedPeer``, run on a
+  loop thread of the test's own): when the lane's try fails (no answer, connection
+  closed, a redirect, a leadership change) the retry is the same request (client id
+  and seq), and ``valid_until`` is still counted from the lane's send.
+* Against a real cluster: the calls that take the lane make no hop to the loop thread
+  when they succeed; definite errors come back as such without a second send; a
+  redirect moves the lane to the leader; many threads at once (some on the lane, the
+  rest through the loop) all get right answers under distinct seqs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from raftlease.client import Client
+from raftlease.client.direct import DirectLane, run_inline
+from raftlease.errors import InternalError, LeaseHeldError, LeaseNotFoundError
+from raftlease.models import Lease
+from raftlease.testing import LocalCluster
+
+from .test_client_retry import (
+    ATTEMPT_TIMEOUT,
+    FIRST_FAILURES,
+    NOW_MS,
+    TTL,
+    Received,
+    ScriptedPeer,
+    _always_granted,
+    _first_attempt_fails,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+T = TypeVar("T")
+
+
+class PeerLoop:
+    """An event loop on a thread of its own for scripted peers (the blocking client
+    runs its own loop thread; the peers must not share it)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def peers() -> Iterator[PeerLoop]:
+    loop = PeerLoop()
+    try:
+        yield loop
+    finally:
+        loop.close()
+
+
+class HopCounter:
+    """Counts the blocking client's hops to its loop thread (``LoopPortal.run``)."""
+
+    def __init__(self, client: Client) -> None:
+        self.count = 0
+        portal = client.portal
+        original = portal.run
+
+        def counting(coro: Coroutine[Any, Any, Any]) -> Any:
+            self.count += 1
+            return original(coro)
+
+        portal.run = counting  # type: ignore[method-assign]
+        assert client._lane is not None
+        client._lane._resume = counting  # the lane's hand-over goes through the portal too
+
+
+@pytest.mark.parametrize("op", ["acquire", "renew"])
+@pytest.mark.parametrize("kind", FIRST_FAILURES)
+def test_a_failed_lane_try_is_retried_as_the_same_request(
+    peers: PeerLoop, kind: str, op: str
+) -> None:
+    other: list[str] = []
+    first = peers.run(ScriptedPeer(_first_attempt_fails(kind, other)).start())
+    second = peers.run(ScriptedPeer(_always_granted).start())
+    other.append(second.addr)
+    client = Client([first.addr, second.addr], deadline=20, attempt_timeout=ATTEMPT_TIMEOUT)
+    try:
+        hops = HopCounter(client)
+        before = time.monotonic()
+        if op == "renew":
+            held = Lease("k", "o", 7, TTL, "L1", valid_until=0.0, expires_at_ms=NOW_MS)
+            lease = client.renew(held)
+        else:
+            lease = client.acquire("k", owner="o", ttl=TTL)
+        assert hops.count == 1, "the failed try was not handed to the loop once"
+    finally:
+        client.close()
+        peers.run(first.close())
+        peers.run(second.close())
+    frames: list[Received] = sorted(first.ops(op) + second.ops(op), key=lambda r: r.at)
+    assert len(frames) >= 2, "the lane's try was not retried"
+    lane_try, retry = frames[0], frames[-1]
+    assert lane_try.peer == first.addr and lane_try.conn == 0  # the lane's connection
+    assert (retry.frame["cid"], retry.frame["seq"]) == (
+        lane_try.frame["cid"],
+        lane_try.frame["seq"],
+    )
+    if kind == "not_leader_redirect":
+        assert retry.peer == second.addr, "the redirect was not followed"
+    # Counted from the lane's send (between `before` and the peer receiving it).
+    low = client.aio.valid_until(before, TTL)
+    high = client.aio.valid_until(lane_try.at, TTL)
+    assert low <= lease.valid_until <= high
+
+
+def test_successful_calls_make_no_hop_and_errors_stay_definite(shared: LocalCluster) -> None:
+    with shared.client() as c, shared.client(direct=False) as plain:
+        c.acquire("direct/warm", owner="w", ttl=10.0)  # the lane finds the leader
+        hops = HopCounter(c)
+        lease = c.acquire("direct/a", owner="me", ttl=10.0)
+        renewed = c.renew(lease)
+        assert renewed.token == lease.token and renewed.valid_until >= lease.valid_until
+        mine, theirs = c.holder("direct/a"), plain.holder("direct/a")
+        assert mine is not None and theirs is not None
+        assert (mine.owner, mine.token) == (theirs.owner, theirs.token) == ("me", lease.token)
+        assert c.read("direct/a").holder is not None
+        assert c.fence("direct/a", lease.token) is True
+        assert hops.count == 0, "a successful call hopped to the loop thread"
+        with pytest.raises(LeaseHeldError) as held:
+            c.acquire("direct/a", owner="other", ttl=10.0)
+        assert held.value.definite
+        c.release(renewed)
+        with pytest.raises(LeaseNotFoundError):
+            c.renew(renewed)
+        assert plain.holder("direct/a") is None
+        # The errors were judged from the lane's answers: one hand-over each, and no
+        # second send (the peer's dedup would hide it; the hop count does not).
+        assert hops.count == 2
+
+
+def test_a_redirect_moves_the_lane_to_the_leader(cluster: LocalCluster) -> None:
+    leader = cluster.leader_id()
+    endpoints = sorted(cluster.endpoints, key=lambda e: e == cluster.node(leader).client)
+    with Client(endpoints, **cluster.client_options) as c:
+        hops = HopCounter(c)
+        lease = c.acquire("direct/redirect", owner="me", ttl=10.0)  # a follower first
+        assert hops.count == 1
+        c.renew(lease)
+        assert hops.count == 1, "the lane stayed on a follower"
+
+
+def test_many_threads_share_one_client(shared: LocalCluster) -> None:
+    errors: list[BaseException] = []
+    with shared.client() as c:
+        leases = [c.acquire(f"direct/t{i}", owner=f"o{i}", ttl=30.0) for i in range(8)]
+
+        def work(lease: Lease) -> None:
+            try:
+                for _ in range(60):
+                    lease = c.renew(lease)
+                    assert c.holder(lease.key) is not None
+                    assert c.fence(lease.key, lease.token)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(lease,)) for lease in leases]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        for lease in leases:
+            holder = c.holder(lease.key)
+            assert holder is not None and holder.token == lease.token
+        seq = c.aio.transport.sequencer
+        assert not seq._outstanding, "a request's seq was never ended"
+
+
+def test_a_coroutine_that_awaits_the_loop_is_refused() -> None:
+    class Suspends:
+        def __await__(self) -> Iterator[None]:
+            yield None  # what awaiting a loop's future does
+
+    async def awaits() -> None:
+        await Suspends()
+
+    lane: DirectLane = object.__new__(DirectLane)
+    with pytest.raises(InternalError, match="awaited the event loop"):
+        run_inline(object(), lane, awaits())
+
+
+def test_the_lane_is_only_active_inside_its_call() -> None:
+    from raftlease.client import direct
+
+    async def probe(client: object) -> object:
+        return direct.active(client)
+
+    lane: DirectLane = object.__new__(DirectLane)
+    owner = object()
+    assert run_inline(owner, lane, probe(owner)) is lane
+    assert direct.active(owner) is None  # reset after the call
+    got: list[object] = []
+
+    def other_thread() -> None:
+        got.append(run_inline(owner, lane, probe(object())))  # another client's call
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join(10)
+    assert got == [None]
