@@ -222,3 +222,30 @@ def test_the_lane_is_only_active_inside_its_call() -> None:
     t.start()
     t.join(10)
     assert got == [None]
+
+
+def test_a_connection_the_node_closed_while_idle_is_replaced_before_sending(
+    peers: PeerLoop,
+) -> None:
+    """A node closes idle connections (``idle_timeout``): the lane notices before it
+    sends, so the next call goes on a new connection as a plain first try (no
+    hand-over, nothing counted as maybe applied)."""
+    peer = peers.run(ScriptedPeer(_always_granted).start())
+    client = Client([peer.addr], deadline=10, attempt_timeout=ATTEMPT_TIMEOUT)
+    try:
+        held = Lease("k", "o", 7, TTL, "L1", valid_until=0.0, expires_at_ms=NOW_MS)
+        client.renew(held)
+
+        async def close_all() -> None:
+            for writer in peer._writers:
+                writer.close()
+                await writer.wait_closed()
+
+        peers.run(close_all())
+        hops = HopCounter(client)
+        client.renew(held)
+        assert hops.count == 0, "the closed connection was used for the try"
+    finally:
+        client.close()
+        peers.run(peer.close())
+    assert [r.conn for r in peer.ops("renew")] == [0, 1]

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -65,6 +67,19 @@ def run_inline(client: object, lane: DirectLane, coro: Coroutine[Any, Any, T]) -
         _ACTIVE.client = _ACTIVE.lane = None
     coro.close()
     raise InternalError("a direct-lane call awaited the event loop")
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether anything waits on a connection with nothing in flight. Only the node's
+    close (EOF, e.g. its ``idle_timeout``) or a refusal of the stream can: a late
+    answer never does, since a try given up on closes its connection. Either way the
+    connection must not carry the next request, or a write the node never read would
+    be handed over as maybe applied. ``poll``, not ``select``: any fd number."""
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return True
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class DirectLane:
@@ -149,7 +164,7 @@ class DirectLane:
         """A connection to ``addr``, authenticated when the client has a token.
         Raises ``ConnectionLostError`` if it cannot connect (nothing sent), or the
         node's refusal of the token (as ``Connection.open``)."""
-        if self._sock is not None and self._addr == addr:
+        if self._sock is not None and self._addr == addr and not _readable(self._sock):
             return
         self.close()
         host, _, port = addr.rpartition(":")
