@@ -24,19 +24,30 @@ import pytest
 
 from raftlease.client import Client
 from raftlease.client.direct import DirectLane, run_inline
-from raftlease.errors import InternalError, LeaseHeldError, LeaseNotFoundError
+from raftlease.errors import (
+    InternalError,
+    LeaseHeldError,
+    LeaseNotFoundError,
+    RaftLeaseError,
+    TimeoutError_,
+)
 from raftlease.models import Lease
+from raftlease.protocol import encode_frame
 from raftlease.testing import LocalCluster
+from raftlease.testing.cluster import wait_for
 
 from .test_client_retry import (
     ATTEMPT_TIMEOUT,
+    DROP,
     FIRST_FAILURES,
     NOW_MS,
     TTL,
+    Action,
     Received,
     ScriptedPeer,
     _always_granted,
     _first_attempt_fails,
+    lease_result,
 )
 
 pytestmark = pytest.mark.timeout(90)
@@ -249,3 +260,88 @@ def test_a_connection_the_node_closed_while_idle_is_replaced_before_sending(
         client.close()
         peers.run(peer.close())
     assert [r.conn for r in peer.ops("renew")] == [0, 1]
+
+
+async def _never_answers(got: Received, n: int) -> Action:
+    return DROP if got.frame.get("op") == "acquire" else lease_result(got.frame)
+
+
+def test_closing_the_client_wakes_a_lane_call_and_keeps_its_outcome_unknown(
+    peers: PeerLoop,
+) -> None:
+    """``Client.close`` from another thread while a call waits on the lane for an
+    answer that may never come: the call ends at once, not at its attempt timeout,
+    and says its outcome is unknown (the request was sent: it may have applied), not
+    "client is closed", which is definite ("not applied")."""
+    peer = peers.run(ScriptedPeer(_never_answers).start())
+    client = Client([peer.addr], deadline=60, attempt_timeout=30)
+    got: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            client.acquire("k", owner="o", ttl=TTL)
+            got.append(None)
+        except BaseException as exc:  # the test inspects it
+            got.append(exc)
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    try:
+        wait_for(lambda: peer.ops("acquire"), 10, "the lane's acquire reached the peer")
+        closed_at = time.monotonic()
+        client.close()
+        worker.join(10)
+        assert not worker.is_alive(), "the lane call was not woken by close()"
+        assert time.monotonic() - closed_at < 10
+    finally:
+        client.close()
+        worker.join(30)
+        peers.run(peer.close())
+    assert len(got) == 1 and isinstance(got[0], RaftLeaseError), got
+    assert not got[0].definite, f"a request that may have applied was called definite: {got[0]!r}"
+    assert [r.conn for r in peer.ops("acquire")] == [0]
+
+
+def test_a_call_with_no_time_left_sends_nothing(peers: PeerLoop) -> None:
+    """A call whose deadline has passed makes no try on the lane, as on the loop
+    (``Transport.call``): a write the caller gave no time must not reach a node."""
+    peer = peers.run(ScriptedPeer(_always_granted).start())
+    client = Client([peer.addr], deadline=10, attempt_timeout=ATTEMPT_TIMEOUT)
+    try:
+        with pytest.raises(TimeoutError_):
+            client.acquire("late", owner="o", ttl=TTL, timeout=0)
+        client.acquire("k", owner="o", ttl=TTL)  # same lane: would follow the first
+    finally:
+        client.close()
+        peers.run(peer.close())
+    assert [r.frame["key"] for r in peer.ops("acquire")] == ["k"]
+
+
+class RefusesFirstConnection(ScriptedPeer):
+    """A node at its connection quota for the first connection only (the lane's):
+    it answers with an id-None refusal before reading anything, as server/node.py
+    does, and closes."""
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._conns == 0:
+            self._conns += 1
+            refusal = {"id": None, "ok": False, "code": "QUOTA_EXCEEDED", "message": "full"}
+            writer.write(encode_frame(refusal))
+            await writer.drain()
+            writer.close()
+            return
+        await super()._serve(reader, writer)
+
+
+def test_a_connection_refused_to_the_lane_hands_the_call_to_the_loop(peers: PeerLoop) -> None:
+    """The node refused the lane's connection (a quota) before reading the request:
+    the call goes on through the client's own loop connection instead of failing."""
+    peer = peers.run(RefusesFirstConnection(_always_granted).start())
+    client = Client([peer.addr], deadline=10, attempt_timeout=ATTEMPT_TIMEOUT)
+    try:
+        lease = client.acquire("k", owner="o", ttl=TTL)
+    finally:
+        client.close()
+        peers.run(peer.close())
+    assert lease.key == "k"
+    assert [r.conn for r in peer.ops("acquire")] == [1]

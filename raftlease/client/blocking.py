@@ -1,7 +1,9 @@
 """The blocking, thread-safe client: ``Client``, a facade over an ``AsyncClient`` run
 on a private event-loop thread. Any number of threads may call it at once; their
-requests are pipelined on one connection. Calls block the calling thread up to their
-deadline and raise what the ``AsyncClient`` call raises.
+requests are pipelined on one connection, except that one calling thread at a time
+makes the first try of a short call on a second connection of its own (the direct
+lane, client/direct.py). Calls block the calling thread up to their deadline and
+raise what the ``AsyncClient`` call raises.
 """
 
 from __future__ import annotations
@@ -105,17 +107,18 @@ class Client(SharedKeyLocks[HeldLock]):
         with its first try on this thread when the lane is free, else as ``_run``."""
         lane = self._lane
         portal = self._portal
-        if (
-            lane is None
-            or portal.closed
-            or threading.current_thread() is portal.thread
-            or not lane.take()
-        ):
+        if lane is None or portal.closed or threading.current_thread() is portal.thread:
             return self._run(make())
+        taken = False
         try:
-            return run_inline(self._async, lane, make())
+            # Taken inside the try: an interrupt must not leave the lane held for good.
+            taken = lane.take()
+            if taken:
+                return run_inline(self._async, lane, make())
         finally:
-            lane.give()
+            if taken:
+                lane.give()
+        return self._run(make())
 
     @property
     def aio(self) -> AsyncClient:
@@ -145,8 +148,10 @@ class Client(SharedKeyLocks[HeldLock]):
         self.close()
 
     def close(self) -> None:
-        """Close the connections (see ``AsyncClient.close``) and stop the loop thread.
-        Idempotent; later calls raise ``UnavailableError``."""
+        """Close the connections (see ``AsyncClient.close``), the direct lane and the
+        loop thread. Idempotent; later calls raise ``UnavailableError``. A call still
+        running on another thread ends with an error: ``UnavailableError`` if its
+        request certainly did not apply, else an indefinite one (its outcome unknown)."""
         if self._portal.closed:
             return
         self._run(self._async.close())

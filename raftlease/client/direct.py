@@ -19,9 +19,14 @@ one step. Only methods whose coroutines await nothing but ``call`` take this pat
 (``Client._direct``).
 
 Threads: ``DirectLane`` is used by one calling thread at a time (``take``/``give``);
-its socket is never touched by the event loop. Blocking: a try blocks the calling
-thread up to the call's attempt timeout (``Transport.attempt_timeout``, capped by
-its deadline). Not cancellable, like every blocking ``Client`` call.
+its socket is never touched by the event loop; ``close`` may come from any thread
+(``Client.close``) and wakes a call blocked on the socket. Blocking: a try (connect,
+TLS handshake, token, request and answer together) blocks the calling thread up to
+the call's attempt timeout (``Transport.attempt_timeout``, capped by its deadline);
+a hand-over then blocks up to the deadline. Cancellation: none, as for every
+blocking ``Client`` call; a ``KeyboardInterrupt`` during a try closes the lane's
+socket (the stream's state is unknown) and propagates, with the request's outcome
+unknown.
 """
 
 from __future__ import annotations
@@ -36,7 +41,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from ..errors import ConnectionLostError, InternalError, RaftLeaseError, TimeoutError_, from_wire
+from ..errors import (
+    ConnectionLostError,
+    InternalError,
+    RaftLeaseError,
+    TimeoutError_,
+    UnavailableError,
+    from_wire,
+)
 from ..protocol import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
 from .transport import Outcome, Resume, Transport
 
@@ -69,6 +81,20 @@ def run_inline(client: object, lane: DirectLane, coro: Coroutine[Any, Any, T]) -
     raise InternalError("a direct-lane call awaited the event loop")
 
 
+def _maybe_applied(outcome: Outcome) -> RaftLeaseError | None:
+    """The error that says a try's outcome is unknown (the request may have applied),
+    or None if the try certainly did not apply or succeeded."""
+    if outcome.lost is not None:
+        return outcome.lost
+    response = outcome.response
+    if outcome.unsent is not None or not response or response.get("ok"):
+        return None
+    error = from_wire(
+        str(response.get("code")), str(response.get("message")), response.get("detail")
+    )
+    return None if error.definite else error
+
+
 def _readable(sock: socket.socket) -> bool:
     """Whether anything waits on a connection with nothing in flight. Only the node's
     close (EOF, e.g. its ``idle_timeout``) or a refusal of the stream can: a late
@@ -77,6 +103,8 @@ def _readable(sock: socket.socket) -> bool:
     be handed over as maybe applied. ``poll``, not ``select``: any fd number."""
     if isinstance(sock, ssl.SSLSocket) and sock.pending():
         return True
+    if not hasattr(select, "poll"):  # Windows
+        return bool(select.select([sock], [], [], 0)[0])
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     return bool(poller.poll(0))
@@ -100,6 +128,7 @@ class DirectLane:
         self._addr = ""
         self._decoder = FrameDecoder(DEFAULT_MAX_FRAME * 16)
         self._ids = itertools.count(1)
+        self._closed = False
 
     def take(self) -> bool:
         """Claim the lane for this thread without waiting; False if another has it."""
@@ -109,10 +138,20 @@ class DirectLane:
         self._busy.release()
 
     def close(self) -> None:
-        """Close the socket (any thread; with the lane taken, or once the client is
-        closed and no call can take it)."""
+        """Close the lane for good (any thread, also while a call holds it): a call
+        blocked on the socket wakes with a lost connection (its try is handed on as
+        "maybe applied"), and no new connection is made."""
+        self._closed = True
+        self._drop(shutdown=True)
+
+    def _drop(self, shutdown: bool = False) -> None:
+        """Forget and close the socket. ``shutdown`` first: a thread blocked in
+        ``recv`` on it is woken (close alone does not wake it on Linux)."""
         sock, self._sock = self._sock, None
         if sock is not None:
+            if shutdown:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 sock.close()
 
@@ -120,53 +159,96 @@ class DirectLane:
         self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None
     ) -> dict[str, Any]:
         """``Transport.call``, its first try made here (calling thread, lane taken).
-        Raises what ``Transport.call`` raises."""
+        Raises what ``Transport.call`` raises; if the client is closed before a try
+        that may have applied is settled, that try's own indefinite error."""
         transport = self._transport
         deadline = time.monotonic() + (transport.deadline if timeout is None else timeout)
         transport.check_size(op, args)
         ids = transport.sequencer if mutating else None
-        seq = ids.begin() if ids is not None else 0
+        seq = 0
         try:
+            # Begun inside the try: a seq never ended would pin the client's ack.
+            seq = ids.begin() if ids is not None else 0
             target = transport.target  # one read of a str the loop replaces whole
+            attempt = min(deadline - time.monotonic(), transport.attempt_timeout)
+            if attempt <= 0:  # as Transport.call: no time, no try
+                raise TimeoutError_(
+                    f"{op} did not complete before its deadline; outcome unknown (last: None)"
+                )
             message: dict[str, Any] = {"op": op, **args}
             if ids is not None:
                 message.update(cid=ids.cid, seq=seq, ack=ids.ack())
-            attempt = max(0.0, min(deadline - time.monotonic(), transport.attempt_timeout))
             outcome = self._try(target, message, attempt)
             if outcome.response.get("ok"):
                 result: dict[str, Any] = outcome.response.get("result") or {}
                 return result
-            resumed: dict[str, Any] = self._resume(
-                transport.call(
-                    op,
-                    args,
-                    mutating=mutating,
-                    resume=Resume(deadline, ids, seq, target, outcome),
+            try:
+                resumed: dict[str, Any] = self._resume(
+                    transport.call(
+                        op,
+                        args,
+                        mutating=mutating,
+                        resume=Resume(deadline, ids, seq, target, outcome),
+                    )
                 )
-            )
+            except UnavailableError:
+                # After a try that may have applied, Transport.call never raises
+                # UnavailableError (it ends in TimeoutError_ or LeaderChangedError):
+                # this is the closed client's portal. "Not applied" would be a lie.
+                maybe = _maybe_applied(outcome)
+                if maybe is not None:
+                    raise maybe from None
+                raise
             return resumed
         finally:
-            if ids is not None:
+            if ids is not None and seq:
                 ids.end(seq)  # Transport.call ends it too on a resume: idempotent
 
     def _try(self, target: str, message: dict[str, Any], timeout: float) -> Outcome:
+        """One try within ``timeout`` in all (connecting, authenticating, the
+        request)."""
+        ends = time.monotonic() + timeout
         try:
             self._connect(target, timeout)
         except ConnectionLostError as exc:
             return Outcome(target, unsent=exc)
+        except RaftLeaseError as exc:
+            return self._refused(target, exc)
+        left = ends - time.monotonic()
+        if left <= 0:
+            self._drop()
+            return Outcome(
+                target, unsent=ConnectionLostError(f"connecting to {target} took the whole try")
+            )
         try:
-            return Outcome(target, response=self._request(message, timeout))
+            return Outcome(target, response=self._request(message, left))
         except (ConnectionLostError, TimeoutError_) as exc:
-            self.close()  # a late answer must not be read as the next request's
+            self._drop()  # a late answer must not be read as the next request's
             return Outcome(target, lost=exc)
+        except RaftLeaseError as exc:
+            return self._refused(target, exc)
+
+    @staticmethod
+    def _refused(target: str, exc: RaftLeaseError) -> Outcome:
+        """The node refused the lane's connection itself (an answer with id None): a
+        connection quota, checked before the node reads anything, or a token it does
+        not accept. A node sends such a refusal only before reading a request or
+        after answering every request read before it (server/node.py), so this
+        request did not apply: it is handed on as unsent. The loop's own connection
+        may well carry it, or meets the same refusal and raises it, as before the
+        lane existed."""
+        return Outcome(target, unsent=ConnectionLostError(f"{target} refused the lane: {exc}"))
 
     def _connect(self, addr: str, timeout: float) -> None:
         """A connection to ``addr``, authenticated when the client has a token.
-        Raises ``ConnectionLostError`` if it cannot connect (nothing sent), or the
-        node's refusal of the token (as ``Connection.open``)."""
+        Raises ``ConnectionLostError`` if it cannot connect (nothing sent) or the
+        lane was closed, or the node's refusal of the token (as ``Connection.open``)."""
         if self._sock is not None and self._addr == addr and not _readable(self._sock):
             return
-        self.close()
+        self._drop()
+        if self._closed:
+            raise ConnectionLostError("the client is closed")
+        ends = time.monotonic() + timeout
         host, _, port = addr.rpartition(":")
         host = host.strip("[]")
         try:
@@ -177,18 +259,23 @@ class DirectLane:
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             raise ConnectionLostError(f"cannot connect to {addr}: {exc}") from None
         self._sock, self._addr = sock, addr
+        if self._closed:  # closed while connecting: this socket must not outlive it
+            self._drop()
+            raise ConnectionLostError("the client is closed")
         self._decoder = FrameDecoder(DEFAULT_MAX_FRAME * 16)
         if self._token is not None:
             try:
-                answer = self._request({"op": "auth", "token": self._token}, timeout)
+                answer = self._request(
+                    {"op": "auth", "token": self._token}, ends - time.monotonic()
+                )
             except TimeoutError_ as exc:
-                self.close()
+                self._drop()
                 raise ConnectionLostError(f"cannot connect to {addr}: {exc}") from None
             except BaseException:
-                self.close()
+                self._drop()
                 raise
             if not answer.get("ok"):
-                self.close()
+                self._drop()
                 raise from_wire(
                     str(answer.get("code")), str(answer.get("message")), answer.get("detail")
                 )
@@ -198,7 +285,8 @@ class DirectLane:
         ``TimeoutError_`` (no answer within ``timeout``), ``ConnectionLostError``, or
         the error the node closed the stream with (as ``Connection``)."""
         sock = self._sock
-        assert sock is not None
+        if sock is None:  # the lane was closed from another thread meanwhile
+            raise ConnectionLostError(f"connection to {self._addr} closed (client closed)")
         rid = next(self._ids)
         message["id"] = rid
         ends = time.monotonic() + timeout
@@ -213,7 +301,7 @@ class DirectLane:
                     if frame.get("id") == rid:
                         return frame
                     if frame.get("id") is None and not frame.get("ok", True):
-                        self.close()  # the node refused the stream itself and closes it
+                        self._drop()  # the node refused the stream itself and closes it
                         raise from_wire(
                             str(frame.get("code")),
                             str(frame.get("message")),
@@ -228,10 +316,10 @@ class DirectLane:
                 raise
             if self._sock is None:
                 raise  # the node's own refusal, connection closed above
-            self.close()  # a malformed frame from the node
+            self._drop()  # a malformed frame from the node
             raise ConnectionLostError(f"connection to {self._addr} lost: {exc}") from None
         except OSError as exc:
             raise ConnectionLostError(f"connection to {self._addr} lost: {exc}") from None
         except BaseException:
-            self.close()  # interrupted mid-request: the stream's state is unknown
+            self._drop()  # interrupted mid-request: the stream's state is unknown
             raise

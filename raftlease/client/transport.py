@@ -5,8 +5,12 @@ follows ``NOT_LEADER`` redirects, and retries through elections and dead nodes u
 the call's deadline. A mutating request is retried under the same client id and
 sequence number, which the cluster deduplicates, so a retry never applies twice.
 
-Event-loop only. Errors: every failure is a ``RaftLeaseError``; ``definite`` says
-whether the request certainly did not take effect.
+Threads: the event loop, except that the blocking client's direct lane
+(client/direct.py) reads ``target``, ``sequencer``, ``deadline``,
+``attempt_timeout``, ``tls`` and ``token`` and calls ``check_size`` from a calling
+thread (each a single read of a value the loop replaces whole; the sequencer locks).
+Errors: every failure is a ``RaftLeaseError``; ``definite`` says whether the request
+certainly did not take effect.
 """
 
 from __future__ import annotations
