@@ -26,6 +26,7 @@ from raftlease.client import Client
 from raftlease.client.direct import DirectLane, run_inline
 from raftlease.errors import (
     InternalError,
+    InvalidArgumentError,
     LeaseHeldError,
     LeaseNotFoundError,
     RaftLeaseError,
@@ -95,8 +96,8 @@ class HopCounter:
             return original(coro)
 
         portal.run = counting  # type: ignore[method-assign]
-        assert client._lane is not None
-        client._lane._resume = counting  # the lane's hand-over goes through the portal too
+        assert client._lanes is not None
+        client._lanes.resume = counting  # the lanes' hand-overs go through the portal too
 
 
 @pytest.mark.parametrize("op", ["acquire", "renew"])
@@ -345,3 +346,62 @@ def test_a_connection_refused_to_the_lane_hands_the_call_to_the_loop(peers: Peer
         peers.run(peer.close())
     assert lease.key == "k"
     assert [r.conn for r in peer.ops("acquire")] == [1]
+
+
+def test_concurrent_threads_each_take_a_lane_of_their_own(shared: LocalCluster) -> None:
+    """With ``lanes`` at least the number of calling threads, no successful call
+    hops to the loop thread, whatever the threads' timing; the pool never makes more
+    lanes than its limit, and every seq is ended."""
+    with shared.client(lanes=8) as c:
+        leases = [c.acquire(f"lanes/t{i}", owner=f"o{i}", ttl=30.0) for i in range(8)]
+        hops = HopCounter(c)
+        errors: list[BaseException] = []
+        start = threading.Barrier(8)
+
+        def work(lease: Lease) -> None:
+            try:
+                start.wait(10)
+                for _ in range(30):
+                    lease = c.renew(lease)
+                    assert c.holder(lease.key) is not None
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(lease,)) for lease in leases]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert hops.count == 0, "a call found no free lane although there were enough"
+        assert c._lanes is not None and 1 <= c._lanes.size <= 8
+        assert not c.aio.transport.sequencer._outstanding
+
+
+def test_past_the_lane_limit_calls_take_the_loop(shared: LocalCluster) -> None:
+    """``lanes=1``: one lane however many threads call; the others go through the
+    loop and get right answers."""
+    with shared.client(lanes=1) as c:
+        leases = [c.acquire(f"lane1/t{i}", owner=f"o{i}", ttl=30.0) for i in range(4)]
+        errors: list[BaseException] = []
+
+        def work(lease: Lease) -> None:
+            try:
+                for _ in range(30):
+                    lease = c.renew(lease)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(lease,)) for lease in leases]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert c._lanes is not None and c._lanes.size == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
+def test_lanes_must_be_a_whole_number_of_at_least_one(bad: object) -> None:
+    with pytest.raises(InvalidArgumentError):
+        Client(["127.0.0.1:1"], lanes=bad)

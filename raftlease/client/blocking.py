@@ -1,8 +1,8 @@
 """The blocking, thread-safe client: ``Client``, a facade over an ``AsyncClient`` run
 on a private event-loop thread. Any number of threads may call it at once; their
-requests are pipelined on one connection, except that one calling thread at a time
-makes the first try of a short call on a second connection of its own (the direct
-lane, client/direct.py). Calls block the calling thread up to their deadline and
+requests are pipelined on one connection, except that a short call makes its first
+try on the calling thread, on a connection of the thread's lane (up to ``lanes``
+threads at once; client/direct.py). Calls block the calling thread up to their deadline and
 raise what the ``AsyncClient`` call raises.
 """
 
@@ -13,14 +13,14 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
-from ..errors import UnavailableError
+from ..errors import InvalidArgumentError, UnavailableError
 from ..models import Attachable, Holder, Lease, Queued, Read, SessionInfo, WatchEvent
 from ..recipes.election import Election
 from ..recipes.locks import HeldLock
 from ..recipes.sessions import Session
 from ..recipes.shared import SharedKeyLocks
 from .aio import AsyncClient
-from .direct import DirectLane, run_inline
+from .direct import LanePool, run_inline
 from .queue import Queue
 
 T = TypeVar("T")
@@ -87,37 +87,46 @@ class Client(SharedKeyLocks[HeldLock]):
     """
 
     def __init__(
-        self, endpoints: Sequence[str] | str, *, direct: bool = True, **options: Any
+        self,
+        endpoints: Sequence[str] | str,
+        *,
+        direct: bool = True,
+        lanes: int = 16,
+        **options: Any,
     ) -> None:
         """``options``: those of ``AsyncClient`` (deadline, attempt_timeout, ...).
         ``direct``: make the first try of renew, release, read, holder, fence and
-        acquire without ``wait`` on the calling thread (client/direct.py: a second
-        connection to the leader, no hop to the loop thread); False: every call
-        goes through the loop thread."""
+        acquire without ``wait`` on the calling thread (client/direct.py: no hop to
+        the loop thread); up to ``lanes`` threads at once do so, each on a
+        connection of its own to the leader, made when first needed (the others go
+        through the loop thread); False: every call goes through the loop thread.
+        Raises ``InvalidArgumentError`` if ``lanes`` is not a whole number >= 1."""
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+            raise InvalidArgumentError(f"lanes must be a whole number >= 1, not {lanes!r}")
         self._portal = LoopPortal()
 
         async def make() -> AsyncClient:
             return AsyncClient(endpoints, **options)
 
         self._async = self._portal.run(make())
-        self._lane = DirectLane(self._async.transport, self._portal.run) if direct else None
+        self._lanes = LanePool(self._async.transport, self._portal.run, lanes) if direct else None
 
     def _direct(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         """Run the coroutine ``make()`` (one whose only await is ``AsyncClient.call``)
         with its first try on this thread when the lane is free, else as ``_run``."""
-        lane = self._lane
+        pool = self._lanes
         portal = self._portal
-        if lane is None or portal.closed or threading.current_thread() is portal.thread:
+        if pool is None or portal.closed or threading.current_thread() is portal.thread:
             return self._run(make())
-        taken = False
+        lane = None
         try:
             # Taken inside the try: an interrupt must not leave the lane held for good.
-            taken = lane.take()
-            if taken:
+            lane = pool.take()
+            if lane is not None:
                 return run_inline(self._async, lane, make())
         finally:
-            if taken:
-                lane.give()
+            if lane is not None:
+                pool.give(lane)
         return self._run(make())
 
     @property
@@ -156,8 +165,8 @@ class Client(SharedKeyLocks[HeldLock]):
             return
         self._run(self._async.close())
         self._portal.close()
-        if self._lane is not None:
-            self._lane.close()
+        if self._lanes is not None:
+            self._lanes.close()
 
     def acquire(
         self,

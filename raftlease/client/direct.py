@@ -4,13 +4,14 @@ A blocking ``Client`` call normally hops to the client's event-loop thread and b
 (``LoopPortal``): measured here, the two hops cost more client CPU than the request
 itself (about 120 of the 270 µs a 1-thread renew spent in the client process, and a
 wake-up of each thread on the way). The lane is one blocking socket to the node the
-transport targets. A call that gets it (one calling thread at a time; the others take
-the portal as before) sends its request and reads the answer on its own thread. Only a
-plain success ends there: anything else (an error answer, a redirect, a lost
-connection, no answer in time) is handed to ``Transport.call`` on the event loop with
-the try's outcome, its client id, sequence number and deadline (``transport.Resume``),
-which goes on exactly as if it had made that try itself. So retries, redirects,
-deduplication and every error stay in one place (transport.py).
+transport targets. A calling thread takes a free lane from the client's ``LanePool``
+(made on demand, up to the client's ``lanes``; when none is free and the limit is
+reached it takes the portal as before), sends its request and reads the answer on
+its own thread. Only a plain success ends there: anything else (an error answer, a
+redirect, a lost connection, no answer in time) is handed to ``Transport.call`` on
+the event loop with the try's outcome, its client id, sequence number and deadline
+(``transport.Resume``), which goes on exactly as if it had made that try itself. So
+retries, redirects, deduplication and every error stay in one place (transport.py).
 
 The lane runs ``AsyncClient`` coroutines inline on the calling thread
 (``run_inline``): while a lane is active on a thread (``active``) ``AsyncClient.call``
@@ -18,15 +19,15 @@ returns the lane's answer without awaiting anything, so the coroutine finishes i
 one step. Only methods whose coroutines await nothing but ``call`` take this path
 (``Client._direct``).
 
-Threads: ``DirectLane`` is used by one calling thread at a time (``take``/``give``);
-its socket is never touched by the event loop; ``close`` may come from any thread
-(``Client.close``) and wakes a call blocked on the socket. Blocking: a try (connect,
-TLS handshake, token, request and answer together) blocks the calling thread up to
-the call's attempt timeout (``Transport.attempt_timeout``, capped by its deadline);
-a hand-over then blocks up to the deadline. Cancellation: none, as for every
-blocking ``Client`` call; a ``KeyboardInterrupt`` during a try closes the lane's
-socket (the stream's state is unknown) and propagates, with the request's outcome
-unknown.
+Threads: a ``DirectLane`` is used by one calling thread at a time (``LanePool.take``
+and ``give``, under the pool's lock); its socket is never touched by the event loop;
+``close`` may come from any thread (``Client.close``) and wakes a call blocked on the
+socket. Blocking: a try (connect, TLS handshake, token, request and answer together)
+blocks the calling thread up to the call's attempt timeout
+(``Transport.attempt_timeout``, capped by its deadline); a hand-over then blocks up
+to the deadline. Cancellation: none, as for every blocking ``Client`` call; a
+``KeyboardInterrupt`` during a try closes the lane's socket (the stream's state is
+unknown) and propagates, with the request's outcome unknown.
 """
 
 from __future__ import annotations
@@ -123,19 +124,11 @@ class DirectLane:
         self._tls = transport.tls
         self._token = transport.token
         self._resume = resume
-        self._busy = threading.Lock()
         self._sock: socket.socket | None = None
         self._addr = ""
         self._decoder = FrameDecoder(DEFAULT_MAX_FRAME * 16)
         self._ids = itertools.count(1)
         self._closed = False
-
-    def take(self) -> bool:
-        """Claim the lane for this thread without waiting; False if another has it."""
-        return self._busy.acquire(blocking=False)
-
-    def give(self) -> None:
-        self._busy.release()
 
     def close(self) -> None:
         """Close the lane for good (any thread, also while a call holds it): a call
@@ -323,3 +316,63 @@ class DirectLane:
         except BaseException:
             self._drop()  # interrupted mid-request: the stream's state is unknown
             raise
+
+
+class LanePool:
+    """The blocking client's lanes: a free one for each calling thread, made on
+    demand up to ``limit`` (each holds a connection to a node of its own), the most
+    recently used first (its connection is the warmest). ``take`` returns None when
+    all ``limit`` lanes are busy or the pool is closed: the call takes the portal.
+
+    ``resume`` continues a call on the event loop (the portal's ``run``); the lanes
+    look it up at each hand-over, so replacing it (a test counting hops) reaches
+    every lane. Threads: any; each method holds the pool's lock briefly, never while
+    connecting or waiting."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        resume: Callable[[Coroutine[Any, Any, Any]], Any],
+        limit: int,
+    ) -> None:
+        self.transport = transport
+        self.resume = resume
+        self.limit = limit
+        self._idle: list[DirectLane] = []
+        self._lanes: list[DirectLane] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def size(self) -> int:
+        """How many lanes were made."""
+        return len(self._lanes)
+
+    def take(self) -> DirectLane | None:
+        """A lane for this thread alone until ``give``, or None (use the portal)."""
+        with self._lock:
+            if self._closed:
+                return None
+            if self._idle:
+                return self._idle.pop()
+            if len(self._lanes) >= self.limit:
+                return None
+            lane = DirectLane(self.transport, self._resume)
+            self._lanes.append(lane)
+            return lane
+
+    def give(self, lane: DirectLane) -> None:
+        with self._lock:
+            self._idle.append(lane)
+
+    def _resume(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return self.resume(coro)
+
+    def close(self) -> None:
+        """Close every lane (any thread): calls waiting on one are woken (see
+        ``DirectLane.close``), later calls take the portal (which, closed, refuses)."""
+        with self._lock:
+            self._closed = True
+            lanes = list(self._lanes)
+        for lane in lanes:
+            lane.close()
