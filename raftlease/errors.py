@@ -12,6 +12,7 @@ Modelled on kazoo's ``exceptions.py`` (one class per code) and on jepsen-io/etcd
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 
@@ -302,3 +303,14 @@ def error_class(code: str) -> type[RaftLeaseError]:
 def from_wire(code: str, message: str, detail: dict[str, Any] | None = None) -> RaftLeaseError:
     """Build the exception for an error response received over the wire."""
     return error_class(code)(message, detail)
+
+
+def from_response(response: Mapping[str, Any]) -> RaftLeaseError:
+    """The exception an error response (``{"ok": False, "code", "message",
+    "detail"}``) stands for; fields of the wrong type are taken as text."""
+    detail = response.get("detail")
+    return from_wire(
+        str(response.get("code")),
+        str(response.get("message")),
+        detail if isinstance(detail, dict) else None,
+    )

@@ -14,11 +14,14 @@ from typing import Any
 import pytest
 
 from raftlease import Client, InvalidArgumentError, RaftLeaseError
+from raftlease.client.transport import Outcome
 from raftlease.errors import (
     ConnectionLostError,
     LeaderChangedError,
+    LeaseHeldError,
     TimeoutError_,
     UnavailableError,
+    from_response,
     from_wire,
 )
 from raftlease.protocol import FrameDecoder, encode_frame
@@ -307,3 +310,40 @@ def test_a_request_on_a_deposed_leader_ends_leader_changed(proxied_patient: Prox
     assert isinstance(err, LeaderChangedError) and err.definite is False
     with cluster.client() as c:  # here it was discarded: nothing was granted
         assert c.holder("changed/k") is None
+
+
+@pytest.mark.parametrize("detail", [[1, 2, 3], "text", 7, None])
+def test_an_error_answer_with_a_malformed_detail_is_still_its_error(detail: object) -> None:
+    """A node's (or a stranger's) answer whose ``detail`` is not a map: the client
+    raises the answer's own error, not a TypeError from reading the detail."""
+    error = from_response({"ok": False, "code": "LEASE_HELD", "message": "held", "detail": detail})
+    assert isinstance(error, LeaseHeldError) and error.detail == {}
+    assert error.message == "held"
+
+
+def _answer(code: str) -> dict[str, Any]:
+    return {"ok": False, "code": code, "message": code.lower()}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "unknown"),
+    [
+        (Outcome("n", lost=ConnectionLostError("lost")), ConnectionLostError),
+        (Outcome("n", response=_answer("LEADER_CHANGED")), LeaderChangedError),
+        (Outcome("n", response=_answer("TIMEOUT")), TimeoutError_),
+        (Outcome("n", response=_answer("NOT_LEADER")), None),
+        (Outcome("n", response=_answer("LEASE_HELD")), None),
+        (Outcome("n", response={"ok": True, "result": {}}), None),
+        (Outcome("n", unsent=ConnectionLostError("refused")), None),
+    ],
+)
+def test_a_try_is_of_unknown_outcome_only_when_it_may_have_applied(
+    outcome: Outcome, unknown: type[RaftLeaseError] | None
+) -> None:
+    """``Outcome.unknown``: what the blocking client raises for a try that may have
+    applied when the client is closed before it is settled (client/direct.py)."""
+    got = outcome.unknown()
+    if unknown is None:
+        assert got is None
+    else:
+        assert isinstance(got, unknown) and not got.definite

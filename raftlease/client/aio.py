@@ -29,7 +29,7 @@ from ..errors import (
     LeaseHeldError,
     RaftLeaseError,
     UnavailableError,
-    from_wire,
+    from_response,
 )
 from ..models import (
     Attachable,
@@ -590,9 +590,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
                     if isinstance(frame, RaftLeaseError):
                         raise frame
                     if not frame.get("ok"):
-                        raise from_wire(
-                            str(frame.get("code")), str(frame.get("message")), frame.get("detail")
-                        )
+                        raise from_response(frame)
                     failures = 0
                     if next_rev == 0 and "revision" in frame.get("result", {}):
                         next_rev = int(frame["result"]["revision"]) + 1
@@ -633,9 +631,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         conn = await self.transport.connection(endpoint, timeout)
         response = await conn.request({"op": "reload"}, timeout)
         if not response.get("ok"):
-            raise from_wire(
-                str(response.get("code")), str(response.get("message")), response.get("detail")
-            )
+            raise from_response(response)
         result: dict[str, Any] = response["result"]
         return result
 

@@ -16,7 +16,7 @@ import ssl
 import threading
 from typing import Any
 
-from ..errors import ConnectionLostError, RaftLeaseError, TimeoutError_, from_wire
+from ..errors import ConnectionLostError, RaftLeaseError, TimeoutError_, from_response
 from ..protocol import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
 
 
@@ -63,9 +63,7 @@ class Connection:
                 raise
             if not answer.get("ok"):
                 await conn.close()
-                raise from_wire(
-                    str(answer.get("code")), str(answer.get("message")), answer.get("detail")
-                )
+                raise from_response(answer)
         return conn
 
     async def _read_loop(self) -> None:
@@ -83,13 +81,7 @@ class Connection:
                     if rid is None and not frame.get("ok", True):
                         # The server rejected the stream itself (e.g. an oversized
                         # frame) and closes it: every request on it gets that error.
-                        self._fail_all(
-                            from_wire(
-                                str(frame.get("code")),
-                                str(frame.get("message")),
-                                frame.get("detail"),
-                            )
-                        )
+                        self._fail_all(from_response(frame))
                         return
                     future = self._pending.pop(rid, None)  # type: ignore[arg-type]
                     if future is not None and not future.done():

@@ -48,7 +48,7 @@ from ..errors import (
     RaftLeaseError,
     TimeoutError_,
     UnavailableError,
-    from_wire,
+    from_response,
 )
 from ..protocol import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
 from .transport import Outcome, Resume, Transport
@@ -80,20 +80,6 @@ def run_inline(client: object, lane: DirectLane, coro: Coroutine[Any, Any, T]) -
         _ACTIVE.client = _ACTIVE.lane = None
     coro.close()
     raise InternalError("a direct-lane call awaited the event loop")
-
-
-def _maybe_applied(outcome: Outcome) -> RaftLeaseError | None:
-    """The error that says a try's outcome is unknown (the request may have applied),
-    or None if the try certainly did not apply or succeeded."""
-    if outcome.lost is not None:
-        return outcome.lost
-    response = outcome.response
-    if outcome.unsent is not None or not response or response.get("ok"):
-        return None
-    error = from_wire(
-        str(response.get("code")), str(response.get("message")), response.get("detail")
-    )
-    return None if error.definite else error
 
 
 def _readable(sock: socket.socket) -> bool:
@@ -188,7 +174,7 @@ class DirectLane:
                 # After a try that may have applied, Transport.call never raises
                 # UnavailableError (it ends in TimeoutError_ or LeaderChangedError):
                 # this is the closed client's portal. "Not applied" would be a lie.
-                maybe = _maybe_applied(outcome)
+                maybe = outcome.unknown()
                 if maybe is not None:
                     raise maybe from None
                 raise
@@ -269,9 +255,7 @@ class DirectLane:
                 raise
             if not answer.get("ok"):
                 self._drop()
-                raise from_wire(
-                    str(answer.get("code")), str(answer.get("message")), answer.get("detail")
-                )
+                raise from_response(answer)
 
     def _request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Send ``message`` and read frames until its answer. Raises
@@ -295,11 +279,7 @@ class DirectLane:
                         return frame
                     if frame.get("id") is None and not frame.get("ok", True):
                         self._drop()  # the node refused the stream itself and closes it
-                        raise from_wire(
-                            str(frame.get("code")),
-                            str(frame.get("message")),
-                            frame.get("detail"),
-                        )
+                        raise from_response(frame)
                     # else: an answer to nothing in flight here; not ours
                 sock.settimeout(max(ends - time.monotonic(), 0.001))
         except TimeoutError:  # socket.timeout

@@ -34,7 +34,7 @@ from ..errors import (
     RaftLeaseError,
     TimeoutError_,
     UnavailableError,
-    from_wire,
+    from_response,
 )
 from ..protocol import DEFAULT_MAX_FRAME, encode_frame
 from .connection import Connection, RequestSequencer
@@ -61,6 +61,17 @@ class Outcome:
     response: dict[str, Any] = field(default_factory=dict)
     unsent: ConnectionLostError | None = None
     lost: RaftLeaseError | None = None
+
+    def unknown(self) -> RaftLeaseError | None:
+        """The error saying this try's outcome is unknown (the request may have
+        applied): the lost connection, or an indefinite error answer; None if the try
+        succeeded or certainly did not apply."""
+        if self.lost is not None:
+            return self.lost
+        if self.unsent is not None or not self.response or self.response.get("ok"):
+            return None
+        error = from_response(self.response)
+        return None if error.definite else error
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,11 +230,7 @@ class Transport:
                     if response.get("ok"):
                         result: dict[str, Any] = response.get("result") or {}
                         return result
-                    last = from_wire(
-                        str(response.get("code")),
-                        str(response.get("message")),
-                        response.get("detail"),
-                    )
+                    last = from_response(response)
                     leader_changed = leader_changed or isinstance(last, LeaderChangedError)
                     if isinstance(last, NotLeaderError) and last.leader not in (None, target):
                         if str(last.leader) in self.endpoints:
@@ -306,6 +313,6 @@ class Transport:
         conn = await self.connection(endpoint, timeout)
         response = await conn.request({"op": "status"}, timeout)
         if not response.get("ok"):
-            raise from_wire(str(response.get("code")), str(response.get("message")))
+            raise from_response(response)
         status: dict[str, Any] = response["result"]
         return status
