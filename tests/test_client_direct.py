@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from raftlease.client import Client
+from raftlease.client import Client, direct
 from raftlease.client.direct import DirectLane, run_inline
 from raftlease.errors import (
     InternalError,
@@ -358,16 +358,42 @@ class RefusesFirstConnection(ScriptedPeer):
 
 def test_a_connection_refused_to_the_lane_hands_the_call_to_the_loop(peers: PeerLoop) -> None:
     """The node refused the lane's connection (a quota) before reading the request:
-    the call goes on through the client's own loop connection instead of failing."""
+    the call goes on through the client's own loop connection to the same node
+    instead of failing, and not by way of another endpoint (a redirect back and a
+    back-off for nothing). For ``LANE_REST`` seconds after, calls take the client's
+    connection without trying a lane (no refused connect per call)."""
     peer = peers.run(RefusesFirstConnection(_always_granted).start())
-    client = Client([peer.addr], deadline=10, attempt_timeout=ATTEMPT_TIMEOUT)
+    other = peers.run(ScriptedPeer(_always_granted).start())
+    client = Client([peer.addr, other.addr], deadline=10, attempt_timeout=ATTEMPT_TIMEOUT)
     try:
         lease = client.acquire("k", owner="o", ttl=TTL)
+        again = client.acquire("k2", owner="o", ttl=TTL)
     finally:
         client.close()
         peers.run(peer.close())
-    assert lease.key == "k"
-    assert [r.conn for r in peer.ops("acquire")] == [1]
+        peers.run(other.close())
+    assert (lease.key, again.key) == ("k", "k2")
+    # Both on connection 1, the loop's: the second made no lane connection (2).
+    assert [r.conn for r in peer.ops("acquire")] == [1, 1]
+    assert other.ops("acquire") == [], "the refused lane's call went to another endpoint"
+
+
+def test_lanes_are_tried_again_after_their_rest(
+    peers: PeerLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refusal rests the lanes for ``LANE_REST`` only: after it, a call tries a
+    lane again (the quota may have room by then)."""
+    monkeypatch.setattr(direct, "LANE_REST", 0.0)
+    peer = peers.run(RefusesFirstConnection(_always_granted).start())
+    client = Client([peer.addr], deadline=10, attempt_timeout=ATTEMPT_TIMEOUT)
+    try:
+        client.acquire("k", owner="o", ttl=TTL)
+        client.acquire("k2", owner="o", ttl=TTL)
+    finally:
+        client.close()
+        peers.run(peer.close())
+    # The refused lane (0), the loop's connection (1), then a new lane connection (2).
+    assert [r.conn for r in peer.ops("acquire")] == [1, 2]
 
 
 def test_concurrent_threads_each_take_a_lane_of_their_own(shared: LocalCluster) -> None:

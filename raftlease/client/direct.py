@@ -104,9 +104,13 @@ class DirectLane:
     client's portal running ``Transport.call``)."""
 
     def __init__(
-        self, transport: Transport, resume: Callable[[Coroutine[Any, Any, Any]], Any]
+        self,
+        transport: Transport,
+        resume: Callable[[Coroutine[Any, Any, Any]], Any],
+        on_refused: Callable[[], None] | None = None,
     ) -> None:
         self._transport = transport
+        self._on_refused = on_refused
         self._tls = transport.tls
         self._token = transport.token
         self._resume = resume
@@ -207,16 +211,21 @@ class DirectLane:
         except RaftLeaseError as exc:
             return self._refused(target, exc)
 
-    @staticmethod
-    def _refused(target: str, exc: RaftLeaseError) -> Outcome:
+    def _refused(self, target: str, exc: RaftLeaseError) -> Outcome:
         """The node refused the lane's connection itself (an answer with id None): a
         connection quota, checked before the node reads anything, or a token it does
         not accept. A node sends such a refusal only before reading a request or
         after answering every request read before it (server/node.py), so this
-        request did not apply: it is handed on as unsent. The loop's own connection
-        may well carry it, or meets the same refusal and raises it, as before the
-        lane existed."""
-        return Outcome(target, unsent=ConnectionLostError(f"{target} refused the lane: {exc}"))
+        request did not apply: it is handed on as unsent and ``refused``, so the
+        loop tries the same node at once on the client's own connection, which may
+        well carry it, or meets the same refusal and raises it, as before the lane
+        existed. The pool is told (``on_refused``): it makes no lane tries for a
+        while."""
+        if self._on_refused is not None:
+            self._on_refused()
+        return Outcome(
+            target, unsent=ConnectionLostError(f"{target} refused the lane: {exc}"), refused=True
+        )
 
     def _connect(self, addr: str, timeout: float) -> None:
         """A connection to ``addr``, authenticated when the client has a token.
@@ -298,11 +307,19 @@ class DirectLane:
             raise
 
 
+#: Seconds a client makes no lane tries after a node refused a lane's connection (a
+#: connection quota, ``max_connections_per_address``): meanwhile every call takes
+#: the client's own connection, which the node accepted, instead of paying a refused
+#: connect each time.
+LANE_REST = 5.0
+
+
 class LanePool:
     """The blocking client's lanes: a free one for each calling thread, made on
     demand up to ``limit`` (each holds a connection to a node of its own), the most
     recently used first (its connection is the warmest). ``take`` returns None when
-    all ``limit`` lanes are busy or the pool is closed: the call takes the portal.
+    all ``limit`` lanes are busy, the pool is closed or a node refused a lane less
+    than ``LANE_REST`` seconds ago: the call takes the portal.
 
     ``resume`` continues a call on the event loop (the portal's ``run``); the lanes
     look it up at each hand-over, so replacing it (a test counting hops) reaches
@@ -322,6 +339,7 @@ class LanePool:
         self._lanes: list[DirectLane] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._rest_until = 0.0  # time.monotonic(): no lane tries before it
 
     @property
     def size(self) -> int:
@@ -331,13 +349,13 @@ class LanePool:
     def take(self) -> DirectLane | None:
         """A lane for this thread alone until ``give``, or None (use the portal)."""
         with self._lock:
-            if self._closed:
+            if self._closed or time.monotonic() < self._rest_until:
                 return None
             if self._idle:
                 return self._idle.pop()
             if len(self._lanes) >= self.limit:
                 return None
-            lane = DirectLane(self.transport, self._resume)
+            lane = DirectLane(self.transport, self._resume, self._refused)
             self._lanes.append(lane)
             return lane
 
@@ -347,6 +365,11 @@ class LanePool:
 
     def _resume(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return self.resume(coro)
+
+    def _refused(self) -> None:
+        """A node refused a lane's connection (any lane's thread): rest the lanes."""
+        with self._lock:
+            self._rest_until = time.monotonic() + LANE_REST
 
     def close(self) -> None:
         """Close every lane (any thread): calls waiting on one are woken (see

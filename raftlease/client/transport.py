@@ -55,12 +55,16 @@ MAX_BACKOFF = 0.05
 class Outcome:
     """How one try of a request on ``target`` ended: ``unsent`` (no connection, so
     nothing can have applied), ``lost`` (connection lost or no answer in time: maybe
-    applied) or the node's ``response``."""
+    applied) or the node's ``response``. ``refused`` (with ``unsent``): the node
+    refused the try's own connection (the blocking client's lane, client/direct.py),
+    not the request: the next try goes to the same node at once, on the client's
+    connection, without a back-off."""
 
     target: str
     response: dict[str, Any] = field(default_factory=dict)
     unsent: ConnectionLostError | None = None
     lost: RaftLeaseError | None = None
+    refused: bool = False
 
     def unknown(self) -> RaftLeaseError | None:
         """The error saying this try's outcome is unknown (the request may have
@@ -219,6 +223,10 @@ class Transport:
                 got, outcome = outcome, None
                 if got.unsent is not None:  # never sent: nothing can have applied
                     last = got.unsent
+                    if got.refused:
+                        # Only a lane's first try is ever refused, so this goes on
+                        # once: the node is fine, its quota for new connections is not.
+                        continue
                     self.target = self.next_endpoint()
                 elif got.lost is not None:
                     # The request may have reached the node: outcome unknown.
