@@ -115,6 +115,21 @@ def test_sections_follow_what_was_measured(result: dict[str, Any]) -> None:
     assert "| raw PySyncObj |" not in markdown
 
 
+def test_a_target_whose_workload_did_not_run_has_no_row(result: dict[str, Any]) -> None:
+    """``--only raw,tasks`` measures no acquire: its throughput targets are not
+    judged at all, rather than shown as "0/s: not met"."""
+    full = {row["target"] for row in targets.evaluate(result)}
+    only_tasks = {**result, "workloads": {}}
+    rows = targets.evaluate(only_tasks)
+    assert not any(row["met"] is False for row in rows), rows
+    assert not any(row["figure"].startswith("0/s") for row in rows), rows
+    # Without renew, the "renew as fast as acquire" row goes too; acquire's stay.
+    no_renew = {k: v for k, v in result["workloads"].items() if k != "renew"}
+    names = {row["target"] for row in targets.evaluate({**result, "workloads": no_renew})}
+    assert "renew at least as fast as acquire" in full - names
+    assert "acquire, 1 client thread >= 1,000/s" in names
+
+
 def test_targets_follow_the_data(result: dict[str, Any], tmp_path: Path) -> None:
     specs = targets.load_specs()
     assert [s["kind"] for s in specs][:2] == ["rate", "best_concurrent_rate"]

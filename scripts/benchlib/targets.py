@@ -111,17 +111,29 @@ def _row(spec: Spec, figure: str, met: bool | None, note: str | None = None) -> 
 # ----------------------------------------------------------------- evaluators
 
 
-def _rate(spec: Spec, j: Judged) -> Row:
+def _ran(j: Judged, *groups: str) -> bool:
+    """Whether every one of ``groups`` ran in this result (``--only`` may leave any
+    out: its targets then have no row, not a "0/s: not met")."""
+    return all(group in j.workloads for group in groups)
+
+
+def _rate(spec: Spec, j: Judged) -> Row | None:
+    if not _ran(j, spec["group"]):
+        return None
     rate = j.rate(spec["group"], spec["mode"])
     return _row(spec, f"{rate:,.0f}/s", rate >= spec["min_per_s"])
 
 
-def _best_concurrent_rate(spec: Spec, j: Judged) -> Row:
+def _best_concurrent_rate(spec: Spec, j: Judged) -> Row | None:
+    if not _ran(j, spec["group"]):
+        return None
     mode, rate = j.best_concurrent(spec["group"])
     return _row(spec, f"{rate:,.0f}/s ({mode})", rate >= spec["min_per_s"])
 
 
-def _concurrent_vs_raw_pipelined(spec: Spec, j: Judged) -> Row:
+def _concurrent_vs_raw_pipelined(spec: Spec, j: Judged) -> Row | None:
+    if not _ran(j, spec["group"]):
+        return None
     _, rate = j.best_concurrent(spec["group"])
     raw_pipe = raw_pipelined(j.result)
     ratio = rate / raw_pipe if raw_pipe else 0.0
@@ -132,7 +144,9 @@ def _concurrent_vs_raw_pipelined(spec: Spec, j: Judged) -> Row:
     )
 
 
-def _as_fast_as(spec: Spec, j: Judged) -> Row:
+def _as_fast_as(spec: Spec, j: Judged) -> Row | None:
+    if not _ran(j, spec["group"], spec["baseline"]):
+        return None
     parts = []
     ok = True
     for mode in j.all_modes:
@@ -142,8 +156,10 @@ def _as_fast_as(spec: Spec, j: Judged) -> Row:
     return _row(spec, "; ".join(parts), ok)
 
 
-def _read_speedup(spec: Spec, j: Judged) -> Row:
+def _read_speedup(spec: Spec, j: Judged) -> Row | None:
     fast, slow = spec["fast"], spec["slow"]
+    if not any(_ran(j, group) for group in (fast, slow, "holder")):
+        return None  # no holder reads in this run
     if fast not in j.workloads or slow not in j.workloads:
         return _row(spec, spec["missing"], None)
     parts = []
