@@ -378,6 +378,30 @@ def test_a_connection_refused_to_the_lane_hands_the_call_to_the_loop(peers: Peer
     assert other.ops("acquire") == [], "the refused lane's call went to another endpoint"
 
 
+def test_a_refusal_rests_the_lanes_to_that_node_only(peers: PeerLoop) -> None:
+    """The rest after a refusal is the refusing node's (its connection quota): once
+    the client's target is another node (it learned of a new leader), calls take
+    lanes again, and calls back to the refusing node still take the loop."""
+    peer = peers.run(RefusesFirstConnection(_always_granted).start())
+    other = peers.run(ScriptedPeer(_always_granted).start())
+    client = Client([peer.addr, other.addr], deadline=10, attempt_timeout=ATTEMPT_TIMEOUT)
+    try:
+        client.acquire("k", owner="o", ttl=TTL)  # the lane refused: on the loop's connection
+        hops = HopCounter(client)
+        client.aio.transport.target = other.addr  # as a redirect to a new leader would
+        client.acquire("k2", owner="o", ttl=TTL)
+        client.aio.transport.target = peer.addr
+        client.acquire("k3", owner="o", ttl=TTL)
+        skipped = hops.without_lane  # before close, which runs on the portal too
+    finally:
+        client.close()
+        peers.run(peer.close())
+        peers.run(other.close())
+    assert [r.frame["key"] for r in other.ops("acquire")] == ["k2"]
+    assert [r.frame["key"] for r in peer.ops("acquire")] == ["k", "k3"]
+    assert skipped == 1, "only the call to the resting node should skip the lanes"
+
+
 def test_lanes_are_tried_again_after_their_rest(
     peers: PeerLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:

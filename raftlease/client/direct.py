@@ -107,7 +107,7 @@ class DirectLane:
         self,
         transport: Transport,
         resume: Callable[[Coroutine[Any, Any, Any]], Any],
-        on_refused: Callable[[], None] | None = None,
+        on_refused: Callable[[str], None] | None = None,
     ) -> None:
         self._transport = transport
         self._on_refused = on_refused
@@ -219,10 +219,10 @@ class DirectLane:
         request did not apply: it is handed on as unsent and ``refused``, so the
         loop tries the same node at once on the client's own connection, which may
         well carry it, or meets the same refusal and raises it, as before the lane
-        existed. The pool is told (``on_refused``): it makes no lane tries for a
-        while."""
+        existed. The pool is told (``on_refused``): it makes no lane tries to that
+        node for a while."""
         if self._on_refused is not None:
-            self._on_refused()
+            self._on_refused(target)
         return Outcome(
             target, unsent=ConnectionLostError(f"{target} refused the lane: {exc}"), refused=True
         )
@@ -307,10 +307,11 @@ class DirectLane:
             raise
 
 
-#: Seconds a client makes no lane tries after a node refused a lane's connection (a
-#: connection quota, ``max_connections_per_address``): meanwhile every call takes
-#: the client's own connection, which the node accepted, instead of paying a refused
-#: connect each time.
+#: Seconds a client makes no lane tries to a node after it refused a lane's
+#: connection (a connection quota, ``max_connections_per_address``): meanwhile every
+#: call to that node takes the client's own connection, which the node accepted,
+#: instead of paying a refused connect each time. Calls to other nodes (after a
+#: leader change) still take lanes: the quota is each node's own.
 LANE_REST = 5.0
 
 
@@ -318,8 +319,9 @@ class LanePool:
     """The blocking client's lanes: a free one for each calling thread, made on
     demand up to ``limit`` (each holds a connection to a node of its own), the most
     recently used first (its connection is the warmest). ``take`` returns None when
-    all ``limit`` lanes are busy, the pool is closed or a node refused a lane less
-    than ``LANE_REST`` seconds ago: the call takes the portal.
+    all ``limit`` lanes are busy, the pool is closed or the node the call would try
+    first (the transport's current target) refused a lane less than ``LANE_REST``
+    seconds ago: the call takes the portal.
 
     ``resume`` continues a call on the event loop (the portal's ``run``); the lanes
     look it up at each hand-over, so replacing it (a test counting hops) reaches
@@ -339,7 +341,8 @@ class LanePool:
         self._lanes: list[DirectLane] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._rest_until = 0.0  # time.monotonic(): no lane tries before it
+        # Node -> time.monotonic() before which no lane tries it (a refusal).
+        self._rest_until: dict[str, float] = {}
 
     @property
     def size(self) -> int:
@@ -349,8 +352,13 @@ class LanePool:
     def take(self) -> DirectLane | None:
         """A lane for this thread alone until ``give``, or None (use the portal)."""
         with self._lock:
-            if self._closed or time.monotonic() < self._rest_until:
+            if self._closed:
                 return None
+            rest = self._rest_until.get(self.transport.target)
+            if rest is not None:
+                if time.monotonic() < rest:
+                    return None
+                del self._rest_until[self.transport.target]  # bounded by the endpoints
             if self._idle:
                 return self._idle.pop()
             if len(self._lanes) >= self.limit:
@@ -366,10 +374,11 @@ class LanePool:
     def _resume(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return self.resume(coro)
 
-    def _refused(self) -> None:
-        """A node refused a lane's connection (any lane's thread): rest the lanes."""
+    def _refused(self, target: str) -> None:
+        """``target`` refused a lane's connection (any lane's thread): no lane tries
+        to it for ``LANE_REST`` seconds."""
         with self._lock:
-            self._rest_until = time.monotonic() + LANE_REST
+            self._rest_until[target] = time.monotonic() + LANE_REST
 
     def close(self) -> None:
         """Close every lane (any thread): calls waiting on one are woken (see

@@ -57,8 +57,10 @@ class Outcome:
     nothing can have applied), ``lost`` (connection lost or no answer in time: maybe
     applied) or the node's ``response``. ``refused`` (with ``unsent``): the node
     refused the try's own connection (the blocking client's lane, client/direct.py),
-    not the request: the next try goes to the same node at once, on the client's
-    connection, without a back-off."""
+    not the request: the next try is made at once, on the client's connection,
+    without a back-off and without moving to another endpoint. It goes to the
+    transport's current target: the refusing node, unless another call learned of
+    a new leader meanwhile."""
 
     target: str
     response: dict[str, Any] = field(default_factory=dict)
