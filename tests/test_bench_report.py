@@ -123,11 +123,30 @@ def test_a_target_whose_workload_did_not_run_has_no_row(result: dict[str, Any]) 
     rows = targets.evaluate(only_tasks)
     assert not any(row["met"] is False for row in rows), rows
     assert not any(row["figure"].startswith("0/s") for row in rows), rows
+    # Nor is "no needless elections" judged from no workload at all (vacuously met).
+    assert "no needless elections under full load" in full
+    assert not any(row["target"].startswith("no needless elections") for row in rows), rows
     # Without renew, the "renew as fast as acquire" row goes too; acquire's stay.
     no_renew = {k: v for k, v in result["workloads"].items() if k != "renew"}
     names = {row["target"] for row in targets.evaluate({**result, "workloads": no_renew})}
     assert "renew at least as fast as acquire" in full - names
     assert "acquire, 1 client thread >= 1,000/s" in names
+
+
+def test_lease_reads_of_a_client_without_consistency_modes(result: dict[str, Any]) -> None:
+    """A client without consistency modes measures one plain holder group (its name
+    from targets.toml, ``plain``): the read speedup row says what is missing, and
+    has no row when no holder reads ran at all."""
+    spec = next(s for s in targets.load_specs() if s["kind"] == "read_speedup")
+    workloads = {
+        k: v for k, v in result["workloads"].items() if k not in (spec["fast"], spec["slow"])
+    }
+    plain = {**workloads, spec["plain"]: result["workloads"][spec["fast"]]}
+    rows = targets.evaluate({**result, "workloads": plain})
+    row = next(r for r in rows if r["target"] == spec["name"])
+    assert (row["figure"], row["met"]) == (spec["missing"], None)
+    rows = targets.evaluate({**result, "workloads": workloads})
+    assert not any(r["target"] == spec["name"] for r in rows)
 
 
 def test_targets_follow_the_data(result: dict[str, Any], tmp_path: Path) -> None:

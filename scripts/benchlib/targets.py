@@ -158,7 +158,8 @@ def _as_fast_as(spec: Spec, j: Judged) -> Row | None:
 
 def _read_speedup(spec: Spec, j: Judged) -> Row | None:
     fast, slow = spec["fast"], spec["slow"]
-    if not any(_ran(j, group) for group in (fast, slow, "holder")):
+    # ``plain``: the group of a client without consistency modes (then ``missing``).
+    if not any(_ran(j, group) for group in (fast, slow, spec["plain"])):
         return None  # no holder reads in this run
     if fast not in j.workloads or slow not in j.workloads:
         return _row(spec, spec["missing"], None)
@@ -203,14 +204,17 @@ def _failover(spec: Spec, j: Judged) -> Row | None:
     return _row(spec, f"{median:.3f} s", median < spec["max_s"])
 
 
-def _no_elections(spec: Spec, j: Judged) -> Row:
-    elections = sum(
-        int(e.get("elections", 0))
+def _no_elections(spec: Spec, j: Judged) -> Row | None:
+    measured = [
+        e
         for group, modes in j.workloads.items()
         if group not in NON_THROUGHPUT_GROUPS
         for e in modes.values()
         if isinstance(e, dict)
-    )
+    ]
+    if not measured:
+        return None  # no throughput workload ran: "0 term changes" would pass vacuously
+    elections = sum(int(e.get("elections", 0)) for e in measured)
     # A negative count (a node's term unreadable at the end) is not a pass either.
     return _row(
         spec,
