@@ -13,6 +13,7 @@ failover``).
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from raftlease.replication.transport import (
     election_rank,
 )
 from raftlease.testing import LocalCluster, wait_for
+from raftlease.testing.cluster import TEST_SETTINGS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -189,3 +191,133 @@ def test_a_paused_leader_closes_nothing_and_brings_no_election_forward(
         30,
         "the resumed leader to follow",
     )
+
+
+@pytest.mark.integration
+def test_a_survivor_that_dropped_the_first_vote_request_takes_its_term(
+    cluster: LocalCluster,
+) -> None:
+    """The first survivor (rank 0) last heard the leader well before the second did
+    (it was paused for most of a vote promise just before the leader died), so it
+    runs for election while the second's promise still holds: the second drops that
+    request. Once its promise ends the second takes the dropped term, so that its
+    own election is one term above the first's rather than the same term (a split
+    vote). Whoever wins, the cluster elects in the term after the first's.
+
+    The pause is the fault being built (as the chaos suite's), not a wait for a
+    condition. Up to three kills: on a loaded machine the second may not drop the
+    request after all (its promise ended first), and then there is nothing to check."""
+    # The vote promise is election_timeout_min.
+    promise = float({**TEST_SETTINGS, **cluster.settings}["election_timeout_min"])
+    for attempt in range(3):
+        old = cluster.wait_for_leader()
+        survivors = [n for n in cluster.nodes if n.id != old["node"]]
+        first, second = (n.id for n in sorted(survivors, key=lambda n: n.raft))
+        refused = int(node_status(cluster, second)["votes_refused"])
+        cluster.pause_node(first)
+        time.sleep(promise * 0.9)  # the fault: first hears nothing more from the leader
+        cluster.kill_node(old["node"])
+        cluster.resume_node(first)
+        new = cluster.wait_for_leader(timeout=30, exclude=old["node"])
+        with cluster.client() as c:
+            assert c.acquire(f"split/k{attempt}", owner="agent-1", ttl=5.0).token > 0
+        dropped = int(node_status(cluster, second)["votes_refused"]) > refused
+        if dropped:
+            taken = [
+                ln
+                for ln in cluster.log_path(second).read_text().splitlines()
+                if "taking term" in ln
+            ]
+            assert taken, (
+                f"{second} dropped a vote request under its promise but never took its term"
+            )
+            assert new["term"] == old["term"] + 2, (old, new)
+            return
+        cluster.start_node(str(old["node"]))
+        wait_for(
+            lambda n=str(old["node"]): node_status(cluster, n).get("leader") is not None or None,
+            30,
+            "the restarted node to follow the new leader",
+        )
+    pytest.fail("the second survivor never dropped the first one's vote request in 3 kills")
+
+
+class _ManualClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class _Voter:
+    """The parts of a PySyncObj follower that ``_adopt_dropped_term`` reads and sets."""
+
+    def __init__(self, term: int) -> None:
+        self.raftCurrentTerm = term
+        self.voted_for: object = "someone"
+        self.state: object = None
+        self._SyncObj__raftLeader: object = _Node("127.0.0.1:7002")
+        self.leader = False
+
+    def _isLeader(self) -> bool:
+        return self.leader
+
+    def _SyncObj__setCurrentTerm(self, term: int, voted_for: object) -> None:
+        self.raftCurrentTerm, self.voted_for = term, voted_for
+
+    def _SyncObj__setState(self, state: object) -> None:
+        self.state = state
+
+
+def _voter_transport(term: int) -> tuple[transport.LeaseTransport, _Voter, _ManualClock]:
+    from raftlease.replication.leadership import LeaseGuard
+
+    clock = _ManualClock()
+    guard = LeaseGuard(clock, cluster_size=3, promise=0.4, rho=0.01)
+    clock.now += 10.0  # started long ago: only the last heartbeat holds the promise
+    guard.last_heard = clock.now  # the dead leader's last message
+    t = transport.LeaseTransport.__new__(transport.LeaseTransport)
+    voter = _Voter(term)
+    t._syncObj = voter
+    t.guard = guard
+    t._dropped_vote = (0, 0.0)
+    return t, voter, clock
+
+
+def test_a_vote_request_dropped_under_the_promise_lends_its_term_once_it_ends() -> None:
+    """The first survivor's request reached this one while its promise still held
+    (dropped, so the old leader's lease stays sound). Once the promise ends, this
+    node takes that term, with no vote in it, so that its own election, at its
+    rank's slot, is one term above the first survivor's instead of the same term (a
+    split vote: both would wait a full random election timeout)."""
+    from pysyncobj.syncobj import _RAFT_STATE
+
+    t, voter, clock = _voter_transport(term=5)
+    clock.now += 0.3  # promise (0.4 s) still holds
+    assert t.guard.refuse_vote()
+    t._note_dropped_vote(6)
+    t._note_dropped_vote(True)  # hostile or broken terms are ignored
+    t._note_dropped_vote("9")
+    t._adopt_dropped_term()
+    assert voter.raftCurrentTerm == 5, "taken while the promise held"
+    clock.now += 0.11  # the promise has ended
+    t._adopt_dropped_term()
+    assert (voter.raftCurrentTerm, voter.voted_for) == (6, None)
+    assert voter.state == _RAFT_STATE.FOLLOWER and voter._SyncObj__raftLeader is None
+    voter.voted_for = "me"  # its own election in term 7 votes; nothing is taken again
+    t._adopt_dropped_term()
+    assert (voter.raftCurrentTerm, voter.voted_for) == (6, "me")
+
+
+@pytest.mark.parametrize("case", ["stale", "not higher", "leader"])
+def test_a_dropped_vote_request_is_not_taken_when_it_is_no_news(case: str) -> None:
+    """Not from an old dropped request (over twice the promise ago), not a term at or
+    below ours, and never by a leader."""
+    t, voter, clock = _voter_transport(term=5)
+    clock.now += 0.3
+    t._note_dropped_vote(5 if case == "not higher" else 6)
+    voter.leader = case == "leader"
+    clock.now += 0.9 if case == "stale" else 0.2
+    t._adopt_dropped_term()
+    assert (voter.raftCurrentTerm, voter.voted_for) == (5, "someone")
