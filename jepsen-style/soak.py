@@ -56,6 +56,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from raftlease.testing.net import ESTABLISHED, LISTEN, tcp_sockets
+
 #: Seconds between samples.
 SAMPLE_EVERY = 10.0
 #: Minutes of warm-up the RSS rule leaves out (when the run is long enough).
@@ -151,10 +153,6 @@ def process_stats(pid: int) -> dict[str, Any] | None:
     return out if "rss_kb" in out and "threads" in out else None
 
 
-#: TCP states of /proc/net/tcp (include/net/tcp_states.h).
-_TCP_ESTABLISHED, _TCP_LISTEN = "01", "0A"
-
-
 def accepted_connections(pid: int, entries: Iterable[str]) -> int:
     """How many of process ``pid``'s fds (``entries`` of /proc/PID/fd) are established
     TCP connections on a local port it also listens on (connections it accepted);
@@ -165,20 +163,9 @@ def accepted_connections(pid: int, entries: Iterable[str]) -> int:
             target = os.readlink(f"/proc/{pid}/fd/{name}")
             if target.startswith("socket:["):
                 inodes.add(target[8:-1])
-    listening: set[str] = set()
-    established: list[str] = []  # local ports of our established sockets
-    for table in ("tcp", "tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-                fields = line.split()
-                if len(fields) < 10 or fields[9] not in inodes:
-                    continue
-                port = fields[1].rpartition(":")[2]
-                if fields[3] == _TCP_LISTEN:
-                    listening.add(port)
-                elif fields[3] == _TCP_ESTABLISHED:
-                    established.append(port)
-    return sum(1 for port in established if port in listening)
+    ours = [sock for sock in tcp_sockets(pid, ("tcp", "tcp6")) if sock.inode in inodes]
+    listening = {sock.local_port for sock in ours if sock.state == LISTEN}
+    return sum(1 for sock in ours if sock.state == ESTABLISHED and sock.local_port in listening)
 
 
 def file_sizes(directory: Path) -> dict[str, int | None]:

@@ -26,6 +26,7 @@ from raftlease.errors import (
 )
 from raftlease.protocol import FrameDecoder, encode_frame
 from raftlease.testing import LocalCluster, wait_for
+from raftlease.testing.net import ESTABLISHED, LOOPBACK, tcp_sockets
 
 from .test_cluster import raw_request
 from .test_partitions import Proxied, _proxied
@@ -139,14 +140,12 @@ def wait_without_quorum(cluster: LocalCluster) -> str:
 def bytes_waiting(port: int) -> int:
     """Connections to 127.0.0.1:``port`` whose received bytes nobody has read yet
     (``/proc/net/tcp``, Linux): requests that reached a stopped node's socket."""
-    count = 0
-    with open("/proc/net/tcp") as table:
-        for line in table.read().splitlines()[1:]:
-            fields = line.split()
-            local, state, queues = fields[1], fields[3], fields[4]
-            if local == f"0100007F:{port:04X}" and state == "01":  # ESTABLISHED
-                count += int(queues.split(":")[1], 16) > 0
-    return count
+    return sum(
+        1
+        for sock in tcp_sockets()
+        if (sock.local_ip, sock.local_port, sock.state) == (LOOPBACK, port, ESTABLISHED)
+        and sock.rx_queue > 0
+    )
 
 
 @pytest.mark.integration

@@ -36,6 +36,7 @@ from raftlease.replication.peers import (
     parse_secrets,
 )
 from raftlease.testing import TEST_SETTINGS, LocalCluster, wait_for
+from raftlease.testing.net import ESTABLISHED, tcp_sockets
 
 OLD = "old-secret-" + "a" * 40
 NEW = "new-secret-" + "b" * 40
@@ -231,16 +232,11 @@ def raft_connections(cluster: LocalCluster) -> set[tuple[int, int]]:
     port, listener's port) pairs, from /proc/net/tcp (the kernel's table: a
     reconnect gets a new dialer port)."""
     ports = {raft_addr(cluster, n.id)[1] for n in cluster.nodes}
-    found: set[tuple[int, int]] = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, remote, state = fields[1], fields[2], fields[3]
-        if state != "01":  # ESTABLISHED
-            continue
-        lport, rport = int(local.split(":")[1], 16), int(remote.split(":")[1], 16)
-        if rport in ports and lport not in ports:
-            found.add((lport, rport))
-    return found
+    return {
+        (sock.local_port, sock.remote_port)
+        for sock in tcp_sockets()
+        if sock.state == ESTABLISHED and sock.remote_port in ports and sock.local_port not in ports
+    }
 
 
 class Writer:
