@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import types
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -400,6 +401,16 @@ def test_a_refusal_rests_the_lanes_to_that_node_only(peers: PeerLoop) -> None:
     assert [r.frame["key"] for r in other.ops("acquire")] == ["k2"]
     assert [r.frame["key"] for r in peer.ops("acquire")] == ["k", "k3"]
     assert skipped == 1, "only the call to the resting node should skip the lanes"
+
+
+def test_ended_lane_rests_are_forgotten() -> None:
+    """The rest map keeps only rests that have not ended: a node's redirects can name
+    any address, and one entry per address ever refused would grow without bound."""
+    pool = direct.LanePool(types.SimpleNamespace(target="a:1"), lambda coro: None, limit=1)  # type: ignore[arg-type]
+    pool._refused("a:1")
+    pool._rest_until["a:1"] = time.monotonic() - 1.0  # as if LANE_REST had passed
+    pool._refused("b:1")
+    assert set(pool._rest_until) == {"b:1"}
 
 
 def test_lanes_are_tried_again_after_their_rest(

@@ -354,11 +354,12 @@ class LanePool:
         with self._lock:
             if self._closed:
                 return None
-            rest = self._rest_until.get(self.transport.target)
+            target = self.transport.target  # one read: the loop thread replaces it
+            rest = self._rest_until.get(target)
             if rest is not None:
                 if time.monotonic() < rest:
                     return None
-                del self._rest_until[self.transport.target]  # bounded by the endpoints
+                del self._rest_until[target]
             if self._idle:
                 return self._idle.pop()
             if len(self._lanes) >= self.limit:
@@ -377,8 +378,13 @@ class LanePool:
     def _refused(self, target: str) -> None:
         """``target`` refused a lane's connection (any lane's thread): no lane tries
         to it for ``LANE_REST`` seconds."""
+        now = time.monotonic()
         with self._lock:
-            self._rest_until[target] = time.monotonic() + LANE_REST
+            # Ended rests go first: a node's redirects can name any address, so the
+            # map must not keep one entry per address ever refused.
+            rests = {t: until for t, until in self._rest_until.items() if until > now}
+            rests[target] = now + LANE_REST
+            self._rest_until = rests
 
     def close(self) -> None:
         """Close every lane (any thread): calls waiting on one are woken (see
