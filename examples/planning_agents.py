@@ -362,6 +362,9 @@ def summarize(
     ]
     for message in report["errors"]:
         print(f"error: {message}")
+    for p in procs:
+        if p.exitcode != 0:  # None: still running when the planner gave up on it
+            print(f"error: {p.name} exited with code {p.exitcode}")
     print("checks:")
     for what, ok in checks:
         print(f"  [{'ok' if ok else 'FAIL'}] {what}")
