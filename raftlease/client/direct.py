@@ -354,12 +354,8 @@ class LanePool:
         with self._lock:
             if self._closed:
                 return None
-            target = self.transport.target  # one read: the loop thread replaces it
-            rest = self._rest_until.get(target)
-            if rest is not None:
-                if time.monotonic() < rest:
-                    return None
-                del self._rest_until[target]
+            if time.monotonic() < self._rest_until.get(self.transport.target, 0.0):
+                return None
             if self._idle:
                 return self._idle.pop()
             if len(self._lanes) >= self.limit:
