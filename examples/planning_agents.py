@@ -263,8 +263,13 @@ def run_agents(endpoints: str, args: argparse.Namespace) -> int:
                 return 1
             store.start()
 
-            if wait_until(lambda: store.crash() is not None, 15.0):
-                crash = store.crash()
+            # The crasher freezes at its first write; under load that can be late, so
+            # wait for it as long as it may run (a fixed window could miss it and
+            # leave it stopped until the end, to be killed and reported as failed).
+            frozen, others = procs[0], procs[1:]  # agent-0 is the crasher
+            wait_until(lambda: store.crash() is not None or not frozen.is_alive(), AGENT_BUDGET)
+            crash = store.crash()
+            if crash is not None:
                 held = ", ".join(short(k) for k in crash["held"])
                 print(
                     f"crash: {crasher} (pid {crash['pid']}) froze holding {held}, just before "
@@ -272,8 +277,14 @@ def run_agents(endpoints: str, args: argparse.Namespace) -> int:
                 )
                 # Resume it only once others have finished what it held, so that its
                 # late write meets a fence that has seen the newer tokens.
-                if not wait_until(lambda: set(crash["held"]) <= set(store.done_keys()), 15.0):
-                    print("  its subtasks were not all finished by others in 15 s")
+                if not wait_until(
+                    lambda: (
+                        set(crash["held"]) <= set(store.done_keys())
+                        or not any(p.is_alive() for p in others)
+                    ),
+                    AGENT_BUDGET,
+                ):
+                    print(f"  its subtasks were not all finished by others in {AGENT_BUDGET} s")
                 os.kill(crash["pid"], signal.SIGCONT)
                 print(f"resume: {crasher} continues (SIGCONT) and makes its late write")
             deadline = time.monotonic() + AGENT_BUDGET
