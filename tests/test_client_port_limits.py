@@ -92,6 +92,27 @@ def test_an_idle_connection_is_closed_but_a_watch_is_kept(cluster_factory: Facto
         assert frames[0]["result"]["events"][0]["key"] == "w/a"
 
 
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_connection_is_closed_when_idle_after_its_requests_were_answered(
+    cluster_factory: Factory,
+) -> None:
+    """The idle clock starts when the last request in flight is answered: before,
+    the read after a request had no limit while the request was in flight, and kept
+    none after it was answered, so a connection that had sent anything stayed open."""
+    cluster = cluster_factory(1, idle_timeout=1.0)
+    with socket.create_connection(client_addr(cluster)) as sock:
+        decoder = FrameDecoder()
+        sock.settimeout(10)
+        for rid in (1, 2):
+            sock.sendall(encode_frame({"id": rid, "op": "holder", "key": "idle/k"}))
+            answers: list[dict[str, Any]] = []
+            while not answers:
+                answers.extend(decoder.feed(sock.recv(65536)))
+            assert answers[0]["ok"] is True
+        assert closed_within(sock, 30) >= 0.5
+
+
 class _StuckWriter:
     """A watcher's connection whose reader never reads: drain never returns."""
 

@@ -61,6 +61,7 @@ from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder
 from . import membership_ops
 from .auth import AuthPolicy, Principal, load_auth
 from .backup import SnapshotExports
+from .conn_timer import ConnectionTimer
 from .heap import HeapTrimmer
 from .keepalive import LAG_SLACK_MS, LEASE, SESSION
 from .log_clock import LogClock
@@ -469,51 +470,6 @@ class NodeServer(TaskWaits):
 
     # --------------------------------------------------------- connections
 
-    async def _read_within(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        decoder: FrameDecoder,
-        tasks: set[asyncio.Task[None]],
-        frame_started: float | None,
-    ) -> bytes:
-        """The next bytes of a client connection, or b"" (close it) when a started
-        frame is not whole within ``frame_timeout`` (a slow or stalled sender holding
-        a buffer) or nothing arrives for ``idle_timeout`` while nothing is in flight
-        (a watch or a long-poll in flight keeps the connection)."""
-        config = self.config
-        loop = asyncio.get_running_loop()
-        if frame_started is not None:
-            timeout: float | None = config.frame_timeout - (loop.time() - frame_started)
-            why = f"a request frame ({decoder.pending} bytes so far) took over"
-            limit = config.frame_timeout
-        elif not tasks:
-            timeout, why, limit = config.idle_timeout, "idle for", config.idle_timeout
-        else:
-            timeout, why, limit = None, "", 0.0
-        if timeout is None:
-            return await reader.read(1 << 16)
-        if timeout <= 0:
-            log.info("client connection closed: %s %.0f s", why, limit)
-            return b""
-        # A timer, not asyncio.wait_for: wait_for wraps every read in a new task, which
-        # costs more than the read itself on the request path.
-        expired: list[bool] = []
-
-        def expire() -> None:
-            expired.append(True)
-            writer.transport.abort()
-
-        timer = loop.call_later(timeout, expire)
-        try:
-            data = await reader.read(1 << 16)
-        finally:
-            timer.cancel()
-        if expired:
-            log.info("client connection closed: %s %.0f s", why, limit)
-            return b""
-        return data
-
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
@@ -529,6 +485,18 @@ class NodeServer(TaskWaits):
         # slots are freed then, not at their timeout (nobody reads their answer).
         polls: set[asyncio.Task[None]] = set()
         frame_started: float | None = None
+
+        def close(reason: str) -> None:
+            log.info("client connection closed: %s", reason)
+            writer.transport.abort()  # the pending read then sees the end
+
+        deadlines = ConnectionTimer(
+            asyncio.get_running_loop(),
+            self.config.frame_timeout,
+            self.config.idle_timeout,
+            tasks,
+            close,
+        )
         # The connection's principal (auth.py): from its client certificate, or set
         # by an auth request. A one-item list the request tasks share.
         who: list[Principal | None] = [None]
@@ -545,9 +513,10 @@ class NodeServer(TaskWaits):
                 return
             self._arm_auth_deadline(writer, who)
             while True:
-                data = await self._read_within(reader, writer, decoder, tasks, frame_started)
+                data = await reader.read(1 << 16)
                 if not data:
                     break
+                deadlines.received()
                 frames: list[dict[str, Any]] = []
                 broken: RaftLeaseError | None = None
                 try:
@@ -558,11 +527,13 @@ class NodeServer(TaskWaits):
                     frame_started = None
                 elif frame_started is None:
                     frame_started = asyncio.get_running_loop().time()
+                deadlines.frame(frame_started, decoder.pending)
                 for message in frames:
                     await slots.acquire()
                     task = asyncio.create_task(self._answer(message, writer, slots, who))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
+                    task.add_done_callback(deadlines.quiet)
                     op = message.get("op")
                     if isinstance(op, str) and op in LONG_POLL_OPS:  # a list op: no hash
                         polls.add(task)
@@ -579,6 +550,7 @@ class NodeServer(TaskWaits):
             # reload): the connection is over either way.
             pass
         finally:
+            deadlines.stop()
             for task in list(polls):
                 task.cancel()
             self._connections -= 1

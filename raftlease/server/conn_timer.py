@@ -1,0 +1,100 @@
+"""The two time limits of a client connection, on one timer per connection.
+
+* ``frame_timeout``: a request frame that has started must arrive whole within it (a
+  slow or stalled sender must not hold a buffer for ever).
+* ``idle_timeout``: a connection with nothing in flight (no request being answered, no
+  watch, no long-poll) and nothing received for that long is closed.
+
+One ``TimerHandle`` per connection, re-armed only when it fires or when a frame starts
+(its limit is shorter), instead of one armed and cancelled around every read: that
+cost more than the read on the request path. The idle clock starts when the
+connection last became quiet: data received, or its last request in flight
+answered. (Before this module, the read that followed a request was made with no
+limit while that request was in flight, and so stayed without one after it was
+answered: a connection that had sent one request was never closed as idle.)
+
+Threads: the event loop's only. Nothing here blocks or raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection
+
+log = logging.getLogger("raftlease.server")
+
+
+class ConnectionTimer:
+    """Closes a connection (``close(reason)``) when a started frame is late or when it
+    has been quiet for ``idle_timeout``. ``busy`` is the connection's set of requests
+    in flight (read when the timer fires). Call ``received`` when data arrives,
+    ``frame`` with the frame's start (or None once no frame is partial), ``quiet``
+    when a request in flight ends, and ``stop`` when the connection ends."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        frame_timeout: float,
+        idle_timeout: float,
+        busy: Collection[object],
+        close: Callable[[str], None],
+    ) -> None:
+        self._loop = loop
+        self._frame_timeout = frame_timeout
+        self._idle_timeout = idle_timeout
+        self._busy = busy
+        self._close = close
+        self.quiet_since = loop.time()
+        self.frame_started: float | None = None
+        self.frame_bytes = 0
+        self._handle: asyncio.TimerHandle | None = None
+        self._at = 0.0
+        self._arm(self.quiet_since + idle_timeout)
+
+    def received(self) -> None:
+        self.quiet_since = self._loop.time()
+
+    def quiet(self, _: object = None) -> None:
+        """A request in flight ended (usable as a task's done callback)."""
+        self.quiet_since = self._loop.time()
+
+    def frame(self, started: float | None, pending: int = 0) -> None:
+        """A frame is partial since ``started`` (``pending`` bytes so far), or none is."""
+        self.frame_started, self.frame_bytes = started, pending
+        if started is not None and started + self._frame_timeout < self._at:
+            self._arm(started + self._frame_timeout)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _arm(self, when: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._at = when
+        self._handle = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        now = self._loop.time()
+        deadlines: list[float] = []
+        if self.frame_started is not None:
+            ends = self.frame_started + self._frame_timeout
+            if ends <= now:
+                self._close(
+                    f"a request frame ({self.frame_bytes} bytes so far) took over "
+                    f"{self._frame_timeout:g} s"
+                )
+                return
+            deadlines.append(ends)
+        elif not self._busy:
+            ends = self.quiet_since + self._idle_timeout
+            if ends <= now:
+                self._close(f"idle for {self._idle_timeout:g} s")
+                return
+            deadlines.append(ends)
+        # Busy: look again one idle period from now (the last request to end moves
+        # quiet_since, which the next look reads).
+        self._arm(min(deadlines, default=now + self._idle_timeout))

@@ -1,0 +1,130 @@
+"""The client connection's two time limits on one timer (server/conn_timer.py), on a
+real event loop with short limits: when it closes, why, and that requests in flight,
+new data and a finished frame keep a connection open."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from raftlease.server.conn_timer import ConnectionTimer
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Closed:
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+        self.event = asyncio.Event()
+
+    def __call__(self, reason: str) -> None:
+        self.reasons.append(reason)
+        self.event.set()
+
+
+async def closed(c: Closed, within: float = 10.0) -> str:
+    await asyncio.wait_for(c.event.wait(), within)
+    return c.reasons[0]
+
+
+def test_a_quiet_connection_is_closed_after_idle_timeout() -> None:
+    async def main() -> tuple[str, float]:
+        loop = asyncio.get_running_loop()
+        c = Closed()
+        started = loop.time()
+        timer = ConnectionTimer(loop, 5.0, 0.2, set(), c)
+        try:
+            return await closed(c), loop.time() - started
+        finally:
+            timer.stop()
+
+    reason, took = asyncio.run(main())
+    assert reason == "idle for 0.2 s"
+    assert took >= 0.2
+
+
+def test_a_request_in_flight_keeps_it_open_and_the_idle_clock_starts_when_it_ends() -> None:
+    async def main() -> tuple[list[str], float, float]:
+        loop = asyncio.get_running_loop()
+        c = Closed()
+        busy: set[object] = {"request"}
+        timer = ConnectionTimer(loop, 5.0, 0.1, busy, c)
+        try:
+            await asyncio.sleep(0.5)  # five idle periods with a request in flight
+            still_open = list(c.reasons)
+            busy.clear()
+            ended = loop.time()
+            timer.quiet()
+            await closed(c)
+            return still_open, ended, loop.time()
+        finally:
+            timer.stop()
+
+    still_open, ended, closed_at = asyncio.run(main())
+    assert still_open == []
+    assert closed_at - ended >= 0.1
+
+
+def test_data_received_moves_the_idle_clock() -> None:
+    async def main() -> tuple[list[str], str]:
+        loop = asyncio.get_running_loop()
+        c = Closed()
+        timer = ConnectionTimer(loop, 5.0, 0.3, set(), c)
+        try:
+            for _ in range(6):  # 0.6 s of traffic every 0.1 s: never 0.3 s quiet
+                await asyncio.sleep(0.1)
+                timer.received()
+            while_talking = list(c.reasons)
+            return while_talking, await closed(c)
+        finally:
+            timer.stop()
+
+    while_talking, reason = asyncio.run(main())
+    assert while_talking == []
+    assert reason == "idle for 0.3 s"
+
+
+def test_a_partial_frame_is_closed_at_the_frame_deadline_even_with_requests_in_flight() -> None:
+    async def main() -> tuple[str, float]:
+        loop = asyncio.get_running_loop()
+        c = Closed()
+        timer = ConnectionTimer(loop, 0.2, 600.0, {"request"}, c)
+        try:
+            started = loop.time()
+            timer.frame(started, 7)  # earlier than the armed idle look: re-armed
+            return await closed(c), loop.time() - started
+        finally:
+            timer.stop()
+
+    reason, took = asyncio.run(main())
+    assert reason == "a request frame (7 bytes so far) took over 0.2 s"
+    assert 0.2 <= took < 5.0
+
+
+def test_a_frame_that_completes_in_time_is_not_closed() -> None:
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        c = Closed()
+        timer = ConnectionTimer(loop, 0.2, 600.0, {"request"}, c)
+        try:
+            timer.frame(loop.time(), 7)
+            timer.frame(None)  # whole before its deadline
+            await asyncio.sleep(0.5)
+            return c.reasons
+        finally:
+            timer.stop()
+
+    assert asyncio.run(main()) == []
+
+
+def test_stop_cancels_the_timer() -> None:
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        c = Closed()
+        timer = ConnectionTimer(loop, 0.1, 0.1, set(), c)
+        timer.stop()
+        await asyncio.sleep(0.3)
+        return c.reasons
+
+    assert asyncio.run(main()) == []
