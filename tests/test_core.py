@@ -17,6 +17,7 @@ from raftlease.core import (
     LeaseRecord,
     LeaseStore,
 )
+from raftlease.core.dedup import fingerprint, fingerprint_of, remember
 from raftlease.limits import (
     MAX_ID_CHARS,
     MAX_KEY_BYTES,
@@ -934,6 +935,30 @@ def test_a_cached_answer_goes_only_to_the_same_request() -> None:
         assert r["ok"] is False and r["code"] == "BAD_REQUEST", r
         assert "L1" not in repr(r)
         assert s.to_plain() == before
+
+
+def test_a_fingerprint_kept_undigested_is_the_digest_of_the_request_answered() -> None:
+    """Nearly every answer is acknowledged without ever being compared, so a request of
+    plain scalars is kept and digested only when asked (a retry, a snapshot): the same
+    digest as at apply time, whatever the caller does with its dict afterwards, and the
+    same in a snapshot taken at any time. A request holding a container is digested at
+    once (the state machine may keep that container and change it)."""
+    s = LeaseStore()
+    entry = acquire(0, key="k", lid="L1", cid="c", seq=1)
+    expected = fingerprint("acquire", dict(entry))
+    ok(s.apply(entry))
+    record = s.clients["c"]
+    assert isinstance(record.fingerprints[1], tuple), "digested on the request path"
+    entry["key"] = "changed"  # the caller's dict is not what is kept
+    assert s.to_plain()["sessions"] == [["c", 0, 1, [[1, record.results[1], expected]]]]
+    kept: object = record.fingerprints[1]
+    assert kept == expected  # digested once, then kept as the digest
+    assert fingerprint_of(record, 1) == expected
+    assert fingerprint_of(record, 2) is None
+
+    listed = {"op": "task_put", "queue": "q", "payload": [1, 2], "cid": "c", "seq": 2}
+    remember(record, 2, "task_put", listed)
+    assert record.fingerprints[2] == fingerprint("task_put", listed)
 
 
 # ----------------------------------------------- revoke, waiters, sessions (issue 13)

@@ -46,6 +46,39 @@ def fingerprint(op: str, entry: dict[str, Any]) -> str:
     return hashlib.blake2b(repr(fields).encode(), digest_size=16).hexdigest()
 
 
+#: Values that cannot change after the entry is applied (no container the state
+#: machine could keep and change later): a request made of them alone may be kept and
+#: digested later with the same result (``remember``).
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def remember(record: ClientRecord, seq: int, op: str, entry: dict[str, Any]) -> None:
+    """Keep what ``fingerprint_of(record, seq)`` needs for the request ``entry``
+    answered as ``seq``. Digesting costs more than applying an acquire, and nearly
+    every answer is acknowledged (and dropped) without ever being compared, so a
+    request of plain scalars is kept as it is and digested only when asked; any other
+    is digested now, as its containers might be shared with state that changes later.
+    Either way every node gets the same digest, whenever it asks (snapshots differ in
+    time between nodes)."""
+    if all(type(v) in _SCALARS for v in entry.values()):
+        # A copy of the fields the digest reads: smaller, and the caller's dict may
+        # be reused.
+        drawn = _DRAWN.get(op)
+        kept = {k: v for k, v in entry.items() if k not in _STAMPED and k != drawn}
+        record.fingerprints[seq] = (op, kept)
+    else:
+        record.fingerprints[seq] = fingerprint(op, entry)
+
+
+def fingerprint_of(record: ClientRecord, seq: int) -> str | None:
+    """The fingerprint of the request ``record`` answered as ``seq``; None if it
+    has none (an answer kept by a layout before fingerprints)."""
+    known = record.fingerprints.get(seq)
+    if isinstance(known, tuple):
+        known = record.fingerprints[seq] = fingerprint(*known)
+    return known
+
+
 class ClientTable(OrderedDict[str, ClientRecord]):
     """Client id -> its record, ordered by last request (oldest first), so idle
     clients are evicted in order."""
@@ -110,7 +143,7 @@ class ClientTable(OrderedDict[str, ClientRecord]):
                 cid,
                 r.last_seen,
                 r.acked,
-                [[seq, res, r.fingerprints.get(seq, "")] for seq, res in r.results.items()],
+                [[seq, res, fingerprint_of(r, seq) or ""] for seq, res in r.results.items()],
             ]
             for cid, r in self.items()
         ]

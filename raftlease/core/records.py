@@ -127,8 +127,10 @@ class ClientRecord:
     #: late duplicate of one (a retry overtaken by later requests) is never applied.
     acked: int = 1
     #: seq -> fingerprint of the request answered (``dedup.fingerprint``): a cached
-    #: answer is returned only to the same request.
-    fingerprints: dict[int, str] = field(default_factory=dict)
+    #: answer is returned only to the same request. Use ``dedup.fingerprint_of``: a
+    #: request of plain scalars is kept as ``(op, entry)`` and digested only when
+    #: asked (a retry, a snapshot), since nearly every answer is acknowledged unread.
+    fingerprints: dict[int, str | tuple[str, dict[str, Any]]] = field(default_factory=dict)
 
 
 def error(code: str, message: str, **detail: Any) -> Result:

@@ -53,7 +53,7 @@ from .checks import (
     check_args,
     valid_int,
 )
-from .dedup import fingerprint
+from .dedup import fingerprint, fingerprint_of, remember
 from .queue import check_task_args
 from .records import ClientRecord, LeaseRecord, LeaseSession, Result, Waiter, error
 from .state import StoreState
@@ -338,7 +338,7 @@ class LeaseStore(StoreState):
             return cached
         result = self._MUTATIONS[op](self, entry)
         record.results[seq] = result
-        record.fingerprints[seq] = fingerprint(op, entry)
+        remember(record, seq, op, entry)
         return result
 
     def _forged_retry(self, op: str, entry: dict[str, Any]) -> bool:
@@ -348,7 +348,7 @@ class LeaseStore(StoreState):
         record = self.clients.get(entry["cid"])
         if record is None or entry["seq"] not in record.results:
             return False
-        known = record.fingerprints.get(entry["seq"])
+        known = fingerprint_of(record, entry["seq"])
         return known is not None and known != fingerprint(op, entry)
 
     def _acquire(self, entry: dict[str, Any]) -> Result:
