@@ -1,6 +1,7 @@
-"""``Proposer.propose``'s own deadline (a timer on the request's future, not
-``asyncio.wait_for``): a proposal with no outcome in time fails with TimeoutError_ and
-says the outcome is unknown; an outcome that comes later is dropped; cancelling the
+"""``Proposer.propose``'s own deadline (one timer per log entry, set when the entry is
+proposed, not ``asyncio.wait_for`` nor a timer per request): a proposal with no
+outcome in time fails with TimeoutError_ and says the outcome is unknown, every
+request of a batch alike; an outcome that comes later is dropped; cancelling the
 caller cancels the request; an outcome in time cancels the timer."""
 
 from __future__ import annotations
@@ -87,6 +88,25 @@ def test_cancelling_the_caller_cancels_the_request() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         replica.held[0]({"ok": True}, None)  # its outcome later: dropped
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+
+
+def test_requests_batched_into_one_entry_share_one_deadline() -> None:
+    async def main() -> None:
+        made, replica = proposer(0.1)
+        loop = asyncio.get_running_loop()
+        tasks = [
+            asyncio.create_task(made.propose({"op": "acquire", "key": f"k{i}"})) for i in range(3)
+        ]
+        await until(lambda: len(replica.held) == 1)  # one batch entry for the three
+        live = [h for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+        assert len(live) == 1, live
+        for task in tasks:
+            with pytest.raises(TimeoutError_, match="outcome is unknown"):
+                await task
+        replica.held[0]({"ok": True, "results": [{"ok": True}] * 3}, None)  # late: dropped
         await asyncio.sleep(0)
 
     asyncio.run(main())

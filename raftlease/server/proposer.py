@@ -82,14 +82,11 @@ class Proposer:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
-        # A timer on the future itself, not asyncio.wait_for (which adds a second
-        # future and two callbacks per request). Cancelling the awaiting task cancels
+        # The deadline is one timer per log entry, set by the flush in this turn of
+        # the loop (not asyncio.wait_for, which adds a second future and two callbacks
+        # per request, nor a timer per request). Cancelling the awaiting task cancels
         # ``future``; its result, if it comes later, is dropped (``_settle``).
-        timer = loop.call_later(self.request_timeout, _expire, future, self.request_timeout)
-        try:
-            return await future
-        finally:
-            timer.cancel()
+        return await future
 
     def _flush(self) -> None:
         """Event loop: propose what accumulated, stamped with log time and term."""
@@ -131,6 +128,7 @@ class Proposer:
                 body["durable"] = True  # replication.durable.DURABLE_MARK
             futures = [future for _, future in chunk]
             started = time.perf_counter() if self.on_commit is not None else 0.0
+            timer = loop.call_later(self.request_timeout, _expire, futures, self.request_timeout)
 
             def on_done(
                 result: Result | None,
@@ -138,12 +136,13 @@ class Proposer:
                 futures: list[asyncio.Future[Result]] = futures,
                 started: float = started,
                 on_commit: Callable[[float], None] | None = self.on_commit,
+                timer: asyncio.TimerHandle = timer,
             ) -> None:
                 if on_commit is not None and err is None:
                     on_commit(time.perf_counter() - started)
                 # Tick thread: hop to the event loop.
                 with contextlib.suppress(RuntimeError):  # loop closed during shutdown
-                    loop.call_soon_threadsafe(_settle, futures, result, err)
+                    loop.call_soon_threadsafe(_settle, futures, result, err, timer)
 
             replica.propose(msgpack.packb(body, use_bin_type=True), on_done)
 
@@ -211,16 +210,25 @@ def split_batches(
     return chunks
 
 
-def _expire(future: asyncio.Future[Result], timeout: float) -> None:
+def _expire(futures: list[asyncio.Future[Result]], timeout: float) -> None:
     """Event loop: ``propose``'s deadline passed before the entry's outcome came."""
-    if not future.done():
-        future.set_exception(TimeoutError_(f"no commit within {timeout} s; the outcome is unknown"))
+    for future in futures:
+        if not future.done():
+            future.set_exception(
+                TimeoutError_(f"no commit within {timeout} s; the outcome is unknown")
+            )
 
 
 def _settle(
-    futures: list[asyncio.Future[Result]], result: Result | None, err: RaftLeaseError | None
+    futures: list[asyncio.Future[Result]],
+    result: Result | None,
+    err: RaftLeaseError | None,
+    timer: asyncio.TimerHandle | None = None,
 ) -> None:
-    """Event loop: hand a (batch) entry's outcome to the requests it carried."""
+    """Event loop: hand a (batch) entry's outcome to the requests it carried, and
+    cancel their deadline (``timer``)."""
+    if timer is not None:
+        timer.cancel()
     if err is None and result is not None and len(futures) > 1:
         results = result.get("results")
         if result.get("ok") and isinstance(results, list) and len(results) == len(futures):
