@@ -29,6 +29,7 @@ GOLDEN = DATA / "bench_small.md"
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from benchlib import report, targets  # noqa: E402 - benchlib is found through scripts/
+from benchlib.workloads.failover import keep_logs  # noqa: E402
 
 #: Runs scripts/bench in a fresh interpreter and fails if anything imported raftlease.
 NO_RAFTLEASE = """
@@ -444,3 +445,26 @@ def test_memory_table_shows_the_settled_rss_when_measured(result: dict[str, Any]
     rows = [line for line in section.splitlines() if line.startswith("| n") and "node" not in line]
     assert rows and all(line.endswith("| 41.2 |") for line in rows), rows
     assert "settled: 65 s after it" in text
+
+
+def test_a_failover_that_took_more_than_one_term_keeps_its_node_logs(
+    result: dict[str, Any], tmp_path: Path
+) -> None:
+    """The bench deletes its clusters' directories at the end: a repetition with more
+    than one term (a split or lost vote) keeps each node's log tail in the output
+    directory, and the report names the copies."""
+    logs = {}
+    for node in ("n1", "n2", "n3"):
+        logs[node] = tmp_path / f"{node}.log"
+        logs[node].write_text("".join(f"{node} line {i}\n" for i in range(10)))
+    logs["n4"] = tmp_path / "gone.log"  # a node without a log file: skipped
+    out = tmp_path / "out"
+    kept = keep_logs(logs, out / "failover-logs", "rep2", tail=3)
+    assert kept == [f"failover-logs/rep2-{n}.log" for n in ("n1", "n2", "n3")]
+    assert (out / kept[1]).read_text() == "n2 line 7\nn2 line 8\nn2 line 9\n"
+
+    fo = next(iter(result["workloads"]["failover"].values()))
+    fo["reps"][0]["logs"] = kept
+    markdown = report.render_markdown(result)
+    assert "Node logs of the repetitions that took more than one term:" in markdown
+    assert f"- rep 1: {', '.join(kept)}" in markdown

@@ -143,6 +143,10 @@ def render_markdown(result: Result) -> str:
                 f"| {fmt(r['time_to_new_leader_s'], '.3f')} | {r['elections']} "
                 f"| {r['client_errors']} |"
             )
+        kept = [(i, r["logs"]) for i, r in enumerate(reps, 1) if r.get("logs")]
+        if kept:
+            lines += ["", "Node logs of the repetitions that took more than one term:"]
+            lines += [f"- rep {i}: {', '.join(paths)}" for i, paths in kept]
     mem = first_variant(w, "memory")
     if mem:
         lines += [

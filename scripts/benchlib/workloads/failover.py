@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from raftlease.errors import RaftLeaseError
@@ -23,6 +24,9 @@ from ..measure import counts, spread
 from ..monitor import Monitor
 
 MODE = "SIGKILL leader"
+
+#: Lines of each node's log kept for a repetition that took more than one term.
+LOG_TAIL = 400
 
 #: The client's deadline per call, seconds (issue 16 measures failover with 0.25 s,
 #: the same deadline the etcd and ZooKeeper anchors get): a call that meets a dead
@@ -49,6 +53,11 @@ def failover(ctx: Context, cluster: LocalCluster) -> None:
     progress(f"failover: {p.failover_reps} SIGKILLs of the leader")
     for rep in range(p.failover_reps):
         result = failover_once(ctx, cluster)
+        if result["elections"] > 1:
+            # More than one term: a split or lost vote, rare and worth a post-mortem;
+            # the cluster's own directory is deleted when the run ends.
+            logs = {n: cluster.log_path(n) for n in (str(a.id) for a in cluster.nodes)}
+            result["logs"] = keep_logs(logs, ctx.out / "failover-logs", f"rep{rep + 1}")
         reps.append(result)
         record(ctx, reps)
         progress(
@@ -61,6 +70,22 @@ def failover(ctx: Context, cluster: LocalCluster) -> None:
         wait_caught_up(cluster, timeout=60)
         time.sleep(0.5)
     ctx.method("failover", METHOD)
+
+
+def keep_logs(logs: dict[str, Path], dest: Path, label: str, tail: int = LOG_TAIL) -> list[str]:
+    """Copy the last ``tail`` lines of each node's log (``logs``: node id -> path) to
+    ``dest/<label>-<node>.log``; returns the copies' paths relative to ``dest``'s
+    parent (the run's output directory). A missing log is skipped."""
+    dest.mkdir(parents=True, exist_ok=True)
+    kept = []
+    for node, path in sorted(logs.items()):
+        if not path.exists():
+            continue
+        lines = path.read_text(errors="replace").splitlines()[-tail:]
+        copy = dest / f"{label}-{node}.log"
+        copy.write_text("\n".join(lines) + "\n")
+        kept.append(str(copy.relative_to(dest.parent)))
+    return kept
 
 
 def record(ctx: Context, reps: list[dict[str, Any]]) -> None:
