@@ -305,3 +305,26 @@ def test_every_private_name_we_reach_into_still_exists() -> None:
         assert f"self.__{name}" in source or f"def __{name}(" in source, (
             f"pysyncobj changed: {owner}.__{name} is gone"
         )
+
+
+def test_the_connection_timeout_the_peer_connection_replaces_is_unchanged() -> None:
+    """``BoundedTcpConnection`` replaces ``TcpConnection.__processConnectionTimeout``
+    (only silence while an answer is awaited is a dead peer): PySyncObj must still
+    call it where it did (each send, each socket event before reading) and keep the
+    attributes it reads."""
+    import inspect
+
+    from pysyncobj.tcp_connection import TcpConnection
+
+    source = inspect.getsource(TcpConnection)
+    for fragment in (
+        "def __trySendBuffer(self):\n        self.__processConnectionTimeout()",
+        "    def __processConnection(self, descr, eventType):",
+        "if monotonicTime() - self.__lastReadTime > self.__timeout:",
+        "self.__timeout = timeout",
+    ):
+        assert fragment in source, f"pysyncobj changed: {fragment!r}"
+    events = inspect.getsource(TcpConnection._TcpConnection__processConnection)
+    assert events.index("self.__processConnectionTimeout()") < events.index(
+        "self.__tryReadBuffer()"
+    )

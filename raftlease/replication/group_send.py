@@ -51,7 +51,13 @@ A subclass, not a wrapper set on the object: PySyncObj writes every attribute ad
 to a ``SyncObj`` after its constructor into the dump (``__properies``), and a
 function there would break log compaction.
 
-Threads: the override runs on PySyncObj's tick thread only.
+It also gives the transport a say before each tick (``before_tick``, if the
+transport has one): PySyncObj's tick may start an election as its first step, and
+the on-tick callbacks run only at its end. ``LeaseTransport`` takes there the term of
+a vote request it dropped under its vote promise, which must happen before this node
+runs for election itself, or it would run in that same term and split the vote.
+
+Threads: the overrides run on PySyncObj's tick thread only.
 """
 
 from __future__ import annotations
@@ -63,6 +69,12 @@ from pysyncobj.syncobj import _RAFT_STATE
 class GroupSendSyncObj(SyncObj):  # type: ignore[misc]
     """``SyncObj`` sending the commands a tick appends in one ``append_entries`` per
     follower (module docstring). Needs ``appendEntriesUseBatch=False``."""
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        before = getattr(getattr(self, "_SyncObj__transport", None), "before_tick", None)
+        if before is not None:
+            before()
+        super()._onTick(timeToWait)
 
     def _checkCommandsToApply(self) -> None:
         conf = self._SyncObj__conf

@@ -319,16 +319,51 @@ class ConnectionCipher:
         return plain
 
 
+#: Peer messages a member answers: the sender then awaits data on the connection.
+AWAITS_ANSWER = frozenset({"append_entries", "request_vote"})
+
+
 class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
     """PySyncObj's peer connection with bounded frames and buffers and cheaper small
-    frames. Installed on each connection object by changing its class
-    (transport.py); the read path and ``send`` mirror PySyncObj's
-    (tests/test_pysyncobj_contract.py). Tick thread only."""
+    frames, and a dead-peer timeout that spares idle connections. Installed on each
+    connection object by changing its class (transport.py); the read path and
+    ``send`` mirror PySyncObj's (tests/test_pysyncobj_contract.py). Tick thread only."""
+
+    #: When a message that awaits an answer (``AWAITS_ANSWER``) was first sent after
+    #: the last read; None while nothing is awaited. A class default: connections
+    #: become this class after PySyncObj built them.
+    _rl_awaiting: float | None = None
+
+    def _TcpConnection__processConnectionTimeout(self) -> None:
+        # PySyncObj closes a connection on which nothing was read for ``timeout``,
+        # checked at each send and at each socket event before reading it. Two
+        # followers send each other nothing while their leader lives, so the first
+        # vote request of an election met a connection idle for longer than that:
+        # the sender's check closed it at the send, or the receiver's before reading
+        # the request, and the request was lost (a split vote or a full election
+        # timeout: 1.2-1.8 s failovers). Here only silence while an answer is
+        # awaited, for ``timeout``, means a dead peer (the leader's heartbeats keep
+        # that true of its followers); an idle connection's peer is left to TCP
+        # keep-alive, which PySyncObj sets on every peer socket.
+        awaiting = self._rl_awaiting
+        if awaiting is None:
+            return
+        now = pysyncobj_monotonic()
+        limit = self._TcpConnection__timeout
+        if now - awaiting > limit and now - self._TcpConnection__lastReadTime > limit:
+            self.disconnect()
+
+    def disconnect(self) -> None:
+        self._rl_awaiting = None  # a connection made again awaits nothing yet
+        super().disconnect()
 
     def send(self, message: Any) -> None:
         # PySyncObj's send with one change: a small message is framed as a stored
         # zlib stream instead of deflated (``zlib_frame``); the wire format is the
         # same (a reader inflates either), so mixed versions interoperate.
+        kind = message.get("type") if isinstance(message, dict) else None
+        if self._rl_awaiting is None and kind in AWAITS_ANSWER:
+            self._rl_awaiting = pysyncobj_monotonic()
         if self.sendRandKey:
             message = (self.sendRandKey, message)
         data = zlib_frame(pysyncobj_pickle.dumps(message))
@@ -351,6 +386,7 @@ class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
         if not incoming:
             self.disconnect()
             return False
+        self._rl_awaiting = None  # heard from: nothing is awaited any more
         buffer: bytes = getattr(self, "_TcpConnection__readBuffer") + incoming  # noqa: B009
         if len(buffer) > MAX_PEER_BUFFER:
             log.warning("peer connection buffered over %d bytes: closed", MAX_PEER_BUFFER)

@@ -452,9 +452,16 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._unknown_since[conn] = self.guard.clock.monotonic()
         super()._onNewIncomingConnection(self._bound(conn))
 
+    def before_tick(self) -> None:
+        """Tick thread, before each PySyncObj tick (``GroupSendSyncObj._onTick``),
+        whose first step may start this node's election: a dropped vote request's term
+        is taken before that (``_adopt_dropped_term``). At the end of the tick, with
+        the other callbacks, a node with no event between its promise's end and its
+        election's wake-up ran in the dropped term itself and split the vote."""
+        self._adopt_dropped_term()
+
     def _onTick(self) -> None:
         super()._onTick()
-        self._adopt_dropped_term()
         self._drop_silent_strangers()
         self._drop_unproven()
         self._settle_kept()
@@ -648,7 +655,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         one's, which the first (still a candidate) accepts. A term is only ever
         raised, and with no vote in it (we had not voted in a term above our own),
         so no vote is given twice. A dropped term older than twice the promise is
-        forgotten: by then it is no news of this failover."""
+        forgotten: by then it is no news of this failover. Called by ``before_tick``."""
         term, when = self._dropped_vote
         if not term:
             return
