@@ -55,7 +55,7 @@ def test_a_request_in_flight_keeps_it_open_and_the_idle_clock_starts_when_it_end
             still_open = list(c.reasons)
             busy.clear()
             ended = loop.time()
-            timer.quiet()
+            timer.active()
             await closed(c)
             return still_open, ended, loop.time()
         finally:
@@ -74,7 +74,7 @@ def test_data_received_moves_the_idle_clock() -> None:
         try:
             for _ in range(6):  # 0.6 s of traffic every 0.1 s: never 0.3 s quiet
                 await asyncio.sleep(0.1)
-                timer.received()
+                timer.active()
             while_talking = list(c.reasons)
             return while_talking, await closed(c)
         finally:
@@ -92,7 +92,7 @@ def test_a_partial_frame_is_closed_at_the_frame_deadline_even_with_requests_in_f
         timer = ConnectionTimer(loop, 0.2, 600.0, {"request"}, c)
         try:
             started = loop.time()
-            timer.frame(started, 7)  # earlier than the armed idle look: re-armed
+            timer.frame(7)  # earlier than the armed idle look: re-armed
             return await closed(c), loop.time() - started
         finally:
             timer.stop()
@@ -108,8 +108,8 @@ def test_a_frame_that_completes_in_time_is_not_closed() -> None:
         c = Closed()
         timer = ConnectionTimer(loop, 0.2, 600.0, {"request"}, c)
         try:
-            timer.frame(loop.time(), 7)
-            timer.frame(None)  # whole before its deadline
+            timer.frame(7)
+            timer.frame(0)  # whole before its deadline
             await asyncio.sleep(0.5)
             return c.reasons
         finally:

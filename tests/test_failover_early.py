@@ -38,6 +38,16 @@ def node_status(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
         return c.node_status(cluster.node(node_id).client)
 
 
+def restart_and_follow(cluster: LocalCluster, node_id: str) -> None:
+    """Start the killed ``node_id`` again and wait until it follows a leader."""
+    cluster.start_node(node_id)
+    wait_for(
+        lambda: node_status(cluster, node_id).get("leader") is not None or None,
+        30,
+        f"the restarted {node_id} to follow the new leader",
+    )
+
+
 def early(cluster: LocalCluster, survivors: list[str]) -> dict[str, int]:
     return {n: int(node_status(cluster, n)["early_elections"]) for n in survivors}
 
@@ -162,13 +172,7 @@ def test_a_killed_leader_is_replaced_by_an_election_at_the_promise_end(
             assert c.acquire(f"failover/k{attempt}", owner="agent-1", ttl=5.0).token > 0
         if sum(after.values()) > sum(before.values()):
             return
-        restarted = str(old["node"])
-        cluster.start_node(restarted)
-        wait_for(
-            lambda n=restarted: node_status(cluster, n).get("leader") is not None or None,
-            30,
-            "the restarted node to follow the new leader",
-        )
+        restart_and_follow(cluster, str(old["node"]))
     pytest.fail(f"no follower brought its election forward in 3 kills: {moved}")
 
 
@@ -196,13 +200,7 @@ def test_followers_silent_to_each_other_past_the_connection_timeout_elect_in_one
         terms.append(int(new["term"]) - int(old["term"]))
         if terms[-1] == 1:
             return
-        restarted = str(old["node"])
-        cluster.start_node(restarted)
-        wait_for(
-            lambda n=restarted: node_status(cluster, n).get("leader") is not None or None,
-            30,
-            "the restarted node to follow the new leader",
-        )
+        restart_and_follow(cluster, str(old["node"]))
     pytest.fail(f"every failover after the followers' silence took more than one term: {terms}")
 
 
@@ -267,12 +265,7 @@ def test_a_survivor_that_dropped_the_first_vote_request_takes_its_term(
             )
             assert new["term"] == old["term"] + 2, (old, new)
             return
-        cluster.start_node(str(old["node"]))
-        wait_for(
-            lambda n=str(old["node"]): node_status(cluster, n).get("leader") is not None or None,
-            30,
-            "the restarted node to follow the new leader",
-        )
+        restart_and_follow(cluster, str(old["node"]))
     pytest.fail("the second survivor never dropped the first one's vote request in 3 kills")
 
 

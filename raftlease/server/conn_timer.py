@@ -28,9 +28,9 @@ log = logging.getLogger("raftlease.server")
 class ConnectionTimer:
     """Closes a connection (``close(reason)``) when a started frame is late or when it
     has been quiet for ``idle_timeout``. ``busy`` is the connection's set of requests
-    in flight (read when the timer fires). Call ``received`` when data arrives,
-    ``frame`` with the frame's start (or None once no frame is partial), ``quiet``
-    when a request in flight ends, and ``stop`` when the connection ends."""
+    in flight (read when the timer fires). Call ``active`` when data arrives or a
+    request in flight ends, ``frame`` with the bytes of a partial frame buffered (0
+    once none is), and ``stop`` when the connection ends."""
 
     def __init__(
         self,
@@ -52,18 +52,21 @@ class ConnectionTimer:
         self._at = 0.0
         self._arm(self.quiet_since + idle_timeout)
 
-    def received(self) -> None:
+    def active(self, _: object = None) -> None:
+        """Data arrived, or a request in flight ended (also a task's done callback)."""
         self.quiet_since = self._loop.time()
 
-    def quiet(self, _: object = None) -> None:
-        """A request in flight ended (usable as a task's done callback)."""
-        self.quiet_since = self._loop.time()
-
-    def frame(self, started: float | None, pending: int = 0) -> None:
-        """A frame is partial since ``started`` (``pending`` bytes so far), or none is."""
-        self.frame_started, self.frame_bytes = started, pending
-        if started is not None and started + self._frame_timeout < self._at:
-            self._arm(started + self._frame_timeout)
+    def frame(self, pending: int) -> None:
+        """``pending`` bytes of a request frame are buffered (0: no partial frame).
+        The frame's deadline runs from when a partial frame was first seen."""
+        if not pending:
+            self.frame_started, self.frame_bytes = None, 0
+            return
+        self.frame_bytes = pending
+        if self.frame_started is None:
+            self.frame_started = started = self._loop.time()
+            if started + self._frame_timeout < self._at:
+                self._arm(started + self._frame_timeout)
 
     def stop(self) -> None:
         if self._handle is not None:

@@ -484,7 +484,6 @@ class NodeServer(TaskWaits):
         # Long-polls in flight: cancelled when the connection closes, so their quota
         # slots are freed then, not at their timeout (nobody reads their answer).
         polls: set[asyncio.Task[None]] = set()
-        frame_started: float | None = None
 
         def close(reason: str) -> None:
             log.info("client connection closed: %s", reason)
@@ -516,24 +515,20 @@ class NodeServer(TaskWaits):
                 data = await reader.read(1 << 16)
                 if not data:
                     break
-                deadlines.received()
+                deadlines.active()
                 frames: list[dict[str, Any]] = []
                 broken: RaftLeaseError | None = None
                 try:
                     frames.extend(decoder.feed(data))
                 except (FrameTooLargeError, ProtocolError) as exc:
                     broken = exc  # the frames before the broken one are still answered
-                if not decoder.pending:
-                    frame_started = None
-                elif frame_started is None:
-                    frame_started = asyncio.get_running_loop().time()
-                deadlines.frame(frame_started, decoder.pending)
+                deadlines.frame(decoder.pending)
                 for message in frames:
                     await slots.acquire()
                     task = asyncio.create_task(self._answer(message, writer, slots, who))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
-                    task.add_done_callback(deadlines.quiet)
+                    task.add_done_callback(deadlines.active)
                     op = message.get("op")
                     if isinstance(op, str) and op in LONG_POLL_OPS:  # a list op: no hash
                         polls.add(task)
