@@ -9,6 +9,7 @@ import asyncio
 import socket
 import struct
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,8 @@ import pytest
 from raftlease.protocol import FrameDecoder, Request, encode_frame
 from raftlease.server.watch import WatchHub
 from raftlease.testing import LocalCluster
+
+from .test_admin_http import admin_cluster, admin_of
 
 Factory = Callable[..., LocalCluster]
 
@@ -111,6 +114,28 @@ def test_a_connection_is_closed_when_idle_after_its_requests_were_answered(
                 answers.extend(decoder.feed(sock.recv(65536)))
             assert answers[0]["ok"] is True
         assert closed_within(sock, 30) >= 0.5
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_idle_and_frame_closes_are_counted_in_metrics() -> None:
+    """An operator sees why connections were closed: the idle and frame deadlines are
+    counted by ``raftlease_client_connections_closed_total`` like the other limits."""
+    cluster = admin_cluster(1, idle_timeout=1.0, frame_timeout=1.0)
+    cluster.start()
+    try:
+        with socket.create_connection(client_addr(cluster)) as idle:
+            closed_within(idle, 30)
+        with socket.create_connection(client_addr(cluster)) as partial:
+            partial.sendall(struct.pack(">I", 1000) + b"\x81")  # 1 byte of 1000
+            closed_within(partial, 30)
+        url = f"http://{admin_of(cluster, 'n1')}/metrics"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            text = response.read().decode()
+        assert 'raftlease_client_connections_closed_total{limit="idle_timeout"} 1.0' in text
+        assert 'raftlease_client_connections_closed_total{limit="frame_timeout"} 1.0' in text
+    finally:
+        cluster.close()
 
 
 class _StuckWriter:

@@ -16,16 +16,19 @@ pytestmark = pytest.mark.timeout(30)
 class Closed:
     def __init__(self) -> None:
         self.reasons: list[str] = []
+        self.limits: list[str] = []
         self.event = asyncio.Event()
 
-    def __call__(self, reason: str) -> None:
+    def __call__(self, limit: str, reason: str) -> None:
+        self.limits.append(limit)
         self.reasons.append(reason)
         self.event.set()
 
 
 async def closed(c: Closed, within: float = 10.0) -> str:
+    """``limit: reason`` of the first close."""
     await asyncio.wait_for(c.event.wait(), within)
-    return c.reasons[0]
+    return f"{c.limits[0]}: {c.reasons[0]}"
 
 
 def test_a_quiet_connection_is_closed_after_idle_timeout() -> None:
@@ -40,7 +43,7 @@ def test_a_quiet_connection_is_closed_after_idle_timeout() -> None:
             timer.stop()
 
     reason, took = asyncio.run(main())
-    assert reason == "idle for 0.2 s"
+    assert reason == "idle_timeout: idle for 0.2 s"
     assert took >= 0.2
 
 
@@ -82,7 +85,7 @@ def test_data_received_moves_the_idle_clock() -> None:
 
     while_talking, reason = asyncio.run(main())
     assert while_talking == []
-    assert reason == "idle for 0.3 s"
+    assert reason == "idle_timeout: idle for 0.3 s"
 
 
 def test_a_partial_frame_is_closed_at_the_frame_deadline_even_with_requests_in_flight() -> None:
@@ -98,7 +101,7 @@ def test_a_partial_frame_is_closed_at_the_frame_deadline_even_with_requests_in_f
             timer.stop()
 
     reason, took = asyncio.run(main())
-    assert reason == "a request frame (7 bytes so far) took over 0.2 s"
+    assert reason == "frame_timeout: a request frame (7 bytes so far) took over 0.2 s"
     assert 0.2 <= took < 5.0
 
 

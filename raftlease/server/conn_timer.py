@@ -26,7 +26,8 @@ log = logging.getLogger("raftlease.server")
 
 
 class ConnectionTimer:
-    """Closes a connection (``close(reason)``) when a started frame is late or when it
+    """Closes a connection (``close(limit, reason)``: ``limit`` is ``frame_timeout``
+    or ``idle_timeout``, ``reason`` a sentence for the log) when a started frame is late or when it
     has been quiet for ``idle_timeout``. ``busy`` is the connection's set of requests
     in flight (read when the timer fires). Call ``active`` when data arrives or a
     request in flight ends, ``frame`` with the bytes of a partial frame buffered (0
@@ -38,7 +39,7 @@ class ConnectionTimer:
         frame_timeout: float,
         idle_timeout: float,
         busy: Collection[object],
-        close: Callable[[str], None],
+        close: Callable[[str, str], None],
     ) -> None:
         self._loop = loop
         self._frame_timeout = frame_timeout
@@ -87,15 +88,16 @@ class ConnectionTimer:
             ends = self.frame_started + self._frame_timeout
             if ends <= now:
                 self._close(
+                    "frame_timeout",
                     f"a request frame ({self.frame_bytes} bytes so far) took over "
-                    f"{self._frame_timeout:g} s"
+                    f"{self._frame_timeout:g} s",
                 )
                 return
             deadlines.append(ends)
         elif not self._busy:
             ends = self.quiet_since + self._idle_timeout
             if ends <= now:
-                self._close(f"idle for {self._idle_timeout:g} s")
+                self._close("idle_timeout", f"idle for {self._idle_timeout:g} s")
                 return
             deadlines.append(ends)
         # Busy: look again one idle period from now (the last request to end moves

@@ -145,7 +145,8 @@ class NodeMetrics:
             "raftlease_client_connections_closed",
             "Client connections refused or closed by a connection limit, by the limit "
             "(max_connections, max_connections_per_address, max_unauthenticated_connections, "
-            "evicted: closed to admit another address's, auth_timeout).",
+            "evicted: closed to admit another address's, auth_timeout, frame_timeout, "
+            "idle_timeout).",
             ["limit"],
             registry=registry,
         )

@@ -485,8 +485,9 @@ class NodeServer(TaskWaits):
         # slots are freed then, not at their timeout (nobody reads their answer).
         polls: set[asyncio.Task[None]] = set()
 
-        def close(reason: str) -> None:
+        def close(limit: str, reason: str) -> None:
             log.info("client connection closed: %s", reason)
+            self._count_closed(limit)
             writer.transport.abort()  # the pending read then sees the end
 
         deadlines = ConnectionTimer(
