@@ -328,3 +328,32 @@ def test_the_connection_timeout_the_peer_connection_replaces_is_unchanged() -> N
     assert events.index("self.__processConnectionTimeout()") < events.index(
         "self.__tryReadBuffer()"
     )
+
+
+def test_the_replicated_call_the_replica_pickles_itself_is_unchanged() -> None:
+    """``Replica.propose`` builds the command PySyncObj's ``@replicated`` wrapper
+    would, ``(method id, (data,))`` with the REGULAR type byte, through the same
+    private calls, pickled with protocol 4 instead of 2; PySyncObj's apply must still
+    load any protocol and call the method by that id."""
+    import inspect
+
+    from pysyncobj.syncobj import _COMMAND_TYPE, replicated
+
+    wrapper = inspect.getsource(replicated)
+    for fragment in (
+        "funcName = self._syncObj._getFuncName((consumerId, func.__name__))",
+        "funcID = self._syncObj._methodToID[(consumerId, funcName)]",
+        "cmd = (funcID, args)",
+        "applier(pickle.dumps(cmd), callback, _COMMAND_TYPE.REGULAR)",
+    ):
+        assert fragment in wrapper, f"pysyncobj changed: {fragment!r}"
+    source = inspect.getsource(SyncObj)
+    for fragment in (
+        "def _applyCommand(self, command, callback, commandType = None):",
+        "command = pickle.loads(command[1:])",
+        "funcID, args = command",
+        "return self._idToMethod[funcID](*args, **kwargs)",
+    ):
+        assert fragment in source, f"pysyncobj changed: {fragment!r}"
+    assert _COMMAND_TYPE.REGULAR == 0
+    assert pysyncobj.pickle.loads(pickle.dumps((7, (b"\xa7x",)), 4)) == (7, (b"\xa7x",))

@@ -61,8 +61,10 @@ DURABILITY_FAILED = 71
 
 #: The bytes every entry that must reach stable storage in either mode carries: the
 #: msgpack encoding of the map item ``"durable": true`` (``server.proposer`` sets it).
-#: Searched for in PySyncObj's command bytes, which hold our msgpack verbatim; a
-#: payload that happens to contain them only costs an extra sync.
+#: Searched for in the log command's bytes, which hold our msgpack verbatim (a
+#: protocol-4 pickle, ``Replica.propose``; the protocol-2 commands of earlier versions
+#: hold it too: UTF-8 encodes U+00A7 as C2 A7 and U+00C3 as C3 83). A payload that
+#: happens to contain them only costs an extra sync.
 DURABLE_MARK = b"\xa7durable\xc3"
 
 

@@ -41,6 +41,7 @@ import errno
 import hashlib
 import logging
 import os
+import pickle
 import secrets
 import socket
 import stat
@@ -83,6 +84,14 @@ STORED_BELOW = 16 * 1024
 # zlib header of a deflate stream with a 32 KiB window and no preset dictionary
 # (RFC 1950: CMF 0x78, FLG 0x01, 0x7801 % 31 == 0); then one final stored block.
 _ZLIB_STORED_HEAD = b"\x78\x01\x01"
+
+
+#: The pickle protocol of our peer messages and log commands (PySyncObj uses 2). In
+#: protocol 2 a ``bytes`` value (a log entry's command) is pickled as latin-1 text:
+#: every byte >= 0x80 takes two, and loading it calls ``_codecs.encode``. Protocol 4
+#: (Python 3.4+) stores bytes as they are; ``pickle.loads`` reads every protocol, so
+#: members of either kind read each other's messages and logs.
+PICKLE_PROTOCOL = 4
 
 
 def zlib_frame(data: bytes) -> bytes:
@@ -358,15 +367,16 @@ class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
         super().disconnect()
 
     def send(self, message: Any) -> None:
-        # PySyncObj's send with one change: a small message is framed as a stored
-        # zlib stream instead of deflated (``zlib_frame``); the wire format is the
-        # same (a reader inflates either), so mixed versions interoperate.
+        # PySyncObj's send with two changes: a small message is framed as a stored
+        # zlib stream instead of deflated (``zlib_frame``), and pickled with
+        # ``PICKLE_PROTOCOL``, not 2. A reader inflates either framing and loads any
+        # protocol, so mixed versions interoperate.
         kind = message.get("type") if isinstance(message, dict) else None
         if self._rl_awaiting is None and kind in AWAITS_ANSWER:
             self._rl_awaiting = pysyncobj_monotonic()
         if self.sendRandKey:
             message = (self.sendRandKey, message)
-        data = zlib_frame(pysyncobj_pickle.dumps(message))
+        data = zlib_frame(pickle.dumps(message, PICKLE_PROTOCOL))
         if self.encryptor:
             data = self.encryptor.encrypt_at_time(data, int(pysyncobj_monotonic()))
         self._TcpConnection__writeBuffer += struct.pack("i", len(data)) + data

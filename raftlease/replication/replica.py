@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import time
 from collections import deque
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from typing import Any
 
 import msgpack
 from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj.syncobj import _COMMAND_TYPE
 
 from .._version import __version__
 from ..clock import Clock, SystemClock
@@ -53,7 +55,7 @@ from .membership import (
     read_members_file,
     write_removed_file,
 )
-from .peers import PeerCipher, load_or_create_secret, load_secrets
+from .peers import PICKLE_PROTOCOL, PeerCipher, load_or_create_secret, load_secrets
 from .transport import LeaseTransport
 
 log = logging.getLogger("raftlease.replication")
@@ -350,7 +352,22 @@ class Replica:
             else:
                 callback(None, _fail_reason_error(reason))
 
-        self._consumer.apply_entry(data, callback=done)
+        # What PySyncObj's ``@replicated`` wrapper does for ``apply_entry(data,
+        # callback=done)``, with one change: the call is pickled with protocol 4,
+        # not PySyncObj's protocol 2. Protocol 2 has no bytes type in Python 3: it
+        # stores ``data`` as a latin-1 text re-encoded by ``_codecs.encode`` on load,
+        # so each byte >= 0x80 (msgpack's headers are mostly such bytes) takes two in
+        # the log, the journal and every append, and both ends pay a text round
+        # trip. Every reader (PySyncObj's apply, our backup and snapshot readers)
+        # loads any protocol, so logs of both kinds mix (docs/pysyncobj.md, trap 12).
+        sync = self._sync
+        key = (id(self._consumer), "apply_entry")
+        method = sync._methodToID[(key[0], sync._getFuncName(key))]
+        sync._applyCommand(
+            pickle.dumps((method, (data,)), PICKLE_PROTOCOL),
+            done,
+            _COMMAND_TYPE.REGULAR,
+        )
 
     # ----------------------------------------------------------------- state
 

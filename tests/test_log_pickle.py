@@ -1,0 +1,128 @@
+"""Log commands and peer messages are pickled with protocol 4 (replication/peers.py,
+``PICKLE_PROTOCOL``), not PySyncObj's protocol 2, which stores bytes as latin-1 text
+(every byte >= 0x80 takes two). A node still loads a journal written by earlier
+versions (protocol-2 commands), and one holding both kinds."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import socket
+import struct
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import msgpack
+import pytest
+from pysyncobj.journal import FileJournal
+from pysyncobj.poller import PollPoller
+from pysyncobj.tcp_connection import TcpConnection
+
+from raftlease.replication.backup import entry_bytes, read_journal
+from raftlease.replication.durable import DURABLE_MARK
+from raftlease.replication.peers import PICKLE_PROTOCOL, BoundedTcpConnection
+from raftlease.testing import LocalCluster
+
+pytestmark = pytest.mark.timeout(120)
+
+Factory = Callable[..., LocalCluster]
+REGULAR = 0  # PySyncObj's _COMMAND_TYPE.REGULAR
+
+
+def _protocols(journal: Path) -> list[int]:
+    """The pickle protocol of every regular command in ``journal``, in log order."""
+    out = []
+    for command, _index, _term in read_journal(journal):
+        if command[0] == REGULAR:
+            assert command[1] == 0x80, "a regular command is not a pickle"
+            out.append(command[2])
+    return out
+
+
+def _rewrite_as_protocol_2(journal: Path) -> int:
+    """Re-pickle every regular command of a stopped node's journal with protocol 2,
+    as raftlease wrote them before: returns how many were rewritten."""
+    records = read_journal(journal)
+    fresh = journal.with_name("rewritten.journal")
+    j = FileJournal(str(fresh))
+    rewritten = 0
+    for command, index, term in records:
+        if command[0] == REGULAR:
+            command = bytes([REGULAR]) + pickle.dumps(pickle.loads(command[1:]), 2)
+            rewritten += 1
+        j.add(command, index, term)
+    j.flush()
+    j._destroy()
+    shutil.move(str(fresh), str(journal))  # the node's own .meta file is kept
+    Path(str(fresh) + ".meta").unlink(missing_ok=True)
+    return rewritten
+
+
+@pytest.mark.integration
+def test_log_commands_hold_the_entry_verbatim_and_old_journals_still_load(
+    cluster_factory: Factory,
+) -> None:
+    cluster = cluster_factory(1)
+    journal = cluster.node_dir("n1") / "raft.journal"
+    with cluster.client() as client:
+        tokens = {k: client.acquire(k, owner=f"o-{k}", ttl=600).token for k in ("a", "b", "c")}
+    cluster.stop_node("n1")
+
+    # Written by this version: protocol 4, the msgpack entry verbatim in the command
+    # (so DURABLE_MARK, searched for in the command bytes, is found as it is).
+    assert set(_protocols(journal)) == {PICKLE_PROTOCOL}
+    marked = 0
+    for command, _index, _term in read_journal(journal):
+        entry = entry_bytes(command)
+        if entry is not None:
+            assert entry in command
+            marked += DURABLE_MARK in command
+            assert msgpack.unpackb(entry)  # a whole entry
+    assert marked >= 1  # the term's first entry moves the token ceiling
+
+    # As an earlier version wrote it: every regular command in protocol 2.
+    assert _rewrite_as_protocol_2(journal) >= 3
+    assert set(_protocols(journal)) == {2}
+    cluster.start_node("n1")
+    cluster.wait_for_leader()
+    with cluster.client() as client:
+        for key, token in tokens.items():
+            holder = client.holder(key)
+            assert holder is not None and holder.owner == f"o-{key}" and holder.token == token
+        tokens["d"] = client.acquire("d", owner="o-d", ttl=600).token
+    assert tokens["d"] > max(tokens[k] for k in "abc")
+    cluster.stop_node("n1")
+
+    # Both kinds in one journal, and it loads again.
+    kinds = _protocols(journal)
+    assert kinds[0] == 2 and kinds[-1] == PICKLE_PROTOCOL
+    cluster.start_node("n1")
+    cluster.wait_for_leader()
+    with cluster.client() as client:
+        for key, token in tokens.items():
+            holder = client.holder(key)
+            assert holder is not None and holder.token == token
+
+
+def test_peer_messages_are_pickled_with_protocol_4() -> None:
+    left, right = socket.socketpair()
+    left.setblocking(False)
+    try:
+        sender = TcpConnection(PollPoller(), socket=left)
+        sender.__class__ = BoundedTcpConnection
+        message = {"type": "append_entries", "entries": [(b"\x00\xa7\xff", 5, 1)]}
+        sender.send(message)
+        right.settimeout(10)
+        head = right.recv(4)
+        (length,) = struct.unpack("i", head)
+        data = b""
+        while len(data) < length:
+            data += right.recv(length - len(data))
+        plain = zlib.decompress(data)
+        assert plain[:2] == bytes([0x80, PICKLE_PROTOCOL])
+        assert b"\x00\xa7\xff" in plain  # bytes as they are, not latin-1 text
+        assert pickle.loads(plain) == message
+    finally:
+        left.close()
+        right.close()
