@@ -360,8 +360,9 @@ class Replica:
         # the log, the journal and every append, and both ends pay a text round
         # trip. Every reader (PySyncObj's apply, our backup and snapshot readers)
         # loads any protocol, so logs of both kinds mix (docs/pysyncobj.md, trap 12).
-        sync = self._sync
-        key = (id(self._consumer), "apply_entry")
+        consumer = self._consumer
+        sync = consumer._syncObj  # the SyncObj the consumer is attached to
+        key = (id(consumer), "apply_entry")
         method = sync._methodToID[(key[0], sync._getFuncName(key))]
         sync._applyCommand(
             pickle.dumps((method, (data,)), PICKLE_PROTOCOL),
