@@ -362,8 +362,8 @@ class Replica:
         # loads any protocol, so logs of both kinds mix (docs/pysyncobj.md, trap 12).
         consumer = self._consumer
         sync = consumer._syncObj  # the SyncObj the consumer is attached to
-        key = (id(consumer), "apply_entry")
-        method = sync._methodToID[(key[0], sync._getFuncName(key))]
+        owner = id(consumer)
+        method = sync._methodToID[(owner, sync._getFuncName((owner, "apply_entry")))]
         sync._applyCommand(
             pickle.dumps((method, (data,)), PICKLE_PROTOCOL),
             done,

@@ -27,11 +27,12 @@ log = logging.getLogger("raftlease.server")
 
 class ConnectionTimer:
     """Closes a connection (``close(limit, reason)``: ``limit`` is ``frame_timeout``
-    or ``idle_timeout``, ``reason`` a sentence for the log) when a started frame is late or when it
-    has been quiet for ``idle_timeout``. ``busy`` is the connection's set of requests
-    in flight (read when the timer fires). Call ``active`` when data arrives or a
-    request in flight ends, ``frame`` with the bytes of a partial frame buffered (0
-    once none is), and ``stop`` when the connection ends."""
+    or ``idle_timeout``, ``reason`` a sentence for the log) when a started frame is
+    late or when it has been quiet for ``idle_timeout``. ``busy`` is the
+    connection's set of requests in flight (read when the timer fires). Call
+    ``active`` when data arrives or a request in flight ends, ``frame`` with the
+    bytes of a partial frame buffered (0 once none is), and ``stop`` when the
+    connection ends."""
 
     def __init__(
         self,
