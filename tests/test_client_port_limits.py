@@ -208,3 +208,33 @@ def test_a_slow_watcher_is_told_to_resume() -> None:
         assert delivered == list(range(1, resume))
 
     asyncio.run(main())
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_pipelining_sender_whose_reads_end_mid_frame_is_not_closed(
+    cluster_factory: Factory,
+) -> None:
+    """The frame deadline is per frame: a client that keeps sending whole requests,
+    each send ending partway into the next frame, makes progress and must not be
+    closed when one partial frame after another spans more than ``frame_timeout``."""
+    cluster = cluster_factory(1, frame_timeout=1.0, idle_timeout=600.0)
+    frames = [encode_frame({"id": i, "op": "holder", "key": f"p/{i}"}) for i in range(1, 10)]
+    stream = b"".join(frames)
+    assert len({len(f) for f in frames}) == 1
+    step = len(frames[0]) + 1  # every send but the last ends inside a frame
+    decoder = FrameDecoder()
+    answers: list[dict[str, Any]] = []
+    with socket.create_connection(client_addr(cluster)) as sock:
+        sock.settimeout(10)
+        for offset in range(0, len(stream), step):
+            sock.sendall(stream[offset : offset + step])
+            time.sleep(0.3)  # the sender's pace is the test's input: 9 sends, ~2.7 s
+        while len(answers) < len(frames):
+            data = sock.recv(65536)
+            assert data, (
+                f"closed after {len(answers)} answers: the frame deadline ran across frames"
+            )
+            answers.extend(decoder.feed(data))
+    assert sorted(a["id"] for a in answers) == list(range(1, 10))
+    assert all(a["ok"] for a in answers)

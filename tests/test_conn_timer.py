@@ -131,3 +131,26 @@ def test_stop_cancels_the_timer() -> None:
         return c.reasons
 
     assert asyncio.run(main()) == []
+
+
+def test_a_new_partial_frame_after_a_completed_one_gets_its_own_deadline() -> None:
+    """A pipelining client whose every send ends inside a frame: frames keep
+    completing, so no one frame is late, however long the stream of partial ones."""
+
+    async def main() -> tuple[list[str], str]:
+        loop = asyncio.get_running_loop()
+        c = Closed()
+        timer = ConnectionTimer(loop, 0.3, 600.0, set(), c)
+        try:
+            timer.frame(7)
+            for _ in range(8):  # 0.8 s of partial frames, each completed within 0.1 s
+                await asyncio.sleep(0.1)
+                timer.frame(7, completed=True)
+            while_progressing = list(c.reasons)
+            return while_progressing, await closed(c)  # then one stalls
+        finally:
+            timer.stop()
+
+    while_progressing, reason = asyncio.run(main())
+    assert while_progressing == []
+    assert reason == "frame_timeout: a request frame (7 bytes so far) took over 0.3 s"

@@ -31,8 +31,8 @@ class ConnectionTimer:
     late or when it has been quiet for ``idle_timeout``. ``busy`` is the
     connection's set of requests in flight (read when the timer fires). Call
     ``active`` when data arrives or a request in flight ends, ``frame`` with the
-    bytes of a partial frame buffered (0 once none is), and ``stop`` when the
-    connection ends."""
+    bytes of a partial frame buffered (0 once none is) and whether a frame
+    completed, and ``stop`` when the connection ends."""
 
     def __init__(
         self,
@@ -58,13 +58,19 @@ class ConnectionTimer:
         """Data arrived, or a request in flight ended (also a task's done callback)."""
         self.quiet_since = self._loop.time()
 
-    def frame(self, pending: int) -> None:
-        """``pending`` bytes of a request frame are buffered (0: no partial frame).
-        The frame's deadline runs from when a partial frame was first seen."""
+    def frame(self, pending: int, completed: bool = False) -> None:
+        """``pending`` bytes of a request frame are buffered (0: no partial frame);
+        ``completed``: the data just received finished at least one frame. The
+        deadline runs from when the partial frame was first seen: a frame completed
+        means the partial one after it is new (its first bytes came in this data),
+        so a client pipelining requests whose every send ends inside a frame is
+        never closed while frames keep completing."""
         if not pending:
             self.frame_started, self.frame_bytes = None, 0
             return
         self.frame_bytes = pending
+        if completed:
+            self.frame_started = None
         if self.frame_started is None:
             self.frame_started = started = self._loop.time()
             if started + self._frame_timeout < self._at:

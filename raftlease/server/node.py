@@ -523,7 +523,7 @@ class NodeServer(TaskWaits):
                     frames.extend(decoder.feed(data))
                 except (FrameTooLargeError, ProtocolError) as exc:
                     broken = exc  # the frames before the broken one are still answered
-                deadlines.frame(decoder.pending)
+                deadlines.frame(decoder.pending, completed=bool(frames))
                 for message in frames:
                     await slots.acquire()
                     task = asyncio.create_task(self._answer(message, writer, slots, who))
