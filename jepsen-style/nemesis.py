@@ -618,8 +618,9 @@ class Nemesis:
     def _start_power_loss(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
         """A power loss of a majority (sometimes of every node): SIGKILL them all at
         once, cut each one's journal, journal meta and dump back to what had reached
-        stable storage (``cut_to_synced``: the node's ``record_synced`` shadows), and
-        restart them at the heal. Afterwards the nemesis waits for a leader. Raises
+        stable storage (``cut_to_synced``: the node's ``record_synced`` shadows) plus
+        a random half of the journal pages written since (torn writes), and restart
+        them at the heal. Afterwards the nemesis waits for a leader. Raises
         (a harness failure) if a data directory cannot be cut: a power loss that
         dropped nothing it should have must not pass for one."""
         from raftlease.testing.power import cut_to_synced
@@ -632,7 +633,14 @@ class Nemesis:
                     os.kill(self.cluster.pid(nid), signal.SIGKILL)
         for nid in victims:
             self._kill(nid)  # reaps; restarts at the heal
-        cut = {nid: _plain(cut_to_synced(Path(self.cluster.node_dir(nid)))) for nid in victims}
+        # The kernel may have written back any page written since the last sync
+        # (torn writes). Its own generator, seeded by one draw, so the pages each cut
+        # keeps (their number depends on timing) never shift later faults' choices.
+        writeback = random.Random(rng.getrandbits(64))
+        cut = {
+            nid: _plain(cut_to_synced(Path(self.cluster.node_dir(nid)), writeback))
+            for nid in victims
+        }
         self._after_heal.append(lambda: self._await_leader(spec.kind))
         return {
             "killed": victims,

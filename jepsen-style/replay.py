@@ -49,6 +49,7 @@ from raftlease.core import LeaseStore
 # damaged record is a finding for the checker, where a restore stops at a torn tail).
 from raftlease.replication.backup import BackupError as ReplayError
 from raftlease.replication.backup import entry_bytes, read_commit_index, read_dump
+from raftlease.replication.journal import command_intact
 
 JOURNAL_NAME = b"PYSYNCOBJ"
 JOURNAL_FORMAT = 1
@@ -76,7 +77,10 @@ def read_journal(path: Path) -> list[Entry]:
         if trailer != size:
             raise ReplayError(f"{path}: record at {offset}: size {size}, trailer {trailer}")
         index, term = struct.unpack_from("<QQ", data, offset + 4)
-        out.append((bytes(data[offset + 20 : offset + 4 + size]), index, term))
+        command = bytes(data[offset + 20 : offset + 4 + size])
+        if not command_intact(command):
+            raise ReplayError(f"{path}: record at {offset} (entry {index}): seal does not match")
+        out.append((command, index, term))
         offset += size + 8
     return out
 

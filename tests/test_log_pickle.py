@@ -1,7 +1,8 @@
-"""Log commands and peer messages are pickled with protocol 4 (replication/peers.py,
-``PICKLE_PROTOCOL``), not PySyncObj's protocol 2, which stores bytes as latin-1 text
-(every byte >= 0x80 takes two). A node still loads a journal written by earlier
-versions (protocol-2 commands), and one holding both kinds."""
+"""Peer messages are pickled with protocol 4 (replication/peers.py, ``PICKLE_PROTOCOL``)
+and log commands are sealed protocol-5 pickles (replication/journal.py, "Sealed
+commands"), not PySyncObj's protocol 2, which stores bytes as latin-1 text (every byte
+>= 0x80 takes two). A node still loads a journal written by earlier versions
+(protocol-2 and unsealed protocol-4 commands), and one holding every kind."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pysyncobj.tcp_connection import TcpConnection
 
 from raftlease.replication.backup import entry_bytes, read_journal
 from raftlease.replication.durable import DURABLE_MARK
+from raftlease.replication.journal import COMMAND_SEAL, SEALED_PROTOCOL, command_intact
 from raftlease.replication.peers import PICKLE_PROTOCOL, BoundedTcpConnection
 from raftlease.testing import LocalCluster
 
@@ -40,16 +42,17 @@ def _protocols(journal: Path) -> list[int]:
     return out
 
 
-def _rewrite_as_protocol_2(journal: Path) -> int:
-    """Re-pickle every regular command of a stopped node's journal with protocol 2,
-    as raftlease wrote them before: returns how many were rewritten."""
+def _rewrite_unsealed(journal: Path, protocol: int) -> int:
+    """Re-pickle every regular command of a stopped node's journal with ``protocol``
+    and no seal, as earlier raftlease versions wrote them (2, then 4): returns how
+    many were rewritten."""
     records = read_journal(journal)
     fresh = journal.with_name("rewritten.journal")
     j = FileJournal(str(fresh))
     rewritten = 0
     for command, index, term in records:
         if command[0] == REGULAR:
-            command = bytes([REGULAR]) + pickle.dumps(pickle.loads(command[1:]), 2)
+            command = bytes([REGULAR]) + pickle.dumps(pickle.loads(command[1:]), protocol)
             rewritten += 1
         j.add(command, index, term)
     j.flush()
@@ -69,20 +72,31 @@ def test_log_commands_hold_the_entry_verbatim_and_old_journals_still_load(
         tokens = {k: client.acquire(k, owner=f"o-{k}", ttl=600).token for k in ("a", "b", "c")}
     cluster.stop_node("n1")
 
-    # Written by this version: protocol 4, the msgpack entry verbatim in the command
-    # (so DURABLE_MARK, searched for in the command bytes, is found as it is).
-    assert set(_protocols(journal)) == {PICKLE_PROTOCOL}
+    # Written by this version: sealed protocol-5 pickles, the msgpack entry verbatim
+    # in the command (so DURABLE_MARK, searched for in the command bytes, is found
+    # as it is).
+    assert set(_protocols(journal)) == {SEALED_PROTOCOL}
     marked = 0
     for command, _index, _term in read_journal(journal):
         entry = entry_bytes(command)
         if entry is not None:
             assert entry in command
+            assert command[-8:-4] == COMMAND_SEAL and command_intact(command)
             marked += DURABLE_MARK in command
             assert msgpack.unpackb(entry)  # a whole entry
     assert marked >= 1  # the term's first entry moves the token ceiling
 
-    # As an earlier version wrote it: every regular command in protocol 2.
-    assert _rewrite_as_protocol_2(journal) >= 3
+    # As the version before wrote it: unsealed protocol 4; it loads and grows.
+    assert _rewrite_unsealed(journal, 4) >= 3
+    assert set(_protocols(journal)) == {4}
+    cluster.start_node("n1")
+    cluster.wait_for_leader()
+    with cluster.client() as client:
+        tokens["c2"] = client.acquire("c2", owner="o-c2", ttl=600).token
+    cluster.stop_node("n1")
+
+    # As earlier versions wrote it: every regular command in protocol 2.
+    assert _rewrite_unsealed(journal, 2) >= 4
     assert set(_protocols(journal)) == {2}
     cluster.start_node("n1")
     cluster.wait_for_leader()
@@ -91,12 +105,12 @@ def test_log_commands_hold_the_entry_verbatim_and_old_journals_still_load(
             holder = client.holder(key)
             assert holder is not None and holder.owner == f"o-{key}" and holder.token == token
         tokens["d"] = client.acquire("d", owner="o-d", ttl=600).token
-    assert tokens["d"] > max(tokens[k] for k in "abc")
+    assert tokens["d"] > max(v for k, v in tokens.items() if k != "d")
     cluster.stop_node("n1")
 
     # Both kinds in one journal, and it loads again.
     kinds = _protocols(journal)
-    assert kinds[0] == 2 and kinds[-1] == PICKLE_PROTOCOL
+    assert kinds[0] == 2 and kinds[-1] == SEALED_PROTOCOL
     cluster.start_node("n1")
     cluster.wait_for_leader()
     with cluster.client() as client:

@@ -333,8 +333,9 @@ def test_the_connection_timeout_the_peer_connection_replaces_is_unchanged() -> N
 def test_the_replicated_call_the_replica_pickles_itself_is_unchanged() -> None:
     """``Replica.propose`` builds the command PySyncObj's ``@replicated`` wrapper
     would, ``(method id, (data,))`` with the REGULAR type byte, through the same
-    private calls, pickled with protocol 4 instead of 2; PySyncObj's apply must still
-    load any protocol and call the method by that id."""
+    private calls, pickled with protocol 5 instead of 2 and sealed (journal.py);
+    PySyncObj's apply must still load any protocol, ignore the seal after the pickle's
+    end, and call the method by that id."""
     import inspect
 
     from pysyncobj.syncobj import _COMMAND_TYPE, replicated
@@ -357,3 +358,6 @@ def test_the_replicated_call_the_replica_pickles_itself_is_unchanged() -> None:
         assert fragment in source, f"pysyncobj changed: {fragment!r}"
     assert _COMMAND_TYPE.REGULAR == 0
     assert pysyncobj.pickle.loads(pickle.dumps((7, (b"\xa7x",)), 4)) == (7, (b"\xa7x",))
+    from raftlease.replication.journal import seal_command
+
+    assert pysyncobj.pickle.loads(seal_command((7, (b"\xa7x",)))) == (7, (b"\xa7x",))

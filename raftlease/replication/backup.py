@@ -48,6 +48,7 @@ from pysyncobj.node import TCPNode
 from ..config import NodeAddress
 from ..core import LeaseStore
 from .durable import fsync_path
+from .journal import whole_records
 
 #: The files of a node's Raft state in its data directory (beside them the node may
 #: keep its config and log, which a restore leaves alone).
@@ -183,26 +184,13 @@ class OfflineState:
 
 def read_journal(path: Path) -> list[Entry]:
     """Every whole record of a PySyncObj journal, read-only. A torn tail (a record
-    cut short by a crash) ends the list, as the node's own repair at start would."""
+    cut short or torn by a crash, ``journal.whole_records``) ends the list, as the
+    node's own repair at start would."""
     data = path.read_bytes()
     if len(data) < FIRST_RECORD_OFFSET or data[:24].rstrip(b"\0") != _JOURNAL_MAGIC:
         raise BackupError(f"{path}: not a PySyncObj journal")
     (end,) = struct.unpack_from("<I", data, LAST_RECORD_OFFSET_OFFSET)
-    end = min(end, len(data))
-    out: list[Entry] = []
-    offset = FIRST_RECORD_OFFSET
-    while offset + 4 <= end:
-        (size,) = struct.unpack_from("<I", data, offset)
-        if size < 16 or offset + size + 8 > end:
-            break
-        if struct.unpack_from("<I", data, offset + 4 + size)[0] != size:
-            break
-        index, term = struct.unpack_from("<QQ", data, offset + 4)
-        if out and index != out[-1][1] + 1:
-            break
-        out.append((bytes(data[offset + 20 : offset + 4 + size]), index, term))
-        offset += size + 8
-    return out
+    return whole_records(data, end)[0]
 
 
 def read_dump(path: Path) -> tuple[dict[str, Any], Entry]:

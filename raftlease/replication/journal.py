@@ -1,14 +1,35 @@
-"""Journal repair at start: cut a torn tail (records a power loss left half written),
-and make PySyncObj's journal consistent with a newer snapshot left by a crash during
-log compaction."""
+"""Journal records and their repair at start: cut a torn tail (records a power loss
+left half written), and make PySyncObj's journal consistent with a newer snapshot left
+by a crash during log compaction.
+
+**Sealed commands (log command format 2).** PySyncObj frames a journal record as
+length, index, term, command, length, with no checksum. Framing alone cannot tell a
+whole record from one whose first and last pages reached the disk while a page in
+between did not (a record longer than a page, written through the map, power lost
+before its sync: the kernel and the disk write pages in any order). The middle then
+reads as zeros or as an older record left there before a compaction rewrote the file,
+and a follower keeps such an entry when it restarts, because the leader's entry at
+that index has the same term (Raft's log matching; follower_log.py): it would apply
+something no other node applied. So each regular command raftlease builds
+(``Replica.propose``) is the call pickled with protocol ``SEALED_PROTOCOL`` followed by
+``COMMAND_SEAL`` and the CRC-32 of the pickle. ``pickle.loads`` ignores bytes after a
+pickle's end ("Bytes past the pickled representation of the object are ignored"), so
+PySyncObj, older raftlease versions and every reader load it unchanged. The protocol
+byte, in the record's first page, says a seal must follow: a command of that protocol
+whose seal is missing or wrong is torn (``command_intact``). Commands written before
+(protocols 2 and 4) carry none and are read as before.
+"""
 
 from __future__ import annotations
 
 import gzip
 import logging
 import os
+import pickle
 import struct
+import zlib
 from pathlib import Path
+from typing import Any
 
 from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.journal import FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET, FileJournal
@@ -17,6 +38,64 @@ from .durable import fsync_path
 
 log = logging.getLogger("raftlease.replication")
 
+#: A journal record's command, index and term.
+Record = tuple[bytes, int, int]
+
+#: PySyncObj's ``_COMMAND_TYPE.REGULAR``: the first byte of a state-machine command.
+REGULAR_COMMAND = 0
+#: The pickle protocol of sealed commands; protocols 2 and 4 (earlier versions'
+#: commands) are never sealed, so the protocol byte tells whether a seal must follow.
+SEALED_PROTOCOL = 5
+#: Follows a sealed command's pickle, then the pickle's CRC-32 (4 bytes, little-endian).
+COMMAND_SEAL = b"RLc\x01"
+_SEAL_SIZE = len(COMMAND_SEAL) + 4
+
+
+def seal_command(call: Any) -> bytes:
+    """``call`` pickled with ``SEALED_PROTOCOL``, then the seal: the bytes to hand
+    PySyncObj as a regular command (it prepends the command type byte)."""
+    pickled = pickle.dumps(call, SEALED_PROTOCOL)
+    return pickled + COMMAND_SEAL + struct.pack("<I", zlib.crc32(pickled))
+
+
+def command_intact(command: bytes) -> bool:
+    """False when ``command`` (a journal record's, type byte first) is a sealed regular
+    command whose seal is missing or does not match its pickle: a record torn by a
+    power loss. True for every other command (unsealed formats cannot be checked)."""
+    if len(command) < 3 or command[0] != REGULAR_COMMAND or command[1:3] != b"\x80\x05":
+        return True
+    if len(command) < 3 + _SEAL_SIZE or command[-_SEAL_SIZE:-4] != COMMAND_SEAL:
+        return False
+    crc: int = struct.unpack_from("<I", command, len(command) - 4)[0]
+    return zlib.crc32(memoryview(command)[1:-_SEAL_SIZE]) == crc
+
+
+def whole_records(data: bytes, end: int) -> tuple[list[Record], int]:
+    """The whole records of a journal's bytes ``data`` up to ``end`` (the header's
+    end of the last record), in order, and the offset after the last of them. A
+    record is whole when its length prefix and suffix agree, it holds at least the
+    index and term, its index follows the previous record's, and its command is
+    intact (``command_intact``); the first record that is not ends the list."""
+    end = min(end, len(data))
+    out: list[Record] = []
+    offset = FIRST_RECORD_OFFSET
+    while offset + 4 <= end:
+        (size,) = struct.unpack_from("<I", data, offset)
+        after = offset + 4 + size + 4
+        if size < 16 or after > end:
+            break
+        if struct.unpack_from("<I", data, offset + 4 + size)[0] != size:
+            break
+        index, term = struct.unpack_from("<QQ", data, offset + 4)
+        if out and index != out[-1][1] + 1:
+            break
+        command = bytes(data[offset + 20 : offset + 4 + size])
+        if not command_intact(command):
+            break
+        out.append((command, index, term))
+        offset = after
+    return out, offset
+
 
 def trim_torn_tail(journal_path: Path) -> int:
     """Cut the journal back to its last whole record; return how many bytes of
@@ -24,11 +103,11 @@ def trim_torn_tail(journal_path: Path) -> int:
 
     PySyncObj's journal is an mmap file whose header names the end of the last
     record. After a power loss, the header may have reached the disk while the pages
-    of the records it counts did not (they read as zeros, or as older contents), and
-    PySyncObj's loader would then fail or load garbage. A record is whole when its
-    length prefix and suffix agree, it holds at least the index and term, and its
-    index follows the previous record's. Everything after the first record that is
-    not whole was never synced, so never acknowledged (``durable.DurableJournal``).
+    of the records it counts did not (they read as zeros, or as older contents), or
+    only some of a record's pages did, and PySyncObj's loader would then fail or load
+    garbage. Whole records: ``whole_records`` (framing, index order, the seal of a
+    sealed command). Everything after the first record that is not whole was never
+    synced, so never acknowledged (``durable.DurableJournal``).
     """
     if not journal_path.exists():
         return 0
@@ -36,20 +115,8 @@ def trim_torn_tail(journal_path: Path) -> int:
     if len(data) < FIRST_RECORD_OFFSET:
         return 0
     last: int = struct.unpack_from("<I", data, LAST_RECORD_OFFSET_OFFSET)[0]
-    offset, previous = FIRST_RECORD_OFFSET, None
-    while offset < last:
-        if offset + 4 > len(data):
-            break
-        (size,) = struct.unpack_from("<I", data, offset)
-        end: int = offset + 4 + size + 4
-        if size < 16 or end > last or end > len(data):
-            break
-        if struct.unpack_from("<I", data, offset + 4 + size)[0] != size:
-            break
-        idx, _term = struct.unpack_from("<QQ", data, offset + 4)
-        if previous is not None and idx != previous + 1:
-            break
-        previous, offset = idx, end
+    records, offset = whole_records(data, last)
+    previous = records[-1][1] if records else None
     if offset >= last:
         return 0
     with open(journal_path, "r+b") as f:

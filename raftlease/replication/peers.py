@@ -86,11 +86,12 @@ STORED_BELOW = 16 * 1024
 _ZLIB_STORED_HEAD = b"\x78\x01\x01"
 
 
-#: The pickle protocol of our peer messages and log commands (PySyncObj uses 2). In
-#: protocol 2 a ``bytes`` value (a log entry's command) is pickled as latin-1 text:
-#: every byte >= 0x80 takes two, and loading it calls ``_codecs.encode``. Protocol 4
-#: (Python 3.4+) stores bytes as they are; ``pickle.loads`` reads every protocol, so
-#: members of either kind read each other's messages and logs.
+#: The pickle protocol of our peer messages (PySyncObj uses 2; log commands are
+#: sealed protocol-5 pickles, journal.py). In protocol 2 a ``bytes`` value (a log
+#: entry's command) is pickled as latin-1 text: every byte >= 0x80 takes two, and
+#: loading it calls ``_codecs.encode``. Protocol 4 (Python 3.4+) stores bytes as they
+#: are; ``pickle.loads`` reads every protocol, so members of either kind read each
+#: other's messages.
 PICKLE_PROTOCOL = 4
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import time
 from collections import deque
 from collections.abc import Callable
@@ -43,7 +42,7 @@ from ..errors import (
 from .durable import SyncRecorder
 from .group_send import GroupSendSyncObj
 from .identity import PeerIdentity, read_public_key
-from .journal import repair_journal, trim_torn_tail
+from .journal import repair_journal, seal_command, trim_torn_tail
 from .leadership import LeaseGuard
 from .membership import (
     MEMBERS_FILE,
@@ -55,7 +54,7 @@ from .membership import (
     read_members_file,
     write_removed_file,
 )
-from .peers import PICKLE_PROTOCOL, PeerCipher, load_or_create_secret, load_secrets
+from .peers import PeerCipher, load_or_create_secret, load_secrets
 from .transport import LeaseTransport
 
 log = logging.getLogger("raftlease.replication")
@@ -353,22 +352,20 @@ class Replica:
                 callback(None, _fail_reason_error(reason))
 
         # What PySyncObj's ``@replicated`` wrapper does for ``apply_entry(data,
-        # callback=done)``, with one change: the call is pickled with protocol 4,
-        # not PySyncObj's protocol 2. Protocol 2 has no bytes type in Python 3: it
-        # stores ``data`` as a latin-1 text re-encoded by ``_codecs.encode`` on load,
-        # so each byte >= 0x80 (msgpack's headers are mostly such bytes) takes two in
-        # the log, the journal and every append, and both ends pay a text round
-        # trip. Every reader (PySyncObj's apply, our backup and snapshot readers)
-        # loads any protocol, so logs of both kinds mix (docs/pysyncobj.md, trap 12).
+        # callback=done)``, with two changes. The call is pickled with protocol 5,
+        # not PySyncObj's protocol 2, which has no bytes type in Python 3: it stores
+        # ``data`` as a latin-1 text re-encoded by ``_codecs.encode`` on load, so each
+        # byte >= 0x80 (msgpack's headers are mostly such bytes) takes two in the
+        # log, the journal and every append (docs/pysyncobj.md, trap 12). And the
+        # pickle is sealed with its CRC-32, so a record torn by a power loss is
+        # found at start (journal.py, "Sealed commands"). Every reader (PySyncObj's
+        # apply, our backup and snapshot readers) loads any protocol and ignores the
+        # seal after the pickle's end, so logs and members of every kind mix.
         consumer = self._consumer
         sync = consumer._syncObj  # the SyncObj the consumer is attached to
         owner = id(consumer)
         method = sync._methodToID[(owner, sync._getFuncName((owner, "apply_entry")))]
-        sync._applyCommand(
-            pickle.dumps((method, (data,)), PICKLE_PROTOCOL),
-            done,
-            _COMMAND_TYPE.REGULAR,
-        )
+        sync._applyCommand(seal_command((method, (data,))), done, _COMMAND_TYPE.REGULAR)
 
     # ----------------------------------------------------------------- state
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -259,15 +260,19 @@ class LocalCluster:
                 raise RuntimeError(f"node {node_id} did not stop within {timeout} s") from None
         return int(proc.returncode)
 
-    def power_loss(self, node_ids: list[str] | None = None) -> dict[str, Any]:
+    def power_loss(
+        self, node_ids: list[str] | None = None, writeback: random.Random | None = None
+    ) -> dict[str, Any]:
         """A simulated power loss of ``node_ids`` (default: every node): SIGKILL each,
         then cut its files back to what reached stable storage (``power.cut_to_synced``;
-        the nodes must run with the ``record_synced`` hook). They stay stopped; start
-        them with ``start_node``. Returns what was cut, per node."""
+        the nodes must run with the ``record_synced`` hook), keeping with
+        ``writeback`` a random half of the journal pages written since the last sync
+        (torn writes). They stay stopped; start them with ``start_node``. Returns
+        what was cut, per node."""
         ids = node_ids if node_ids is not None else [n.id for n in self.nodes]
         for node_id in ids:
             self.kill_node(node_id)
-        return {node_id: cut_to_synced(self.node_dir(node_id)) for node_id in ids}
+        return {node_id: cut_to_synced(self.node_dir(node_id), writeback) for node_id in ids}
 
     def pause_node(self, node_id: str) -> None:
         os.kill(self.pid(node_id), signal.SIGSTOP)

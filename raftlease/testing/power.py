@@ -7,10 +7,20 @@ node's process is killed (SIGKILL: the page cache would still hold every write),
 ``cut_to_synced`` throws away everything the disk would not have had after a power
 loss at that moment, and makes the node's next start see another boot (its run
 marker, ``server.restart``), as a machine that lost power would.
+
+Given a ``writeback`` random source, the cut also keeps some of what was written
+after the last sync: each journal page that differs from the synced copy reaches the
+"disk" with probability one half, as the kernel may have written any dirty page back
+(in any order) before the power went. A record can then be torn: its first and last
+pages on disk, a page between them not, or the header's page ahead of the records it
+counts. The journal's checks at start (``replication.journal.whole_records``) must
+find every such record; none of it was acknowledged, since every acknowledgement
+waits for a sync.
 """
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,20 +32,32 @@ TEMPORARIES = ("raft.dump.tmp", "raft.dump.1.tmp", "raft.journal.meta.tmp", "run
 SUFFIX = ".synced"
 
 
-def cut_to_synced(data_dir: Path) -> dict[str, Any]:
+#: The unit of the kernel's writeback (and of a torn write here).
+PAGE = 4096
+
+
+def cut_to_synced(data_dir: Path, writeback: random.Random | None = None) -> dict[str, Any]:
     """Replace each data file in ``data_dir`` by its synced copy (remove it when it
-    was never synced) and mark a reboot. Call only while the node is not running.
-    Returns, per file, its size before and after."""
+    was never synced) and mark a reboot. With ``writeback``, each journal page written
+    since the last sync survives with probability one half (module docstring). Call
+    only while the node is not running. Returns, per file, its size before and
+    after, and for the journal with ``writeback`` how many unsynced pages it kept."""
     data_dir = Path(data_dir)
     cut: dict[str, Any] = {}
     for name in DATA_FILES:
         path, shadow = data_dir / name, data_dir / (name + SUFFIX)
         before = path.stat().st_size if path.exists() else None
+        kept: int | None = None
         if shadow.exists():
-            shutil.copyfile(shadow, path)
+            if writeback is not None and name == "raft.journal" and path.exists():
+                kept = _written_back(path, shadow.read_bytes(), writeback)
+            else:
+                shutil.copyfile(shadow, path)
         else:
             path.unlink(missing_ok=True)
         cut[name] = {"before": before, "after": path.stat().st_size if path.exists() else None}
+        if kept is not None:
+            cut[name]["unsynced_pages_kept"] = kept
     for name in TEMPORARIES:
         (data_dir / name).unlink(missing_ok=True)
     marker = data_dir / "running"
@@ -43,3 +65,21 @@ def cut_to_synced(data_dir: Path) -> dict[str, Any]:
         # Another boot: the restarted node sees a machine crash, not a process crash.
         marker.write_text("simulated-power-loss\n")
     return cut
+
+
+def _written_back(path: Path, synced: bytes, rng: random.Random) -> int:
+    """Write to ``path`` the synced bytes plus, page by page, each page the process
+    wrote since (where ``path`` differs) with probability one half; the file keeps
+    its grown length only if a page past the synced length survived. Returns how
+    many unsynced pages survived."""
+    written = path.read_bytes()
+    disk = bytearray(synced.ljust(len(written), b"\0"))
+    kept, end = 0, len(synced)
+    for start in range(0, len(written), PAGE):
+        page = written[start : start + PAGE]
+        if page != disk[start : start + len(page)] and rng.random() < 0.5:
+            disk[start : start + len(page)] = page
+            kept += 1
+            end = max(end, start + len(page))
+    path.write_bytes(bytes(disk[:end]))
+    return kept
