@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from pysyncobj import pickle as pysyncobj_pickle
-from pysyncobj.journal import LAST_RECORD_OFFSET_OFFSET, FileJournal
+from pysyncobj.journal import FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET, FileJournal
 
 from raftlease.replication import DURABLE_MARK, DurableJournal, SyncRecorder
 from raftlease.replication.backup import read_journal
@@ -94,11 +94,11 @@ def test_a_torn_tail_is_cut_to_the_last_whole_record(tmp_path: Path, damage: str
     path = tmp_path / "raft.journal"
     j = FileJournal(str(path))
     for i in range(1, 5):
-        j.add(b"\x01entry-%d" % i, i, 1)
+        j.add(_sealed(b"entry-%d" % i), i, 1)
     j._destroy()
     data = bytearray(path.read_bytes())
     (last,) = struct.unpack_from("<I", data, LAST_RECORD_OFFSET_OFFSET)
-    record = 4 + 16 + len(b"\x01entry-4") + 4
+    record = 4 + 16 + len(_sealed(b"entry-4")) + 4
     start = last - record
     if damage == "zeros":  # the header reached the disk, the last record did not
         data[start:last] = b"\0" * record
@@ -119,8 +119,10 @@ def test_a_torn_tail_is_cut_to_the_last_whole_record(tmp_path: Path, damage: str
 def test_a_whole_journal_is_left_alone(tmp_path: Path) -> None:
     path = tmp_path / "raft.journal"
     j = FileJournal(str(path))
-    for i in range(1, 4):
-        j.add(b"\x01e", i, 1)
+    j.add(b"\x01", 1, 1)  # PySyncObj's no-op
+    j.add(bytes([REGULAR_COMMAND]) + pickle.dumps((7, (b"e",)), 2), 2, 1)  # unsealed kinds
+    j.add(bytes([REGULAR_COMMAND]) + pickle.dumps((7, (b"e",)), 4), 3, 1)
+    j.add(_sealed(b"e"), 4, 1)
     j._destroy()
     before = path.read_bytes()
     assert trim_torn_tail(path) == 0
@@ -208,14 +210,23 @@ def test_sealed_commands_load_as_plain_pickles_and_check_their_seal() -> None:
     assert pysyncobj_pickle.loads(command[1:]) == (7, (b"entry",))
     assert command_intact(command)
     assert not command_intact(command[:-1] + bytes([command[-1] ^ 1]))  # CRC differs
-    assert not command_intact(command[:-8])  # protocol 5 says a seal must follow
+    assert not command_intact(command[:-8])  # protocol 5 without its seal
     flipped = bytearray(command)
     flipped[12] ^= 0x40
     assert not command_intact(bytes(flipped))
-    # Earlier versions' commands (protocols 2 and 4, no seal) and PySyncObj's own.
+    assert not command_intact(bytes(12) + command[12:])  # its start lost: zeros
+    # Earlier versions' commands (protocols 2 and 4, no seal) and PySyncObj's own,
+    # whole only in full.
     for protocol in (2, 4):
-        assert command_intact(bytes([REGULAR_COMMAND]) + pickle.dumps((7, (b"e",)), protocol))
+        old = bytes([REGULAR_COMMAND]) + pickle.dumps((7, (b"e",)), protocol)
+        assert command_intact(old)
+        assert not command_intact(old[:-1])  # its end lost
+        assert not command_intact(bytes(4) + old[4:])
+    membership = bytes([2]) + pysyncobj_pickle.dumps(["add", "n4", "127.0.0.1:7000"])
+    assert command_intact(membership) and command_intact(bytes([3]) + pysyncobj_pickle.dumps(2))
     assert command_intact(b"\x01")  # a no-op
+    assert not command_intact(b"\x01\x00\x00")
+    assert not command_intact(b"") and not command_intact(b"\x09" + command[1:-8])
 
 
 def test_a_power_loss_with_torn_writes_keeps_every_synced_record_and_no_garbage(
@@ -249,3 +260,61 @@ def test_a_power_loss_with_torn_writes_keeps_every_synced_record_and_no_garbage(
         for command, index, _term in records:
             assert command == written[index], f"seed {seed}: entry {index} is not as written"
     assert kept_pages > 0 and cut_records > 0, (kept_pages, cut_records)
+
+
+@pytest.mark.parametrize("before_page_end", [13, 17, 22])
+def test_a_torn_record_whose_start_straddles_a_page_is_cut(
+    tmp_path: Path, before_page_end: int
+) -> None:
+    """A record starting a few bytes before a page's end has its length and index on
+    that page and its term's high bytes, type byte and pickle header on the next: if
+    that next page never reached the disk, the command starts with zeros. The seal at
+    its end (on the record's last page, with the length suffix) still decides."""
+    path = tmp_path / "raft.journal"
+    start = 2 * 4096 - before_page_end
+    need = start - FIRST_RECORD_OFFSET - 24  # the first record's command fills up to it
+    filler = next(c for n in range(need, 0, -1) if len(c := _sealed(b"a" * n)) == need)
+    big = _sealed(bytes(range(256)) * 48)
+    j = FileJournal(str(path))
+    j.add(filler, 1, 1)
+    j.add(big, 2, 1)
+    j._destroy()
+    data = bytearray(path.read_bytes())
+    (last,) = struct.unpack_from("<I", data, LAST_RECORD_OFFSET_OFFSET)
+    assert last - (24 + len(big)) == start
+    data[2 * 4096 : 3 * 4096] = bytes(4096)  # the page after the record's first
+    path.write_bytes(bytes(data))
+    assert [r[1] for r in read_journal(path)] == [1]
+    assert trim_torn_tail(path) > 0
+    assert [e[1] for e in entries(path)] == [1]
+
+
+def test_a_power_loss_during_a_compaction_keeps_every_entry_after_the_dump(
+    tmp_path: Path,
+) -> None:
+    """Log compaction keeps the entries after the dump, acknowledged ones among them.
+    PySyncObj rewrites its journal in place from the first record, so a power loss
+    before the next sync could leave any mix of old and rewritten pages and lose
+    them; ``DurableJournal.deleteEntriesTo`` writes a new file, syncs it and renames
+    it over the journal instead. Whatever pages of the time since survive (here a
+    random half, 40 draws), the journal holds every kept entry after the loss."""
+    source = tmp_path / "source"
+    source.mkdir()
+    j = journal(source, "fsync", SyncRecorder())
+    for i in range(1, 61):
+        j.add(_sealed(b"%d" % i * 150), i, 1)
+    j.sync()  # 1..60 on disk, acknowledged
+    j.deleteEntriesTo(40)  # the dump covers 1..40: keep 41..60
+    assert [e[1] for e in (j[k] for k in range(len(j)))] == list(range(41, 61))
+    assert not j.dirty  # nothing of the compaction is left to sync
+    j.add(_sealed(b"after"), 61, 1)  # and the journal goes on from there
+    j._destroy()
+    for seed in range(40):
+        node = tmp_path / f"seed{seed}"
+        shutil.copytree(source, node)
+        cut_to_synced(node, random.Random(seed))
+        trim_torn_tail(node / "raft.journal")
+        kept = [e[1] for e in entries(node / "raft.journal")]
+        # (An older head before 41, the old journal whole, the start's repair_journal
+        # cuts against the dump; losing any of 41..60 nothing could repair.)
+        assert set(range(41, 61)) <= set(kept), f"seed {seed}: after the loss {kept}"

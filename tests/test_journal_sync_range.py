@@ -103,6 +103,11 @@ def run_sequence(directory: Path, scratch: Path, seed: int, steps: int) -> dict[
             done["from"] += 1
         elif roll < 0.84 and len(j) > 2:
             j.deleteEntriesTo(rng.randint(1, len(j) - 2))  # log compaction
+            # A new file, synced and renamed over the journal: durable whole, at once.
+            assert not j.dirty
+            disk[:] = path.read_bytes()
+            assert Path(str(path) + SyncRecorder.SUFFIX).read_bytes() == bytes(disk)
+            assert load(bytes(disk), scratch) == entries_of(j)
             done["to"] += 1
         elif roll < 0.85:
             j.clear()  # a snapshot installed from the leader

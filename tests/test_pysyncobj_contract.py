@@ -361,3 +361,6 @@ def test_the_replicated_call_the_replica_pickles_itself_is_unchanged() -> None:
     from raftlease.replication.journal import seal_command
 
     assert pysyncobj.pickle.loads(seal_command((7, (b"\xa7x",)))) == (7, (b"\xa7x",))
+    # Commands PySyncObj pickles itself (membership, version, its own wrapper) are
+    # protocol 2: journal.command_intact takes them as unsealed only as such.
+    assert pysyncobj.pickle.dumps(["add", "n4"])[:2] == b"\x80\x02"

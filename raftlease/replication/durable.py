@@ -23,6 +23,9 @@ vote file without fsync, and renames its dump into place without fsync (its issu
 * The dump (``DurableSerializer``): written, fsynced, renamed, directory fsynced
   before the journal is cut to it (log compaction) or rewritten for it (a snapshot
   installed from the leader).
+* Log compaction (``deleteEntriesTo``): the kept entries go to a new file, fsynced
+  and renamed over the journal (PySyncObj would rewrite it in place, which a power
+  loss can tear).
 
 With ``durability = "none"`` only term and vote, log rewrites, and the entries a
 leader marks ``durable`` (the fencing-token ceiling, see ``core.store``) are synced.
@@ -255,8 +258,9 @@ class DurableJournal:
     What a sync covers (docs/design.md, "Durability"): PySyncObj writes the journal
     through the map only at the end of the last record (``add``), in the header's
     last-record offset (every write path), and from the first record on when it
-    rewrites the file (``clear``, ``deleteEntriesTo``); ``deleteEntriesFrom`` moves
-    only the header. ``_low`` is the lowest record offset written since the last
+    rewrites the file (``clear``); ``deleteEntriesFrom`` moves only the header, and
+    compaction (``deleteEntriesTo``) writes a new file, synced before it replaces
+    the journal. ``_low`` is the lowest record offset written since the last
     sync, so ``ranges`` (the header's page and the pages from ``_low`` to the end of
     the last record) hold every byte the loader reads that changed since then.
     """
@@ -384,11 +388,47 @@ class DurableJournal:
         self._touch(self._offset(), True)
 
     def deleteEntriesTo(self, entryTo: int) -> None:
-        # Log compaction: the dump was just written by the forked child.
+        """Log compaction (the dump was just written by the forked child): keep the
+        entries from list position ``entryTo`` on, in a new journal file.
+
+        PySyncObj rewrites its journal in place from the first record (``clear``,
+        then each kept entry again). The kept entries are the log after the dump,
+        acknowledged ones among them, and a power loss before the sync that follows
+        could leave any mix of the rewrite's pages and the old ones (the kernel
+        writes pages back in any order): the repair at start would then keep only
+        the kept entries that happen to precede the first torn page, or an older
+        head the loader discards. So they are written to a new file, synced, renamed
+        over the journal and the directory synced: the disk holds the old journal
+        or the new one, whole (docs/design.md, "Durability"). Stops the process if
+        a sync or the rename fails (never raises)."""
         self.sync_dump()
-        self._inner.deleteEntriesTo(entryTo)
-        self._touch(FIRST_RECORD_OFFSET, True)
-        self.release_tail()
+        kept: list[tuple[bytes, int, int]] = self._inner[entryTo:]
+        old = self._inner
+        tmp = self.journal_path.with_name(self.journal_path.name + ".compact")
+        try:
+            for leftover in (tmp, Path(str(tmp) + ".meta")):
+                leftover.unlink(missing_ok=True)
+            fresh = FileJournal(str(tmp))
+            for entry in kept:
+                fresh.add(*entry)
+            fresh._destroy()  # flushes the map (an msync) and closes the file
+            fsync_path(tmp)
+            os.replace(tmp, self.journal_path)
+            fsync_path(self.journal_path.parent, directory=True)
+        except OSError:
+            _fail_stop(f"the journal {self.journal_path}")
+        old._destroy()
+        inner = FileJournal(str(self.journal_path))
+        # The term, vote and commit index stay the old object's (saved or not yet),
+        # written through the same durable storer.
+        for name in ("__metaStorer", "__meta", "__metaSaved"):
+            setattr(inner, "_FileJournal" + name, getattr(old, "_FileJournal" + name))
+        self._inner = inner
+        self._file = inner._FileJournal__journalFile
+        self.dirty = False
+        self._low = self._offset()
+        if self.recorder is not None:
+            self.recorder.copy(self.journal_path)
 
     def release_tail(self) -> int:
         """Unmap the journal's pages past the last record from this process (return

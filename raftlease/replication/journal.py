@@ -14,10 +14,15 @@ something no other node applied. So each regular command raftlease builds
 (``Replica.propose``) is the call pickled with protocol ``SEALED_PROTOCOL`` followed by
 ``COMMAND_SEAL`` and the CRC-32 of the pickle. ``pickle.loads`` ignores bytes after a
 pickle's end ("Bytes past the pickled representation of the object are ignored"), so
-PySyncObj, older raftlease versions and every reader load it unchanged. The protocol
-byte, in the record's first page, says a seal must follow: a command of that protocol
-whose seal is missing or wrong is torn (``command_intact``). Commands written before
-(protocols 2 and 4) carry none and are read as before.
+PySyncObj, older raftlease versions and every reader load it unchanged. Whether a
+command is whole is decided by its end, which lies in the record's last page with the
+length suffix that framing already checks (its start may lie in a page before, even
+the record's first bytes when the record begins near a page's end): a command ending
+in a seal must be a sealed regular command whose CRC matches; any other must be one of
+the unsealed kinds in full (PySyncObj's no-op ``b"\x01"``, or a regular, membership or
+version command pickled with protocol 2 or 4, which ends with the pickle's STOP
+opcode). Commands written before (protocols 2 and 4) carry no seal and can be checked
+only that far (``command_intact``).
 """
 
 from __future__ import annotations
@@ -41,8 +46,13 @@ log = logging.getLogger("raftlease.replication")
 #: A journal record's command, index and term.
 Record = tuple[bytes, int, int]
 
-#: PySyncObj's ``_COMMAND_TYPE.REGULAR``: the first byte of a state-machine command.
-REGULAR_COMMAND = 0
+#: PySyncObj's ``_COMMAND_TYPE``: the first byte of a command. A no-op is that byte
+#: alone; the others are followed by a pickle (membership and version changes always
+#: protocol 2, PySyncObj's).
+REGULAR_COMMAND, NO_OP_COMMAND, MEMBERSHIP_COMMAND, VERSION_COMMAND = 0, 1, 2, 3
+_PICKLED_COMMANDS = (REGULAR_COMMAND, MEMBERSHIP_COMMAND, VERSION_COMMAND)
+#: How unsealed pickles start: protocol 2 (PySyncObj's) or 4 (raftlease's before the seal).
+_UNSEALED_PICKLES = (b"\x80\x02", b"\x80\x04")
 #: The pickle protocol of sealed commands; protocols 2 and 4 (earlier versions'
 #: commands) are never sealed, so the protocol byte tells whether a seal must follow.
 SEALED_PROTOCOL = 5
@@ -59,15 +69,22 @@ def seal_command(call: Any) -> bytes:
 
 
 def command_intact(command: bytes) -> bool:
-    """False when ``command`` (a journal record's, type byte first) is a sealed regular
-    command whose seal is missing or does not match its pickle: a record torn by a
-    power loss. True for every other command (unsealed formats cannot be checked)."""
-    if len(command) < 3 or command[0] != REGULAR_COMMAND or command[1:3] != b"\x80\x05":
-        return True
-    if len(command) < 3 + _SEAL_SIZE or command[-_SEAL_SIZE:-4] != COMMAND_SEAL:
+    """Whether ``command`` (a journal record's, type byte first) is whole: a sealed
+    regular command whose CRC matches, or one of the unsealed kinds in full (module
+    docstring). False means a record torn by a power loss (or a type this build does
+    not know)."""
+    if len(command) >= 3 + _SEAL_SIZE and command[-_SEAL_SIZE:-4] == COMMAND_SEAL:
+        if command[0] != REGULAR_COMMAND or command[1:3] != b"\x80\x05":
+            return False  # the end of a sealed command, its start lost
+        crc: int = struct.unpack_from("<I", command, len(command) - 4)[0]
+        return zlib.crc32(memoryview(command)[1:-_SEAL_SIZE]) == crc
+    if not command:
         return False
-    crc: int = struct.unpack_from("<I", command, len(command) - 4)[0]
-    return zlib.crc32(memoryview(command)[1:-_SEAL_SIZE]) == crc
+    if command[0] == NO_OP_COMMAND:
+        return len(command) == 1
+    if command[0] in _PICKLED_COMMANDS:
+        return command[1:3] in _UNSEALED_PICKLES and command[-1:] == b"."
+    return False
 
 
 def whole_records(data: bytes, end: int) -> tuple[list[Record], int]:

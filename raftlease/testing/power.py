@@ -15,7 +15,10 @@ after the last sync: each journal page that differs from the synced copy reaches
 pages on disk, a page between them not, or the header's page ahead of the records it
 counts. The journal's checks at start (``replication.journal.whole_records``) must
 find every such record; none of it was acknowledged, since every acknowledgement
-waits for a sync.
+waits for a sync. The model tears at whole pages, each either the old or the new
+bytes: a disk that tears within a page (at 512-byte sectors) or leaves a page half
+written makes more shapes than this, which the seal's CRC covers too but these
+tests do not draw.
 """
 
 from __future__ import annotations
