@@ -7,13 +7,15 @@ import pickle
 import random
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.journal import FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET, FileJournal
 
-from raftlease.replication import DURABLE_MARK, DurableJournal, SyncRecorder
+from raftlease.replication import DURABILITY_FAILED, DURABLE_MARK, DurableJournal, SyncRecorder
 from raftlease.replication.backup import read_journal
 from raftlease.replication.journal import (
     REGULAR_COMMAND,
@@ -318,3 +320,33 @@ def test_a_power_loss_during_a_compaction_keeps_every_entry_after_the_dump(
         # (An older head before 41, the old journal whole, the start's repair_journal
         # cuts against the dump; losing any of 41..60 nothing could repair.)
         assert set(range(41, 61)) <= set(kept), f"seed {seed}: after the loss {kept}"
+
+
+def test_a_failed_sync_stops_the_node_with_its_own_exit_status(tmp_path: Path) -> None:
+    """A sync the kernel fails stops the process (a retry could report success for
+    pages the kernel dropped) with a status of its own, listed in docs/operations.md
+    beside the other fatal ones, so a supervisor tells a disk error from an upgrade."""
+    from raftlease.replication.replica import ENTRY_FORMAT_TOO_NEW, SNAPSHOT_LOAD_FAILED
+
+    script = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from pysyncobj.journal import FileJournal\n"
+        "from raftlease.replication import DurableJournal\n"
+        f"d = Path({str(tmp_path)!r})\n"
+        "j = DurableJournal(FileJournal(str(d / 'raft.journal')), d / 'raft.journal',"
+        " d / 'raft.dump', 'fsync')\n"
+        "def fail(fd): raise OSError(5, 'Input/output error')\n"
+        "os.fdatasync = fail\n"
+        "j.add(b'\\x01', 1, 1)\n"
+        "j.sync()\n"
+        "sys.exit(0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert done.returncode == DURABILITY_FAILED, done.stderr.decode()
+    assert b"cannot sync" in done.stderr
+    fatal = {SNAPSHOT_LOAD_FAILED, ENTRY_FORMAT_TOO_NEW, DURABILITY_FAILED}
+    assert len(fatal) == 3 and not fatal & {0, 1, 2}
+    table = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    for status in fatal:
+        assert f"| {status} |" in table, f"exit status {status} is not in docs/operations.md"

@@ -59,8 +59,10 @@ from pysyncobj.serializer import Serializer
 
 log = logging.getLogger("raftlease.replication")
 
-#: Exit status of a node whose journal, vote or dump could not be synced.
-DURABILITY_FAILED = 71
+#: Exit status of a node whose journal, vote or dump could not be synced (72: 70 and
+#: 71 are a snapshot or log entry too new for this build, replication/replica.py;
+#: the list is in docs/operations.md, "Exit status").
+DURABILITY_FAILED = 72
 
 #: The bytes every entry that must reach stable storage in either mode carries: the
 #: msgpack encoding of the map item ``"durable": true`` (``server.proposer`` sets it).
