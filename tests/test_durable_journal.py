@@ -3,6 +3,8 @@ what a test build records, and the torn-tail repair at start."""
 
 from __future__ import annotations
 
+import gzip
+import logging
 import pickle
 import random
 import shutil
@@ -350,3 +352,45 @@ def test_a_failed_sync_stops_the_node_with_its_own_exit_status(tmp_path: Path) -
     table = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
     for status in fatal:
         assert f"| {status} |" in table, f"exit status {status} is not in docs/operations.md"
+
+
+@pytest.mark.parametrize(
+    ("committed", "dump_covers", "damage"),
+    [(5, None, True), (3, None, False), (5, 4, False), (None, None, False)],
+)
+def test_a_record_damaged_below_the_saved_commit_index_is_logged_as_damage(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    committed: int | None,
+    dump_covers: int | None,
+    damage: bool,
+) -> None:
+    """A record that is not whole is cut either way. Beyond the commit index this
+    node saved it is a torn write, never acknowledged (a warning); at or below it, and
+    not covered by the dump, the disk lost entries the node had synced, maybe
+    acknowledged: an error that says so, not the torn-write warning."""
+    path = tmp_path / "raft.journal"
+    j = FileJournal(str(path))
+    for i in range(1, 6):
+        j.add(_sealed(b"entry-%d" % i), i, 1)
+    j._destroy()
+    data = bytearray(path.read_bytes())
+    at = bytes(data).index(b"entry-4")
+    data[at] ^= 0x20  # a flipped bit in entry 4's command: its seal no longer matches
+    path.write_bytes(bytes(data))
+    if committed is not None:
+        meta = {"raftCommitIndex": committed, "currentTerm": 1, "votedForNodeId": None}
+        Path(str(path) + ".meta").write_bytes(pysyncobj_pickle.dumps(meta))
+    dump = tmp_path / "raft.dump"
+    if dump_covers is not None:
+        with gzip.open(dump, "wb") as f:
+            last = (b"\x01", dump_covers, 1)
+            f.write(pysyncobj_pickle.dumps((None, last, (b"\x01", dump_covers - 1, 1))))
+    with caplog.at_level(logging.WARNING, logger="raftlease.replication"):
+        assert trim_torn_tail(path, dump) > 0
+    assert [e[1] for e in entries(path)] == [1, 2, 3]
+    (record,) = [r for r in caplog.records if r.name == "raftlease.replication"]
+    if damage:
+        assert record.levelno == logging.ERROR and "damaged at entry 4" in record.getMessage()
+    else:
+        assert record.levelno == logging.WARNING and "torn record" in record.getMessage()

@@ -114,7 +114,7 @@ def whole_records(data: bytes, end: int) -> tuple[list[Record], int]:
     return out, offset
 
 
-def trim_torn_tail(journal_path: Path) -> int:
+def trim_torn_tail(journal_path: Path, dump_path: Path | None = None) -> int:
     """Cut the journal back to its last whole record; return how many bytes of
     records were dropped.
 
@@ -124,7 +124,16 @@ def trim_torn_tail(journal_path: Path) -> int:
     only some of a record's pages did, and PySyncObj's loader would then fail or load
     garbage. Whole records: ``whole_records`` (framing, index order, the seal of a
     sealed command). Everything after the first record that is not whole was never
-    synced, so never acknowledged (``durable.DurableJournal``).
+    synced, so never acknowledged (``durable.DurableJournal``): logged as a warning.
+
+    Unless the disk damaged what was synced: a record that is not whole at or below
+    the commit index this node saved (its journal's ``.meta``; with ``fsync`` the
+    entries up to it were synced before it moved) and not covered by the dump at
+    ``dump_path`` held an entry this node may have acknowledged. It is cut all the
+    same (applying it would be worse; the leader sends the entries again), but
+    logged as an error that says so: until it has them again, fewer nodes hold
+    those entries than acknowledged them. (With ``durability = "none"`` a power loss
+    can do this too; the node then waits out its TTLs, docs/design.md.)
     """
     if not journal_path.exists():
         return 0
@@ -141,15 +150,55 @@ def trim_torn_tail(journal_path: Path) -> int:
         f.write(struct.pack("<I", offset))
         f.flush()
         os.fsync(f.fileno())
+    dropped: int = last - offset
+    first_cut = previous + 1 if previous is not None else None
+    committed = _saved_commit_index(journal_path)
+    covered = _dump_last_index(dump_path) if dump_path is not None else None
+    if (
+        first_cut is not None
+        and committed is not None
+        and first_cut <= committed
+        and (covered is None or first_cut > covered)
+    ):
+        log.error(
+            "journal %s is damaged at entry %d, at or below the commit index %d this "
+            "node saved: not a torn write (with durability fsync those entries were "
+            "synced) but the disk losing data this node may have acknowledged. Cut "
+            "%d bytes from there; the leader sends the entries again. Check the disk.",
+            journal_path,
+            first_cut,
+            committed,
+            dropped,
+        )
+        return dropped
     log.warning(
         "journal %s ended in a torn record (a power loss during a write): cut %d bytes "
         "after the last whole record (entry %s); they were never acknowledged",
         journal_path,
-        last - offset,
+        dropped,
         previous,
     )
-    dropped: int = last - offset
     return dropped
+
+
+def _saved_commit_index(journal_path: Path) -> int | None:
+    """The commit index in the journal's ``.meta`` (PySyncObj's), or None."""
+    try:
+        meta = pysyncobj_pickle.loads(Path(str(journal_path) + ".meta").read_bytes())
+        index = meta.get("raftCommitIndex")
+    except Exception:  # missing or unreadable: nothing to compare with
+        return None
+    return index if isinstance(index, int) else None
+
+
+def _dump_last_index(dump_path: Path) -> int | None:
+    """The index of the last entry a full dump covers, or None."""
+    try:
+        with gzip.open(dump_path, "rb") as f:
+            index = pysyncobj_pickle.load(f)[1][1]
+    except Exception:  # missing or unreadable
+        return None
+    return index if isinstance(index, int) else None
 
 
 def repair_journal(journal_path: Path, dump_path: Path) -> int:

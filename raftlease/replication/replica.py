@@ -284,7 +284,7 @@ class Replica:
             rho=config.clock_drift,
         )
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        trim_torn_tail(config.journal_file)
+        trim_torn_tail(config.journal_file, config.dump_file)
         repair_journal(config.journal_file, config.dump_file)
         self._consumer = _StoreConsumer(observer, store_class)
         self._role = "follower"
