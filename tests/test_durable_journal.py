@@ -96,11 +96,7 @@ def test_a_node_that_never_synced_loses_its_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize("damage", ["zeros", "short", "bad-suffix", "index-gap"])
 def test_a_torn_tail_is_cut_to_the_last_whole_record(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "raft.journal"
-    j = FileJournal(str(path))
-    for i in range(1, 5):
-        j.add(_sealed(b"entry-%d" % i), i, 1)
-    j._destroy()
-    data = bytearray(path.read_bytes())
+    data = _sealed_journal(path, 4)
     (last,) = struct.unpack_from("<I", data, LAST_RECORD_OFFSET_OFFSET)
     record = 4 + 16 + len(_sealed(b"entry-4")) + 4
     start = last - record
@@ -172,6 +168,16 @@ def test_a_compaction_hands_the_dead_pages_back(tmp_path: Path, mode: str) -> No
         (8001, 2)
     ]
     assert kept[0][0] == record + b"7991" and kept[-1][0] == record + b"next"
+
+
+def _sealed_journal(path: Path, count: int) -> bytearray:
+    """A journal at ``path`` of sealed entries ``entry-1`` .. ``entry-<count>`` (term 1),
+    and its bytes."""
+    j = FileJournal(str(path))
+    for i in range(1, count + 1):
+        j.add(_sealed(b"entry-%d" % i), i, 1)
+    j._destroy()
+    return bytearray(path.read_bytes())
 
 
 def _sealed(data: bytes) -> bytes:
@@ -370,11 +376,7 @@ def test_a_record_damaged_below_the_saved_commit_index_is_logged_as_damage(
     not covered by the dump, the disk lost entries the node had synced, maybe
     acknowledged: an error that says so, not the torn-write warning."""
     path = tmp_path / "raft.journal"
-    j = FileJournal(str(path))
-    for i in range(1, 6):
-        j.add(_sealed(b"entry-%d" % i), i, 1)
-    j._destroy()
-    data = bytearray(path.read_bytes())
+    data = _sealed_journal(path, 5)
     at = bytes(data).index(b"entry-4")
     data[at] ^= 0x20  # a flipped bit in entry 4's command: its seal no longer matches
     path.write_bytes(bytes(data))
