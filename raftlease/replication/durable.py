@@ -48,7 +48,7 @@ import shutil
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,25 @@ def fsync_path(path: Path, directory: bool = False) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_journal(path: Path, entries: Sequence[tuple[bytes, int, int]], suffix: str) -> None:
+    """Make ``entries`` (command, index, term) the journal at ``path``, atomically: a
+    new PySyncObj journal written beside it (``path`` + ``suffix``), fsynced, renamed
+    over it, the directory fsynced. The disk then holds the old file or the new one,
+    whole, whatever a crash interrupts. Raises ``OSError``. Only the journal file: its
+    ``.meta`` (term, vote, commit index) is left as it is."""
+    tmp = path.with_name(path.name + suffix)
+    tmp.unlink(missing_ok=True)
+    fresh = FileJournal(str(tmp))
+    try:
+        for entry in entries:
+            fresh.add(*entry)
+    finally:
+        fresh._destroy()  # flushes the map (an msync) and closes the file
+    fsync_path(tmp)
+    os.replace(tmp, path)
+    fsync_path(path.parent, directory=True)
 
 
 def _fail_stop(what: str) -> None:
@@ -404,19 +423,9 @@ class DurableJournal:
         or the new one, whole (docs/design.md, "Durability"). Stops the process if
         a sync or the rename fails (never raises)."""
         self.sync_dump()
-        kept: list[tuple[bytes, int, int]] = self._inner[entryTo:]
         old = self._inner
-        tmp = self.journal_path.with_name(self.journal_path.name + ".compact")
         try:
-            for leftover in (tmp, Path(str(tmp) + ".meta")):
-                leftover.unlink(missing_ok=True)
-            fresh = FileJournal(str(tmp))
-            for entry in kept:
-                fresh.add(*entry)
-            fresh._destroy()  # flushes the map (an msync) and closes the file
-            fsync_path(tmp)
-            os.replace(tmp, self.journal_path)
-            fsync_path(self.journal_path.parent, directory=True)
+            replace_journal(self.journal_path, old[entryTo:], ".compact")
         except OSError:
             _fail_stop(f"the journal {self.journal_path}")
         old._destroy()

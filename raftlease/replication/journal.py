@@ -39,7 +39,7 @@ from typing import Any
 from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.journal import FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET, FileJournal
 
-from .durable import fsync_path
+from .durable import replace_journal
 
 log = logging.getLogger("raftlease.replication")
 
@@ -53,9 +53,10 @@ REGULAR_COMMAND, NO_OP_COMMAND, MEMBERSHIP_COMMAND, VERSION_COMMAND = 0, 1, 2, 3
 _PICKLED_COMMANDS = (REGULAR_COMMAND, MEMBERSHIP_COMMAND, VERSION_COMMAND)
 #: How unsealed pickles start: protocol 2 (PySyncObj's) or 4 (raftlease's before the seal).
 _UNSEALED_PICKLES = (b"\x80\x02", b"\x80\x04")
-#: The pickle protocol of sealed commands; protocols 2 and 4 (earlier versions'
-#: commands) are never sealed, so the protocol byte tells whether a seal must follow.
+#: The pickle protocol of sealed commands (earlier versions' commands, never sealed,
+#: are protocol 2 or 4).
 SEALED_PROTOCOL = 5
+_SEALED_PICKLE = bytes([0x80, SEALED_PROTOCOL])
 #: Follows a sealed command's pickle, then the pickle's CRC-32 (4 bytes, little-endian).
 COMMAND_SEAL = b"RLc\x01"
 _SEAL_SIZE = len(COMMAND_SEAL) + 4
@@ -74,7 +75,7 @@ def command_intact(command: bytes) -> bool:
     docstring). False means a record torn by a power loss (or a type this build does
     not know)."""
     if len(command) >= 3 + _SEAL_SIZE and command[-_SEAL_SIZE:-4] == COMMAND_SEAL:
-        if command[0] != REGULAR_COMMAND or command[1:3] != b"\x80\x05":
+        if command[0] != REGULAR_COMMAND or command[1:3] != _SEALED_PICKLE:
             return False  # the end of a sealed command, its start lost
         crc: int = struct.unpack_from("<I", command, len(command) - 4)[0]
         return zlib.crc32(memoryview(command)[1:-_SEAL_SIZE]) == crc
@@ -152,7 +153,10 @@ def trim_torn_tail(journal_path: Path, dump_path: Path | None = None) -> int:
         os.fsync(f.fileno())
     dropped: int = last - offset
     first_cut = previous + 1 if previous is not None else None
-    committed = _saved_commit_index(journal_path)
+    # Here, not at the top: backup.py reads records with whole_records (above).
+    from .backup import read_commit_index
+
+    committed = read_commit_index(Path(str(journal_path) + ".meta"))
     covered = _dump_last_index(dump_path) if dump_path is not None else None
     if (
         first_cut is not None
@@ -181,21 +185,18 @@ def trim_torn_tail(journal_path: Path, dump_path: Path | None = None) -> int:
     return dropped
 
 
-def _saved_commit_index(journal_path: Path) -> int | None:
-    """The commit index in the journal's ``.meta`` (PySyncObj's), or None."""
-    try:
-        meta = pysyncobj_pickle.loads(Path(str(journal_path) + ".meta").read_bytes())
-        index = meta.get("raftCommitIndex")
-    except Exception:  # missing or unreadable: nothing to compare with
-        return None
-    return index if isinstance(index, int) else None
+def _dump_tail(dump_path: Path) -> tuple[Any, Any]:
+    """The last two entries a full dump covers, (before last, last); raises if the
+    dump cannot be read."""
+    with gzip.open(dump_path, "rb") as f:
+        dump = pysyncobj_pickle.load(f)
+    return dump[2], dump[1]
 
 
 def _dump_last_index(dump_path: Path) -> int | None:
     """The index of the last entry a full dump covers, or None."""
     try:
-        with gzip.open(dump_path, "rb") as f:
-            index = pysyncobj_pickle.load(f)[1][1]
+        index = _dump_tail(dump_path)[1][1]
     except Exception:  # missing or unreadable
         return None
     return index if isinstance(index, int) else None
@@ -216,9 +217,7 @@ def repair_journal(journal_path: Path, dump_path: Path) -> int:
     if not journal_path.exists() or not dump_path.exists():
         return 0
     try:
-        with gzip.open(dump_path, "rb") as f:
-            dump = pysyncobj_pickle.load(f)
-        before_last, last = dump[2], dump[1]
+        before_last, last = _dump_tail(dump_path)
     except Exception:
         log.exception("cannot read snapshot %s; leaving the journal alone", dump_path)
         return 0
@@ -234,17 +233,7 @@ def repair_journal(journal_path: Path, dump_path: Path) -> int:
             break
     else:
         return 0  # the loader's own handling applies (snapshot newer than all entries)
-    tmp = journal_path.with_name(journal_path.name + ".repair")
-    tmp.unlink(missing_ok=True)
-    fresh = FileJournal(str(tmp))
-    try:
-        for command, idx, term in entries[k:]:
-            fresh.add(command, idx, term)
-    finally:
-        fresh._destroy()
-    fsync_path(tmp)
-    os.replace(tmp, journal_path)
-    fsync_path(journal_path.parent, directory=True)
+    replace_journal(journal_path, entries[k:], ".repair")
     log.warning(
         "journal head was older than the snapshot (crash during log compaction): "
         "dropped %d entries before it, kept %d after",
