@@ -18,7 +18,8 @@ from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.journal import FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET, FileJournal
 
 from raftlease.replication import DURABILITY_FAILED, DURABLE_MARK, DurableJournal, SyncRecorder
-from raftlease.replication.backup import read_journal
+from raftlease.replication.backup import RAFT_STATE_FILES, read_journal
+from raftlease.replication.durable import REWRITE_SUFFIXES, remove_stale_rewrites
 from raftlease.replication.journal import (
     REGULAR_COMMAND,
     command_intact,
@@ -396,3 +397,48 @@ def test_a_record_damaged_below_the_saved_commit_index_is_logged_as_damage(
         assert record.levelno == logging.ERROR and "damaged at entry 4" in record.getMessage()
     else:
         assert record.levelno == logging.WARNING and "torn record" in record.getMessage()
+
+
+def test_a_compaction_is_a_sync_of_the_entries_it_kept(tmp_path: Path) -> None:
+    """The compaction's new file is fsynced before it replaces the journal: the
+    entries written since the last sync are durable from then on, and the sync
+    counters say so once (``journal_syncs`` / ``journal_synced_entries``), not again
+    at the next sync."""
+    j = journal(tmp_path, "fsync")
+    for i in range(1, 11):
+        j.add(_sealed(b"%d" % i), i, 1)
+    j.sync()
+    assert (j.syncs, j.covered) == (1, 10)
+    for i in range(11, 14):
+        j.add(_sealed(b"%d" % i), i, 1)  # three not yet synced
+    j.deleteEntriesTo(5)
+    assert (j.syncs, j.covered) == (2, 13) and not j.dirty
+    j.sync_if_dirty()
+    assert (j.syncs, j.covered) == (2, 13)
+    j.add(_sealed(b"14"), 14, 1)
+    j.sync_if_dirty()
+    assert (j.syncs, j.covered) == (3, 14)
+    j._destroy()
+
+
+def test_a_rewrite_a_crash_cut_before_its_rename_is_removed_at_start(tmp_path: Path) -> None:
+    """A compaction or start-up repair writes its new journal beside the old one
+    and renames it over it only when whole and synced. A crash before the rename
+    leaves the file behind (as large as the log); the start removes it and leaves
+    the journal, the authoritative copy, as it was."""
+    j = journal(tmp_path, "fsync")
+    for i in range(1, 4):
+        j.add(_sealed(b"%d" % i), i, 1)
+    j.sync()
+    j._destroy()
+    path = tmp_path / "raft.journal"
+    before = path.read_bytes()
+    for suffix in REWRITE_SUFFIXES:
+        (tmp_path / ("raft.journal" + suffix)).write_bytes(b"half a rewrite")
+    removed = remove_stale_rewrites(path)
+    assert sorted(p.name for p in removed) == ["raft.journal.compact", "raft.journal.repair"]
+    assert not any(p.name.endswith(REWRITE_SUFFIXES) for p in tmp_path.iterdir())
+    assert path.read_bytes() == before
+    assert remove_stale_rewrites(path) == []  # nothing left: nothing to do
+    # A restore replaces a data directory's Raft state: the rewrite files with it.
+    assert {"raft.journal.compact", "raft.journal.repair"} <= set(RAFT_STATE_FILES)

@@ -47,7 +47,7 @@ from pysyncobj.node import TCPNode
 
 from ..config import NodeAddress
 from ..core import LeaseStore
-from .durable import fsync_path
+from .durable import REWRITE_SUFFIXES, fsync_path
 from .journal import whole_records
 
 #: The files of a node's Raft state in its data directory (beside them the node may
@@ -59,7 +59,7 @@ RAFT_STATE_FILES = (
     JOURNAL_NAME,
     JOURNAL_NAME + ".meta",
     DUMP_NAME + ".tmp",
-    JOURNAL_NAME + ".repair",
+    *(JOURNAL_NAME + suffix for suffix in REWRITE_SUFFIXES),
     "running",
     # The member set a node saw last (membership.py): the old cluster's, not the new one's.
     "members.json",

@@ -82,6 +82,32 @@ def fsync_path(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
+#: Suffixes of the files ``replace_journal`` writes beside the journal before renaming
+#: them over it: log compaction's and the start-up repair's (journal.repair_journal).
+COMPACT_SUFFIX = ".compact"
+REPAIR_SUFFIX = ".repair"
+REWRITE_SUFFIXES = (COMPACT_SUFFIX, REPAIR_SUFFIX)
+
+
+def remove_stale_rewrites(journal_path: Path) -> list[Path]:
+    """Remove the rewrite files (``REWRITE_SUFFIXES``) a crash left beside the journal
+    and return their paths. Call at start, before the journal is read.
+
+    A rewrite file is renamed over the journal only after it is whole and synced, so
+    one still there at start is one the crash cut before its rename: the journal
+    itself is the old one, whole, and the file is garbage that would otherwise stay
+    on disk (as large as the log) until the next rewrite of its kind. Raises
+    ``OSError`` if one cannot be removed."""
+    removed = []
+    for suffix in REWRITE_SUFFIXES:
+        stale = journal_path.with_name(journal_path.name + suffix)
+        if stale.exists():
+            stale.unlink()
+            removed.append(stale)
+            log.info("removed %s, a journal rewrite a crash cut before its rename", stale)
+    return removed
+
+
 def replace_journal(path: Path, entries: Sequence[tuple[bytes, int, int]], suffix: str) -> None:
     """Make ``entries`` (command, index, term) the journal at ``path``, atomically: a
     new PySyncObj journal written beside it (``path`` + ``suffix``), fsynced, renamed
@@ -425,7 +451,7 @@ class DurableJournal:
         self.sync_dump()
         old = self._inner
         try:
-            replace_journal(self.journal_path, old[entryTo:], ".compact")
+            replace_journal(self.journal_path, old[entryTo:], COMPACT_SUFFIX)
         except OSError:
             _fail_stop(f"the journal {self.journal_path}")
         old._destroy()
@@ -436,6 +462,11 @@ class DurableJournal:
             setattr(inner, "_FileJournal" + name, getattr(old, "_FileJournal" + name))
         self._inner = inner
         self._file = inner._FileJournal__journalFile
+        # The new file's fsync is a sync like any other: it covered the entries
+        # written since the last one (those it kept; the dump covers the others).
+        self.syncs += 1
+        self.covered += self._unsynced_entries
+        self._unsynced_entries = 0
         self.dirty = False
         self._low = self._offset()
         if self.recorder is not None:

@@ -39,7 +39,7 @@ from typing import Any
 from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.journal import FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET, FileJournal
 
-from .durable import replace_journal
+from .durable import REPAIR_SUFFIX, replace_journal
 
 log = logging.getLogger("raftlease.replication")
 
@@ -233,7 +233,7 @@ def repair_journal(journal_path: Path, dump_path: Path) -> int:
             break
     else:
         return 0  # the loader's own handling applies (snapshot newer than all entries)
-    replace_journal(journal_path, entries[k:], ".repair")
+    replace_journal(journal_path, entries[k:], REPAIR_SUFFIX)
     log.warning(
         "journal head was older than the snapshot (crash during log compaction): "
         "dropped %d entries before it, kept %d after",

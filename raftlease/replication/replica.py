@@ -39,7 +39,7 @@ from ..errors import (
     RaftLeaseError,
     UnavailableError,
 )
-from .durable import SyncRecorder
+from .durable import SyncRecorder, remove_stale_rewrites
 from .group_send import GroupSendSyncObj
 from .identity import PeerIdentity, read_public_key
 from .journal import repair_journal, seal_command, trim_torn_tail
@@ -284,6 +284,7 @@ class Replica:
             rho=config.clock_drift,
         )
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_rewrites(config.journal_file)
         trim_torn_tail(config.journal_file, config.dump_file)
         repair_journal(config.journal_file, config.dump_file)
         self._consumer = _StoreConsumer(observer, store_class)
