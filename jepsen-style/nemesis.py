@@ -623,7 +623,7 @@ class Nemesis:
         them at the heal. Afterwards the nemesis waits for a leader. Raises
         (a harness failure) if a data directory cannot be cut: a power loss that
         dropped nothing it should have must not pass for one."""
-        from raftlease.testing.power import cut_to_synced
+        from raftlease.testing.power import PAGE, SECTOR, cut_to_synced
 
         leader, known = self._target_leader()
         victims = power_loss_victims(self.ids, rng)
@@ -636,9 +636,13 @@ class Nemesis:
         # The kernel may have written back any page written since the last sync
         # (torn writes). Its own generator, seeded by one draw, so the pages each cut
         # keeps (their number depends on timing) never shift later faults' choices.
-        writeback = random.Random(rng.getrandbits(64))
+        # That draw's low bit picks the unit of a tear: whole pages, or sectors (a
+        # page the disk was writing when the power went).
+        seed = rng.getrandbits(64)
+        writeback = random.Random(seed)
+        unit = SECTOR if seed & 1 else PAGE
         cut = {
-            nid: _plain(cut_to_synced(Path(self.cluster.node_dir(nid)), writeback))
+            nid: _plain(cut_to_synced(Path(self.cluster.node_dir(nid)), writeback, unit))
             for nid in victims
         }
         self._after_heal.append(lambda: self._await_leader(spec.kind))

@@ -21,6 +21,7 @@ import pytest
 
 from raftlease import AsyncClient, Client, Holder, Lease
 from raftlease.testing import LocalCluster, wait_for
+from raftlease.testing.power import PAGE, SECTOR
 
 from .test_cluster import raw_request
 
@@ -175,15 +176,15 @@ def test_a_clean_stop_or_a_process_crash_needs_no_wait(cluster_factory: Factory)
     assert statuses[second.id]["last_stop"] == "process-crash"
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize(("seed", "unit"), [(1, PAGE), (2, PAGE), (3, SECTOR)])
 def test_a_power_loss_under_load_with_torn_writes_loses_no_grant_and_converges(
-    cluster_factory: Factory, seed: int
+    cluster_factory: Factory, seed: int, unit: int
 ) -> None:
     """Every node loses power while batches of long-keyed acquires are in flight (log
-    records over several pages), and of the journal pages written since each node's
-    last sync a random half survives (``power_loss(writeback=...)``: torn records,
-    headers ahead of their records). Every acknowledged grant survives, and once
-    caught up every node holds the same state: no node kept a torn entry."""
+    records over several pages), and of the journal pages (or sectors) written since
+    each node's last sync a random half survives (``power_loss(writeback=...)``: torn
+    records, headers ahead of their records). Every acknowledged grant survives, and
+    once caught up every node holds the same state: no node kept a torn entry."""
     cluster = cluster_factory(3, hooks={"record_synced": True}, max_ttl=600.0)
     acknowledged: dict[str, int] = {}
     stop = threading.Event()
@@ -208,7 +209,7 @@ def test_a_power_loss_under_load_with_torn_writes_loses_no_grant_and_converges(
         lambda: len(acknowledged) >= 400 or not worker.is_alive(), 60, "400 acknowledged grants"
     )
     assert len(acknowledged) >= 400, "the load stopped early"
-    cut = cluster.power_loss(writeback=random.Random(seed))
+    cut = cluster.power_loss(writeback=random.Random(seed), unit=unit)
     stop.set()
     worker.join(30)
     granted = dict(acknowledged)

@@ -26,7 +26,7 @@ from raftlease.replication.journal import (
     seal_command,
     trim_torn_tail,
 )
-from raftlease.testing.power import cut_to_synced
+from raftlease.testing.power import PAGE, SECTOR, cut_to_synced
 
 
 def journal(tmp_path: Path, mode: str, recorder: SyncRecorder | None = None) -> DurableJournal:
@@ -240,13 +240,15 @@ def test_sealed_commands_load_as_plain_pickles_and_check_their_seal() -> None:
     assert not command_intact(b"") and not command_intact(b"\x09" + command[1:-8])
 
 
+@pytest.mark.parametrize("unit", [PAGE, SECTOR])
 def test_a_power_loss_with_torn_writes_keeps_every_synced_record_and_no_garbage(
-    tmp_path: Path,
+    tmp_path: Path, unit: int
 ) -> None:
     """``cut_to_synced`` with a writeback source keeps a random half of the journal
-    pages written since the last sync (the kernel may have written any of them back).
-    Over many draws: what was synced always survives, the start's repair then leaves
-    only records exactly as written, and some draws tear a record it must cut."""
+    pages (or sectors: a page torn by the disk) written since the last sync (the
+    kernel may have written any of them back). Over many draws: what was synced
+    always survives, the start's repair then leaves only records exactly as written,
+    and some draws tear a record it must cut."""
     source = tmp_path / "source"
     source.mkdir()
     j = journal(source, "fsync", SyncRecorder())
@@ -263,7 +265,7 @@ def test_a_power_loss_with_torn_writes_keeps_every_synced_record_and_no_garbage(
     for seed in range(40):
         node = tmp_path / f"seed{seed}"
         shutil.copytree(source, node)
-        cut = cut_to_synced(node, random.Random(seed))
+        cut = cut_to_synced(node, random.Random(seed), unit)
         kept_pages += cut["raft.journal"]["unsynced_pages_kept"]
         cut_records += trim_torn_tail(node / "raft.journal") > 0
         records = entries(node / "raft.journal")

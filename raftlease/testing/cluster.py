@@ -29,7 +29,7 @@ from ..client import Client
 from ..config import NodeAddress, local_cluster
 from ..errors import RaftLeaseError
 from .hooks import hook_arguments
-from .power import cut_to_synced
+from .power import PAGE, cut_to_synced
 
 T = TypeVar("T")
 
@@ -261,18 +261,21 @@ class LocalCluster:
         return int(proc.returncode)
 
     def power_loss(
-        self, node_ids: list[str] | None = None, writeback: random.Random | None = None
+        self,
+        node_ids: list[str] | None = None,
+        writeback: random.Random | None = None,
+        unit: int = PAGE,
     ) -> dict[str, Any]:
         """A simulated power loss of ``node_ids`` (default: every node): SIGKILL each,
         then cut its files back to what reached stable storage (``power.cut_to_synced``;
         the nodes must run with the ``record_synced`` hook), keeping with
-        ``writeback`` a random half of the journal pages written since the last sync
-        (torn writes). They stay stopped; start them with ``start_node``. Returns
-        what was cut, per node."""
+        ``writeback`` a random half of the journal pages (or with ``unit=SECTOR``
+        sectors) written since the last sync (torn writes). They stay stopped; start
+        them with ``start_node``. Returns what was cut, per node."""
         ids = node_ids if node_ids is not None else [n.id for n in self.nodes]
         for node_id in ids:
             self.kill_node(node_id)
-        return {node_id: cut_to_synced(self.node_dir(node_id), writeback) for node_id in ids}
+        return {node_id: cut_to_synced(self.node_dir(node_id), writeback, unit) for node_id in ids}
 
     def pause_node(self, node_id: str) -> None:
         os.kill(self.pid(node_id), signal.SIGSTOP)

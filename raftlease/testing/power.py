@@ -15,10 +15,14 @@ after the last sync: each journal page that differs from the synced copy reaches
 pages on disk, a page between them not, or the header's page ahead of the records it
 counts. The journal's checks at start (``replication.journal.whole_records``) must
 find every such record; none of it was acknowledged, since every acknowledgement
-waits for a sync. The model tears at whole pages, each either the old or the new
-bytes: a disk that tears within a page (at 512-byte sectors) or leaves a page half
-written makes more shapes than this, which the seal's CRC covers too but these
-tests do not draw.
+waits for a sync.
+
+The unit of a tear is a page (``PAGE``: the kernel's writeback writes whole pages) or,
+with ``unit=SECTOR``, a 512-byte sector: a disk that loses power while it writes a
+page may have written some of its sectors and not others (only a sector's write is
+atomic on most disks), so any subset of the written sectors survives. Sector tears
+put a record's length suffix and its command's end, or the header and the first
+record, on different sides of a tear, shapes page tears cannot draw.
 """
 
 from __future__ import annotations
@@ -35,16 +39,24 @@ TEMPORARIES = ("raft.dump.tmp", "raft.dump.1.tmp", "raft.journal.meta.tmp", "run
 SUFFIX = ".synced"
 
 
-#: The unit of the kernel's writeback (and of a torn write here).
+#: The unit of the kernel's writeback (and of a torn write here, by default).
 PAGE = 4096
+#: The unit of a disk's atomic write: a torn page keeps any subset of its sectors.
+SECTOR = 512
 
 
-def cut_to_synced(data_dir: Path, writeback: random.Random | None = None) -> dict[str, Any]:
+def cut_to_synced(
+    data_dir: Path, writeback: random.Random | None = None, unit: int = PAGE
+) -> dict[str, Any]:
     """Replace each data file in ``data_dir`` by its synced copy (remove it when it
-    was never synced) and mark a reboot. With ``writeback``, each journal page written
-    since the last sync survives with probability one half (module docstring). Call
-    only while the node is not running. Returns, per file, its size before and
-    after, and for the journal with ``writeback`` how many unsynced pages it kept."""
+    was never synced) and mark a reboot. With ``writeback``, each journal ``unit``
+    (``PAGE`` or ``SECTOR``) written since the last sync survives with probability
+    one half (module docstring). Call only while the node is not running. Returns,
+    per file, its size before and after, and for the journal with ``writeback`` how
+    many unsynced units it kept (``unsynced_pages_kept``, in units of ``unit``) and
+    the unit. Raises ``ValueError`` for another unit."""
+    if unit not in (PAGE, SECTOR):
+        raise ValueError(f"tear unit {unit}: expected {PAGE} or {SECTOR}")
     data_dir = Path(data_dir)
     cut: dict[str, Any] = {}
     for name in DATA_FILES:
@@ -53,7 +65,7 @@ def cut_to_synced(data_dir: Path, writeback: random.Random | None = None) -> dic
         kept: int | None = None
         if shadow.exists():
             if writeback is not None and name == "raft.journal" and path.exists():
-                kept = _written_back(path, shadow.read_bytes(), writeback)
+                kept = _written_back(path, shadow.read_bytes(), writeback, unit)
             else:
                 shutil.copyfile(shadow, path)
         else:
@@ -61,6 +73,7 @@ def cut_to_synced(data_dir: Path, writeback: random.Random | None = None) -> dic
         cut[name] = {"before": before, "after": path.stat().st_size if path.exists() else None}
         if kept is not None:
             cut[name]["unsynced_pages_kept"] = kept
+            cut[name]["unit"] = unit
     for name in TEMPORARIES:
         (data_dir / name).unlink(missing_ok=True)
     marker = data_dir / "running"
@@ -70,16 +83,16 @@ def cut_to_synced(data_dir: Path, writeback: random.Random | None = None) -> dic
     return cut
 
 
-def _written_back(path: Path, synced: bytes, rng: random.Random) -> int:
-    """Write to ``path`` the synced bytes plus, page by page, each page the process
-    wrote since (where ``path`` differs) with probability one half; the file keeps
-    its grown length only if a page past the synced length survived. Returns how
-    many unsynced pages survived."""
+def _written_back(path: Path, synced: bytes, rng: random.Random, unit: int) -> int:
+    """Write to ``path`` the synced bytes plus, ``unit`` by ``unit``, each unit the
+    process wrote since (where ``path`` differs) with probability one half; the file
+    keeps its grown length only if a unit past the synced length survived. Returns
+    how many unsynced units survived."""
     written = path.read_bytes()
     disk = bytearray(synced.ljust(len(written), b"\0"))
     kept, end = 0, len(synced)
-    for start in range(0, len(written), PAGE):
-        page = written[start : start + PAGE]
+    for start in range(0, len(written), unit):
+        page = written[start : start + unit]
         if page != disk[start : start + len(page)] and rng.random() < 0.5:
             disk[start : start + len(page)] = page
             kept += 1
