@@ -380,6 +380,51 @@ def test_transfer_to_the_id_of_a_queued_acquire_is_refused_unchanged() -> None:
     assert s.to_plain() == before
 
 
+def test_a_replayed_acquire_whose_answer_the_replay_evicts_is_refused_unchanged() -> None:
+    """The lease-id guard lets a replay of an answered request through (its answer is
+    replayed from the dedup table). An entry that replays an acquire after its
+    client's record went idle evicts that record itself, before the acquire runs, so
+    there is no answer to replay: the guard must refuse it, or the acquire would be
+    granted again with the id of a live lease (a second token, a semaphore unit
+    leaked for good)."""
+    idle = 10 * 60 * 1000  # the dedup table forgets a client idle this long (design.md)
+    s = LeaseStore()
+    entry = acquire(0, "L1", key="sem", capacity=3, ttl=10 * idle, cid="c", seq=1)
+    first = ok(s.apply(dict(entry)))
+    before = copy.deepcopy(s.to_plain())
+    result = s.apply({**entry, "now": idle})
+    refused(result, "BAD_REQUEST")
+    assert result["message"] == "lease id already in use"
+    after = s.to_plain()  # log time moved (and the idle record left): nothing else
+    for part in ("revision", "leases", "waiters", "capacity"):
+        assert after[part] == before[part], part
+    assert [(h.lease_id, h.token) for h in s.holders_of("sem")] == [("L1", first["token"])]
+    assert s.units_used("sem") == 1
+    # While the record lives, the replay is answered from it, as before; once the
+    # lease has ended too, its id is free and the request is applied as new.
+    s2 = LeaseStore()
+    first = ok(s2.apply(dict(entry)))
+    assert s2.apply({**entry, "now": idle - 1}) == first
+    s3 = LeaseStore()
+    ok(s3.apply({**entry, "ttl": 1000}))
+    again = ok(s3.apply({**entry, "ttl": 1000, "now": idle}))
+    assert again["lease_id"] == "L1" and again["token"] > first["token"]
+    assert [h.lease_id for h in s3.holders_of("sem")] == ["L1"]
+
+
+@pytest.mark.parametrize("fv", ["2", None, [2], 2.5, True, 0, -1])
+def test_an_entry_format_that_is_not_a_positive_integer_is_refused_unchanged(fv: Any) -> None:
+    """``apply`` never raises: a malformed entry format (``fv``, read when a new term
+    starts) is refused, alone or in a batch, and nothing moves."""
+    s = LeaseStore()
+    ok(s.apply(tick(1, term=1)))
+    before = copy.deepcopy(s.to_plain())
+    refused(s.apply(tick(2, term=2, fv=fv)), "BAD_REQUEST")
+    batch = s.apply({"op": "batch", "now": 3, "term": 3, "fv": fv, "entries": [{"op": "tick"}]})
+    refused(batch["results"][0], "BAD_REQUEST")
+    assert s.to_plain() == before
+
+
 def test_a_lease_session_carries_at_most_its_cap_of_leases_and_waiters_together() -> None:
     # The cap is imported: it lives in raftlease/limits.py, outside the mutated core.
     s = LeaseStore()

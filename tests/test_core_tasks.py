@@ -338,6 +338,42 @@ def test_a_claim_attached_to_a_lease_session_ends_with_it() -> None:
     assert code(s.apply(claim(1901, "A3", session="S"))) == "SESSION_NOT_FOUND"
 
 
+def test_a_keepalive_that_shortens_the_session_shortens_its_attempts() -> None:
+    """A keep-alive may lower the session's TTL. The attached attempt ends with the
+    session, so its heartbeat and claim status must say the new, earlier expiry, not
+    the old one: a worker told "valid until 10000" would go on working after its task
+    went to another worker at 110."""
+    s = LeaseStore()
+    ok(s.apply(mut("session_open", 0, sid="S", owner="w", ttl=10_000)))
+    ok(s.apply(put(0, "T", ttl=60_000, backoff=0)))
+    assert ok(s.apply(claim(0, "A1", session="S")))["expires_at"] == 10_000
+    assert ok(s.apply(mut("session_keepalive", 10, sid="S", ttl=100)))["expires_at"] == 110
+    hb = ok(s.apply(beat(20, "T", "A1")))
+    assert (hb["expires_at"], hb["ttl"]) == (110, 100)
+    status = ok(s.apply(read("task_claim_status", 30, aid="A1")))
+    assert (status["state"], status["expires_at"], status["ttl"]) == ("claimed", 110, 100)
+    ok(s.apply(claim(50, "B1", worker="w2", wait=60_000, ttl=60_000)))
+    ok(s.apply(tick(110)))  # the session ended: the task went to w2
+    assert [(a.aid, a.worker) for a in s.tasks.attempts.values()] == [("B1", "w2")]
+    assert info(s, "T", 110)["history"][-1][5] == "session"
+
+
+def test_a_task_id_used_again_never_meets_its_old_ready_item() -> None:
+    """A purged task's item can stay in its ready heap (items are dropped lazily). A
+    later put under the same id, in another queue and needing a capability, must not
+    be claimed through that item by a worker of the first queue without it."""
+    s = LeaseStore()
+    ok(s.apply(put(0, "T", payload='"old"', queue="q1", deadline=100)))
+    ok(s.apply(put(0, "K", queue="q1", delay=10**6)))  # keeps q1 (and its heap) alive
+    ok(s.apply(tick(100)))  # T is dead; its ready item stays in q1's heap
+    ok(s.apply(mut("task_purge", 101, queue="q1", tid="T")))
+    ok(s.apply(put(102, "T", payload='"gpu-only"', queue="q2", requires={"gpu": "a100"})))
+    got = ok(s.apply(claim(103, "A", queue="q1")))
+    assert got["claimed"] is False, got
+    task = ok(s.apply(read("task_get", 103, queue="q2", tid="T")))["task"]
+    assert task["status"] == "ready"
+
+
 def test_the_queue_quota_refuses_a_put_unchanged() -> None:
     s = LeaseStore()
     ok(s.apply(put(0, "T1", quota=2)))

@@ -414,8 +414,12 @@ class TaskQueues(TaskState):
         return self.tasks[best[2]]
 
     def _stale_ready(self, item: tuple[int, int, str]) -> bool:
+        """Whether a ready-heap item no longer stands for a ready task: its task left
+        READY, or was removed and its id used again by a later put (the put order
+        ``seq`` is never reused), which may be in another queue or need other
+        capabilities than the heap the item sits in."""
         task = self.tasks.get(item[2])
-        return task is None or task.status != READY
+        return task is None or task.status != READY or task.seq != item[1]
 
     def _make_ready(self, host: Host, task: TaskRecord) -> None:
         """``task`` can be claimed now: hand it to the first waiting claim that can
@@ -685,12 +689,18 @@ class TaskQueues(TaskState):
         self._event(host, "task_dead", task, worker=worker, token=token)
 
     def session_kept(self, host: Host, session: LeaseSession) -> None:
-        """A keep-alive extended ``session``: so are its attached attempts."""
+        """A keep-alive moved ``session``'s expiry: its attached attempts move with
+        it, later or earlier (a keep-alive may shorten the TTL). An attached attempt
+        ends with its session, so an attempt that kept a later expiry would be
+        reported valid (heartbeat, claim status) after its task went to another
+        worker."""
         for aid in self.by_session.get(session.session_id, {}):
             attempt = self.attempts.get(aid)
-            if attempt is not None and session.expires_at > attempt.expires_at:
+            if attempt is None:
+                continue
+            attempt.ttl_ms = session.ttl_ms
+            if attempt.expires_at != session.expires_at:
                 attempt.expires_at = session.expires_at
-                attempt.ttl_ms = session.ttl_ms
                 heapq.heappush(self._expiries, (attempt.expires_at, aid))
 
     def session_ended(self, host: Host, sid: str) -> None:

@@ -118,6 +118,8 @@ class LeaseStore(StoreState):
         term = entry.get("term", 0)
         if not valid_int(term, 0, 2**62):
             return error("BAD_REQUEST", "entry 'term' must be a non-negative integer")
+        if not valid_int(entry.get("fv", 1), 1, 2**31):
+            return error("BAD_REQUEST", "entry format 'fv' must be a positive integer")
         problem = check_args(op, entry)
         if problem is None and op in TASK_OPS:
             problem = check_task_args(op, entry)
@@ -336,6 +338,14 @@ class LeaseStore(StoreState):
             # A retry (``_forged_retry`` refused any other request): answered again,
             # never applied twice.
             return cached
+        reused = self._reused_id(op, entry)
+        if reused is not None:
+            # ``_apply_one`` let a known id through because the request was answered,
+            # but this entry's own time step evicted the client's record (idle) and
+            # with it the answer to replay, while the id is still in use: applying it
+            # afresh would hand a live lease's id out twice. (An id whose lease ended
+            # in that step is free again, and the request is applied as new.)
+            return error("BAD_REQUEST", reused)
         result = self._MUTATIONS[op](self, entry)
         record.results[seq] = result
         remember(record, seq, op, entry)
