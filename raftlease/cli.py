@@ -287,7 +287,7 @@ def up(
     log_format: str,
 ) -> None:
     """Start a local cluster of COUNT nodes and keep it running until Ctrl-C."""
-    from .testing.cluster import LocalCluster
+    from .testing.cluster import LocalCluster, port_free
 
     try:
         members = local_cluster(count, port)
@@ -302,6 +302,20 @@ def up(
         raise click.UsageError(
             f"admin ports {admin_base}..{admin_base + count - 1} overlap the client or raft "
             "ports or leave 1..65535; choose --admin-port"
+        )
+    # Every port free first: a node whose port is taken exits at start, but the
+    # cluster already listening there would answer the leader wait and the demo,
+    # which would then report success against someone else's cluster.
+    wanted = [(f"{m.id} clients", m.client) for m in members]
+    wanted += [(f"{m.id} raft", m.raft) for m in members]
+    if admin:
+        wanted += [(f"{i} admin", a) for i, a in admin_addrs.items()]
+    busy = [f"{a} ({what})" for what, a in wanted if not port_free(int(a.rpartition(":")[2]))]
+    if busy:
+        raise click.UsageError(
+            f"port(s) in use on 127.0.0.1: {', '.join(busy)}. Another cluster (an earlier "
+            "`raftlease up`?) or program listens there: stop it, or choose --port "
+            "(clients PORT.., raft PORT+100..) and --admin-port"
         )
     root = Path(data_dir).resolve()
     settings: dict[str, Any] = {}
@@ -335,6 +349,12 @@ def up(
             leader = cluster.wait_for_leader(timeout=30)
         except TimeoutError as exc:
             click.echo(f"error: {exc}\n{cluster.logs(20)}", err=True)
+            sys.exit(1)
+        gone = [n.id for n in cluster.nodes if not cluster.is_running(n.id)]
+        if gone:  # whoever answered, it was not this cluster (a port taken meanwhile?)
+            click.echo(
+                f"error: node(s) {', '.join(gone)} exited at start\n{cluster.logs(20)}", err=True
+            )
             sys.exit(1)
         click.echo(f"leader: {leader['node']} ({leader['client']}), term {leader['term']}")
         endpoints = ",".join(cluster.endpoints)

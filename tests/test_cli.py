@@ -309,3 +309,51 @@ def test_up_secure_runs_the_demo_over_tls_with_a_token(tmp_path: Path) -> None:
     assert token not in demo.stdout + demo.stderr, "the token was printed"
     assert (secure / "admin.token").stat().st_mode & 0o077 == 0
     assert "token_sha256" in (secure / "auth.toml").read_text()
+
+
+def test_up_refuses_ports_in_use_instead_of_demoing_someone_elses_cluster(
+    shared: LocalCluster, tmp_path: Path
+) -> None:
+    """On the ports of a running cluster, ``up`` must not start nodes that die at once
+    and then run its demo against the other cluster, reporting success: it refuses
+    before starting anything, naming the ports."""
+    port = int(shared.nodes[0].client.rpartition(":")[2])
+    args = ["up", "--port", str(port), "--demo", "--exit-after-demo"]
+    up = subprocess.run(
+        [sys.executable, "-m", "raftlease", *args, "--data-dir", str(tmp_path / "dup")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert up.returncode == 2, up.stdout + up.stderr
+    assert "in use" in up.stderr and f"127.0.0.1:{port}" in up.stderr, up.stderr
+    assert "demo:" not in up.stdout and not (tmp_path / "dup").exists()
+    with shared.client() as c:
+        assert c.holder("demo/gpu-0") is None
+
+
+@pytest.mark.parametrize("taken", ["client", "raft"])
+def test_a_node_whose_port_is_taken_exits_with_a_config_error(tmp_path: Path, taken: str) -> None:
+    """PySyncObj retries a failed bind of the raft port silently, every tick: the node
+    sat in term 0 for good; a taken client port ended in a traceback. The node exits
+    2 naming the port, as for a taken admin port."""
+    import socket
+
+    base = free_port_block(1)
+    client, raft = f"127.0.0.1:{base}", f"127.0.0.1:{base + 100}"
+    port = base if taken == "client" else base + 100
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", port))
+        holder.listen(1)
+        args = ["--id", "n1", "--member", f"n1,{raft},{client}"]
+        node = subprocess.run(
+            [sys.executable, "-m", "raftlease", "node", *args, "--data-dir", str(tmp_path / "n1")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert node.returncode == 2, node.stdout + node.stderr
+    where = client if taken == "client" else raft
+    assert f"cannot listen on the {taken} address {where}" in node.stderr, node.stderr
+    assert "Traceback" not in node.stderr, node.stderr

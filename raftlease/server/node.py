@@ -21,6 +21,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import ssl
 import stat
 import time
@@ -196,14 +197,26 @@ class NodeServer(TaskWaits):
         if client_tls is not None:
             # A reload replaces the context its new handshakes use (tls_reload.py).
             self._live_tls.append(LiveTLS(client_tls, self.config.tls_client_ca_file))
-        server = await asyncio.start_server(
-            self._serve_connection,
-            host,
-            port,
-            reuse_address=True,
-            limit=1 << 16,
-            ssl=client_tls,
-        )
+        try:
+            server = await asyncio.start_server(
+                self._serve_connection,
+                host,
+                port,
+                reuse_address=True,
+                limit=1 << 16,
+                ssl=client_tls,
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on the client address {self.config.self_node.client}: {exc}"
+            ) from None
+        try:
+            _check_bindable(self.config.self_node.raft)
+        except OSError as exc:
+            server.close()
+            raise ConfigError(
+                f"cannot listen on the raft address {self.config.self_node.raft}: {exc}"
+            ) from None
         if self.config.insecure:
             log.warning(
                 "INSECURE: clients on %s are %s (insecure = true)",
@@ -1234,6 +1247,20 @@ class NodeServer(TaskWaits):
                 self.metrics.heap_trim_seconds.set(trimmer.last_seconds)
             if trimmer.last_seconds > 0.05:  # a heap far larger than a node's should be
                 log.warning("heap trim took %.3f s", trimmer.last_seconds)
+
+
+def _check_bindable(address: str) -> None:
+    """Bind (and close) a TCP socket on the raft ``address`` as PySyncObj will, so a
+    port that is taken fails the start with a clear error: PySyncObj retries a failed
+    bind on every tick without a word, and the node would sit in term 0, a follower
+    with no peers, for good. (A port taken between this check and PySyncObj's bind is
+    that silent case again; the check is for the usual one.) Blocking, one syscall
+    each; raises ``OSError`` (and ``ConfigError`` for a malformed address)."""
+    host, port = parse_addr(address, "raft address")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as PySyncObj does
+        probe.bind((host, port))
 
 
 def private_data_dir(data_dir: Path) -> None:
