@@ -776,7 +776,9 @@ def leases(
 @main.command()
 @_client_options
 def status(endpoints: str, as_json: bool, timeout: float) -> None:
-    """Show every node: reachable, role, term, commit and applied index, leader."""
+    """Show each node in --endpoints: reachable, role, term, commit and applied index,
+    leader. Only the nodes listed are asked: list every member's client address to
+    see them all ("raftlease member list" shows the member set)."""
     with _client(endpoints) as c:
         statuses = c.cluster_status(timeout=min(timeout, 3.0))
     if as_json:
