@@ -733,7 +733,7 @@ class LeaseStore(StoreState):
         elif "token" in entry:
             holders = [lease for lease in holders if lease.token == entry["token"]]
         if not holders:
-            which = "that lease" if "lid" in entry or "token" in entry else "a live lease"
+            which = "such lease" if "lid" in entry or "token" in entry else "live lease"
             return error("LEASE_NOT_FOUND", f"{key!r} has no {which} to revoke")
         for lease in holders:
             self._end_lease(lease, "revoke", grant_next=False)
