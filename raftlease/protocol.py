@@ -240,7 +240,7 @@ def _ttl_ms(message: dict[str, Any], limits: Limits, required: bool) -> int | No
         raise BadRequestError(
             f"field 'ttl' must be a number of seconds, not {type(value).__name__}"
         )
-    seconds = float(value)
+    seconds = _as_float(value)
     if not math.isfinite(seconds) or not limits.min_ttl <= seconds <= limits.max_ttl:
         raise InvalidArgumentError(
             f"ttl {value!r} s is outside the allowed range {limits.min_ttl}..{limits.max_ttl} s"
@@ -252,9 +252,19 @@ def _seconds_ms(message: dict[str, Any], name: str, low: float, high: float) -> 
     value = message.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadRequestError(f"field {name!r} must be a number of seconds")
-    if not math.isfinite(value) or not low <= value <= high:
+    if not math.isfinite(_as_float(value)) or not low <= value <= high:
         raise InvalidArgumentError(f"{name} {value!r} s is outside {low}..{high} s")
     return round(float(value) * 1000)
+
+
+def _as_float(value: int | float) -> float:
+    """``value`` as a float; an integer too large for one (a JSON body can carry
+    thousands of digits, where ``float()`` raises ``OverflowError``) becomes inf, which
+    every caller refuses as out of range."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 #: Operations on one key.
@@ -445,7 +455,7 @@ def _task_args(op: str, message: dict[str, Any], limits: Limits, args: dict[str,
         progress = message["progress"]
         if isinstance(progress, bool) or not isinstance(progress, int | float):
             raise BadRequestError("field 'progress' must be a number")
-        if not math.isfinite(progress) or abs(progress) > 2**62:
+        if not math.isfinite(_as_float(progress)) or abs(progress) > 2**62:
             raise InvalidArgumentError("field 'progress' must be a finite number")
         args["progress"] = progress
     elif op == "task_complete" and "result" in given:

@@ -20,7 +20,10 @@ line or header over 8 KiB, more than 64 headers, or any request body 400/413 (fr
 aiohttp's parser) or a closed connection; a new connection that has not sent a whole
 request within ``REQUEST_TIMEOUT`` seconds (a slow or stalled client) is closed, and a
 keep-alive connection whose next request is not whole within ``KEEPALIVE_TIMEOUT``;
-beyond ``MAX_CONNECTIONS`` open connections a new one is closed at once.
+beyond ``MAX_CONNECTIONS`` open connections, a new one takes the place of the oldest
+connection still waiting for a whole request from the peer address that has the most
+such connections (so one peer holding idle sockets cannot lock out health probes), and
+is closed at once only when every open connection is in a request (a stream).
 
 Protection follows the client port (config.py, docs/security.md): with
 ``tls_cert_file`` the endpoint serves HTTPS with the client port's certificate; with an
@@ -37,6 +40,7 @@ and metrics are read from memory, a file stat at most).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import ssl
@@ -101,6 +105,15 @@ def readiness(replica: Replica | None, max_silence: float) -> tuple[bool, str]:
     return True, "ready"
 
 
+class _Refuse(asyncio.Protocol):
+    """An admin connection over ``MAX_CONNECTIONS``: closed as soon as it is made."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        log.debug("admin connection refused: %d connections open", MAX_CONNECTIONS)
+        assert isinstance(transport, asyncio.Transport)
+        transport.abort()
+
+
 class _AdminServer(web.Server):
     """aiohttp's low-level server with a connection cap and a deadline for each
     request to arrive whole (aiohttp has none for slow headers)."""
@@ -108,16 +121,52 @@ class _AdminServer(web.Server):
     def __init__(self, handler: Any, **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
         self.timers: dict[RequestHandler, asyncio.TimerHandle] = {}
+        #: Called when a connection is lost (``AdminEndpoint.when_lost``).
+        self.lost: dict[RequestHandler, list[Callable[[], None]]] = {}
+
+    def __call__(self) -> Any:
+        # At the cap with no idle connection to make room (every one is in a request),
+        # the accepted connection gets a protocol that only closes it: refused before
+        # aiohttp's RequestHandler exists. (Aborting a RequestHandler's transport from
+        # its connection_made left aiohttp's request task to fail on a dropped
+        # manager: an ERROR traceback in the log for every refused connection.)
+        if len(self._connections) >= MAX_CONNECTIONS and not self.timers:
+            return _Refuse()
+        return super().__call__()
 
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
-        if len(self._connections) > MAX_CONNECTIONS:
-            transport.abort()
+        if len(self._connections) > MAX_CONNECTIONS and not self._evict_idle(handler):
+            # Nothing idle to replace (accepted in a burst, before the others counted):
+            # close it once aiohttp's request task has started (see __call__).
+            self._loop.call_soon(transport.abort)
             return
         self.arm(handler, transport)
 
+    def _evict_idle(self, newcomer: RequestHandler) -> bool:
+        """Close the oldest connection waiting for a whole request (armed) of the peer
+        host holding the most such connections; False if there is none."""
+        by_host: dict[str, list[RequestHandler]] = {}
+        for handler in self.timers:  # in arming order: oldest first
+            transport = self._connections.get(handler)
+            if handler is newcomer or transport is None:
+                continue
+            peer = transport.get_extra_info("peername")
+            by_host.setdefault(str(peer[0]) if peer else "", []).append(handler)
+        if not by_host:
+            return False
+        victim = max(by_host.values(), key=len)[0]
+        log.debug("admin connections at the cap: closed an idle one to make room")
+        self.disarm(victim)
+        transport = self._connections.get(victim)
+        if transport is not None:
+            transport.abort()
+        return True
+
     def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
         self.disarm(handler)
+        for callback in self.lost.pop(handler, ()):
+            callback()
         super().connection_lost(handler, exc)
 
     def arm(
@@ -181,6 +230,29 @@ class AdminEndpoint:
     @property
     def connections(self) -> int:
         return len(self._server.connections) if self._server is not None else 0
+
+    def when_lost(
+        self, request: web.BaseRequest, callback: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Call ``callback`` (on the event loop) once ``request``'s connection is lost,
+        at once if it already is; returns a function that cancels that. For streams
+        that would otherwise learn of a vanished client only at their next write:
+        aiohttp does not cancel a handler when its client goes (and its connection
+        counts against ``MAX_CONNECTIONS`` until the handler returns). Event loop only."""
+        server, handler = self._server, request.protocol
+        if server is None or request.transport is None or request.transport.is_closing():
+            callback()
+            return lambda: None
+        callbacks = server.lost.setdefault(handler, [])
+        callbacks.append(callback)
+
+        def forget() -> None:
+            with contextlib.suppress(ValueError):
+                callbacks.remove(callback)
+            if not callbacks and server.lost.get(handler) is callbacks:
+                del server.lost[handler]
+
+        return forget
 
     async def start(self) -> None:
         """Bind and serve. Raises ``OSError`` if the address cannot be bound."""

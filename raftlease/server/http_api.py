@@ -148,6 +148,19 @@ def _reject_constant(name: str) -> None:
     raise BadRequestError(f"{name} is not a JSON number raftlease accepts")
 
 
+def _bounded_int(text: str) -> int:
+    """A JSON integer within what a native (msgpack) request can carry: a signed or
+    unsigned 64-bit value. Larger ones (Python's parser takes up to 4,300 digits)
+    would reach checks written for msgpack's range, and ``float()`` of one raises
+    ``OverflowError``. Raises ``BadRequestError``."""
+    if len(text) > 21:  # "-" and 20 digits: the widest 64-bit integer
+        raise BadRequestError(f"integer of {len(text)} digits: out of range")
+    value = int(text)
+    if not -(2**63) <= value < 2**64:
+        raise BadRequestError(f"integer {value} is out of range (64 bits)")
+    return value
+
+
 class HttpApi:
     """The ``/v1/`` resources of one node (see the module docstring)."""
 
@@ -155,7 +168,9 @@ class HttpApi:
         self.node = node
         self.routes: dict[tuple[str, str], Route] = {(r.method, r.path): r for r in all_routes()}
         self.paths = frozenset(path for _, path in self.routes)
-        self.forwarder = Forwarder(client_tls or client_context(node.config))
+        self.forwarder = Forwarder(
+            client_tls or client_context(node.config), max_frame=node.config.max_frame
+        )
         self.sequencer = _Sequencer(node.config.node_id)
         self._openapi: bytes | None = None
         self._tasks: set[asyncio.Future[None]] = set()
@@ -274,7 +289,7 @@ class HttpApi:
                 FrameTooLargeError(f"body exceeds the limit of {limit} bytes"), close=True
             )
         try:
-            value = json.loads(body, parse_constant=_reject_constant)
+            value = json.loads(body, parse_constant=_reject_constant, parse_int=_bounded_int)
         except RaftLeaseError:
             raise
         except (ValueError, RecursionError) as exc:
@@ -494,13 +509,33 @@ class HttpApi:
         )
         await response.prepare(request)
         sink = _WatchSink(request, response, sse)
+        stream = asyncio.ensure_future(
+            node.watches.stream(parsed, sink, lambda: replica.store.revision, who)  # type: ignore[arg-type]
+        )
+
+        # The stream waits for changes and would learn that its client went away only
+        # at its next write, which on a quiet prefix never comes: the handler (its
+        # watch quota slot, its connection's place under the admin connection cap)
+        # would stay until the node stops. So the connection's loss ends it at once,
+        # and so does the keep-alive's end (a failed write).
+        def end() -> None:
+            stream.cancel()
+
+        forget = node.admin.when_lost(request, end) if node.admin else lambda: None
         keepalive = asyncio.create_task(sink.keepalive())
+        keepalive.add_done_callback(lambda _: end())
         try:
-            await node.watches.stream(parsed, sink, lambda: replica.store.revision, who)  # type: ignore[arg-type]
+            await stream
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the handler itself is cancelled (the node stops)
         except (ConnectionError, RuntimeError):
             pass
         finally:
+            forget()
             keepalive.cancel()
+            stream.cancel()
         return response
 
 

@@ -30,12 +30,13 @@ from ..config import NodeConfig
 from ..errors import (
     ConfigError,
     ConnectionLostError,
+    FrameTooLargeError,
     RaftLeaseError,
     TimeoutError_,
     UnavailableError,
     from_wire,
 )
-from ..protocol import FrameDecoder, ProtocolError, encode_frame
+from ..protocol import DEFAULT_MAX_FRAME, FrameDecoder, ProtocolError, encode_frame
 
 #: Forwarding connections a node keeps open (least recently used closed first).
 MAX_FORWARD_CONNECTIONS = 64
@@ -84,12 +85,24 @@ class _Upstream:
                     future.set_exception(ConnectionLostError("connection to the leader lost"))
             self._pending.clear()
 
-    async def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+    async def request(
+        self, message: dict[str, Any], timeout: float, max_frame: int
+    ) -> dict[str, Any]:
         rid = next(self._ids)
+        frame = encode_frame({**message, "id": rid})
+        if len(frame) > max_frame:
+            # A JSON body under the limit can grow in msgpack (0.5 is 3 bytes of
+            # JSON, 9 of msgpack): sent, the leader would close this connection, and
+            # with it every other caller's request in flight on it. Refused here,
+            # definitely (nothing was sent).
+            raise FrameTooLargeError(
+                f"the request is {len(frame)} bytes as a native frame, over the limit of "
+                f"{max_frame} bytes"
+            )
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
         try:
-            self._writer.write(encode_frame({**message, "id": rid}))
+            self._writer.write(frame)
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise TimeoutError_("the leader did not answer in time; outcome unknown") from None
@@ -111,8 +124,11 @@ class Forwarder:
 
     ``tls``: the client context for a leader's client port (None: plain TCP)."""
 
-    def __init__(self, tls: ssl.SSLContext | None) -> None:
+    def __init__(self, tls: ssl.SSLContext | None, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.tls = tls
+        #: Largest frame sent to a leader: its client port's limit (ours, the same
+        #: setting cluster-wide).
+        self.max_frame = max_frame
         self._conns: OrderedDict[tuple[str, str], _Upstream] = OrderedDict()
         self._lock = asyncio.Lock()
 
@@ -140,7 +156,7 @@ class Forwarder:
                 raise UnavailableError(f"cannot reach the leader at {addr}: {exc}") from None
             conn = _Upstream(reader, writer)
             if token is not None:
-                answer = await conn.request({"op": "auth", "token": token}, timeout)
+                answer = await conn.request({"op": "auth", "token": token}, timeout, self.max_frame)
                 if not answer.get("ok"):
                     await conn.close()
                     raise from_wire(str(answer.get("code")), str(answer.get("message")))
@@ -156,7 +172,7 @@ class Forwarder:
         """Send ``message`` to the node at ``addr``; its result map, or raise the
         ``RaftLeaseError`` it answered (a ``NotLeaderError`` names the new leader)."""
         conn = await self._connection(addr, token, timeout)
-        answer = await conn.request(message, timeout)
+        answer = await conn.request(message, timeout, self.max_frame)
         if not answer.get("ok"):
             raise from_wire(
                 str(answer.get("code")), str(answer.get("message")), answer.get("detail")
