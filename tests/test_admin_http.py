@@ -392,7 +392,12 @@ def test_bad_http_gets_a_definite_answer_and_the_node_stays_up(
 ) -> None:
     cluster = shared_admin
     addr = admin_of(cluster, "n1")
-    assert get(addr, "/nope")[0] == 404
+    code, _, body = get(addr, "/nope")
+    assert code == 404
+    # The answer lists every route the port serves, the HTTP API and the UI included.
+    assert {"/livez", "/readyz", "/metrics", "/status", "/v1/", "/ui/"} <= set(
+        json.loads(body)["routes"]
+    )
     assert get(addr, "/metrics/../status")[0] in (200, 404)  # normalised or unknown
     code, headers, _ = get(addr, "/metrics", method="POST")
     assert code == 405 and "GET" in headers["Allow"]

@@ -314,7 +314,8 @@ class AdminEndpoint:
     def _route(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         if path not in ROUTES:
-            return _json(404, {"error": "not found", "routes": list(ROUTES)})
+            mounted = ["/v1/", "/openapi.json", "/ui/"] if self.api is not None else []
+            return _json(404, {"error": "not found", "routes": [*ROUTES, *mounted]})
         if request.method not in ("GET", "HEAD"):
             return _json(405, {"error": "method not allowed"}, {"Allow": "GET, HEAD"})
         if request.body_exists:
