@@ -6,6 +6,7 @@ while a request waits on it)."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -14,12 +15,15 @@ from typing import Any
 import pytest
 
 from raftlease import Client, InvalidArgumentError, RaftLeaseError
-from raftlease.client.transport import Outcome
+from raftlease.client.transport import Outcome, Transport
 from raftlease.errors import (
     ConnectionLostError,
     LeaderChangedError,
     LeaseHeldError,
+    NotLeaderError,
+    QuotaExceededError,
     TimeoutError_,
+    UnauthenticatedError,
     UnavailableError,
     from_response,
     from_wire,
@@ -346,3 +350,78 @@ def test_a_try_is_of_unknown_outcome_only_when_it_may_have_applied(
         assert got is None
     else:
         assert isinstance(got, unknown) and not got.definite
+
+
+def _scripted(outcomes: list[Outcome], endpoints: list[str]) -> Transport:
+    """A transport whose tries end as ``outcomes`` says, in order (the last one
+    repeating): the retry decisions of ``Transport.call`` alone, no network."""
+    transport = Transport(endpoints, deadline=0.6)
+    script = iter(outcomes)
+    last = outcomes[-1]
+
+    async def attempt(*_: Any) -> Outcome:
+        return next(script, last)
+
+    transport._attempt = attempt  # type: ignore[method-assign]
+    return transport
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        Outcome("a", unsent=QuotaExceededError("connection quota")),
+        Outcome("a", unsent=UnauthenticatedError("token unknown")),
+        Outcome("a", response=_answer("QUOTA_EXCEEDED")),
+        Outcome("a", response=_answer("PERMISSION_DENIED")),
+    ],
+)
+def test_a_refusal_after_a_try_that_may_have_applied_is_not_definite(refusal: Outcome) -> None:
+    """A transfer whose answer was lost (it may have applied), then a retry the node
+    refuses on its own (a connection quota, a token an auth reload dropped): that
+    refusal is about the retry. Raised as definite ("nothing was applied"), the old
+    holder would go on trusting a lease it had given away; the outcome is unknown."""
+    lost = Outcome("a", lost=ConnectionLostError("answer lost"))
+    transport = _scripted([lost, refusal], ["a", "b", "c"])
+    with pytest.raises(RaftLeaseError) as caught:
+        asyncio.run(transport.call("transfer", {}, mutating=True))
+    assert caught.value.definite is False, caught.value
+    # The same refusal on the first try is definite, as before.
+    transport = _scripted([refusal], ["a", "b", "c"])
+    with pytest.raises(RaftLeaseError) as caught:
+        asyncio.run(transport.call("transfer", {}, mutating=True))
+    assert caught.value.definite is True, caught.value
+
+
+def test_a_redirect_outside_the_endpoints_after_a_lost_answer_is_not_definite() -> None:
+    """With one endpoint, a NOT_LEADER naming a leader the client may not follow
+    ends the call; after a try that may have applied at the old leader it must say
+    the outcome is unknown, not NOT_LEADER (definite)."""
+    lost = Outcome("a", lost=ConnectionLostError("answer lost"))
+    redirect = Outcome(
+        "a",
+        response={
+            "ok": False,
+            "code": "NOT_LEADER",
+            "message": "not the leader",
+            "detail": {"leader": "elsewhere:1"},
+        },
+    )
+    transport = _scripted([lost, redirect], ["a"])
+    with pytest.raises(LeaderChangedError):
+        asyncio.run(transport.call("transfer", {}, mutating=True))
+    transport = _scripted([redirect], ["a"])
+    with pytest.raises(NotLeaderError):
+        asyncio.run(transport.call("transfer", {}, mutating=True))
+
+
+def test_a_refused_connection_is_a_try_never_sent() -> None:
+    """A node refusing a try's connection (its quota, an unknown token) is an unsent
+    try for ``Transport.call`` to weigh (above), not an error that escapes it."""
+    transport = Transport(["a"])
+
+    async def refuse(*_: Any) -> Any:
+        raise QuotaExceededError("connection quota")
+
+    transport.connection = refuse  # type: ignore[method-assign]
+    outcome = asyncio.run(transport._attempt("acquire", {}, None, 0, 1.0))
+    assert isinstance(outcome.unsent, QuotaExceededError) and outcome.lost is None

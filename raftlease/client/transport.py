@@ -31,8 +31,11 @@ from ..errors import (
     InvalidArgumentError,
     LeaderChangedError,
     NotLeaderError,
+    PermissionDeniedError,
+    QuotaExceededError,
     RaftLeaseError,
     TimeoutError_,
+    UnauthenticatedError,
     UnavailableError,
     from_response,
 )
@@ -40,6 +43,11 @@ from ..protocol import DEFAULT_MAX_FRAME, encode_frame
 from .connection import Connection, RequestSequencer
 
 log = logging.getLogger("raftlease.client")
+
+#: Definite refusals a node may give one try and not another (its connection quota,
+#: a token an auth reload dropped, a permission): after a try that may have applied,
+#: they do not say the request did not (``Transport.call``).
+NODE_REFUSALS = (QuotaExceededError, UnauthenticatedError, PermissionDeniedError)
 
 DEFAULT_DEADLINE = 15.0
 DEFAULT_ATTEMPT_TIMEOUT = 3.0
@@ -64,7 +72,7 @@ class Outcome:
 
     target: str
     response: dict[str, Any] = field(default_factory=dict)
-    unsent: ConnectionLostError | None = None
+    unsent: RaftLeaseError | None = None
     lost: RaftLeaseError | None = None
     refused: bool = False
 
@@ -229,6 +237,14 @@ class Transport:
                         # Only a lane's first try is ever refused, so this goes on
                         # once: the node is fine, its quota for new connections is not.
                         continue
+                    if (
+                        not isinstance(last, ConnectionLostError)
+                        and last.definite
+                        and not maybe_applied
+                    ):
+                        raise last  # refused (quota, token): as definite as it says
+                    # After a try that may have applied, a refusal of this try says
+                    # nothing of that one: go on until an answer or the deadline.
                     self.target = self.next_endpoint()
                 elif got.lost is not None:
                     # The request may have reached the node: outcome unknown.
@@ -251,13 +267,17 @@ class Transport:
                         # through our own endpoints instead.
                         self._note_unknown_leader(str(last.leader))
                         if len(self.endpoints) == 1:
-                            raise NotLeaderError(
+                            hint = (
                                 f"{target} is not the leader and names {last.leader}, "
                                 "which is not among this client's endpoints (a "
                                 "redirect is followed only to a listed endpoint: list "
-                                "every member's client address)",
-                                {"leader": last.leader},
+                                "every member's client address)"
                             )
+                            if maybe_applied:
+                                # An earlier try may have applied at the old leader:
+                                # this answer is about this try only.
+                                raise LeaderChangedError(f"{op}: outcome unknown; {hint}")
+                            raise NotLeaderError(hint, {"leader": last.leader})
                     if isinstance(last, ClientExpiredError) and ids is not None:
                         # Our client id was evicted while idle: nothing of this
                         # request can have applied (applying refreshes the id's
@@ -266,7 +286,14 @@ class Transport:
                         ids = self._renew_ids(ids)
                         seq = ids.begin()
                         continue
-                    if last.definite and not isinstance(last, NotLeaderError | UnavailableError):
+                    # A refusal by the node itself (a quota, the token, a permission)
+                    # is about this try; an earlier one may have applied. Only the
+                    # state machine's answer, deduplicated by (cid, seq), speaks for
+                    # every try: after a try that may have applied, keep trying for it.
+                    retry = isinstance(last, NotLeaderError | UnavailableError) or (
+                        maybe_applied and isinstance(last, NODE_REFUSALS)
+                    )
+                    if last.definite and not retry:
                         raise last
                     # Not the leader, unavailable, or indefinite (commit timeout,
                     # leader change: maybe a deposed leader that cannot commit):
@@ -301,12 +328,19 @@ class Transport:
         attempt = min(remaining, self.attempt_timeout)
         try:
             conn = await self.connection(target, attempt)
-        except ConnectionLostError as exc:
+        except RaftLeaseError as exc:
+            # Lost, or refused (a connection quota, an unknown token): this try's
+            # request was never sent.
             return Outcome(target, unsent=exc)
         try:
             return Outcome(target, response=await conn.request(message, attempt))
         except (ConnectionLostError, TimeoutError_) as exc:
             return Outcome(target, lost=exc)
+        except RaftLeaseError as exc:
+            # The node refused the connection itself (a frame without a request id:
+            # sent only before it read a request, or once every earlier one was
+            # answered): not this request.
+            return Outcome(target, unsent=exc)
 
     def _renew_ids(self, expired: RequestSequencer) -> RequestSequencer:
         if self.sequencer is expired:
