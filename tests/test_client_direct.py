@@ -326,6 +326,36 @@ def test_closing_the_client_wakes_a_lane_call_and_keeps_its_outcome_unknown(
     assert [r.conn for r in peer.ops("acquire")] == [0]
 
 
+def test_closing_the_client_wakes_a_call_running_on_its_loop(shared: LocalCluster) -> None:
+    """Not only lane calls: a call running on the client's loop thread (an acquire
+    waiting its turn in the key's queue) ends when another thread closes the client,
+    with its outcome unknown, instead of blocking its thread for ever."""
+    got: list[BaseException | None] = []
+    with shared.client() as holder:
+        holder.acquire("close/k", owner="holder", ttl=30)
+        client = shared.client()
+
+        def call() -> None:
+            try:
+                client.acquire("close/k", owner="waiter", ttl=5, wait=20)
+                got.append(None)
+            except BaseException as exc:  # the test inspects it
+                got.append(exc)
+
+        worker = threading.Thread(target=call, daemon=True)  # daemon: a failing build hangs it
+        worker.start()
+        try:
+            wait_for(lambda: holder.waiters("close/k"), 10, "the acquire waiting its turn")
+            client.close()
+            worker.join(10)
+            assert not worker.is_alive(), "the loop call was not woken by close()"
+        finally:
+            client.close()
+            worker.join(30)
+    assert len(got) == 1 and isinstance(got[0], RaftLeaseError), got
+    assert not got[0].definite, got[0]
+
+
 def test_a_call_with_no_time_left_sends_nothing(peers: PeerLoop) -> None:
     """A call whose deadline has passed makes no try on the lane, as on the loop
     (``Transport.call``): a write the caller gave no time must not reach a node."""

@@ -9,11 +9,13 @@ raise what the ``AsyncClient`` call raises.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
-from ..errors import InvalidArgumentError, UnavailableError
+from ..errors import ConnectionLostError, InvalidArgumentError, UnavailableError
 from ..models import Attachable, Holder, Lease, Queued, Read, SessionInfo, WatchEvent
 from ..recipes.election import Election
 from ..recipes.locks import HeldLock
@@ -37,6 +39,9 @@ class LoopPortal:
         )
         self.thread.start()
         self.closed = False
+        #: The calls of other threads running on the loop (failed by ``close``).
+        self._running: set[concurrent.futures.Future[Any]] = set()
+        self._lock = threading.Lock()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop and block until it is done; its result or its
@@ -51,7 +56,21 @@ class LoopPortal:
                 "a blocking Client call from the client's own event-loop thread would "
                 "deadlock (callbacks of this client run there? hand the work to a thread)"
             )
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        with self._lock:
+            if self.closed:
+                coro.close()
+                raise UnavailableError("client is closed")
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            self._running.add(future)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            if self.closed:
+                raise _closed_meanwhile() from None
+            raise
+        finally:
+            with self._lock:
+                self._running.discard(future)
 
     def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
         """A blocking iterator over an async iterator run on the loop; breaking out of
@@ -72,11 +91,38 @@ class LoopPortal:
                 self.run(aclose())
 
     def close(self) -> None:
-        """Stop the loop and join its thread (after the last ``run``)."""
-        self.closed = True
+        """Stop the loop and join its thread. A call of another thread still running
+        on the loop (an acquire waiting its turn, a transfer...) is cancelled there
+        first, so it can clean up, and its caller gets ``ConnectionLostError`` (outcome
+        unknown); no caller is left blocked. Blocks up to a few seconds."""
+        with self._lock:
+            self.closed = True
+            running = list(self._running)
+
+        async def cancel_running() -> None:
+            here = asyncio.current_task()
+            for _ in range(3):  # a cancelled call's clean-up may start a task or two
+                tasks = [t for t in asyncio.all_tasks() if t is not here]
+                if not tasks:
+                    return
+                for task in tasks:
+                    task.cancel()
+                await asyncio.wait(tasks, timeout=1.0)
+
+        if running and self.thread.is_alive():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(cancel_running(), self.loop).result(5.0)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
+        for future in running:  # whatever the cancellation did not settle
+            if not future.done():
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    future.set_exception(_closed_meanwhile())
         self.loop.close()
+
+
+def _closed_meanwhile() -> ConnectionLostError:
+    return ConnectionLostError("the client was closed while this call ran; its outcome is unknown")
 
 
 class Client(SharedKeyLocks[HeldLock]):
