@@ -172,12 +172,22 @@ class Supervisor:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signum)
 
-    def _stop(self, signum: int) -> None:
+    def _stop(self, signum: int, valid_for: float = math.inf) -> None:
         self._signal_group(signum)
-        self.kill_at = min(self.kill_at, time.monotonic() + self.grace)
+        # SIGKILL after the grace, but never after the validity left: a renewal that
+        # hangs fails only at its timeout, when less than the grace may be left, and
+        # past the validity the cluster may already have granted the key to another.
+        self.kill_at = min(self.kill_at, time.monotonic() + min(self.grace, valid_for))
 
-    def run(self, lost: Callable[[], str | None], box: SignalBox) -> int:
-        """Wait for the command; returns its exit status."""
+    def run(
+        self,
+        lost: Callable[[], str | None],
+        box: SignalBox,
+        valid_for: Callable[[], float] = lambda: math.inf,
+    ) -> int:
+        """Wait for the command; returns its exit status. ``valid_for``: seconds of
+        ownership left on this host's clock (the SIGKILL of a stop for a lost lease
+        comes no later than that)."""
         assert self.proc is not None
         while True:
             try:
@@ -191,12 +201,13 @@ class Supervisor:
             if self.lost_reason is None:
                 self.lost_reason = lost()
                 if self.lost_reason is not None:
+                    left = max(0.0, valid_for())
                     click.echo(
                         f"raftlease: {self.lost_reason}; stopping the command "
-                        f"(SIGTERM, SIGKILL after {self.grace:g} s)",
+                        f"(SIGTERM, SIGKILL after {min(self.grace, left):.3g} s)",
                         err=True,
                     )
-                    self._stop(signal.SIGTERM)
+                    self._stop(signal.SIGTERM, left)
             if time.monotonic() >= self.kill_at:
                 self._signal_group(signal.SIGKILL)
                 self.kill_at = math.inf
@@ -244,6 +255,14 @@ class LeaseKeeper:
                 f"{state.remaining:.2f} s are left"
             )
         return None
+
+    def valid_for(self) -> float:
+        """Seconds of validity left on this host's clock, by the last renewal (0 once
+        run out), while renewals fail or hang; unbounded once the cluster ended the
+        lease (a revoke: the SIGTERM's grace is the command's time to clean up)."""
+        if self.state.lost_reason is not None:
+            return math.inf
+        return max(0.0, self.state.remaining)
 
     def release(self) -> None:
         """Stop renewing and release the lease (unless the cluster already ended it).
@@ -322,7 +341,7 @@ def lock(
             supervisor = Supervisor(command, child_env(key, lease), grace)
             status = supervisor.start()
             if status is None:
-                status = supervisor.run(keeper.lost, box)
+                status = supervisor.run(keeper.lost, box, keeper.valid_for)
                 if supervisor.lost_reason is not None:
                     status = EXIT_LEASE_LOST
         finally:
@@ -341,6 +360,15 @@ class LeadershipKeeper:
         self.lease = lease
         self.grace = grace
         self.next_check = time.monotonic() + max(0.05, session.ttl / 3)
+
+    def valid_for(self) -> float:
+        """Seconds of leadership left on this host's clock, by the session's last
+        keep-alive (0 once run out), while keep-alives fail or hang; unbounded once
+        the session or the lead ended on the cluster (the grace is for clean-up)."""
+        session = self.session
+        if session.lost_reason is not None or session.lost.is_set():
+            return math.inf
+        return max(0.0, float(session.remaining))
 
     def lost(self) -> str | None:
         session = self.session
@@ -410,7 +438,7 @@ def elect(
             supervisor = Supervisor(command, child_env(name, lease), grace)
             status = supervisor.start()
             if status is None:
-                status = supervisor.run(keeper.lost, box)
+                status = supervisor.run(keeper.lost, box, keeper.valid_for)
                 if supervisor.lost_reason is not None:
                     status = EXIT_LEASE_LOST
         finally:

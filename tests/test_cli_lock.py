@@ -350,3 +350,24 @@ def test_elect_exits_lease_lost_when_the_lead_is_revoked(
     code, err = finish(proc)
     assert code == EXIT_LEASE_LOST, err
     wait_for(lambda: not pid_alive(child), 30, "the child to be killed")
+
+
+@pytest.mark.timeout(60)
+def test_the_sigkill_of_a_lost_lease_comes_no_later_than_its_validity() -> None:
+    """A renewal that hangs fails only at its timeout (ttl/3), when less than
+    ``--grace`` of validity may be left; the SIGKILL must land by the end of that
+    validity, not ``grace`` after the SIGTERM, when the cluster may already have
+    granted the key to another. A command that ignores SIGTERM (allowed: SIGKILL
+    follows) is killed within the 0.5 s left, not after the 30 s grace."""
+    from raftlease.cli_lock import SignalBox, Supervisor
+
+    ignore_term = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    )
+    supervisor = Supervisor((sys.executable, "-c", ignore_term), dict(os.environ), grace=30.0)
+    assert supervisor.start() is None
+    started = time.monotonic()
+    box = SignalBox()
+    status = supervisor.run(lambda: "renewals fail", box, lambda: 0.5)
+    assert status == 128 + signal.SIGKILL
+    assert time.monotonic() - started < 15, "killed at the grace, after the validity"
