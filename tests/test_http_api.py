@@ -418,7 +418,7 @@ def test_a_long_poll_whose_client_hangs_up_leaves_the_queue(cluster: LocalCluste
     assert status == 200
     body = json.dumps({"key": "d/1", "owner": "b", "ttl": 30, "wait": 60}).encode()
     head = (
-        "POST /v1/leases/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "POST /v1/leases/acquire HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     host, _, port = api.rpartition(":")
@@ -650,7 +650,7 @@ def test_hostile_input_gets_a_definite_4xx_and_changes_nothing(cluster: LocalClu
     # A body above the frame limit: 413 from its Content-Length, before it is read.
     huge = b'{"key": "h/1", "owner": "a", "ttl": 5, "value": "' + b"v" * (2 << 20) + b'"}'
     head = (
-        f"POST {acquire} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {acquire} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(huge)}\r\n\r\n"
     ).encode()
     answer_bytes = raw(api, head + huge[:1000])
@@ -658,7 +658,7 @@ def test_hostile_input_gets_a_definite_4xx_and_changes_nothing(cluster: LocalClu
     assert b"FRAME_TOO_LARGE" in answer_bytes
     # A slow client: the body never arrives whole; 408, and the connection is closed.
     slow = (
-        f"POST {acquire} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {acquire} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         'Content-Length: 100\r\n\r\n{"key":'
     ).encode()
     started = time.monotonic()
@@ -716,9 +716,8 @@ def test_tokens_permissions_and_tls_guard_every_resource(tmp_path: Path) -> None
         status, read = call(api, "GET", "/v1/leases/holder?key=ops/1", headers=admin, context=tls)
         assert status == 200 and read["holder"] is None, "a denied request changed the state"
         # Plain HTTP to the HTTPS endpoint gets no answer in JSON.
-        assert not raw(api, b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n", timeout=5).startswith(
-            b"HTTP/1.1 200"
-        )
+        plain = raw(api, b"GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", timeout=5)
+        assert not plain.startswith(b"HTTP/1.1 200")
     finally:
         cluster.stop()
         cluster.close()

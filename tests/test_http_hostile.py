@@ -52,7 +52,7 @@ def _connect(addr: str) -> socket.socket:
 def _open_watch(addr: str, prefix: str) -> tuple[socket.socket, int | None]:
     """A watch request on a raw socket, left open; its status line's code."""
     sock = _connect(addr)
-    sock.sendall(f"GET /v1/watch?prefix={prefix} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    sock.sendall(f"GET /v1/watch?prefix={prefix} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
     head = b""
     while b"\r\n" not in head:
         chunk = sock.recv(4096)
@@ -64,7 +64,7 @@ def _open_watch(addr: str, prefix: str) -> tuple[socket.socket, int | None]:
 
 def _post(addr: str, path: str, body: bytes) -> tuple[int, dict[str, object]]:
     request = (
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode() + body
     with _connect(addr) as sock:
@@ -148,3 +148,30 @@ def test_a_body_that_outgrows_the_frame_limit_is_refused_at_the_follower(
     code, answer = _post(addr, "/v1/leases/acquire", b'{"key":"ok/1","owner":"o","ttl":5}')
     assert code == 200, answer
     assert "exceeds the limit" not in cluster.log_path(leader).read_text(errors="replace")
+
+
+def test_a_loopback_endpoint_without_auth_answers_only_loopback_host_names(
+    cluster: LocalCluster,
+) -> None:
+    """DNS rebinding: a web page whose name is made to resolve to 127.0.0.1 gets the
+    browser to send it same-origin requests under that name, and without an auth
+    file could read every lease, take locks and put tasks through the HTTP API. Such
+    requests (a Host header that is not a loopback name) are refused with 421."""
+    addr = admin_of(cluster, "n1")
+    port = addr.rpartition(":")[2]
+
+    def status(host: str, path: str = "/v1/status") -> int | None:
+        with _connect(addr) as sock:
+            head = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+            sock.sendall(head.encode())
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+        return status_code(reply)
+
+    for host in (f"rebind.attacker.example:{port}", "attacker.example", f"10.0.0.1:{port}"):
+        for path in ("/v1/status", "/ui/", "/metrics", "/status", "/openapi.json"):
+            assert status(host, path) == 421, (host, path)
+        assert status(host, "/livez") == 200  # probes stay open
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST.", f"[::1]:{port}"):
+        assert status(host) == 200, host

@@ -51,7 +51,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..config import parse_addr
+from ..config import is_loopback, parse_addr
 from ..errors import RaftLeaseError
 from ..replication import Replica
 from .auth import AuthPolicy
@@ -294,6 +294,16 @@ class AdminEndpoint:
         handler = request.protocol
         if server is not None:
             server.disarm(handler)
+        if not self._host_allowed(request):
+            if server is not None:
+                server.arm(handler, timeout=KEEPALIVE_TIMEOUT)
+            return _json(
+                421,
+                {
+                    "error": "misdirected request: this endpoint answers only requests "
+                    "addressed to a loopback name (Host header) while no auth file is set"
+                },
+            )
         try:
             if self.api is not None and Dashboard.owns(request.path):
                 if self.dashboard is None:
@@ -310,6 +320,28 @@ class AdminEndpoint:
             # arriving) for up to KEEPALIVE_TIMEOUT.
             if server is not None:
                 server.arm(handler, timeout=KEEPALIVE_TIMEOUT)
+
+    def _host_allowed(self, request: web.BaseRequest) -> bool:
+        """Without an auth file, a loopback endpoint is protected only by being on
+        loopback. A web page can get past that by DNS rebinding (its own name made to
+        resolve to 127.0.0.1: the browser then sends it same-origin requests, the HTTP
+        API included, under that name). So such an endpoint answers only requests whose
+        Host header names a loopback address or localhost (or has none: not a
+        browser's). With an auth file the token is the protection, and an endpoint
+        beyond loopback is reached under names this node cannot know."""
+        if self.auth is not None or not is_loopback(parse_addr(self.address)[0]):
+            return True
+        if request.path in ("/livez", "/readyz"):
+            return True  # open to any probe (they tell no more than ping)
+        host = request.headers.get("Host")
+        if host is None:
+            return True
+        name = host.strip()
+        if name.startswith("["):  # [::1]:port
+            name = name[1 : name.find("]")] if "]" in name else name
+        elif name.count(":") == 1:
+            name = name.rpartition(":")[0]
+        return is_loopback(name.rstrip(".").lower())
 
     def _route(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
