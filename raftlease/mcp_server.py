@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import time
 import warnings
@@ -88,11 +89,22 @@ def _tool_error(code: str, message: str, definite: bool = True) -> ToolError:
     return ToolError(json.dumps({"code": code, "message": message, "definite": definite}))
 
 
+#: Lease, session and attempt ids (the leader draws 128 random bits, 32 hex digits):
+#: bearer capabilities, never shown to the model (docs/mcp.md).
+_ID = re.compile(r"\b[0-9a-f]{32}\b")
+#: Detail fields that carry such ids.
+_ID_FIELDS = frozenset({"lease_id", "session", "session_id", "sid", "aid", "attempt"})
+
+
 def _from_raftlease(exc: RaftLeaseError) -> ToolError:
-    body: dict[str, Any] = {"code": exc.code, "message": exc.message, "definite": exc.definite}
+    # The cluster's messages may name this agent's own lease session (a full session,
+    # SESSION_NOT_FOUND, "not yours"): its id is what would let anyone who reads the
+    # transcript keep the agent's claims alive after it died, or close them.
+    message = _ID.sub("<id withheld>", exc.message)
+    body: dict[str, Any] = {"code": exc.code, "message": message, "definite": exc.definite}
     # A LEASE_HELD detail says who holds it; nothing in a detail is a capability.
     if exc.detail:
-        body["detail"] = {k: v for k, v in exc.detail.items() if k != "lease_id"}
+        body["detail"] = {k: v for k, v in exc.detail.items() if k not in _ID_FIELDS}
     return ToolError(json.dumps(body, default=str))
 
 

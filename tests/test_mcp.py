@@ -556,3 +556,21 @@ def test_credentials_and_permissions_apply(
     with Client(cluster.endpoints, tls=str(bundle.ca_file), token=bundle.admin_token) as admin:
         assert admin.holder("ops/y") is None and admin.holder("gpu/1") is None
         assert admin.holder("gpu/0") is None  # released when the MCP session ended
+
+
+def test_errors_never_show_the_model_a_lease_session_or_lease_id() -> None:
+    """The cluster's messages name the agent's own lease session in places (a full
+    session, SESSION_NOT_FOUND, a claim that is not yours): that id would let anyone
+    who reads the transcript keep the agent's claims alive after it died, or close
+    them. A tool error shows neither it nor a lease id, in the message or the detail."""
+    from raftlease.errors import InvalidArgumentError, LeaseHeldError
+    from raftlease.mcp_server import _from_raftlease
+
+    sid, lid = "a1a4af7aac4533633ca36ddeadf13dad", "0123456789abcdef0123456789abcdef"
+    full = InvalidArgumentError(f"lease session '{sid}' already carries 10000 leases")
+    held = LeaseHeldError(f"'k' is held (lease {lid})", {"owner": "b", "lease_id": lid, "sid": sid})
+    for exc in (full, held):
+        text = str(_from_raftlease(exc))
+        assert sid not in text and lid not in text, text
+        assert json.loads(text)["code"] == exc.code
+    assert json.loads(str(_from_raftlease(held)))["detail"] == {"owner": "b"}
