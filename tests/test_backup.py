@@ -14,6 +14,7 @@ import ast
 import json
 import os
 import pickle
+import socket
 import subprocess
 import sys
 import textwrap
@@ -42,7 +43,7 @@ from raftlease.server.backup import (
     restore_data_dir,
     write_snapshot,
 )
-from raftlease.testing import TEST_SETTINGS, LocalCluster, wait_for
+from raftlease.testing import TEST_SETTINGS, LocalCluster, free_port_block, wait_for
 from raftlease.testing.certs import secure_bundle
 from tests.test_cluster import raw_request
 
@@ -125,7 +126,8 @@ def test_snapshot_file_verifies_its_checksum_and_refuses_newer_formats(tmp_path:
     other.write_bytes(b"PK\x03\x04 not a snapshot")
     with pytest.raises(SnapshotError, match="not a raftlease snapshot"):
         read_snapshot(other)
-    for bad in ({**header, "index": -1}, {**header, "body_sha256": None}):
+    bad_headers = ({**header, "index": -1}, {**header, "index": 2**64}, {**header, "term": None})
+    for bad in (*bad_headers, {**header, "body_sha256": None}):
         odd = tmp_path / "odd.snap"
         write_snapshot(odd, bad, body)
         with pytest.raises(SnapshotError, match="header"):
@@ -218,6 +220,30 @@ def test_restore_refuses_a_data_dir_with_raft_state_unless_forced(tmp_path: Path
     assert restore_data_dir(snap, _config(tmp_path / "n3", "n3"), force=True).removed == (
         "members.json",
     )
+    # A member removed from the old cluster left its mark: a restored node is a member
+    # of the new one (the mark would make it refuse to start).
+    (tmp_path / "n4").mkdir()
+    (tmp_path / "n4" / "removed").write_text("removed\n")
+    with pytest.raises(SnapshotError, match=r"\(removed\)"):
+        restore_data_dir(snap, _config(tmp_path / "n4", "n1"))
+    assert restore_data_dir(snap, _config(tmp_path / "n4", "n1"), force=True).removed == (
+        "removed",
+    )
+    # --force never deletes a running node's files (its marker, its client port open).
+    base = free_port_block(1)
+    live_config = NodeConfig.create(
+        node_id="n1",
+        nodes=[{"id": "n1", "raft": f"127.0.0.1:{base + 100}", "client": f"127.0.0.1:{base}"}],
+        data_dir=data,
+    )
+    with socket.socket() as live:
+        live.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        live.bind(("127.0.0.1", base))
+        live.listen(1)
+        (data / "running").write_text("boot\n")
+        with pytest.raises(SnapshotError, match="running"):
+            restore_data_dir(snap, live_config, force=True)
+        assert (data / "running").exists() and (data / "raft.dump").exists()
 
 
 @pytest.mark.timeout(30)

@@ -22,6 +22,8 @@ from raftlease.replication.backup import RAFT_STATE_FILES, read_journal
 from raftlease.replication.durable import REWRITE_SUFFIXES, remove_stale_rewrites
 from raftlease.replication.journal import (
     REGULAR_COMMAND,
+    UnusableFiles,
+    check_start_files,
     command_intact,
     seal_command,
     trim_torn_tail,
@@ -444,3 +446,73 @@ def test_a_rewrite_a_crash_cut_before_its_rename_is_removed_at_start(tmp_path: P
     assert remove_stale_rewrites(path) == []  # nothing left: nothing to do
     # A restore replaces a data directory's Raft state: the rewrite files with it.
     assert {"raft.journal.compact", "raft.journal.repair"} <= set(RAFT_STATE_FILES)
+
+
+def _dump_at(path: Path, index: int) -> None:
+    """A full dump (PySyncObj's shape) whose last entry is ``index``."""
+    with gzip.open(path, "wb") as f:
+        f.write(pysyncobj_pickle.dumps((None, (b"\x01", index, 1), (b"\x01", index - 1, 1))))
+
+
+def test_a_damaged_first_record_below_the_commit_index_is_logged_as_damage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With no whole record at all (the first one damaged), what is lost starts at the
+    first entry the dump does not cover: at or below the saved commit index that is
+    the disk losing acknowledged entries (an error), not a torn write (a warning)."""
+    path = tmp_path / "raft.journal"
+    data = _sealed_journal(path, 5)
+    data[bytes(data).index(b"entry-1")] ^= 0x20
+    path.write_bytes(bytes(data))
+    meta = {"raftCommitIndex": 5, "currentTerm": 1, "votedForNodeId": None}
+    Path(str(path) + ".meta").write_bytes(pysyncobj_pickle.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="raftlease.replication"):
+        assert trim_torn_tail(path, tmp_path / "raft.dump") > 0
+    (record,) = [r for r in caplog.records if r.name == "raftlease.replication"]
+    assert record.levelno == logging.ERROR and "damaged at entry 1" in record.getMessage()
+
+
+def test_start_refuses_an_unreadable_snapshot_or_one_that_misses_the_journals_start(
+    tmp_path: Path,
+) -> None:
+    """PySyncObj only logs a dump it cannot read and runs with an empty state (such a
+    node could win an election and wedge the cluster), and clears a journal that
+    starts after the dump's end (the entries between lost). Both refuse the start."""
+    path, dump = tmp_path / "raft.journal", tmp_path / "raft.dump"
+    j = FileJournal(str(path))
+    for i in range(99, 106):
+        j.add(_sealed(b"entry-%d" % i), i, 1)
+    j._destroy()
+    _dump_at(dump, 100)  # a compaction's layout: the journal starts at the dump's 99
+    check_start_files(path, dump)
+    _dump_at(dump, 35)  # an old dump put back beside a newer journal
+    with pytest.raises(
+        UnusableFiles, match=r"ends at entry 35 but the journal .* starts at entry 99"
+    ):
+        check_start_files(path, dump)
+    _dump_at(dump, 200)  # a dump newer than every entry (the loader's own case)
+    check_start_files(path, dump)
+    dump.write_bytes(dump.read_bytes()[:20])  # cut short
+    with pytest.raises(UnusableFiles, match="cannot read the snapshot"):
+        check_start_files(path, dump)
+    dump.unlink()
+    check_start_files(path, dump)  # no dump: nothing to check
+
+
+def test_a_node_with_an_unreadable_snapshot_stops_with_status_70(tmp_path: Path) -> None:
+    data_dir = tmp_path / "n1"
+    data_dir.mkdir()
+    (data_dir / "raft.dump").write_bytes(b"\x1f\x8b\x08\x00 not a whole gzip stream")
+    from raftlease.testing import free_port_block
+
+    base = free_port_block(1)
+    member = f"n1,127.0.0.1:{base + 100},127.0.0.1:{base}"
+    args = ["--id", "n1", "--data-dir", str(data_dir), "--member", member]
+    node = subprocess.run(
+        [sys.executable, "-m", "raftlease", "node", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert node.returncode == 70, node.stdout + node.stderr
+    assert "CRITICAL" in node.stderr and "cannot read the snapshot" in node.stderr

@@ -63,6 +63,9 @@ RAFT_STATE_FILES = (
     "running",
     # The member set a node saw last (membership.py): the old cluster's, not the new one's.
     "members.json",
+    # The mark of a member removed from the old cluster (membership.py): a restored
+    # node is a member of the new one.
+    "removed",
 )
 
 _NO_OP = b"\x01"

@@ -53,6 +53,8 @@ REGULAR_COMMAND, NO_OP_COMMAND, MEMBERSHIP_COMMAND, VERSION_COMMAND = 0, 1, 2, 3
 _PICKLED_COMMANDS = (REGULAR_COMMAND, MEMBERSHIP_COMMAND, VERSION_COMMAND)
 #: How unsealed pickles start: protocol 2 (PySyncObj's) or 4 (raftlease's before the seal).
 _UNSEALED_PICKLES = (b"\x80\x02", b"\x80\x04")
+#: A PySyncObj journal's first bytes.
+_JOURNAL_MAGIC = b"PYSYNCOBJ"
 #: The pickle protocol of sealed commands (earlier versions' commands, never sealed,
 #: are protocol 2 or 4).
 SEALED_PROTOCOL = 5
@@ -141,6 +143,13 @@ def trim_torn_tail(journal_path: Path, dump_path: Path | None = None) -> int:
     data = journal_path.read_bytes()
     if len(data) < FIRST_RECORD_OFFSET:
         return 0
+    if data[: len(_JOURNAL_MAGIC)] != _JOURNAL_MAGIC:
+        log.error(
+            "journal %s does not start with PySyncObj's header: not a journal, or its "
+            "first page was lost; it is read as empty (the leader sends the entries "
+            "again). Check the disk.",
+            journal_path,
+        )
     last: int = struct.unpack_from("<I", data, LAST_RECORD_OFFSET_OFFSET)[0]
     records, offset = whole_records(data, last)
     previous = records[-1][1] if records else None
@@ -152,15 +161,16 @@ def trim_torn_tail(journal_path: Path, dump_path: Path | None = None) -> int:
         f.flush()
         os.fsync(f.fileno())
     dropped: int = last - offset
-    first_cut = previous + 1 if previous is not None else None
     # Here, not at the top: backup.py reads records with whole_records (above).
     from .backup import read_commit_index
 
     committed = read_commit_index(Path(str(journal_path) + ".meta"))
     covered = _dump_last_index(dump_path) if dump_path is not None else None
+    # No whole record at all (the first one damaged, or no journal): what is lost
+    # starts at the first entry the dump does not cover.
+    first_cut = previous + 1 if previous is not None else (covered or 0) + 1
     if (
-        first_cut is not None
-        and committed is not None
+        committed is not None
         and first_cut <= committed
         and (covered is None or first_cut > covered)
     ):
@@ -200,6 +210,46 @@ def _dump_last_index(dump_path: Path) -> int | None:
     except Exception:  # missing or unreadable
         return None
     return index if isinstance(index, int) else None
+
+
+class UnusableFiles(Exception):
+    """A node's snapshot cannot be read, or does not reach its journal's first entry:
+    starting would serve a state without acknowledged entries (``check_start_files``)."""
+
+
+def check_start_files(journal_path: Path, dump_path: Path) -> None:
+    """Refuse files a node must not start from (raises ``UnusableFiles``):
+
+    * a snapshot (``raft.dump``) that cannot be read: PySyncObj would only log it and
+      run with an empty state machine, which could even win an election and wedge the
+      cluster (its followers ahead of it);
+    * a snapshot older than the journal's first entry (an old dump put back, or a
+      file-level copy taken during a compaction): PySyncObj's loader would clear the
+      journal and run without every entry between them, acknowledged ones among them.
+
+    Reads the dump's tail and the journal's first whole record only."""
+    if not dump_path.exists():
+        return
+    try:
+        _before_last, last = _dump_tail(dump_path)
+        dump_index = int(last[1])
+    except Exception as exc:
+        raise UnusableFiles(
+            f"cannot read the snapshot {dump_path} ({type(exc).__name__}: {exc})"
+        ) from None
+    if not journal_path.exists():
+        return
+    data = journal_path.read_bytes()
+    if len(data) < FIRST_RECORD_OFFSET or data[: len(_JOURNAL_MAGIC)] != _JOURNAL_MAGIC:
+        return
+    end: int = struct.unpack_from("<I", data, LAST_RECORD_OFFSET_OFFSET)[0]
+    records, _ = whole_records(data, end)
+    if records and records[0][1] > dump_index + 1:
+        raise UnusableFiles(
+            f"the snapshot {dump_path} ends at entry {dump_index} but the journal "
+            f"{journal_path} starts at entry {records[0][1]}: the entries between are "
+            "in neither (an older snapshot put back beside a newer journal?)"
+        )
 
 
 def repair_journal(journal_path: Path, dump_path: Path) -> int:

@@ -42,7 +42,13 @@ from ..errors import (
 from .durable import SyncRecorder, remove_stale_rewrites
 from .group_send import GroupSendSyncObj
 from .identity import PeerIdentity, read_public_key
-from .journal import repair_journal, seal_command, trim_torn_tail
+from .journal import (
+    UnusableFiles,
+    check_start_files,
+    repair_journal,
+    seal_command,
+    trim_torn_tail,
+)
 from .leadership import LeaseGuard
 from .membership import (
     MEMBERS_FILE,
@@ -285,6 +291,18 @@ class Replica:
         )
         config.data_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_rewrites(config.journal_file)
+        try:
+            check_start_files(config.journal_file, config.dump_file)
+        except UnusableFiles as exc:
+            log.critical(
+                "%s; stopping this node (raftlease %s). Restore its data directory from "
+                "a backup, or empty it and add it back to resync from the leader while "
+                "the other nodes are healthy (docs/disaster-recovery.md).",
+                exc,
+                __version__,
+            )
+            logging.shutdown()
+            os._exit(SNAPSHOT_LOAD_FAILED)
         trim_torn_tail(config.journal_file, config.dump_file)
         repair_journal(config.journal_file, config.dump_file)
         self._consumer = _StoreConsumer(observer, store_class)

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -170,8 +171,12 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
         )
     for name in ("index", "term", "body_bytes"):
         value = header.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise SnapshotError(f"{path}: header field {name!r} must be a non-negative integer")
+        # Bounded as the log's own numbers are (a 64-bit journal field; a larger index
+        # restored would make every later write fail in the node).
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**62:
+            raise SnapshotError(
+                f"{path}: header field {name!r} must be an integer from 0 to 2**62 - 1"
+            )
     if not isinstance(header.get("body_sha256"), str):
         raise SnapshotError(f"{path}: the header has no body_sha256")
     return header, len(MAGIC) + len(line)
@@ -269,6 +274,16 @@ class RestoreReport:
     removed: tuple[str, ...] = field(default_factory=tuple)
 
 
+def _listening(address: str) -> bool:
+    """Whether something accepts TCP connections at ``address`` (1 s at most)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def restore_data_dir(
     snapshot: Path, config: NodeConfig, *, force: bool = False, token_jump: int = DEFAULT_TOKEN_JUMP
 ) -> RestoreReport:
@@ -284,6 +299,13 @@ def restore_data_dir(
     header, body = read_snapshot(snapshot)
     data_dir = config.data_dir
     present = raft_state_present(data_dir)
+    if "running" in present and _listening(config.self_node.client):
+        # Even with --force: deleting a live node's files leaves it serving its old
+        # state from deleted files until it restarts, then the restored one.
+        raise SnapshotError(
+            f"{data_dir} belongs to a node that is running (its 'running' marker is "
+            f"there and {config.self_node.client} accepts connections): stop it first"
+        )
     if present and not force:
         raise SnapshotError(
             f"{data_dir} already holds a node's Raft state ({', '.join(present)}); a "
