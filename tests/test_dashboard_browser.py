@@ -183,6 +183,14 @@ def test_page_follows_holders_waiters_and_releases(
         # A released key with nobody waiting disappears.
         page.wait_for_function(f"() => !{_row(page, key)}", timeout=DOM_TIMEOUT_MS)
 
+        # A lease key that looks like a queue's ("queue:" is also the prefix of task
+        # events) is followed like any other: shown on its grant, gone on release.
+        queue_like = "queue:deploy/lock"
+        odd = c.acquire(queue_like, owner="agent-q", ttl=60.0)
+        _wait_cell(page, queue_like, "holder", "agent-q")
+        c.release(odd)
+        page.wait_for_function(f"() => !{_row(page, queue_like)}", timeout=DOM_TIMEOUT_MS)
+
         # A pool: units used of the capacity, and which unit indices the holder got.
         pool = c.acquire("view/pool", owner="job-7", ttl=60.0, capacity=4, units=2)
         _wait_cell(page, "view/pool", "units", "2 of 4 [0,1]")

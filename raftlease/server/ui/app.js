@@ -141,7 +141,8 @@ function loadState(state, sentAt) {
 
 function loadLive(live, sentAt) {
   for (const [key, item] of view.keys) {
-    if (!(key in live.waiters)) item.waiters = [];
+    // Own keys only: "constructor" or "toString" is "in" every object.
+    if (!Object.hasOwn(live.waiters, key)) item.waiters = [];
   }
   for (const key of Object.keys(live.waiters)) entry(key).waiters = live.waiters[key];
   for (const key of [...view.keys.keys()]) dropIfEmpty(key);
@@ -154,7 +155,9 @@ function applyEvent(event) {
   if (typeof event.revision === "number" && event.revision <= view.revision) return;
   view.revision = event.revision;
   const key = event.key;
-  if (key.startsWith("queue:")) {
+  // Task events are told by their type (task_put, task_claim, ...): a lease key may
+  // start with "queue:" too, and its grants and releases are shown like any other.
+  if (typeof event.type === "string" && event.type.startsWith("task_")) {
     scheduleLive();  // a task changed: its queue's depth did
     return;
   }
