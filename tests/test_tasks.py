@@ -488,6 +488,25 @@ def test_a_claim_attached_to_a_lease_session_ends_with_it(shared: LocalCluster) 
             task.complete("too late")
 
 
+def test_an_attached_attempt_is_valid_as_long_as_its_session(shared: LocalCluster) -> None:
+    """An attached attempt sends no heartbeats: the session's keep-alives keep it. Its
+    ``valid`` / ``remaining`` follow the session, not the validity the claim gave: a
+    worker checking ``task.valid`` must not stop while its session holds the task."""
+    with shared.client() as c:
+        q = c.queue("t-session-valid")
+        q.put("job")
+        with c.session(owner="agent-v", ttl=1.5) as session:
+            task = q.claim(session=session)
+            assert task is not None
+            first = task.valid_until
+            # Keep-alives every ttl/3 move the session's validity past the claim's.
+            wait_for(lambda: session.valid_until > first + 1.0, 20, "two keep-alives")
+            assert task.valid and task.valid_until == session.valid_until
+            assert task.remaining > 0
+            task.complete("ok")
+            assert not task.valid  # finished
+
+
 WORKER_TOKEN = "queue-worker-token-0123456789"
 OTHER_TOKEN = "other-worker-token-0123456789"
 

@@ -193,8 +193,12 @@ class AsyncTask:
         remaining: float | None = None,
         on_exit: str = "release",
         on_lost: LostCallback | None = None,
+        attached: Attachable | None = None,
     ) -> None:
         self._client = client
+        #: The lease session an attached attempt lives by (its validity is the
+        #: session's: it sends no heartbeats of its own).
+        self._attached = attached
         self.queue: str = result["queue"]
         self.task_id: str = result["tid"]
         self.lease_id: str = result["aid"]
@@ -228,14 +232,20 @@ class AsyncTask:
 
     @property
     def valid_until(self) -> float:
+        if self._attached is not None:
+            return self._attached.valid_until
         return self.keep.valid_until
 
     @property
     def valid(self) -> bool:
+        if self._attached is not None:
+            return time.monotonic() < self._attached.valid_until and self.finished is None
         return self.keep.valid and self.finished is None
 
     @property
     def remaining(self) -> float:
+        if self._attached is not None:
+            return max(0.0, self._attached.valid_until - time.monotonic())
         return self.keep.remaining
 
     def _ids(self) -> dict[str, Any]:
@@ -439,13 +449,20 @@ class AsyncQueue:
         sent = time.monotonic()
         result = await self.client.call("task_claim", args, mutating=True, timeout=timeout)
         if result.get("claimed"):
-            return AsyncTask(self.client, result, sent, on_exit=on_exit, on_lost=on_lost)
+            return AsyncTask(
+                self.client, result, sent, on_exit=on_exit, on_lost=on_lost, attached=session
+            )
         if not result.get("queued"):
             return None
-        return await self._await_claim(str(result["aid"]), sent + wait, on_exit, on_lost)
+        return await self._await_claim(str(result["aid"]), sent + wait, on_exit, on_lost, session)
 
     async def _await_claim(
-        self, aid: str, until: float, on_exit: str, on_lost: LostCallback | None
+        self,
+        aid: str,
+        until: float,
+        on_exit: str,
+        on_lost: LostCallback | None,
+        attached: Attachable | None = None,
     ) -> AsyncTask | None:
         """Long-poll the leader until our waiting claim is granted or gone; withdraw
         it on the way out unless granted (a task granted meanwhile is given back)."""
@@ -472,6 +489,7 @@ class AsyncQueue:
                         remaining=remaining,
                         on_exit=on_exit,
                         on_lost=on_lost,
+                        attached=attached,
                     )
                 if status["state"] == "gone":
                     break
