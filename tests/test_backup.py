@@ -212,23 +212,16 @@ def test_restore_refuses_a_data_dir_with_raft_state_unless_forced(tmp_path: Path
     with pytest.raises(SnapshotError, match="checksum mismatch"):
         restore_data_dir(bad, _config(tmp_path / "n2"))
     assert not (tmp_path / "n2").exists()
-    # An old cluster's member list would override the new members at start.
-    (tmp_path / "n3").mkdir()
-    (tmp_path / "n3" / "members.json").write_text("{}")
-    with pytest.raises(SnapshotError, match=r"\(members.json\)"):
-        restore_data_dir(snap, _config(tmp_path / "n3", "n3"))
-    assert restore_data_dir(snap, _config(tmp_path / "n3", "n3"), force=True).removed == (
-        "members.json",
-    )
-    # A member removed from the old cluster left its mark: a restored node is a member
-    # of the new one (the mark would make it refuse to start).
-    (tmp_path / "n4").mkdir()
-    (tmp_path / "n4" / "removed").write_text("removed\n")
-    with pytest.raises(SnapshotError, match=r"\(removed\)"):
-        restore_data_dir(snap, _config(tmp_path / "n4", "n1"))
-    assert restore_data_dir(snap, _config(tmp_path / "n4", "n1"), force=True).removed == (
-        "removed",
-    )
+    # An old cluster's member list would override the new members at start, and a
+    # member removed from the old cluster left its mark (it would refuse to start):
+    # both are Raft state of the old cluster.
+    for node, name in (("n2", "members.json"), ("n3", "removed")):
+        (tmp_path / f"old-{node}").mkdir()
+        (tmp_path / f"old-{node}" / name).write_text("{}")
+        with pytest.raises(SnapshotError, match=rf"\({name}\)"):
+            restore_data_dir(snap, _config(tmp_path / f"old-{node}", node))
+        forced = restore_data_dir(snap, _config(tmp_path / f"old-{node}", node), force=True)
+        assert forced.removed == (name,)
     # --force never deletes a running node's files (its marker, its client port open).
     base = free_port_block(1)
     live_config = NodeConfig.create(
