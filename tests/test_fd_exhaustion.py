@@ -17,6 +17,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 
 import pytest
+from pysyncobj import pickle as pysyncobj_pickle
 
 from raftlease.testing import LocalCluster, wait_for
 
@@ -46,6 +47,29 @@ def _raft_port_accepts(addr: tuple[str, int]) -> bool:
         return False
 
 
+def _settle(cluster: LocalCluster, node_id: str) -> None:
+    """Wait until ``node_id`` has nothing left to write to its term/vote/commit file.
+    Out of descriptors, that write fails, and a node whose meta write fails stops (by
+    design: exit 72); what this test is about is the listener. Right after an election
+    the victim may not yet have heard of the new term (seen in CI: the leader 0.1 s
+    old when the descriptors ran out, and the victim stopped on the term's write)."""
+    with cluster.client() as c:
+        c.acquire("before-emfile", owner="a", ttl=60)  # an entry of the leader's term
+    meta = cluster.node_dir(node_id) / "raft.journal.meta"
+
+    def settled() -> bool:
+        status = next(s for s in cluster.statuses() if s.get("node") == node_id)
+        if not meta.exists() or status["commit_index"] != status["last_log_index"]:
+            return False
+        saved = pysyncobj_pickle.loads(meta.read_bytes())
+        return bool(
+            saved.get("currentTerm") == status["term"]
+            and saved.get("raftCommitIndex") == status["commit_index"]
+        )
+
+    wait_for(settled, 30, f"{node_id}'s term and commit index saved")
+
+
 def test_a_node_out_of_descriptors_binds_its_raft_port_again(cluster_factory: Factory) -> None:
     cluster = cluster_factory(3)
     leader = cluster.leader_id()
@@ -53,6 +77,7 @@ def test_a_node_out_of_descriptors_binds_its_raft_port_again(cluster_factory: Fa
     # the lower Raft address, so the restarted peer must come in through its listener.
     followers = sorted((n for n in cluster.nodes if n.id != leader), key=lambda n: _addr(n.raft)[1])
     victim, peer = followers[0].id, followers[1].id
+    _settle(cluster, victim)
     pid = cluster.pid(victim)
     raft = _addr(cluster.node(victim).raft)
     client = _addr(cluster.node(victim).client)
