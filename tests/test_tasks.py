@@ -495,7 +495,7 @@ def test_an_attached_attempt_is_valid_as_long_as_its_session(shared: LocalCluste
     with shared.client() as c:
         q = c.queue("t-session-valid")
         q.put("job")
-        with c.session(owner="agent-v", ttl=1.5) as session:
+        with c.session(owner="agent-v", ttl=3.0) as session:
             task = q.claim(session=session)
             assert task is not None
             first = task.valid_until
