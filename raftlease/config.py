@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import socket
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -46,6 +47,17 @@ def is_loopback(host: str) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def bind_probe(address: str, what: str = "address") -> None:
+    """Bind (and close at once) a TCP socket on ``address`` with ``SO_REUSEADDR``, as
+    PySyncObj and asyncio bind their listeners: whether a listener could take it now.
+    Raises ``OSError`` if not (taken, not ours), ``ConfigError`` if malformed."""
+    host, port = parse_addr(address, what)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
 
 
 def parse_addr(addr: str, what: str = "address") -> tuple[str, int]:

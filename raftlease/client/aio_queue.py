@@ -233,14 +233,12 @@ class AsyncTask:
     @property
     def valid_until(self) -> float:
         if self._attached is not None:
-            return self._attached.valid_until
+            return self._attached.valid_until  # 0 once the session is lost
         return self.keep.valid_until
 
     @property
     def valid(self) -> bool:
-        if self._attached is not None:
-            return time.monotonic() < self._attached.valid_until and self.finished is None
-        return self.keep.valid and self.finished is None
+        return self.remaining > 0 and self.finished is None
 
     @property
     def remaining(self) -> float:

@@ -47,9 +47,6 @@ class LoopPortal:
         """Run ``coro`` on the loop and block until it is done; its result or its
         exception. Raises ``UnavailableError`` once closed, and ``RuntimeError`` when
         called from the loop's own thread (it would deadlock)."""
-        if self.closed:
-            coro.close()
-            raise UnavailableError("client is closed")
         if threading.current_thread() is self.thread:
             coro.close()
             raise RuntimeError(

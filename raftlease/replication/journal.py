@@ -227,7 +227,7 @@ def check_start_files(journal_path: Path, dump_path: Path) -> None:
       file-level copy taken during a compaction): PySyncObj's loader would clear the
       journal and run without every entry between them, acknowledged ones among them.
 
-    Reads the dump's tail and the journal's first whole record only."""
+    Reads the dump's tail and walks the journal's first record only."""
     if not dump_path.exists():
         return
     try:
@@ -243,7 +243,11 @@ def check_start_files(journal_path: Path, dump_path: Path) -> None:
     if len(data) < FIRST_RECORD_OFFSET or data[: len(_JOURNAL_MAGIC)] != _JOURNAL_MAGIC:
         return
     end: int = struct.unpack_from("<I", data, LAST_RECORD_OFFSET_OFFSET)[0]
-    records, _ = whole_records(data, end)
+    if end < FIRST_RECORD_OFFSET + 4:
+        return
+    (size,) = struct.unpack_from("<I", data, FIRST_RECORD_OFFSET)
+    # Only the first record: it ends at its length prefix, the record and its suffix.
+    records, _ = whole_records(data, min(end, FIRST_RECORD_OFFSET + 4 + size + 4))
     if records and records[0][1] > dump_index + 1:
         raise UnusableFiles(
             f"the snapshot {dump_path} ends at entry {dump_index} but the journal "

@@ -21,7 +21,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import ssl
 import stat
 import time
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..clock import Clock, SystemClock
-from ..config import NodeConfig, parse_addr
+from ..config import NodeConfig, bind_probe, parse_addr
 from ..core import LeaseStore, Result
 from ..core.snapshot import ENTRY_FORMAT, SNAPSHOT_VERSION
 from ..errors import (
@@ -211,7 +210,10 @@ class NodeServer(TaskWaits):
                 f"cannot listen on the client address {self.config.self_node.client}: {exc}"
             ) from None
         try:
-            _check_bindable(self.config.self_node.raft)
+            # PySyncObj retries a failed bind on every tick without a word: the node
+            # would sit in term 0, a follower with no peers, for good. (A port taken
+            # between this probe and PySyncObj's bind is that silent case again.)
+            bind_probe(self.config.self_node.raft, "raft address")
         except OSError as exc:
             server.close()
             raise ConfigError(
@@ -1247,20 +1249,6 @@ class NodeServer(TaskWaits):
                 self.metrics.heap_trim_seconds.set(trimmer.last_seconds)
             if trimmer.last_seconds > 0.05:  # a heap far larger than a node's should be
                 log.warning("heap trim took %.3f s", trimmer.last_seconds)
-
-
-def _check_bindable(address: str) -> None:
-    """Bind (and close) a TCP socket on the raft ``address`` as PySyncObj will, so a
-    port that is taken fails the start with a clear error: PySyncObj retries a failed
-    bind on every tick without a word, and the node would sit in term 0, a follower
-    with no peers, for good. (A port taken between this check and PySyncObj's bind is
-    that silent case again; the check is for the usual one.) Blocking, one syscall
-    each; raises ``OSError`` (and ``ConfigError`` for a malformed address)."""
-    host, port = parse_addr(address, "raft address")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as PySyncObj does
-        probe.bind((host, port))
 
 
 def private_data_dir(data_dir: Path) -> None:

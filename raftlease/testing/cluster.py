@@ -16,7 +16,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..client import Client
-from ..config import NodeAddress, local_cluster
+from ..config import NodeAddress, bind_probe, local_cluster
 from ..errors import RaftLeaseError
 from .hooks import hook_arguments
 from .power import PAGE, cut_to_synced
@@ -73,13 +72,11 @@ def wait_for(
 
 
 def port_free(port: int) -> bool:
-    """True if ``port`` on 127.0.0.1 can be bound now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
+    """True if ``port`` on 127.0.0.1 can be bound now (``config.bind_probe``)."""
+    try:
+        bind_probe(f"127.0.0.1:{port}")
+    except OSError:
+        return False
     return True
 
 
