@@ -13,6 +13,7 @@ failover``).
 from __future__ import annotations
 
 import random
+import re
 import time
 from typing import Any
 
@@ -255,15 +256,25 @@ def test_a_survivor_that_dropped_the_first_vote_request_takes_its_term(
             assert c.acquire(f"split/k{attempt}", owner="agent-1", ttl=5.0).token > 0
         dropped = int(node_status(cluster, second)["votes_refused"]) > refused
         if dropped:
-            taken = [
-                ln
-                for ln in cluster.log_path(second).read_text().splitlines()
-                if "taking term" in ln
+            lines = cluster.log_path(second).read_text().splitlines()
+            at = [i for i, ln in enumerate(lines) if "taking term" in ln]
+            assert at, f"{second} dropped a vote request under its promise but never took its term"
+            took = re.search(r"taking term (\d+)", lines[at[-1]])
+            assert took is not None, lines[at[-1]]
+            taken = int(took.group(1))
+            # The role line shows the term before the candidate's increment: each of
+            # the second's elections after taking the term runs above the dropped one.
+            ran = [
+                int(m.group(1))
+                for ln in lines[at[-1] :]
+                if (m := re.search(r"-> candidate \(term (\d+)\)", ln))
             ]
-            assert taken, (
-                f"{second} dropped a vote request under its promise but never took its term"
-            )
-            assert new["term"] == old["term"] + 2, (old, new)
+            assert all(t >= taken for t in ran), (taken, ran)
+            # Exactly old + 2 when nothing else intervenes; a loaded machine can let the
+            # first survivor's own retry (term old + 2) meet the second's election in
+            # the same term, and the cluster elects a term later: liveness, not a safety
+            # property, so only the lower bound is exact.
+            assert new["term"] >= old["term"] + 2, (old, new)
             return
         restart_and_follow(cluster, str(old["node"]))
     pytest.fail("the second survivor never dropped the first one's vote request in 3 kills")
