@@ -228,3 +228,59 @@ def test_a_power_loss_under_load_with_torn_writes_loses_no_grant_and_converges(
 
     statuses = wait_for(same_state, 60, "every node to apply the same log")
     assert len({(s["revision"], s["leases"]) for s in statuses}) == 1, statuses
+
+
+def test_a_deposed_leaders_tail_is_not_applied_under_a_foreign_commit_index(
+    cluster_factory: Factory,
+) -> None:
+    """A leader cut off from its followers appends a grant that never commits, and
+    dies; the others elect and go on. Its `raft.journal.meta` is then replaced by one
+    whose commit index lies beyond its journal (a file copied from another node, or
+    entries cut by a damaged disk). PySyncObj would apply its whole journal at start,
+    the uncommitted grant among them, and keep it applied after the new leader
+    overwrote the entry: a lease held on that node only, served by its reads and by
+    it as leader. The start lowers the commit index instead (a warning); once caught
+    up, the node holds the cluster's state and not the grant."""
+    from pysyncobj import pickle as pysyncobj_pickle
+
+    from raftlease.errors import RaftLeaseError
+    from raftlease.replication.backup import read_journal
+
+    cluster = cluster_factory(3, max_ttl=600.0)
+    old = str(cluster.wait_for_leader()["node"])
+    followers = [n.id for n in cluster.nodes if n.id != old]
+    with cluster.client() as client:
+        client.acquire("tail/before", owner="a", ttl=600)
+    journal = cluster.node_dir(old) / "raft.journal"
+    for node_id in followers:
+        cluster.pause_node(node_id)
+    # Appended by the leader, heard by nobody.
+    with Client([cluster.node(old).client], deadline=1.0) as alone, pytest.raises(RaftLeaseError):
+        alone.acquire("tail/ghost", owner="ghost", ttl=600)
+    cluster.kill_node(old)
+    ghosts = [e for e in read_journal(journal) if b"tail/ghost" in e[0]]
+    assert ghosts, "the cut-off leader did not append the grant: nothing to check"
+    ghost_index = ghosts[0][1]
+    for node_id in followers:
+        cluster.resume_node(node_id)
+    cluster.wait_for_leader(60, exclude=old)
+    with cluster.client() as client:
+        client.acquire("tail/after", owner="b", ttl=600)
+    meta_path = cluster.node_dir(old) / "raft.journal.meta"
+    meta = pysyncobj_pickle.loads(meta_path.read_bytes())
+    assert meta["raftCommitIndex"] < ghost_index
+    meta["raftCommitIndex"] = ghost_index + 1_000  # beyond its journal: not its own
+    meta_path.write_bytes(pysyncobj_pickle.dumps(meta))
+    cluster.start_node(old)
+
+    def caught_up() -> bool:
+        statuses = [s for s in cluster.statuses() if s["reachable"]]
+        mine = [s["applied_index"] for s in statuses if s["node"] == old]
+        others = [s["commit_index"] for s in statuses if s["node"] != old]
+        return bool(mine) and len(others) == 2 and mine[0] >= max(others)
+
+    wait_for(caught_up, 60, f"{old} to apply the cluster's log")
+    with Client([cluster.node(old).client]) as direct:
+        stale = {h.key: h.owner for h in direct.leases("tail/", consistency="stale")}
+    assert stale == {"tail/before": "a", "tail/after": "b"}, stale
+    assert "beyond everything this node holds" in cluster.log_path(old).read_text()

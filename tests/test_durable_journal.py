@@ -24,6 +24,7 @@ from raftlease.replication.journal import (
     REGULAR_COMMAND,
     UnusableFiles,
     check_start_files,
+    clamp_commit_index,
     command_intact,
     seal_command,
     trim_torn_tail,
@@ -516,3 +517,59 @@ def test_a_node_with_an_unreadable_snapshot_stops_with_status_70(tmp_path: Path)
     )
     assert node.returncode == 70, node.stdout + node.stderr
     assert "CRITICAL" in node.stderr and "cannot read the snapshot" in node.stderr
+
+
+@pytest.mark.parametrize(
+    ("count", "dump_at", "committed", "expected"),
+    [
+        (5, None, 9, 1),  # beyond the journal, no snapshot: PySyncObj's default
+        (5, 4, 9, 4),  # beyond the journal: the snapshot's last entry
+        (2, 12, 9, None),  # within the snapshot (a journal the loader replaces)
+        (5, None, 5, None),  # at the journal's end: this log's, left alone
+        (5, 4, 3, None),  # below it
+        (0, None, 9, 1),  # no journal at all
+    ],
+)
+def test_a_commit_index_beyond_everything_held_is_lowered_before_the_load(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    count: int,
+    dump_at: int | None,
+    committed: int,
+    expected: int | None,
+) -> None:
+    """A saved commit index beyond the journal's last entry and the snapshot's is not
+    this log's (entries cut, or a meta file from another node): PySyncObj would clamp
+    it to the journal's end and apply every entry the journal holds, a deposed
+    leader's uncommitted tail among them. It is lowered to the snapshot's last entry
+    (1 without one), term and vote kept; one within what is held is left alone."""
+    path = tmp_path / "raft.journal"
+    if count:
+        _sealed_journal(path, count)
+    dump = tmp_path / "raft.dump"
+    if dump_at is not None:
+        _dump_at(dump, dump_at)
+    meta_path = Path(str(path) + ".meta")
+    meta = {"raftCommitIndex": committed, "currentTerm": 7, "votedForNodeId": "n2"}
+    meta_path.write_bytes(pysyncobj_pickle.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="raftlease.replication"):
+        assert clamp_commit_index(path, dump) == expected
+    after = pysyncobj_pickle.loads(meta_path.read_bytes())
+    if expected is None:
+        assert after == meta and not caplog.records
+        return
+    assert after == {**meta, "raftCommitIndex": expected}
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING and "beyond everything" in record.getMessage()
+    # The loader takes the lowered index as it is.
+    j = FileJournal(str(path))
+    try:
+        assert j.getRaftCommitIndex() == expected and j.getCurrentTerm() == 7
+    finally:
+        j._destroy()
+
+
+def test_no_commit_index_saved_is_left_to_the_loader(tmp_path: Path) -> None:
+    _sealed_journal(tmp_path / "raft.journal", 3)
+    assert clamp_commit_index(tmp_path / "raft.journal", tmp_path / "raft.dump") is None
+    assert not Path(str(tmp_path / "raft.journal") + ".meta").exists()

@@ -37,9 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from pysyncobj import pickle as pysyncobj_pickle
-from pysyncobj.journal import FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET, FileJournal
+from pysyncobj.journal import (
+    FIRST_RECORD_OFFSET,
+    LAST_RECORD_OFFSET_OFFSET,
+    FileJournal,
+    MetaStorer,
+)
 
-from .durable import REPAIR_SUFFIX, replace_journal
+from .durable import REPAIR_SUFFIX, DurableMetaStorer, SyncRecorder, replace_journal
 
 log = logging.getLogger("raftlease.replication")
 
@@ -254,6 +259,85 @@ def check_start_files(journal_path: Path, dump_path: Path) -> None:
             f"{journal_path} starts at entry {records[0][1]}: the entries between are "
             "in neither (an older snapshot put back beside a newer journal?)"
         )
+
+
+def _last_index(journal_path: Path) -> int | None:
+    """The index of the journal's last record, read through the header's end of the
+    last record and that record's length suffix (call after ``trim_torn_tail``: the
+    header then ends at a whole record); None if there is none or it does not frame."""
+    if not journal_path.exists():
+        return None
+    with open(journal_path, "rb") as f:
+        head = f.read(FIRST_RECORD_OFFSET)
+        if len(head) < FIRST_RECORD_OFFSET or head[: len(_JOURNAL_MAGIC)] != _JOURNAL_MAGIC:
+            return None
+        end: int = struct.unpack_from("<I", head, LAST_RECORD_OFFSET_OFFSET)[0]
+        if end < FIRST_RECORD_OFFSET + 4 + 16 + 4:
+            return None
+        f.seek(end - 4)
+        tail = f.read(4)
+        if len(tail) < 4:
+            return None
+        (size,) = struct.unpack("<I", tail)
+        start = end - size - 8
+        if size < 16 or start < FIRST_RECORD_OFFSET:
+            return None
+        f.seek(start)
+        record = f.read(4 + 16)
+    if len(record) < 20 or struct.unpack_from("<I", record)[0] != size:
+        return None
+    index: int = struct.unpack_from("<Q", record, 4)[0]
+    return index
+
+
+def clamp_commit_index(
+    journal_path: Path, dump_path: Path, recorder: SyncRecorder | None = None
+) -> int | None:
+    """Lower a saved commit index that lies beyond everything this node holds (its
+    journal's last entry and its snapshot's) to the snapshot's last entry (1 without
+    one); return the new commit index, or None if it was left alone. Call after
+    ``trim_torn_tail`` and ``repair_journal``, before PySyncObj loads the files.
+
+    Why: PySyncObj loads the commit index from the journal's ``.meta`` and applies
+    every entry up to it, clamping one beyond the journal's end to that end. But a
+    commit index beyond the end is not this log's: the entries were cut (a damaged
+    disk, or a power loss with ``durability = "none"``) or the file came from another
+    node (an operator copying a data directory piecemeal). The entries the journal
+    does hold may then include a deposed leader's tail that never committed, which
+    the node would apply, and keep applied after the leader overwrote it: a state no
+    other node has (a lease granted on this node only). The commit index is not part
+    of Raft's persistent state; the leader sends it with every append, so lowering it
+    only delays applying until the leader confirms. A commit index within the
+    journal is this log's as far as anything here can tell, and is left alone.
+    Raises nothing for missing or unreadable files (left to the loader);
+    ``OSError`` writing the meta stops the process (``DurableMetaStorer``)."""
+    from .backup import read_commit_index
+
+    meta_path = Path(str(journal_path) + ".meta")
+    committed = read_commit_index(meta_path)
+    if committed is None:
+        return None
+    last = _last_index(journal_path)
+    covered = _dump_last_index(dump_path)
+    held = max((i for i in (last, covered) if i is not None), default=1)
+    if committed <= held:
+        return None
+    clamped = covered if covered is not None else 1
+    meta = MetaStorer(str(meta_path)).getMeta()
+    meta["raftCommitIndex"] = clamped
+    DurableMetaStorer(str(meta_path), recorder).storeMeta(meta)
+    log.warning(
+        "the commit index %d saved in %s lies beyond everything this node holds (its "
+        "journal ends at entry %s, its snapshot at %s): entries cut by a damaged disk or "
+        "a power loss, or a file from another node. Starting from commit index %d "
+        "instead, so that nothing in the journal is applied before the leader confirms it",
+        committed,
+        meta_path,
+        last,
+        covered,
+        clamped,
+    )
+    return clamped
 
 
 def repair_journal(journal_path: Path, dump_path: Path) -> int:

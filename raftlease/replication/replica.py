@@ -45,6 +45,7 @@ from .identity import PeerIdentity, read_public_key
 from .journal import (
     UnusableFiles,
     check_start_files,
+    clamp_commit_index,
     repair_journal,
     seal_command,
     trim_torn_tail,
@@ -305,6 +306,7 @@ class Replica:
             os._exit(SNAPSHOT_LOAD_FAILED)
         trim_torn_tail(config.journal_file, config.dump_file)
         repair_journal(config.journal_file, config.dump_file)
+        clamp_commit_index(config.journal_file, config.dump_file, recorder)
         self._consumer = _StoreConsumer(observer, store_class)
         self._role = "follower"
         me = config.self_node
