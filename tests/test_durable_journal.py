@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
 import pickle
 import random
 import shutil
@@ -573,3 +574,52 @@ def test_no_commit_index_saved_is_left_to_the_loader(tmp_path: Path) -> None:
     _sealed_journal(tmp_path / "raft.journal", 3)
     assert clamp_commit_index(tmp_path / "raft.journal", tmp_path / "raft.dump") is None
     assert not Path(str(tmp_path / "raft.journal") + ".meta").exists()
+
+
+def _in_full_disk(mount: Path, *scripts: str) -> subprocess.CompletedProcess[bytes]:
+    """Run each Python ``scripts`` in turn in one private mount namespace with a
+    256 KiB tmpfs at ``mount`` (root: ``unshare -m``; otherwise a user namespace,
+    ``unshare -rm``), printing ``status=N`` after each."""
+    user = [] if os.geteuid() == 0 else ["-r"]
+    steps = "".join(f'"$0" -c "${k + 1}"; echo status=$?; ' for k in range(len(scripts)))
+    shell = f'mount -t tmpfs -o size=256k tmpfs "{mount}" && {steps}'
+    command = ["unshare", *user, "-m", "sh", "-c", shell, sys.executable, *scripts]
+    return subprocess.run(command, capture_output=True, timeout=120, check=False)
+
+
+def test_a_full_disk_stops_the_node_with_a_message_instead_of_sigbus(tmp_path: Path) -> None:
+    """PySyncObj grows its journal with a sparse resize and writes through the map:
+    on a full disk the kernel cannot back the page and the process died of SIGBUS,
+    without a word (reproduced: status -7). The journal's blocks are now allocated
+    before the map grows (``PreallocatedFile``): a full disk stops the node with
+    ``DURABILITY_FAILED`` and a CRITICAL line saying so, and every synced entry
+    loads again."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if shutil.which("unshare") is None or _in_full_disk(mount, "pass").returncode != 0:
+        pytest.skip("needs a private tmpfs (unshare -m, util-linux)")
+    open_journal = (
+        "from pathlib import Path\n"
+        "from pysyncobj.journal import FileJournal\n"
+        "from raftlease.replication import DurableJournal\n"
+        f"d = Path({str(mount)!r})\n"
+        "j = DurableJournal(FileJournal(str(d / 'raft.journal')), d / 'raft.journal',"
+        " d / 'raft.dump', 'fsync')\n"
+    )
+    fill = open_journal + (
+        "for i in range(1, 100_000):\n"
+        "    j.add(b'\\x01' + b'x' * 1000, i, 1)\n"
+        "    if i % 20 == 0:\n"
+        "        j.sync()\n"
+        "        print('synced', i, flush=True)\n"
+    )
+    reload = open_journal + "print('loaded', [e[1] for e in j][-1], flush=True)\n"
+    done = _in_full_disk(mount, fill, reload)
+    out, err = done.stdout.decode(), done.stderr.decode()
+    statuses = [int(line[7:]) for line in out.splitlines() if line.startswith("status=")]
+    assert statuses == [DURABILITY_FAILED, 0], (statuses, err[-2000:])
+    assert "cannot grow the journal" in err and "No space left on device" in err
+    synced = [int(line.split()[1]) for line in out.splitlines() if line.startswith("synced")]
+    loaded = [int(line.split()[1]) for line in out.splitlines() if line.startswith("loaded")]
+    assert synced, "the disk filled before the first sync: nothing to check"
+    assert loaded and loaded[0] >= synced[-1], (synced[-1], loaded)

@@ -218,6 +218,14 @@ def test_internals_the_durable_journal_relies_on_are_unchanged() -> None:
     for name in ("self.__journalFile", "self.__currentOffset", "self.__metaStorer"):
         assert name in fj
     assert "self.__f = open(" in inspect.getsource(journal.ResizableFile)
+    # PreallocatedFile allocates exactly what this growth rule asks for, then resizes
+    # the map itself (size() is the file's size).
+    write = inspect.getsource(journal.ResizableFile.write)
+    for fragment in (
+        "while offset + size > self.__mm.size():",
+        "newSize = max(int(currSize * self.__resizeFactor), offset + size)",
+    ):
+        assert fragment in write, f"pysyncobj changed: {fragment!r}"
     ser = inspect.getsource(serializer.Serializer)
     for name in ("self.__fileName", "self.__useFork", "self.__pid", "self.__currentID"):
         assert name in ser
