@@ -246,6 +246,41 @@ def test_page_follows_holders_waiters_and_releases(
     page.close()
 
 
+@pytest.mark.timeout(240)
+def test_page_says_when_a_list_stops_at_its_cap(view_cluster: LocalCluster, browser: Any) -> None:
+    """Each list the page shows stops at a cap (5000 leases, 200 keys with waiters,
+    1000 sessions, 200 queues). With more than that the page said nothing, and an
+    operator could take the first 200 queues for all of them. The answers now name
+    the lists that were cut (``truncated``, with ``limits``) and the page shows a
+    notice naming them. Shown with the queues, the cheapest cap to pass."""
+    from raftlease.server.dashboard import LIMITS, MAX_QUEUES
+
+    cluster = view_cluster
+    addr = _follower_admin(cluster)
+    with cluster.client() as c:
+        for i in range(MAX_QUEUES + 1):
+            c.queue(f"cap-q{i:03d}").put({"n": i})
+    with urllib.request.urlopen(f"http://{addr}/ui/api/state", timeout=10) as response:
+        state = json.loads(response.read())
+    assert state["limits"] == LIMITS
+    assert "queues" in state["truncated"] and len(state["queues"]) == MAX_QUEUES
+    assert "leases" not in state["truncated"] and "sessions" not in state["truncated"]
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"http://{addr}/ui/")
+    page.wait_for_function(
+        "() => { const b = document.getElementById('truncated'); "
+        "return !b.hidden && b.dataset.lists.split(' ').includes('queues'); }",
+        timeout=DOM_TIMEOUT_MS,
+    )
+    notice = page.inner_text("#truncated")
+    assert f"first {MAX_QUEUES} queues" in notice, notice
+    assert page.evaluate("document.querySelectorAll('#queues tbody tr').length") == MAX_QUEUES
+    assert errors == []
+    page.close()
+
+
 @pytest.mark.timeout(60)
 def test_page_routes_are_safe(view_cluster: LocalCluster) -> None:
     """Static files carry a strict CSP; data answers no lease or session id; hostile

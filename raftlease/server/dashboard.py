@@ -10,7 +10,9 @@ Routes (GET or HEAD):
   origin's script, style and ``fetch``;
 * ``/ui/api/state``: one load of everything the page shows: ``leases`` (live
   holders), ``waiters`` (the queue of each key that has one), ``sessions``,
-  ``queues`` (depths) and ``revision``, the revision the page then watches from;
+  ``queues`` (depths) and ``revision``, the revision the page then watches from; each
+  list stops at its cap (``LIMITS``, sent as ``limits``), and ``truncated`` names the
+  lists that had more (``leases``, ``waiter_keys``, ``sessions``, ``queues``);
 * ``/ui/api/live``: the same without ``leases`` (the page refreshes it every few
   seconds: enqueues, session keep-alives and queue depths are not watch events);
 * ``/ui/api/key?key=K&key=...``: the holders and waiters of up to ``MAX_KEYS_ASKED``
@@ -72,6 +74,13 @@ MAX_KEYS_ASKED = 50
 MAX_LEASES = 5000
 MAX_SESSIONS = 1000
 MAX_QUEUES = 200
+#: The caps above by the names ``truncated`` uses (the page shows them).
+LIMITS = {
+    "leases": MAX_LEASES,
+    "waiter_keys": MAX_WAITER_KEYS,
+    "sessions": MAX_SESSIONS,
+    "queues": MAX_QUEUES,
+}
 #: Seconds another member has to answer ``status``.
 PEER_STATUS_TIMEOUT = 1.5
 #: Only this origin: the page runs no inline script, and keys rendered as text
@@ -160,34 +169,55 @@ class Dashboard:
         # The revision first: the leases read after it are at least as new, so the
         # page, watching from revision + 1, may see a change twice but never miss one.
         revision = self.node._replica().store.revision
-        leases = await self._read("leases", {"prefix": "", "limit": MAX_LEASES}, caller)
+        # One more than shown: whether the list was cut at its cap (``truncated``).
+        leases = await self._read("leases", {"prefix": "", "limit": MAX_LEASES + 1}, caller)
+        listed = leases.get("leases", [])
         live = await self._live(request, caller)
-        return {**live, "revision": revision, "leases": leases.get("leases", [])}
+        truncated = (["leases"] if len(listed) > MAX_LEASES else []) + live["truncated"]
+        return {
+            **live,
+            "revision": revision,
+            "leases": listed[:MAX_LEASES],
+            "truncated": truncated,
+        }
 
     async def _live(self, request: web.BaseRequest, caller: Any) -> dict[str, Any]:
         store = self.node._replica().store
-        keys = sorted(list(store.queues))[:MAX_WAITER_KEYS]  # list(): one step, GIL-safe
+        every_key = sorted(list(store.queues))  # list(): one step, GIL-safe
         waiters: dict[str, list[dict[str, Any]]] = {}
-        for key in keys:
+        for key in every_key[:MAX_WAITER_KEYS]:
             # list_waiters copies the queue first: safe while the tick thread applies.
             answer = store.list_waiters(key, MAX_WAITERS)
             if answer["waiters"]:
                 waiters[key] = answer["waiters"]
-        sessions = await self._read("sessions", {"limit": MAX_SESSIONS}, caller)
+        sessions = await self._read("sessions", {"limit": MAX_SESSIONS + 1}, caller)
+        listed = sessions.get("sessions", [])
+        queues, more_queues = self._queues()
+        # Which lists stop at their cap (``LIMITS``): the page says so rather than let
+        # an operator take the first 1000 sessions for all of them.
+        cut = {
+            "waiter_keys": len(every_key) > MAX_WAITER_KEYS,
+            "sessions": len(listed) > MAX_SESSIONS,
+            "queues": more_queues,
+        }
         return {
             "node": self.node.config.node_id,
             "applied_index": self.node._replica().last_applied(),
             "waiters": waiters,
-            "sessions": sessions.get("sessions", []),
-            "queues": self._queues(),
+            "sessions": listed[:MAX_SESSIONS],
+            "queues": queues,
+            "limits": LIMITS,
+            "truncated": [name for name, more in cut.items() if more],
         }
 
-    def _queues(self) -> list[dict[str, Any]]:
-        """Depth of each queue from this node's state: copies of small dicts (one
-        step each under the GIL), safe while the tick thread applies."""
+    def _queues(self) -> tuple[list[dict[str, Any]], bool]:
+        """Depth of each queue from this node's state (the first ``MAX_QUEUES`` by
+        name), and whether there are more: copies of small dicts (one step each under
+        the GIL), safe while the tick thread applies."""
         queues = self.node._replica().store.tasks.queues
         out = []
-        for name in sorted(list(queues))[:MAX_QUEUES]:
+        names = sorted(list(queues))
+        for name in names[:MAX_QUEUES]:
             queue = queues.get(name)
             if queue is None:
                 continue
@@ -202,7 +232,7 @@ class Dashboard:
                     "waiting_claims": len(queue.claimers),
                 }
             )
-        return out
+        return out, len(names) > MAX_QUEUES
 
     async def _key(self, request: web.BaseRequest, caller: Any) -> dict[str, Any]:
         keys = request.query.getall("key", [])

@@ -149,6 +149,28 @@ function loadLive(live, sentAt) {
   view.sessions = live.sessions.map((s) => ({ ...s, expiresAt: sentAt + s.remaining }));
   view.queues = live.queues;
   $("served").textContent = "node " + live.node + ", applied index " + live.applied_index;
+  showTruncated(live);
+}
+
+// Lists the server cut at their cap. The leases' flag comes with the state load only
+// (the watch adds leases after it); the others with every refresh.
+const TRUNCATED_NAMES = {
+  leases: "leases",
+  waiter_keys: "keys with waiters",
+  sessions: "sessions",
+  queues: "queues",
+};
+function showTruncated(live) {
+  if (!Array.isArray(live.truncated) || !live.limits) return;
+  if ("leases" in live) view.leasesTruncated = live.truncated.includes("leases");
+  const cut = live.truncated.filter((name) => name !== "leases");
+  if (view.leasesTruncated) cut.unshift("leases");
+  const box = $("truncated");
+  box.hidden = cut.length === 0;
+  box.textContent = cut.length === 0 ? "" : "Not everything is shown: only the first " +
+    cut.map((name) => live.limits[name] + " " + (TRUNCATED_NAMES[name] || name)).join(", ") +
+    ". The CLI (raftlease leases, raftlease sessions) and the HTTP API under /v1/ list more.";
+  box.dataset.lists = cut.join(" ");
 }
 
 function applyEvent(event) {
