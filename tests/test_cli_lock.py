@@ -353,7 +353,7 @@ def test_elect_exits_lease_lost_when_the_lead_is_revoked(
 
 
 @pytest.mark.timeout(60)
-def test_the_sigkill_of_a_lost_lease_comes_no_later_than_its_validity() -> None:
+def test_the_sigkill_of_a_lost_lease_comes_no_later_than_its_validity(tmp_path: Path) -> None:
     """A renewal that hangs fails only at its timeout (ttl/3), when less than
     ``--grace`` of validity may be left; the SIGKILL must land by the end of that
     validity, not ``grace`` after the SIGTERM, when the cluster may already have
@@ -361,11 +361,16 @@ def test_the_sigkill_of_a_lost_lease_comes_no_later_than_its_validity() -> None:
     follows) is killed within the 0.5 s left, not after the 30 s grace."""
     from raftlease.cli_lock import SignalBox, Supervisor
 
+    ready = tmp_path / "ignoring"
     ignore_term = (
-        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"open({str(ready)!r}, 'w').close(); time.sleep(60)"
     )
     supervisor = Supervisor((sys.executable, "-c", ignore_term), dict(os.environ), grace=30.0)
     assert supervisor.start() is None
+    # Only once it ignores SIGTERM: on a loaded machine the SIGTERM could otherwise
+    # reach the interpreter still starting up and end it (status 143 in CI).
+    wait_for(ready.exists, 30, "the command to ignore SIGTERM")
     started = time.monotonic()
     box = SignalBox()
     status = supervisor.run(lambda: "renewals fail", box, lambda: 0.5)
