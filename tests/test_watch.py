@@ -47,10 +47,14 @@ class Collector:
 
 
 def test_watch_sees_every_change_in_order(shared: LocalCluster) -> None:
-    watcher = Collector(shared.endpoints, "watch/a/")
+    # Watch from a known revision (not "from now"): the watch subscribes on its
+    # thread, and a loaded machine can let the first acquire below come before it.
+    with shared.client() as c:
+        start = c.read("watch/a/x").revision
+    assert start is not None
+    watcher = Collector(shared.endpoints, "watch/a/", from_revision=int(start) + 1)
     try:
         with shared.client() as c:
-            wait_for(lambda: c.holder("watch/a/x") is None, 5, "cluster ready")
             lease = c.acquire("watch/a/x", owner="o1", ttl=5.0)
             # A new TTL: logged at once (with the same TTL the renewal is answered from
             # the leader's memory and its event comes when written, design.md 9a).
@@ -78,7 +82,10 @@ def test_resume_across_leader_change_misses_and_repeats_nothing(cluster: LocalCl
     leader = cluster.wait_for_leader()
     # Watch through the leader first, so killing it forces a reconnect elsewhere.
     order = [leader["client"]] + [n.client for n in cluster.nodes if n.client != leader["client"]]
-    watcher = Collector(order, "resume/")
+    with cluster.client() as c:  # from a known revision, as above
+        start = c.read("resume/0").revision
+    assert start is not None
+    watcher = Collector(order, "resume/", from_revision=int(start) + 1)
     try:
         with cluster.client() as c:
             first = [c.acquire(f"resume/{i}", owner="o", ttl=30.0) for i in range(5)]
