@@ -113,7 +113,9 @@ def test_a_stale_attempt_is_refused_after_expiry_and_another_worker_completes(
 ) -> None:
     with shared.client() as c:
         q = c.queue("t-stale")
-        tid = q.put("job", lease_ttl=0.5, max_attempts=3, backoff=0.0)
+        # The fresh attempt must outlive three calls before its completion (3 s: margin
+        # on a loaded machine); the zombie's expiry is waited for, not guessed.
+        tid = q.put("job", lease_ttl=3.0, max_attempts=3, backoff=0.0)
         zombie = q.claim(worker="zombie")
         assert zombie is not None  # ... and it never heartbeats
         fresh = wait_for(
