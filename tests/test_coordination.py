@@ -204,7 +204,9 @@ def test_fenced_resource_rejects_a_paused_holder(shared: LocalCluster) -> None:
 
     with shared.client() as c:
         fence = FencedResource(confirm=c.fence)
-        old = c.acquire("fenced/k", owner="slow", ttl=0.3)
+        # Still live for the confirm below (one more call): 2 s of margin on a loaded
+        # machine; the successor waits for its expiry.
+        old = c.acquire("fenced/k", owner="slow", ttl=2.0)
         fence.check("fenced/k", old.token)
         new = c.acquire("fenced/k", owner="fast", ttl=5.0, wait=10.0)  # after old expires
         fence.check("fenced/k", new.token)
