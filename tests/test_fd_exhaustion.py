@@ -15,10 +15,12 @@ import resource
 import socket
 from collections.abc import Callable
 from contextlib import ExitStack
+from typing import Any
 
 import pytest
 from pysyncobj import pickle as pysyncobj_pickle
 
+from raftlease import Client
 from raftlease.testing import LocalCluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -47,19 +49,38 @@ def _raft_port_accepts(addr: tuple[str, int]) -> bool:
         return False
 
 
+#: Timers for this test: the leader is stopped (SIGSTOP) while the victim has no
+#: descriptors, so that no entry (the leader's tick, once a second) moves the victim's
+#: commit index, and no election its term, either of which it would have to write.
+#: Elections are kept off for far longer than that stop lasts on a loaded machine.
+PATIENT = {
+    "election_timeout_min": 5.0,
+    "election_timeout_max": 6.0,
+    "leader_fallback": 6.0,
+    "connection_timeout": 12.0,
+}
+
+
+def _status(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
+    addr = cluster.node(node_id).client
+    with Client([addr]) as c:
+        return c.node_status(addr)
+
+
 def _settle(cluster: LocalCluster, node_id: str) -> None:
     """Wait until ``node_id`` has nothing left to write to its term/vote/commit file.
     Out of descriptors, that write fails, and a node whose meta write fails stops (by
     design: exit 72); what this test is about is the listener. Right after an election
     the victim may not yet have heard of the new term (seen in CI: the leader 0.1 s
-    old when the descriptors ran out, and the victim stopped on the term's write)."""
-    with cluster.client() as c:
-        c.acquire("before-emfile", owner="a", ttl=60)  # an entry of the leader's term
+    old when the descriptors ran out, and the victim stopped on the term's write); and
+    every commit index it learns is saved within a second (PySyncObj's one-second
+    timer; seen under load: the leader's next tick moved it while the victim was out
+    of descriptors). Call it with the leader stopped, so that it stays settled."""
     meta = cluster.node_dir(node_id) / "raft.journal.meta"
 
     def settled() -> bool:
-        status = next(s for s in cluster.statuses() if s.get("node") == node_id)
-        if not meta.exists() or status["commit_index"] != status["last_log_index"]:
+        status = _status(cluster, node_id)
+        if not meta.exists():
             return False
         saved = pysyncobj_pickle.loads(meta.read_bytes())
         return bool(
@@ -71,12 +92,21 @@ def _settle(cluster: LocalCluster, node_id: str) -> None:
 
 
 def test_a_node_out_of_descriptors_binds_its_raft_port_again(cluster_factory: Factory) -> None:
-    cluster = cluster_factory(3)
-    leader = cluster.leader_id()
+    cluster = cluster_factory(3, **PATIENT)
+    led = cluster.wait_for_leader()
+    leader = str(led["node"])
     # PySyncObj's higher address dials the lower one: the victim is the follower with
     # the lower Raft address, so the restarted peer must come in through its listener.
     followers = sorted((n for n in cluster.nodes if n.id != leader), key=lambda n: _addr(n.raft)[1])
     victim, peer = followers[0].id, followers[1].id
+    with cluster.client() as c:
+        c.acquire("before-emfile", owner="a", ttl=60)  # an entry of the leader's term
+    wait_for(
+        lambda: _status(cluster, victim)["term"] == led["term"],
+        30,
+        f"{victim} to follow {leader}'s term",
+    )
+    cluster.pause_node(leader)  # resumed once the victim has descriptors again
     _settle(cluster, victim)
     pid = cluster.pid(victim)
     raft = _addr(cluster.node(victim).raft)
@@ -98,6 +128,8 @@ def test_a_node_out_of_descriptors_binds_its_raft_port_again(cluster_factory: Fa
                 "PySyncObj to unbind the Raft listener after a failed accept",
             )
             assert cluster.is_running(victim)
+        wait_for(lambda: _open_fds(pid) < limit - 4, 30, "the victim's descriptors freed")
+        cluster.resume_node(leader)
         # Descriptors free again: the listener is bound again within about a second.
         wait_for(lambda: _raft_port_accepts(raft), 30, "the Raft port to accept again")
         # The warning is logged just after the bind, and its write can queue behind another
@@ -111,6 +143,7 @@ def test_a_node_out_of_descriptors_binds_its_raft_port_again(cluster_factory: Fa
         )
     finally:
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+        cluster.resume_node(leader)  # (again, if the test failed while it was stopped)
     # A peer that restarts now must reach the victim again: with the leader stopped,
     # the victim and the restarted peer are the majority that elects and commits.
     cluster.kill_node(peer)
