@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import resource
 import socket
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
@@ -54,10 +55,10 @@ def _raft_port_accepts(addr: tuple[str, int]) -> bool:
 #: commit index, and no election its term, either of which it would have to write.
 #: Elections are kept off for far longer than that stop lasts on a loaded machine.
 PATIENT = {
-    "election_timeout_min": 5.0,
-    "election_timeout_max": 6.0,
-    "leader_fallback": 6.0,
-    "connection_timeout": 12.0,
+    "election_timeout_min": 10.0,
+    "election_timeout_max": 12.0,
+    "leader_fallback": 12.0,
+    "connection_timeout": 24.0,
 }
 
 
@@ -65,6 +66,11 @@ def _status(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
     addr = cluster.node(node_id).client
     with Client([addr]) as c:
         return c.node_status(addr)
+
+
+#: Seconds ``node_id``'s meta file must stay unchanged (three of PySyncObj's
+#: one-second timers; far below PATIENT's election timeouts).
+QUIET = 3.0
 
 
 def _settle(cluster: LocalCluster, node_id: str) -> None:
@@ -89,6 +95,22 @@ def _settle(cluster: LocalCluster, node_id: str) -> None:
         )
 
     wait_for(settled, 30, f"{node_id}'s term and commit index saved")
+    # Equal values are not enough: PySyncObj marks its meta unsaved at every
+    # append_entries a follower receives, changed or not, and writes it at its next
+    # one-second timer (seen: an append the leader sent just before its SIGSTOP
+    # arrived after the check, and the write a second later failed with EMFILE). With
+    # the leader stopped no append comes any more, so the file stops changing within
+    # about a second: wait until it has been unchanged for QUIET seconds.
+    seen: list[tuple[tuple[int, int], float]] = []
+
+    def quiet() -> bool:
+        st = meta.stat()
+        now = time.monotonic()
+        if not seen or seen[-1][0] != (st.st_ino, st.st_mtime_ns):
+            seen.append(((st.st_ino, st.st_mtime_ns), now))
+        return now - seen[-1][1] >= QUIET
+
+    wait_for(quiet, 60, f"{node_id}'s term and vote file to stay unchanged for {QUIET} s")
 
 
 def test_a_node_out_of_descriptors_binds_its_raft_port_again(cluster_factory: Factory) -> None:
