@@ -50,7 +50,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.config import SERIALIZER_STATE
@@ -177,7 +177,7 @@ _GROW_FAILED = (
 )
 
 
-def _fail_stop(what: str, problem: str = _SYNC_FAILED) -> None:
+def _fail_stop(what: str, problem: str = _SYNC_FAILED) -> NoReturn:
     """Log ``problem`` (a format with ``what``) as CRITICAL with the exception being
     handled, and exit with ``DURABILITY_FAILED``. Never returns."""
     log.critical(problem, what, exc_info=True)
