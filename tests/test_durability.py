@@ -246,7 +246,9 @@ def test_a_deposed_leaders_tail_is_not_applied_under_a_foreign_commit_index(
     from raftlease.errors import RaftLeaseError
     from raftlease.replication.backup import read_journal
 
-    cluster = cluster_factory(3, max_ttl=600.0)
+    # leader_fallback 5 s: the cut-off leader must still lead (and append) when the
+    # acquire reaches it, however slow the machine is to send it.
+    cluster = cluster_factory(3, max_ttl=600.0, leader_fallback=5.0)
     old = str(cluster.wait_for_leader()["node"])
     followers = [n.id for n in cluster.nodes if n.id != old]
     with cluster.client() as client:
