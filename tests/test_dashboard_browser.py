@@ -24,7 +24,7 @@ import pytest
 
 from raftlease.models import Lease
 from raftlease.server.auth import token_digest
-from raftlease.testing import LocalCluster
+from raftlease.testing import LocalCluster, wait_for
 from raftlease.testing.certs import secure_bundle
 
 from .test_admin_http import admin_cluster, admin_of
@@ -260,8 +260,15 @@ def test_page_says_when_a_list_stops_at_its_cap(view_cluster: LocalCluster, brow
     with cluster.client() as c:
         for i in range(MAX_QUEUES + 1):
             c.queue(f"cap-q{i:03d}").put({"n": i})
-    with urllib.request.urlopen(f"http://{addr}/ui/api/state", timeout=10) as response:
-        state = json.loads(response.read())
+
+    def queues_cut() -> dict[str, Any] | None:
+        with urllib.request.urlopen(f"http://{addr}/ui/api/state", timeout=10) as response:
+            answer: dict[str, Any] = json.loads(response.read())
+        # Queue depths are this follower's own state: it may apply the last put a
+        # moment after the leader acknowledged it.
+        return answer if "queues" in answer.get("truncated", []) else None
+
+    state = wait_for(queues_cut, 30, "the follower's answer to say the queues were cut")
     assert state["limits"] == LIMITS
     assert "queues" in state["truncated"] and len(state["queues"]) == MAX_QUEUES
     assert "leases" not in state["truncated"] and "sessions" not in state["truncated"]
