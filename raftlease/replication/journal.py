@@ -95,15 +95,18 @@ def command_intact(command: bytes) -> bool:
     return False
 
 
-def whole_records(data: bytes, end: int) -> tuple[list[Record], int]:
-    """The whole records of a journal's bytes ``data`` up to ``end`` (the header's
-    end of the last record), in order, and the offset after the last of them. A
-    record is whole when its length prefix and suffix agree, it holds at least the
-    index and term, its index follows the previous record's, and its command is
-    intact (``command_intact``); the first record that is not ends the list."""
+def whole_records(
+    data: bytes, end: int, start: int = FIRST_RECORD_OFFSET
+) -> tuple[list[Record], int]:
+    """The whole records of a journal's bytes ``data`` from ``start`` (a record's
+    offset: the first record's by default) up to ``end`` (the header's end of the
+    last record), in order, and the offset after the last of them. A record is whole
+    when its length prefix and suffix agree, it holds at least the index and term,
+    its index follows the previous record's, and its command is intact
+    (``command_intact``); the first record that is not ends the list."""
     end = min(end, len(data))
     out: list[Record] = []
-    offset = FIRST_RECORD_OFFSET
+    offset = start
     while offset + 4 <= end:
         (size,) = struct.unpack_from("<I", data, offset)
         after = offset + 4 + size + 4
@@ -262,32 +265,24 @@ def check_start_files(journal_path: Path, dump_path: Path) -> None:
 
 
 def _last_index(journal_path: Path) -> int | None:
-    """The index of the journal's last record, read through the header's end of the
-    last record and that record's length suffix (call after ``trim_torn_tail``: the
-    header then ends at a whole record); None if there is none or it does not frame."""
+    """The index of the journal's last record, found through the header's end of the
+    last record and that record's length suffix, and checked as ``whole_records``
+    checks any (call after ``trim_torn_tail``: the header then ends at a whole
+    record); None if there is none or it is not whole."""
     if not journal_path.exists():
         return None
-    with open(journal_path, "rb") as f:
-        head = f.read(FIRST_RECORD_OFFSET)
-        if len(head) < FIRST_RECORD_OFFSET or head[: len(_JOURNAL_MAGIC)] != _JOURNAL_MAGIC:
-            return None
-        end: int = struct.unpack_from("<I", head, LAST_RECORD_OFFSET_OFFSET)[0]
-        if end < FIRST_RECORD_OFFSET + 4 + 16 + 4:
-            return None
-        f.seek(end - 4)
-        tail = f.read(4)
-        if len(tail) < 4:
-            return None
-        (size,) = struct.unpack("<I", tail)
-        start = end - size - 8
-        if size < 16 or start < FIRST_RECORD_OFFSET:
-            return None
-        f.seek(start)
-        record = f.read(4 + 16)
-    if len(record) < 20 or struct.unpack_from("<I", record)[0] != size:
+    data = journal_path.read_bytes()
+    if len(data) < FIRST_RECORD_OFFSET or data[: len(_JOURNAL_MAGIC)] != _JOURNAL_MAGIC:
         return None
-    index: int = struct.unpack_from("<Q", record, 4)[0]
-    return index
+    end: int = struct.unpack_from("<I", data, LAST_RECORD_OFFSET_OFFSET)[0]
+    if not FIRST_RECORD_OFFSET + 4 <= end <= len(data):
+        return None
+    (size,) = struct.unpack_from("<I", data, end - 4)
+    start = end - size - 8  # the record's length prefix
+    if start < FIRST_RECORD_OFFSET:
+        return None
+    records, _ = whole_records(data, end, start)
+    return records[0][1] if records else None
 
 
 def clamp_commit_index(
