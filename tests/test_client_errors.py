@@ -119,12 +119,6 @@ def test_requests_before_a_broken_frame_are_still_answered(shared: LocalCluster)
 # ------------------------------------------------- error codes from real nodes
 
 
-def node_status(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
-    addr = cluster.node(node_id).client
-    with Client([addr]) as c:
-        return c.node_status(addr, timeout=2.0)
-
-
 def wait_without_quorum(cluster: LocalCluster) -> str:
     """Kill both followers; return the survivor (the old leader) once it has stepped
     down (``leader_fallback`` without hearing a majority) and knows no leader. Alone,
@@ -134,7 +128,7 @@ def wait_without_quorum(cluster: LocalCluster) -> str:
         if node.id != survivor:
             cluster.kill_node(node.id)
     wait_for(
-        lambda: (s := node_status(cluster, survivor))["role"] != "leader" and not s["leader"],
+        lambda: (s := cluster.node_status(survivor))["role"] != "leader" and not s["leader"],
         timeout=20,
         what=f"{survivor} to step down and know no leader",
     )

@@ -16,12 +16,10 @@ import socket
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any
 
 import pytest
 from pysyncobj import pickle as pysyncobj_pickle
 
-from raftlease import Client
 from raftlease.testing import LocalCluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -62,12 +60,6 @@ PATIENT = {
 }
 
 
-def _status(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
-    addr = cluster.node(node_id).client
-    with Client([addr]) as c:
-        return c.node_status(addr)
-
-
 #: Seconds ``node_id``'s meta file must stay unchanged (three of PySyncObj's
 #: one-second timers; far below PATIENT's election timeouts).
 QUIET = 3.0
@@ -85,7 +77,7 @@ def _settle(cluster: LocalCluster, node_id: str) -> None:
     meta = cluster.node_dir(node_id) / "raft.journal.meta"
 
     def settled() -> bool:
-        status = _status(cluster, node_id)
+        status = cluster.node_status(node_id)
         if not meta.exists():
             return False
         saved = pysyncobj_pickle.loads(meta.read_bytes())
@@ -124,7 +116,7 @@ def test_a_node_out_of_descriptors_binds_its_raft_port_again(cluster_factory: Fa
     with cluster.client() as c:
         c.acquire("before-emfile", owner="a", ttl=60)  # an entry of the leader's term
     wait_for(
-        lambda: _status(cluster, victim)["term"] == led["term"],
+        lambda: cluster.node_status(victim)["term"] == led["term"],
         30,
         f"{victim} to follow {leader}'s term",
     )

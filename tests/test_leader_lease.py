@@ -46,13 +46,8 @@ def set_rate(addr: str, rate: float) -> None:
     assert response["ok"], response
 
 
-def node_status(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
-    with Client([cluster.node(node_id).client]) as c:
-        return c.node_status(cluster.node(node_id).client)
-
-
 def lease_reads_on(cluster: LocalCluster, node_id: str) -> bool:
-    return bool(node_status(cluster, node_id).get("lease_reads"))
+    return bool(cluster.node_status(node_id).get("lease_reads"))
 
 
 def test_read_modes_report_how_they_were_served(steady: LocalCluster) -> None:
@@ -195,11 +190,11 @@ def test_drift_beyond_bound_stops_lease_reads_until_back_in_bound(
     wait_for(lambda: lease_reads_on(hooked, leader), 10, "leader lease")
     set_rate(hooked.node(target).client, 1.05)  # 5 % fast; the bound is 1 %
     wait_for(
-        lambda: node_status(hooked, leader)["drift_alarm"],
+        lambda: hooked.node_status(leader)["drift_alarm"],
         timeout=20,
         what="the leader to detect the skewed clock",
     )
-    status = node_status(hooked, leader)
+    status = hooked.node_status(leader)
     assert status["lease_reads"] is False
     with hooked.client() as c:
         read = c.read("drift/k")
@@ -228,9 +223,9 @@ def test_drift_inside_bound_keeps_lease_reads(hooked: LocalCluster) -> None:
         while time.monotonic() < deadline:
             served.append(c.read("drift/in").consistency)
             if len(served) % 20 == 0:
-                status = node_status(hooked, leader)
+                status = hooked.node_status(leader)
                 assert status["drift_alarm"] is False, status["drift"]
-    status = node_status(hooked, leader)
+    status = hooked.node_status(leader)
     assert status["drift_alarm"] is False, status["drift"]
     # The monitor keys peers by raft address (PySyncObj's node id).
     measured = status["drift"][hooked.node(follower).raft]["rate_error"]

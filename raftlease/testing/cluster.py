@@ -323,6 +323,14 @@ class LocalCluster:
     def client(self, **options: Any) -> Client:
         return Client(self.endpoints, **{**self.client_options, **options})
 
+    def node_status(self, node_id: str, timeout: float = 2.0) -> dict[str, Any]:
+        """``node_id``'s own status, asked over its client port (``statuses`` asks
+        every node and reports the unreachable ones instead). Raises
+        ``RaftLeaseError`` if it does not answer within ``timeout``."""
+        addr = self.node(node_id).client
+        with Client([addr], **self.client_options) as c:
+            return c.node_status(addr, timeout=timeout)
+
     def statuses(self, timeout: float = 1.0) -> list[dict[str, Any]]:
         with Client(self.endpoints, **self.client_options) as c:
             return c.cluster_status(timeout=timeout)
