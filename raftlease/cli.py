@@ -805,6 +805,7 @@ def status(endpoints: str, as_json: bool, timeout: float) -> None:
 # Each cli_* module registers its commands on ``main`` when imported.
 from . import (  # noqa: E402
     cli_admin,  # noqa: F401
+    cli_certs,  # noqa: F401
     cli_lock,  # noqa: F401
     cli_mcp,  # noqa: F401
     cli_member,  # noqa: F401

@@ -33,39 +33,6 @@ def _admin_client(endpoints: str, timeout: float) -> Any:
     return Client(endpoints, token=token, tls=tls, attempt_timeout=max(3.0, timeout))
 
 
-class PeerKeyFile(click.ParamType[str]):
-    """A new member's public peer key file, as the node writes it to
-    ``<peer_keys_dir>/<id>.pub`` (64 hex digits, a line); converted to that text.
-    Anything else fails here, before a request is sent (usage error, exit 2)."""
-
-    name = "FILE"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        try:
-            with open(value, "rb") as f:
-                data = f.read(4097)
-        except OSError as exc:
-            self.fail(f"cannot read {value!r}: {exc.strerror or exc}", param, ctx)
-        try:
-            text = data.decode("ascii").strip().lower()
-        except UnicodeDecodeError:
-            text = ""
-        if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
-            self.fail(
-                f"{_safe(str(value))} is not a public peer key (one line of 64 hex digits, "
-                "as a node writes to <peer_keys_dir>/<id>.pub)",
-                param,
-                ctx,
-            )
-        return text
-
-
-PEER_KEY_HELP = (
-    "The new member's public peer key file (its <peer_keys_dir>/<id>.pub): the change "
-    "carries it to every member. Without it the leader's peer_keys_dir must hold the file."
-)
-
-
 @main.group()
 def member() -> None:
     """List, add, remove or replace cluster members (one change at a time)."""
@@ -125,19 +92,9 @@ def _report(result: dict[str, Any], as_json: bool) -> None:
         )
 
 
-def _add_args(
-    member_id: str, raft: str, client: str, catch_up: float, peer_key: str | None
-) -> dict[str, Any]:
+def _add_args(member_id: str, raft: str, client: str, catch_up: float) -> dict[str, Any]:
     """The ``member_add`` admin op's arguments (``add`` and ``replace``)."""
-    args: dict[str, Any] = {
-        "member_id": member_id,
-        "raft": raft,
-        "client": client,
-        "timeout": catch_up,
-    }
-    if peer_key is not None:
-        args["peer_key"] = peer_key
-    return args
+    return {"member_id": member_id, "raft": raft, "client": client, "timeout": catch_up}
 
 
 @member.command("add")
@@ -153,21 +110,20 @@ def _add_args(
     help="How long the leader streams the log to the new node (a learner, counted for "
     "nothing) before it adds it; if it has not caught up by then, nothing changes.",
 )
-@click.option("--peer-key", "peer_key", type=PeerKeyFile(), default=None, help=PEER_KEY_HELP)
 @_client_options
 def member_add(
     member_id: str,
     raft: str,
     client: str,
     catch_up: float,
-    peer_key: str | None,
     endpoints: str,
     as_json: bool,
     timeout: float,
 ) -> None:
     """Add MEMBER_ID. Start it first with a config listing the current members and
-    itself (docs/membership.md); it is refused by the others until this commits."""
-    args = _add_args(member_id, raft, client, catch_up, peer_key)
+    itself, and a certificate of the cluster CA naming it (docs/membership.md); it is
+    refused by the others until this commits."""
+    args = _add_args(member_id, raft, client, catch_up)
     added = _change("member_add", args, endpoints, as_json, timeout + catch_up)
     if added.get("added") is False:
         # The learner stage ended at --catch-up: nothing changed (docs/membership.md).
@@ -201,7 +157,6 @@ def member_remove(member_id: str, endpoints: str, as_json: bool, timeout: float)
 @click.option("--raft", "raft", required=True, help="The new member's Raft address host:port.")
 @click.option("--client", "client", required=True, help="Its client address host:port.")
 @click.option("--catch-up", "catch_up", type=DURATION, default=30.0, show_default=True)
-@click.option("--peer-key", "peer_key", type=PeerKeyFile(), default=None, help=PEER_KEY_HELP)
 @_client_options
 def member_replace(
     old_id: str,
@@ -209,14 +164,13 @@ def member_replace(
     raft: str,
     client: str,
     catch_up: float,
-    peer_key: str | None,
     endpoints: str,
     as_json: bool,
     timeout: float,
 ) -> None:
     """Replace OLD_ID by NEW_ID: add the new member, wait for it to catch up, then
     remove the old one (two changes; a failure in between leaves both members)."""
-    args = _add_args(new_id, raft, client, catch_up, peer_key)
+    args = _add_args(new_id, raft, client, catch_up)
     added = _change("member_add", args, endpoints, as_json, timeout + catch_up)
     if not added.get("caught_up"):
         if added.get("added") is False:

@@ -18,16 +18,28 @@ from typing import Any
 from .errors import ConfigError
 from .limits import DEFAULT_COMPLETED_TASKS, MAX_KEY_BYTES, MAX_LIST, MAX_OWNER_BYTES, MAX_TTL_MS
 
-#: Settings that name files; relative paths in a TOML file are taken from its folder.
+#: Settings that name files; relative paths in a TOML file are taken from its folder,
+#: and ``{id}`` in them stands for the node's id (one file can serve every node).
 FILE_SETTINGS = (
-    "peer_secret_file",
+    "peer_ca_file",
+    "peer_cert_file",
     "peer_key_file",
-    "peer_keys_dir",
+    "peer_crl_file",
     "tls_cert_file",
     "tls_key_file",
     "tls_client_ca_file",
     "auth_file",
 )
+
+#: Settings of older builds that no longer exist, and what replaced them.
+REMOVED_SETTINGS = {
+    "peer_secret_file": "peers authenticate with mutual TLS now: set peer_ca_file, "
+    "peer_cert_file and peer_key_file instead (CHANGELOG, 'Upgrading to peer TLS')",
+    "peer_keys_dir": "peers authenticate with mutual TLS now: a member's certificate "
+    "names it, no public key files are copied (CHANGELOG, 'Upgrading to peer TLS')",
+}
+#: The longest peer frame by default (``max_peer_frame``; replication/peers.py).
+DEFAULT_MAX_PEER_FRAME = 32 << 20
 
 #: Values of ``NodeConfig.durability``.
 DURABILITY_MODES = ("fsync", "none")
@@ -129,16 +141,16 @@ class NodeConfig:
     # Seconds between returns of the node's free heap pages to the kernel (glibc's
     # malloc_trim, server/heap.py); 0 turns it off.
     heap_trim_interval: float = 30.0
-    # The cluster's shared peer secret (docs/security.md); "" means
-    # <data_dir>/../peer.secret, created by the first node that starts without one.
-    # One secret per line: the first seals, each opens (a rolling rotation; SIGHUP
-    # reads the file again).
-    peer_secret_file: str = ""
-    # This node's Ed25519 peer identity key ("": <data_dir>/peer.key, created 0600),
-    # and the folder of the members' public keys, <id>.pub ("": <data_dir>/../peers;
-    # each node writes its own there at start). docs/security.md, "Peers".
+    # Mutual TLS between members (docs/security.md, "Peers"): the cluster CA, this
+    # node's certificate (it names the node: urn:raftlease:member:<id>) and key, and
+    # optionally a revocation list. Required; SIGHUP reads them again.
+    peer_ca_file: str = ""
+    peer_cert_file: str = ""
     peer_key_file: str = ""
-    peer_keys_dir: str = ""
+    peer_crl_file: str = ""
+    # The longest peer frame (bytes): a peer sending a longer one is disconnected
+    # as soon as its length is read.
+    max_peer_frame: int = DEFAULT_MAX_PEER_FRAME
     # Clients (docs/security.md): TLS on the client port, client certificates signed
     # by tls_client_ca_file, tokens and roles from auth_file. A node refuses to serve
     # clients on a non-loopback address without TLS and an auth file unless insecure.
@@ -205,23 +217,6 @@ class NodeConfig:
     def dump_file(self) -> Path:
         return self.data_dir / "raft.dump"
 
-    @property
-    def peer_secret_path(self) -> Path:
-        """Where the cluster's peer secret is (every member needs the same file)."""
-        if self.peer_secret_file:
-            return Path(self.peer_secret_file)
-        return self.data_dir.parent / "peer.secret"
-
-    @property
-    def peer_key_path(self) -> Path:
-        """This node's peer identity key (private to it)."""
-        return Path(self.peer_key_file) if self.peer_key_file else self.data_dir / "peer.key"
-
-    @property
-    def peer_keys_path(self) -> Path:
-        """The folder of the members' public peer keys (``<id>.pub``)."""
-        return Path(self.peer_keys_dir) if self.peer_keys_dir else self.data_dir.parent / "peers"
-
     def client_addr_for_raft(self, raft_addr: str) -> str | None:
         for node in self.nodes:
             if node.raft == raft_addr:
@@ -235,6 +230,11 @@ class NodeConfig:
         """Build and validate. ``nodes`` may be ``NodeAddress`` objects or dicts with
         ``id``, ``raft`` and ``client``."""
         known = {f.name for f in fields(cls)}
+        removed = sorted(set(values) & set(REMOVED_SETTINGS))
+        if removed:
+            raise ConfigError(
+                "; ".join(f"{name} was removed: {REMOVED_SETTINGS[name]}" for name in removed)
+            )
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
@@ -252,6 +252,11 @@ class NodeConfig:
         for name in ("node_id", "data_dir"):
             if name not in values:
                 raise ConfigError(f"missing required setting {name!r}")
+        node_id = values["node_id"]
+        for name in FILE_SETTINGS:
+            value = values.get(name)
+            if isinstance(value, str) and isinstance(node_id, str):
+                values[name] = value.replace("{id}", node_id)
         config = cls(**values)
         config.validate()
         return config
@@ -322,6 +327,7 @@ class NodeConfig:
             "max_connections_per_address",
             "max_queue_tasks",
             "max_completed_tasks",
+            "max_peer_frame",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -438,6 +444,15 @@ class NodeConfig:
             raise ConfigError(f"max_ttl ({self.max_ttl}) exceeds one year")
         if self.max_frame < 1024:
             raise ConfigError(f"max_frame ({self.max_frame}) must be at least 1024 bytes")
+        # One log entry is at most a client frame plus its stamps, and PySyncObj
+        # sends an entry larger than its 64 KiB batch alone: a peer frame must hold it.
+        if self.max_peer_frame < 2 * self.max_frame + (1 << 16):
+            raise ConfigError(
+                f"max_peer_frame ({self.max_peer_frame}) must be at least twice max_frame "
+                f"({self.max_frame}) plus 64 KiB, or a large entry could never be replicated"
+            )
+        if self.peer_crl_file and not self.peer_ca_file:
+            raise ConfigError("peer_crl_file needs peer_ca_file (the CA whose list it is)")
 
 
 def load_toml(path: str | Path, **overrides: Any) -> NodeConfig:

@@ -286,8 +286,9 @@ KEYED_OPS = frozenset(
 
 def _member_args(op: str, message: dict[str, Any], args: dict[str, Any]) -> None:
     """``member_add``: ``member_id``, ``raft`` and ``client`` (host:port), an optional
-    ``timeout`` (seconds to wait for the new member to catch up, default 30) and an
-    optional ``peer_key`` (the new member's public peer key, 64 hex digits).
+    ``timeout`` (seconds to wait for the new member to catch up, default 30).
+    ``peer_key`` (a public key of the handshake that mutual TLS replaced) is refused
+    with a message saying so, rather than ignored.
     ``member_remove``: ``member_id`` (the id or the raft address)."""
     member_id = _str_field(message, "member_id", MAX_MEMBER_ID)
     if any(not (c.isalnum() or c in "-_.:[]") for c in member_id):
@@ -308,11 +309,11 @@ def _member_args(op: str, message: dict[str, Any], args: dict[str, Any]) -> None
     args["timeout"] = (
         _seconds_ms(message, "timeout", 0.0, 600.0) / 1000.0 if "timeout" in message else 30.0
     )
-    if message.get("peer_key") is not None:
-        key = _str_field(message, "peer_key", 64).lower()
-        if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
-            raise InvalidArgumentError("field 'peer_key' must be a public peer key: 64 hex digits")
-        args["peer_key"] = key
+    if "peer_key" in message:
+        raise InvalidArgumentError(
+            "field 'peer_key' is no longer used: members authenticate with certificates "
+            "of the cluster CA (raftlease certs node ID); drop it"
+        )
 
 
 def _value_field(message: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from raftlease.testing import LocalCluster, free_port_block, wait_for
+from raftlease.testing.certs import ClusterCerts
 
 from .test_client_errors import wait_without_quorum
 
@@ -347,6 +348,9 @@ def test_a_node_whose_port_is_taken_exits_with_a_config_error(tmp_path: Path, ta
         holder.bind(("127.0.0.1", port))
         holder.listen(1)
         args = ["--id", "n1", "--member", f"n1,{raft},{client}"]
+        args += [
+            f"--set={k}={v}" for k, v in ClusterCerts(tmp_path / "certs").settings("n1").items()
+        ]
         node = subprocess.run(
             [sys.executable, "-m", "raftlease", "node", *args, "--data-dir", str(tmp_path / "n1")],
             capture_output=True,

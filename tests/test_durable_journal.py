@@ -510,6 +510,9 @@ def test_a_node_with_an_unreadable_snapshot_stops_with_status_70(tmp_path: Path)
     base = free_port_block(1)
     member = f"n1,127.0.0.1:{base + 100},127.0.0.1:{base}"
     args = ["--id", "n1", "--data-dir", str(data_dir), "--member", member]
+    from raftlease.testing.certs import ClusterCerts
+
+    args += [f"--set={k}={v}" for k, v in ClusterCerts(tmp_path / "certs").settings("n1").items()]
     node = subprocess.run(
         [sys.executable, "-m", "raftlease", "node", *args],
         capture_output=True,

@@ -13,7 +13,6 @@ failover``).
 from __future__ import annotations
 
 import random
-import re
 import time
 
 import pytest
@@ -220,63 +219,6 @@ def test_a_paused_leader_closes_nothing_and_brings_no_election_forward(
 
 
 @pytest.mark.integration
-def test_a_survivor_that_dropped_the_first_vote_request_takes_its_term(
-    cluster: LocalCluster,
-) -> None:
-    """The first survivor (rank 0) last heard the leader well before the second did
-    (it was paused for most of a vote promise just before the leader died), so it
-    runs for election while the second's promise still holds: the second drops that
-    request. Once its promise ends the second takes the dropped term, so that its
-    own election is one term above the first's rather than the same term (a split
-    vote). Whoever wins, the cluster elects in the term after the first's.
-
-    The pause is the fault being built (as the chaos suite's), not a wait for a
-    condition. Up to three kills: on a loaded machine the second may not drop the
-    request after all (its promise ended first), and then there is nothing to check."""
-    # The vote promise is election_timeout_min.
-    promise = float({**TEST_SETTINGS, **cluster.settings}["election_timeout_min"])
-    for attempt in range(3):
-        old = cluster.wait_for_leader()
-        survivors = [n for n in cluster.nodes if n.id != old["node"]]
-        first, second = (n.id for n in sorted(survivors, key=lambda n: n.raft))
-        refused = int(cluster.node_status(second)["votes_refused"])
-        cluster.pause_node(first)
-        time.sleep(promise * 0.9)  # the fault: first hears nothing more from the leader
-        cluster.kill_node(old["node"])
-        cluster.resume_node(first)
-        new = cluster.wait_for_leader(timeout=30, exclude=old["node"])
-        with cluster.client() as c:
-            assert c.acquire(f"split/k{attempt}", owner="agent-1", ttl=5.0).token > 0
-        dropped = int(cluster.node_status(second)["votes_refused"]) > refused
-        if dropped:
-            lines = cluster.log_path(second).read_text().splitlines()
-            at = [i for i, ln in enumerate(lines) if "taking term" in ln]
-            assert at, f"{second} dropped a vote request under its promise but never took its term"
-            took = re.search(r"taking term (\d+)", lines[at[-1]])
-            assert took is not None, lines[at[-1]]
-            taken = int(took.group(1))
-            # The role line shows the term before the candidate's increment: each of
-            # the second's elections after taking the term runs above the dropped one.
-            # (Terms only grow, so once the term is taken this holds by construction:
-            # what fails without the feature is the "taking term" line above, and
-            # test_a_vote_request_dropped_under_the_promise_lends_its_term_once_it_ends
-            # checks the adoption itself on a manual clock.)
-            ran = [
-                int(m.group(1))
-                for ln in lines[at[-1] :]
-                if (m := re.search(r"-> candidate \(term (\d+)\)", ln))
-            ]
-            assert all(t >= taken for t in ran), (taken, ran)
-            # Exactly old + 2 when nothing else intervenes; a loaded machine can let the
-            # first survivor's own retry (term old + 2) meet the second's election in
-            # the same term, and the cluster elects a term later: liveness, not a safety
-            # property, so only the lower bound is exact.
-            assert new["term"] >= old["term"] + 2, (old, new)
-            return
-        restart_and_follow(cluster, str(old["node"]))
-    pytest.fail("the second survivor never dropped the first one's vote request in 3 kills")
-
-
 class _ManualClock:
     def __init__(self) -> None:
         self.now = 100.0
@@ -317,6 +259,7 @@ def _voter_transport(term: int) -> tuple[transport.LeaseTransport, _Voter, _Manu
     t._syncObj = voter
     t.guard = guard
     t._dropped_vote = (0, 0.0)
+    t.pre_vote = False  # type: ignore[misc]  # these fakes have no PySyncObj election state
     return t, voter, clock
 
 

@@ -66,7 +66,9 @@ def run(first: int, last: int, term: int) -> list[Entry]:
 
 class _Recording(LeaseTransport):
     """Our transport, recording every message PySyncObj sends (nothing is connected,
-    so nothing leaves the process)."""
+    so nothing leaves the process: no peer TLS is needed)."""
+
+    plain_peers = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.sent: list[dict[str, Any]] = []

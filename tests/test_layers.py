@@ -31,13 +31,18 @@ ALLOWED: dict[str, set[str]] = {
     "config": {"errors", "limits"},
     "protocol": {"errors", "limits"},
     "models": {"errors"},
+    # The cluster's certificates (cryptography's x509 builder): below replication,
+    # which checks peer certificates with it, and the commands that make them.
+    "pki": {"errors"},
     "core": {"limits", "errors"},
-    "replication": GROUND | {"core"},
+    "replication": GROUND | {"core", "pki"},
     "server": GROUND | {"core", "replication"},
     "recipes": {"errors", "models"},
     "client": GROUND | {"recipes"},
-    "testing": GROUND | {"client", "server", "replication", "core", "cli"},
+    "testing": GROUND | {"client", "server", "replication", "core", "cli", "pki"},
     "cli": GROUND | {"client", "server", "testing"},
+    # raftlease certs: the CA and certificates, offline.
+    "cli_certs": GROUND | {"cli", "pki"},
     "cli_lock": GROUND | {"cli", "client", "recipes"},
     "cli_admin": GROUND | {"cli", "cli_lock", "client"},
     "cli_member": GROUND | {"cli"},
@@ -58,7 +63,8 @@ ALLOWED["cli"] |= {name for name in ALLOWED if name.startswith("cli_")}
 
 #: Third-party packages each layer may import (the stdlib is always allowed).
 THIRD_PARTY: dict[str, set[str]] = {
-    # cryptography: the peer cipher (replication/peers.py).
+    "pki": {"cryptography"},
+    # cryptography: which open peer connections a reload still admits (peer_tls.py).
     "replication": {"pysyncobj", "msgpack", "cryptography"},
     # aiohttp, prometheus_client: the admin endpoint and its metrics (server/admin.py);
     # cryptography: which open connections a reload's client CA file still trusts
@@ -70,6 +76,7 @@ THIRD_PARTY: dict[str, set[str]] = {
     "cli_lock": {"click"},
     "cli_admin": {"click"},
     "cli_member": {"click"},
+    "cli_certs": {"click"},
     "cli_queue": {"click"},
     "cli_top": {"click"},
     # mcp (the official MCP SDK) and pydantic (its argument models): raftlease mcp.

@@ -79,6 +79,7 @@ def test_membership_code_we_rely_on_and_correct_is_unchanged() -> None:
 class _Transport(LeaseTransport):
     guard = LeaseGuard(SystemClock(), cluster_size=1, promise=0.4, rho=0.01)
     durability = "none"
+    plain_peers = True  # no peer ever connects to these in-process nodes
 
 
 @pytest.fixture

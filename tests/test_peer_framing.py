@@ -1,23 +1,17 @@
 """Small peer frames go out as stored zlib streams (peers.zlib_frame): any zlib reader,
-PySyncObj's own included, inflates them back, and frames from either side parse on
-the other, so a cluster of mixed versions still talks."""
+PySyncObj's own included, inflates them back. (The frames travel inside TLS between
+our connections: tests/test_peer_tls.py.)"""
 
 from __future__ import annotations
 
 import os
-import socket
-import time
 import zlib
-from typing import Any
 
 import pytest
-from pysyncobj.poller import PollPoller
-from pysyncobj.tcp_connection import TcpConnection
 
 from raftlease.replication.peers import (
     MAX_PEER_DECOMPRESSED,
     STORED_BELOW,
-    BoundedTcpConnection,
     zlib_frame,
 )
 
@@ -46,50 +40,3 @@ def test_a_corrupted_stored_frame_is_refused_by_its_checksum() -> None:
     framed[8] ^= 0x01
     with pytest.raises(zlib.error):
         zlib.decompress(bytes(framed))
-
-
-def _pair(
-    sender_class: type[Any], receiver_class: type[Any]
-) -> tuple[Any, Any, list[Any], PollPoller]:
-    left, right = socket.socketpair()
-    left.setblocking(False)
-    right.setblocking(False)
-    poller = PollPoller()
-    received: list[Any] = []
-    sender = TcpConnection(poller, socket=left)
-    receiver = TcpConnection(
-        poller, socket=right, onMessageReceived=lambda message: received.append(message)
-    )
-    sender.__class__ = sender_class
-    receiver.__class__ = receiver_class
-    return sender, receiver, received, poller
-
-
-@pytest.mark.parametrize(
-    ("sender_class", "receiver_class"),
-    [
-        (BoundedTcpConnection, TcpConnection),
-        (TcpConnection, BoundedTcpConnection),
-        (BoundedTcpConnection, BoundedTcpConnection),
-    ],
-    ids=["ours-to-pysyncobj", "pysyncobj-to-ours", "ours-to-ours"],
-)
-def test_frames_parse_between_our_connections_and_pysyncobjs(
-    sender_class: type[Any], receiver_class: type[Any]
-) -> None:
-    sender, receiver, received, poller = _pair(sender_class, receiver_class)
-    messages = [
-        {"type": "append_entries", "term": 3, "entries": [(b"x" * 300, 7, 3)]},
-        {"type": "next_node_idx", "next_node_idx": 8, "success": True},
-        {"type": "append_entries", "term": 3, "entries": [(os.urandom(40_000), 8, 3)]},
-    ]
-    try:
-        for message in messages:
-            sender.send(message)
-        deadline = time.monotonic() + 10
-        while len(received) < len(messages) and time.monotonic() < deadline:
-            poller.poll(0.05)
-        assert received == messages
-    finally:
-        sender.disconnect()
-        receiver.disconnect()

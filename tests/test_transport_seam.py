@@ -30,6 +30,7 @@ from raftlease.errors import RaftLeaseError, UnavailableError
 from raftlease.replication import LeaseGuard, LeaseTransport, replica, syncobj_conf
 from raftlease.replication.replica import Replica, _StoreConsumer
 from raftlease.testing import free_port_block
+from raftlease.testing.certs import ClusterCerts
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -77,7 +78,11 @@ class Follower:
             [p.id for p in self.peers],
             conf,
             consumers=[self.consumer],
-            transportClass=type("T", (_Seam,), {"guard": guard}),
+            transportClass=type(
+                "T",
+                (_Seam,),
+                {"guard": guard, "peer_tls": ClusterCerts(data_dir / "certs").peer_tls("f")},
+            ),
         )
         self.transport: _Seam = self.sync._SyncObj__transport
 

@@ -88,7 +88,9 @@ def dialled(node: Any, dial: dict[str, str]) -> DialNode:
     target = dial.get(str(node.id), str(node.id))
     if isinstance(node, DialNode) and node.dial_target == target:
         return node
-    extra = {k: getattr(node, k) for k in ("rl_id", "rl_client", "rl_pub") if hasattr(node, k)}
+    # (Entries of older builds may carry ``rl_pub``, a peer key of the handshake that
+    # mutual TLS replaced: not copied, not used.)
+    extra = {k: getattr(node, k) for k in ("rl_id", "rl_client") if hasattr(node, k)}
     return DialNode(str(node.id), target, **extra)
 
 
@@ -185,14 +187,11 @@ def membership_entries(entries: Iterable[Any]) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class Change:
-    """A change this node proposed as leader: ``kind`` is ``add`` or ``remove``;
-    ``pub``: the public peer key an add carries when the operator gave one
-    (``member add --peer-key``), else None (the leader's key folder's file, if any)."""
+    """A change this node proposed as leader: ``kind`` is ``add`` or ``remove``."""
 
     kind: str
     member: NodeAddress
     term: int
-    pub: str | None = None
 
 
 class Membership:

@@ -1,70 +1,54 @@
-"""Peer authentication and bounded peer frames (docs/security.md, "Peers").
+"""Peer connections: mutual TLS under PySyncObj's framing, bounded buffers, and only
+the Raft messages we use (docs/security.md, "Peers").
 
 PySyncObj's peer protocol is pickle: whoever can send a frame to a Raft port runs code
-in the node. Every peer connection is therefore authenticated before PySyncObj
-unpickles anything:
+in the node. So nothing a peer sends is parsed before it has proven, in a TLS 1.3
+handshake with a certificate of the cluster CA, which member it is:
 
-* The cluster shares a secret (``peer_secret_file``; created by the first node that
-  starts without one, mode 0600). PySyncObj's encryption path (``SyncObjConf.password``)
-  is on, with our ``PeerCipher`` (AES-GCM, a key per frame) in place of its Fernet: every
-  frame's tag is verified *before* it is decompressed and unpickled, and both ends prove
-  they hold the key in PySyncObj's random-key exchange before the connection counts. A
-  stranger's frame fails the tag check and the connection is closed.
-* ``BoundedTcpConnection`` refuses a frame longer than ``MAX_PEER_FRAME`` (or with a
-  negative length) and a read buffer beyond ``MAX_PEER_BUFFER`` before anything is
-  decrypted, and bounds decompression to ``MAX_PEER_DECOMPRESSED``, so even a peer
-  cannot make a node buffer without end.
-* ``LeaseTransport`` (transport.py) then accepts only what we use: the first frame must
-  be a configured member's signed hello (identity.py; no read-only nodes, no utility
-  commands such as ``status`` or ``transfer``), and only the Raft messages of
-  ``PEER_MESSAGE_TYPES``.
+* ``BoundedTcpConnection`` runs a ``peer_tls.TlsSession`` on each connection: bytes
+  received go into the session, plaintext comes out of it only once the handshake
+  verified the peer's certificate; until then at most ``MAX_HANDSHAKE_BYTES`` are
+  taken from the peer. Frames are PySyncObj's (a length, then a zlib stream of a
+  pickle) inside the TLS records. A connection without a session is refused (fail
+  closed; only a test build's plain peers, ``plain_ok``, go without).
+* After the handshake, a frame whose length exceeds the configured limit
+  (``max_peer_frame``) closes the connection as soon as its length is read, before
+  its body is buffered; decompression stops at ``MAX_PEER_DECOMPRESSED``; the read
+  loop stops at each whole frame, so one event never buffers more than a frame and
+  one socket read.
+* ``LeaseTransport`` (transport.py) takes a connection as member n2 only if the
+  verified certificate names n2 and the first frame is n2's raft address, and then
+  only the Raft messages of ``PEER_MESSAGE_TYPES``.
 
-What this does not give: identity per node. Every member holds the same secret; which
-member a connection is, is proven by the signed first frame of identity.py. After the
-hellos, ``ConnectionCipher`` seals with a key agreed for that connection alone and
-the secret together, so the secret alone opens no later frame.
-
-Rolling rotation (docs/security.md, "Rotating the peer secret"): the secret file holds
-one secret per line; the first seals, every one opens. Each frame names the key that
-sealed it by a 4-byte key id derived from that secret, so opening costs one lookup and
-one AES-GCM try, never a trial of every key. ``PeerCipher.rekey`` (``SIGHUP``) swaps
-the keys under every open connection at once (PySyncObj gives all connections the one
-cipher object).
-
-Threads: connections run on PySyncObj's tick thread; the secrets are read at start and
-at each ``SIGHUP`` (event loop), which swaps them in without a lock (``PeerCipher``).
+Threads: connections run on PySyncObj's tick thread.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
-import os
 import pickle
-import secrets
 import socket
-import stat
+import ssl
 import struct
+import time
 import zlib
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pysyncobj.pickle as pysyncobj_pickle
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
-from pysyncobj.tcp_connection import TcpConnection
+from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 
-from ..errors import ConfigError
+from .peer_tls import MAX_HANDSHAKE_BYTES, TlsSession
 
 log = logging.getLogger("raftlease.replication")
 
-#: Longest peer frame accepted (bytes on the wire, before decryption). PySyncObj
-#: sends entries and snapshot chunks in batches of 64 KiB; one entry is at most a
-#: client frame (``max_frame``) plus its batch.
+#: The default longest peer frame (``max_peer_frame``; bytes of one frame's
+#: plaintext). PySyncObj sends entries and snapshot chunks in batches of 64 KiB; one
+#: entry is at most a client frame (``max_frame``) plus its stamps.
 MAX_PEER_FRAME = 32 << 20
-#: Most bytes buffered for one peer connection before frames are parsed.
-MAX_PEER_BUFFER = 2 * MAX_PEER_FRAME + 4
 #: Largest decompressed peer frame.
 MAX_PEER_DECOMPRESSED = 128 << 20
 #: The Raft messages members exchange that we accept (``apply_command`` is never used:
@@ -72,14 +56,12 @@ MAX_PEER_DECOMPRESSED = 128 << 20
 #: which we never start).
 PEER_MESSAGE_TYPES = frozenset({"append_entries", "next_node_idx", "request_vote", "response_vote"})
 
-SECRET_BYTES = 32
-
 #: Pickled peer messages shorter than this go out as a *stored* zlib stream (no
 #: deflate): ``zlib.compress`` spends 18-24 µs setting up its window for a message of
 #: a few hundred bytes (a lone acquire's append and its answers), more than the
 #: pickling and the sealing together, to save ~100 bytes on loopback or a LAN.
 #: Longer messages (batches, snapshot chunks) are still deflated, so frames stay
-#: far below ``MAX_PEER_FRAME``.
+#: far below ``max_peer_frame``.
 STORED_BELOW = 16 * 1024
 # zlib header of a deflate stream with a 32 KiB window and no preset dictionary
 # (RFC 1950: CMF 0x78, FLG 0x01, 0x7801 % 31 == 0); then one final stored block.
@@ -90,15 +72,19 @@ _ZLIB_STORED_HEAD = b"\x78\x01\x01"
 #: sealed protocol-5 pickles, journal.py). In protocol 2 a ``bytes`` value (a log
 #: entry's command) is pickled as latin-1 text: every byte >= 0x80 takes two, and
 #: loading it calls ``_codecs.encode``. Protocol 4 (Python 3.4+) stores bytes as they
-#: are; ``pickle.loads`` reads every protocol, so members of either kind read each
-#: other's messages.
+#: are.
 PICKLE_PROTOCOL = 4
+
+#: Plaintext read from one TLS session at a time.
+_READ_CHUNK = 1 << 16
+#: A read buffer whose consumed head is longer than this is compacted.
+_COMPACT_AT = 1 << 16
 
 
 def zlib_frame(data: bytes) -> bytes:
-    """``data`` as a zlib stream any zlib reader (PySyncObj's or ours) inflates back:
-    one stored deflate block (RFC 1951 3.2.4) below ``STORED_BELOW`` bytes, else
-    PySyncObj's ``zlib.compress(data, 3)``."""
+    """``data`` as a zlib stream any zlib reader inflates back: one stored deflate
+    block (RFC 1951 3.2.4) below ``STORED_BELOW`` bytes, else PySyncObj's
+    ``zlib.compress(data, 3)``."""
     n = len(data)
     if n >= STORED_BELOW:
         return zlib.compress(data, 3)
@@ -110,223 +96,37 @@ def zlib_frame(data: bytes) -> bytes:
     )
 
 
-#: Most secrets one secret file may hold (the sealing one and those still accepted).
-MAX_SECRETS = 4
+class RefusalLog:
+    """Rate-limited warnings about refused peer connections: a stranger looping on
+    the Raft port must not fill the disk with log lines. At most ``burst`` lines
+    per ``period`` seconds; the next line after a quiet spell says how many were
+    left out. Tick thread (a lock-free counter is enough there)."""
+
+    def __init__(self, burst: int = 20, period: float = 10.0) -> None:
+        self.burst = burst
+        self.period = period
+        self._window = float("-inf")
+        self._count = 0
+        self._dropped = 0
+
+    def warning(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._window >= self.period:
+            if self._dropped:
+                log.warning(
+                    "%d more refused peer connections were not logged in the last %.0f s",
+                    self._dropped,
+                    self.period,
+                )
+            self._window, self._count, self._dropped = now, 0, 0
+        if self._count >= self.burst:
+            self._dropped += 1
+            return
+        self._count += 1
+        log.warning(message, *args)
 
 
-def load_or_create_secret(path: Path) -> str:
-    """The cluster's peer secret file's text from ``path`` (``load_secrets``); the
-    file is created (one random secret, mode 0600) if it does not exist, atomically,
-    so nodes starting together share one. Raises ``ConfigError`` as
-    ``load_secrets``."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, (secrets.token_hex(SECRET_BYTES) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)  # fails if another node created it first: use theirs
-            log.warning("created the cluster's peer secret %s: every member needs this file", path)
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink(missing_ok=True)
-    return load_secrets(path)
-
-
-def load_secrets(path: Path) -> str:
-    """The peer secret file at ``path``, never created: its secrets, one per line
-    (blank lines and surrounding white space dropped), joined by newlines. The first
-    seals frames; the others are accepted too, during a rotation. Blocks on the
-    file read. Raises ``ConfigError`` if the file is missing, unreadable, readable by
-    group or others, or its secrets are not valid (``parse_secrets``)."""
-    try:
-        mode = path.stat().st_mode
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read the peer secret {str(path)!r}: {exc}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(
-            f"the peer secret {str(path)!r} is readable by other users (mode "
-            f"{stat.S_IMODE(mode):o}); run: chmod 600 {path}"
-        )
-    try:
-        found = parse_secrets(text)
-    except ConfigError as exc:
-        raise ConfigError(f"the peer secret {str(path)!r}: {exc}") from None
-    return "\n".join(found)
-
-
-def parse_secrets(text: str) -> tuple[str, ...]:
-    """The secrets of a peer secret file's text, one per non-blank line, the sealing
-    one first. Raises ``ConfigError`` (naming no secret) unless there are 1 to
-    ``MAX_SECRETS`` of them, each at least 32 characters, with distinct key ids."""
-    found: list[str] = []
-    for line in text.splitlines():
-        secret = line.strip()
-        if secret and secret not in found:
-            found.append(secret)
-    if not found:
-        raise ConfigError("must hold at least 32 characters (it holds no secret)")
-    if len(found) > MAX_SECRETS:
-        raise ConfigError(
-            f"holds {len(found)} secrets; at most {MAX_SECRETS} (the sealing one first, "
-            "then those still accepted)"
-        )
-    for n, secret in enumerate(found, start=1):
-        if len(secret) < 32:
-            raise ConfigError(f"must hold at least 32 characters (line {n} of its secrets)")
-    ids = [key_id(_frame_key(secret)) for secret in found]
-    if len(set(ids)) != len(ids):  # 1 in 2**32 per pair: make another secret
-        raise ConfigError("two of its secrets have the same key id; replace one")
-    return tuple(found)
-
-
-def _frame_key(secret: str) -> bytes:
-    """The key the per-frame keys are derived from (BLAKE2b of the secret)."""
-    return hashlib.blake2b(secret.encode(), digest_size=32, person=b"raftlease-peer1").digest()
-
-
-def key_id(key: bytes) -> bytes:
-    """The 4-byte id frames carry to name the secret that sealed them: a hash of the
-    secret's frame key under its own label, so it reveals nothing the sealed frames
-    do not (it appears in log lines, as hex). Never a secret."""
-    return hashlib.blake2b(key, digest_size=4, person=b"raftlease-kid1").digest()
-
-
-class UnacceptedKey(ValueError):
-    """A peer frame sealed with a key this node does not accept (a stranger's, or a
-    secret dropped by a rotation). Its message names only the frame's key id."""
-
-
-class PeerCipher:
-    """Authenticated encryption of peer frames, in place of PySyncObj's Fernet (which
-    costs ~70 us per frame round trip here; this costs a few): AES-128-GCM under a key
-    derived per frame from a cluster secret and 16 random bytes (BLAKE2b keyed with
-    the secret), so no nonce is ever reused whatever the number of frames. The frame's
-    time stamp and key id are authenticated as associated data. Same interface as the
-    Fernet object PySyncObj uses (``encrypt_at_time``, ``extract_timestamp``,
-    ``decrypt``); our transport installs it before PySyncObj makes any connection.
-
-    ``secret``: the secret file's text, one secret per line (``parse_secrets``): the
-    first seals, each opens. A frame names its secret by key id, so opening looks
-    the key up once: a frame of a secret not held is refused (``UnacceptedKey``)
-    before any decryption.
-
-    Token: time stamp (8 bytes, big endian) | key id (4) | salt (16) | ciphertext
-    and tag.
-
-    Threads: any; ``rekey`` replaces the accepted keys, then the sealing key, each in
-    one assignment that a frame reads once, so a frame is sealed (or opened) wholly
-    with the old key (keys) or the new.
-    Raises ``ConfigError`` (constructor, ``rekey``) for a text ``parse_secrets``
-    refuses."""
-
-    _NONCE = bytes(12)
-
-    def __init__(self, secret: str) -> None:
-        self.rekey(secret)
-
-    def rekey(self, secret: str) -> None:
-        """Seal with the first secret of ``secret`` from now on, and open frames of
-        any of its secrets only (the keys of every connection change at once).
-        Raises ``ConfigError`` and changes nothing if ``secret`` is not valid."""
-        keys = [_frame_key(s) for s in parse_secrets(secret)]
-        # Two attributes, each read once per frame: sealing and opening are each
-        # wholly old or wholly new (they never depend on one another).
-        self._accepted = {key_id(k): k for k in keys}
-        self._seal = (key_id(keys[0]), keys[0])
-
-    @property
-    def key_ids(self) -> tuple[str, tuple[str, ...]]:
-        """The sealing key's id and every accepted key's id (sealing one first), hex."""
-        return self._seal[0].hex(), tuple(k.hex() for k in self._accepted)
-
-    # The per-frame key is inlined in both paths (no helper call): this runs for
-    # every peer frame on the tick thread.
-    def encrypt_at_time(self, data: bytes, current_time: int) -> bytes:
-        kid, key = self._seal
-        head = struct.pack(">Q", current_time) + kid
-        salt = os.urandom(16)
-        cipher = AESGCM(hashlib.blake2b(salt, key=key, digest_size=16).digest())
-        return head + salt + cipher.encrypt(self._NONCE, data, head)
-
-    def extract_timestamp(self, token: bytes) -> int:
-        if len(token) < 44:  # time stamp, key id, salt, tag
-            raise ValueError("peer frame too short")
-        stamp: int = struct.unpack(">Q", token[:8])[0]
-        return stamp
-
-    def decrypt(self, token: bytes) -> bytes:
-        """The frame's plaintext; raises ``UnacceptedKey`` if its key id is not one
-        of the accepted secrets', ``cryptography.exceptions.InvalidTag`` (or
-        ``ValueError``) unless it was sealed with that secret, unchanged."""
-        if len(token) < 44:
-            raise ValueError("peer frame too short")
-        key = self._accepted.get(token[8:12])
-        if key is None:
-            raise UnacceptedKey(f"sealed with key id {token[8:12].hex()}, not accepted here")
-        cipher = AESGCM(hashlib.blake2b(token[12:28], key=key, digest_size=16).digest())
-        plain: bytes = cipher.decrypt(self._NONCE, token[28:], token[:12])
-        return plain
-
-
-class ConnectionCipher:
-    """The cipher of one peer connection after its signed hellos (transport.py): as
-    ``PeerCipher``, but each frame's key is derived from the cluster secret's frame
-    key *and* the connection key agreed in the hellos (identity.connection_key), so
-    neither the cluster secret alone (an insider on the path) nor another
-    connection's key opens it. The frame names the cluster secret's key id as
-    ``PeerCipher`` does, and the cluster cipher's keys are read at every frame: a
-    rotation (``PeerCipher.rekey``) applies under every connection at once, and a
-    frame of a secret no longer accepted is refused with ``UnacceptedKey``.
-
-    Per-frame cost: that of ``PeerCipher`` plus one dict lookup (the combined key is
-    computed once per cluster key). Threads: the tick thread (one connection's);
-    reads the cluster cipher's keys as ``PeerCipher`` does. Raises as
-    ``PeerCipher.decrypt``."""
-
-    _NONCE = bytes(12)
-
-    def __init__(self, cluster: PeerCipher, key: bytes) -> None:
-        self._cluster = cluster
-        self._key = key
-        self._combined: dict[bytes, bytes] = {}  # cluster frame key -> ours
-
-    def _for(self, cluster_key: bytes) -> bytes:
-        combined = self._combined.get(cluster_key)
-        if combined is None:
-            combined = hashlib.blake2b(
-                self._key, key=cluster_key, digest_size=32, person=b"raftlease-conn1"
-            ).digest()
-            if len(self._combined) >= 2 * MAX_SECRETS:  # keys dropped by rotations
-                self._combined.clear()
-            self._combined[cluster_key] = combined
-        return combined
-
-    def encrypt_at_time(self, data: bytes, current_time: int) -> bytes:
-        kid, key = self._cluster._seal
-        head = struct.pack(">Q", current_time) + kid
-        salt = os.urandom(16)
-        cipher = AESGCM(hashlib.blake2b(salt, key=self._for(key), digest_size=16).digest())
-        return head + salt + cipher.encrypt(self._NONCE, data, head)
-
-    def extract_timestamp(self, token: bytes) -> int:
-        return self._cluster.extract_timestamp(token)
-
-    def decrypt(self, token: bytes) -> bytes:
-        if len(token) < 44:
-            raise ValueError("peer frame too short")
-        key = self._cluster._accepted.get(token[8:12])
-        if key is None:
-            raise UnacceptedKey(f"sealed with key id {token[8:12].hex()}, not accepted here")
-        cipher = AESGCM(hashlib.blake2b(token[12:28], key=self._for(key), digest_size=16).digest())
-        plain: bytes = cipher.decrypt(self._NONCE, token[28:], token[:12])
-        return plain
+refusals = RefusalLog()
 
 
 #: Peer messages a member answers: the sender then awaits data on the connection.
@@ -334,15 +134,112 @@ AWAITS_ANSWER = frozenset({"append_entries", "request_vote"})
 
 
 class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
-    """PySyncObj's peer connection with bounded frames and buffers and cheaper small
-    frames, and a dead-peer timeout that spares idle connections. Installed on each
-    connection object by changing its class (transport.py); the read path and
-    ``send`` mirror PySyncObj's (tests/test_pysyncobj_contract.py). Tick thread only."""
+    """PySyncObj's peer connection with TLS (``rl_start_tls``), bounded frames and
+    buffers, cheaper small frames, and a dead-peer timeout that spares idle
+    connections. Installed on each connection object by changing its class
+    (transport.py); ``send``, the read path and the parser replace PySyncObj's
+    (tests/test_pysyncobj_contract.py pins the names they replace). Tick thread only.
+
+    Class defaults: connections become this class after PySyncObj built them."""
 
     #: When a message that awaits an answer (``AWAITS_ANSWER``) was first sent after
-    #: the last read; None while nothing is awaited. A class default: connections
-    #: become this class after PySyncObj built them.
+    #: the last read; None while nothing is awaited.
     _rl_awaiting: float | None = None
+    #: The TLS session of the current connection (None: not started, or closed).
+    _rl_tls: TlsSession | None = None
+    #: Plaintext received and not yet parsed (from ``_rl_pos`` on).
+    _rl_plain: bytearray | None = None
+    _rl_pos: int = 0
+    #: The longest frame accepted (``max_peer_frame``), set by the transport.
+    _rl_limit: int = MAX_PEER_FRAME
+    #: Test build only (plain peers): no TLS on this connection.
+    _rl_plain_ok: bool = False
+    #: Called once the handshake verified the peer (transport.py).
+    _rl_on_verified: Callable[[TlsSession], None] | None = None
+
+    # ------------------------------------------------------------------ TLS
+
+    def rl_start_tls(
+        self,
+        context: ssl.SSLContext | None,
+        server_side: bool,
+        on_verified: Callable[[TlsSession], None],
+        limit: int,
+    ) -> None:
+        """Begin this connection's TLS (a new session per TCP connection: an
+        outgoing connection object is reused for each redial). ``context`` None:
+        plain peers (a test build's baseline only). A dialer sends its ClientHello
+        at once; ``on_verified`` runs when the handshake completed."""
+        self._rl_plain = bytearray()
+        self._rl_pos = 0
+        self._rl_limit = limit
+        if context is None:
+            self._rl_tls = None
+            self._rl_plain_ok = True
+            self._rl_on_verified = None
+            return
+        self._rl_plain_ok = False
+        self._rl_tls = TlsSession(context, server_side)
+        self._rl_on_verified = on_verified
+        if not server_side:
+            self._rl_handshake(self._rl_tls)
+
+    def _rl_handshake(self, tls: TlsSession) -> bool:
+        """Advance the handshake; False if the connection was closed."""
+        try:
+            tls.obj.do_handshake()
+        except ssl.SSLWantReadError:
+            return self._rl_flush(tls)
+        except (ssl.SSLError, OSError) as exc:
+            self._rl_flush(tls)  # our alert, if any, tells the peer why
+            refusals.warning("peer connection refused: TLS handshake failed (%s)", _tls_reason(exc))
+            self.disconnect()
+            return False
+        tls.finish_handshake()
+        if not self._rl_flush(tls):
+            return False
+        callback = self._rl_on_verified
+        self._rl_on_verified = None
+        if callback is not None:
+            callback(tls)
+        if self.state == CONNECTION_STATE.DISCONNECTED or self._rl_tls is not tls:
+            return False
+        if tls.pending:
+            pending = bytes(tls.pending)
+            tls.pending.clear()
+            return self._rl_write(tls, pending)
+        return True
+
+    def _rl_write(self, tls: TlsSession, data: bytes) -> bool:
+        try:
+            tls.obj.write(data)
+        except (ssl.SSLError, OSError) as exc:
+            refusals.warning("peer connection closed: TLS write failed (%s)", _tls_reason(exc))
+            self.disconnect()
+            return False
+        return self._rl_flush(tls)
+
+    def _rl_flush(self, tls: TlsSession) -> bool:
+        """Send what OpenSSL produced; False if the connection was closed."""
+        data = tls.outgoing.read()
+        if data:
+            self._rl_send_raw(data)
+        return bool(self.state != CONNECTION_STATE.DISCONNECTED)
+
+    def _rl_send_raw(self, data: bytes) -> None:
+        self._TcpConnection__writeBuffer += data
+        self._TcpConnection__trySendBuffer()
+        fileno = self._TcpConnection__fileno
+        if self._TcpConnection__writeBuffer and fileno is not None:
+            # PySyncObj re-arms the write event only from a write event: a rest left
+            # by a full socket buffer would otherwise wait for our next send.
+            self._TcpConnection__poller.subscribe(
+                fileno,
+                self._TcpConnection__processConnection,
+                POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR,
+            )
+
+    # --------------------------------------------------------------- timeouts
 
     def _TcpConnection__processConnectionTimeout(self) -> None:
         # PySyncObj closes a connection on which nothing was read for ``timeout``,
@@ -365,82 +262,162 @@ class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
 
     def disconnect(self) -> None:
         self._rl_awaiting = None  # a connection made again awaits nothing yet
+        self._rl_tls = None
+        self._rl_plain = None
+        self._rl_pos = 0
+        self._rl_on_verified = None
         super().disconnect()
 
+    # ------------------------------------------------------------------ send
+
     def send(self, message: Any) -> None:
-        # PySyncObj's send with two changes: a small message is framed as a stored
-        # zlib stream instead of deflated (``zlib_frame``), and pickled with
-        # ``PICKLE_PROTOCOL``, not 2. A reader inflates either framing and loads any
-        # protocol, so mixed versions interoperate.
+        # PySyncObj's framing (a length, a zlib stream of a pickle), pickled with
+        # ``PICKLE_PROTOCOL``, small messages as a stored zlib stream
+        # (``zlib_frame``), written into the TLS session.
         kind = message.get("type") if isinstance(message, dict) else None
         if self._rl_awaiting is None and kind in AWAITS_ANSWER:
             self._rl_awaiting = pysyncobj_monotonic()
-        if self.sendRandKey:
-            message = (self.sendRandKey, message)
         data = zlib_frame(pickle.dumps(message, PICKLE_PROTOCOL))
-        if self.encryptor:
-            data = self.encryptor.encrypt_at_time(data, int(pysyncobj_monotonic()))
-        self._TcpConnection__writeBuffer += struct.pack("i", len(data)) + data
-        self._TcpConnection__trySendBuffer()
+        frame = struct.pack("i", len(data)) + data
+        tls = self._rl_tls
+        if tls is None:
+            if self._rl_plain_ok:
+                self._rl_send_raw(frame)
+            return  # no session (closed, or not yet connected): nothing may leave
+        if not tls.done:
+            tls.pending += frame
+            return
+        self._rl_write(tls, frame)
+
+    # ------------------------------------------------------------------ read
 
     def _TcpConnection__processRead(self) -> bool:
-        sock: socket.socket = self._TcpConnection__socket
+        sock: socket.socket | None = self._TcpConnection__socket
+        if sock is None:
+            return False
         try:
             incoming = sock.recv(self._TcpConnection__recvBufferSize)
         except OSError as e:
             if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 self.disconnect()
             return False
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-            self.disconnect()
-            return False
+        # (PySyncObj also asks SO_ERROR here: a failed socket raises from recv or
+        # reads as closed, so that system call per read is left out.)
         if not incoming:
             self.disconnect()
             return False
         self._rl_awaiting = None  # heard from: nothing is awaited any more
-        buffer: bytes = getattr(self, "_TcpConnection__readBuffer") + incoming  # noqa: B009
-        if len(buffer) > MAX_PEER_BUFFER:
-            log.warning("peer connection buffered over %d bytes: closed", MAX_PEER_BUFFER)
+        plain = self._rl_plain
+        tls = self._rl_tls
+        if tls is None:
+            if not self._rl_plain_ok or plain is None:
+                refusals.warning("peer connection refused: no TLS session on it")
+                self.disconnect()
+                return False
+            plain += incoming
+            return self._rl_want_more()
+        if not tls.done:
+            tls.received += len(incoming)
+            if tls.received > MAX_HANDSHAKE_BYTES:
+                refusals.warning(
+                    "peer connection refused: over %d bytes before its TLS handshake completed",
+                    MAX_HANDSHAKE_BYTES,
+                )
+                self.disconnect()
+                return False
+            tls.incoming.write(incoming)
+            if not self._rl_handshake(tls):
+                return False
+            if not tls.done:
+                return True  # more of the handshake may be waiting in the socket
+        else:
+            tls.incoming.write(incoming)
+        return self._rl_decrypt(tls) and self._rl_want_more()
+
+    def _rl_decrypt(self, tls: TlsSession) -> bool:
+        """Move every whole record's plaintext into the read buffer; False if the
+        connection was closed (the peer's close_notify, an alert, a bad record)."""
+        plain = self._rl_plain
+        if plain is None:
+            return False
+        read = tls.obj.read
+        while True:
+            try:
+                chunk = read(_READ_CHUNK)
+            except ssl.SSLWantReadError:
+                return True
+            except (ssl.SSLError, OSError) as exc:
+                if not isinstance(exc, ssl.SSLZeroReturnError):
+                    refusals.warning("peer connection closed: %s", _tls_reason(exc))
+                self.disconnect()
+                return False
+            if not chunk:
+                self.disconnect()
+                return False
+            plain += chunk
+
+    def _rl_want_more(self) -> bool:
+        """After a read: close at once if the next frame's length exceeds the limit
+        (before its body is buffered), and stop reading once a whole frame is here
+        (the poller is level-triggered: what is left in the socket comes next)."""
+        plain = self._rl_plain
+        if plain is None:
+            return False
+        pos = self._rl_pos
+        available = len(plain) - pos
+        if available < 4:
+            return True
+        (length,) = struct.unpack_from("i", plain, pos)
+        if not 0 < length <= self._rl_limit:
+            log.warning(
+                "peer frame of %d bytes refused (max_peer_frame %d): closed", length, self._rl_limit
+            )
             self.disconnect()
             return False
-        self._TcpConnection__readBuffer = buffer
-        return True
+        return bool(available < 4 + length)
 
     def _TcpConnection__processParseMessage(self) -> Any:
-        buffer: bytes = self._TcpConnection__readBuffer
-        if len(buffer) < 4:
+        plain = self._rl_plain
+        if plain is None:
             return None
-        (length,) = struct.unpack("i", buffer[:4])
-        if not 0 < length <= MAX_PEER_FRAME:
-            log.warning("peer frame of %d bytes refused: closed", length)
+        pos = self._rl_pos
+        if len(plain) - pos < 4:
+            return None
+        (length,) = struct.unpack_from("i", plain, pos)
+        if not 0 < length <= self._rl_limit:
+            log.warning(
+                "peer frame of %d bytes refused (max_peer_frame %d): closed", length, self._rl_limit
+            )
             self.disconnect()
             return None
-        if len(buffer) - 4 < length:
+        end = pos + 4 + length
+        if len(plain) < end:
             return None
-        data = buffer[4 : 4 + length]
         try:
-            if self.encryptor:
-                stamp = self.encryptor.extract_timestamp(data)
-                if stamp < getattr(self, "recvLastTimestamp"):  # noqa: B009
-                    raise ValueError("frame older than the last one")
-                self.recvLastTimestamp = stamp
-                data = self.encryptor.decrypt(data)  # the HMAC is checked here
             inflater = zlib.decompressobj()
-            plain = inflater.decompress(data, MAX_PEER_DECOMPRESSED)
+            with memoryview(plain) as view:
+                data = inflater.decompress(view[pos + 4 : end], MAX_PEER_DECOMPRESSED)
             if inflater.unconsumed_tail:
                 raise ValueError("frame decompresses beyond the limit")
-            message = pysyncobj_pickle.loads(plain)
-            if self.recvRandKey:
-                rand_key, message = message
-                if rand_key != self.recvRandKey:
-                    raise ValueError("frame of another connection")
-        except UnacceptedKey as exc:  # a stranger's, or a secret dropped by a rotation
-            log.warning("unauthenticated peer frame (%s): closed", exc)
-            self.disconnect()
-            return None
+            message = pysyncobj_pickle.loads(data)
         except Exception as exc:
-            log.warning("unauthenticated or malformed peer frame (%s): closed", type(exc).__name__)
+            log.warning("malformed peer frame (%s): closed", type(exc).__name__)
             self.disconnect()
             return None
-        self._TcpConnection__readBuffer = buffer[4 + length :]
+        if end == len(plain):
+            plain.clear()
+            end = 0
+        elif end > _COMPACT_AT and end * 2 > len(plain):
+            del plain[:end]  # drop the parsed head without copying it per frame
+            end = 0
+        self._rl_pos = end
         return message
+
+
+def _tls_reason(exc: BaseException) -> str:
+    """A short reason for a TLS failure (OpenSSL's reason code, else the text)."""
+    reason = getattr(exc, "reason", None)
+    verify = getattr(exc, "verify_message", None)
+    if verify:
+        return f"{reason or type(exc).__name__}: {verify}"
+    return str(reason or exc or type(exc).__name__)

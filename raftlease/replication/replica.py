@@ -14,6 +14,7 @@ to call from any thread: they read single attributes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -41,7 +42,6 @@ from ..errors import (
 )
 from .durable import SyncRecorder, remove_stale_rewrites
 from .group_send import GroupSendSyncObj
-from .identity import PeerIdentity, read_public_key
 from .journal import (
     UnusableFiles,
     check_start_files,
@@ -61,7 +61,7 @@ from .membership import (
     read_members_file,
     write_removed_file,
 )
-from .peers import PeerCipher, load_or_create_secret, load_secrets
+from .peer_tls import PeerTLS, load_peer_tls
 from .transport import LeaseTransport
 
 log = logging.getLogger("raftlease.replication")
@@ -199,14 +199,13 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
         return result
 
 
-def syncobj_conf(config: NodeConfig, password: str | None = None) -> SyncObjConf:
+def syncobj_conf(config: NodeConfig) -> SyncObjConf:
     """PySyncObj's configuration for a node (no callbacks). Shared with the
-    benchmark's raw-PySyncObj baseline, so both run with the same settings.
-    ``password``: the cluster's peer secret (peers.py); PySyncObj then authenticates
-    and encrypts every peer frame."""
+    benchmark's raw-PySyncObj baseline, so both run with the same settings. No
+    ``password``: peers are authenticated and encrypted by TLS in our transport
+    (peers.py), not by PySyncObj's Fernet framing."""
     me = config.self_node
     return SyncObjConf(
-        password=password,
         journalFile=str(config.journal_file),
         # Trap 2: a journal without a dump file comes back empty after compaction.
         fullDumpFile=str(config.dump_file),
@@ -265,7 +264,7 @@ class Replica:
             raise ConfigError(
                 f"this node was removed from the cluster ({self.removed_path}: "
                 f"{self.removed_path.read_text(errors='replace').strip()}); to bring this "
-                "host back, empty its data directory (keep the peer secret) and add it again "
+                "host back, empty its data directory (keep its certificate) and add it again "
                 "with `raftlease member add` (docs/membership.md)"
             )
         saved = read_members_file(members_path)
@@ -310,10 +309,12 @@ class Replica:
         self._consumer = _StoreConsumer(observer, store_class)
         self._role = "follower"
         me = config.self_node
-        conf = syncobj_conf(config, load_or_create_secret(config.peer_secret_path))
-        # This node's identity key, its public key published for the other members
-        # (identity.py): every peer connection is signed for and checked with them.
-        identity = PeerIdentity.load(config.peer_key_path, me.id, config.peer_keys_path)
+        conf = syncobj_conf(config)
+        # Mutual TLS with the cluster CA on every peer connection (peer_tls.py); only
+        # a test build's plain-peer baseline goes without.
+        self.peer_tls: PeerTLS | None = None
+        if not transport_class.plain_peers:
+            self.peer_tls = self._load_peer_tls()
         conf.onStateChanged = self._on_state_changed
         dial = {p.raft: config.dial[p.id] for p in config.peers if p.id in config.dial}
         peers = [member_node(p, DialNode, dial=dial.get(p.raft, p.raft)) for p in others]
@@ -326,7 +327,8 @@ class Replica:
                 "recorder": recorder,
                 "dial": dial,
                 "on_removed": staticmethod(self._on_removed),
-                "identity": identity,
+                "peer_tls": self.peer_tls,
+                "max_peer_frame": config.max_peer_frame,
             },
         )
         # One append_entries per follower per tick, not per command (group_send.py).
@@ -334,24 +336,53 @@ class Replica:
             me.raft, peers, conf, consumers=[self._consumer], transportClass=bound
         )
         self._sync.addOnTickCallback(self._on_tick)
-        seal, accepted = self._peer_cipher().key_ids
-        log.info("peer secrets: sealing with key id %s; accepting %s", seal, ", ".join(accepted))
+        if self.peer_tls is not None:
+            log.info(
+                "peer TLS: certificate serial %x for %s, valid until %s UTC; %d CA(s), %d revoked",
+                self.peer_tls.serial,
+                me.id,
+                f"{self.peer_tls.not_after:%Y-%m-%d %H:%M}",
+                len(self.peer_tls.cas),
+                len(self.peer_tls.revoked),
+            )
 
-    def _peer_cipher(self) -> PeerCipher:
-        cipher = self._sync.encryptor
-        assert isinstance(cipher, PeerCipher)  # the transport installs it (peers.py)
-        return cipher
+    def _load_peer_tls(self) -> PeerTLS:
+        config = self.config
+        return load_peer_tls(
+            config.node_id,
+            config.peer_ca_file,
+            config.peer_cert_file,
+            config.peer_key_file,
+            config.peer_crl_file,
+        )
 
-    def reload_peer_secret(self) -> tuple[str, tuple[str, ...]]:
-        """Read ``peer_secret_file`` again (``SIGHUP``; never creates it): seal every
-        peer frame with its first secret from now on and open frames of its secrets
-        only, on the connections already open too (a rolling rotation,
-        docs/security.md). Any thread; blocks on the file read. Returns the sealing
-        key id and the accepted ones (hex). Raises ``ConfigError``, changing
-        nothing, if the file is missing, unreadable, too open or not valid."""
-        cipher = self._peer_cipher()
-        cipher.rekey(load_secrets(self.config.peer_secret_path))
-        return cipher.key_ids
+    def reload_peer_tls(self, then: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Read the peer TLS files again (``SIGHUP``): new peer connections use them
+        at once, and open ones whose certificate they no longer admit (revoked by the
+        revocation list, issued by a CA no longer in the CA file) are closed on the
+        tick thread; ``then`` runs there with how many were. Any thread; blocks on the
+        file reads. Returns what was loaded (``PeerTLS.describe``). Raises
+        ``ConfigError``, changing nothing, if a file is missing or not valid."""
+        if self.peer_tls is None:
+            return {"plain": True}
+        fresh = self._load_peer_tls()
+        self.peer_tls = fresh
+
+        def swap() -> None:
+            closed = self._sync._SyncObj__transport.reload_tls(fresh)
+            if then is not None:
+                then(closed)
+
+        self._tick_calls.append(swap)
+        self._wake()
+        return fresh.describe()
+
+    def _wake(self) -> None:
+        """Wake the tick thread for ``_tick_calls`` (it may sleep up to a tick)."""
+        notifier = getattr(self._sync, "_SyncObj__pipeNotifier", None)
+        if notifier is not None:
+            with contextlib.suppress(OSError, ValueError):  # stopped
+                notifier.notify()
 
     # ---------------------------------------------------------------- writes
 
@@ -411,6 +442,11 @@ class Replica:
             "journal_syncs": journal.syncs,
             "journal_synced_entries": journal.covered,
         }
+
+    def election_status(self) -> dict[str, Any]:
+        """PreVote rounds this node asked and won (prevote.py); any thread."""
+        prevote = self._sync._SyncObj__transport.prevote
+        return {"pre_vote_rounds": prevote.rounds, "pre_vote_wins": prevote.wins}
 
     def snapshot_status(self) -> dict[str, Any]:
         """Snapshots (log compactions) this process wrote, failed, and how long the
@@ -477,7 +513,6 @@ class Replica:
         member: NodeAddress,
         callback: Callable[[Change | None, RaftLeaseError | None], None],
         learn: bool = False,
-        pub: str | None = None,
     ) -> None:
         """Propose adding (``kind`` "add") or removing ("remove") ``member``.
 
@@ -494,12 +529,8 @@ class Replica:
         ``Change`` at once; then ``commit_learner`` appends it, or ``drop_learner``
         gives it up (both release the slot on failure).
 
-        ``pub`` (an add only): the new member's public peer key (64 hex digits, from
-        ``member add --peer-key``): the learner is checked with it and the change entry
-        carries it. Refused (``InvalidArgumentError``, definite) if this node's key
-        folder already holds another key for that id.
         """
-        self._tick_calls.append(lambda: self._start_change(kind, member, callback, learn, pub))
+        self._tick_calls.append(lambda: self._start_change(kind, member, callback, learn))
 
     def learner_match(self, raft: str) -> int | None:
         """On the leader: the highest log index known replicated on learner ``raft``
@@ -546,7 +577,6 @@ class Replica:
         member: NodeAddress,
         callback: Callable[[Change | None, RaftLeaseError | None], None],
         learn: bool = False,
-        pub: str | None = None,
     ) -> None:
         sync = self._sync
         if not sync._isLeader():
@@ -559,18 +589,6 @@ class Replica:
             if member.raft in by_raft or member.id in by_id:
                 err = InvalidArgumentError(f"{member.id} ({member.raft}) is already a member")
                 callback(None, err)
-                return
-            known = read_public_key(self.config.peer_keys_path, member.id)
-            if pub is not None and known is not None and known != pub:
-                # Two keys for one id: one of them is not the new member's. Which one
-                # is for the operator to find out; nothing changes.
-                callback(
-                    None,
-                    InvalidArgumentError(
-                        f"the peer key given for {member.id} is not the one this leader "
-                        f"already has in its peer_keys_dir ({member.id}.pub); nothing changed"
-                    ),
-                )
                 return
         else:
             target = by_id.get(member.id) or by_raft.get(member.raft)
@@ -595,7 +613,7 @@ class Replica:
         first = int(log_[0][1])
         commit = int(sync.raftCommitIndex)
         tail = [log_[i] for i in range(max(0, commit - first + 1), len(log_))]
-        change = Change(kind, member, int(sync.raftCurrentTerm), pub)
+        change = Change(kind, member, int(sync.raftCurrentTerm))
         try:
             self.membership.begin(change, tail)
         except RaftLeaseError as exc:
@@ -603,8 +621,6 @@ class Replica:
             return
         if kind == "add" and learn:
             learner = member_node(member)
-            if pub is not None:
-                learner.rl_pub = pub  # the learner's hello is checked with it
             self._sync._SyncObj__transport.start_learner(learner)
             callback(change, None)
             return
@@ -637,13 +653,6 @@ class Replica:
                 callback(None, _fail_reason_error(reason))
 
         node = member_node(member)
-        if kind == "add":
-            # The entry carries the new member's public key, so members whose key
-            # folder lacks its file accept it after the change (identity.py): the one
-            # the operator gave (member add --peer-key), else the leader's file.
-            pub = change.pub or read_public_key(self.config.peer_keys_path, member.id)
-            if pub is not None:
-                node.rl_pub = pub
         try:
             if kind == "add":
                 sync.addNodeToCluster(node, callback=done)

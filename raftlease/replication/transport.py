@@ -15,7 +15,6 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pysyncobj import FAIL_REASON
 from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.syncobj import _RAFT_STATE
@@ -23,25 +22,14 @@ from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.tcp_server import SERVER_STATE
 from pysyncobj.transport import TCPTransport
 
-from ..errors import ConfigError
 from .durable import DurableJournal, SyncRecorder, install
 from .follower_log import AppendPlan, Conflict, plan_append_entries, snapshot_is_behind
-from .identity import (
-    HelloRefused,
-    HelloVerifier,
-    PeerIdentity,
-    connection_key,
-    exchange_public,
-    make_hello,
-    make_reply,
-    public_key_path,
-    read_public_key,
-    valid_public_hex,
-    write_public_key,
-)
 from .leadership import LeaseGuard
 from .membership import dialled
-from .peers import PEER_MESSAGE_TYPES, BoundedTcpConnection, ConnectionCipher, PeerCipher
+from .peer_tls import PeerTLS, TlsSession
+from .peers import MAX_PEER_FRAME, PEER_MESSAGE_TYPES, BoundedTcpConnection, refusals
+from .prevote import MESSAGE_TYPES as PRE_VOTE_TYPES
+from .prevote import PreVote
 
 log = logging.getLogger("raftlease.replication")
 
@@ -106,8 +94,13 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     PySyncObj's journal; a follower syncs it before every ``next_node_idx`` it sends
     (its acknowledgement), a leader at the end of each tick (after sending, so its
     sync overlaps the followers') and before its commit index moves.
-    Runs on the tick thread. ``guard``, ``durability`` and ``recorder`` are bound by
-    ``Replica`` through a subclass.
+    Peers (peers.py, peer_tls.py): every connection runs mutual TLS 1.3 with the
+    cluster CA; a dialer counts the member connected, and an acceptor takes the
+    connection as a member, only once the verified certificate names that member
+    (``_onTlsVerified``, ``_onIncomingMessageReceived``); ``reload_tls`` swaps the
+    contexts and closes the connections a reload no longer admits.
+    Runs on the tick thread. ``guard``, ``durability``, ``recorder`` and ``peer_tls``
+    are bound by ``Replica`` through a subclass.
     """
 
     guard: LeaseGuard
@@ -123,9 +116,16 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     #: Called (tick thread) with the log index of this node's removal when its leader
     #: tells it the removal committed (``rl_removed``). Bound by ``Replica``.
     on_removed: ClassVar[Callable[[int], None] | None] = None
-    #: This node's peer identity (identity.py). Bound by ``Replica``; without one the
-    #: first frame is the bare address, which every acceptor refuses.
-    identity: ClassVar[PeerIdentity | None] = None
+    #: This node's peer TLS (peer_tls.py). Bound by ``Replica``; None only in a test
+    #: build's plain-peer baseline (``plain_peers``), never in production.
+    peer_tls: ClassVar[PeerTLS | None] = None
+    #: Test build only (the benchmark's baseline): peers without TLS.
+    plain_peers: ClassVar[bool] = False
+    #: The longest peer frame accepted (``max_peer_frame``). Bound by ``Replica``.
+    max_peer_frame: ClassVar[int] = MAX_PEER_FRAME
+    #: False only in a test build's planted bug (``skip_pre_vote``): run for election
+    #: without asking for pre-votes (prevote.py).
+    pre_vote: ClassVar[bool] = True
     _bumped: dict[str, float]
     #: Follower side: see plan_append_entries.
     _conflict: Conflict | None
@@ -137,11 +137,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     _dropped_vote: tuple[int, float]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        sync = args[0] if args else kwargs["syncObj"]
-        password = sync.conf.password
-        if password is not None:
-            # Before PySyncObj's constructor makes its connections (they copy it).
-            sync._SyncObj__encryptor = PeerCipher(password)
+        self._tls = self.peer_tls
+        if self._tls is None and not self.plain_peers:
+            raise ValueError("a peer transport needs its peer TLS (peer_tls)")
         self._bumped = {}
         self._conflict = None
         self._reply_next = None
@@ -159,24 +157,22 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # stage, start_learner): raft address -> node, and when we last dialled it.
         self._learners: dict[str, Any] = {}
         self._learner_dialled: dict[str, float] = {}
-        self._verifier: HelloVerifier | None = None
-        # Dialer: our outgoing connections whose acceptor has not yet proven it is the
-        # member we dialled (its signed hello reply): connection -> when it connected.
-        # Nothing is sent on them but the key exchange and our hello, and nothing
-        # received is taken but the reply (_onOutgoingMessageReceived).
+        # Dialer: our outgoing connections whose TLS handshake has not yet proven that
+        # the acceptor is the member we dialled: connection -> when it connected.
+        # PySyncObj's messages to that member are refused (``send``) meanwhile.
         self._unproven: dict[Any, float] = {}
-        # Dialer: the ephemeral X25519 key of our hello on each connection, until the
-        # reply's key is known (_onHelloReply); dropped then, or at disconnect.
-        self._exchange: dict[Any, X25519PrivateKey] = {}
+        # Acceptor: the member ids the verified certificate of each incoming
+        # connection names, until its first frame says which member it is.
+        self._verified: dict[Any, list[str]] = {}
         super().__init__(*args, **kwargs)
-        self._verifier = HelloVerifier(str(self._selfNode.address), self._member_keys)
+        self.prevote = PreVote(self, self.guard)
         sync = self._syncObj
         self.journal = install(sync, self.durability, self.recorder)
         sync.addOnTickCallback(self.journal.sync_if_dirty)
 
     def send(self, node: Any, message: Any) -> bool:
         if not self._proven(node):
-            return False  # PySyncObj sends as soon as TCP connects: not before the reply
+            return False  # PySyncObj sends as soon as TCP connects: not before TLS proved it
         if isinstance(message, dict):
             kind = message.get("type")
             if kind == "append_entries":
@@ -224,7 +220,6 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # the moment PySyncObj applies a change (appended add, reversed remove, a
         # snapshot's member set): the new peer is accepted from now on, and the
         # leader lease is counted over the new majority (LeaseGuard.reconfigure).
-        self._keep_carried_key(node)
         kept = self._kept.pop(node.id, None) or self._leaving.pop(node.id, None)
         if kept is None and node.id in self._learners:
             self._promote_learner(node)
@@ -234,28 +229,6 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             if conn is not None:
                 self._bound(conn)
         self.guard.reconfigure(len(self._syncObj.otherNodes) + 1)
-
-    def _keep_carried_key(self, node: Any) -> None:
-        """A member added through a change entry carries its public key (``rl_pub``):
-        publish it in our key folder too, if the folder has none for that id, so that we
-        still accept it after a restart (members.json keeps only addresses). The entry
-        was committed by an admin's change, so the key is as trusted as the membership
-        itself. An existing file is never replaced: a follower replaying an old add
-        would otherwise put back a replaced host's old key (the live node object's
-        key is accepted besides the file's, see _member_keys)."""
-        identity = self.identity
-        member_id = getattr(node, "rl_id", None)
-        pub = getattr(node, "rl_pub", None)
-        if identity is None or not isinstance(member_id, str) or not valid_public_hex(pub):
-            return
-        path = public_key_path(identity.keys_dir, member_id)
-        if path is None or path.exists():
-            return
-        try:
-            write_public_key(identity.keys_dir, member_id, str(pub))
-            log.info("member %s's public peer key saved from its membership entry", member_id)
-        except (OSError, ConfigError) as exc:
-            log.warning("cannot save member %s's public peer key: %s", member_id, exc)
 
     def dropNode(self, node: Any) -> None:
         # A removed member: its connection is closed, and it is refused from now on
@@ -334,7 +307,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         index, but never counts for a commit, a vote or the leader lease (none of its
         messages but ``next_node_idx`` is taken, and that one not by the guard). Its
         connection is accepted only while it is a learner of this leader, after the
-        same checks as a member's (the peer secret, its signed hello)."""
+        same checks as a member's (its certificate, its address)."""
         learner = dialled(node, self.dial)
         leaving = self._leaving.pop(learner.id, None)
         if leaving is not None:
@@ -352,7 +325,6 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                 recvBufferSize=conf.recvBufferSize,
                 keepalive=conf.tcp_keepalive,
             )
-            conn.encryptor = sync.encryptor
             conn.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, conn))
             conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, learner))
             conn.setOnDisconnectedCallback(functools.partial(self._onDisconnected, conn))
@@ -385,7 +357,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         with no reconnect in between."""
         learner = self._learners.pop(node.id)
         self._learner_dialled.pop(node.id, None)
-        for name in ("rl_id", "rl_client", "rl_pub"):  # as the change entry has them
+        for name in ("rl_id", "rl_client"):  # as the change entry has them
             if hasattr(node, name):
                 setattr(learner, name, getattr(node, name))
         if learner in self._readonlyNodes:
@@ -451,14 +423,104 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             return
         self._unknown_since[conn] = self.guard.clock.monotonic()
         super()._onNewIncomingConnection(self._bound(conn))
+        self._start_tls(conn, server_side=True)
+
+    def _start_tls(self, conn: Any, server_side: bool) -> None:
+        """Begin a connection's TLS with the current contexts (a reload's apply to
+        new connections); nothing it receives is parsed before the handshake."""
+        tls = self._tls
+        context = None if tls is None else (tls.server if server_side else tls.client)
+        conn.rl_start_tls(
+            context,
+            server_side,
+            functools.partial(self._onTlsVerified, conn, server_side),
+            self.max_peer_frame,
+        )
+        if tls is None:  # plain peers (a test build's baseline): nothing to verify
+            self._onTlsVerified(conn, server_side, None)
+
+    def _onTlsVerified(self, conn: Any, server_side: bool, session: TlsSession | None) -> None:
+        """The handshake of ``conn`` completed: OpenSSL verified the peer's
+        certificate against the CA file (and revocation list) the handshake began
+        with. Check it against the current ones too (a reload may have come in
+        between), then: an acceptor waits for the first frame (which member);
+        a dialer checks that the certificate names the member it dialled, sends
+        our address (PySyncObj's first frame) and counts the member connected."""
+        ids: list[str] = []
+        if session is not None:
+            der = session.peer_der()
+            why = "no certificate" if der is None else None
+            if der is not None and self._tls is not None:
+                why = self._tls.admits(der)
+            if why is not None:
+                refusals.warning("peer connection refused: %s", why)
+                self._refuse(conn)
+                return
+            ids = session.peer_ids
+        if server_side:
+            self._verified[conn] = ids
+            return
+        node = self._connToNode(conn)
+        expected = getattr(node, "rl_id", None)
+        if node is None or not isinstance(expected, str):
+            self._refuse(conn)
+            return
+        if session is not None and expected not in ids:
+            refusals.warning(
+                "peer connection refused: %s at %s presented a certificate for %s, not for %s",
+                expected,
+                node.address,
+                ", ".join(ids) or "no member",
+                expected,
+            )
+            self._refuse(conn)
+            return
+        self._unproven.pop(conn, None)
+        conn.send(self._selfNode.address)  # PySyncObj's first frame: who dials
+        conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+        self._onNodeConnected(node)
+
+    def _refuse(self, conn: Any) -> None:
+        self._unproven.pop(conn, None)
+        self._verified.pop(conn, None)
+        self._unknownConnections.discard(conn)
+        conn.disconnect()
+
+    def reload_tls(self, tls: PeerTLS) -> int:
+        """Tick thread: new connections use ``tls`` from now on, and every open peer
+        connection whose certificate ``tls`` would not accept (revoked by the new
+        revocation list, its CA no longer in the CA file, expired) is closed at once.
+        Returns how many were closed."""
+        self._tls = tls
+        closed = 0
+        conns = {*self._connections.values(), *self._unknownConnections}
+        for conn in conns:
+            session = getattr(conn, "_rl_tls", None)
+            der = session.peer_der() if session is not None else None
+            if der is None:
+                continue  # not yet verified: checked against ``tls`` when it is
+            why = tls.admits(der)
+            if why is not None:
+                node = self._connToNode(conn)
+                log.warning(
+                    "peer connection of %s closed after the reload: %s",
+                    getattr(node, "rl_id", None) or "an unidentified peer",
+                    why,
+                )
+                self._refuse(conn)
+                closed += 1
+        return closed
 
     def before_tick(self) -> None:
         """Tick thread, before each PySyncObj tick (``GroupSendSyncObj._onTick``),
         whose first step may start this node's election: a dropped vote request's term
         is taken before that (``_adopt_dropped_term``). At the end of the tick, with
         the other callbacks, a node with no event between its promise's end and its
-        election's wake-up ran in the dropped term itself and split the vote."""
+        election's wake-up ran in the dropped term itself and split the vote. Then
+        the election is held back unless a majority granted a pre-vote (prevote.py)."""
         self._adopt_dropped_term()
+        if self.pre_vote:
+            self.prevote.before_tick()
 
     def _onTick(self) -> None:
         super()._onTick()
@@ -504,71 +566,21 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         return conn is None or conn not in self._unproven
 
     def _onOutgoingConnected(self, conn: Any) -> None:
-        # Dialer, TCP connected. PySyncObj marks the connection CONNECTED when this
-        # returns, and its send() needs only that: gate it until the reply verifies.
+        # Dialer, TCP connected. PySyncObj would send our address and count the node
+        # connected at once (its send() needs only that); we start TLS instead and do
+        # both once the handshake proved the acceptor is the member we dialled.
         self._unproven[conn] = self.guard.clock.monotonic()
-        self._exchange.pop(conn, None)
-        if self._syncObj.encryptor is not None:
-            # PySyncObj reuses a connection object when it dials again: its last
-            # connection's key must not seal this one's key exchange.
-            conn.encryptor = self._syncObj.encryptor
-            super()._onOutgoingConnected(conn)  # sends our random key; the rest below
-            return
-        # Without encryption PySyncObj would send our address and count the node
-        # connected at once; we send the hello and wait for the reply instead.
-        self._sendSelfAddress(conn)
-        conn.setOnMessageReceivedCallback(functools.partial(self._onHelloReply, conn))
+        conn.setOnMessageReceivedCallback(functools.partial(self._onUnproven, conn))
+        self._start_tls(conn, server_side=False)
 
-    def _onOutgoingMessageReceived(self, conn: Any, message: Any) -> None:
-        """Dialer: the acceptor's random key (PySyncObj's key exchange). We answer with
-        our hello, as PySyncObj answers with our address, but do not count the node
-        connected (PySyncObj would, and would then send it Raft messages and hand it
-        everything it sends): the next frame must be the acceptor's signed reply."""
-        if not conn.sendRandKey:
-            conn.sendRandKey = message
-            self._sendSelfAddress(conn)
-        conn.setOnMessageReceivedCallback(functools.partial(self._onHelloReply, conn))
-
-    def _onHelloReply(self, conn: Any, message: Any) -> None:
-        """Dialer: the first frame after our hello must be the dialled member's hello
-        reply, signed with its key over our random key (identity.py); otherwise the
-        connection is closed before PySyncObj sees anything from it."""
-        node = self._connToNode(conn)
-        identity = self.identity
-        verifier = self._verifier
-        try:
-            if node is None or identity is None or verifier is None:
-                raise HelloRefused("transport not ready")
-            verifier.verify_reply(
-                message, str(node.address), identity.node_id, conn.recvRandKey or b""
-            )
-            private = self._exchange.pop(conn, None)
-            cluster = self._syncObj.encryptor
-            if cluster is not None:
-                if private is None:
-                    raise HelloRefused("no key exchange of ours on this connection")
-                mine = exchange_public(private)
-                key = connection_key(
-                    private, message[8], mine, message[8], conn.recvRandKey, conn.sendRandKey
-                )
-                del private  # forward secrecy: only the connection key remains
-                # From the next frame on, both ways: this connection's key. Frames
-                # are opened one at a time after this callback returns, so one that
-                # came in the same read as the reply is opened with it too.
-                conn.encryptor = ConnectionCipher(cluster, key)
-        except HelloRefused as exc:
-            log.warning("peer connection refused: %s", exc)
-            self._unproven.pop(conn, None)
-            self._exchange.pop(conn, None)
-            conn.disconnect()
-            return
-        self._unproven.pop(conn, None)
-        conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
-        self._onNodeConnected(node)
+    def _onUnproven(self, conn: Any, message: Any) -> None:
+        """Dialer: a frame before the handshake proved the acceptor (cannot happen:
+        no plaintext comes out of TLS before it). Closed, never handed on."""
+        self._refuse(conn)
 
     def _onDisconnected(self, conn: Any) -> None:
         self._unproven.pop(conn, None)
-        self._exchange.pop(conn, None)
+        self._verified.pop(conn, None)
         super()._onDisconnected(conn)
 
     def _wake_at(self, delay: float) -> None:
@@ -687,120 +699,49 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         limit = self._syncObj.conf.connectionTimeout
         for conn, opened in list(self._unproven.items()):
             if now - opened > limit:
-                log.warning("peer connection refused: no signed hello reply within %.1f s", limit)
+                refusals.warning("peer connection closed: no TLS handshake within %.1f s", limit)
                 self._unproven.pop(conn, None)
                 conn.disconnect()
 
-    def _reply(self, conn: Any, hello: Any) -> bool:
-        """Acceptor: prove to the dialer of a verified ``hello`` that we are the member
-        it dialled. Sent before PySyncObj counts the connection (it may send Raft
-        messages at once), so it is the dialer's first frame after the key exchange.
-        With encryption, the reply carries our ephemeral X25519 key and every frame
-        after it is sealed with the key agreed with the hello's (``ConnectionCipher``).
-        False (nothing sent) if the hello's key exchange is unusable: the caller
-        closes the connection."""
-        identity = self.identity
-        if identity is None:
-            return True  # the dialer refuses us: a node without an identity is no member
-        me = str(self._selfNode.address)
-        cluster = self._syncObj.encryptor
-        exchange = b""
-        key = None
-        if cluster is not None:
-            private = X25519PrivateKey.generate()
-            exchange = exchange_public(private)
-            try:
-                key = connection_key(
-                    private, hello[8], hello[8], exchange, conn.sendRandKey, conn.recvRandKey
-                )
-            except HelloRefused as exc:
-                log.warning("peer connection refused: %s", exc)
-                return False
-            del private  # forward secrecy: only the connection key remains
-        binding = conn.sendRandKey or b""
-        conn.send(
-            make_reply(
-                identity.key, me, identity.node_id, str(hello[3]), binding, exchange=exchange
-            )
-        )
-        if key is not None:
-            # The reply is sealed (at send) with the cluster key; everything after it,
-            # both ways, with this connection's.
-            conn.encryptor = ConnectionCipher(cluster, key)
-        return True
-
-    def _sendSelfAddress(self, conn: Any) -> None:
-        # Dialer: PySyncObj sends our bare address; we send a hello signed with our
-        # identity key, bound to this connection by the acceptor's random key.
-        identity = self.identity
-        node = self._connToNode(conn)
-        if identity is None or node is None:
-            super()._sendSelfAddress(conn)
-            return
-        binding = conn.sendRandKey or b""
-        me = str(self._selfNode.address)
-        exchange = b""
-        if self._syncObj.encryptor is not None:
-            private = X25519PrivateKey.generate()
-            self._exchange[conn] = private
-            exchange = exchange_public(private)
-        hello = make_hello(
-            identity.key, me, identity.node_id, str(node.address), binding, exchange=exchange
-        )
-        conn.send(hello)
-
-    def _member_keys(self, address: str) -> tuple[str, list[str]] | None:
-        """The id and candidate public keys of the member at raft ``address``: the key
-        its membership entry carried (``rl_pub``), then ``<peer_keys_dir>/<id>.pub``."""
-        node = self._nodeAddrToNode.get(address) or self._learners.get(address)
-        member_id = getattr(node, "rl_id", None)
-        if node is None or not isinstance(member_id, str):
-            return None
-        keys = []
-        carried = getattr(node, "rl_pub", None)
-        if isinstance(carried, str):
-            keys.append(carried)
-        identity = self.identity
-        if identity is not None:
-            published = read_public_key(identity.keys_dir, member_id)
-            if published is not None and published not in keys:
-                keys.append(published)
-        return member_id, keys
-
     def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:
-        """The first frames of an incoming connection (already authenticated by the
-        peer secret): the key exchange, then a hello signed by the identity key of
-        the configured member whose address it claims (identity.py). A bare address,
-        a read-only node, a utility command (``status``, ``transfer``, ...), an
-        unknown member, a wrong signature or a replayed hello closes the connection
-        before PySyncObj attributes anything to a member. A verified hello is answered
-        with our signed hello reply (``_reply``) before anything else is sent."""
-        if self._syncObj.encryptor is not None and not conn.sendRandKey:
-            super()._onIncomingMessageReceived(conn, message)  # the random-key exchange
+        """The first frame of an incoming connection, after its TLS handshake: the
+        dialer's raft address. The connection is taken as that member only if the
+        member's id is one its verified certificate names; a learner of this leader
+        likewise. Anything else (a read-only node, a utility command such as
+        ``status`` or ``transfer``, an address of no member, another member's
+        address) closes the connection before PySyncObj attributes anything to a
+        member."""
+        ids = self._verified.pop(conn, None)
+        if ids is None:  # no verified handshake: cannot happen (TLS gives nothing)
+            self._refuse(conn)
             return
-        verifier = self._verifier
-        try:
-            if verifier is None:
-                raise HelloRefused("transport not ready")
-            address = verifier.verify(message, conn.recvRandKey or b"")
-        except HelloRefused as exc:
-            log.warning("peer connection refused: %s", exc)
-            self._unknownConnections.discard(conn)
-            conn.disconnect()
+        node = None
+        if isinstance(message, str):
+            node = self._nodeAddrToNode.get(message) or self._learners.get(message)
+        if node is None:
+            refusals.warning(
+                "peer connection refused: its first frame names no member (%.80r)", message
+            )
+            self._refuse(conn)
             return
-        learner = address in self._learners and address not in self._nodeAddrToNode
+        member_id = getattr(node, "rl_id", None)
+        if self._tls is not None and member_id not in ids:
+            refusals.warning(
+                "peer connection refused: it claims %s's address %s with a certificate for %s",
+                member_id,
+                message,
+                ", ".join(ids) or "no member",
+            )
+            self._refuse(conn)
+            return
+        learner = message in self._learners and message not in self._nodeAddrToNode
         if learner and not self._syncObj._isLeader():  # a learner of this leader only
-            self._unknownConnections.discard(conn)
-            conn.disconnect()
-            return
-        if not self._reply(conn, message):
-            self._unknownConnections.discard(conn)
-            conn.disconnect()
+            self._refuse(conn)
             return
         if learner:
-            self._accept_learner(conn, address)
+            self._accept_learner(conn, message)
             return
-        super()._onIncomingMessageReceived(conn, address)
+        super()._onIncomingMessageReceived(conn, message)
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:
         if node.id in self._leaving:
@@ -821,6 +762,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             return
         if isinstance(message, dict) and message.get("type") == "rl_removed":
             self._removal_notice(node, message)
+            return
+        if isinstance(message, dict) and message.get("type") in PRE_VOTE_TYPES:
+            self.prevote.on_message(node, message)
             return
         if not isinstance(message, dict) or message.get("type") not in PEER_MESSAGE_TYPES:
             # Only the Raft messages we use: never apply_command (we do not forward

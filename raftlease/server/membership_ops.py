@@ -80,9 +80,7 @@ async def change_members(replica: Replica, request: Request, timeout: float) -> 
     loop = asyncio.get_running_loop()
     learning: dict[str, Any] | None = None
     if kind == "add":
-        learning = await _learn(
-            replica, member, float(args["timeout"]), timeout, args.get("peer_key")
-        )
+        learning = await _learn(replica, member, float(args["timeout"]), timeout)
         if "change" not in learning:
             return {
                 "kind": kind,
@@ -156,11 +154,11 @@ async def _catch_up(replica: Replica, raft: str, timeout: float) -> dict[str, An
 
 
 async def _learn(
-    replica: Replica, member: NodeAddress, catch_up: float, timeout: float, pub: str | None
+    replica: Replica, member: NodeAddress, catch_up: float, timeout: float
 ) -> dict[str, Any]:
     """The learner stage of an add: claim the change slot, have the leader stream
     the log to ``member`` (a read-only node that counts for no commit, vote or
-    lease; ``pub``: its public peer key from the request, carried by the change),
+    lease),
     and wait up to ``catch_up`` seconds until its match index is within
     ``LEARNER_MAX_LAG`` of the commit index, logging its progress. Returns the
     stage's figures with the ``change`` (its slot still claimed: the caller appends
@@ -185,7 +183,7 @@ async def _learn(
     def on_tick(change: Change | None, err: RaftLeaseError | None) -> None:
         loop.call_soon_threadsafe(settle, change, err)
 
-    replica.change_members("add", member, on_tick, learn=True, pub=pub)
+    replica.change_members("add", member, on_tick, learn=True)
     try:
         change = await asyncio.wait_for(asyncio.shield(started), timeout)
     except TimeoutError:

@@ -119,6 +119,12 @@ class ServerHooks:
     keepalive_flush: bool = True
 
 
+def _log_peer_cutoff(closed: int) -> None:
+    """Tick thread, after a peer TLS reload: how many peer connections it closed."""
+    if closed:
+        log.warning("peer TLS reload closed %d peer connection(s) it no longer admits", closed)
+
+
 class NodeServer(TaskWaits):
     """Serves clients for one node. ``run()`` blocks until ``stop()`` or a signal."""
 
@@ -313,14 +319,15 @@ class NodeServer(TaskWaits):
 
     def reload_security(self) -> bool:
         """``SIGHUP`` (event loop): read the auth file, the client-port TLS files and
-        the peer secret file again. A file that fails to load is refused with an
+        the peer TLS files again. A file that fails to load is refused with an
         error log line and what was in force stays so. With a new auth file every
         open connection is checked against it: one whose principal is gone, or that
         authenticated with a token the file no longer holds (and has no client
         certificate naming it), is closed; the others get their principal's new
         roles. New TLS files serve new handshakes (existing TLS connections keep
-        theirs). New peer secrets apply to open peer connections too. Never raises;
-        returns whether everything was applied."""
+        theirs). New peer TLS files serve new peer connections, and an open peer
+        connection whose certificate they no longer admit (revoked, its CA gone) is
+        closed at once. Never raises; returns whether everything was applied."""
         ok = True
         if self.config.auth_file:
             try:
@@ -361,19 +368,22 @@ class NodeServer(TaskWaits):
                     removed |= live.replace(context, self.config.tls_client_ca_file)
                 closed = self._close_untrusted() if removed else 0
                 log.info("reloaded the client-port TLS files; %d connections closed", closed)
-        if self.replica is not None:  # before it exists, it reads the file when made
-            # A rolling rotation of the peer secret (docs/security.md): the file's
-            # first secret seals from now on, all of its secrets open.
+        if self.replica is not None:  # before it exists, it reads the files when made
+            # New certificates, CAs or revocations (docs/security.md, "Rotating peer
+            # certificates"): all files or none; the cut-off runs on the tick thread.
             try:
-                seal, accepted = self.replica.reload_peer_secret()
+                loaded = self.replica.reload_peer_tls(_log_peer_cutoff)
             except ConfigError as exc:
-                log.error("reload refused: %s; the previous peer secrets stay in force", exc)
+                log.error("reload refused: %s; the previous peer TLS files stay in force", exc)
                 ok = False
             else:
                 log.info(
-                    "reloaded the peer secret file: sealing with key id %s; accepting %s",
-                    seal,
-                    ", ".join(accepted),
+                    "reloaded the peer TLS files: certificate serial %s valid until %s, "
+                    "%s CA(s), %s revoked",
+                    loaded.get("serial"),
+                    loaded.get("not_after"),
+                    loaded.get("cas"),
+                    loaded.get("revoked"),
                 )
         return ok
 
@@ -1120,8 +1130,12 @@ class NodeServer(TaskWaits):
             "client_tls": bool(self.config.tls_cert_file),
             "client_auth": self.auth is not None,
             "insecure": self.config.insecure,
+            # This member's peer certificate (serial, expiry) and the CA and
+            # revocation counts in force: what a SIGHUP reload took.
+            "peer_tls": replica.peer_tls.describe() if replica.peer_tls else None,
             "last_stop": self.last_stop.value,
             **replica.durability_status(),
+            **replica.election_status(),
             **replica.guard.snapshot(),
         }
 

@@ -1,28 +1,34 @@
-"""Local certificates and tokens for a secured cluster: a CA, a server certificate
-for the client port, client certificates, a bearer token and an auth file. Used by
-``raftlease up --secure`` and by the tests (built with ``cryptography``).
+"""Local certificates and tokens: the peer certificates of a local cluster
+(``ClusterCerts``: a CA and a member certificate per node), and for a secured client
+port a CA, a server certificate, client certificates, a bearer token and an auth
+file. Used by ``LocalCluster`` (every test cluster and ``raftlease up``), ``raftlease
+up --secure`` and the tests; built with ``pki`` (``cryptography``'s x509 builder).
 
-Files are written mode 0600 into the given directory. Blocking file I/O.
+Keys and tokens are written mode 0600. Blocking file I/O.
 """
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
+from .. import pki
+from ..pki import Authority
+from ..replication.peer_tls import PeerTLS, load_peer_tls
 from ..server.auth import token_digest
 
-VALID_DAYS = 365
+__all__ = [
+    "Authority",
+    "ClusterCerts",
+    "SecureBundle",
+    "agent_role",
+    "issue",
+    "make_ca",
+    "secure_bundle",
+]
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -32,75 +38,69 @@ def _write(path: Path, data: bytes) -> Path:
     return path
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-@dataclass(frozen=True)
-class Authority:
-    cert: x509.Certificate
-    key: ec.EllipticCurvePrivateKey
-    cert_file: Path
-
-
 def make_ca(directory: Path, name: str = "raftlease local CA") -> Authority:
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    path = _write(directory / "ca.pem", cert.public_bytes(serialization.Encoding.PEM))
-    return Authority(cert, key, path)
+    """A new CA in ``directory`` (``ca.pem``, ``ca.key``; replaces one there)."""
+    return pki.make_ca(directory, name, force=True)
 
 
 def issue(
-    ca: Authority, directory: Path, name: str, hosts: tuple[str, ...] = (), client: bool = False
+    ca: Authority,
+    directory: Path,
+    name: str,
+    hosts: tuple[str, ...] = (),
+    client: bool = False,
+    member: bool = False,
 ) -> tuple[Path, Path]:
-    """A certificate with common name ``name`` signed by ``ca``: for a server (its
-    ``hosts`` as subject alternative names) or a client. Returns (cert, key) files."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(ca.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]
-            ),
-            critical=False,
+    """A certificate with common name ``name`` signed by ``ca`` (``pki.issue``): for a
+    server (its ``hosts`` as subject alternative names), a client, or a cluster
+    member (``member``: it names node ``name``). Returns (cert, key) files."""
+    return pki.issue(ca, directory, name, hosts=hosts, client=client, member=member)
+
+
+class ClusterCerts:
+    """The peer certificates of a local cluster: a CA in ``directory`` (made on first
+    use) and one member certificate per node id, issued when first asked for, for
+    127.0.0.1 and localhost. ``settings(node_id)`` are the node's peer TLS settings.
+    Blocking file I/O; not thread-safe (one launcher uses it)."""
+
+    HOSTS = ("127.0.0.1", "localhost")
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._ca: Authority | None = None
+
+    @property
+    def ca(self) -> Authority:
+        if self._ca is None:
+            if (self.directory / pki.CA_CERT).exists() and (self.directory / pki.CA_KEY).exists():
+                self._ca = pki.load_ca(self.directory)
+            else:
+                self._ca = pki.make_ca(self.directory, "raftlease local cluster CA", force=True)
+        return self._ca
+
+    def member(self, node_id: str) -> tuple[Path, Path]:
+        """Node ``node_id``'s certificate and key files (issued if missing)."""
+        cert = self.directory / f"{node_id}.pem"
+        key = self.directory / f"{node_id}.key"
+        if not (cert.exists() and key.exists()):
+            pki.issue(self.ca, self.directory, node_id, hosts=self.HOSTS, member=True)
+        return cert, key
+
+    def settings(self, node_id: str) -> dict[str, str]:
+        """``peer_ca_file``, ``peer_cert_file`` and ``peer_key_file`` for the node."""
+        cert, key = self.member(node_id)
+        return {
+            "peer_ca_file": str(self.ca.cert_file),
+            "peer_cert_file": str(cert),
+            "peer_key_file": str(key),
+        }
+
+    def peer_tls(self, node_id: str) -> PeerTLS:
+        """The node's loaded peer TLS, for a transport built in the test process."""
+        files = self.settings(node_id)
+        return load_peer_tls(
+            node_id, files["peer_ca_file"], files["peer_cert_file"], files["peer_key_file"]
         )
-    )
-    if hosts:
-        names: list[x509.GeneralName] = []
-        for host in hosts:
-            try:
-                names.append(x509.IPAddress(ipaddress.ip_address(host)))
-            except ValueError:
-                names.append(x509.DNSName(host))
-        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-    cert = builder.sign(ca.key, hashes.SHA256())
-    cert_file = _write(directory / f"{name}.pem", cert.public_bytes(serialization.Encoding.PEM))
-    key_file = _write(directory / f"{name}.key", _key_pem(key))
-    return cert_file, key_file
 
 
 @dataclass(frozen=True)

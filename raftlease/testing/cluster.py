@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from ..client import Client
 from ..config import NodeAddress, bind_probe, local_cluster
 from ..errors import RaftLeaseError
+from .certs import ClusterCerts
 from .hooks import hook_arguments
 from .power import PAGE, cut_to_synced
 
@@ -99,6 +100,9 @@ class LocalCluster:
     """A cluster of ``count`` node processes on 127.0.0.1.
 
     ``settings`` are extra ``NodeConfig`` fields written into every node's TOML.
+    Peer TLS is set up unless ``settings`` name their own ``peer_cert_file``: a CA
+    and one member certificate per node in ``<data_dir>/certs`` (``ClusterCerts``),
+    issued when a node's config is first written (a node added later gets one too).
     ``hooks`` starts every node as the test build with these test hooks
     (``raftlease.testing.hooks``: ``{"clock_control": True}``, ``{"planted_bug":
     "fast_log_clock"}``); ``node_hooks`` does so per node id.
@@ -131,6 +135,7 @@ class LocalCluster:
         self.hooks = dict(hooks or {})
         self.node_hooks = {k: dict(v) for k, v in (node_hooks or {}).items()}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.certs = ClusterCerts(self.data_dir / "certs")
 
     # ------------------------------------------------------------- layout
 
@@ -156,6 +161,9 @@ class LocalCluster:
     def write_config(self, node_id: str) -> Path:
         lines = [f'node_id = "{node_id}"', 'data_dir = "."']
         settings = {**self.settings, **self.node_settings.get(node_id, {})}
+        hooks = {**self.hooks, **self.node_hooks.get(node_id, {})}
+        if "peer_cert_file" not in settings and not hooks.get("plain_peers"):
+            settings.update(self.certs.settings(node_id))
         for key, value in sorted(settings.items()):
             lines.append(f"{key} = {_toml_value(value)}")
         for node in self.nodes:

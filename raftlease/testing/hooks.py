@@ -11,6 +11,9 @@ Hooks (a dict, as ``LocalCluster(hooks=...)`` takes it):
 * ``record_synced: True``: the node keeps a copy of what reached stable storage
   beside each data file (``durable.SyncRecorder``), so a simulated power loss
   (``raftlease.testing.power.cut_to_synced``) can cut its files back to it;
+* ``plain_peers: True``: no TLS between the members (the benchmark's baseline for
+  what peer TLS costs; ``LocalCluster`` then issues no certificates). Every node of
+  the cluster must run so: a plain node and a TLS node cannot talk;
 * ``planted_bug: NAME``: a deliberately broken build the test suite must catch
   (``PLANTED_BUGS``; jepsen-style/README.md lists which checker catches each, and
   tests/test_planted_bugs.py runs each guard's check on the honest and the planted
@@ -45,9 +48,11 @@ PLANTED_BUGS: dict[str, str] = {
     "its holder was told it lives longer",
     "no_term_extension": "a new leader's first entry does not extend the live leases, so "
     "keep-alives the deposed leader answered from memory are forgotten",
+    "skip_pre_vote": "a node runs for election without asking for pre-votes, so a member "
+    "that was cut off raises its term and, once it rejoins, deposes a healthy leader",
 }
 
-HOOK_KEYS = ("clock_control", "planted_bug", "record_synced")
+HOOK_KEYS = ("clock_control", "planted_bug", "record_synced", "plain_peers")
 
 
 def hook_arguments(hooks: dict[str, Any]) -> list[str]:
@@ -66,4 +71,6 @@ def hook_arguments(hooks: dict[str, Any]) -> list[str]:
         args.append("--clock-control")
     if hooks.get("record_synced") or bug == "unsynced_acks":
         args.append("--record-synced")
+    if hooks.get("plain_peers"):
+        args.append("--plain-peers")
     return args

@@ -54,6 +54,13 @@ class RawFollowerLogTransport(LeaseTransport):
     follower_log_correction = False
 
 
+class PlainPeerTransport(LeaseTransport):
+    """Hook ``plain_peers``: members talk without TLS (the benchmark's baseline for
+    what peer TLS costs). Not a planted bug, but never a production build either."""
+
+    plain_peers = True
+
+
 class ForgetfulStore(LeaseStore):
     """Planted bug ``skip_dedup``: the dedup table still admits and records every
     mutating request, but its recorded answer is dropped before the lookup, so a
@@ -141,7 +148,10 @@ STORES: dict[str, type[LeaseStore]] = {
 
 
 def build_hooks(
-    planted_bug: str = "", clock: bool = True, record_synced: bool = False
+    planted_bug: str = "",
+    clock: bool = True,
+    record_synced: bool = False,
+    plain_peers: bool = False,
 ) -> ServerHooks:
     """The hooks of a test node. Raises ``ValueError`` for an unknown planted bug."""
     if planted_bug and planted_bug not in PLANTED_BUGS:
@@ -157,15 +167,32 @@ def build_hooks(
         guard_class=guards.get(planted_bug, LeaseGuard),
         control_ops={"test_clock": clock_control(adjustable)} if adjustable else {},
         lease_read_barrier=planted_bug != "skip_read_barrier",
-        transport_class=(
-            RawFollowerLogTransport if planted_bug == "raw_follower_log" else LeaseTransport
-        ),
+        transport_class=_transport(planted_bug, plain_peers),
         store_class=STORES.get(planted_bug, LeaseStore),
         recorder=SyncRecorder() if record_synced or planted_bug == "unsynced_acks" else None,
         durability="none" if planted_bug == "unsynced_acks" else None,
         restart_wait=planted_bug != "unsynced_acks",
         keepalive_flush=planted_bug != "unwritten_keepalives",
     )
+
+
+class EagerElectionTransport(LeaseTransport):
+    """Planted bug ``skip_pre_vote``: PySyncObj's election runs as soon as the timer
+    fires, raising the term, as before PreVote (prevote.py)."""
+
+    pre_vote = False
+
+
+def _transport(planted_bug: str, plain_peers: bool) -> type[LeaseTransport]:
+    base: type[LeaseTransport] = {
+        "raw_follower_log": RawFollowerLogTransport,
+        "skip_pre_vote": EagerElectionTransport,
+    }.get(planted_bug, LeaseTransport)
+    if not plain_peers:
+        return base
+    if base is LeaseTransport:
+        return PlainPeerTransport
+    return type("PlainPeer" + base.__name__, (base,), {"plain_peers": True})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -176,6 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--record-synced", action="store_true", help="keep copies of what reached the disk"
     )
+    parser.add_argument(
+        "--plain-peers", action="store_true", help="no TLS between members (benchmark baseline)"
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     from ..cli import setup_logging
@@ -185,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         config = load_toml(args.config)
     except ConfigError as exc:
         parser.error(f"invalid configuration: {exc.message}")
-    hooks = build_hooks(args.planted_bug, args.clock_control, args.record_synced)
+    hooks = build_hooks(args.planted_bug, args.clock_control, args.record_synced, args.plain_peers)
     if args.planted_bug:
         log.warning(
             "TEST BUILD with planted bug %s: %s", args.planted_bug, PLANTED_BUGS[args.planted_bug]
@@ -196,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
             for name, flag in (
                 ("clock control", args.clock_control),
                 ("recording synced files", args.record_synced),
+                ("plain peers (no TLS between members)", args.plain_peers),
             )
             if flag
         ]

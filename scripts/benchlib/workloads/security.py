@@ -32,7 +32,6 @@ from typing import Any
 
 from raftlease.client import Client
 from raftlease.errors import RaftLeaseError
-from raftlease.replication.peers import ConnectionCipher, PeerCipher
 from raftlease.server.auth import token_digest
 from raftlease.testing import LocalCluster
 from raftlease.testing.certs import secure_bundle
