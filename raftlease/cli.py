@@ -15,7 +15,6 @@ import math
 import os
 import signal
 import sys
-import time
 import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
@@ -291,7 +290,11 @@ def up(
     admin: bool,
     log_format: str,
 ) -> None:
-    """Start a local cluster of COUNT nodes and keep it running until Ctrl-C."""
+    """Start a local cluster of COUNT nodes and keep it running until Ctrl-C.
+
+    A node that ends is reported and the others keep serving; commands typed while it
+    runs: status, kill ID, restart ID, help, quit. The nodes stop by themselves if
+    this process is killed (even with SIGKILL)."""
     from .testing.cluster import LocalCluster, port_free
 
     try:
@@ -381,10 +384,13 @@ def up(
         if exit_after_demo:
             return
         click.echo("cluster running; press Ctrl-C to stop every node")
-        while all(cluster.is_running(n.id) for n in cluster.nodes):
-            time.sleep(0.5)
-        click.echo("a node exited; stopping the cluster", err=True)
-        sys.exit(1)
+        # A node that ends is reported and can be restarted: the others keep serving,
+        # so a new user can watch a failover (cli_up.py).
+        from .cli_up import UpConsole
+
+        code = UpConsole(cluster).run()
+        if code:
+            sys.exit(code)
     except KeyboardInterrupt:
         click.echo("\nstopping nodes...")
     finally:
