@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 RAFTLEASE = [sys.executable, "-m", "raftlease"]
 NODE = [*RAFTLEASE, "node"]
+NODE_ID = r"n\d"
 #: Seconds a node may take to notice its launcher is gone (1 s checks) and stop.
 ORPHAN_DEADLINE = 20.0
 
@@ -158,8 +159,9 @@ def test_up_reports_a_killed_node_keeps_serving_and_restarts_it(
         report = out.wait(rf"node {victim} \(pid {pid}\) was killed by SIGKILL; (.*)\n")
         assert f"{others[0]} and {others[1]} keep serving" in report[1], report[0]
         assert f'Type "restart {victim}"' in report[1], report[0]
-        new_leader = out.wait(r"leader now: (n\d) \(")[1]
-        assert new_leader in others
+        # Named once agreed; on a loaded machine the election may outlast up's wait.
+        named = out.wait(r"leader now: (n\d) \(|no leader agreed within")
+        assert named[1] in (*others, None), named[0]
         assert up.poll() is None, "up must keep running"
 
         # The others serve: an acquire through their endpoints.
@@ -188,7 +190,7 @@ def test_up_reports_a_killed_node_keeps_serving_and_restarts_it(
         mark = out.mark()
         send(up, "status")
         out.wait(rf"{victim}\s+down: pid {pid} was killed by SIGKILL", after=mark)
-        out.wait(rf"{new_leader}\s+pid \d+\s+leader\s+term", after=mark)
+        out.wait(rf"{named[1] or NODE_ID}\s+pid \d+\s+leader\s+term", after=mark)
         send(up, "bogus 1")
         out.wait(r"unknown command 'bogus 1'; commands: status, kill ID", after=mark)
 
