@@ -51,6 +51,8 @@ ALLOWED: dict[str, set[str]] = {
     "cli_top": GROUND | {"cli", "client"},
     # Backups: the snapshot file and restore are server-side code run offline.
     "cli_snapshot": GROUND | {"cli", "client", "server"},
+    # The running `raftlease up` (its console): the LocalCluster it supervises.
+    "cli_up": GROUND | {"testing"},
     # raftlease mcp: the MCP server is a client of the cluster (asyncio client, sessions).
     "mcp_server": GROUND | {"client", "recipes"},
     "cli_mcp": GROUND | {"cli", "mcp_server"},
@@ -79,6 +81,7 @@ THIRD_PARTY: dict[str, set[str]] = {
     "cli_certs": {"click"},
     "cli_queue": {"click"},
     "cli_top": {"click"},
+    "cli_up": {"click"},
     # mcp (the official MCP SDK) and pydantic (its argument models): raftlease mcp.
     "mcp_server": {"mcp", "pydantic", "anyio"},
     "cli_mcp": {"click", "anyio"},

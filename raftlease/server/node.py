@@ -64,6 +64,7 @@ from .backup import SnapshotExports
 from .conn_timer import ConnectionTimer
 from .heap import HeapTrimmer
 from .keepalive import LAG_SLACK_MS, LEASE, SESSION
+from .launcher import watch_launcher
 from .log_clock import LogClock
 from .metrics import NodeMetrics, NodeView
 from .proposer import Proposer
@@ -126,10 +127,16 @@ def _log_peer_cutoff(closed: int) -> None:
 
 
 class NodeServer(TaskWaits):
-    """Serves clients for one node. ``run()`` blocks until ``stop()`` or a signal."""
+    """Serves clients for one node. ``run()`` blocks until ``stop()``, a signal, or
+    (with ``parent_pid``) the end of the process that launched it."""
 
-    def __init__(self, config: NodeConfig, hooks: ServerHooks | None = None) -> None:
+    def __init__(
+        self, config: NodeConfig, hooks: ServerHooks | None = None, parent_pid: int | None = None
+    ) -> None:
         self.hooks = hooks or ServerHooks()
+        #: Stop (as on SIGTERM) once this process is gone (server/launcher.py); None:
+        #: never (a production node without --parent-pid).
+        self.parent_pid = parent_pid
         if self.hooks.durability is not None:
             config = config.with_changes(durability=self.hooks.durability)
         self.config = config
@@ -272,10 +279,16 @@ class NodeServer(TaskWaits):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             # Rotation without restart (docs/security.md): the auth file, TLS files.
             self._loop.add_signal_handler(signal.SIGHUP, self.reload_security)
+        if self.parent_pid is not None:
+            # From here on, as the signal handlers: a launcher gone (SIGKILL) leaves
+            # no orphan, also while the node waits out an unclean stop.
+            watchers.append(asyncio.create_task(watch_launcher(self.parent_pid, self.stop)))
         private_data_dir(self.config.data_dir)
         self.snapshots.clean_leftovers()
         self.last_stop = mark_running(self.config.data_dir)
         if not await self._wait_out_unclean_stop():
+            for task in watchers:
+                task.cancel()
             if self.admin is not None:
                 await self.admin.close()
             server.close()
@@ -1280,6 +1293,10 @@ def private_data_dir(data_dir: Path) -> None:
             path.chmod(0o600)
 
 
-def run_node(config: NodeConfig, hooks: ServerHooks | None = None) -> None:
-    """Run one node until SIGINT/SIGTERM (blocking). ``hooks``: test builds only."""
-    asyncio.run(NodeServer(config, hooks).run())
+def run_node(
+    config: NodeConfig, hooks: ServerHooks | None = None, parent_pid: int | None = None
+) -> None:
+    """Run one node until SIGINT/SIGTERM (blocking), or until process ``parent_pid``
+    is gone (``LocalCluster``'s nodes; server/launcher.py). ``hooks``: test builds
+    only. Raises ``ConfigError`` for a port it cannot bind or a file it cannot load."""
+    asyncio.run(NodeServer(config, hooks, parent_pid).run())

@@ -2,10 +2,12 @@
 benchmark and the chaos suite (hashicorp/raft's ``MakeCluster`` idea, with real
 processes on 127.0.0.1 instead of in-memory transports).
 
-Each node runs as ``python -m raftlease node --config <data>/<id>/node.toml`` with its
-stderr in ``<data>/<id>/node.log``; with ``hooks`` (a planted bug, clock control) it
-runs the test build instead, ``python -m raftlease.testing.node`` (the production node
-has no way to enable them). Nothing here sleeps to guess: waits poll a
+Each node runs as ``python -m raftlease node --config <data>/<id>/node.toml
+--parent-pid <this process>`` with its stderr in ``<data>/<id>/node.log``; with
+``hooks`` (a planted bug, clock control) it runs the test build instead, ``python -m
+raftlease.testing.node`` (the production node has no way to enable them). Either stops
+by itself about a second after this process is gone, however it ended (SIGKILL
+included; ``raftlease.server.launcher``). Nothing here sleeps to guess: waits poll a
 condition until a deadline and raise ``TimeoutError`` naming what did not happen.
 """
 
@@ -202,6 +204,9 @@ class LocalCluster:
             command += hook_arguments(hooks)
         else:
             command = [self.python, "-m", "raftlease", "node", "--config", str(config)]
+        # The node stops by itself once this process is gone: a launcher killed with
+        # SIGKILL (raftlease up, a pytest timeout) leaves no orphan (server/launcher.py).
+        command += ["--parent-pid", str(os.getpid())]
         proc = subprocess.Popen(
             command,
             stdout=log,

@@ -1,5 +1,5 @@
 """The test build of a node: ``python -m raftlease.testing.node --config FILE
-[--clock-control] [--record-synced] [--planted-bug NAME]``.
+[--clock-control] [--record-synced] [--planted-bug NAME] [--parent-pid PID]``.
 
 It runs the same ``NodeServer`` as ``raftlease node``, with test hooks injected
 (``raftlease.server.ServerHooks``): an adjustable clock and the ``test_clock`` control
@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> None:
         "--plain-peers", action="store_true", help="no TLS between members (benchmark baseline)"
     )
     parser.add_argument("--log-level", default="INFO")
+    # As `raftlease node --parent-pid` (hidden there too): stop once PID is gone.
+    parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     from ..cli import setup_logging
 
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
             if flag
         ]
         log.warning("TEST BUILD: %s", ", ".join(on) or "no hooks")
-    run_node(config, hooks)
+    run_node(config, hooks, args.parent_pid)
 
 
 if __name__ == "__main__":
