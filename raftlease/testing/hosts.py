@@ -205,7 +205,9 @@ class Host:
         groups and no capability; no passwd entry is needed. ``env`` replaces the
         environment (default: this process's), and HOME becomes ``root/home/<uid>``
         (made, owned by the uid) unless ``env`` sets it. ``cwd`` is a path as the
-        program sees it (after the mounts, as the uid). ``stdout``/``stderr``: as for
+        program sees it (after the mounts, as the uid); by default the program
+        inherits this process's, where ``python -c``/``-m`` find packages first (set
+        PYTHONPATH to run a checkout's raftlease elsewhere). ``stdout``/``stderr``: as for
         ``Popen``, or a ``Path`` opened for appending. ``binds`` maps a path inside
         the host (``/etc/raftlease/node.toml``) to a file or directory of the machine
         that is mounted there (nested targets are mounted parents first); missing
