@@ -184,18 +184,19 @@ def test_task_queue_phase_alone(tmp_path: Path) -> None:
 
 
 def test_security_phase_alone(tmp_path: Path) -> None:
-    """``--only security`` (issue 11): acquire in every mode on a cluster without client
-    TLS and auth, then on one with TLS, an auth file and a token; the secure cluster
-    refused a client without a token and the principal outside its prefix, every
-    acquire succeeded on both, the peer-cipher micro-benchmark ran, and the cost target
-    is judged (met or not: the figure depends on the machine)."""
+    """``--only security``: acquire in every mode on a cluster whose members talk
+    without TLS, on one with peer TLS (the defaults), then on one that adds client TLS,
+    an auth file and a token; the secure cluster refused a client without a token and
+    the principal outside its prefix, every acquire succeeded on all three, the peer
+    TLS micro-benchmark ran, and the cost targets are judged (met or not: the figures
+    depend on the machine)."""
     out = tmp_path / "bench"
     _bench("--quick", "--only", "security", "--out", str(out))
     result = json.loads((out / "bench.json").read_text())
     assert result["raw"] == {} and result["workloads"] == {}
     security = result["security"]
-    assert security["modes"] == ["insecure", "secure"]
-    for cluster in ("insecure", "secure"):
+    assert security["modes"] == ["plain-peers", "insecure", "secure"]
+    for cluster in ("plain-peers", "insecure", "secure"):
         record = security["clusters"][cluster]
         assert "error" not in record, record
         acquire = record["workloads"]["acquire"]
@@ -208,10 +209,13 @@ def test_security_phase_alone(tmp_path: Path) -> None:
         "token, key outside bench/": "PERMISSION_DENIED",
     }
     assert "probes" not in security["clusters"]["insecure"]
-    for figure in security["peer_cipher"]["sizes"].values():
+    assert security["clusters"]["plain-peers"]["settings"] == {"plain_peers": True}
+    for figure in security["peer_tls"]["sizes"].values():
         assert figure["seal_us"] > 0 and figure["open_us"] > 0
     issue11 = [t for t in result["targets"] if t.get("issue") == 11]
     assert len(issue11) == 1 and issue11[0]["met"] in (True, False), issue11
+    issue35 = [t for t in result["targets"] if t.get("issue") == 35]
+    assert len(issue35) == 2 and all(t["met"] in (True, False) for t in issue35), issue35
     markdown = (out / "bench.md").read_text()
-    assert "## Security: client TLS + auth vs none" in markdown
+    assert "## Security: peer TLS vs plain peers, client TLS + auth vs none" in markdown
     assert "| acquire | 16 threads |" in markdown

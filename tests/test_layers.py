@@ -42,7 +42,7 @@ ALLOWED: dict[str, set[str]] = {
     "testing": GROUND | {"client", "server", "replication", "core", "cli", "pki"},
     "cli": GROUND | {"client", "server", "testing"},
     # raftlease certs: the CA and certificates, offline.
-    "cli_certs": GROUND | {"cli", "pki"},
+    "cli_certs": GROUND | {"cli", "pki", "server"},
     "cli_lock": GROUND | {"cli", "client", "recipes"},
     "cli_admin": GROUND | {"cli", "cli_lock", "client"},
     "cli_member": GROUND | {"cli"},

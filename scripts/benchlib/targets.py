@@ -337,20 +337,22 @@ def _task_memory(spec: Spec, j: Judged) -> Row | None:
 
 
 def _security_ratio(spec: Spec, j: Judged) -> Row | None:
-    """The secure cluster's median rate of ``group`` in ``mode`` over the insecure
-    one's (security phase, issue 11), against ``min_ratio``; no row without the phase."""
+    """One security cluster's median rate of ``group`` in ``mode`` over another's
+    (the security phase), against ``min_ratio``: ``over`` (default "secure") divided
+    by ``under`` (default "insecure"). No row without the phase."""
     if not isinstance(j.result.get("security"), dict):
         return None
     group, mode = spec["group"], spec["mode"]
-    secure = security_entry(j.result, "secure", group, mode)
-    insecure = security_entry(j.result, "insecure", group, mode)
-    if secure is None or insecure is None or not insecure["ops_per_s"]["median"]:
+    over, under = str(spec.get("over", "secure")), str(spec.get("under", "insecure"))
+    top = security_entry(j.result, over, group, mode)
+    base = security_entry(j.result, under, group, mode)
+    if top is None or base is None or not base["ops_per_s"]["median"]:
         return _row(spec, f"{group} [{mode}] not measured on both clusters", None)
-    rs, ri = float(secure["ops_per_s"]["median"]), float(insecure["ops_per_s"]["median"])
-    ratio = rs / ri
+    rt, rb = float(top["ops_per_s"]["median"]), float(base["ops_per_s"]["median"])
+    ratio = rt / rb
     return _row(
         spec,
-        f"{100 * ratio:.0f} % (secure {rs:,.0f}/s, insecure {ri:,.0f}/s; "
+        f"{100 * ratio:.0f} % ({over} {rt:,.0f}/s, {under} {rb:,.0f}/s; "
         f"cost {100 * (1 - ratio):.0f} %)",
         ratio >= spec["min_ratio"],
     )

@@ -1,19 +1,20 @@
-"""The cost of client TLS and authentication (issue 11): acquire on one 3-node cluster
-without them, then on one with TLS on the client port, an auth file and a bearer
-token, one cluster after the other in the same run, plus a micro-benchmark of the
-peer cipher.
+"""The cost of security: acquire on one 3-node cluster whose members talk without TLS
+(``plain-peers``: the test build's ``plain_peers`` hook, never a production build),
+then on one with peer TLS and nothing else (``insecure``: the defaults), then on one
+that also has TLS on the client port, an auth file and a bearer token (``secure``),
+one cluster after the other in the same run, plus a micro-benchmark of one TLS record
+each way (what every Raft frame costs its two ends).
 
-Peer authentication cannot be turned off (every node proves its identity with a signed
-hello and seals every Raft frame with its connection's ``ConnectionCipher``), so both
-clusters pay it; its own
-cost is measured apart, as the time to seal and open one frame in this process.
+The ratios ``insecure / plain-peers`` (what mutual TLS between members costs) and
+``secure / insecure`` (what client TLS and auth cost) are of the same concurrency
+mode in the same run.
 
 Everything here blocks the main thread for the whole phase. A failure is recorded in
 result["security"] (per cluster, or per workload within one) and the next cluster
 still runs; only ``BenchTimeout`` and ``KeyboardInterrupt`` end the phase.
 
-result["security"] holds ``modes`` (in run order: insecure, secure), ``groups``,
-``peer_cipher`` (the micro-benchmark) and ``clusters``: per mode its ``settings``
+result["security"] holds ``modes`` (in run order: plain-peers, insecure, secure),
+``groups``, ``peer_tls`` (the micro-benchmark) and ``clusters``: per mode its ``settings``
 (what the cluster had besides the NodeConfig defaults; file paths left out),
 ``workloads`` (group -> concurrency mode -> the same entries as result["workloads"]),
 for the secure one ``probes`` (the codes it answered a client without a token and
@@ -23,8 +24,10 @@ when the cluster itself failed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import ssl
 import tempfile
 import time
 from pathlib import Path
@@ -32,9 +35,10 @@ from typing import Any
 
 from raftlease.client import Client
 from raftlease.errors import RaftLeaseError
+from raftlease.replication.peer_tls import TlsSession
 from raftlease.server.auth import token_digest
 from raftlease.testing import LocalCluster
-from raftlease.testing.certs import secure_bundle
+from raftlease.testing.certs import ClusterCerts, secure_bundle
 
 from ..cluster import log_alerts, save_failure_logs
 from ..context import TTL_FRESH, BenchTimeout, Context, progress
@@ -43,7 +47,7 @@ from ..raw import PAYLOAD_BYTES
 from . import durability, throughput
 
 #: The clusters, in run order.
-MODES = ("insecure", "secure")
+MODES = ("plain-peers", "insecure", "secure")
 #: The measured groups.
 GROUPS = ("acquire",)
 #: The principal the secure cluster's clients authenticate as.
@@ -52,12 +56,15 @@ PRINCIPAL = "bench"
 #: workload creates (its leases live TTL_FRESH s), so the quota is checked on every
 #: acquire, as in production, but never refuses one.
 LEASE_QUOTA = 10_000_000
-#: Frame sizes of the peer-cipher micro-benchmark: one acquire's entry, and a batch.
-CIPHER_SIZES = (PAYLOAD_BYTES, 16_384)
+#: Frame sizes of the peer TLS micro-benchmark: one acquire's entry, and a batch.
+RECORD_SIZES = (PAYLOAD_BYTES, 16_384)
 
 METHOD = (
-    "Two 3-node clusters, one after the other, with the NodeConfig defaults (the same "
-    "durability: {durability}): 'insecure' with nothing else, 'secure' with TLS on the "
+    "Three 3-node clusters, one after the other, with the NodeConfig defaults (the same "
+    "durability: {durability}): 'plain-peers' whose members talk without TLS (the test "
+    "build's plain_peers hook: the baseline for what peer TLS costs, never a production "
+    "build), 'insecure' with the defaults (mutual TLS 1.3 between members, nothing on "
+    "the client port), 'secure' with TLS on the "
     "client port (the certificate of testing.certs.secure_bundle, clients verify it "
     "against its CA), an auth file with one principal whose role may read and write "
     "the prefix bench/ (not admin, so every request is checked against the prefix) and "
@@ -65,32 +72,31 @@ METHOD = (
     "{quota:,} there so that the quota is counted on every acquire but never refuses "
     "one. On each: acquire of fresh keys with 1 thread, {threads} threads on one Client "
     "and an AsyncClient with {tasks} tasks, with the same warm-up, repetitions and "
-    "settle as everywhere. 'secure / insecure' divides the median throughputs of the "
-    "same mode. Peer authentication (a signed hello per connection, every Raft frame "
-    "sealed with AES-128-GCM by its connection's ConnectionCipher) is always on, so "
-    "both clusters pay it; its cost is the micro-benchmark: {tries:,} seal + open of "
-    "one frame per size in the benchmark process, p50 per frame."
+    "settle as everywhere. 'insecure / plain-peers' and 'secure / insecure' divide the "
+    "median throughputs of the same mode. The micro-benchmark: {tries:,} writes of one "
+    "frame into a TLS 1.3 session and reads of it from its peer (ssl.SSLObject over "
+    "memory buffers, as the nodes run it), per size, in the benchmark process, p50."
 )
 
 
 def security(ctx: Context) -> None:
-    """The security phase: the peer-cipher micro-benchmark, then one cluster per mode
+    """The security phase: the peer TLS micro-benchmark, then one cluster per mode
     of ``MODES``, in that order (each stopped before the next starts)."""
     p = ctx.profile
     tries = max(200, p.sync_probe * 10)
-    section: dict[str, Any] = {
-        "modes": list(MODES),
-        "groups": list(GROUPS),
-        "peer_cipher": peer_cipher(tries),
-        "clusters": {},
-    }
-    ctx.result["security"] = section
-    for size, figure in section["peer_cipher"]["sizes"].items():
-        progress(
-            f"security: peer cipher, {size} B frame: seal {figure['seal_us']:.1f} µs, "
-            f"open {figure['open_us']:.1f} µs (p50 of {tries})"
-        )
     with tempfile.TemporaryDirectory(prefix="raftlease-bench-tls-") as tmp:
+        section: dict[str, Any] = {
+            "modes": list(MODES),
+            "groups": list(GROUPS),
+            "peer_tls": peer_tls_records(tries, Path(tmp) / "records"),
+            "clusters": {},
+        }
+        ctx.result["security"] = section
+        for size, figure in section["peer_tls"]["sizes"].items():
+            progress(
+                f"security: peer TLS, {size} B frame: write {figure['seal_us']:.1f} µs, "
+                f"read {figure['open_us']:.1f} µs (p50 of {tries})"
+            )
         for mode in MODES:
             record: dict[str, Any] = {"workloads": {}}
             section["clusters"][mode] = record
@@ -161,6 +167,9 @@ def one_mode(ctx: Context, mode: str, record: dict[str, Any], tmp: Path) -> None
     cluster: LocalCluster
     if mode == "secure":
         cluster, record["settings"] = _secure_cluster(tmp / "tls")
+    elif mode == "plain-peers":
+        cluster = LocalCluster(3, hooks={"plain_peers": True})
+        record["settings"] = {"plain_peers": True}
     else:
         cluster, record["settings"] = LocalCluster(3), {}
     progress(f"{name}: starting a 3-node cluster ({record['settings'] or 'NodeConfig defaults'})")
@@ -215,26 +224,36 @@ def probes(cluster: _TokenCluster) -> dict[str, str]:
     return out
 
 
-def peer_cipher(tries: int) -> dict[str, Any]:
-    """Time ``tries`` seals and opens of one frame per size of ``CIPHER_SIZES`` with
-    the cipher every Raft frame after the hellos goes through: a ``ConnectionCipher``
-    over the cluster's ``PeerCipher`` (keys from a fresh secret and a random
-    connection key). Blocks for the loop (a few ms); raises nothing but what the
-    cipher raises."""
-    cipher = ConnectionCipher(PeerCipher(secrets.token_hex(32)), os.urandom(32))
+def peer_tls_records(tries: int, directory: Path) -> dict[str, Any]:
+    """Time ``tries`` frames of each size of ``RECORD_SIZES`` through a TLS 1.3 session
+    between two members' contexts (``ClusterCerts``, the nodes' own ``TlsSession``):
+    write on one side and move the record to the other (``seal_us``), read it there
+    (``open_us``). The handshake is done first, in memory. Blocks for the loop (a few
+    ms); raises ``RuntimeError`` if a frame comes back changed."""
+    certs = ClusterCerts(directory)
+    client = TlsSession(certs.peer_tls("n1").client, server_side=False)
+    server = TlsSession(certs.peer_tls("n2").server, server_side=True)
+    for _ in range(10):  # the handshake, flight by flight
+        for me, other in ((client, server), (server, client)):
+            with contextlib.suppress(ssl.SSLWantReadError):
+                me.obj.do_handshake()
+            other.incoming.write(me.outgoing.read())
     sizes: dict[str, Any] = {}
-    for size in CIPHER_SIZES:
+    for size in RECORD_SIZES:
         data = os.urandom(size)
         seal: list[float] = []
         opened: list[float] = []
-        for i in range(tries):
+        for _ in range(tries):
             t0 = time.perf_counter()
-            token = cipher.encrypt_at_time(data, i)
+            client.obj.write(data)
+            server.incoming.write(client.outgoing.read())
             t1 = time.perf_counter()
-            plain = cipher.decrypt(token)
+            plain = b""
+            while len(plain) < size:
+                plain += server.obj.read(size - len(plain))
             t2 = time.perf_counter()
             if plain != data:  # a wrong round trip would make the figure meaningless
-                raise RuntimeError("ConnectionCipher round trip changed the frame")
+                raise RuntimeError("a TLS round trip changed the frame")
             seal.append(t1 - t0)
             opened.append(t2 - t1)
         sizes[str(size)] = {
@@ -243,4 +262,5 @@ def peer_cipher(tries: int) -> dict[str, Any]:
             "seal_p99_us": percentile(seal, 0.99) * 1e6,
             "open_p99_us": percentile(opened, 0.99) * 1e6,
         }
-    return {"tries": tries, "cipher": "ConnectionCipher", "sizes": sizes}
+    suite = client.obj.cipher()
+    return {"tries": tries, "cipher": suite[0] if suite else "?", "sizes": sizes}
