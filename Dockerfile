@@ -14,15 +14,16 @@ COPY pyproject.toml README.md ./
 COPY raftlease ./raftlease
 RUN pip install . && rm -rf /src
 
-# A fixed non-root user. The data directory and the peer-secret directory belong to
-# it, so named volumes mounted there start with its ownership (Docker copies the
-# image directory's owner and mode into a new volume).
+# A fixed non-root user. The data directory, the certificates' directory and the
+# CA's directory belong to it, so named volumes mounted there start with its
+# ownership (Docker copies the image directory's owner and mode into a new volume).
+# (Kubernetes: runAsUser/fsGroup 10001 in cluster/kubernetes/raftlease.yaml.)
 RUN groupadd --system --gid 10001 raftlease \
     && useradd --system --uid 10001 --gid raftlease --home-dir /var/lib/raftlease \
        --shell /usr/sbin/nologin raftlease \
-    && mkdir -p /var/lib/raftlease /etc/raftlease/secret \
-    && chown raftlease:raftlease /var/lib/raftlease /etc/raftlease/secret \
-    && chmod 0700 /var/lib/raftlease /etc/raftlease/secret
+    && mkdir -p /var/lib/raftlease /var/lib/raftlease-ca /etc/raftlease/certs \
+    && chown raftlease:raftlease /var/lib/raftlease /var/lib/raftlease-ca /etc/raftlease/certs \
+    && chmod 0700 /var/lib/raftlease /var/lib/raftlease-ca /etc/raftlease/certs
 USER raftlease:raftlease
 WORKDIR /var/lib/raftlease
 

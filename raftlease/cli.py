@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import signal
+import ssl
 import sys
 import unicodedata
 from collections.abc import Sequence
@@ -474,25 +475,42 @@ def _client_options(func: Any) -> Any:
 
 
 def _client(endpoints: Sequence[str] | str) -> BlockingClient:
-    """A client for the CLI's commands: ``RAFTLEASE_AUTH_TOKEN`` (when set, even
-    empty), else ``RAFTLEASE_TOKEN``, authenticates it and ``RAFTLEASE_CA_FILE`` (or
-    ``RAFTLEASE_TLS=1`` for the system's CAs) turns on TLS. The token is read from the
-    environment, never from the command line. (Under ``raftlease lock``,
-    ``RAFTLEASE_TOKEN`` is the fencing token and the bearer token is in
-    ``RAFTLEASE_AUTH_TOKEN``.)"""
+    """A client for the CLI's commands, its credentials from the environment
+    (``_credentials``), never from the command line."""
     token, tls = _credentials()
     return Client(endpoints, token=token, tls=tls)
 
 
-def _credentials() -> tuple[str | None, str | bool | None]:
+def _credentials() -> tuple[str | None, ssl.SSLContext | str | bool | None]:
     """(bearer token, tls) from the environment, as ``_client`` uses them (and
-    ``raftlease mcp``, which builds an asyncio client)."""
+    ``raftlease mcp`` and ``member``, which build clients of their own):
+    ``RAFTLEASE_AUTH_TOKEN`` (when set, even empty), else ``RAFTLEASE_TOKEN``, is the
+    bearer token (under ``raftlease lock``, ``RAFTLEASE_TOKEN`` is the fencing token
+    and the bearer token is in ``RAFTLEASE_AUTH_TOKEN``); ``RAFTLEASE_CA_FILE`` (or
+    ``RAFTLEASE_TLS=1`` for the system's CAs) turns on TLS; ``RAFTLEASE_CERT_FILE``
+    and ``RAFTLEASE_KEY_FILE`` add a client certificate (its common name is the
+    principal). Raises ``click.UsageError`` if the certificate files cannot be used."""
     if "RAFTLEASE_AUTH_TOKEN" in os.environ:
         token = os.environ["RAFTLEASE_AUTH_TOKEN"] or None
     else:
         token = os.environ.get("RAFTLEASE_TOKEN") or None
     ca_file = os.environ.get("RAFTLEASE_CA_FILE") or None
-    tls: str | bool | None = ca_file or (os.environ.get("RAFTLEASE_TLS") == "1") or None
+    tls: ssl.SSLContext | str | bool | None = (
+        ca_file or (os.environ.get("RAFTLEASE_TLS") == "1") or None
+    )
+    cert_file = os.environ.get("RAFTLEASE_CERT_FILE") or None
+    key_file = os.environ.get("RAFTLEASE_KEY_FILE") or None
+    if cert_file or key_file:
+        if not (cert_file and key_file):
+            raise click.UsageError("RAFTLEASE_CERT_FILE and RAFTLEASE_KEY_FILE go together")
+        try:
+            context = ssl.create_default_context(cafile=ca_file)
+            context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise click.UsageError(
+                f"cannot use the client certificate {cert_file} with {key_file}: {exc}"
+            ) from None
+        tls = context
     return token, tls
 
 

@@ -89,15 +89,17 @@ def certs() -> None:
 @_days_option(pki.CA_DAYS)
 @_force_option
 def certs_init(directory: Path, name: str, days: int, force: bool) -> None:
-    """Make a new cluster CA: DIR/ca.pem (give it to every member and client) and
+    """Make a new cluster CA: DIR/ca.pem (give it to every member and client),
     DIR/ca.key (mode 0600; it signs certificates: keep it on the machine that issues
-    them, not on the nodes)."""
+    them, not on the nodes) and DIR/crl.pem (its revocation list, empty for now:
+    give it to every member as peer_crl_file)."""
     try:
         ca = pki.make_ca(directory, name, days, force=force)
     except (FileExistsError, ConfigError) as exc:
         _die(exc.message if isinstance(exc, ConfigError) else str(exc))
     click.echo(f"CA certificate: {ca.cert_file}")
     click.echo(f"CA key:         {ca.key_file} (keep it private; not needed on the nodes)")
+    click.echo(f"revocation list: {ca.cert_file.with_name(pki.CRL)} (empty; peer_crl_file)")
 
 
 @certs.command("node")

@@ -10,13 +10,12 @@ happened), 2 usage errors.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
 import click
 
-from .cli import DURATION, Client, _client_options, _fail, _safe, main
+from .cli import DURATION, Client, _client_options, _credentials, _fail, _safe, main
 from .errors import RaftLeaseError
 
 
@@ -24,12 +23,7 @@ def _admin_client(endpoints: str, timeout: float) -> Any:
     """A client whose single attempt may last the whole deadline (an add waits for
     the new member to catch up before it answers). Token and TLS from the
     environment, as for every CLI command."""
-    if "RAFTLEASE_AUTH_TOKEN" in os.environ:
-        token = os.environ["RAFTLEASE_AUTH_TOKEN"] or None
-    else:
-        token = os.environ.get("RAFTLEASE_TOKEN") or None
-    ca_file = os.environ.get("RAFTLEASE_CA_FILE") or None
-    tls: str | bool | None = ca_file or (os.environ.get("RAFTLEASE_TLS") == "1") or None
+    token, tls = _credentials()
     return Client(endpoints, token=token, tls=tls, attempt_timeout=max(3.0, timeout))
 
 

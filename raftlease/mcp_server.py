@@ -35,6 +35,7 @@ import math
 import os
 import re
 import signal
+import ssl
 import time
 import warnings
 from collections.abc import AsyncIterator
@@ -74,14 +75,15 @@ class McpOptions:
     """How ``raftlease mcp`` reaches the cluster and keeps its claims.
 
     ``token``/``tls`` are the CLI's credentials (``RAFTLEASE_AUTH_TOKEN`` or
-    ``RAFTLEASE_TOKEN``, ``RAFTLEASE_CA_FILE`` / ``RAFTLEASE_TLS``); ``owner`` the label
+    ``RAFTLEASE_TOKEN``, ``RAFTLEASE_CA_FILE`` / ``RAFTLEASE_TLS``, a client
+    certificate from ``RAFTLEASE_CERT_FILE`` / ``RAFTLEASE_KEY_FILE``); ``owner`` the label
     readers see; ``session_ttl`` how long the claims outlive a dead MCP server."""
 
     endpoints: list[str]
     owner: str
     session_ttl: float = 15.0
     token: str | None = None
-    tls: str | bool | None = None
+    tls: ssl.SSLContext | str | bool | None = None
     deadline: float = 15.0
 
 

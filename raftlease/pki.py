@@ -198,9 +198,9 @@ def make_ca(
     days: int = CA_DAYS,
     force: bool = False,
 ) -> Authority:
-    """A new CA in ``directory``: ``ca.pem`` (its certificate, 0644) and ``ca.key``
-    (its key, 0600; keep it off the nodes). Raises ``FileExistsError`` if either
-    exists and not ``force``."""
+    """A new CA in ``directory``: ``ca.pem`` (its certificate, 0644), ``ca.key`` (its
+    key, 0600; keep it off the nodes) and ``crl.pem`` (its revocation list, empty).
+    Raises ``FileExistsError`` if the certificate or key exists and not ``force``."""
     if days < 1:
         raise ConfigError(f"days must be at least 1, got {days}")
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -243,7 +243,12 @@ def make_ca(
     # The key first: a folder with a CA certificate but no key would look complete.
     write_file(directory / CA_KEY, _key_pem(key), 0o600)
     path = write_file(directory / CA_CERT, cert.public_bytes(serialization.Encoding.PEM), 0o644)
-    return Authority(cert, key, path)
+    ca = Authority(cert, key, path)
+    # An empty revocation list, so members can name peer_crl_file from the start and
+    # a revocation later is a file copy and a reload, not a config change.
+    (directory / CRL).unlink(missing_ok=True)
+    revoke(ca, [], directory / CRL)
+    return ca
 
 
 def load_ca(directory: Path) -> Authority:

@@ -1,11 +1,13 @@
 """The Dockerfile and docker-compose.yml agree with the config format and the CLI
-(issue 13, "Ship it"). Parsed, never run: nothing here needs a container runtime.
+(issue 13, "Ship it"). Parsed, never run (tests/test_deploy_run.py runs their
+commands and mounts as processes).
 
 Checked: every config file the compose file mounts exists and loads with
 ``raftlease.config.load_toml``; service names, hostnames, ids and ports match between
 the services and the configs (and every config lists the same members); each node's
-data directory is a volume of its own; the peer secret is one shared volume, mounted
-read-only by the nodes, at the path the configs name; published ports are on the
+data directory is a volume of its own; the certificates are one volume made by a
+one-shot service and mounted read-only by the nodes, at the paths the configs name,
+and the CA key's volume is never mounted into a node; published ports are on the
 host's loopback only (the configs' ``insecure = true`` depends on it); the image runs
 as a non-root user a real CLI command with the config path the compose file mounts,
 and its healthcheck asks the admin endpoint the configs enable.
@@ -157,11 +159,14 @@ def test_compose_services_agree_with_their_configs() -> None:
     assert "raftlease" in data["networks"]
 
 
-def test_each_node_has_its_own_data_volume_and_shares_one_read_only_secret() -> None:
+def test_each_node_has_its_own_data_volume_and_reads_the_certificates_read_only() -> None:
+    """Each node: a data volume of its own; the certificates' volume mounted read-only
+    where its config's peer files are; the CA's volume (its key) never mounted into a
+    node; and it starts only after the one-shot "certs" service completed."""
     data = compose()
     services = data["services"]
     volumes = set(data["volumes"])
-    secret_dirs = set()
+    cert_volumes = set()
     data_volumes = []
     for name in NODE_SERVICES:
         service = services[name]
@@ -170,24 +175,37 @@ def test_each_node_has_its_own_data_volume_and_shares_one_read_only_secret() -> 
         source, options = mounted[str(config.data_dir)]
         assert source in volumes and options == [], f"{name}: data dir on a named rw volume"
         data_volumes.append(source)
-        secret = config.peer_secret_path
-        source, options = mounted[str(secret.parent)]
-        assert source in volumes and options == ["ro"], f"{name}: peer secret read-only"
-        secret_dirs.add(source)
-        assert service["depends_on"]["peer-secret"]["condition"] == (
-            "service_completed_successfully"
-        )
+        files = {
+            Path(f)
+            for f in (
+                config.peer_ca_file,
+                config.peer_cert_file,
+                config.peer_key_file,
+                config.peer_crl_file,
+            )
+        }
+        parents = {f.parent for f in files}
+        assert len(parents) == 1, f"{name}: peer files in one folder"
+        source, options = mounted[str(parents.pop())]
+        assert source in volumes and options == ["ro"], f"{name}: certificates read-only"
+        cert_volumes.add(source)
+        assert Path(config.peer_cert_file).name == f"{name}.pem"
+        assert service["depends_on"]["certs"]["condition"] == "service_completed_successfully"
     assert len(set(data_volumes)) == len(NODE_SERVICES), "one data volume per node"
-    assert len(secret_dirs) == 1, "one shared secret for the cluster"
-    # The one-shot service writes the secret where the configs read it, mode 0600.
-    maker = services["peer-secret"]
-    (shared,) = secret_dirs
-    target = next(t for t, (s, o) in mounts(maker).items() if s == shared)
-    script = "\n".join(maker["entrypoint"])
-    paths = {str(node_config(services[n])[0].peer_secret_path) for n in NODE_SERVICES}
-    assert len(paths) == 1
-    (path,) = paths
-    assert path.startswith(target + "/") and f'"{path}"' in script and "0o600" in script
+    assert len(cert_volumes) == 1
+    maker = services["certs"]
+    made = mounts(maker)
+    ca_volumes = {s for s, _ in made.values()} - cert_volumes
+    assert len(ca_volumes) == 1, "the one-shot service keeps the CA in a volume of its own"
+    for name in NODE_SERVICES:
+        assert not ca_volumes & {s for s, _ in mounts(services[name]).values()}, (
+            f"{name} mounts the CA's volume: a node could mint certificates"
+        )
+    # The one-shot issues each node's certificate for its service name (the name its
+    # peers dial), into the volume the nodes mount.
+    script = "\n".join(maker["command"])
+    assert "raftlease certs init" in script and "raftlease certs node" in script
+    assert "--host $$id" in script and " ".join(NODE_SERVICES) in script
 
 
 def test_the_cli_service_uses_the_nodes_client_addresses() -> None:

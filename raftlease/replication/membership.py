@@ -41,11 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.node import TCPNode
 
 from ..config import NodeAddress
 from ..errors import ConfigError, UnavailableError
+from .names import names
 
 log = logging.getLogger("raftlease.replication")
 
@@ -59,8 +59,10 @@ MEMBERSHIP_COMMAND = 2
 
 class DialNode(TCPNode):  # type: ignore[misc]
     """A peer identified by its raft address but dialled at ``dial`` (for example a
-    fault-injecting proxy). PySyncObj identifies nodes by ``address`` (sent on connect,
-    compared to decide who dials) and dials ``ip``/``port``: we change only the latter."""
+    fault-injecting proxy; by default the raft address itself). PySyncObj identifies
+    nodes by ``address`` (sent on connect, compared to decide who dials) and dials
+    ``ip``/``port``: we change only the latter, and resolve the host name with
+    ``names.NameCache`` instead of PySyncObj's blocking ten-minute cache."""
 
     def __init__(self, address: str, dial: str, **extra: Any) -> None:
         super().__init__(address, **extra)
@@ -73,8 +75,10 @@ class DialNode(TCPNode):  # type: ignore[misc]
         return f"{self._dial_host}:{self._dial_port}"
 
     @property
-    def ip(self) -> str:
-        return str(globalDnsResolver().resolve(self._dial_host))
+    def ip(self) -> str | None:
+        # Off the tick thread, and short-lived (names.py): None until the name has
+        # resolved once, and PySyncObj then dials again after connection_retry.
+        return names.ip(self._dial_host)
 
     @property
     def port(self) -> int:

@@ -61,6 +61,7 @@ from .membership import (
     read_members_file,
     write_removed_file,
 )
+from .names import names
 from .peer_tls import PeerTLS, load_peer_tls
 from .transport import LeaseTransport
 
@@ -318,6 +319,8 @@ class Replica:
         conf.onStateChanged = self._on_state_changed
         dial = {p.raft: config.dial[p.id] for p in config.peers if p.id in config.dial}
         peers = [member_node(p, DialNode, dial=dial.get(p.raft, p.raft)) for p in others]
+        for p in others:  # start resolving peer names now, off the tick thread (names.py)
+            names.ip(dial.get(p.raft, p.raft).rpartition(":")[0].strip("[]"))
         bound = type(
             "BoundLeaseTransport",
             (transport_class,),

@@ -21,6 +21,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import ssl
 import stat
 import time
@@ -120,6 +121,10 @@ class ServerHooks:
     keepalive_flush: bool = True
 
 
+#: Seconds a starting node waits for the host names of its own addresses to resolve.
+OWN_NAME_WAIT = 60.0
+
+
 def _log_peer_cutoff(closed: int) -> None:
     """Tick thread, after a peer TLS reload: how many peer connections it closed."""
     if closed:
@@ -200,9 +205,42 @@ class NodeServer(TaskWaits):
 
     # ----------------------------------------------------------- lifecycle
 
+    async def _wait_for_own_names(self) -> None:
+        """Wait until the host names of this node's own addresses resolve, for up to
+        ``OWN_NAME_WAIT`` s: in Kubernetes a pod's DNS name (a headless service's
+        record) appears a moment after the pod starts, and binding would fail. IP
+        addresses need no wait. Logs what it waits for every 5 s. Raises
+        ``ConfigError`` naming the address if a name still does not resolve."""
+        loop = asyncio.get_running_loop()
+        addresses = [("client", self.config.self_node.client), ("raft", self.config.self_node.raft)]
+        if self.config.admin_address:
+            addresses.append(("admin", self.config.admin_address))
+        deadline = time.monotonic() + OWN_NAME_WAIT
+        for what, address in addresses:
+            host, port = parse_addr(address, f"{what} address")
+            told = float("-inf")
+            while True:
+                try:
+                    await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                    break
+                except (OSError, UnicodeError) as exc:
+                    now = time.monotonic()
+                    if now >= deadline:
+                        raise ConfigError(
+                            f"the {what} address {address} does not resolve ({exc}) after "
+                            f"{OWN_NAME_WAIT:.0f} s"
+                        ) from None
+                    if now - told >= 5.0:
+                        told = now
+                        log.warning(
+                            "waiting for the %s address %s to resolve (%s)", what, address, exc
+                        )
+                    await asyncio.sleep(0.5)
+
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
+        await self._wait_for_own_names()
         host, port = parse_addr(self.config.self_node.client, "client address")
         # Bind the client port first: if it is taken, fail before joining Raft.
         client_tls = self._tls_context()
