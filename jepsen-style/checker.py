@@ -53,6 +53,12 @@ pass: that is ``unknown`` (a warning, never a pass).
    node's data directory at one committed index (``replay.py``), are identical, and so
    are the committed log entries they share. No final state, or no (or a partial)
    replay, is ``unknown``.
+7. ``rejoin`` (PreVote): a member cut off from every other (the ``isolate-follower``
+   fault) never raises its term while cut off (its term just before the heal equals
+   its term before the cut): no majority grants it a pre-vote, so its return cannot
+   depose the leader. The leader keeping its term after the heal is counted
+   (``leader_kept``) but not judged: an unrelated election on a loaded machine could
+   move it. A run without that fault has nothing to judge (``True``, ``faults`` 0).
 
 ``check(events)`` runs all of them; the overall verdict is False if any is False,
 else "unknown" if any is unknown, else True. ``volume_stats`` measures what the run
@@ -1355,6 +1361,42 @@ def check_replicas(events: list[Event]) -> dict[str, Any]:
     return result
 
 
+def check_rejoin(events: list[Event]) -> dict[str, Any]:
+    """The ``rejoin`` checker (module doc, 7): over the ``isolate-follower`` faults'
+    heal events. A heal that recorded no terms (the victim did not answer its status)
+    is ``unknown``."""
+    violations: list[dict[str, Any]] = []
+    unknown: list[dict[str, Any]] = []
+    faults = kept = 0
+    for event in events:
+        if event.get("type") != "nemesis" or event.get("f") != "stop":
+            continue
+        if event.get("fault") != "isolate-follower":
+            continue
+        faults += 1
+        detail = event.get("detail") or {}
+        before, at_heal = detail.get("victim_term_before"), detail.get("victim_term_at_heal")
+        if detail.get("leader_kept"):
+            kept += 1
+        if not (_is_int(before) and _is_int(at_heal)):
+            unknown.append({"kind": "no terms recorded for the cut-off member", "event": event})
+        elif at_heal > before:
+            violations.append(
+                {
+                    "kind": "a member cut off from every other raised its term",
+                    "victim": detail.get("victim"),
+                    "term_before": before,
+                    "term_at_heal": at_heal,
+                    "leader_kept": detail.get("leader_kept"),
+                    "t": event.get("t"),
+                }
+            )
+    result = _result(violations, {"faults": faults, "leader_kept": kept})
+    if unknown and not violations:
+        result.update(valid="unknown", unknown=unknown)
+    return result
+
+
 def _run_nodes(events: list[Event], final: Event) -> list[str]:
     """The nodes of the run: the final event's, or ``n1..nN`` from the meta's count."""
     if final.get("nodes"):
@@ -1562,6 +1604,7 @@ def check(
         "linearizable": check_linearizable(ops, params, shared),
         "liveness": check_liveness(every_op, events, params),
         "replicas": check_replicas(events),
+        "rejoin": check_rejoin(events),
         # A secure run (meta ``secure``) proves auth was on by its probes (secure.py).
         "security": check_security(events),
     }

@@ -7,7 +7,9 @@ stop event's time is when the heal took effect: liveness is measured from it).
 Kinds (``KINDS``), by what they break:
 
 * network, through the ``proxy.ProxyNet`` on every node pair: ``isolate-leader``,
-  ``split-majority`` (random minority/majority), ``bridge`` (two halves that only one
+  ``isolate-follower`` (a follower cut from every other node; at the heal the nemesis
+  records its term before the heal and whether the leader kept its term after it: the
+  ``rejoin`` checker, PreVote's case), ``split-majority`` (random minority/majority), ``bridge`` (two halves that only one
   node sees both of), ``partial-leader`` (leader cut from one follower only),
   ``one-way`` (the leader's outbound or inbound bytes lost), ``stall-leader`` (the
   leader's bytes held, then delivered late), ``reset-refuse-leader`` (connections reset
@@ -71,6 +73,7 @@ from raftlease.testing import LocalCluster
 #: kind -> (category, default duration in seconds)
 KINDS: dict[str, tuple[str, float]] = {
     "isolate-leader": ("network", 3.5),
+    "isolate-follower": ("network", 3.5),
     "split-majority": ("network", 3.5),
     "bridge": ("network", 3.5),
     "partial-leader": ("network", 3.0),
@@ -104,6 +107,8 @@ OVERLAP_SETTLE = {"clock-beyond": 8.0, "partial-leader": 0.5}
 #: up, so no read can be answered (run.py asks no reads during faults of a schedule
 #: made of these alone).
 NO_QUORUM = frozenset({"kill-all", "power-loss"})
+#: ``isolate-follower``: how long after the heal the nemesis watches the leader.
+REJOIN_WATCH = 2.0
 #: ``power-loss``: the chance that every node loses power (else a random majority).
 POWER_LOSS_ALL = 0.4
 #: After a ``power-loss`` or ``kill-all`` heal (every victim restarted), how long the
@@ -516,6 +521,50 @@ class Nemesis:
         self.proxies.partition(groups, DROP)
         self._heal_net()
         return {"groups": groups, "leader": leader, "leader_known": known}
+
+    def _start_isolate_follower(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        """Cut one follower from every other node. Its term (and the leader's) is
+        asked on the client ports, which the proxy does not touch: before the cut,
+        just before the heal (what the cut-off member did meanwhile) and for
+        ``REJOIN_WATCH`` s after it (whether its return moved the leader)."""
+        leader, known = self._target_leader()
+        victim = rng.choice(self._followers(leader))
+        before = self.status(victim) or {}
+        leading = self.status(leader) or {}
+        self.proxies.partition([[victim], self._followers(victim)], DROP)
+
+        def heal() -> dict[str, Any]:
+            at_heal = self.status(victim) or {}
+            resets = self.proxies.heal()
+            kept = True
+            end = time.monotonic() + REJOIN_WATCH
+            while time.monotonic() < end:
+                st = self.status(leader)
+                if st is not None and (st.get("role"), st.get("term")) != (
+                    "leader",
+                    leading.get("term"),
+                ):
+                    kept = False
+                    break
+                time.sleep(0.05)
+            return {
+                "resets": resets,
+                "victim": victim,
+                "victim_term_before": before.get("term"),
+                "victim_term_at_heal": at_heal.get("term"),
+                "leader": leader,
+                "leader_term": leading.get("term"),
+                "leader_kept": kept,
+            }
+
+        self._heal.append(heal)
+        return {
+            "victim": victim,
+            "leader": leader,
+            "leader_known": known,
+            "victim_term_before": before.get("term"),
+            "leader_term": leading.get("term"),
+        }
 
     def _start_split_majority(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
         nodes = list(self.ids)

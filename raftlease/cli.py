@@ -238,7 +238,7 @@ def node(
         raise click.UsageError(f"invalid configuration: {exc}") from None
     try:
         run_node(config, parent_pid=parent_pid)
-    except ConfigError as exc:  # files named by the config (auth, TLS, peer secret)
+    except ConfigError as exc:  # files named by the config (auth, TLS, peer TLS)
         click.echo(f"error: {_safe(exc.message)}", err=True)
         sys.exit(2)
 

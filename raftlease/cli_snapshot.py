@@ -322,6 +322,6 @@ def restore(
     click.echo(
         "leases keep their holders, lease ids and tokens, and expire one TTL after the "
         "new cluster's first entry unless renewed. Seed every node from this same file "
-        "before starting any of them, and give the new cluster its own peer secret "
-        "(an old node started by mistake must not be able to join it)."
+        "before starting any of them, and give the new cluster its own CA (raftlease "
+        "certs init): an old node started by mistake must not be able to join it."
     )

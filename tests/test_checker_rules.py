@@ -737,3 +737,57 @@ def test_volume_passes_a_busy_history() -> None:
     stats = volume["stats"]
     assert stats["pause_client_writes_refused"] == 1 and stats["contended_per_key"] == {"k": 1}
     assert stats["heals_measured"] == stats["heals"] == 1
+
+
+# ------------------------------------------------------------ rejoin (PreVote)
+
+
+def _isolation(h: Hist, before: Any, at_heal: Any, kept: bool = True) -> None:
+    h.add(
+        {
+            "type": "nemesis",
+            "f": "start",
+            "fault": "isolate-follower",
+            "id": 7,
+            "t": 0.05,
+            "detail": {"victim": "n3", "victim_term_before": before},
+        }
+    )
+    h.add(
+        {
+            "type": "nemesis",
+            "f": "stop",
+            "fault": "isolate-follower",
+            "id": 7,
+            "t": 0.2,
+            "detail": {
+                "victim": "n3",
+                "victim_term_before": before,
+                "victim_term_at_heal": at_heal,
+                "leader": "n1",
+                "leader_term": 2,
+                "leader_kept": kept,
+            },
+        }
+    )
+
+
+def _rejoin_history(before: Any, at_heal: Any, kept: bool = True) -> dict[str, Any]:
+    h = Hist()
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    _isolation(h, before, at_heal, kept)
+    h.release("a", "k", 0.3, 0.31, token=1)
+    h.acquire("b", "k", 0.4, 0.41, token=2)
+    result: dict[str, Any] = h.complete().check()["checkers"]["rejoin"]
+    return result
+
+
+def test_rejoin_a_cut_off_member_that_raised_its_term_fails() -> None:
+    """Without PreVote the cut-off member's term rises while it hears no one (and
+    its return deposes the leader): the checker fails the run."""
+    bad = _rejoin_history(before=2, at_heal=6, kept=False)
+    assert bad["valid"] is False and bad["violations"][0]["term_at_heal"] == 6
+    good = _rejoin_history(before=2, at_heal=2)
+    assert good["valid"] is True and good["stats"] == {"faults": 1, "leader_kept": 1}
+    # Its term not recorded (it did not answer): unknown, never a pass.
+    assert _rejoin_history(before=2, at_heal=None)["valid"] == "unknown"

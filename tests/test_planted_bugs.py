@@ -53,6 +53,7 @@ from raftlease.server import ServerHooks
 from raftlease.testing import PLANTED_BUGS, LocalCluster, free_port_block, hook_arguments, wait_for
 from raftlease.testing.node import (
     DriftBlindGuard,
+    EagerElectionTransport,
     ForgetfulStore,
     PromiselessGuard,
     RawFollowerLogTransport,
@@ -75,6 +76,7 @@ pytestmark = pytest.mark.timeout(60)
 
 #: The planted bugs this file covers (the others: ``CHAOS_COVERED``).
 COVERED = (
+    "skip_pre_vote",
     "skip_vote_promise",
     "ignore_drift_alarm",
     "skip_read_barrier",
@@ -267,6 +269,7 @@ def test_unknown_planted_bug_is_refused_before_any_process_starts() -> None:
 
 #: What each planted build changes in ServerHooks, against the honest test build.
 PLANTED_FIELDS: dict[str, dict[str, Any]] = {
+    "skip_pre_vote": {"transport_class": EagerElectionTransport},
     "skip_vote_promise": {"guard_class": PromiselessGuard},
     "ignore_drift_alarm": {"guard_class": DriftBlindGuard},
     "skip_read_barrier": {"lease_read_barrier": False},
@@ -615,6 +618,46 @@ def proxied_cluster(
         proxies.stop()
 
 
+# --- skip_pre_vote: PreVote
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("build", ["honest", "skip_pre_vote"])
+def test_pre_vote_keeps_a_cut_off_member_from_deposing_the_leader(
+    request: pytest.FixtureRequest, build: str
+) -> None:
+    """A follower cut off from both others for 4 s (several election timeouts), then
+    healed (issue 35's measurement: term 7 -> 9 in 4 ms, the healthy leader deposed).
+    With PreVote its term never rises (no majority grants it a pre-vote) and the leader
+    keeps its term after the heal; without, it raises its term while cut off, and
+    healed, makes the leader step down."""
+    with proxied_cluster(request, hooks_for(build)) as p:
+        cluster = p.cluster
+        leader = cluster.leader_id()
+        term = int((p.status(leader) or {})["term"])
+        victim = next(n.id for n in cluster.nodes if n.id != leader)
+        others = [n.id for n in cluster.nodes if n.id != victim]
+        p.proxies.block([(victim, o) for o in others] + [(o, victim) for o in others], DROP)
+        time.sleep(4.0)  # the fault's length, not a wait for a condition
+        cut_off = p.status(victim)
+        assert cut_off is not None, f"{victim} stopped answering its client port"
+        p.proxies.heal()
+        deposed = None
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and deposed is None:
+            status = p.status(leader)
+            if status is not None and (status["role"], status["term"]) != ("leader", term):
+                deposed = f"{status['role']} in term {status['term']}"
+            time.sleep(0.05)
+    violations = []
+    if int(cut_off["term"]) > term:
+        violations.append(f"{victim} raised its term {term} -> {cut_off['term']} while cut off")
+    if deposed is not None:
+        violations.append(f"the healthy leader {leader} (term {term}) became {deposed}")
+    assert expect(build, violations), "the planted build kept its leader and its term"
+
+
 #: Long Raft timers (S = election_timeout_min = 2 s) so that the windows a planted
 #: bug opens are wide enough to hit on a loaded machine.
 SLOW_RAFT: dict[str, Any] = {
@@ -695,10 +738,11 @@ def test_vote_promise_keeps_a_deposed_leader_from_stale_lease_reads(
 ) -> None:
     """Right after the leader L applied a tick, cut L from follower C (both ways) and
     delay the other follower B's messages to L by 1 s. C times out after 0.5-0.7 s and
-    campaigns with a log as long as B's. With the promise, B, which hears from L
-    (S = 2 s), refuses to vote: nobody else leads. Without it, B elects C; L, whose
-    lease was earned on B's echoes, learns of the new term only with B's delayed
-    messages and meanwhile serves lease reads that miss a grant C acknowledged.
+    campaigns with a log as long as B's (asks for pre-votes first). With the promise, B,
+    which hears from L (S = 2 s), refuses its pre-vote (or its vote): nobody else leads.
+    Without it, B elects C; L, whose lease was earned on B's echoes, learns of the new
+    term only with B's delayed messages and meanwhile serves lease reads that miss a
+    grant C acknowledged.
     Timing-dependent: the planted build gets ATTEMPTS runs."""
     for _ in range(ATTEMPTS if build != "honest" else 1):
         with proxied_cluster(
@@ -744,8 +788,12 @@ def _vote_promise_scenario(p: Proxied) -> list[str]:
     reader = Reader(p.addr(old), key)
     campaigned = []
 
+    asked = int((p.status(cut) or {}).get("pre_vote_rounds", 0))
+
     def new_leader_grant() -> Write | None:
         status = p.status(cut)
+        if status is not None and status.get("pre_vote_rounds", 0) > asked:
+            campaigned.append(-1)  # it asked for pre-votes (refused under B's promise)
         if status is None or status["term"] <= before["term"]:
             return None
         campaigned.append(status["term"])
