@@ -108,6 +108,20 @@ def hup(cluster: LocalCluster, node_id: str, text: str = RELOADED) -> str:
     return [line for line in log_text(cluster, node_id).splitlines() if text in line][-1]
 
 
+def hup_outcome(cluster: LocalCluster, node_id: str) -> str:
+    """SIGHUP ``node_id``; the line that says whether its peer TLS files were taken
+    (``RELOADED``) or refused (``REFUSED``)."""
+    before = logged(cluster, node_id, RELOADED) + logged(cluster, node_id, REFUSED)
+    os.kill(cluster.pid(node_id), signal.SIGHUP)
+    wait_for(
+        lambda: logged(cluster, node_id, RELOADED) + logged(cluster, node_id, REFUSED) > before,
+        30,
+        f"{node_id}'s reload",
+    )
+    lines = log_text(cluster, node_id).splitlines()
+    return [line for line in lines if RELOADED in line or REFUSED in line][-1]
+
+
 def serial_of(cert: Path) -> str:
     return format(pki.load_certificates(cert)[0].serial_number, "x")
 
@@ -412,3 +426,29 @@ def test_a_malformed_file_at_reload_is_refused_and_the_old_tls_stays(
     cluster.restart_node(restarted)
     wait_for(lambda: node_id in peers_of(cluster, restarted), 30, "the restart to connect")
     commits(cluster, "malformed/after")
+
+
+@pytest.mark.timeout(120)
+def test_a_ca_without_its_revocation_list_is_refused_at_reload(
+    hosts: tuple[LocalCluster, HostFiles],
+) -> None:
+    """With ``peer_crl_file``, OpenSSL checks a peer's certificate against the list of
+    the CA that issued it, and refuses it if that CA has no list in the file
+    ("unable to get certificate CRL"). A CA file that names a CA the revocation list
+    file has no list for (step 1 of a rotation done without the new CA's list) would
+    thus trust that CA in name only, and the first member given one of its
+    certificates (step 2) would be cut off from the others at its next connection.
+    The reload is refused instead, saying which CA has no list; with both lists in
+    the file it is taken."""
+    cluster, files = hosts
+    node_id = followers(cluster)[0]
+    new_ca = pki.make_ca(cluster.data_dir / "new-ca", "raftlease cluster CA 2")
+    files.trust(node_id, files.ca, new_ca)  # crl.pem: the old CA's list only
+    line = hup_outcome(cluster, node_id)
+    assert REFUSED in line and "raftlease cluster CA 2" in line, line
+    assert cluster.node_status(node_id)["peer_tls"]["cas"] == 1
+    new_crl = cluster.data_dir / "new-ca" / pki.CRL
+    pki.revoke(new_ca, [], new_crl)
+    files.lists(node_id, files.crl, new_crl)
+    assert "2 CA(s)" in hup_outcome(cluster, node_id)
+    commits(cluster, "crl/after")
