@@ -8,6 +8,7 @@ secret rotation tests (git show 85c1991:tests/test_peer_rotation.py).
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 import signal
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from raftlease import Client, Lease, RaftLeaseError, pki
@@ -452,3 +453,33 @@ def test_a_ca_without_its_revocation_list_is_refused_at_reload(
     files.lists(node_id, files.crl, new_crl)
     assert "2 CA(s)" in hup_outcome(cluster, node_id)
     commits(cluster, "crl/after")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug, not fixed here: load_peer_tls takes a revocation list past its next "
+    "update, and OpenSSL then refuses every peer handshake ('CRL has expired')",
+)
+@pytest.mark.timeout(120)
+def test_an_expired_revocation_list_is_refused_at_reload(
+    hosts: tuple[LocalCluster, HostFiles],
+) -> None:
+    """A revocation list past its next update (lists from openssl's ``ca`` default to
+    30 days; ``raftlease certs revoke`` writes ten years) makes OpenSSL refuse every
+    peer certificate it covers: taken at a reload, the member would be cut off from
+    every peer at its next connections, silently. It should be refused, the old
+    files staying in force, as an expired certificate is."""
+    cluster, files = hosts
+    node_id = followers(cluster)[0]
+    now = datetime.datetime.now(datetime.UTC)
+    expired = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(files.ca.cert.subject)
+        .last_update(now - datetime.timedelta(days=40))
+        .next_update(now - datetime.timedelta(days=10))
+        .sign(files.ca.key, hashes.SHA256())
+    )
+    crl = Path(files.settings(node_id)["peer_crl_file"])
+    pki.write_file(crl, expired.public_bytes(serialization.Encoding.PEM), 0o644)
+    line = hup_outcome(cluster, node_id)
+    assert REFUSED in line and "expired" in line, line
