@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from raftlease.errors import RaftLeaseError
-from raftlease.testing import LocalCluster, port_free, wait_for
+from raftlease.testing import LocalCluster, free_port_block, wait_for
 from raftlease.testing.certs import ClusterCerts
 from tests.conftest import FAST_SETTINGS
 from tests.test_peer_tls_cluster import (
@@ -49,8 +49,9 @@ class Impostor:
     """A TLS server bound on a stopped member's raft address, presenting a certificate
     of our choosing (``use`` swaps it for new connections), behaving as an eager
     follower for any dialer that takes it: it grants every pre-vote and vote and
-    acknowledges every ``append_entries`` as appended. Records per connection whether
-    its handshake completed and every message it received."""
+    acknowledges every ``append_entries`` as appended. Counts the connections
+    (``accepted``) and the completed handshakes (``handshakes``) and records every
+    message received (``received``)."""
 
     def __init__(self, addr: tuple[str, int], ca: Path, cert: Pair) -> None:
         self.ca = ca
@@ -235,8 +236,9 @@ class Relay:
     the next TLS application-data record the dialer sends, and notes on which
     connection (``tampered``; ``closed`` is set when that connection ends)."""
 
-    def __init__(self, port: int, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.upstream = ("127.0.0.1", 0)  # the acceptor's raft address, set before use
         self.listener = socket.create_server(("127.0.0.1", port))
         self.listener.settimeout(0.2)
         self.lock = threading.Lock()
@@ -329,12 +331,12 @@ def relayed(request: pytest.FixtureRequest) -> Iterator[tuple[LocalCluster, Rela
     (the ``dial`` setting, as jepsen-style/proxy.py routes peers); the highest member
     is then stopped, so every commit crosses the relay. Yields the cluster, the
     relay and the acceptor's id."""
+    # The relay's port is bound first, so that the cluster's block is drawn around it.
+    relay = Relay(free_port_block(1))
     cluster = LocalCluster(3, settings=dict(FAST_SETTINGS))
     low, mid, high = sorted(cluster.nodes, key=lambda n: raft_addr(n)[1])
-    # Between the raft ports (base+100..) and the admin ports (base+200..).
-    port = next(p for p in range(raft_addr(low)[1] + 50, 32000) if port_free(p))
-    cluster.node_settings = {mid.id: {"dial": {low.id: f"127.0.0.1:{port}"}}}
-    relay = Relay(port, raft_addr(low))
+    relay.upstream = raft_addr(low)
+    cluster.node_settings = {mid.id: {"dial": {low.id: f"127.0.0.1:{relay.port}"}}}
     try:
         cluster.start()
         cluster.stop_node(high.id)
