@@ -36,7 +36,13 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from ..errors import ConfigError
-from ..pki import load_certificates, load_crls, member_ids, member_ids_of_peercert
+from ..pki import (
+    describe_subject,
+    load_certificates,
+    load_crls,
+    member_ids,
+    member_ids_of_peercert,
+)
 
 log = logging.getLogger("raftlease.replication")
 
@@ -160,13 +166,31 @@ def load_peer_tls(
     revoked: frozenset[int] = frozenset()
     if crl_file:
         serials: set[int] = set()
+        listed: set[int] = set()  # indexes in ``cas`` of the CAs with a list
         for crl in load_crls(Path(crl_file)):
-            if not any(crl.is_signature_valid(ca.public_key()) for ca in cas):  # type: ignore[arg-type]
+            signers = {
+                i
+                for i, ca in enumerate(cas)
+                if crl.is_signature_valid(ca.public_key())  # type: ignore[arg-type]
+            }
+            if not signers:
                 raise ConfigError(
                     f"the revocation list {crl_file!r} holds a list not signed by a CA of "
                     f"{ca_file!r}"
                 )
+            listed |= signers
             serials.update(r.serial_number for r in crl)
+        # OpenSSL checks each peer's certificate against the list of the CA that
+        # issued it and refuses it if there is none: a CA without a list would be
+        # trusted in name only (a CA rotation's new certificates refused at their
+        # first connection). Say so now instead.
+        for i, ca in enumerate(cas):
+            if i not in listed:
+                raise ConfigError(
+                    f"the revocation list {crl_file!r} holds no list of the CA "
+                    f"{describe_subject(ca)!r} of {ca_file!r}: every certificate it issued "
+                    "would be refused; add that CA's list to the file (one list per CA)"
+                )
         revoked = frozenset(serials)
         if own.serial_number in revoked:
             raise ConfigError(f"the peer certificate {cert_file!r} is revoked by {crl_file!r}")
