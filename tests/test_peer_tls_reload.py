@@ -455,11 +455,6 @@ def test_a_ca_without_its_revocation_list_is_refused_at_reload(
     commits(cluster, "crl/after")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug, not fixed here: load_peer_tls takes a revocation list past its next "
-    "update, and OpenSSL then refuses every peer handshake ('CRL has expired')",
-)
 @pytest.mark.timeout(120)
 def test_an_expired_revocation_list_is_refused_at_reload(
     hosts: tuple[LocalCluster, HostFiles],

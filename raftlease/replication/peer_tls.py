@@ -126,7 +126,8 @@ def load_peer_tls(
     unreadable or malformed, the key is readable by every user or does not match
     the certificate, the certificate does not name ``node_id``
     (``urn:raftlease:member:<id>``), has expired or is not issued by a CA of
-    ``ca_file``, or the revocation list is not signed by one of them."""
+    ``ca_file``, or the revocation file holds a list not signed by one of them, lacks
+    the list of one of them, or holds a list past its next update."""
     if not (ca_file and cert_file and key_file):
         raise ConfigError(
             "peer TLS is not configured: set peer_ca_file, peer_cert_file and "
@@ -179,6 +180,25 @@ def load_peer_tls(
                     f"{ca_file!r}"
                 )
             listed |= signers
+            # OpenSSL refuses every certificate a list covers once the list is past
+            # its next update ("CRL has expired"): a member taking such a file would
+            # be cut off from every peer at its next connection.
+            next_update = crl.next_update_utc
+            if next_update is not None and next_update <= now:
+                raise ConfigError(
+                    f"the revocation list {crl_file!r} expired on "
+                    f"{next_update:%Y-%m-%d %H:%M} UTC (its next update): re-sign it "
+                    "(raftlease certs revoke re-signs the list it adds to)"
+                )
+            if next_update is not None and next_update - now < datetime.timedelta(
+                days=EXPIRY_WARNING_DAYS
+            ):
+                log.warning(
+                    "the revocation list %s expires on %s UTC (its next update): re-sign it "
+                    "and reload (SIGHUP) before then, or every peer it covers is refused",
+                    crl_file,
+                    f"{next_update:%Y-%m-%d %H:%M}",
+                )
             serials.update(r.serial_number for r in crl)
         # OpenSSL checks each peer's certificate against the list of the CA that
         # issued it and refuses it if there is none: a CA without a list would be

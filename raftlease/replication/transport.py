@@ -770,7 +770,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             # Only the Raft messages we use: never apply_command (we do not forward
             # proposals) nor timeout_now (we never transfer leadership).
             kind = message.get("type") if isinstance(message, dict) else type(message).__name__
-            log.warning("peer %s sent a %.40r message: dropped", node.id, kind)
+            log.warning(
+                "peer %s sent a %.40r message: dropped", getattr(node, "rl_id", node.id), kind
+            )
             return
         if isinstance(message, dict):
             kind = message.get("type")
