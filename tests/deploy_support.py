@@ -361,7 +361,7 @@ class Service:
             if len(started) >= burst:
                 return  # start limit hit: the unit stays failed
             with self._lock:
-                if self._stopping.is_set():
+                if self._stopping.is_set() or self.host.network.closed:
                     return
                 started.append(time.monotonic())
                 self.proc = self._exec()
@@ -391,6 +391,11 @@ class Service:
         if self._thread is not None:
             self._thread.join(timeout=10)
         return proc.returncode
+
+    def abandon(self) -> None:
+        """No more restarts (the machine is about to lose power: the network's
+        ``close`` kills the process)."""
+        self._stopping.set()
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -472,9 +477,6 @@ class Prober:
         """The longest time in [since, until] without a successful acquire."""
         times = [since, *self.successes(since, until), until]
         return max(b - a for a, b in itertools.pairwise(times))
-
-    def failures(self, since: float, until: float) -> list[str]:
-        return [r["err"] for r in self.records() if not r["ok"] and since <= r["t1"] <= until]
 
 
 def run_in(

@@ -284,6 +284,7 @@ def test_several_hosts_as_the_docs_say(tmp_path: Path) -> None:
         finally:
             for machine in cluster.machines.values():
                 for service in machine.services.values():
+                    service.abandon()  # host_network's close kills them
                     if service.log.exists():
                         print(f"----- {service.log} -----")
                         print("\n".join(service.log.read_text().splitlines()[-40:]))
