@@ -280,13 +280,13 @@ class Service:
 
     def environment(self) -> dict[str, str]:
         user = self.spec("User")
-        home = next(
-            line.split(":")[5]
+        entry = next(
+            line.split(":")
             for line in self.binds["/etc/passwd"].read_text().splitlines()
             if line.split(":")[0] == user
         )
         env = {"PATH": SYSTEMD_PATH, "LANG": "C.UTF-8", "USER": user, "LOGNAME": user}
-        env |= {"HOME": home, "SHELL": "/usr/sbin/nologin", "INVOCATION_ID": os.urandom(16).hex()}
+        env |= {"HOME": entry[5], "SHELL": entry[6], "INVOCATION_ID": os.urandom(16).hex()}
         for value in self.unit.values("Service", "Environment"):
             for assignment in shlex.split(value):
                 key, _, val = assignment.partition("=")

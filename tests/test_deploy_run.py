@@ -67,7 +67,7 @@ from .deploy_support import (
     write_shim,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 #: How long a cluster may take to agree on a leader from its nodes' start.
 LEADER_DEADLINE = 40.0

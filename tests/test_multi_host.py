@@ -84,7 +84,7 @@ from .deploy_support import (
     write_shim,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 SUBNET = "10.0.0.0/24"
 CLIENT_ADDRESS = "10.0.0.100"
