@@ -75,6 +75,26 @@ while time.monotonic() < deadline:
 sys.exit(1)
 """
 
+#: Resolves argv[1] every 20 ms for up to argv[2] s, printing each change of answer
+#: ("missing" or the address) until it has printed argv[3].
+RESOLVE_CHANGES = """
+import socket, sys, time
+deadline = time.monotonic() + float(sys.argv[2])
+last = None
+while time.monotonic() < deadline:
+    try:
+        now = socket.gethostbyname(sys.argv[1])
+    except OSError:
+        now = "missing"
+    if now != last:
+        print(now, flush=True)
+        last = now
+    if now == sys.argv[3]:
+        sys.exit(0)
+    time.sleep(0.02)
+sys.exit(1)
+"""
+
 #: Tries to write each path in argv[1:], printing "<path> ok" or "<path> <errno name>".
 WRITE_PROBE = """
 import errno, sys
@@ -164,6 +184,45 @@ def test_names_partitions_and_heals(network: HostNetwork, tmp_path: Path) -> Non
     assert connect(late, "n1") == f"echo {a.address} ping"
     assert connect(client, "a") == f"echo {a.address} ping"
     assert server.poll() is None
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_host_removed_comes_back_at_a_new_address(network: HostNetwork, tmp_path: Path) -> None:
+    """A pod rescheduled: its processes die, its names stop resolving, and it comes
+    back under the same names at another address, with its tree; processes already
+    running elsewhere see each change (the hosts file changes in place)."""
+    a = network.add_host("a", "10.201.0.21", aliases=["raftlease-1.raftlease"])
+    b = network.add_host("b")
+    c = network.add_host("c")
+    (a.root / "kept").write_text("volume\n")
+    server = start_echo(a, tmp_path / "echo-1.log")
+    network.partition("a", "b")
+    network.isolate("c")
+    seen = tmp_path / "changes.log"
+    script = [PY, "-c", RESOLVE_CHANGES, "raftlease-1.raftlease", "30", "10.201.0.42"]
+    watcher = b.popen(script, stdout=seen)
+    wait_for(lambda: "10.201.0.21" in seen.read_text(), 20, "the watcher to resolve a")
+
+    network.remove_host("a")
+    assert server.returncode == -signal.SIGKILL
+    assert "a" not in network.hosts
+    assert network.cuts == {frozenset({"b", "c"})} and network.isolated == {"c"}
+    wait_for(lambda: "missing" in seen.read_text(), 20, "the name to stop resolving")
+    with pytest.raises(KeyError):
+        network.remove_host("a")
+
+    a = network.add_host("a", "10.201.0.42", aliases=["raftlease-1.raftlease"])
+    assert watcher.wait(timeout=20) == 0
+    assert seen.read_text().split() == ["10.201.0.21", "missing", "10.201.0.42"]
+    assert (a.root / "kept").read_text() == "volume\n"
+    start_echo(a, tmp_path / "echo-2.log")
+    assert connect(b, "raftlease-1.raftlease") == "echo 10.201.0.42 ping"  # not cut any more
+    assert connect(c, "a", timeout=1.0) == "timeout"  # c is still isolated, from a too
+    # The old address is nobody's: a connect to it finds no host (ARP fails).
+    assert connect(b, "10.201.0.21", timeout=1.0) in ("timeout", "error 113")
+    assert network.hosts_path.read_text() == network.hosts_text()
+    assert "#0.201.0.21\ta raftlease-1.raftlease\n" in network.hosts_text()
 
 
 @pytest.mark.integration
@@ -344,6 +403,34 @@ def test_the_hosts_file_lists_every_name() -> None:
     assert "".join(table.line_for(e) for e in table.entries) == "".join(
         line + "\n" for line in table.text().splitlines()[3:]
     )
+
+
+def test_removed_hosts_are_commented_out_in_place() -> None:
+    table = HostsTable("10.201.5.0/24")
+    table.add("n1", aliases=["raftlease-0.raftlease"])
+    table.add("n2")
+    table.alias("n1", ["seed"])
+    written = bytearray(table.text().encode())
+    indexes = table.remove("n1")
+    assert indexes == [0, 2]
+    for index in indexes:  # what remove_host writes: one byte each
+        assert written[table.offset(index) : table.offset(index) + 3] == b"10."
+    for index in indexes:
+        written[table.offset(index)] = ord("#")
+    # Names and the address are free again; a new entry is an appended line.
+    assert table.add("n1", "10.201.5.10", aliases=["raftlease-0.raftlease", "seed"])
+    written += table.line_for(table.entries[-1]).encode()
+    assert written.decode() == table.text()
+    assert table.text().splitlines()[3:] == [
+        "#0.201.5.10\tn1 raftlease-0.raftlease",
+        "10.201.5.11\tn2",
+        "#0.201.5.10\tseed",
+        "10.201.5.10\tn1 raftlease-0.raftlease seed",
+    ]
+    with pytest.raises(KeyError):
+        table.remove("n9")
+    with pytest.raises(IndexError):
+        table.offset(4)
 
 
 @pytest.mark.parametrize(

@@ -524,6 +524,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
 
     def _onTick(self) -> None:
         super()._onTick()
+        self._drop_stalled_dials()
         self._drop_silent_strangers()
         self._drop_unproven()
         self._settle_kept()
@@ -542,6 +543,22 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                     log.warning("raft listener was unbound (accept failed); bound again")
                 except OSError as exc:
                     log.warning("raft listener is unbound and cannot bind yet: %s", exc)
+
+    def _drop_stalled_dials(self) -> None:
+        """A dial nobody answers (a member gone from its address: a pod or container
+        back at a new IP) stays CONNECTING until the kernel gives up on its SYN, about
+        two minutes, and PySyncObj dials a node again only once its connection is
+        DISCONNECTED: the name's new address (names.py) went unused that long, and the
+        member with it. PySyncObj checks a connection's timeout only on its socket's
+        events and sends, which an unanswered dial has none of (and ``BoundedTcpConnection``
+        times out only awaited answers): a dial not connected within
+        ``connectionTimeout`` is closed here, so the next one resolves the name again."""
+        limit = self._syncObj.conf.connectionTimeout
+        now = raft_clock()  # the clock of PySyncObj's lastReadTime, set at connect
+        for conn in list(self._connections.values()):
+            started = getattr(conn, "_TcpConnection__lastReadTime", now)
+            if conn.state == CONNECTION_STATE.CONNECTING and now - started > limit:
+                conn.disconnect()
 
     def _drop_silent_strangers(self) -> None:
         """PySyncObj checks a connection's timeout only when it has an event: a

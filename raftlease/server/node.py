@@ -621,6 +621,12 @@ class NodeServer(TaskWaits):
             # after the close_notify of a connection the node is closing (an auth
             # reload): the connection is over either way.
             pass
+        except asyncio.CancelledError:
+            # Only the loop's shutdown cancels a connection's handler (the node stops
+            # with clients connected). Ending normally: on CPython 3.11 the stream's
+            # done-callback calls task.exception() on a cancelled handler, which
+            # logs the CancelledError as an ERROR with a traceback (gh-113538).
+            pass
         finally:
             deadlines.stop()
             for task in list(polls):

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 DEFAULT_SUBNET = "10.201.0.0/24"
 #: Automatic addresses start here (lower ones are left for callers to pick).
 FIRST_AUTO_HOST = 10
+#: Lines of the hosts file before the first entry's (``hosts_file_text``).
+HEADER_LINES = 3
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
@@ -31,8 +33,10 @@ def hosts_file_text(entries: Iterable[tuple[str, Sequence[str]]]) -> str:
 class HostsTable:
     """Names and addresses of one network's hosts (pure bookkeeping, no root needed):
     hands out addresses, checks that names, aliases and addresses are valid and unique,
-    and renders the /etc/hosts every host gets. Entries are only ever added, so the
-    file can be extended in place by appending lines (``line_for``)."""
+    and renders the /etc/hosts every host gets. Lines are only ever added, or commented
+    out in place by their first byte (``remove``), so the file can change in place by
+    appending lines (``line_for``) and writing single bytes (``offset``): a process
+    reading it sees the old text or the new, never a torn one."""
 
     def __init__(self, subnet: str = DEFAULT_SUBNET) -> None:
         self.subnet = ipaddress.IPv4Network(subnet)
@@ -40,7 +44,9 @@ class HostsTable:
             raise ValueError(f"subnet {subnet} is too small")
         self.entries: list[tuple[str, tuple[str, ...]]] = []
         self.addresses: dict[str, str] = {}  # host name -> address
+        self.removed: set[int] = set()  # indexes of entries commented out
         self._names: set[str] = {"localhost"}
+        self._lines: dict[str, list[int]] = {}  # host name -> its entries' indexes
 
     def add(self, name: str, address: str | None = None, aliases: Sequence[str] = ()) -> str:
         """Record host ``name`` (with ``aliases``) at ``address`` (default: the first
@@ -49,8 +55,28 @@ class HostsTable:
         address = self.check(name, address, aliases)
         self.addresses[name] = address
         self._names.update([name, *aliases])
+        self._lines[name] = [len(self.entries)]
         self.entries.append((address, (name, *aliases)))
         return address
+
+    def remove(self, name: str) -> list[int]:
+        """Forget host ``name``: its address, name and aliases are free again, and its
+        entries are commented out (``text``). Returns those entries' indexes (for
+        ``offset``). Raises ``KeyError`` for an unknown host."""
+        indexes = self._lines.pop(name)
+        del self.addresses[name]
+        for index in indexes:
+            self._names.difference_update(self.entries[index][1])
+        self.removed.update(indexes)
+        return indexes
+
+    def offset(self, index: int) -> int:
+        """Where entry ``index``'s line starts in ``text`` (the byte a removal turns
+        into ``#``)."""
+        if not 0 <= index < len(self.entries):
+            raise IndexError(index)
+        lines = self.text().splitlines(keepends=True)
+        return sum(len(line) for line in lines[: HEADER_LINES + index])
 
     def check(self, name: str, address: str | None = None, aliases: Sequence[str] = ()) -> str:
         """What ``add`` would return, without recording anything."""
@@ -76,11 +102,15 @@ class HostsTable:
         self._check_names(aliases)
         self._names.update(aliases)
         entry = (self.addresses[name], tuple(aliases))
+        self._lines[name].append(len(self.entries))
         self.entries.append(entry)
         return entry
 
     def text(self) -> str:
-        return hosts_file_text(self.entries)
+        lines = hosts_file_text(self.entries).splitlines(keepends=True)
+        for index in self.removed:
+            lines[HEADER_LINES + index] = "#" + lines[HEADER_LINES + index][1:]
+        return "".join(lines)
 
     @staticmethod
     def line_for(entry: tuple[str, Sequence[str]]) -> str:

@@ -482,6 +482,34 @@ class HostNetwork:
         root.mkdir(exist_ok=True)
         return Host(name, address, namespace, root, self)
 
+    def remove_host(self, name: str, timeout: float = 10.0) -> None:
+        """Take host ``name`` off the network, as a pod deleted or a machine unplugged:
+        every process on it is killed (SIGKILL), its partitions and isolation are
+        undone, its namespace (with its links) is deleted, and its name and aliases
+        stop resolving (its hosts-file lines are commented out in place, one byte
+        each, so running processes see the change). Its tree (``root``) stays: a
+        later ``add_host`` with the same name, at any address, uses it again (a pod
+        back with its volume at a new IP). Raises ``KeyError`` for an unknown host,
+        ``TimeoutError`` if its processes do not die within ``timeout`` s."""
+        with self._lock:
+            host = self.hosts[name]
+            self.kill_namespace(host.namespace, signal.SIGKILL, timeout, host.procs)
+            for pair in [p for p in self.cuts if name in p]:
+                (other,) = pair - {name}  # its own routes go with its namespace
+                self._ip("-n", self.hosts[other].namespace, "route", "del", f"{host.address}/32")
+                self.cuts.discard(pair)
+            self.isolated.discard(name)
+            self._ip("netns", "del", host.namespace)
+            self.namespaces.remove(host.namespace)
+            del self.hosts[name]
+            offsets = [self.table.offset(i) for i in self.table.remove(name)]
+            fd = os.open(self.hosts_path, os.O_WRONLY)
+            try:
+                for offset in offsets:
+                    os.pwrite(fd, b"#", offset)
+            finally:
+                os.close(fd)
+
     def add_alias(self, name: str, *aliases: str) -> None:
         """More names for host ``name`` in every host's /etc/hosts, running processes'
         included (the file is extended in place, never replaced)."""
