@@ -9,8 +9,9 @@ Kinds (``KINDS``), by what they break:
 * network, through the ``proxy.ProxyNet`` on every node pair: ``isolate-leader``,
   ``isolate-follower`` (a follower cut from every other node; at the heal the nemesis
   records its term before the heal and whether the leader kept its term after it: the
-  ``rejoin`` checker, PreVote's case), ``split-majority`` (random minority/majority), ``bridge`` (two halves that only one
-  node sees both of), ``partial-leader`` (leader cut from one follower only),
+  ``rejoin`` checker, PreVote's case), ``split-majority`` (random minority/majority),
+  ``bridge`` (two halves that only one node sees both of), ``partial-leader`` (leader
+  cut from one follower only),
   ``one-way`` (the leader's outbound or inbound bytes lost), ``stall-leader`` (the
   leader's bytes held, then delivered late), ``reset-refuse-leader`` (connections reset
   and new ones refused), ``latency`` (delay on every link);
