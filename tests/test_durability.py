@@ -12,18 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from pysyncobj import pickle as pysyncobj_pickle
 
 from raftlease import AsyncClient, Client, Holder, Lease
-from raftlease.testing import LocalCluster, wait_for
+from raftlease.config import local_cluster
+from raftlease.errors import RaftLeaseError
+from raftlease.replication.backup import read_journal
+from raftlease.testing import LocalCluster, free_port_block, wait_for
 from raftlease.testing.power import PAGE, SECTOR
 
+from .conftest import FAST_SETTINGS
 from .test_cluster import raw_request
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jepsen-style"))
+from proxy import DROP, ProxyNet
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -231,7 +241,7 @@ def test_a_power_loss_under_load_with_torn_writes_loses_no_grant_and_converges(
 
 
 def test_a_deposed_leaders_tail_is_not_applied_under_a_foreign_commit_index(
-    cluster_factory: Factory,
+    request: pytest.FixtureRequest,
 ) -> None:
     """A leader cut off from its followers appends a grant that never commits, and
     dies; the others elect and go on. Its `raft.journal.meta` is then replaced by one
@@ -240,34 +250,58 @@ def test_a_deposed_leaders_tail_is_not_applied_under_a_foreign_commit_index(
     the uncommitted grant among them, and keep it applied after the new leader
     overwrote the entry: a lease held on that node only, served by its reads and by
     it as leader. The start lowers the commit index instead (a warning); once caught
-    up, the node holds the cluster's state and not the grant."""
-    from pysyncobj import pickle as pysyncobj_pickle
+    up, the node holds the cluster's state and not the grant.
 
-    from raftlease.errors import RaftLeaseError
-    from raftlease.replication.backup import read_journal
-
+    The followers are paused (so that they elect nobody meanwhile) and the chaos
+    suite's proxy drops what the leader sends them, so its append of the grant is lost
+    for good. (Pausing alone left it in their sockets' buffers: they took it when
+    resumed and the cluster committed it, legitimately, since its client was told the
+    outcome is unknown.)"""
+    base = free_port_block(3)
+    proxies = ProxyNet(local_cluster(3, base), [base + 200 + i for i in range(3)]).start()
     # leader_fallback 5 s: the cut-off leader must still lead (and append) when the
     # acquire reaches it, however slow the machine is to send it.
-    cluster = cluster_factory(3, max_ttl=600.0, leader_fallback=5.0)
+    cluster = LocalCluster(
+        3,
+        client_port=base,
+        settings={**FAST_SETTINGS, "max_ttl": 600.0, "leader_fallback": 5.0},
+        node_settings=proxies.dial_settings(),
+    )
+    try:
+        cluster.start()
+        _deposed_leaders_tail(cluster, proxies)
+    finally:
+        if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+            print(cluster.logs())
+        cluster.close()
+        proxies.stop()
+
+
+def _deposed_leaders_tail(cluster: LocalCluster, proxies: ProxyNet) -> None:
     old = str(cluster.wait_for_leader()["node"])
     followers = [n.id for n in cluster.nodes if n.id != old]
     with cluster.client() as client:
         client.acquire("tail/before", owner="a", ttl=600)
     journal = cluster.node_dir(old) / "raft.journal"
+    # Paused, the followers elect nobody meanwhile; the proxy drops what the leader
+    # sends them, so they never see its append either.
+    proxies.block([(old, f) for f in followers], mode=DROP)
     for node_id in followers:
         cluster.pause_node(node_id)
     # Appended by the leader, heard by nobody.
     with Client([cluster.node(old).client], deadline=1.0) as alone, pytest.raises(RaftLeaseError):
         alone.acquire("tail/ghost", owner="ghost", ttl=600)
     cluster.kill_node(old)
+    proxies.heal()
+    for node_id in followers:
+        cluster.resume_node(node_id)
     ghosts = [e for e in read_journal(journal) if b"tail/ghost" in e[0]]
     assert ghosts, "the cut-off leader did not append the grant: nothing to check"
     ghost_index = ghosts[0][1]
-    for node_id in followers:
-        cluster.resume_node(node_id)
     cluster.wait_for_leader(60, exclude=old)
     with cluster.client() as client:
         client.acquire("tail/after", owner="b", ttl=600)
+        assert client.holder("tail/ghost") is None, "the lost append reached a follower"
     meta_path = cluster.node_dir(old) / "raft.journal.meta"
     meta = pysyncobj_pickle.loads(meta_path.read_bytes())
     assert meta["raftCommitIndex"] < ghost_index

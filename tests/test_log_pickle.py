@@ -125,6 +125,8 @@ def test_peer_messages_are_pickled_with_protocol_4() -> None:
     try:
         sender = TcpConnection(PollPoller(), socket=left)
         sender.__class__ = BoundedTcpConnection
+        # Plain mode (a test build's baseline): the frame as it goes inside TLS.
+        sender.rl_start_tls(None, False, lambda session: None, 1 << 20)
         message = {"type": "append_entries", "entries": [(b"\x00\xa7\xff", 5, 1)]}
         sender.send(message)
         right.settimeout(10)
