@@ -287,7 +287,14 @@ class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
         if not tls.done:
             tls.pending += frame
             return
-        self._rl_write(tls, frame)
+        # _rl_write inlined: this runs for every peer frame on the tick thread.
+        try:
+            tls.obj.write(frame)
+        except (ssl.SSLError, OSError) as exc:
+            refusals.warning("peer connection closed: TLS write failed (%s)", _tls_reason(exc))
+            self.disconnect()
+            return
+        self._rl_send_raw(tls.outgoing.read())
 
     # ------------------------------------------------------------------ read
 
@@ -340,10 +347,17 @@ class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
         plain = self._rl_plain
         if plain is None:
             return False
-        read = tls.obj.read
+        obj, incoming = tls.obj, tls.incoming
         while True:
+            # The plaintext waiting is at most what OpenSSL has decrypted and not yet
+            # handed out plus the ciphertext not yet consumed: ask for exactly that
+            # (not a fixed 64 KiB buffer per call), and stop without a call (and its
+            # SSLWantReadError) once both are empty.
+            size = obj.pending() + incoming.pending
+            if size == 0:
+                return True
             try:
-                chunk = read(_READ_CHUNK)
+                chunk = obj.read(min(size, _READ_CHUNK))
             except ssl.SSLWantReadError:
                 return True
             except (ssl.SSLError, OSError) as exc:
