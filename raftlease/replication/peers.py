@@ -34,7 +34,7 @@ import struct
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pysyncobj.pickle as pysyncobj_pickle
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
@@ -75,8 +75,10 @@ _ZLIB_STORED_HEAD = b"\x78\x01\x01"
 #: are.
 PICKLE_PROTOCOL = 4
 
-#: Plaintext read from one TLS session at a time.
-_READ_CHUNK = 1 << 16
+#: The largest plaintext of one TLS record (RFC 8446 5.1): what one read asks for.
+_RECORD = 1 << 14
+#: The one buffer every connection's reads go through (tick thread only).
+_SCRATCH = bytearray(_RECORD)
 #: A read buffer whose consumed head is longer than this is compacted.
 _COMPACT_AT = 1 << 16
 
@@ -343,21 +345,23 @@ class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
 
     def _rl_decrypt(self, tls: TlsSession) -> bool:
         """Move every whole record's plaintext into the read buffer; False if the
-        connection was closed (the peer's close_notify, an alert, a bad record)."""
+        connection was closed (the peer's close_notify, an alert, a bad record).
+
+        Each ``SSLObject`` call releases the GIL (``pending()`` too), and every release
+        lets the node's event-loop thread take it while this tick waits to get it
+        back: so one ``read`` per record, into a reused buffer, and no ``pending()``.
+        A read of a whole record's plaintext (at most ``_RECORD``) that leaves no
+        ciphertext in the memory buffer has emptied OpenSSL: no call (and no
+        ``SSLWantReadError``) is needed to learn it."""
         plain = self._rl_plain
         if plain is None:
             return False
-        obj, incoming = tls.obj, tls.incoming
+        read, incoming, scratch = tls.obj.read, tls.incoming, _SCRATCH
         while True:
-            # The plaintext waiting is at most what OpenSSL has decrypted and not yet
-            # handed out plus the ciphertext not yet consumed: ask for exactly that
-            # (not a fixed 64 KiB buffer per call), and stop without a call (and its
-            # SSLWantReadError) once both are empty.
-            size = obj.pending() + incoming.pending
-            if size == 0:
-                return True
             try:
-                chunk = obj.read(min(size, _READ_CHUNK))
+                # With a buffer, read() fills it and returns the count (typeshed
+                # knows only the bytes-returning form).
+                count = cast(int, read(_RECORD, scratch))
             except ssl.SSLWantReadError:
                 return True
             except (ssl.SSLError, OSError) as exc:
@@ -365,10 +369,13 @@ class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
                     refusals.warning("peer connection closed: %s", _tls_reason(exc))
                 self.disconnect()
                 return False
-            if not chunk:
+            if not count:
                 self.disconnect()
                 return False
-            plain += chunk
+            with memoryview(scratch) as view:
+                plain += view[:count]
+            if count < _RECORD and not incoming.pending:
+                return True
 
     def _rl_want_more(self) -> bool:
         """After a read: close at once if the next frame's length exceeds the limit
