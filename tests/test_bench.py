@@ -210,6 +210,11 @@ def test_security_phase_alone(tmp_path: Path) -> None:
     }
     assert "probes" not in security["clusters"]["insecure"]
     assert security["clusters"]["plain-peers"]["settings"] == {"plain_peers": True}
+    rounds = security["peer_rounds"]
+    assert rounds["modes"] == ["1 thread", "16 threads"] and len(rounds["rounds"]) == 1
+    for cluster in ("plain-peers", "insecure"):
+        acquire = rounds["rounds"][0][cluster]["workloads"]["acquire"]
+        assert set(acquire) == {"1 thread", "16 threads"}, acquire
     for figure in security["peer_tls"]["sizes"].values():
         assert figure["seal_us"] > 0 and figure["open_us"] > 0
     issue11 = [t for t in result["targets"] if t.get("issue") == 11]
@@ -218,4 +223,5 @@ def test_security_phase_alone(tmp_path: Path) -> None:
     assert len(issue35) == 2 and all(t["met"] in (True, False) for t in issue35), issue35
     markdown = (out / "bench.md").read_text()
     assert "## Security: peer TLS vs plain peers, client TLS + auth vs none" in markdown
+    assert "alternating rounds" in markdown
     assert "| acquire | 16 threads |" in markdown

@@ -117,6 +117,10 @@ class Profile:
     #: The security phase (issue 11: client TLS + auth against none, two clusters)
     #: runs in this profile; without it, only when ``--only`` names it.
     security: bool = True
+    #: Rounds of the security phase's peer TLS comparison (issue 35): each round a
+    #: plain-peers cluster then a peer-TLS one, measured back to back, so that a
+    #: drift of the machine's load shows in one round, not as a cost.
+    peer_rounds: int = 3
     #: The scale phase (issue 16; workloads/scale.py): agents with a lease session of
     #: ``scale_ttl`` s holding one lease each, over ``scale_processes`` client
     #: processes, ramped in ``scale_steps`` steps, then held ``scale_hold`` s.
@@ -179,6 +183,7 @@ QUICK = Profile(
     memory_settle=0.0,
     # Two more clusters would not fit tests/test_bench.py's limit; --only security runs it.
     security=False,
+    peer_rounds=1,
     # A smoke run of the scale phase (~10 s): one step, a shorter TTL so that a few
     # keep-alive intervals fit; not judged (the target names 20,000 agents, TTL 10 s).
     scale_agents=300,
@@ -292,6 +297,26 @@ def security_entry(result: Result, cluster: str, group: str, mode: str) -> dict[
     except (KeyError, TypeError):
         return None
     return entry if isinstance(entry, dict) else None
+
+
+def peer_round_ratios(result: Result, group: str, mode: str) -> list[float]:
+    """The security phase's peer TLS rounds: per round, the peer-TLS cluster's median
+    rate of ``group`` in ``mode`` over the plain-peers cluster's (rounds where either
+    was not measured are left out; empty without the rounds)."""
+    try:
+        rounds = result["security"]["peer_rounds"]["rounds"]
+    except (KeyError, TypeError):
+        return []
+    ratios = []
+    for pair in rounds:
+        try:
+            tls = pair["insecure"]["workloads"][group][mode]["ops_per_s"]["median"]
+            plain = pair["plain-peers"]["workloads"][group][mode]["ops_per_s"]["median"]
+        except (KeyError, TypeError):
+            continue
+        if plain:
+            ratios.append(float(tls) / float(plain))
+    return ratios
 
 
 def raw_pipelined(result: Result) -> float:

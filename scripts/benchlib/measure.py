@@ -16,7 +16,7 @@ import itertools
 import statistics
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -297,10 +297,11 @@ def concurrency_variants(
     sync_op: SyncOp,
     async_op: AsyncOp,
     prepare: Callable[[str, int], None] | None = None,
+    only: Collection[str] | None = None,
 ) -> None:
     """Measure ``group`` with 1 thread, ``threads`` threads (both on ``client``)
-    and an AsyncClient with ``async_tasks`` tasks. ``prepare(mode, rep)`` as in
-    ``Variant.prepare``."""
+    and an AsyncClient with ``async_tasks`` tasks (``only``: those of these modes).
+    ``prepare(mode, rep)`` as in ``Variant.prepare``."""
     p = ctx.profile
     endpoints = cluster.endpoints
     # The names must match Profile.concurrent_modes (the targets look them up).
@@ -313,6 +314,8 @@ def concurrency_variants(
         ),
     ]
     for mode, runner in modes:
+        if only is not None and mode not in only:
+            continue
         prep: Callable[[int], None] | None = None
         if prepare is not None:
             prep = _bind(prepare, mode)

@@ -12,6 +12,7 @@ Pure functions; no raftlease import.
 
 from __future__ import annotations
 
+import statistics
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from .context import (
     Result,
     durability_entry,
     first_variant,
+    peer_round_ratios,
     raw_pipelined,
     security_entry,
 )
@@ -358,6 +360,26 @@ def _security_ratio(spec: Spec, j: Judged) -> Row | None:
     )
 
 
+def _peer_tls_rounds(spec: Spec, j: Judged) -> Row | None:
+    """The median over the security phase's peer TLS rounds of (peer TLS / plain
+    peers) for ``group`` in ``mode``, against ``min_ratio``; no row without the phase,
+    n/a without rounds (a run saved before they existed)."""
+    if not isinstance(j.result.get("security"), dict):
+        return None
+    group, mode = spec["group"], spec["mode"]
+    ratios = peer_round_ratios(j.result, group, mode)
+    if not ratios:
+        return _row(spec, f"{group} [{mode}]: no peer TLS rounds measured", None)
+    median = statistics.median(ratios)
+    return _row(
+        spec,
+        f"{100 * median:.0f} % (median of {len(ratios)} rounds: "
+        + ", ".join(f"{100 * r:.0f} %" for r in ratios)
+        + f"; cost {100 * (1 - median):.0f} %)",
+        median >= spec["min_ratio"],
+    )
+
+
 def _scale(spec: Spec, j: Judged) -> Row | None:
     """Issue 16's scale target, both halves: ``min_agents`` agents sustained with a
     hold p99 keep-alive latency under ``max_p99_ms`` and no session lost (the scale
@@ -449,6 +471,7 @@ EVALUATORS: dict[str, Evaluator] = {
     "durability_p50": _durability_p50,
     "not_measured": _not_measured,
     "security_ratio": _security_ratio,
+    "peer_tls_rounds": _peer_tls_rounds,
     "measured_rate": _measured_rate,
     "p50": _p50,
     "task_memory": _task_memory,

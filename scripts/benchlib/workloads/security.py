@@ -7,14 +7,20 @@ each way (what every Raft frame costs its two ends).
 
 The ratios ``insecure / plain-peers`` (what mutual TLS between members costs) and
 ``secure / insecure`` (what client TLS and auth cost) are of the same concurrency
-mode in the same run.
+mode in the same run. Because clusters measured one after the other see the machine's
+load drift (±15 % between two back-to-back runs on the shared 2-core machine), the peer
+TLS cost is also measured in ``peer_rounds`` rounds (``Profile.peer_rounds``), each a
+plain-peers cluster then a peer-TLS one, acquire at 1 and ``threads`` threads: the
+issue-35 targets judge the median of the rounds' ratios.
 
 Everything here blocks the main thread for the whole phase. A failure is recorded in
 result["security"] (per cluster, or per workload within one) and the next cluster
 still runs; only ``BenchTimeout`` and ``KeyboardInterrupt`` end the phase.
 
 result["security"] holds ``modes`` (in run order: plain-peers, insecure, secure),
-``groups``, ``peer_tls`` (the micro-benchmark) and ``clusters``: per mode its ``settings``
+``groups``, ``peer_tls`` (the micro-benchmark), ``peer_rounds`` (``rounds``: per round
+``{"plain-peers": workloads, "insecure": workloads}``, and the ``modes`` measured) and
+``clusters``: per mode its ``settings``
 (what the cluster had besides the NodeConfig defaults; file paths left out),
 ``workloads`` (group -> concurrency mode -> the same entries as result["workloads"]),
 for the secure one ``probes`` (the codes it answered a client without a token and
@@ -92,6 +98,7 @@ def security(ctx: Context) -> None:
             "clusters": {},
         }
         ctx.result["security"] = section
+        section["peer_rounds"] = {"modes": list(_round_modes(ctx)), "rounds": []}
         for size, figure in section["peer_tls"]["sizes"].items():
             progress(
                 f"security: peer TLS, {size} B frame: write {figure['seal_us']:.1f} µs, "
@@ -101,6 +108,15 @@ def security(ctx: Context) -> None:
             record: dict[str, Any] = {"workloads": {}}
             section["clusters"][mode] = record
             one_mode(ctx, mode, record, Path(tmp))
+        for n in range(p.peer_rounds):
+            pair: dict[str, Any] = {}
+            section["peer_rounds"]["rounds"].append(pair)
+            for mode in ("plain-peers", "insecure"):
+                record = {"workloads": {}}
+                pair[mode] = record
+                one_mode(
+                    ctx, mode, record, Path(tmp), only=_round_modes(ctx), label=f" round {n + 1}"
+                )
     ctx.method(
         "security",
         METHOD.format(
@@ -161,9 +177,22 @@ def _secure_cluster(directory: Path) -> tuple[_TokenCluster, dict[str, Any]]:
     return _TokenCluster(token, settings=settings), recorded
 
 
-def one_mode(ctx: Context, mode: str, record: dict[str, Any], tmp: Path) -> None:
-    """One cluster; fills ``record`` (see the module doc)."""
-    name = f"security {mode}"
+def _round_modes(ctx: Context) -> tuple[str, ...]:
+    """The concurrency modes of the peer TLS rounds: 1 thread and ``threads``."""
+    return ("1 thread", f"{ctx.profile.threads} threads")
+
+
+def one_mode(
+    ctx: Context,
+    mode: str,
+    record: dict[str, Any],
+    tmp: Path,
+    only: tuple[str, ...] | None = None,
+    label: str = "",
+) -> None:
+    """One cluster; fills ``record`` (see the module doc). ``only``: the concurrency
+    modes measured (all by default); ``label`` is added to its name in the logs."""
+    name = f"security {mode}{label}"
     cluster: LocalCluster
     if mode == "secure":
         cluster, record["settings"] = _secure_cluster(tmp / "tls")
@@ -184,7 +213,7 @@ def one_mode(ctx: Context, mode: str, record: dict[str, Any], tmp: Path) -> None
             with cluster.client() as client:
                 for group in GROUPS:
                     try:
-                        throughput.acquire(scoped, cluster, client)
+                        throughput.acquire(scoped, cluster, client, only=only)
                     except (BenchTimeout, KeyboardInterrupt):
                         raise
                     except Exception as exc:

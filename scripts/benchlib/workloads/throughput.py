@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import statistics
+from collections.abc import Collection
 from typing import Any
 
 from raftlease.client import AsyncClient, Client, Lease
@@ -72,8 +73,11 @@ def raw(ctx: Context) -> None:
 # ------------------------------------------------------------- raftlease
 
 
-def acquire(ctx: Context, cluster: LocalCluster, client: Client) -> None:
-    """Acquire of fresh keys (each call a new lease)."""
+def acquire(
+    ctx: Context, cluster: LocalCluster, client: Client, only: Collection[str] | None = None
+) -> None:
+    """Acquire of fresh keys (each call a new lease); ``only``: these concurrency
+    modes (all by default)."""
 
     def sync_op(c: Client, i: int) -> bool:
         c.acquire(ctx.key("acq"), owner="bench-agent", ttl=TTL_FRESH)
@@ -83,7 +87,7 @@ def acquire(ctx: Context, cluster: LocalCluster, client: Client) -> None:
         await c.acquire(ctx.key("acq"), owner="bench-agent", ttl=TTL_FRESH)
         return True
 
-    concurrency_variants(ctx, "acquire", cluster, client, sync_op, async_op)
+    concurrency_variants(ctx, "acquire", cluster, client, sync_op, async_op, only=only)
 
 
 def renew(ctx: Context, cluster: LocalCluster, client: Client) -> None:
