@@ -370,6 +370,12 @@ def up(
         click.echo(f"endpoints: {endpoints}")
         if admin:  # the live view (server/dashboard.py) on every node's admin endpoint
             click.echo(f"dashboard: {scheme}://{admin_addrs[cluster.nodes[0].id]}/ui/")
+        click.echo(f"peers: mutual TLS with a throwaway CA in {cluster.certs.directory}")
+        if not secure:
+            click.echo(
+                "trust: every process on this machine may use this cluster (no client "
+                "authentication on loopback); `raftlease up --secure` adds TLS and tokens"
+            )
         if secure:
             click.echo(
                 "secure: TLS and authentication on; files in "
