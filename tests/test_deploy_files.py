@@ -27,6 +27,8 @@ from click.testing import CliRunner
 from raftlease.cli import main
 from raftlease.config import NodeConfig, load_toml, parse_addr
 
+from .container_support import instructions
+
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,20 +39,7 @@ NODE_SERVICES = ("n1", "n2", "n3")
 
 def dockerfile() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined."""
-    out: list[tuple[str, str]] = []
-    pending = ""
-    for raw in DOCKERFILE.read_text().splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        line = pending + line
-        pending = ""
-        word, _, rest = line.partition(" ")
-        out.append((word.upper(), rest.strip()))
-    return out
+    return instructions(DOCKERFILE)
 
 
 def instruction(name: str) -> list[str]:

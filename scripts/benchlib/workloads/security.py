@@ -9,9 +9,9 @@ The ratios ``insecure / plain-peers`` (what mutual TLS between members costs) an
 ``secure / insecure`` (what client TLS and auth cost) are of the same concurrency
 mode in the same run. Because clusters measured one after the other see the machine's
 load drift (±15 % between two back-to-back runs on the shared 2-core machine), the peer
-TLS cost is also measured in ``peer_rounds`` rounds (``Profile.peer_rounds``, 5 in the full profile), each a
-plain-peers cluster then a peer-TLS one, acquire at 1 and ``threads`` threads: the
-issue-35 targets judge the median of the rounds' ratios.
+TLS cost is also measured in ``peer_rounds`` rounds (``Profile.peer_rounds``, 5 in the
+full profile), each a plain-peers cluster then a peer-TLS one, acquire at 1 and
+``threads`` threads: the issue-35 targets judge the median of the rounds' ratios.
 
 Everything here blocks the main thread for the whole phase. A failure is recorded in
 result["security"] (per cluster, or per workload within one) and the next cluster
