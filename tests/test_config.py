@@ -617,3 +617,40 @@ def test_admin_address_beyond_loopback_is_protected_mode() -> None:
         admin_address="10.0.0.5:7201", tls_cert_file="/c.pem", tls_key_file="/c.key"
     )
     assert "protected mode" in message
+
+
+@pytest.mark.parametrize("name", ["peer_secret_file", "peer_keys_dir"])
+def test_a_removed_peer_setting_is_refused_naming_what_replaced_it(
+    tmp_path: Path, name: str
+) -> None:
+    with pytest.raises(
+        ConfigError, match=f"{name} was removed: .*peer_ca_file|{name} was removed: .*certificate"
+    ):
+        NodeConfig.create(
+            node_id="n1",
+            nodes=[{"id": "n1", "raft": "127.0.0.1:7101", "client": "127.0.0.1:7001"}],
+            data_dir=tmp_path,
+            **{name: "x"},
+        )
+
+
+def test_id_in_a_file_setting_is_the_node_id(tmp_path: Path) -> None:
+    config = NodeConfig.create(
+        node_id="n2",
+        nodes=[
+            {"id": "n1", "raft": "127.0.0.1:7101", "client": "127.0.0.1:7001"},
+            {"id": "n2", "raft": "127.0.0.1:7102", "client": "127.0.0.1:7002"},
+        ],
+        data_dir=tmp_path,
+        peer_cert_file="certs/{id}.pem",
+        peer_key_file="certs/{id}.key",
+    )
+    assert (config.peer_cert_file, config.peer_key_file) == ("certs/n2.pem", "certs/n2.key")
+
+
+def test_max_peer_frame_must_hold_a_large_entry(tmp_path: Path) -> None:
+    nodes = [{"id": "n1", "raft": "127.0.0.1:7101", "client": "127.0.0.1:7001"}]
+    with pytest.raises(ConfigError, match="max_peer_frame"):
+        NodeConfig.create(
+            node_id="n1", nodes=nodes, data_dir=tmp_path, max_frame=1 << 20, max_peer_frame=1 << 20
+        )

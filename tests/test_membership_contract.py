@@ -387,6 +387,8 @@ def test_member_operations_validate_every_field() -> None:
         ({"timeout": -1}, InvalidArgumentError),
         ({"timeout": math.nan}, InvalidArgumentError),
         ({"timeout": 601}, InvalidArgumentError),
+        # The peer key of the handshake that mutual TLS replaced: refused, not ignored.
+        ({"peer_key": "ab" * 32}, InvalidArgumentError),
     ]
     for change, exc in bad:
         with pytest.raises(exc):

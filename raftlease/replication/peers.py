@@ -41,6 +41,7 @@ from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 
+from ..config import DEFAULT_MAX_PEER_FRAME
 from .peer_tls import MAX_HANDSHAKE_BYTES, TlsSession
 
 log = logging.getLogger("raftlease.replication")
@@ -48,7 +49,7 @@ log = logging.getLogger("raftlease.replication")
 #: The default longest peer frame (``max_peer_frame``; bytes of one frame's
 #: plaintext). PySyncObj sends entries and snapshot chunks in batches of 64 KiB; one
 #: entry is at most a client frame (``max_frame``) plus its stamps.
-MAX_PEER_FRAME = 32 << 20
+MAX_PEER_FRAME = DEFAULT_MAX_PEER_FRAME
 #: Largest decompressed peer frame.
 MAX_PEER_DECOMPRESSED = 128 << 20
 #: The Raft messages members exchange that we accept (``apply_command`` is never used:
