@@ -48,8 +48,9 @@ from raftlease.core import LeaseStore
 # commit indexes and commands the same way; only the journal is read here strictly (a
 # damaged record is a finding for the checker, where a restore stops at a torn tail).
 from raftlease.replication.backup import BackupError as ReplayError
-from raftlease.replication.backup import entry_bytes, read_commit_index, read_dump
+from raftlease.replication.backup import entry_bytes, read_dump
 from raftlease.replication.journal import command_intact
+from raftlease.replication.safe_pickle import read_commit_index
 
 JOURNAL_NAME = b"PYSYNCOBJ"
 JOURNAL_FORMAT = 1

@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import io
 import os
-import pickle
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +47,7 @@ from ..config import NodeAddress
 from ..core import LeaseStore
 from .durable import REWRITE_SUFFIXES, fsync_path
 from .journal import whole_records
+from .safe_pickle import SafeUnpickler, read_commit_index, safe_loads
 
 #: The files of a node's Raft state in its data directory (beside them the node may
 #: keep its config and log, which a restore leaves alone).
@@ -72,43 +71,11 @@ _NO_OP = b"\x01"
 _REGULAR, _NO_OP_TYPE, _MEMBERSHIP, _VERSION = 0, 1, 2, 3
 _JOURNAL_MAGIC = b"PYSYNCOBJ"
 
-_BUILTINS = ("bytes", "bytearray", "set", "frozenset", "dict", "list", "tuple", "object")
-_ALLOWED = {
-    *((module, name) for module in ("builtins", "__builtin__") for name in _BUILTINS),
-    ("_codecs", "encode"),
-    ("copyreg", "_reconstructor"),
-    ("copy_reg", "_reconstructor"),
-}
-
 Entry = tuple[bytes, int, int]  # (command, index, term)
 
 
 class BackupError(Exception):
     """A data directory or dump that cannot be read or written as PySyncObj's."""
-
-
-class _Inert:
-    """Stand-in for a class a pickle names that is not a builtin container."""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> _Inert:
-        return object.__new__(cls)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
-
-
-class _SafeUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED:
-            return super().find_class(module, name)
-        return type(name, (_Inert,), {"origin": f"{module}.{name}"})
-
-
-def _safe_loads(data: bytes) -> Any:
-    return _SafeUnpickler(io.BytesIO(data)).load()
 
 
 # ------------------------------------------------------------- seeding
@@ -200,7 +167,7 @@ def read_dump(path: Path) -> tuple[dict[str, Any], Entry]:
     """A full dump: the consumer's ``to_plain()`` data and its last entry."""
     try:
         with gzip.open(path, "rb") as f:
-            dump = _SafeUnpickler(f).load()
+            dump = SafeUnpickler(f).load()
         consumer, last = dump[0][1], dump[1]
         entry: Entry = (bytes(last[0]), int(last[1]), int(last[2]))
     except Exception as exc:
@@ -227,7 +194,7 @@ def entry_bytes(command: bytes) -> bytes | None:
     if kind != _REGULAR:
         raise BackupError(f"unknown command type {kind} in the journal")
     try:
-        call = _safe_loads(command[1:])
+        call = safe_loads(command[1:])
     except Exception as exc:
         raise BackupError(f"undecodable command in the journal ({exc})") from exc
     if not (isinstance(call, tuple) and len(call) in (2, 3) and isinstance(call[1], tuple)):
@@ -292,15 +259,3 @@ def read_data_dir(data_dir: Path, committed_only: bool = False) -> OfflineState:
             store.apply(entry)
         replayed += 1
     return OfflineState(store, index, term, dump_index, known, replayed, left_out)
-
-
-def read_commit_index(path: Path) -> int | None:
-    """The commit index a node saved in its journal's ``.meta`` file (None if absent
-    or unreadable: it may lag the real one by a second)."""
-    if not path.exists():
-        return None
-    try:
-        meta = _safe_loads(path.read_bytes())
-        return int(meta["raftCommitIndex"])
-    except Exception:
-        return None

@@ -45,6 +45,7 @@ from pysyncobj.journal import (
 )
 
 from .durable import REPAIR_SUFFIX, DurableMetaStorer, SyncRecorder, replace_journal
+from .safe_pickle import read_commit_index
 
 log = logging.getLogger("raftlease.replication")
 
@@ -169,9 +170,6 @@ def trim_torn_tail(journal_path: Path, dump_path: Path | None = None) -> int:
         f.flush()
         os.fsync(f.fileno())
     dropped: int = last - offset
-    # Here, not at the top: backup.py reads records with whole_records (above).
-    from .backup import read_commit_index
-
     committed = read_commit_index(Path(str(journal_path) + ".meta"))
     covered = _dump_last_index(dump_path) if dump_path is not None else None
     # No whole record at all (the first one damaged, or no journal): what is lost
@@ -306,8 +304,6 @@ def clamp_commit_index(
     journal is this log's as far as anything here can tell, and is left alone.
     Raises nothing for missing or unreadable files (left to the loader);
     ``OSError`` writing the meta stops the process (``DurableMetaStorer``)."""
-    from .backup import read_commit_index
-
     meta_path = Path(str(journal_path) + ".meta")
     committed = read_commit_index(meta_path)
     if committed is None:
