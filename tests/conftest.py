@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Callable, Iterator
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -116,3 +118,80 @@ def shared_cluster() -> Iterator[LocalCluster]:
 def shared(request: pytest.FixtureRequest, shared_cluster: LocalCluster) -> Iterator[LocalCluster]:
     yield shared_cluster
     _show_logs_on_failure(request, shared_cluster)
+
+
+# ------------------------------------------------------- the fast loop starts no node
+
+#: The words of a command line that starts a node process (``raftlease node``, the
+#: ``raftlease up`` cluster, a node inside a network namespace of the hosts harness).
+_NODE_COMMANDS = ("node", "up")
+
+
+def starts_a_node(args: object) -> bool:
+    """Whether a ``Popen`` command line runs ``raftlease node`` or ``raftlease up``
+    (``python -m raftlease node ...``, the test build ``raftlease.testing.node`` or the
+    ``raftlease`` script, also behind the hosts harness's ``unshare``/``hostexec``)."""
+    argv: Sequence[object] = (
+        str(args).split() if isinstance(args, str | bytes | os.PathLike) else list(args)  # type: ignore[call-overload]
+    )
+    words = [os.path.basename(str(a)) for a in argv]
+    return "raftlease.testing.node" in words or any(
+        word == "raftlease" and following in _NODE_COMMANDS
+        for word, following in itertools.pairwise(words)
+    )
+
+
+#: Fixtures that start a cluster: a test using one is an integration test whatever
+#: its file says (the marker was once set by hand and missed some).
+CLUSTER_FIXTURES = frozenset({"cluster", "shared", "shared_cluster", "cluster_factory"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses a cluster fixture ``integration`` before ``-m``
+    selects (tryfirst: pytest's own deselection runs in this hook too)."""
+    for item in items:
+        if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+#: The test being set up or run when it is not marked ``integration`` (else None).
+_UNIT_ITEM: pytest.Item | None = None
+_REAL_POPEN_INIT = subprocess.Popen.__init__
+
+
+def _guarded_popen_init(self: subprocess.Popen[bytes], args: Any, *rest: Any, **kw: Any) -> None:
+    """``Popen.__init__`` refusing to start a node while a test that is not marked
+    ``integration`` is set up or run: the fast loop (``-m "not integration"``) promises
+    no node process, and the marker is what selects it. Installed for the whole
+    session: a module-scoped fixture (a shared cluster) starts inside the first test's
+    setup, before any function fixture could patch anything."""
+    item = _UNIT_ITEM
+    if item is not None and starts_a_node(args):
+        raise AssertionError(
+            f"{item.nodeid} starts a node process ({args!r}) but is not marked "
+            "integration: add @pytest.mark.integration (or pytestmark)"
+        )
+    _REAL_POPEN_INIT(self, args, *rest, **kw)
+
+
+subprocess.Popen.__init__ = _guarded_popen_init  # type: ignore[method-assign]
+
+
+def _track(item: pytest.Item) -> Iterator[None]:
+    global _UNIT_ITEM
+    _UNIT_ITEM = None if item.get_closest_marker("integration") is not None else item
+    try:
+        yield
+    finally:
+        _UNIT_ITEM = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    yield from _track(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    yield from _track(item)

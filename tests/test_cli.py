@@ -17,6 +17,7 @@ import pytest
 from raftlease.testing import LocalCluster, free_port_block, wait_for
 from raftlease.testing.certs import ClusterCerts
 
+from .process_support import DIES_WITH_PYTEST
 from .test_client_errors import wait_without_quorum
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -182,6 +183,7 @@ def test_up_demo_then_ctrl_c_stops_every_node(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=90,
+        preexec_fn=DIES_WITH_PYTEST,
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "leader: n" in demo.stdout and "demo: OK" in demo.stdout
@@ -210,6 +212,7 @@ def _up_until_running_then(sig: signal.Signals, port: int, data_dir: Path) -> No
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=DIES_WITH_PYTEST,
     )
     try:
         lines: list[str] = []

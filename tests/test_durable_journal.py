@@ -501,6 +501,7 @@ def test_start_refuses_an_unreadable_snapshot_or_one_that_misses_the_journals_st
     check_start_files(path, dump)  # no dump: nothing to check
 
 
+@pytest.mark.integration
 def test_a_node_with_an_unreadable_snapshot_stops_with_status_70(tmp_path: Path) -> None:
     data_dir = tmp_path / "n1"
     data_dir.mkdir()

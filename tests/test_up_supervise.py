@@ -34,6 +34,8 @@ import pytest
 from raftlease import Client
 from raftlease.testing import LocalCluster, free_port_block, wait_for
 
+from .process_support import DIES_WITH_PYTEST
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 RAFTLEASE = [sys.executable, "-m", "raftlease"]
@@ -114,6 +116,7 @@ def start_up(port: int, data_dir: Path) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=DIES_WITH_PYTEST,
     )
 
 
