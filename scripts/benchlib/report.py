@@ -108,7 +108,7 @@ def render_markdown(result: Result) -> str:
     if served:
         lines += ["", "Reads, as the server says it served them: " + "; ".join(served) + "."]
     lines += _durability(result)
-    lines += _security(result)
+    lines += security_section(result)
     lines += anchors_table.render(result)
     handoffs = [e for e in w.get("handoff", {}).values() if isinstance(e, dict)]
     if handoffs:
@@ -450,7 +450,7 @@ def _durability_errors(result: Result) -> list[tuple[str, str]]:
     return out
 
 
-def _security(result: Result) -> list[str]:
+def security_section(result: Result) -> list[str]:
     """The security section: per workload and mode, the cluster whose members talk
     without TLS, the one with peer TLS (the defaults) and the one that adds client TLS
     and auth, with the two ratios, and the peer TLS micro-benchmark (nothing when the

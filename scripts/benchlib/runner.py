@@ -140,9 +140,13 @@ def run_all(ctx: Context, code: dict[str, str]) -> None:
         write_outputs(ctx.result, ctx.out)
 
 
-def run(profile: Profile, out: Path, only: set[str] | None, code: dict[str, str]) -> int:
+def run(
+    profile: Profile, out: Path, only: set[str] | None, code: dict[str, str], argv: list[str]
+) -> int:
     """The whole run under a time limit of ``profile.max_seconds``; SIGALRM and
-    SIGTERM end it through the normal clean-up (clusters stopped, files written)."""
+    SIGTERM end it through the normal clean-up (clusters stopped, files written).
+    ``argv`` (the bench's arguments) is kept in meta so a published figure names
+    the command that measured it."""
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGALRM:
@@ -153,6 +157,7 @@ def run(profile: Profile, out: Path, only: set[str] | None, code: dict[str, str]
     signal.signal(signal.SIGTERM, on_signal)
     signal.alarm(int(profile.max_seconds))
     ctx = Context(profile, out, only)
+    ctx.result["meta"]["argv"] = list(argv)
     progress(f"raftlease bench, {profile.name} profile, output in {out}")
     try:
         run_all(ctx, code)

@@ -32,7 +32,7 @@ THROUGHPUT: list[tuple[str, str, dict[str, list[str]]]] = [
 SHORT = {"holder linearizable": "lin", "holder serializable": "ser", "holder get": "get"}
 
 
-def _systems(result: Result) -> dict[str, Any]:
+def measured_systems(result: Result) -> dict[str, Any]:
     section = result.get("anchors")
     if not isinstance(section, dict):
         return {}
@@ -54,7 +54,7 @@ def _rate(entry: dict[str, Any] | None) -> float | None:
 
 def anchor_rate(result: Result, anchor: str, group: str, mode: str) -> float | None:
     """Median ops/s of ``anchor``'s ``group`` in ``mode`` (None: not measured)."""
-    return _rate(_entry(_systems(result).get(anchor, {}).get("workloads", {}), group, mode))
+    return _rate(_entry(measured_systems(result).get(anchor, {}).get("workloads", {}), group, mode))
 
 
 def raftlease_rate(result: Result, group: str, mode: str) -> float | None:
@@ -105,7 +105,7 @@ def _fmt(value: float | None, spec: str = ",.0f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _factor(value: float | None) -> str:
+def factor_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
@@ -116,7 +116,7 @@ def _div(a: float | None, b: float | None) -> float | None:
 def comparison_rows(result: Result) -> list[dict[str, Any]]:
     """One row per workload and thread count: raftlease, each anchor, the best
     anchor, raftlease's factor to it, and the raw PySyncObj ceiling."""
-    systems = _systems(result)
+    systems = measured_systems(result)
     threads = [m for m in ("1 thread", "16 threads")]
     rows: list[dict[str, Any]] = []
     for label, group, against in THROUGHPUT:
@@ -190,12 +190,22 @@ def comparison_rows(result: Result) -> list[dict[str, Any]]:
     return rows
 
 
+def measured_rows(result: Result) -> list[dict[str, Any]]:
+    """``comparison_rows`` without the workloads this run did not measure (--only)."""
+    return [
+        row
+        for row in comparison_rows(result)
+        if row["raftlease"] != "-"
+        or any(any(ch.isdigit() for ch in cell) for cell in row["anchors"].values())
+    ]
+
+
 def render(result: Result) -> list[str]:
     """The report's anchors section (no lines when the run had no anchors phase)."""
     section = result.get("anchors")
     if not isinstance(section, dict):
         return []
-    systems = _systems(result)
+    systems = measured_systems(result)
     lines = ["", "## raftlease beside etcd and ZooKeeper (same run)", ""]
     if section.get("raftlease_durability"):
         lines.append(
@@ -227,16 +237,12 @@ def render(result: Result) -> list[str]:
         + " | best anchor | raftlease factor | raw PySyncObj | raftlease / raw |",
         "|---|---|---:|" + "---:|" * len(names) + "---|---:|---:|---:|",
     ]
-    for row in comparison_rows(result):
-        if row["raftlease"] == "-" and not any(
-            any(ch.isdigit() for ch in cell) for cell in row["anchors"].values()
-        ):
-            continue  # a workload this run did not measure (--only)
+    for row in measured_rows(result):
         lines.append(
             f"| {row['workload']} | {row['mode']} | {row['raftlease']} | "
             + " | ".join(row["anchors"].get(n, "-") for n in names)
-            + f" | {row['best']} | {_factor(row['factor'])} | {_fmt(row['raw'])} "
-            f"| {_factor(row['vs_raw'])} |"
+            + f" | {row['best']} | {factor_text(row['factor'])} | {_fmt(row['raw'])} "
+            f"| {factor_text(row['vs_raw'])} |"
         )
     fo = [
         (n, s["workloads"]["failover"]["SIGKILL leader"])
@@ -275,7 +281,7 @@ def _missing(spec: Spec, result: Result, anchors: list[str]) -> dict[str, Any] |
     """The n/a row when a needed anchor did not run (None: all ran)."""
     section = result.get("anchors", {})
     skipped = section.get("skipped", {})
-    systems = _systems(result)
+    systems = measured_systems(result)
     gone = [a for a in anchors if a not in systems]
     if not gone:
         return None
@@ -330,7 +336,7 @@ def eval_failover(spec: Spec, j: Any) -> dict[str, Any] | None:
     if missing is not None:
         return missing
     rl = failover_s(result.get("workloads", {}))
-    other = failover_s(_systems(result)[under].get("workloads", {}))
+    other = failover_s(measured_systems(result)[under].get("workloads", {}))
     if rl is None or other is None:
         return _row(spec, "not measured (failover missing or failed)", None)
     return _row(
@@ -350,7 +356,7 @@ def eval_cpu(spec: Spec, j: Any) -> dict[str, Any] | None:
     if missing is not None:
         return missing
     rl = acquire_cpu_us(result.get("workloads", {}))
-    other = acquire_cpu_us(_systems(result)[than].get("workloads", {}))
+    other = acquire_cpu_us(measured_systems(result)[than].get("workloads", {}))
     if rl is None or other is None:
         return _row(spec, "not measured (acquire missing or failed)", None)
     return _row(spec, f"{rl:,.0f} us vs {TITLES.get(than, than)} {other:,.0f} us", rl <= other)
