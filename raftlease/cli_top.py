@@ -1,4 +1,4 @@
-"""``raftlease top``: the live view's table in a terminal (README "Live view").
+"""``raftlease top``: the live view's table in a terminal (docs/usage.md "Live view").
 
 Every ``--interval`` it reads, through the ordinary client (read-only: no write is
 ever sent), the status of every node, the live leases, the wait queue of each held

@@ -402,3 +402,47 @@ def test_every_cli_command_is_mentioned() -> None:
         if not re.search(r"\braftlease\s+" + r"\s+".join(map(re.escape, path)) + r"(?![\w-])", text)
     ]
     assert not missing, f"commands mentioned in neither README.md nor docs/: {missing}"
+
+
+# ------------------------------------------------------------ the file map
+
+PACKAGE = ROOT / "raftlease"
+
+
+def mapped_files() -> set[str]:
+    """The files docs/architecture.md's file map names (paths under ``raftlease/``).
+    In a cell, a name without a folder is in the folder of the name before it
+    (``recipes/locks.py``, ``sessions.py``); ``server/ui/`` stands for its files."""
+    named: set[str] = set()
+    for row in table_rows(DOCS / "architecture.md", "## File map", "file"):
+        folder = ""
+        for name in re.findall(r"`([A-Za-z0-9_./]+)`", row["file"]):
+            if "/" in name.rstrip("/"):
+                folder = name.rsplit("/", 1)[0] + "/" if not name.endswith("/") else ""
+            path = name if "/" in name or not folder else folder + name
+            named.add(path)
+    return named
+
+
+def test_the_file_map_names_every_module() -> None:
+    """docs/architecture.md's file map has a row for every module of the package (a
+    package's ``__init__.py`` aside), and no row for a file that is gone."""
+    named = mapped_files()
+    modules = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    missing = sorted(modules - named)
+    assert not missing, f"docs/architecture.md's file map lacks {missing}"
+    gone = sorted(name for name in named if not (PACKAGE / name).exists() and name.endswith(".py"))
+    assert not gone, f"docs/architecture.md's file map names files that do not exist: {gone}"
+
+
+def test_the_readme_is_for_users_and_short() -> None:
+    """At most 300 lines (the whole API is in docs/usage.md, every benchmark run in
+    docs/performance.md), and its first lines are the two set-up commands."""
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move detail to docs/"
+    block = lines[lines.index("```bash") + 1 : lines.index("```")]
+    assert len(block) == 2 and "raftlease up" in block[0] and "scripts/test" in block[1]

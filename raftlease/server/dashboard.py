@@ -1,4 +1,4 @@
-"""The live view of one node (README "Live view"): a static page at ``/ui/`` and the
+"""The live view of one node (docs/usage.md "Live view"): a static page at ``/ui/`` and the
 small JSON routes it reads, on the node's admin endpoint beside ``/v1/``.
 
 Routes (GET or HEAD):
