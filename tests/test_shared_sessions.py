@@ -628,3 +628,16 @@ def test_closing_the_client_stops_its_sessions_keepalives(shared: LocalCluster) 
     assert session._async._task is None
     with shared.client() as other:
         wait_for(lambda: other.holder("forgot/a") is None, 15, "the session expired")
+
+
+def test_a_blocking_session_can_stop_its_keepalive(shared: LocalCluster) -> None:
+    """``Session.stop_keepalive`` (as ``AsyncSession.stop_keepalive``): no more
+    keep-alives, so the session expires after its TTL and its leases go; an explicit
+    ``keepalive`` still works until then."""
+    with shared.client() as c, shared.client() as other:
+        session = c.session(owner="stopper", ttl=1.0).open()
+        session.acquire("stop-ka/a")
+        session.stop_keepalive()
+        assert session._async._task is None
+        session.keepalive()
+        wait_for(lambda: other.holder("stop-ka/a") is None, 15, "the session expired")

@@ -185,9 +185,42 @@ class Queue:
         self.aio = AsyncQueue(aio, name, **defaults)
         self.name = name
 
-    def put(self, payload: Any, **options: Any) -> str:
-        """As ``AsyncQueue.put``: the task id."""
-        return self._portal.run(self.aio.put(payload, **options))
+    def put(
+        self,
+        payload: Any,
+        *,
+        priority: int = 0,
+        delay: float = 0.0,
+        not_before: float | None = None,
+        dedup_key: str | None = None,
+        max_attempts: int | None = None,
+        lease_ttl: float | None = None,
+        progress_timeout: float | None = None,
+        requires: Mapping[str, str] | None = None,
+        deadline: float | None = None,
+        retention: float | None = None,
+        backoff: float | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """As ``AsyncQueue.put`` (the same options, spelled out so that type checkers
+        and editors see them): the task id. Blocks the calling thread."""
+        return self._portal.run(
+            self.aio.put(
+                payload,
+                priority=priority,
+                delay=delay,
+                not_before=not_before,
+                dedup_key=dedup_key,
+                max_attempts=max_attempts,
+                lease_ttl=lease_ttl,
+                progress_timeout=progress_timeout,
+                requires=requires,
+                deadline=deadline,
+                retention=retention,
+                backoff=backoff,
+                timeout=timeout,
+            )
+        )
 
     def claim(
         self,

@@ -195,6 +195,12 @@ class Session:
     def keepalive(self, *, timeout: float | None = None) -> None:
         self._client.portal.run(self._async.keepalive(timeout=timeout))
 
+    def stop_keepalive(self) -> None:
+        """As ``AsyncSession.stop_keepalive``: stop the background keep-alive (the
+        session then expires after its TTL unless ``keepalive`` is called). Blocks until
+        the keep-alive task has ended."""
+        self._client.portal.run(self._async.stop_keepalive())
+
     def close(self, *, timeout: float = 5.0) -> None:
         self._client.portal.run(self._async.close(timeout=timeout))
         self.lost.set()
