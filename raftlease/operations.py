@@ -1139,3 +1139,27 @@ def ops_with(permission: Permission) -> frozenset[str]:
 def ops_reading(wire: str) -> frozenset[str]:
     """The operations with a field named ``wire`` on the wire."""
     return frozenset(op.name for op in TABLE if op.field(wire) is not None)
+
+
+def core_bounds(op: str, wire: str) -> tuple[int, int]:
+    """The bounds of field ``wire`` of ``op`` as the core checks its log entries: an
+    integer's own, a number of seconds' in milliseconds (a mutating operation's fields
+    include the dedup envelope's). For the state machine, which
+    keeps its own check (it must not trust the wire) from the same table. Raises
+    ``KeyError`` for an unknown operation or field and ``ValueError`` for bounds taken
+    from the node's limits or another field (the core checks those against hard caps)."""
+    operation = BY_NAME[op]
+    spec = operation.field(wire)
+    if spec is None and operation.mutates:
+        spec = next((f for f in ENVELOPE if isinstance(f, Field) and f.wire == wire), None)
+    if spec is None:
+        raise KeyError(f"{op} has no field {wire!r}")
+    if not all(isinstance(b, int | float) for b in (spec.low, spec.high)):
+        raise ValueError(f"{op}.{wire} is bounded by the node's limits or another field")
+    low, high = spec.low, spec.high
+    assert isinstance(low, int | float) and isinstance(high, int | float)
+    if spec.kind == "seconds":
+        return round(low * 1000), round(high * 1000)
+    if spec.kind != "integer":
+        raise ValueError(f"{op}.{wire} is no integer or number of seconds")
+    return int(low), int(high)

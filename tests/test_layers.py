@@ -37,7 +37,7 @@ ALLOWED: dict[str, set[str]] = {
     # The cluster's certificates (cryptography's x509 builder): below replication,
     # which checks peer certificates with it, and the commands that make them.
     "pki": {"errors"},
-    "core": {"limits", "errors"},
+    "core": {"limits", "errors", "operations"},
     "replication": GROUND | {"core", "pki"},
     "server": GROUND | {"core", "replication"},
     "recipes": {"errors", "models"},
