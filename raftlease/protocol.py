@@ -3,7 +3,7 @@
 A frame is a 4-byte big-endian unsigned length followed by that many bytes of msgpack.
 Each frame carries one map. Requests have ``id`` (an integer the client chooses, echoed
 in the response so many requests can be in flight on one connection) and ``op``; the
-other fields depend on the operation (see ``OPS``). Responses are
+other fields depend on the operation (see ``operations.TABLE``). Responses are
 ``{"id", "ok": True, "result": {...}}`` or
 ``{"id", "ok": False, "code", "message", "definite", "detail"?}``.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,80 +27,27 @@ from .errors import (
     InvalidArgumentError,
     RaftLeaseError,
 )
-from .limits import (
-    MAX_CAPACITY,
-    MAX_DEAD_LIST,
-    MAX_ID_CHARS,
-    MAX_QUEUE_NAME_BYTES,
-    MAX_TASK_ATTEMPTS,
-    MAX_TASK_BACKOFF_MS,
-    MAX_TASK_CAP_BYTES,
-    MAX_TASK_CAPABILITIES,
-    MAX_TASK_DEDUP_BYTES,
-    MAX_TASK_DELAY_MS,
-    MAX_TASK_ERROR_BYTES,
-    MAX_TASK_PAYLOAD_BYTES,
-    MAX_TASK_REQUIRES,
-    MAX_TASK_RESULT_BYTES,
-    MAX_VALUE_BYTES,
+from .limits import MAX_TASK_CAP_BYTES
+from .operations import (
+    BY_NAME,
+    CONSISTENCY_MODES,
+    ENVELOPE,
+    MAX_MEMBER_ID,
+    TABLE,
+    Field,
+    Limits,
+    Rule,
+    ops_reading,
+    resolve,
 )
 
 HEADER = struct.Struct(">I")
 #: Default frame limit; servers take theirs from config.
 DEFAULT_MAX_FRAME = 1 << 20
 
-#: Read consistency modes: leader lease (falls back to the log), always the log,
-#: or any node's local state labelled with its age.
-CONSISTENCY_MODES = ("linearizable", "log", "stale")
-
-#: Operations and whether they mutate state (and so carry a client id, seq and ack).
-OPS: dict[str, bool] = {
-    "acquire": True,
-    "renew": True,
-    "release": True,
-    "transfer": True,
-    "proclaim": True,
-    "session_open": True,
-    "session_keepalive": True,
-    "session_close": True,
-    "revoke": True,
-    "holder": False,
-    "waiters": False,
-    "sessions": False,
-    "leases": False,
-    "fence": False,
-    "await_lease": False,
-    # Leased task queues (docs/queues.md): mutations, reads, and two long-polls.
-    "task_put": True,
-    "task_claim": True,
-    "task_claim_cancel": True,
-    "task_heartbeat": True,
-    "task_complete": True,
-    "task_fail": True,
-    "task_release": True,
-    "task_retry": True,
-    "task_purge": True,
-    "task_get": False,
-    "task_stats": False,
-    "task_dead": False,
-    "await_claim": False,
-    "await_task": False,
-    "watch": False,
-    "status": False,
-    "ping": False,
-    "auth": False,
-    # Backups (docs/disaster-recovery.md): an admin read answered by the leader.
-    "snapshot": False,
-    # Membership (docs/membership.md): admin operations, answered by the leader.
-    "member_list": False,
-    "member_add": False,
-    "member_remove": False,
-    # Operators (docs/security.md): the node reached reads its auth and TLS files again.
-    "reload": False,
-}
-
-#: Longest member id accepted by ``member_add``.
-MAX_MEMBER_ID = 64
+#: Operations and whether they mutate state (and so carry a client id, seq and ack),
+#: from the one table of operations (``operations.TABLE``).
+OPS: dict[str, bool] = {op.name: op.mutates for op in TABLE}
 
 
 class ProtocolError(RaftLeaseError):
@@ -165,18 +112,6 @@ def decode_body(body: bytes) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
-    """Request limits enforced before anything is proposed (from the node config)."""
-
-    max_key_bytes: int = 512
-    max_owner_bytes: int = 256
-    min_ttl: float = 0.5
-    max_ttl: float = 3600.0
-    max_wait: float = 3600.0
-    max_list: int = 10_000
-
-
-@dataclass(frozen=True, slots=True)
 class Request:
     """A validated request. ``args`` holds the operation's own validated fields."""
 
@@ -198,6 +133,14 @@ def request_id(message: dict[str, Any]) -> int | None:
     return None
 
 
+#: Operations on one key, on a task queue, naming a task and naming an attempt: the
+#: operations whose table entry reads ``key``, ``queue``, ``task_id``, ``attempt_id``.
+KEYED_OPS = ops_reading("key")
+TASK_OPS = ops_reading("queue")
+_TASK_ID_OPS = ops_reading("task_id")
+_ATTEMPT_OPS = ops_reading("attempt_id")
+
+
 def _utf8_len(value: str, name: str) -> int:
     try:
         return len(value.encode("utf-8"))
@@ -205,7 +148,7 @@ def _utf8_len(value: str, name: str) -> int:
         raise InvalidArgumentError(f"field {name!r} is not valid UTF-8 text") from None
 
 
-def _str_field(message: dict[str, Any], name: str, max_bytes: int) -> str:
+def _str_field(message: Mapping[str, Any], name: str, max_bytes: int) -> str:
     value = message.get(name)
     if value is None:
         raise BadRequestError(f"missing field {name!r}")
@@ -219,7 +162,7 @@ def _str_field(message: dict[str, Any], name: str, max_bytes: int) -> str:
     return value
 
 
-def _int_field(message: dict[str, Any], name: str, low: int, high: int) -> int:
+def _int_field(message: Mapping[str, Any], name: str, low: int, high: int) -> int:
     value = message.get(name)
     if value is None:
         raise BadRequestError(f"missing field {name!r}")
@@ -230,25 +173,23 @@ def _int_field(message: dict[str, Any], name: str, low: int, high: int) -> int:
     return value
 
 
-def _ttl_ms(message: dict[str, Any], limits: Limits, required: bool) -> int | None:
-    value = message.get("ttl")
+def _ttl_ms(message: Mapping[str, Any], name: str, low: float, high: float) -> int:
+    value = message.get(name)
     if value is None:
-        if required:
-            raise BadRequestError("missing field 'ttl'")
-        return None
+        raise BadRequestError(f"missing field {name!r}")
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadRequestError(
-            f"field 'ttl' must be a number of seconds, not {type(value).__name__}"
+            f"field {name!r} must be a number of seconds, not {type(value).__name__}"
         )
     seconds = _as_float(value)
-    if not math.isfinite(seconds) or not limits.min_ttl <= seconds <= limits.max_ttl:
+    if not math.isfinite(seconds) or not low <= seconds <= high:
         raise InvalidArgumentError(
-            f"ttl {value!r} s is outside the allowed range {limits.min_ttl}..{limits.max_ttl} s"
+            f"{name} {value!r} s is outside the allowed range {low}..{high} s"
         )
     return round(seconds * 1000)
 
 
-def _seconds_ms(message: dict[str, Any], name: str, low: float, high: float) -> int:
+def _seconds_ms(message: Mapping[str, Any], name: str, low: float, high: float) -> int:
     value = message.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadRequestError(f"field {name!r} must be a number of seconds")
@@ -267,115 +208,7 @@ def _as_float(value: int | float) -> float:
         return math.inf if value > 0 else -math.inf
 
 
-#: Operations on one key.
-KEYED_OPS = frozenset(
-    {
-        "acquire",
-        "renew",
-        "release",
-        "holder",
-        "transfer",
-        "fence",
-        "await_lease",
-        "proclaim",
-        "revoke",
-        "waiters",
-    }
-)
-
-
-def _member_args(op: str, message: dict[str, Any], args: dict[str, Any]) -> None:
-    """``member_add``: ``member_id``, ``raft`` and ``client`` (host:port), an optional
-    ``timeout`` (seconds to wait for the new member to catch up, default 30).
-    ``peer_key`` (a public key of the handshake that mutual TLS replaced) is refused
-    with a message saying so, rather than ignored.
-    ``member_remove``: ``member_id`` (the id or the raft address)."""
-    member_id = _str_field(message, "member_id", MAX_MEMBER_ID)
-    if any(not (c.isalnum() or c in "-_.:[]") for c in member_id):
-        raise InvalidArgumentError(
-            f"member_id {member_id!r} may hold only letters, digits and - _ . : [ ]"
-        )
-    args["member_id"] = member_id
-    if op == "member_remove":
-        return
-    for name in ("raft", "client"):
-        addr = _str_field(message, name, 300)
-        host, sep, port = addr.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise InvalidArgumentError(f"field {name!r} must be host:port, got {addr!r}")
-        args[name] = addr
-    if args["raft"] == args["client"]:
-        raise InvalidArgumentError("fields 'raft' and 'client' must be different addresses")
-    args["timeout"] = (
-        _seconds_ms(message, "timeout", 0.0, 600.0) / 1000.0 if "timeout" in message else 30.0
-    )
-    if "peer_key" in message:
-        raise InvalidArgumentError(
-            "field 'peer_key' is no longer used: members authenticate with certificates "
-            "of the cluster CA (raftlease certs node ID); drop it"
-        )
-
-
-def _value_field(message: dict[str, Any]) -> str:
-    value = message.get("value")
-    if not isinstance(value, str):
-        raise BadRequestError(f"field 'value' must be a string, not {type(value).__name__}")
-    if _utf8_len(value, "value") > MAX_VALUE_BYTES:
-        raise InvalidArgumentError(f"field 'value' is longer than {MAX_VALUE_BYTES} bytes")
-    return value
-
-
-def _acquire_args(message: dict[str, Any], limits: Limits, args: dict[str, Any]) -> None:
-    """An acquire's own fields: a TTL, or a lease session to attach to (whose TTL it
-    then lives by); a wait and priority; and for shared keys capacity and units."""
-    if message.get("session") is not None:
-        args["session"] = _str_field(message, "session", MAX_ID_CHARS)
-        if message.get("ttl") is not None:
-            raise InvalidArgumentError(
-                "give 'ttl' or 'session', not both: an attached lease lives by its session"
-            )
-    else:
-        args["ttl"] = _ttl_ms(message, limits, required=True)
-    if message.get("wait") is not None:
-        args["wait"] = _seconds_ms(message, "wait", 0.0, limits.max_wait)
-    if message.get("priority") is not None:
-        args["priority"] = _int_field(message, "priority", -1000, 1000)
-    if message.get("capacity") is not None:
-        args["capacity"] = _int_field(message, "capacity", 1, MAX_CAPACITY)
-    if message.get("units") is not None:
-        args["units"] = _int_field(message, "units", 1, args.get("capacity", 1))
-
-
-#: Task queue operations (``_task_args`` validates their fields).
-TASK_OPS = frozenset(
-    op for op in OPS if op.startswith("task_") or op in ("await_claim", "await_task")
-)
-#: Those naming a task (``task_id``), and those naming an attempt (``attempt_id``).
-_TASK_ID_OPS = frozenset(
-    {
-        "task_heartbeat",
-        "task_complete",
-        "task_fail",
-        "task_release",
-        "task_retry",
-        "task_purge",
-        "task_get",
-        "await_task",
-    }
-)
-_ATTEMPT_OPS = frozenset(
-    {
-        "task_heartbeat",
-        "task_complete",
-        "task_fail",
-        "task_release",
-        "task_claim_cancel",
-        "await_claim",
-    }
-)
-
-
-def _text_field(message: dict[str, Any], name: str, max_bytes: int) -> str:
+def _text_field(message: Mapping[str, Any], name: str, max_bytes: int) -> str:
     """A string that may be empty (a payload, a result, an error text)."""
     value = message.get(name)
     if not isinstance(value, str):
@@ -386,7 +219,17 @@ def _text_field(message: dict[str, Any], name: str, max_bytes: int) -> str:
     return value
 
 
-def _labels(message: dict[str, Any], name: str, most: int) -> dict[str, str]:
+def _value_field(message: Mapping[str, Any], name: str, max_bytes: int) -> str:
+    """A lease's published value: a string that may be empty."""
+    value = message.get(name)
+    if not isinstance(value, str):
+        raise BadRequestError(f"field {name!r} must be a string, not {type(value).__name__}")
+    if _utf8_len(value, name) > max_bytes:
+        raise InvalidArgumentError(f"field {name!r} is longer than {max_bytes} bytes")
+    return value
+
+
+def _labels(message: Mapping[str, Any], name: str, most: int) -> dict[str, str]:
     """A task's ``requires`` or a claim's ``capabilities``: names to string values."""
     value = message.get(name)
     if not isinstance(value, dict):
@@ -403,77 +246,104 @@ def _labels(message: dict[str, Any], name: str, most: int) -> dict[str, str]:
     return dict(value)
 
 
-def _task_args(op: str, message: dict[str, Any], limits: Limits, args: dict[str, Any]) -> None:
-    """The fields of a task queue operation, into the core's names and units
-    (seconds become integer milliseconds; ``task_id`` is ``tid``, ``attempt_id``
-    ``aid``, ``capabilities`` ``caps``, ``lease_ttl`` ``ttl``)."""
-    args["queue"] = _str_field(message, "queue", min(MAX_QUEUE_NAME_BYTES, limits.max_key_bytes))
-    if op in _TASK_ID_OPS:
-        args["tid"] = _str_field(message, "task_id", MAX_ID_CHARS)
-    if op in _ATTEMPT_OPS:
-        args["aid"] = _str_field(message, "attempt_id", MAX_ID_CHARS)
-    if op in ("await_claim", "await_task"):
-        args["timeout"] = _seconds_ms(message, "timeout", 0.0, 60.0) / 1000.0
-    given = {name for name, value in message.items() if value is not None}
-    if op == "task_put":
-        args["payload"] = _text_field(message, "payload", MAX_TASK_PAYLOAD_BYTES)
-        if "priority" in given:
-            args["priority"] = _int_field(message, "priority", -1000, 1000)
-        if "max_attempts" in given:
-            args["max_attempts"] = _int_field(message, "max_attempts", 1, MAX_TASK_ATTEMPTS)
-        if "dedup_key" in given:
-            args["dedup_key"] = _str_field(message, "dedup_key", MAX_TASK_DEDUP_BYTES)
-        if "requires" in given:
-            args["requires"] = _labels(message, "requires", MAX_TASK_REQUIRES)
-        days = MAX_TASK_DELAY_MS / 1000.0
-        for name, low, high in (
-            ("delay", 0.0, days),
-            ("deadline", 0.001, days),
-            ("retention", 0.0, days),
-            ("backoff", 0.0, MAX_TASK_BACKOFF_MS / 1000.0),
-        ):
-            if name in given:
-                args[name] = _seconds_ms(message, name, low, high)
-        for name, core in (("lease_ttl", "ttl"), ("progress_timeout", "progress_timeout")):
-            if name in given:
-                args[core] = _seconds_ms(message, name, limits.min_ttl, limits.max_ttl)
-    elif op == "task_claim":
-        args["worker"] = _str_field(message, "worker", limits.max_owner_bytes)
-        if "capabilities" in given:
-            args["caps"] = _labels(message, "capabilities", MAX_TASK_CAPABILITIES)
-        if "wait" in given:
-            args["wait"] = _seconds_ms(message, "wait", 0.0, limits.max_wait)
-        if "session" in given:
-            args["session"] = _str_field(message, "session", MAX_ID_CHARS)
-            if "lease_ttl" in given:
-                raise InvalidArgumentError(
-                    "give 'lease_ttl' or 'session', not both: an attached claim lives by "
-                    "its session"
-                )
-        elif "lease_ttl" in given:
-            args["ttl"] = _seconds_ms(message, "lease_ttl", limits.min_ttl, limits.max_ttl)
-    elif op == "task_heartbeat" and "progress" in given:
-        progress = message["progress"]
-        if isinstance(progress, bool) or not isinstance(progress, int | float):
-            raise BadRequestError("field 'progress' must be a number")
-        if not math.isfinite(_as_float(progress)) or abs(progress) > 2**62:
-            raise InvalidArgumentError("field 'progress' must be a finite number")
-        args["progress"] = progress
-    elif op == "task_complete" and "result" in given:
-        args["result"] = _text_field(message, "result", MAX_TASK_RESULT_BYTES)
-    elif op == "task_fail":
-        if "error" in given:
-            args["error"] = _text_field(message, "error", MAX_TASK_ERROR_BYTES)
-        if "retry_after" in given:
-            args["retry_after"] = _seconds_ms(
-                message, "retry_after", 0.0, MAX_TASK_DELAY_MS / 1000.0
+def _progress(message: Mapping[str, Any], name: str, most: int) -> int | float:
+    """A heartbeat's progress: a finite number, at most ``most`` either way."""
+    progress = message[name]
+    if isinstance(progress, bool) or not isinstance(progress, int | float):
+        raise BadRequestError(f"field {name!r} must be a number")
+    if not math.isfinite(_as_float(progress)) or abs(progress) > most:
+        raise InvalidArgumentError(f"field {name!r} must be a finite number")
+    return progress
+
+
+def _choice(message: Mapping[str, Any], name: str, choices: tuple[str, ...]) -> str:
+    value = message.get(name)
+    if value not in choices:
+        raise InvalidArgumentError(f"{name} {value!r} is not one of {list(choices)}")
+    return str(value)
+
+
+def _prefix(message: Mapping[str, Any], name: str, max_bytes: int) -> str:
+    """A key prefix: a string that may be empty."""
+    value = message.get(name)
+    if not isinstance(value, str):
+        raise BadRequestError(f"field {name!r} must be a string")
+    if _utf8_len(value, name) > max_bytes:
+        raise InvalidArgumentError(f"field {name!r} is longer than the key limit")
+    return value
+
+
+def _address(message: Mapping[str, Any], name: str, max_bytes: int) -> str:
+    addr = _str_field(message, name, max_bytes)
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise InvalidArgumentError(f"field {name!r} must be host:port, got {addr!r}")
+    return addr
+
+
+def _read(spec: Field, message: Mapping[str, Any], limits: Limits, args: Mapping[str, Any]) -> Any:
+    """The value of one field as the core takes it (``spec.kind`` says how it is read).
+    Raises ``BadRequestError`` (absent, wrong type) or ``InvalidArgumentError`` (out
+    of bounds, empty, not UTF-8)."""
+    name, kind = spec.wire, spec.kind
+    low, high = resolve(spec.low, limits, args), resolve(spec.high, limits, args)
+    if kind == "string":
+        return _str_field(message, name, high)
+    if kind == "integer":
+        return _int_field(message, name, low, high)
+    if kind == "seconds":
+        ms = _seconds_ms(message, name, low, high)
+        return ms / 1000.0 if spec.unit == "s" else ms
+    if kind == "ttl":
+        return _ttl_ms(message, name, low, high)
+    if kind == "text":
+        return _text_field(message, name, high)
+    if kind == "value":
+        return _value_field(message, name, high)
+    if kind == "labels":
+        return _labels(message, name, high)
+    if kind == "progress":
+        return _progress(message, name, high)
+    if kind == "enum":
+        return _choice(message, name, spec.choices)
+    if kind == "prefix":
+        return _prefix(message, name, high)
+    return _address(message, name, high)
+
+
+def read_fields(
+    steps: tuple[Field | Rule, ...],
+    message: Mapping[str, Any],
+    limits: Limits,
+    args: dict[str, Any],
+) -> None:
+    """Read ``steps`` (an operation's fields and rules, in the table's order) from
+    ``message`` into ``args`` under the core's names. Raises ``BadRequestError`` /
+    ``InvalidArgumentError`` for the first field or rule that fails."""
+    for step in steps:
+        if isinstance(step, Rule):
+            step.check(message, args)
+            continue
+        if step.needs:
+            if step.needs not in args:
+                continue
+        elif not step.required:
+            absent = (
+                message.get(step.wire) is None
+                if step.given == "not_none"
+                else step.wire not in message
             )
-    elif op == "task_dead" and "limit" in given:
-        args["limit"] = _int_field(message, "limit", 1, MAX_DEAD_LIST)
+            if absent:
+                if step.default is not None:
+                    args[step.core] = resolve(step.default, limits)
+                continue
+        args[step.core] = _read(step, message, limits, args)
 
 
 def parse_request(message: dict[str, Any], limits: Limits) -> Request:
-    """Validate a decoded frame into a ``Request``.
+    """Validate a decoded frame into a ``Request``: the fields and rules of its
+    operation's entry in ``operations.TABLE``, then (for a mutating one) the dedup
+    envelope ``cid``, ``seq``, ``ack``.
 
     Raises ``BadRequestError`` / ``InvalidArgumentError`` with a message naming the
     field; the caller answers with that error and keeps the connection open.
@@ -484,81 +354,16 @@ def parse_request(message: dict[str, Any], limits: Limits) -> Request:
     op = message.get("op")
     if not isinstance(op, str) or op not in OPS:
         raise BadRequestError(f"unknown operation {op!r}; expected one of {sorted(OPS)}")
+    spec = BY_NAME[op]
     args: dict[str, Any] = {}
-    if op in KEYED_OPS:
-        args["key"] = _str_field(message, "key", limits.max_key_bytes)
-    if op in ("acquire", "transfer", "session_open"):
-        args["owner"] = _str_field(message, "owner", limits.max_owner_bytes)
-    if op in ("acquire", "proclaim") and (op == "proclaim" or message.get("value") is not None):
-        args["value"] = _value_field(message)
-    if op in ("session_keepalive", "session_close"):
-        args["sid"] = _str_field(message, "session_id", MAX_ID_CHARS)
-    if op in ("session_open", "session_keepalive"):
-        ttl = _ttl_ms(message, limits, required=op == "session_open")
-        if ttl is not None:
-            args["ttl"] = ttl
-    if op == "acquire":
-        _acquire_args(message, limits, args)
-    elif op in ("renew", "release", "transfer", "await_lease", "proclaim"):
-        args["lid"] = _str_field(message, "lease_id", MAX_ID_CHARS)
-        if op in ("renew", "transfer"):
-            ttl = _ttl_ms(message, limits, required=False)
-            if ttl is not None:
-                args["ttl"] = ttl
-        if op == "await_lease":
-            args["timeout"] = _seconds_ms(message, "timeout", 0.0, 60.0) / 1000.0
-    elif op == "fence":
-        args["token"] = _int_field(message, "token", 0, 2**62)
-    elif op == "revoke":
-        # All leases on the key, or the one named by its lease id or its token.
-        if message.get("lease_id") is not None and message.get("token") is not None:
-            raise InvalidArgumentError("give 'lease_id' or 'token' to revoke, not both")
-        if message.get("lease_id") is not None:
-            args["lid"] = _str_field(message, "lease_id", MAX_ID_CHARS)
-        if message.get("token") is not None:
-            args["token"] = _int_field(message, "token", 1, 2**62)
-    if op in TASK_OPS:
-        _task_args(op, message, limits, args)
-    if op == "auth":
-        args["token"] = _str_field(message, "token", 1024)
-    if op in ("holder", "leases", "fence", "waiters", "sessions"):
-        consistency = message.get("consistency", "linearizable")
-        if consistency not in CONSISTENCY_MODES:
-            raise InvalidArgumentError(
-                f"consistency {consistency!r} is not one of {list(CONSISTENCY_MODES)}"
-            )
-        args["consistency"] = consistency
-    if op in ("leases", "watch"):
-        prefix = message.get("prefix", "")
-        if not isinstance(prefix, str):
-            raise BadRequestError("field 'prefix' must be a string")
-        if _utf8_len(prefix, "prefix") > limits.max_key_bytes:
-            raise InvalidArgumentError("field 'prefix' is longer than the key limit")
-        args["prefix"] = prefix
-    if op in ("leases", "waiters", "sessions"):
-        args["limit"] = (
-            _int_field(message, "limit", 1, limits.max_list)
-            if "limit" in message
-            else min(1000, limits.max_list)
-        )
-    if op == "watch":
-        args["from_revision"] = (
-            _int_field(message, "from_revision", 0, 2**62) if "from_revision" in message else 0
-        )
-    if op in ("member_add", "member_remove"):
-        _member_args(op, message, args)
-    if op == "snapshot" and message.get("snapshot") is not None:
-        # No id: take a snapshot; with one: read its body from ``offset``.
-        args["snapshot"] = _str_field(message, "snapshot", MAX_ID_CHARS)
-        args["offset"] = _int_field(message, "offset", 0, 2**62)
-    if not OPS[op]:
+    read_fields(spec.steps, message, limits, args)
+    if not spec.mutates:
         return Request(id=rid, op=op, args=args)
-    cid = _str_field(message, "cid", 128)
-    seq = _int_field(message, "seq", 1, 2**62)
-    ack = _int_field(message, "ack", 1, 2**62)
-    if seq < ack:
-        raise InvalidArgumentError(f"seq {seq} is below ack {ack}")
-    return Request(id=rid, op=op, args=args, cid=cid, seq=seq, ack=ack)
+    envelope: dict[str, Any] = {}
+    read_fields(ENVELOPE, message, limits, envelope)
+    return Request(
+        id=rid, op=op, args=args, cid=envelope["cid"], seq=envelope["seq"], ack=envelope["ack"]
+    )
 
 
 def ok_response(rid: int, result: dict[str, Any]) -> dict[str, Any]:
@@ -576,3 +381,25 @@ def error_response(rid: int | None, err: RaftLeaseError) -> dict[str, Any]:
     if err.detail:
         response["detail"] = err.detail
     return response
+
+
+__all__ = [
+    "CONSISTENCY_MODES",
+    "DEFAULT_MAX_FRAME",
+    "HEADER",
+    "KEYED_OPS",
+    "MAX_MEMBER_ID",
+    "OPS",
+    "TASK_OPS",
+    "FrameDecoder",
+    "Limits",
+    "ProtocolError",
+    "Request",
+    "decode_body",
+    "encode_frame",
+    "error_response",
+    "ok_response",
+    "parse_request",
+    "read_fields",
+    "request_id",
+]

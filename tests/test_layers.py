@@ -18,8 +18,9 @@ pytestmark = pytest.mark.timeout(60)
 
 PACKAGE = Path(__file__).resolve().parent.parent / "raftlease"
 
-#: Shared ground: value types, the wire protocol, errors, config, clocks, limits.
-GROUND = {"_version", "errors", "limits", "clock", "config", "protocol", "models"}
+#: Shared ground: value types, the wire protocol, the operations table, errors,
+#: config, clocks, limits.
+GROUND = {"_version", "errors", "limits", "clock", "config", "protocol", "models", "operations"}
 
 #: layer -> the raftlease layers it may import (directly, lazily or for types).
 #: A layer is a subpackage, or a top-level module of ground or the entry points.
@@ -29,12 +30,14 @@ ALLOWED: dict[str, set[str]] = {
     "limits": set(),
     "clock": set(),
     "config": {"errors", "limits"},
-    "protocol": {"errors", "limits"},
+    # The one table of operations: read by the wire parser, the core, auth and OpenAPI.
+    "operations": {"errors", "limits"},
+    "protocol": {"errors", "limits", "operations"},
     "models": {"errors"},
     # The cluster's certificates (cryptography's x509 builder): below replication,
     # which checks peer certificates with it, and the commands that make them.
     "pki": {"errors"},
-    "core": {"limits", "errors"},
+    "core": {"limits", "errors", "operations"},
     "replication": GROUND | {"core", "pki"},
     "server": GROUND | {"core", "replication"},
     "recipes": {"errors", "models"},

@@ -1,12 +1,17 @@
 """Structural validation of log entries: field types, sizes and ranges, checked
-before an entry touches the state (a malformed entry changes nothing)."""
+before an entry touches the state (a malformed entry changes nothing).
+
+The state machine keeps its own check (it must not trust the wire), driven by the
+operations table (``operations.TABLE``) where it checks what the wire parser checks:
+which operations mutate, which name a lease or a session, and the static bounds of
+their integer fields. Bounds the wire takes from the node's config are checked here
+against the hard caps of ``limits`` instead."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..limits import (
-    MAX_CAPACITY,
     MAX_ID_CHARS,
     MAX_KEY_BYTES,
     MAX_LIST,
@@ -15,41 +20,40 @@ from ..limits import (
     MAX_VALUE_BYTES,
 )
 
+# MAX_PRIORITY: waiter and task priorities accepted (higher is served first, FIFO
+# within a priority); one constant, the table's.
+from ..operations import MAX_PRIORITY as MAX_PRIORITY
+from ..operations import TABLE, core_bounds, ops_reading, ops_with
+
 #: Most requests one batch entry may carry.
 MAX_BATCH = 4096
 
+_MUTATING = frozenset(op.name for op in TABLE if op.mutates)
 
-#: Operations on one lease, named by ``key`` and ``lid``.
-LEASE_OPS = frozenset({"acquire", "renew", "release", "transfer", "proclaim"})
+#: Operations on one lease, named by ``key`` and ``lid``: the mutating ones that need
+#: write on the key.
+LEASE_OPS = ops_with("key_write") & _MUTATING
 
 
-SESSION_OPS = frozenset({"session_open", "session_keepalive", "session_close"})
+SESSION_OPS = ops_with("session")
 
 
 #: Operators' operations (``admin`` permission with auth): ``revoke`` ends the leases
 #: on a key (all, or the one named by ``lid`` or ``token``) and wakes its waiters.
-ADMIN_OPS = frozenset({"revoke"})
+ADMIN_OPS = ops_with("key_admin") & _MUTATING
 
 
-#: Leased task queues (core/queue.py, issue 12): mutations, and reads through the log.
-TASK_MUTATING_OPS = frozenset(
-    {
-        "task_put",
-        "task_claim",
-        "task_claim_cancel",
-        "task_heartbeat",
-        "task_complete",
-        "task_fail",
-        "task_release",
-        "task_retry",
-        "task_purge",
-    }
-)
+#: Leased task queues (core/queue.py, issue 12): mutations (the table's mutating
+#: operations on a queue), and reads through the log (``task_claim_status`` is the
+#: leader's own read for the ``await_claim`` long-poll, never a client's).
+TASK_MUTATING_OPS = ops_reading("queue") & _MUTATING
 TASK_READ_OPS = frozenset({"task_get", "task_stats", "task_dead", "task_claim_status"})
 TASK_OPS = TASK_MUTATING_OPS | TASK_READ_OPS
 
 
+#: Every mutating operation of the table: each carries ``cid``, ``seq``, ``ack``.
 MUTATING_OPS = LEASE_OPS | SESSION_OPS | ADMIN_OPS | TASK_MUTATING_OPS
+assert MUTATING_OPS == _MUTATING, "a mutating operation the state machine does not know"
 
 
 READ_OPS = frozenset(
@@ -57,8 +61,13 @@ READ_OPS = frozenset(
 )
 
 
-#: Waiter priorities accepted (higher is served first, FIFO within a priority).
-MAX_PRIORITY = 1000
+#: Static bounds from the table (the wire's own): the dedup envelope's numbers, an
+#: acquire's priority and capacity, a fence's and a revoke's token.
+_SEQ = core_bounds("acquire", "seq")
+_PRIORITY = core_bounds("acquire", "priority")
+_CAPACITY = core_bounds("acquire", "capacity")
+_FENCE_TOKEN = core_bounds("fence", "token")
+_REVOKE_TOKEN = core_bounds("revoke", "token")
 
 
 #: Entries only a leader proposes (never accepted from a client): ``tick`` moves log
@@ -99,9 +108,9 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
     if op in MUTATING_OPS:
         if not valid_str(entry.get("cid"), MAX_ID_CHARS):
             return "'cid' must be a non-empty string"
-        if not valid_int(entry.get("seq"), 1, 2**62):
+        if not valid_int(entry.get("seq"), *_SEQ):
             return "'seq' must be a positive integer"
-        if not valid_int(entry.get("ack"), 1, 2**62):
+        if not valid_int(entry.get("ack"), *_SEQ):
             return "'ack' must be a positive integer"
     if op in LEASE_OPS:
         if not valid_str(entry.get("key"), MAX_KEY_BYTES):
@@ -139,11 +148,11 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
             return "'ttl' must be a positive integer of milliseconds"
         if not valid_int(entry.get("wait", 0), 0, MAX_TTL_MS):
             return "'wait' must be a non-negative integer of milliseconds"
-        if not valid_int(entry.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY):
-            return f"'priority' must be an integer from {-MAX_PRIORITY} to {MAX_PRIORITY}"
+        if not valid_int(entry.get("priority", 0), *_PRIORITY):
+            return f"'priority' must be an integer from {_PRIORITY[0]} to {_PRIORITY[1]}"
         capacity = entry.get("capacity", 1)
-        if not valid_int(capacity, 1, MAX_CAPACITY):
-            return f"'capacity' must be an integer from 1 to {MAX_CAPACITY}"
+        if not valid_int(capacity, *_CAPACITY):
+            return f"'capacity' must be an integer from {_CAPACITY[0]} to {_CAPACITY[1]}"
         if not valid_int(entry.get("units", 1), 1, capacity):
             return "'units' must be an integer from 1 to the key's capacity"
     elif op == "transfer":
@@ -162,7 +171,7 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
     elif op in ("fence", "lease_status"):
         if not valid_str(entry.get("key"), MAX_KEY_BYTES):
             return "'key' must be a non-empty string"
-        if op == "fence" and not valid_int(entry.get("token"), 0, 2**62):
+        if op == "fence" and not valid_int(entry.get("token"), *_FENCE_TOKEN):
             return "'token' must be a non-negative integer"
         if op == "lease_status" and not valid_str(entry.get("lid"), MAX_ID_CHARS):
             return "'lid' must be a non-empty string"
@@ -178,7 +187,7 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
             return "'key' must be a non-empty string"
         if "lid" in entry and not valid_str(entry["lid"], MAX_ID_CHARS):
             return "'lid' must be a non-empty string or absent"
-        if "token" in entry and not valid_int(entry["token"], 1, 2**62):
+        if "token" in entry and not valid_int(entry["token"], *_REVOKE_TOKEN):
             return "'token' must be a positive integer or absent"
         if "lid" in entry and "token" in entry:
             return "give 'lid' or 'token', not both"

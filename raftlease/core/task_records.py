@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..limits import (
-    MAX_DEAD_LIST,
     MAX_ID_CHARS,
     MAX_OWNER_BYTES,
     MAX_QUEUE_NAME_BYTES,
@@ -24,7 +23,8 @@ from ..limits import (
     MAX_TASK_RESULT_BYTES,
     MAX_TTL_MS,
 )
-from .checks import MAX_PRIORITY, utf8_size, valid_int, valid_str
+from ..operations import core_bounds
+from .checks import utf8_size, valid_int, valid_str
 from .records import LeaseSession
 
 # ---------------------------------------------------------------------- limits
@@ -255,6 +255,26 @@ _TID_OPS = frozenset(
 )
 
 
+#: The integer fields of task entries and their bounds, checked in this order. Those
+#: with static bounds on the wire come from the operations table (seconds there,
+#: milliseconds here); the wire takes ``wait``, ``ttl`` and ``progress_timeout`` from
+#: the node's config, so the core checks them against the hard caps.
+_INT_FIELDS: tuple[tuple[str, int, int], ...] = (
+    ("delay", *core_bounds("task_put", "delay")),
+    ("deadline", *core_bounds("task_put", "deadline")),
+    ("retention", *core_bounds("task_put", "retention")),
+    ("backoff", *core_bounds("task_put", "backoff")),
+    ("retry_after", *core_bounds("task_fail", "retry_after")),
+    ("wait", 0, MAX_TTL_MS),
+    ("ttl", 1, MAX_TTL_MS),
+    ("progress_timeout", 1, MAX_TTL_MS),
+    ("max_attempts", *core_bounds("task_put", "max_attempts")),
+    ("priority", *core_bounds("task_put", "priority")),
+    ("limit", *core_bounds("task_dead", "limit")),
+    ("max_completed", 1, 2**31),  # stamped by the leader (max_completed_tasks)
+)
+
+
 def check_task_args(op: str, entry: dict[str, Any]) -> str | None:
     """Why a ``task_*`` entry is malformed, or None (structural only)."""
     if not valid_str(entry.get("queue"), MAX_QUEUE_BYTES):
@@ -271,20 +291,7 @@ def check_task_args(op: str, entry: dict[str, Any]) -> str | None:
         "task_claim_status",
     ) and not valid_str(entry.get("aid"), MAX_ID_CHARS):
         return "'aid' must be a non-empty string"
-    for name, low, high in (
-        ("delay", 0, MAX_DELAY_MS),
-        ("deadline", 1, MAX_DELAY_MS),
-        ("retention", 0, MAX_DELAY_MS),
-        ("backoff", 0, MAX_BACKOFF_MS),
-        ("retry_after", 0, MAX_DELAY_MS),
-        ("wait", 0, MAX_TTL_MS),
-        ("ttl", 1, MAX_TTL_MS),
-        ("progress_timeout", 1, MAX_TTL_MS),
-        ("max_attempts", 1, MAX_ATTEMPTS),
-        ("priority", -MAX_PRIORITY, MAX_PRIORITY),
-        ("limit", 1, MAX_DEAD_LIST),
-        ("max_completed", 1, 2**31),  # stamped by the leader (max_completed_tasks)
-    ):
+    for name, low, high in _INT_FIELDS:
         if name in entry and not valid_int(entry[name], low, high):
             return f"'{name}' must be an integer from {low} to {high}"
     if op == "task_put":

@@ -54,36 +54,14 @@ from typing import Any
 
 from ..errors import ConfigError, PermissionDeniedError, UnauthenticatedError
 from ..limits import MAX_CAPACITY
+from ..operations import BY_NAME
 from ..protocol import Request
 
 ACTIONS = frozenset({"read", "write", "admin", "shape"})
-READ_OPS = frozenset({"holder", "leases", "fence", "watch", "await_lease", "waiters"})
-WRITE_OPS = frozenset({"acquire", "renew", "release", "transfer", "proclaim"})
-#: Operators' operations on a key: need ``admin`` on a prefix of it.
-ADMIN_KEY_OPS = frozenset({"revoke"})
-SESSION_OPS = frozenset({"session_open", "session_keepalive", "session_close"})
-#: Cluster membership (docs/membership.md): need ``admin`` (on the whole key space).
-MEMBER_OPS = frozenset({"member_list", "member_add", "member_remove"})
 #: Task queues (docs/queues.md): read or write on the key ``queue:<name>`` (so a
-#: prefix ``queue:rollouts`` grants one queue, ``queue:`` every queue).
-QUEUE_READ_OPS = frozenset({"task_get", "task_stats", "task_dead", "await_task"})
-QUEUE_WRITE_OPS = frozenset(
-    {
-        "task_put",
-        "task_claim",
-        "task_claim_cancel",
-        "task_heartbeat",
-        "task_complete",
-        "task_fail",
-        "task_release",
-        "task_retry",
-        "task_purge",
-        "await_claim",
-    }
-)
+#: prefix ``queue:rollouts`` grants one queue, ``queue:`` every queue). Which
+#: operation needs which permission is in the operations table (``operations.TABLE``).
 QUEUE_KEY_PREFIX = "queue:"
-#: Answered for anyone, authenticated or not (health checks, finding the leader).
-OPEN_OPS = frozenset({"status", "ping"})
 
 
 @dataclass(frozen=True)
@@ -158,26 +136,28 @@ class AuthPolicy:
         """Raise ``UnauthenticatedError`` or ``PermissionDeniedError`` unless
         ``principal`` may send ``request``."""
         op, args = request.op, request.args
-        if op in OPEN_OPS:
+        spec = BY_NAME.get(op)
+        permission = spec.permission if spec is not None else None
+        if permission == "open":
             return  # health and leader discovery: no secret in them
         if principal is None:
             raise UnauthenticatedError(
                 f"{request.op} needs an authenticated connection: send auth with a token "
                 "or connect with a client certificate"
             )
-        if op in SESSION_OPS:
+        if permission == "session":
             if not principal.may_write_somewhere():
                 raise PermissionDeniedError(f"{principal.name} may not hold lease sessions")
             return
-        if op == "sessions":
+        if permission == "read_all":
             # Every session's owner, across all keys: read on the whole key space.
             if not principal.allows("read", ""):
                 raise PermissionDeniedError(
                     f"{principal.name} may not list lease sessions (needs read on every key)"
                 )
             return
-        if op in QUEUE_READ_OPS or op in QUEUE_WRITE_OPS:
-            action = "read" if op in QUEUE_READ_OPS else "write"
+        if permission in ("queue_read", "queue_write"):
+            action = "read" if permission == "queue_read" else "write"
             target = QUEUE_KEY_PREFIX + str(args["queue"])
             if not principal.allows(action, target):
                 raise PermissionDeniedError(
@@ -186,8 +166,8 @@ class AuthPolicy:
                     {"principal": principal.name, "action": action, "key": target},
                 )
             return
-        if op in READ_OPS or op in WRITE_OPS or op in ADMIN_KEY_OPS:
-            action = "read" if op in READ_OPS else "write" if op in WRITE_OPS else "admin"
+        if permission in ("key_read", "key_write", "key_admin"):
+            action = {"key_read": "read", "key_write": "write", "key_admin": "admin"}[permission]
             target = args.get("key", args.get("prefix", ""))
             if not principal.allows(action, str(target)):
                 raise PermissionDeniedError(
@@ -201,15 +181,9 @@ class AuthPolicy:
                     f"not {priority}"
                 )
             return
-        if op in MEMBER_OPS:
-            self.check_admin(principal, op)
-            return
-        if op == "snapshot":
-            # A snapshot holds every lease id: admin on the whole key space.
-            self.check_admin(principal, op)
-            return
-        if op == "reload":
-            # Re-reads this very policy and the node's TLS files: operators only.
+        if permission == "admin":
+            # Membership, snapshots (every lease id) and reload (re-reads this very
+            # policy and the node's TLS files): operators, on the whole key space.
             self.check_admin(principal, op)
             return
         raise PermissionDeniedError(f"{op} is not allowed here")

@@ -1,11 +1,12 @@
 """The HTTP/JSON API of one node (docs/http-api.md), served on its ``admin_address``
 beside /metrics and /status, under ``/v1/`` (and ``/openapi.json``).
 
-Each resource (``openapi.ROUTES``) runs one protocol operation. A request becomes the
-same map a native client sends (POST: the JSON body's fields; GET: the query
-parameters, numbers converted by the field table) and goes through the same
-``protocol.parse_request`` and the same ``AuthPolicy`` (the bearer token in
-``Authorization: Bearer ...`` is the native ``auth`` token), then ``NodeServer.handle``.
+Each resource (``openapi.all_routes()``, from the operations table) runs one protocol
+operation. A request becomes the same map a native client sends (POST: the JSON body's
+fields; GET: the query parameters, numbers converted by the field table) and goes
+through the same ``protocol.parse_request`` and the same ``AuthPolicy`` (the bearer
+token in ``Authorization: Bearer ...`` is the native ``auth`` token), then
+``NodeServer.handle``.
 A node that is not the leader for it forwards the request to the leader over its own
 client connection (``http_forward``), with the caller's token.
 
