@@ -10,7 +10,6 @@ and 127 command not startable / not found, and pass the command's own status thr
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import signal
@@ -30,6 +29,10 @@ if TYPE_CHECKING:
     from .client import Client as BlockingClient
 from .config import NodeConfig, load_toml, local_cluster
 from .errors import ConfigError, RaftLeaseError
+
+#: The node's log formats (server/logs.py): spelled here because importing
+#: raftlease.server loads the server stack, which no client command may load.
+LOG_FORMATS = ("text", "json")
 
 
 def Client(endpoints: Sequence[str] | str, **options: Any) -> BlockingClient:
@@ -94,43 +97,6 @@ def _owner_option(func: Any) -> Any:
         show_default="hostname:pid",
         help="Who takes it: a label shown to readers, not a credential.",
     )(func)
-
-
-#: ``--log-format``: key=value text (the default) or one JSON object a line.
-LOG_FORMATS = ("text", "json")
-TEXT_LOG_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s pid=%(process)d %(message)s"
-
-
-class JsonLogFormatter(logging.Formatter):
-    """The text format's fields as one JSON object a line: ``time`` (the text line's
-    leading time stamp), ``level``, ``logger``, ``pid``, ``message``, and ``exc`` (the
-    traceback) when there is one."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        fields: dict[str, Any] = {
-            "time": self.formatTime(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "pid": record.process,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            fields["exc"] = self.formatException(record.exc_info)
-        return json.dumps(fields, default=str)
-
-
-def setup_logging(level: str, log_format: str | None = None) -> None:
-    """Log lines on stderr (the node's and the test node's): key=value text, or JSON
-    with the same fields. ``log_format`` None: ``$RAFTLEASE_LOG_FORMAT`` or text (so
-    the nodes ``raftlease up`` starts inherit its choice)."""
-    log_format = log_format or os.environ.get("RAFTLEASE_LOG_FORMAT") or "text"
-    handler = logging.StreamHandler(sys.stderr)
-    json_lines = log_format == "json"
-    handler.setFormatter(JsonLogFormatter() if json_lines else logging.Formatter(TEXT_LOG_FORMAT))
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
-    # PySyncObj logs connection churn at WARNING; keep it unless asked for debug.
-    if level.upper() != "DEBUG":
-        logging.getLogger("pysyncobj").setLevel(logging.ERROR)
 
 
 @click.group()
@@ -216,6 +182,7 @@ def node(
 ) -> None:
     """Run one node of a cluster (until SIGINT/SIGTERM)."""
     from .server import run_node
+    from .server.logs import setup_logging
 
     setup_logging(log_level, log_format)
     overrides: dict[str, Any] = dict(_parse_setting(s) for s in settings)
