@@ -152,9 +152,11 @@ def test_the_cli_spells_the_node_log_formats_as_the_node_does() -> None:
 
 
 #: cli/ module -> the cli/ modules it may import: root -> commands -> common.
-COMMANDS = {p.stem for p in CLI.glob("*.py")} - {"__init__", "root", "common", "up_console"}
+NOT_COMMANDS = {"__init__", "__main__", "root", "common", "up_console"}
+COMMANDS = {p.stem for p in CLI.glob("*.py")} - NOT_COMMANDS
 ARROWS: dict[str, set[str]] = {
     "__init__": {"root"},
+    "__main__": {"root"},
     "root": COMMANDS | {"common"},
     "common": set(),
     "up_console": set(),
