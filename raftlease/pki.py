@@ -10,7 +10,7 @@ so it cannot pass as member n2. Member certificates carry both extended key usag
 (every member dials some peers and accepts others) and the hosts given as DNS or IP
 names, so the same certificate can serve the client port.
 
-``raftlease certs`` (cli_certs.py), ``raftlease up`` and the test clusters
+``raftlease certs`` (cli/certs.py), ``raftlease up`` and the test clusters
 (testing/certs.py) use these functions; cert-manager, Vault or openssl can make the
 same files (docs/deployment.md).
 

@@ -22,7 +22,8 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from raftlease import LeaseHeldError
-from raftlease.cli import TEXT_LOG_FORMAT, JsonLogFormatter, main
+from raftlease.cli import main
+from raftlease.server.logs import TEXT_LOG_FORMAT, JsonLogFormatter
 from raftlease.testing import LocalCluster
 from raftlease.testing.certs import secure_bundle
 from raftlease.testing.cluster import free_port_block, wait_for

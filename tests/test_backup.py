@@ -268,10 +268,10 @@ def test_the_dump_counts_as_committed_when_the_saved_commit_index_lags(tmp_path:
 
 @pytest.mark.timeout(60)
 def test_the_cli_loads_the_backup_code_only_when_a_snapshot_command_runs() -> None:
-    from raftlease import cli_snapshot
+    from raftlease.cli import snapshot as cli_snapshot
 
     assert cli_snapshot.DEFAULT_TOKEN_JUMP == DEFAULT_TOKEN_JUMP
-    # Every raftlease command imports cli_snapshot (through cli): no module-level import
+    # Every raftlease command imports cli/snapshot.py (through cli/root.py): no module-level import
     # of the server stack (or the client) there.
     tree = ast.parse(Path(cli_snapshot.__file__).read_text())
     top = [n for n in tree.body if isinstance(n, ast.ImportFrom)]

@@ -31,7 +31,8 @@ from raftlease import (
     LeaseNotFoundError,
     RaftLeaseError,
 )
-from raftlease.cli import DURATION, TTL, _parse_setting, main
+from raftlease.cli import main
+from raftlease.cli.common import DURATION, TTL, parse_setting
 from raftlease.server.auth import token_digest
 from raftlease.testing import LocalCluster, wait_for
 from raftlease.testing.certs import secure_bundle
@@ -333,12 +334,12 @@ def test_owner_defaults_to_hostname_and_pid(shared: LocalCluster) -> None:
 
 def test_set_accepts_booleans_for_boolean_fields() -> None:
     for text in ("true", "TRUE", "yes", "on", "1"):
-        assert _parse_setting(f"insecure={text}") == ("insecure", True)
+        assert parse_setting(f"insecure={text}") == ("insecure", True)
     for text in ("false", "no", "off", "0"):
-        assert _parse_setting(f"insecure={text}") == ("insecure", False)
-    assert _parse_setting("max_ttl=60") == ("max_ttl", 60)  # other fields: numbers as before
+        assert parse_setting(f"insecure={text}") == ("insecure", False)
+    assert parse_setting("max_ttl=60") == ("max_ttl", 60)  # other fields: numbers as before
     with pytest.raises(click.BadParameter, match="insecure is true or false"):
-        _parse_setting("insecure=maybe")
+        parse_setting("insecure=maybe")
 
 
 def test_set_on_the_node_command() -> None:

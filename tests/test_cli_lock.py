@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from raftlease import Client
-from raftlease.cli_lock import EXIT_CANNOT_RUN, EXIT_LEASE_LOST, EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND
+from raftlease.cli.lock import EXIT_CANNOT_RUN, EXIT_LEASE_LOST, EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND
 from raftlease.testing import LocalCluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -359,7 +359,8 @@ def test_the_sigkill_of_a_lost_lease_comes_no_later_than_its_validity(tmp_path: 
     validity, not ``grace`` after the SIGTERM, when the cluster may already have
     granted the key to another. A command that ignores SIGTERM (allowed: SIGKILL
     follows) is killed within the 0.5 s left, not after the 30 s grace."""
-    from raftlease.cli_lock import SignalBox, Supervisor
+    from raftlease.cli.common import SignalBox
+    from raftlease.cli.lock import Supervisor
 
     ready = tmp_path / "ignoring"
     ignore_term = (

@@ -42,29 +42,16 @@ ALLOWED: dict[str, set[str]] = {
     "server": GROUND | {"core", "replication"},
     "recipes": {"errors", "models"},
     "client": GROUND | {"recipes"},
-    "testing": GROUND | {"client", "server", "replication", "core", "cli", "pki"},
-    "cli": GROUND | {"client", "server", "testing"},
-    # raftlease certs: the CA and certificates, offline.
-    "cli_certs": GROUND | {"cli", "pki", "server"},
-    "cli_lock": GROUND | {"cli", "client", "recipes"},
-    "cli_admin": GROUND | {"cli", "cli_lock", "client"},
-    "cli_member": GROUND | {"cli"},
-    "cli_queue": GROUND | {"cli", "client"},
-    # raftlease top: read-only through the client the CLI builds.
-    "cli_top": GROUND | {"cli", "client"},
-    # Backups: the snapshot file and restore are server-side code run offline.
-    "cli_snapshot": GROUND | {"cli", "client", "server"},
-    # The running `raftlease up` (its console): the LocalCluster it supervises.
-    "cli_up": GROUND | {"testing"},
+    "testing": GROUND | {"client", "server", "replication", "core", "pki"},
+    # The cli/ package: the commands drive the client, the recipes (lock's keep-alive),
+    # the server (node, offline snapshots, the auth file), testing (up), pki (certs)
+    # and the MCP server (mcp).
+    "cli": GROUND | {"client", "recipes", "server", "testing", "pki", "mcp_server"},
     # raftlease mcp: the MCP server is a client of the cluster (asyncio client, sessions).
     "mcp_server": GROUND | {"client", "recipes"},
-    "cli_mcp": GROUND | {"cli", "mcp_server"},
     "__main__": {"cli"},
     "__init__": {"_version", "client", "errors", "models", "recipes"},
 }
-
-# cli.py imports each cli_* module once, at its end, to register its commands.
-ALLOWED["cli"] |= {name for name in ALLOWED if name.startswith("cli_")}
 
 #: Third-party packages each layer may import (the stdlib is always allowed).
 THIRD_PARTY: dict[str, set[str]] = {
@@ -76,18 +63,10 @@ THIRD_PARTY: dict[str, set[str]] = {
     # (server/tls_reload.py).
     "server": {"msgpack", "aiohttp", "prometheus_client", "cryptography"},
     "protocol": {"msgpack"},
-    "cli": {"click"},
-    "cli_snapshot": {"click"},
-    "cli_lock": {"click"},
-    "cli_admin": {"click"},
-    "cli_member": {"click"},
-    "cli_certs": {"click"},
-    "cli_queue": {"click"},
-    "cli_top": {"click"},
-    "cli_up": {"click"},
+    # anyio: raftlease mcp runs the MCP server with it.
+    "cli": {"click", "anyio"},
     # mcp (the official MCP SDK) and pydantic (its argument models): raftlease mcp.
     "mcp_server": {"mcp", "pydantic", "anyio"},
-    "cli_mcp": {"click", "anyio"},
 }
 
 

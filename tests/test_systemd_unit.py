@@ -53,7 +53,7 @@ def test_the_unit_restricts_addresses_memory_and_privileges() -> None:
 def test_the_unit_documents_the_admin_endpoint_and_log_format() -> None:
     """The admin endpoint's scraper must get through IPAddressAllow; the unit says so,
     and chooses a log format ``raftlease node`` accepts (--log-format's envvar)."""
-    from raftlease.cli import LOG_FORMATS
+    from raftlease.server.logs import LOG_FORMATS
 
     text = UNIT.read_text()
     assert "admin_address" in text and "/metrics" in text and "IPAddressAllow" in text

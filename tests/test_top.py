@@ -1,4 +1,4 @@
-"""``raftlease top`` (cli_top.py), run as a real subprocess against a real cluster:
+"""``raftlease top`` (cli/top.py), run as a real subprocess against a real cluster:
 ``--once`` frames, ``--json`` snapshots, hostile names escaped, read-only."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``raftlease up`` supervises its nodes (cli_up.py), and no node outlives its
+"""``raftlease up`` supervises its nodes (cli/up_console.py), and no node outlives its
 launcher (server/launcher.py): real processes, no mocks, waits on conditions.
 
 * a node SIGKILLed under ``up`` is reported (pid, signal), the others keep serving,

@@ -23,6 +23,7 @@ from ..core.queue import TaskQueues
 from ..errors import BadRequestError, ConfigError, InvalidArgumentError
 from ..replication import LeaseGuard, LeaseTransport, SyncRecorder
 from ..server import ServerHooks, run_node
+from ..server.logs import setup_logging
 from .hooks import PLANTED_BUGS
 
 log = logging.getLogger("raftlease.testing")
@@ -210,8 +211,6 @@ def main(argv: list[str] | None = None) -> None:
     # As `raftlease node --parent-pid` (hidden there too): stop once PID is gone.
     parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    from ..cli import setup_logging
-
     setup_logging(args.log_level)
     try:
         config = load_toml(args.config)

@@ -4,13 +4,14 @@ Every ``--interval`` it reads, through the ordinary client (read-only: no write 
 ever sent), the status of every node, the live leases, the wait queue of each held
 key, the lease sessions and the stats of each ``--queue``, and redraws one frame with
 plain ANSI (home + clear: works over SSH, no curses). ``--once`` prints one frame and
-exits (scripts, tests); ``--json`` prints one snapshot as JSON and exits.
+exits (scripts, tests); ``-o json`` (``--json``) prints one snapshot as JSON and exits.
 
 Keys, owners and values are hostile input: every one is printed through ``_safe``
 (control and format characters escaped), never interpreted by the terminal. Nothing
 shown carries a lease, session or attempt id (the reads used never reveal them).
 
-Exit status: 0 (Ctrl-C ends the refreshing view with 0 too); with ``--once`` or
+Exit status: 0 (Ctrl-C or SIGTERM ends the refreshing view with 0 too, even with
+SIGINT inherited ignored: common.SignalBox); with ``--once`` or
 ``--json``, 1 a definite error, 3 an unknown outcome, as the other client commands.
 Threads: the command's own; each frame's reads block up to ``--timeout``.
 """
@@ -26,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .cli import DURATION, _client, _client_options, _fail, _safe, main
-from .errors import RaftLeaseError
+from ..errors import RaftLeaseError
+from .common import DURATION, SignalBox, client_options, connect, exit_error, safe
 
 if TYPE_CHECKING:
-    from .client import Client
+    from ..client import Client
 
 #: Keys whose wait queue one frame reads (one request each).
 MAX_WAITER_KEYS = 200
@@ -89,12 +90,10 @@ def render(snap: dict[str, Any], width: int) -> list[str]:
     )
     for n in snap["nodes"]:
         if not n.get("reachable"):
-            lines.append(
-                f"{'?':6} {_safe(n.get('client')):22} unreachable: {_safe(n.get('error'))}"
-            )
+            lines.append(f"{'?':6} {safe(n.get('client')):22} unreachable: {safe(n.get('error'))}")
             continue
         lines.append(
-            f"{_safe(n['node']):6} {_safe(n['client']):22} {_safe(n['role']):10} "
+            f"{safe(n['node']):6} {safe(n['client']):22} {safe(n['role']):10} "
             f"{n['term']:>5} {n['applied_index']:>8} "
             f"{'yes' if n.get('lease_reads') else 'no':11} "
             f"{'ALARM' if n.get('drift_alarm') else 'ok'}"
@@ -104,7 +103,7 @@ def render(snap: dict[str, Any], width: int) -> list[str]:
         lines.append("(no leases)")
     for item in snap["keys"]:
         waiters = item["waiters"]
-        queue = ", ".join(f"{w['position']}. {_safe(w['owner'])}" for w in waiters[:SHOWN_WAITERS])
+        queue = ", ".join(f"{w['position']}. {safe(w['owner'])}" for w in waiters[:SHOWN_WAITERS])
         if len(waiters) > SHOWN_WAITERS:
             queue += f", +{len(waiters) - SHOWN_WAITERS}"
         for i, h in enumerate(item["holders"]):
@@ -112,21 +111,21 @@ def render(snap: dict[str, Any], width: int) -> list[str]:
             if h.get("unit_indices"):
                 units += " [" + ",".join(str(u) for u in h["unit_indices"]) + "]"
             lines.append(
-                f"{_safe(item['key']) if i == 0 else '':30} {_safe(h['owner']):20} "
+                f"{safe(item['key']) if i == 0 else '':30} {safe(h['owner']):20} "
                 f"{h['token']:>8} {h['remaining']:>7.1f}s {units:>5}  {queue if i == 0 else ''}"
             )
     if snap["sessions"]:
         lines += ["", f"{'session owner':30} {'ttl':>7} {'left':>8} {'leases':>6} {'queued':>6}"]
         for s in snap["sessions"]:
             lines.append(
-                f"{_safe(s['owner']):30} {s['ttl']:>6.1f}s {s['remaining']:>7.1f}s "
+                f"{safe(s['owner']):30} {s['ttl']:>6.1f}s {s['remaining']:>7.1f}s "
                 f"{s['leases']:>6} {s['waiters']:>6}"
             )
     if snap["queues"]:
         lines += ["", f"{'queue':30} {'ready':>6} {'delayed':>7} {'claimed':>7} {'dead':>6}"]
         for q in snap["queues"]:
             lines.append(
-                f"{_safe(q['queue']):30} {q['ready']:>6} {q['delayed']:>7} "
+                f"{safe(q['queue']):30} {q['ready']:>6} {q['delayed']:>7} "
                 f"{q['claimed']:>7} {q['dead']:>6}"
             )
     return [line[:width] for line in lines]
@@ -137,7 +136,7 @@ def _width() -> int:
     return shutil.get_terminal_size((160, 40)).columns if sys.stdout.isatty() else 1 << 20
 
 
-@main.command()
+@click.command()
 @click.option("--prefix", default="", help="Only keys starting with this.")
 @click.option("--limit", default=1000, show_default=True, help="Most leases and sessions.")
 @click.option(
@@ -145,7 +144,7 @@ def _width() -> int:
 )
 @click.option("--interval", type=DURATION, default=2.0, show_default=True, help="Refresh period.")
 @click.option("--once", is_flag=True, help="Print one frame and exit.")
-@_client_options
+@client_options
 def top(
     prefix: str,
     limit: int,
@@ -159,28 +158,31 @@ def top(
     """Show who holds what, refreshing: nodes, keys with holder, token, time left,
     units and waiters, sessions, queues (read-only)."""
     interval = max(interval, 0.2)
-    with _client(endpoints) as c:
+    with connect(endpoints) as c:
         if as_json or once:
             try:
                 snap = snapshot(c, prefix, limit, queues, timeout)
             except RaftLeaseError as exc:
-                _fail(exc, as_json)
+                exit_error(exc, as_json)
             if as_json:
                 click.echo(json.dumps({"ok": True, **snap}))
             else:
                 click.echo("\n".join(render(snap, _width())))
             return
         tty = sys.stdout.isatty()
-        try:
-            while True:
-                size = shutil.get_terminal_size((160, 40))
-                try:
-                    lines = render(snapshot(c, prefix, limit, queues, timeout), _width())
-                except RaftLeaseError as exc:
-                    lines = [f"raftlease top: {_safe(exc)} (retrying)"]
-                if tty:
-                    lines = lines[: size.lines - 1]  # a frame fits the screen
-                click.echo((CLEAR if tty else "") + "\n".join(lines))
-                time.sleep(interval)
-        except KeyboardInterrupt:
-            return
+        # Ctrl-C or SIGTERM ends the view (exit 0), whatever this process inherited
+        # (common.SignalBox: a background job inherits SIGINT ignored).
+        with SignalBox(interrupt=True).installed():
+            try:
+                while True:
+                    size = shutil.get_terminal_size((160, 40))
+                    try:
+                        lines = render(snapshot(c, prefix, limit, queues, timeout), _width())
+                    except RaftLeaseError as exc:
+                        lines = [f"raftlease top: {safe(exc)} (retrying)"]
+                    if tty:
+                        lines = lines[: size.lines - 1]  # a frame fits the screen
+                    click.echo((CLEAR if tty else "") + "\n".join(lines))
+                    time.sleep(interval)
+            except KeyboardInterrupt:
+                return

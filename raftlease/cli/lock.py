@@ -20,13 +20,13 @@ What the command can rely on (docs/cli-lock.md):
 * the lease is released on every exit path (unless the cluster already ended it).
 
 Exit status: the command's own (128 + N if signal N killed it), or one of ``EXIT_*``
-below. Runs on the main thread (signal handlers need it); the keep-alive runs on a
+below. Signals: common.SignalBox (SIGINT, SIGTERM, SIGHUP). Runs on the main
+thread (signal handlers need it); the keep-alive runs on a
 daemon thread, the client's requests on its event-loop thread.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import os
@@ -35,17 +35,24 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
-from types import FrameType
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import click
 
-from .cli import DURATION, _client, _fail, _owner_option, _safe, main
-from .errors import LeaseHeldError, RaftLeaseError
-from .models import Lease
-
-T = TypeVar("T")
+from ..errors import LeaseHeldError, RaftLeaseError
+from ..models import Lease
+from .common import (
+    DURATION,
+    STOP_AND_HANGUP,
+    SignalBox,
+    connect,
+    endpoints_option,
+    exit_error,
+    owner_option,
+    run_until_signal,
+    safe,
+)
 
 #: The key was not granted within ``--wait`` (also: held, with ``--wait 0``).
 EXIT_NOT_ACQUIRED = 124
@@ -58,67 +65,6 @@ EXIT_NOT_FOUND = 127
 
 #: How often the supervisor checks the child, the lease and pending signals.
 POLL_INTERVAL = 0.05
-
-
-class SignalBox:
-    """SIGINT/SIGTERM (and SIGHUP) to this process, recorded for the supervisor loop
-    instead of raising ``KeyboardInterrupt``. ``on_signal`` runs in the handler (on
-    the main thread) to wake a wait on another thread. Restores the old handlers on
-    exit."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.pending: list[int] = []
-        self.on_signal: Callable[[], None] | None = None
-        self._old: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.pending.append(signum)
-        if self.on_signal is not None:
-            self.on_signal()
-
-    def take(self) -> int | None:
-        return self.pending.pop(0) if self.pending else None
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[SignalBox]:
-        for sig in self.SIGNALS:
-            self._old[int(sig)] = signal.signal(sig, self._handle)
-        try:
-            yield self
-        finally:
-            for signum, old in self._old.items():
-                signal.signal(signum, old)
-
-
-def run_until_signal(client: Any, coro: Coroutine[Any, Any, T], box: SignalBox) -> T | None:
-    """Run ``coro`` on the blocking client's loop; None if a signal arrived first (the
-    coroutine is then cancelled and has finished its cleanup, e.g. withdrawn a queued
-    acquire, before this returns). Blocks the calling (main) thread."""
-    loop = client.portal.loop
-    stop = asyncio.Event()
-
-    async def runner() -> T | None:
-        task = asyncio.ensure_future(coro)
-        stopper = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        if task.done():
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, RaftLeaseError):
-            await task
-        return None
-
-    box.on_signal = lambda: loop.call_soon_threadsafe(stop.set)
-    try:
-        if box.pending:
-            coro.close()
-            return None
-        return client.portal.run(runner())  # type: ignore[no-any-return]
-    finally:
-        box.on_signal = None
 
 
 def child_env(key: str, lease: Lease) -> dict[str, str]:
@@ -158,10 +104,10 @@ class Supervisor:
         try:
             self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
         except FileNotFoundError as exc:
-            click.echo(f"raftlease: command not found: {_safe(exc.filename)}", err=True)
+            click.echo(f"raftlease: command not found: {safe(exc.filename)}", err=True)
             return EXIT_NOT_FOUND
         except OSError as exc:
-            click.echo(f"raftlease: cannot run {_safe(self.argv[0])}: {_safe(exc)}", err=True)
+            click.echo(f"raftlease: cannot run {safe(self.argv[0])}: {safe(exc)}", err=True)
             return EXIT_CANNOT_RUN
         return None
 
@@ -222,7 +168,9 @@ class LeaseKeeper:
     says when the command must stop: ``lost()`` is a reason or None."""
 
     def __init__(self, client: Any, lease: Lease, grace: float) -> None:
-        from .recipes.keepalive import KeepAliveState
+        # Here, not at the top: `raftlease node` loads this module and must not load
+        # the recipes (tests/test_layers.py).
+        from ..recipes.keepalive import KeepAliveState
 
         self.client = client
         self.lease = lease
@@ -246,12 +194,12 @@ class LeaseKeeper:
     def lost(self) -> str | None:
         state = self.state
         if state.lost_reason is not None:
-            return f"lease on {_safe(self.lease.key)} lost: {_safe(state.lost_reason)}"
+            return f"lease on {safe(self.lease.key)} lost: {safe(state.lost_reason)}"
         if not state.valid:
-            return f"lease on {_safe(self.lease.key)} ran out on this host's clock"
+            return f"lease on {safe(self.lease.key)} ran out on this host's clock"
         if state.jeopardy and state.remaining <= self.grace:
             return (
-                f"lease on {_safe(self.lease.key)} about to lapse: renewals fail and "
+                f"lease on {safe(self.lease.key)} about to lapse: renewals fail and "
                 f"{state.remaining:.2f} s are left"
             )
         return None
@@ -285,17 +233,10 @@ def _common(func: Any) -> Any:
         show_default=True,
         help="Between SIGTERM and SIGKILL when the lease is lost (or on a signal).",
     )(func)
-    func = click.option(
-        "--endpoints",
-        envvar="RAFTLEASE_ENDPOINTS",
-        default="127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
-        show_default=True,
-        help="Comma-separated client addresses (env RAFTLEASE_ENDPOINTS).",
-    )(func)
-    return func
+    return endpoints_option(func)
 
 
-@main.command(context_settings={"ignore_unknown_options": True})
+@click.command(context_settings={"ignore_unknown_options": True})
 @click.argument("key")
 @_command_argument
 @click.option("--ttl", type=DURATION, default=30.0, show_default=True, help="Lease TTL (30s).")
@@ -306,7 +247,7 @@ def _common(func: Any) -> Any:
     show_default=True,
     help="How long to wait in the key's queue (5m); 0: fail at once if held.",
 )
-@_owner_option
+@owner_option
 @_common
 def lock(
     key: str,
@@ -322,7 +263,7 @@ def lock(
     Exit status: the command's; 124 not acquired within --wait; 125 the lease was
     lost while it ran (the command was stopped); 126 the command could not be
     started; 127 not found; 1 or 3 a refusal or unknown outcome from the cluster."""
-    with SignalBox().installed() as box, _client(endpoints) as c:
+    with SignalBox(STOP_AND_HANGUP).installed() as box, connect(endpoints) as c:
         try:
             lease = run_until_signal(
                 c,
@@ -330,10 +271,10 @@ def lock(
                 box,
             )
         except LeaseHeldError as exc:
-            click.echo(f"raftlease: {_safe(key)} not acquired: {_safe(exc.message)}", err=True)
+            click.echo(f"raftlease: {safe(key)} not acquired: {safe(exc.message)}", err=True)
             sys.exit(EXIT_NOT_ACQUIRED)
         except RaftLeaseError as exc:
-            _fail(exc, False)
+            exit_error(exc, False)
         if lease is None:  # a signal while waiting: the queued acquire was withdrawn
             sys.exit(128 + (box.take() or signal.SIGINT))
         keeper = LeaseKeeper(c, lease, grace)
@@ -372,9 +313,9 @@ class LeadershipKeeper:
 
     def lost(self) -> str | None:
         session = self.session
-        name = _safe(self.lease.key)
+        name = safe(self.lease.key)
         if session.lost_reason is not None or session.lost.is_set():
-            return f"leadership of {name} lost: session {_safe(session.lost_reason)}"
+            return f"leadership of {name} lost: session {safe(session.lost_reason)}"
         if not session.valid:
             return f"leadership of {name} ran out on this host's clock"
         if session.jeopardy and session.remaining <= self.grace:
@@ -387,7 +328,7 @@ class LeadershipKeeper:
         return None
 
 
-@main.command(context_settings={"ignore_unknown_options": True})
+@click.command(context_settings={"ignore_unknown_options": True})
 @click.argument("name")
 @_command_argument
 @click.option("--ttl", type=DURATION, default=10.0, show_default=True, help="Session TTL.")
@@ -399,7 +340,7 @@ class LeadershipKeeper:
     help="How long to campaign before giving up.",
 )
 @click.option("--value", default=None, help="Published while leading (default: the owner).")
-@_owner_option
+@owner_option
 @_common
 def elect(
     name: str,
@@ -416,11 +357,11 @@ def elect(
     Campaigns (first come, first served), runs the command once elected, and stops it
     as ``lock`` does when the lead is lost. Exit status as for ``lock`` (124: not
     elected within --wait; 125: the lead was lost)."""
-    with SignalBox().installed() as box, _client(endpoints) as c:
+    with SignalBox(STOP_AND_HANGUP).installed() as box, connect(endpoints) as c:
         try:
             session = c.session(owner=owner, ttl=ttl).open()
         except RaftLeaseError as exc:
-            _fail(exc, False)
+            exit_error(exc, False)
         try:
             election = c.aio.election(name)
             try:
@@ -428,10 +369,10 @@ def elect(
                     c, election.campaign(value or owner, session=session, wait=wait), box
                 )
             except LeaseHeldError as exc:
-                click.echo(f"raftlease: not elected: {_safe(exc.message)}", err=True)
+                click.echo(f"raftlease: not elected: {safe(exc.message)}", err=True)
                 sys.exit(EXIT_NOT_ACQUIRED)
             except RaftLeaseError as exc:
-                _fail(exc, False)
+                exit_error(exc, False)
             if lease is None:
                 sys.exit(128 + (box.take() or signal.SIGINT))
             keeper = LeadershipKeeper(c, session, lease, grace)

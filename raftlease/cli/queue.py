@@ -1,5 +1,5 @@
 """``raftlease queue put|claim|complete|fail|stats|dead|retry``: the leased task queues
-from the shell (docs/queues.md), with human output or ``--json``.
+from the shell (docs/queues.md), with human output or JSON (``-o json``, ``--json``).
 
 A task claimed here gets no heartbeats (the command exits): give ``--lease-ttl`` long
 enough for the work. The attempt id (the secret that proves the attempt) is printed
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .cli import DURATION, TTL, _client, _client_options, _fail, _safe, main
-from .errors import RaftLeaseError
+from ..errors import RaftLeaseError
+from .common import DURATION, TTL, client_options, connect, exit_error, safe
 
 if TYPE_CHECKING:  # a node process imports the CLI: it must not load the client
-    from .client.aio_queue import QueueStats, TaskInfo
+    from ..client.aio_queue import QueueStats, TaskInfo
 
 #: ``claim`` found no task within ``--wait``.
 EXIT_NO_TASK = 4
@@ -90,7 +90,7 @@ def _echo(as_json: bool, data: dict[str, Any], human: str) -> None:
     click.echo(json.dumps({"ok": True, **data}) if as_json else human)
 
 
-@main.group()
+@click.group()
 def queue() -> None:
     """Leased task queues: put, claim, complete, fail, stats, dead, retry."""
 
@@ -114,7 +114,7 @@ _attempt_option = click.option(
 @click.option("--progress-timeout", type=TTL, default=None, help="Progress-aware expiry.")
 @click.option("--requires", multiple=True, metavar="NAME=VALUE", help="A needed capability.")
 @click.option("--deadline", type=DURATION, default=None, help="Dead-letter after this long.")
-@_client_options
+@client_options
 def put(
     name: str,
     payload: str,
@@ -132,7 +132,7 @@ def put(
 ) -> None:
     """Put PAYLOAD (JSON text) into queue NAME; prints the task id."""
     try:
-        with _client(endpoints) as c:
+        with connect(endpoints) as c:
             tid = c.queue(name).put(
                 _json_value(payload),
                 priority=priority,
@@ -146,8 +146,8 @@ def put(
                 timeout=timeout,
             )
     except RaftLeaseError as exc:
-        _fail(exc, as_json)
-    _echo(as_json, {"queue": name, "task_id": tid}, f"put into {_safe(name)}: task {tid}")
+        exit_error(exc, as_json)
+    _echo(as_json, {"queue": name, "task_id": tid}, f"put into {safe(name)}: task {tid}")
 
 
 @queue.command()
@@ -156,7 +156,7 @@ def put(
 @click.option("--wait", type=DURATION, default=0.0, help="Wait for a task up to this long.")
 @click.option("--lease-ttl", type=TTL, default=None, help="This attempt's TTL.")
 @click.option("--capability", multiple=True, metavar="NAME=VALUE", help="An offered capability.")
-@_client_options
+@client_options
 def claim(
     name: str,
     worker: str,
@@ -170,7 +170,7 @@ def claim(
     """Claim one task from queue NAME; prints it with its attempt id (no heartbeats
     follow: the attempt lasts its TTL)."""
     try:
-        with _client(endpoints) as c:
+        with connect(endpoints) as c:
             task = c.queue(name).claim(
                 worker=worker,
                 wait=wait,
@@ -179,12 +179,12 @@ def claim(
                 timeout=max(timeout, wait + 5.0) if wait else timeout,
             )
     except RaftLeaseError as exc:
-        _fail(exc, as_json)
+        exit_error(exc, as_json)
     if task is None:
         if as_json:
             click.echo(json.dumps({"ok": True, "queue": name, "claimed": False}))
         else:
-            click.echo(f"no task in {_safe(name)}", err=True)
+            click.echo(f"no task in {safe(name)}", err=True)
         raise SystemExit(EXIT_NO_TASK)
     data = {
         "queue": name,
@@ -201,7 +201,7 @@ def claim(
         as_json,
         data,
         f"claimed task {task.task_id} (attempt {task.attempt}, token {task.token}, "
-        f"ttl {task.ttl:g} s)\npayload: {_safe(json.dumps(task.payload))}\n"
+        f"ttl {task.ttl:g} s)\npayload: {safe(json.dumps(task.payload))}\n"
         f"attempt id: {task.lease_id}",
     )
 
@@ -211,7 +211,7 @@ def claim(
 @click.argument("task_id")
 @_attempt_option
 @click.option("--result", default="null", help="The result (JSON text).")
-@_client_options
+@client_options
 def complete(
     name: str,
     task_id: str,
@@ -230,10 +230,10 @@ def complete(
         "result": json.dumps(_json_value(result)),
     }
     try:
-        with _client(endpoints) as c:
+        with connect(endpoints) as c:
             c.call("task_complete", args, mutating=True, timeout=timeout)
     except RaftLeaseError as exc:
-        _fail(exc, as_json)
+        exit_error(exc, as_json)
     _echo(as_json, {"queue": name, "task_id": task_id}, f"completed task {task_id}")
 
 
@@ -243,7 +243,7 @@ def complete(
 @_attempt_option
 @click.option("--error", "error_text", default="", help="Why it failed.")
 @click.option("--retry-after", type=DURATION, default=None, help="Retry after this long.")
-@_client_options
+@client_options
 def fail(
     name: str,
     task_id: str,
@@ -265,10 +265,10 @@ def fail(
     if retry_after is not None:
         args["retry_after"] = retry_after
     try:
-        with _client(endpoints) as c:
+        with connect(endpoints) as c:
             result = c.call("task_fail", args, mutating=True, timeout=timeout)
     except RaftLeaseError as exc:
-        _fail(exc, as_json)
+        exit_error(exc, as_json)
     status = str(result.get("status", ""))
     _echo(
         as_json,
@@ -279,19 +279,19 @@ def fail(
 
 @queue.command()
 @click.argument("name")
-@_client_options
+@client_options
 def stats(name: str, endpoints: str, as_json: bool, timeout: float) -> None:
     """Counts of queue NAME."""
     try:
-        with _client(endpoints) as c:
+        with connect(endpoints) as c:
             got = c.queue(name).stats(timeout=timeout)
     except RaftLeaseError as exc:
-        _fail(exc, as_json)
+        exit_error(exc, as_json)
     age = "-" if got.oldest_ready_age is None else f"{got.oldest_ready_age:.1f} s"
     _echo(
         as_json,
         _stats_dict(got),
-        f"queue {_safe(name)}: {got.ready} ready, {got.delayed} delayed, {got.claimed} "
+        f"queue {safe(name)}: {got.ready} ready, {got.delayed} delayed, {got.claimed} "
         f"claimed, {got.dead} dead, {got.completed} completed, {got.waiting_claims} "
         f"waiting claims, {got.attempts} attempts; oldest ready {age}",
     )
@@ -300,37 +300,37 @@ def stats(name: str, endpoints: str, as_json: bool, timeout: float) -> None:
 @queue.command()
 @click.argument("name")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
-@_client_options
+@client_options
 def dead(name: str, limit: int, endpoints: str, as_json: bool, timeout: float) -> None:
     """The dead-letter list of queue NAME, with every attempt's error."""
     try:
-        with _client(endpoints) as c:
+        with connect(endpoints) as c:
             tasks = c.queue(name).dead(limit=limit, timeout=timeout)
     except RaftLeaseError as exc:
-        _fail(exc, as_json)
+        exit_error(exc, as_json)
     if as_json:
         click.echo(json.dumps({"ok": True, "queue": name, "dead": [_info_dict(t) for t in tasks]}))
         return
     if not tasks:
-        click.echo(f"no dead tasks in {_safe(name)}")
+        click.echo(f"no dead tasks in {safe(name)}")
     for task in tasks:
-        click.echo(f"{task.task_id}: {_safe(task.dead_reason)}")
+        click.echo(f"{task.task_id}: {safe(task.dead_reason)}")
         for attempt in task.history:
             click.echo(
-                f"  attempt {attempt.number} by {_safe(attempt.worker)} (token "
-                f"{attempt.token}): {attempt.outcome} {_safe(attempt.error)}".rstrip()
+                f"  attempt {attempt.number} by {safe(attempt.worker)} (token "
+                f"{attempt.token}): {attempt.outcome} {safe(attempt.error)}".rstrip()
             )
 
 
 @queue.command()
 @click.argument("name")
 @click.argument("task_id")
-@_client_options
+@client_options
 def retry(name: str, task_id: str, endpoints: str, as_json: bool, timeout: float) -> None:
     """Put dead TASK_ID of queue NAME back (a fresh attempt budget)."""
     try:
-        with _client(endpoints) as c:
+        with connect(endpoints) as c:
             c.queue(name).retry(task_id, timeout=timeout)
     except RaftLeaseError as exc:
-        _fail(exc, as_json)
+        exit_error(exc, as_json)
     _echo(as_json, {"queue": name, "task_id": task_id}, f"retrying task {task_id}")

@@ -1,8 +1,11 @@
 """``raftlease mcp``: serve the lease tools to an MCP host over stdio (mcp_server.py).
 
 The server talks MCP on stdout, so nothing else may be printed there: its logs go to
-stderr. The ``mcp`` SDK is imported only when the command runs (``raftlease node``
-never loads it); without it installed the command says how to get it (exit 2).
+stderr. SIGINT and SIGTERM end the session (its claims released) through the MCP
+server's own signal receiver (mcp_server.run_stdio), installed whatever this process
+inherited, as common.SignalBox does for the other long-running commands. The ``mcp``
+SDK is imported only when the command runs (``raftlease node`` never loads it);
+without it installed the command says how to get it (exit 2).
 """
 
 from __future__ import annotations
@@ -12,18 +15,12 @@ import sys
 
 import click
 
-from .cli import DEFAULT_ENDPOINTS, DURATION, _credentials, _owner_option, main
+from .common import DURATION, credentials, endpoints_option, owner_option, timeout_option
 
 
-@main.command()
-@_owner_option
-@click.option(
-    "--endpoints",
-    envvar="RAFTLEASE_ENDPOINTS",
-    default=DEFAULT_ENDPOINTS,
-    show_default=True,
-    help="Comma-separated client addresses (env RAFTLEASE_ENDPOINTS).",
-)
+@click.command()
+@owner_option
+@endpoints_option
 @click.option(
     "--session-ttl",
     type=DURATION,
@@ -31,13 +28,7 @@ from .cli import DEFAULT_ENDPOINTS, DURATION, _credentials, _owner_option, main
     show_default=True,
     help="How long claims outlive this server if it dies or hangs (30s, 1m).",
 )
-@click.option(
-    "--timeout",
-    type=DURATION,
-    default=15.0,
-    show_default=True,
-    help="Deadline of each cluster request, retries included.",
-)
+@timeout_option(15.0, help="Deadline of each cluster request, retries included.")
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
@@ -58,7 +49,7 @@ def mcp(owner: str, endpoints: str, session_ttl: float, timeout: float, log_leve
     try:
         import anyio
 
-        from .mcp_server import McpOptions, run_stdio
+        from ..mcp_server import McpOptions, run_stdio
     except ImportError as exc:  # the optional extra is missing
         click.echo(
             f"error: raftlease mcp needs the MCP SDK ({exc}): pip install 'raftlease[mcp]'",
@@ -70,7 +61,7 @@ def mcp(owner: str, endpoints: str, session_ttl: float, timeout: float, log_leve
         level=getattr(logging, log_level.upper()),
         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )
-    token, tls = _credentials()
+    token, tls = credentials()
     options = McpOptions(
         endpoints=[e.strip() for e in endpoints.split(",") if e.strip()],
         owner=owner,

@@ -2,9 +2,10 @@
 ``raftlease waiters KEY``, ``raftlease revoke KEY`` and ``raftlease reload [--all]``
 (a node reads its auth and TLS files again; needs ``admin`` with auth).
 
-Human lines by default, JSON with ``--json`` (``watch`` prints one JSON object per
-line). What they show is what every reader may see: owners, tokens, units, times;
-never a lease id or a lease session id, which are capabilities (docs/security.md).
+Human lines by default, JSON with ``-o json`` or ``--json`` (``watch`` prints one JSON
+object per line; it stops on SIGINT, SIGTERM or SIGHUP: common.SignalBox). What they
+show is what every reader may see: owners, tokens, units, times; never a lease id or
+a lease session id, which are capabilities (docs/security.md).
 Exit codes as for the other client commands (0, 1 definite failure, 3 unknown
 outcome, 2 usage). With auth on: ``watch`` and ``waiters`` need ``read`` on the
 prefix or key, ``sessions`` needs ``read`` on every key, ``revoke`` needs ``admin`` on
@@ -21,9 +22,21 @@ from typing import Any
 
 import click
 
-from .cli import DURATION, _client, _client_options, _consistency_option, _fail, _safe, main
-from .errors import RaftLeaseError
-from .models import WatchEvent
+from ..errors import RaftLeaseError
+from ..models import WatchEvent
+from .common import (
+    DURATION,
+    STOP_AND_HANGUP,
+    SignalBox,
+    client_options,
+    connect,
+    consistency_option,
+    endpoints_option,
+    exit_error,
+    output_options,
+    run_until_signal,
+    safe,
+)
 
 
 def _event_dict(event: WatchEvent) -> dict[str, Any]:
@@ -40,17 +53,17 @@ def _event_dict(event: WatchEvent) -> dict[str, Any]:
 
 def _event_line(event: WatchEvent) -> str:
     line = (
-        f"{event.revision:>10} {event.type:9} {_safe(event.key)}  owner {_safe(event.owner)}"
+        f"{event.revision:>10} {event.type:9} {safe(event.key)}  owner {safe(event.owner)}"
         f"  token {event.token}"
     )
     if event.units != 1:
         line += f"  units {event.units}"
     if event.value:
-        line += f"  value {_safe(event.value)}"
+        line += f"  value {safe(event.value)}"
     return line
 
 
-@main.command()
+@click.command()
 @click.argument("prefix", default="")
 @click.option("--from-revision", type=int, default=0, help="Start at this revision (0: now).")
 @click.option("--count", type=int, default=0, help="Stop after this many events (0: never).")
@@ -61,14 +74,8 @@ def _event_line(event: WatchEvent) -> str:
     default=None,
     help="Stop after this long (e.g. 30s); default: until Ctrl-C or --count.",
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-@click.option(
-    "--endpoints",
-    envvar="RAFTLEASE_ENDPOINTS",
-    default="127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
-    show_default=True,
-    help="Comma-separated client addresses (env RAFTLEASE_ENDPOINTS).",
-)
+@output_options
+@endpoints_option
 def watch(
     prefix: str,
     from_revision: int,
@@ -102,30 +109,27 @@ def watch(
         finally:
             await events.aclose()
 
-    # Imported here: cli_lock imports cli, which imports this module at its end.
-    from .cli_lock import SignalBox, run_until_signal
-
-    with SignalBox().installed() as box, _client(endpoints) as c:
+    with SignalBox(STOP_AND_HANGUP).installed() as box, connect(endpoints) as c:
         try:
             run_until_signal(c, stream(c), box)
         except RaftLeaseError as exc:
-            _fail(exc, as_json)
+            exit_error(exc, as_json)
     if box.take() not in (None, signal.SIGINT, signal.SIGTERM):
         sys.exit(1)
 
 
-@main.command()
+@click.command()
 @click.option("--limit", default=1000, show_default=True)
-@_consistency_option
-@_client_options
+@consistency_option
+@client_options
 def sessions(limit: int, consistency: str, endpoints: str, as_json: bool, timeout: float) -> None:
     """List live lease sessions: owner, TTL, time left, attached leases and queued
     acquires. Session ids are not shown (they are capabilities)."""
     try:
-        with _client(endpoints) as c:
+        with connect(endpoints) as c:
             items = c.sessions(limit=limit, consistency=consistency, timeout=timeout)
     except RaftLeaseError as exc:
-        _fail(exc, as_json)
+        exit_error(exc, as_json)
     if as_json:
         rows = [
             {
@@ -143,26 +147,26 @@ def sessions(limit: int, consistency: str, endpoints: str, as_json: bool, timeou
         click.echo("no lease sessions")
     for s in items:
         click.echo(
-            f"{_safe(s.owner):30} ttl {s.ttl:g} s  {s.remaining:8.2f} s left  "
+            f"{safe(s.owner):30} ttl {s.ttl:g} s  {s.remaining:8.2f} s left  "
             f"{s.leases} lease(s)  {s.waiters} queued"
         )
 
 
-@main.command()
+@click.command()
 @click.argument("key")
 @click.option("--limit", default=1000, show_default=True)
-@_consistency_option
-@_client_options
+@consistency_option
+@client_options
 def waiters(
     key: str, limit: int, consistency: str, endpoints: str, as_json: bool, timeout: float
 ) -> None:
     """Show the queue of KEY in grant order (position 1 is granted next): owner,
     units, priority and how long each will still wait."""
     try:
-        with _client(endpoints) as c:
+        with connect(endpoints) as c:
             items = c.waiters(key, limit=limit, consistency=consistency, timeout=timeout)
     except RaftLeaseError as exc:
-        _fail(exc, as_json)
+        exit_error(exc, as_json)
     if as_json:
         rows = [
             {
@@ -178,20 +182,20 @@ def waiters(
         click.echo(json.dumps({"ok": True, "key": key, "waiters": rows}))
         return
     if not items:
-        click.echo(f"{_safe(key)}: nobody waits")
+        click.echo(f"{safe(key)}: nobody waits")
     for w in items:
         extra = "  (in a lease session)" if w.in_session else ""
         click.echo(
-            f"{w.position:>4}. {_safe(w.owner):30} units {w.units}  priority {w.priority}  "
+            f"{w.position:>4}. {safe(w.owner):30} units {w.units}  priority {w.priority}  "
             f"waits {w.wait_left:.2f} s more{extra}"
         )
 
 
-@main.command()
+@click.command()
 @click.argument("key")
 @click.option("--lease-id", default=None, help="Only this lease (default: every lease).")
 @click.option("--token", type=int, default=None, help="Only the lease with this fencing token.")
-@_client_options
+@client_options
 def revoke(
     key: str,
     lease_id: str | None,
@@ -206,25 +210,25 @@ def revoke(
     if lease_id is not None and token is not None:
         raise click.UsageError("give --lease-id or --token, not both")
     try:
-        with _client(endpoints) as c:
+        with connect(endpoints) as c:
             tokens = c.revoke(key, lease_id=lease_id, token=token, timeout=timeout)
     except RaftLeaseError as exc:
-        _fail(exc, as_json)
+        exit_error(exc, as_json)
     if as_json:
         click.echo(json.dumps({"ok": True, "key": key, "revoked": len(tokens), "tokens": tokens}))
     else:
         listed = ", ".join(str(t) for t in tokens)
-        click.echo(f"revoked {len(tokens)} lease(s) on {_safe(key)} (token {listed})")
+        click.echo(f"revoked {len(tokens)} lease(s) on {safe(key)} (token {listed})")
 
 
-@main.command()
+@click.command()
 @click.option(
     "--all",
     "every",
     is_flag=True,
     help="Ask every node in --endpoints (default: only the first).",
 )
-@_client_options
+@client_options
 def reload(every: bool, endpoints: str, as_json: bool, timeout: float) -> None:
     """Admin: make a node read its auth file and client-port TLS files again, as
     SIGHUP does (tokens, roles, pinned shapes, certificates, client CAs). Each node
@@ -237,7 +241,7 @@ def reload(every: bool, endpoints: str, as_json: bool, timeout: float) -> None:
     if not every:
         targets = targets[:1]
     rows: list[dict[str, Any]] = []
-    with _client(targets) as c:
+    with connect(targets) as c:
         for endpoint in targets:
             try:
                 answer = c.reload(endpoint, timeout=timeout)
@@ -257,13 +261,13 @@ def reload(every: bool, endpoints: str, as_json: bool, timeout: float) -> None:
         click.echo(json.dumps({"ok": everything, "nodes": rows}))
     else:
         for row in rows:
-            where = f"{_safe(row.get('node', '?'))} ({_safe(row['endpoint'])})"
+            where = f"{safe(row.get('node', '?'))} ({safe(row['endpoint'])})"
             if row.get("reloaded"):
                 click.echo(f"{where}: reloaded")
             elif "code" in row:
-                click.echo(f"{where}: not asked: {row['code']} {_safe(row['error'])}")
+                click.echo(f"{where}: not asked: {row['code']} {safe(row['error'])}")
             else:
                 for why in row.get("errors") or ["refused"]:
-                    click.echo(f"{where}: refused: {_safe(why)}")
+                    click.echo(f"{where}: refused: {safe(why)}")
     if not everything:
         sys.exit(1)

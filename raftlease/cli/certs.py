@@ -24,9 +24,9 @@ from typing import Any, NoReturn
 
 import click
 
-from . import pki
-from .cli import _safe, main
-from .errors import ConfigError
+from .. import pki
+from ..errors import ConfigError
+from .common import output_options, safe
 
 
 def _dir_option(func: Any) -> Any:
@@ -66,7 +66,7 @@ _force_option = click.option(
 
 
 def _die(message: str) -> NoReturn:
-    click.echo(f"error: {_safe(message)}", err=True)
+    click.echo(f"error: {safe(message)}", err=True)
     sys.exit(2)
 
 
@@ -77,7 +77,7 @@ def _load_ca(directory: Path) -> pki.Authority:
         _die(exc.message)
 
 
-@main.group()
+@click.group()
 def certs() -> None:
     """Make the cluster's CA, member and client certificates, and revoke them
     (docs/deployment.md). Keep ca.key off the nodes."""
@@ -205,7 +205,8 @@ def _with_principal(auth_file: Path, name: str, roles: tuple[str, ...]) -> str:
     """The auth file's text with principal ``name`` added (certificate only, no
     token), checked by the node's own loader; exits 2 if the file is unusable, names
     the principal already or lacks a role."""
-    from .server.auth import load_auth
+    # Here, not at the top: importing raftlease.server loads the whole server stack.
+    from ..server.auth import load_auth
 
     try:
         text = auth_file.read_text()
@@ -265,7 +266,7 @@ def certs_revoke(cert_files: tuple[Path, ...], directory: Path, crl: Path | None
 
 @certs.command("show")
 @click.argument("cert_file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@output_options
 def certs_show(cert_file: Path, as_json: bool) -> None:
     """What a certificate says: subject, issuer, validity, the member it names, its
     host names and uses, its SHA-256 fingerprint."""
@@ -281,5 +282,5 @@ def certs_show(cert_file: Path, as_json: bool) -> None:
         for key, value in info.items():
             if isinstance(value, list):
                 value = ", ".join(value) or "-"
-            click.echo(f"{key:11} {_safe(value)}")
+            click.echo(f"{key:11} {safe(value)}")
         click.echo("")

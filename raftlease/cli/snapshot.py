@@ -8,8 +8,8 @@ of one node of a NEW cluster with it. Exit codes as the other commands: 0 done, 
 refused or failed (the message says why), 3 unknown outcome (timeout), 2 usage.
 
 The client and the server's backup code are imported only inside the commands: every
-``raftlease`` command loads this module through ``cli``, and ``raftlease node`` must not
-load the client stack nor a client command the server's.
+``raftlease`` command loads this module (cli/root.py registers it), and ``raftlease
+node`` must not load the client stack nor a client command the server's.
 """
 
 from __future__ import annotations
@@ -23,20 +23,29 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from .cli import DURATION, Client, _credentials, _fail, _parse_member, _parse_setting, _safe, main
-from .config import NodeConfig, load_toml
-from .errors import ConfigError, RaftLeaseError
-from .limits import TOKEN_RESERVE_STEP
+from ..config import NodeConfig, load_toml
+from ..errors import ConfigError, RaftLeaseError
+from ..limits import TOKEN_RESERVE_STEP
+from .common import (
+    connect,
+    endpoints_option,
+    exit_error,
+    output_options,
+    parse_member,
+    parse_setting,
+    safe,
+    timeout_option,
+)
 
 if TYPE_CHECKING:
-    from .client import Client as BlockingClient
+    from ..client import Client as BlockingClient
 
 #: server.backup.DEFAULT_TOKEN_JUMP (that module is imported only when a command runs:
 #: every other command of the CLI must not load the server stack).
 DEFAULT_TOKEN_JUMP = 256 * TOKEN_RESERVE_STEP
 
 
-@main.group()
+@click.group()
 def snapshot() -> None:
     """Save, inspect and restore snapshots of the whole lease state."""
 
@@ -45,7 +54,7 @@ def _refuse(message: str, as_json: bool) -> NoReturn:
     if as_json:
         click.echo(json.dumps({"ok": False, "message": message}))
     else:
-        click.echo(f"error: {_safe(message)}", err=True)
+        click.echo(f"error: {safe(message)}", err=True)
     sys.exit(1)
 
 
@@ -74,23 +83,14 @@ def _show_header(header: dict[str, Any]) -> None:
     )
     for name in names:
         if name in header:
-            click.echo(f"  {name:18} {_safe(header[name])}")
+            click.echo(f"  {name:18} {safe(header[name])}")
 
 
 @snapshot.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option(
-    "--endpoints",
-    envvar="RAFTLEASE_ENDPOINTS",
-    default="127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
-    show_default=True,
-    help="Comma-separated client addresses (env RAFTLEASE_ENDPOINTS).",
-)
-@click.option(
-    "--timeout",
-    type=DURATION,
-    default=300.0,
-    show_default=True,
+@endpoints_option
+@timeout_option(
+    300.0,
     help="For the whole save (5m, 600s); also how long one answer may take (taking a "
     "snapshot of a big state takes seconds).",
 )
@@ -112,7 +112,7 @@ def _show_header(header: dict[str, Any]) -> None:
     help="With --from-data-dir: the node died without a clean stop (its 'running' "
     "marker is there) and its process is gone.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the header as JSON.")
+@output_options
 def save(
     file: str,
     endpoints: str,
@@ -125,7 +125,7 @@ def save(
     """Write a snapshot of the whole state to FILE (atomically: temporary file, fsync,
     rename). From the leader it holds every write acknowledged before the command
     started; with auth on it needs the admin permission (RAFTLEASE_TOKEN)."""
-    from .server.backup import SnapshotError, save_from_data_dir
+    from ..server.backup import SnapshotError, save_from_data_dir
 
     out = Path(file)
     if data_dir is not None:
@@ -152,14 +152,13 @@ def _save_client(endpoints: Sequence[str] | str, timeout: float) -> BlockingClie
     """The CLI's client (credentials from the environment) whose single attempt may
     take the whole ``timeout``: the leader answers the first request only once the
     state is written, and a retry of it would find that export busy."""
-    token, tls = _credentials()
-    return Client(endpoints, token=token, tls=tls, deadline=timeout, attempt_timeout=timeout)
+    return connect(endpoints, deadline=timeout, attempt_timeout=timeout)
 
 
 def _save_from_leader(out: Path, endpoints: str, timeout: float, as_json: bool) -> dict[str, Any]:
     """Take the snapshot on the leader, fetch its body in chunks from that node, check
     its length and SHA-256 against what the node wrote, write the file."""
-    from .server.backup import make_header, write_snapshot
+    from ..server.backup import make_header, write_snapshot
 
     deadline = time.monotonic() + timeout
     progress = not as_json
@@ -175,7 +174,7 @@ def _save_from_leader(out: Path, endpoints: str, timeout: float, as_json: bool) 
         size, sid = int(meta["size"]), str(meta["snapshot"])
         if progress:
             click.echo(
-                f"snapshot taken on {_safe(meta['node'])} ({source}) at log index "
+                f"snapshot taken on {safe(meta['node'])} ({source}) at log index "
                 f"{meta['index']} in {time.monotonic() - started:.2f} s; fetching {size} bytes",
                 err=True,
             )
@@ -197,7 +196,7 @@ def _save_from_leader(out: Path, endpoints: str, timeout: float, as_json: bool) 
                 if done:
                     break
     except RaftLeaseError as exc:
-        _fail(exc, as_json)
+        exit_error(exc, as_json)
     body = b"".join(parts)
     if len(body) != size:
         _refuse(f"fetched {len(body)} of {size} bytes; nothing was written", as_json)
@@ -217,10 +216,10 @@ def _save_from_leader(out: Path, endpoints: str, timeout: float, as_json: bool) 
 
 @snapshot.command()
 @click.argument("file", type=click.Path(dir_okay=False, exists=True))
-@click.option("--json", "as_json", is_flag=True, help="Print the header as JSON.")
+@output_options
 def inspect(file: str, as_json: bool) -> None:
     """Verify FILE's checksum and print its header."""
-    from .server.backup import SnapshotError, read_snapshot
+    from ..server.backup import SnapshotError, read_snapshot
 
     try:
         header, _ = read_snapshot(Path(file))
@@ -255,7 +254,7 @@ def inspect(file: str, as_json: bool) -> None:
     show_default=True,
     help="New fencing tokens start this far above the saved ceiling.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@output_options
 def restore(
     file: str,
     config_file: str | None,
@@ -271,13 +270,13 @@ def restore(
     cluster (same file, each node's own --id and --data-dir, the same members), then
     start the nodes. Refuses a damaged file, a newer format, and a data directory
     that already holds Raft state (unless --force)."""
-    from .server.backup import SnapshotError, restore_data_dir
+    from ..server.backup import SnapshotError, restore_data_dir
 
-    overrides: dict[str, Any] = dict(_parse_setting(s) for s in settings)
+    overrides: dict[str, Any] = dict(parse_setting(s) for s in settings)
     if node_id:
         overrides["node_id"] = node_id
     if members:
-        overrides["nodes"] = [_parse_member(m) for m in members]
+        overrides["nodes"] = [parse_member(m) for m in members]
     if data_dir:
         overrides["data_dir"] = str(Path(data_dir).resolve())
     try:
@@ -310,8 +309,8 @@ def restore(
     if report.removed:
         click.echo(f"--force: removed {', '.join(report.removed)} from {report.data_dir}")
     click.echo(
-        f"seeded {report.data_dir} for node {_safe(config.node_id)} of a new cluster "
-        f"({', '.join(_safe(m.id) for m in config.nodes)}) with log index {report.index}, "
+        f"seeded {report.data_dir} for node {safe(config.node_id)} of a new cluster "
+        f"({', '.join(safe(m.id) for m in config.nodes)}) with log index {report.index}, "
         f"{report.leases} leases"
     )
     click.echo(

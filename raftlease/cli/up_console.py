@@ -18,8 +18,8 @@ it polls the nodes every ``POLL`` seconds and waits for input in between (``sele
 on the descriptor and ``os.read``: no reader thread, which would hold
 ``sys.stdin``'s lock at exit). Each step blocks for about a second at most (one status
 round trip to every node), except ``restart`` of a running node: its clean stop, up
-to 10 s. Ctrl-C and SIGTERM arrive as ``KeyboardInterrupt`` (``up`` installs the
-handler) and propagate to ``up``, which stops every node.
+to 10 s. Ctrl-C and SIGTERM arrive as ``KeyboardInterrupt`` (``up``'s
+``common.SignalBox``) and propagate to ``up``, which stops every node.
 
 Input is read from a terminal only while ``up`` is its foreground process: a
 background job (``raftlease up &``) reading it would be stopped by SIGTTIN. End of
@@ -35,12 +35,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from .errors import RaftLeaseError
-from .testing.cluster import LocalCluster
+from ..errors import RaftLeaseError
+
+if TYPE_CHECKING:  # the test cluster loads the client: `raftlease node` must not
+    from ..testing.cluster import LocalCluster
 
 #: Seconds between two looks at the nodes (and the longest wait for input).
 POLL = 0.5
@@ -100,7 +102,7 @@ class UpConsole:
     def run(self) -> int:
         """Supervise until ``quit`` (returns 0) or until every node is down with no
         input left to restart one (returns 1). Blocks; raises ``KeyboardInterrupt``
-        on Ctrl-C / SIGTERM (``up``'s handler)."""
+        on Ctrl-C / SIGTERM (``up``'s ``SignalBox``)."""
         self.echo(f"commands: {COMMANDS} (type help for more)")
         if self._fd is None:
             self.echo("no standard input: no commands; Ctrl-C stops the cluster")

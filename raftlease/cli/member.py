@@ -15,25 +15,24 @@ from typing import Any
 
 import click
 
-from .cli import DURATION, Client, _client_options, _credentials, _fail, _safe, main
-from .errors import RaftLeaseError
+from ..errors import RaftLeaseError
+from .common import DURATION, client_options, connect, exit_error, safe
 
 
 def _admin_client(endpoints: str, timeout: float) -> Any:
     """A client whose single attempt may last the whole deadline (an add waits for
     the new member to catch up before it answers). Token and TLS from the
     environment, as for every CLI command."""
-    token, tls = _credentials()
-    return Client(endpoints, token=token, tls=tls, attempt_timeout=max(3.0, timeout))
+    return connect(endpoints, attempt_timeout=max(3.0, timeout))
 
 
-@main.group()
+@click.group()
 def member() -> None:
     """List, add, remove or replace cluster members (one change at a time)."""
 
 
 @member.command("list")
-@_client_options
+@client_options
 def member_list(endpoints: str, as_json: bool, timeout: float) -> None:
     """The members in the log of the node that answers (the first endpoint that does),
     the leader it knows, and the change in progress if it is the leader."""
@@ -41,18 +40,18 @@ def member_list(endpoints: str, as_json: bool, timeout: float) -> None:
         with _admin_client(endpoints, timeout) as c:
             result = c.call("member_list", {}, mutating=False, timeout=timeout)
     except RaftLeaseError as exc:
-        _fail(exc, as_json)
+        exit_error(exc, as_json)
     if as_json:
         click.echo(json.dumps({"ok": True, **result}))
         return
     for m in result["members"]:
         role = "leader" if m["leader"] else ""
         click.echo(
-            f"{_safe(m['id']):12} raft {_safe(m['raft']):22} client {_safe(m['client']):22} {role}"
+            f"{safe(m['id']):12} raft {safe(m['raft']):22} client {safe(m['client']):22} {role}"
         )
     if result.get("pending"):
         p = result["pending"]
-        click.echo(f"change in progress: {p['kind']} {_safe(p['member'])}")
+        click.echo(f"change in progress: {p['kind']} {safe(p['member'])}")
 
 
 def _change(
@@ -62,7 +61,7 @@ def _change(
         with _admin_client(endpoints, timeout) as c:
             result: dict[str, Any] = c.call(op, args, mutating=False, timeout=timeout)
     except RaftLeaseError as exc:
-        _fail(exc, as_json)
+        exit_error(exc, as_json)
     return result
 
 
@@ -71,17 +70,17 @@ def _report(result: dict[str, Any], as_json: bool) -> None:
         click.echo(json.dumps({"ok": True, **result}))
         return
     verb = "added" if result["kind"] == "add" else "removed"
-    click.echo(f"{verb} {_safe(result['member'])}; members now: {', '.join(result['members'])}")
+    click.echo(f"{verb} {safe(result['member'])}; members now: {', '.join(result['members'])}")
     if result["kind"] == "add" and not result.get("caught_up"):
         click.echo(
-            f"warning: {_safe(result['member'])} has not caught up yet (replicated to index "
+            f"warning: {safe(result['member'])} has not caught up yet (replicated to index "
             f"{result.get('match_index')} of {result.get('target_index')}); wait for it "
             "before the next change",
             err=True,
         )
     if result["kind"] == "remove":
         click.echo(
-            f"stop the process of {_safe(result['member'])}: the cluster refuses it from now on",
+            f"stop the process of {safe(result['member'])}: the cluster refuses it from now on",
             err=True,
         )
 
@@ -104,7 +103,7 @@ def _add_args(member_id: str, raft: str, client: str, catch_up: float) -> dict[s
     help="How long the leader streams the log to the new node (a learner, counted for "
     "nothing) before it adds it; if it has not caught up by then, nothing changes.",
 )
-@_client_options
+@client_options
 def member_add(
     member_id: str,
     raft: str,
@@ -126,7 +125,7 @@ def member_add(
             click.echo(json.dumps({"ok": False, **added}))
         else:
             click.echo(
-                f"{_safe(member_id)} did not catch up within {catch_up} s (at index "
+                f"{safe(member_id)} did not catch up within {catch_up} s (at index "
                 f"{learner.get('match_index')} of {learner.get('commit_index')}); not added",
                 err=True,
             )
@@ -136,7 +135,7 @@ def member_add(
 
 @member.command("remove")
 @click.argument("member_id")
-@_client_options
+@client_options
 def member_remove(member_id: str, endpoints: str, as_json: bool, timeout: float) -> None:
     """Remove MEMBER_ID (its id or raft address). The leader cannot remove itself:
     stop it first so another node leads."""
@@ -151,7 +150,7 @@ def member_remove(member_id: str, endpoints: str, as_json: bool, timeout: float)
 @click.option("--raft", "raft", required=True, help="The new member's Raft address host:port.")
 @click.option("--client", "client", required=True, help="Its client address host:port.")
 @click.option("--catch-up", "catch_up", type=DURATION, default=30.0, show_default=True)
-@_client_options
+@client_options
 def member_replace(
     old_id: str,
     new_id: str,
@@ -168,10 +167,10 @@ def member_replace(
     added = _change("member_add", args, endpoints, as_json, timeout + catch_up)
     if not added.get("caught_up"):
         if added.get("added") is False:
-            click.echo(f"{_safe(new_id)} did not catch up: not added", err=True)
+            click.echo(f"{safe(new_id)} did not catch up: not added", err=True)
         else:
             _report(added, as_json)
-        click.echo(f"not removing {_safe(old_id)} until {_safe(new_id)} has caught up", err=True)
+        click.echo(f"not removing {safe(old_id)} until {safe(new_id)} has caught up", err=True)
         sys.exit(1)
     removed = _change("member_remove", {"member_id": old_id}, endpoints, as_json, timeout)
     if as_json:

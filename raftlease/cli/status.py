@@ -1,0 +1,40 @@
+"""``raftlease status``: each node's role, term and indexes, as the nodes listed in
+``--endpoints`` report them (one status request to each, at most 3 s)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .common import client_options, connect
+
+
+@click.command()
+@client_options
+def status(endpoints: str, as_json: bool, timeout: float) -> None:
+    """Show each node in --endpoints: reachable, role, term, commit and applied index,
+    leader. Only the nodes listed are asked: list every member's client address to
+    see them all ("raftlease member list" shows the member set)."""
+    with connect(endpoints) as c:
+        statuses = c.cluster_status(timeout=min(timeout, 3.0))
+    if as_json:
+        click.echo(json.dumps({"ok": True, "nodes": statuses}))
+    else:
+        click.echo(
+            f"{'node':6} {'address':22} {'role':10} {'term':>5} {'commit':>8} "
+            f"{'applied':>8} {'leases':>7}  leader"
+        )
+        for s in statuses:
+            if not s.get("reachable"):
+                click.echo(f"{'?':6} {s['client']:22} unreachable: {s.get('error')}")
+                continue
+            click.echo(
+                f"{s['node']:6} {s['client']:22} {s['role']:10} {s['term']:>5} "
+                f"{s['commit_index']:>8} {s['applied_index']:>8} {s['leases']:>7}  "
+                f"{s['leader'] or '-'}"
+            )
+    leaders = {s.get("leader") for s in statuses if s.get("reachable")}
+    if not any(s.get("reachable") for s in statuses) or None in leaders:
+        sys.exit(1)
