@@ -75,7 +75,7 @@ from .tls_reload import LiveTLS, RefusalLog
 from .watch import WatchHub
 
 if TYPE_CHECKING:
-    from .admin import AdminEndpoint
+    from .http.admin import AdminEndpoint
 
 log = logging.getLogger("raftlease.server")
 
@@ -188,7 +188,7 @@ class NodeServer(TaskWaits):
         self.auth: AuthPolicy | None = (
             load_auth(Path(config.auth_file)) if config.auth_file else None
         )
-        #: Metrics and the HTTP admin endpoint (server/admin.py), only with an
+        #: Metrics and the HTTP admin endpoint (server/http/admin.py), only with an
         #: admin_address: without one the request path counts nothing.
         self.metrics: NodeMetrics | None = None
         self.admin: AdminEndpoint | None = None
@@ -284,7 +284,9 @@ class NodeServer(TaskWaits):
         if self.metrics is not None:
             # Bound before Raft too (a taken port fails the start), and serving while
             # the node waits out an unclean stop: /livez answers, /readyz says why not.
-            from .admin import AdminEndpoint
+            # Imported here: aiohttp loads only on a node with an admin_address (off,
+            # and free, unless configured).
+            from .http.admin import AdminEndpoint
 
             self.proposer.on_commit = self.metrics.observe_commit
             admin_tls = self._tls_context()
@@ -299,9 +301,10 @@ class NodeServer(TaskWaits):
                 tls=admin_tls,
                 max_silence=2 * self.config.election_timeout_max,
             )
-            from .http_api import HttpApi
+            from .http.http_api import HttpApi
 
-            self.admin.api = HttpApi(self)  # /v1/ and /openapi.json (docs/http-api.md)
+            # /v1/ and /openapi.json (docs/http-api.md)
+            self.admin.api = HttpApi(self, when_lost=self.admin.when_lost)
             try:
                 await self.admin.start()
             except OSError as exc:
@@ -773,7 +776,7 @@ class NodeServer(TaskWaits):
                             await self.watches.stream(
                                 request,
                                 writer,
-                                lambda: self._replica().store.revision,
+                                lambda: self.require_replica().store.revision,
                                 request.principal,
                             )
                         return
@@ -851,11 +854,11 @@ class NodeServer(TaskWaits):
         if request.op == "snapshot":
             return await self._snapshot(request)
         if request.op == "member_list":
-            return membership_ops.member_list(self._replica(), self.config.self_node.raft)
+            return membership_ops.member_list(self.require_replica(), self.config.self_node.raft)
         if request.op in ("member_add", "member_remove"):
-            self._require_leader()
+            self.require_leader()
             timeout = max(self.config.request_timeout, 10.0)
-            return await membership_ops.change_members(self._replica(), request, timeout)
+            return await membership_ops.change_members(self.require_replica(), request, timeout)
         consistency = request.args.get("consistency")
         metrics = self.metrics
         if consistency == "stale":
@@ -874,7 +877,7 @@ class NodeServer(TaskWaits):
                 if metrics is not None:
                     metrics.keepalives_from_memory.inc()
                 return answer
-        self._require_leader()
+        self.require_leader()
         entry: dict[str, Any] = {k: v for k, v in request.args.items() if k != "consistency"}
         entry["op"] = request.op
         if request.op == "acquire":
@@ -1002,8 +1005,11 @@ class NodeServer(TaskWaits):
                 f"{self.replica.removed_at}): ask the other members"
             )
 
-    def _require_leader(self) -> None:
-        replica = self._replica()
+    def require_leader(self) -> None:
+        """Return if this node leads; raise ``NotLeaderError`` naming the leader's
+        client address (from the member set in the log), or ``UnavailableError``
+        when none is known or the node is starting."""
+        replica = self.require_replica()
         if replica.is_leader():
             return
         leader = replica.leader_raft_addr()
@@ -1022,8 +1028,8 @@ class NodeServer(TaskWaits):
         sid = request.args.get("snapshot")
         if sid is not None:
             return await self.snapshots.read(str(sid), int(request.args["offset"]))
-        self._require_leader()
-        replica = self._replica()
+        self.require_leader()
+        replica = self.require_replica()
         return await self.snapshots.start(self.propose, lambda: replica.store, replica.term)
 
     def _on_applied(self, entry: dict[str, Any], result: Result) -> None:
@@ -1068,9 +1074,9 @@ class NodeServer(TaskWaits):
         assert loop is not None
         deadline = loop.time() + timeout
         while True:
-            self._require_leader()
+            self.require_leader()
             if self._lease_read_allowed():
-                replica = self._replica()
+                replica = self.require_replica()
                 now = self.log_clock.stamp(replica.term(), replica.store.now)
                 status = replica.store.lease_status(key, lid, now)
                 status["now"] = now
@@ -1118,7 +1124,7 @@ class NodeServer(TaskWaits):
         read through the log would). ``stale``: any node, at its last applied log
         time, labelled with its applied index and how long since it heard from a
         leader."""
-        replica = self._replica()
+        replica = self.require_replica()
         store = replica.store
         if mode == "lease":
             now = self.log_clock.stamp(replica.term(), store.now)
@@ -1149,7 +1155,7 @@ class NodeServer(TaskWaits):
     def status(self) -> dict[str, Any]:
         if self.replica is None and self.recovering_until is not None:
             return self._recovering_status()
-        replica = self._replica()
+        replica = self.require_replica()
         leader = replica.leader_raft_addr()
         store = replica.store
         return {
@@ -1223,7 +1229,9 @@ class NodeServer(TaskWaits):
             "recovering_for": max(0.0, self.recovering_until - self.clock.monotonic()),
         }
 
-    def _replica(self) -> Replica:
+    def require_replica(self) -> Replica:
+        """The replica; raises ``UnavailableError`` while the node starts or waits
+        out an unclean stop (saying for how long)."""
         if self.replica is None:
             if self.recovering_until is not None:
                 left = max(0.0, self.recovering_until - self.clock.monotonic())

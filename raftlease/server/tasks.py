@@ -73,13 +73,13 @@ class TaskWaits:
     log_clock: LogClock
     config: NodeConfig
 
-    def _require_leader(self) -> None:
+    def require_leader(self) -> None:
         raise NotImplementedError
 
     def _lease_read_allowed(self) -> bool:
         raise NotImplementedError
 
-    def _replica(self) -> Replica:
+    def require_replica(self) -> Replica:
         raise NotImplementedError
 
     async def propose(self, entry: dict[str, Any]) -> Result:
@@ -149,9 +149,9 @@ class TaskWaits:
         assert loop is not None
         deadline = loop.time() + timeout
         while True:
-            self._require_leader()
+            self.require_leader()
             if self._lease_read_allowed():
-                replica = self._replica()
+                replica = self.require_replica()
                 now = self.log_clock.stamp(replica.term(), replica.store.now)
                 result = local(replica.store, now)
             else:

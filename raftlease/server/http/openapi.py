@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._version import __version__
-from ..errors import CODES
-from ..limits import MAX_CAPACITY, MAX_ID_CHARS, MAX_VALUE_BYTES
-from ..protocol import CONSISTENCY_MODES, OPS, Limits
+from ..._version import __version__
+from ...errors import CODES
+from ...limits import MAX_CAPACITY, MAX_ID_CHARS, MAX_VALUE_BYTES
+from ...protocol import CONSISTENCY_MODES, OPS, Limits
 
 #: HTTP status of each wire code (docs/http-api.md has the same table).
 STATUS: dict[str, int] = {
@@ -183,7 +183,7 @@ def op_fields(op: str, limits: Limits) -> list[Field]:
 def _task_fields(op: str, limits: Limits) -> list[Field]:
     """The queue operations' fields (``protocol._task_args``)."""
     # Imported here: the queue limits arrived with the task queues (issue 12).
-    from ..limits import (
+    from ...limits import (
         MAX_QUEUE_NAME_BYTES,
         MAX_TASK_ATTEMPTS,
         MAX_TASK_BACKOFF_MS,
