@@ -63,14 +63,15 @@ from . import membership_ops
 from .auth import AuthPolicy, Principal, load_auth
 from .backup import SnapshotExports
 from .conn_timer import ConnectionTimer
+from .dispatch import draw_task_ids
 from .heap import HeapTrimmer
-from .keepalive import LAG_SLACK_MS, LEASE, SESSION
+from .keepalive import LEASE, SESSION
 from .launcher import watch_launcher
 from .log_clock import LogClock
 from .metrics import NodeMetrics, NodeView
 from .proposer import Proposer
+from .reads import LONG_POLL_OPS, PollSlots, Reads
 from .restart import LastStop, mark_running, mark_stopped
-from .tasks import LONG_POLL_OPS, PollSlots, TaskWaits, park
 from .tls_reload import LiveTLS, RefusalLog
 from .watch import WatchHub
 
@@ -131,7 +132,7 @@ def _log_peer_cutoff(closed: int) -> None:
         log.warning("peer TLS reload closed %d peer connection(s) it no longer admits", closed)
 
 
-class NodeServer(TaskWaits):
+class NodeServer:
     """Serves clients for one node. ``run()`` blocks until ``stop()``, a signal, or
     (with ``parent_pid``) the end of the process that launched it."""
 
@@ -166,10 +167,19 @@ class NodeServer(TaskWaits):
         self._stopping: asyncio.Event | None = None
         self._connections = 0
         self._tick_in_flight = False
-        # Long-polls for queued acquires: lease id -> futures to wake (event loop only).
-        self._awaiting: dict[str, list[asyncio.Future[None]]] = {}
-        #: The long-poll quota (per principal and per node; server/tasks.py).
+        #: The long-poll quota (per principal and per node; server/reads.py).
         self.polls = PollSlots(config.max_long_polls_per_principal, config.max_long_polls_per_node)
+        #: Reads answered from memory and the long-polls (server/reads.py).
+        self.reads = Reads(
+            config,
+            self.log_clock,
+            replica=lambda: self.replica,
+            keepalives=lambda: self.proposer.keepalives if self.proposer is not None else None,
+            require_leader=self.require_leader,
+            require_replica=self.require_replica,
+            propose=self.propose,
+            read_barrier=self.hooks.lease_read_barrier,
+        )
         self.requests_total = 0
         #: How the previous run ended, and until when (monotonic) this node stays out
         #: of the cluster after an unclean stop with durability "none".
@@ -198,7 +208,7 @@ class NodeServer(TaskWaits):
                     config,
                     replica=lambda: self.replica,
                     connections=lambda: self._connections,
-                    lease_reads=self._lease_read_allowed,
+                    lease_reads=self.reads.lease_read_allowed,
                     admin_connections=lambda: self.admin.connections if self.admin else 0,
                 )
             )
@@ -847,10 +857,10 @@ class NodeServer(TaskWaits):
         self._refuse_if_removed()
         if request.op == "await_lease":
             with self.polls.hold(request.principal):  # QUOTA_EXCEEDED when full
-                return await self._await_lease(request)
+                return await self.reads.await_lease(request)
         if request.op in ("await_claim", "await_task"):
             with self.polls.hold(request.principal):
-                return await self.await_task_op(request)  # server/tasks.py
+                return await self.reads.await_task(request)
         if request.op == "snapshot":
             return await self._snapshot(request)
         if request.op == "member_list":
@@ -864,11 +874,11 @@ class NodeServer(TaskWaits):
         if consistency == "stale":
             if metrics is not None:
                 metrics.observe_read("stale")
-            return self._local_read(request, "stale")
-        if consistency == "linearizable" and self._lease_read_allowed():
+            return self.reads.local_read(request, "stale")
+        if consistency == "linearizable" and self.reads.lease_read_allowed():
             if metrics is not None:
                 metrics.observe_read("lease")
-            return self._local_read(request, "lease")
+            return self.reads.local_read(request, "lease")
         if consistency is not None and metrics is not None:
             metrics.observe_read("log")
         if request.op in ("renew", "session_keepalive") and self.config.keepalives == "memory":
@@ -925,7 +935,7 @@ class NodeServer(TaskWaits):
         elif request.op == "session_open":
             entry["sid"] = secrets.token_hex(16)
         else:
-            self.draw_task_ids(request.op, entry)  # task and attempt ids, queue quota
+            draw_task_ids(self.config, request.op, entry)  # task and attempt ids, queue quota
         result = await self.propose(entry)
         if not result.get("ok"):
             code = str(result.get("code", "INTERNAL"))
@@ -952,7 +962,7 @@ class NodeServer(TaskWaits):
         proposer = self.proposer
         if replica is None or proposer is None or not replica.is_leader():
             return None
-        if not self._lease_read_allowed():
+        if not self.reads.lease_read_allowed():
             return None
         store = replica.store
         term = replica.term()
@@ -1048,13 +1058,7 @@ class NodeServer(TaskWaits):
         if not events:
             return
         self.watches.record(events, loop)
-        if self._awaiting:
-            with contextlib.suppress(RuntimeError):  # loop closed during shutdown
-                for event in events:
-                    lid = event.get("lease_id")
-                    if lid in self._awaiting and event["type"] in ("grant", "dequeue"):
-                        loop.call_soon_threadsafe(self._wake, lid)
-            self.wake_tasks(events, loop)  # claims granted, tasks finished
+        self.reads.wake(events, loop)  # acquires granted, claims granted, tasks finished
 
     async def propose(self, entry: dict[str, Any]) -> Result:
         """Replicate ``entry`` (batched with others of this event-loop turn, see
@@ -1062,95 +1066,6 @@ class NodeServer(TaskWaits):
         if self.proposer is None:
             raise UnavailableError("node is starting")
         return await self.proposer.propose(entry)
-
-    async def _await_lease(self, request: Request) -> dict[str, Any]:
-        """Long-poll for a queued acquire: answer when it is granted (``held``), gone
-        (deadline passed or cancelled), or after ``timeout`` (``waiting``). Answered
-        by the leader, from memory under its leader lease or through the log, so a
-        ``held`` answer's remaining time is safe for the client to count from its
-        request's send time."""
-        key, lid, timeout = request.args["key"], request.args["lid"], request.args["timeout"]
-        loop = self._loop
-        assert loop is not None
-        deadline = loop.time() + timeout
-        while True:
-            self.require_leader()
-            if self._lease_read_allowed():
-                replica = self.require_replica()
-                now = self.log_clock.stamp(replica.term(), replica.store.now)
-                status = replica.store.lease_status(key, lid, now)
-                status["now"] = now
-            else:
-                result = await self.propose({"op": "lease_status", "key": key, "lid": lid})
-                status = {k: v for k, v in result.items() if k != "ok"}
-            remaining = deadline - loop.time()
-            if status["state"] != "waiting" or remaining <= 0:
-                return status
-            await park(self._awaiting, lid, remaining, loop)
-
-    # --------------------------------------------------------------- watches
-
-    def _wake(self, lid: str) -> None:
-        for wake in self._awaiting.get(lid, []):
-            if not wake.done():
-                wake.set_result(None)
-
-    def _lease_read_allowed(self) -> bool:
-        """A leader may answer from local state only while its leader lease is valid
-        (which includes: no clock-drift alarm) and once it has applied an entry of its
-        own term, so its state includes every write acknowledged by earlier leaders."""
-        replica = self.replica
-        if replica is None or not replica.lease_valid():
-            return False
-        if not self.hooks.lease_read_barrier:  # a planted bug (test builds only)
-            return True
-        term = replica.term()
-        if replica.store.term != term:
-            return False
-        keep = self.proposer.keepalives if self.proposer is not None else None
-        if keep is not None and keep.term == term:
-            # A keep-alive answered from memory, not yet written or written in an entry
-            # not yet applied, whose logged expiry is reached: local state could read
-            # its lease as gone. Through the log, whose flush writes it first
-            # (server/keepalive.py). ``LAG_SLACK_MS`` covers the later stamp the read
-            # itself takes.
-            stamp = self.log_clock.stamp(term, replica.store.now)
-            return not keep.lagging(stamp + LAG_SLACK_MS)
-        return True
-
-    def _local_read(self, request: Request, mode: str) -> dict[str, Any]:
-        """Answer a read from this node's state. ``lease``: the leader, at the log
-        time it would stamp now (so a lease past its expiry reads as gone exactly as a
-        read through the log would). ``stale``: any node, at its last applied log
-        time, labelled with its applied index and how long since it heard from a
-        leader."""
-        replica = self.require_replica()
-        store = replica.store
-        if mode == "lease":
-            now = self.log_clock.stamp(replica.term(), store.now)
-            age: float | None = 0.0
-        else:
-            now = store.now
-            age = replica.guard.staleness(replica.is_leader())
-        out: dict[str, Any] = {
-            "now": now,
-            "consistency": mode,
-            "served_by": self.config.node_id,
-            "applied_index": replica.last_applied(),
-            "age": age,
-        }
-        if request.op == "holder":
-            out["revision"] = store.revision  # read first: the holder is at least as new
-            out["holder"] = store.holder(request.args["key"], now)
-        elif request.op == "fence":
-            out.update(store.fence(request.args["key"], request.args["token"], now))
-        elif request.op == "waiters":
-            out.update(store.list_waiters(request.args["key"], request.args["limit"], now))
-        elif request.op == "sessions":
-            out["sessions"] = store.list_sessions(request.args["limit"], now)
-        else:
-            out["leases"] = store.list_leases(request.args["prefix"], request.args["limit"], now)
-        return out
 
     def status(self) -> dict[str, Any]:
         if self.replica is None and self.recovering_until is not None:
@@ -1185,7 +1100,7 @@ class NodeServer(TaskWaits):
             # What this build applies (docs/membership.md, "Rolling upgrades").
             "formats": {"entry": ENTRY_FORMAT, "snapshot": SNAPSHOT_VERSION},
             "connected_peers": replica.connected_peers(),
-            "lease_reads": self._lease_read_allowed(),
+            "lease_reads": self.reads.lease_read_allowed(),
             "keepalives": self.config.keepalives,
             **self._keepalive_counts(),
             "clock_rate": getattr(self.clock, "rate", 1.0),
