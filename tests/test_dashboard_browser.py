@@ -1,4 +1,4 @@
-"""The live view (server/dashboard.py, server/ui/) in a real headless browser:
+"""The live view (server/http/dashboard.py, server/http/ui/) in a real headless browser:
 Debian's ``chromium`` driven by Playwright (``executable_path``: Playwright's own
 browser download is never used). One browser and one cluster for the module.
 
@@ -253,7 +253,7 @@ def test_page_says_when_a_list_stops_at_its_cap(view_cluster: LocalCluster, brow
     operator could take the first 200 queues for all of them. The answers now name
     the lists that were cut (``truncated``, with ``limits``) and the page shows a
     notice naming them. Shown with the queues, the cheapest cap to pass."""
-    from raftlease.server.dashboard import LIMITS, MAX_QUEUES
+    from raftlease.server.http.dashboard import LIMITS, MAX_QUEUES
 
     cluster = view_cluster
     addr = _follower_admin(cluster)

@@ -34,8 +34,8 @@ from raftlease.config import NodeConfig
 from raftlease.errors import CODES, ConfigError
 from raftlease.replication import Replica
 from raftlease.server import metrics as metrics_module
+from raftlease.server.http.openapi import STATUS
 from raftlease.server.metrics import NodeMetrics, NodeView
-from raftlease.server.openapi import STATUS
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -28,7 +28,7 @@ import pytest
 
 from raftlease.errors import RaftLeaseError
 from raftlease.protocol import OPS, Limits, parse_request
-from raftlease.server.openapi import STATUS, all_routes, document, op_fields
+from raftlease.server.http.openapi import STATUS, all_routes, document, op_fields
 from raftlease.testing import LocalCluster
 from raftlease.testing.certs import secure_bundle
 from raftlease.testing.cluster import wait_for

@@ -30,8 +30,8 @@ from raftlease.operations import (
 )
 from raftlease.protocol import KEYED_OPS, OPS, TASK_OPS, Request, parse_request
 from raftlease.server.auth import Principal, Role
-from raftlease.server.op_schemas import all_routes, op_fields
-from raftlease.server.openapi import document
+from raftlease.server.http.op_schemas import all_routes, op_fields
+from raftlease.server.http.openapi import document
 
 from .test_http_api import schema_accepts
 

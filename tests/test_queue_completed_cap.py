@@ -18,8 +18,7 @@ import itertools
 import random
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import msgpack
 import pytest
@@ -29,7 +28,7 @@ from raftlease.config import NodeConfig
 from raftlease.core import LeaseStore
 from raftlease.errors import ConfigError
 from raftlease.limits import DEFAULT_COMPLETED_TASKS
-from raftlease.server.tasks import TaskWaits
+from raftlease.server.dispatch import draw_task_ids
 from raftlease.testing import LocalCluster
 
 Entry = dict[str, Any]
@@ -368,8 +367,8 @@ def test_the_default_bound_and_the_leader_stamps_it_into_every_completion(
     assert config.max_completed_tasks == DEFAULT_COMPLETED_TASKS == 50_000
 
     def stamp(config: NodeConfig, op: str, entry: Entry) -> Entry:
-        # What the leader adds before proposing (server/node.py calls this).
-        TaskWaits.draw_task_ids(cast(Any, SimpleNamespace(config=config)), op, entry)
+        # What the leader adds before proposing (server/dispatch.py).
+        draw_task_ids(config, op, entry)
         return entry
 
     entry: Entry = {"op": "task_complete", "queue": "q", "tid": "T", "aid": "A"}

@@ -36,7 +36,7 @@ from raftlease.config import NodeConfig
 from raftlease.core import LeaseStore
 from raftlease.errors import ConfigError
 from raftlease.protocol import FrameDecoder, encode_frame
-from raftlease.server.tasks import PollSlots
+from raftlease.server.reads import PollSlots
 from raftlease.testing import LocalCluster, wait_for
 from raftlease.testing.certs import secure_bundle
 

@@ -5,8 +5,8 @@ Each resource (``openapi.all_routes()``, from the operations table) runs one pro
 operation. A request becomes the same map a native client sends (POST: the JSON body's
 fields; GET: the query parameters, numbers converted by the field table) and goes
 through the same ``protocol.parse_request`` and the same ``AuthPolicy`` (the bearer
-token in ``Authorization: Bearer ...`` is the native ``auth`` token), then
-``NodeServer.handle``.
+token in ``Authorization: Bearer ...`` is the native ``auth`` token), then the node's ``handle``
+(``node_api.NodeApi``: the only face of the node this package sees).
 A node that is not the leader for it forwards the request to the leader over its own
 client connection (``http_forward``), with the caller's token.
 
@@ -40,12 +40,13 @@ import logging
 import re
 import secrets
 import ssl
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 from aiohttp import web
 
-from ..errors import (
+from ...errors import (
     BadRequestError,
     FrameTooLargeError,
     InternalError,
@@ -56,13 +57,13 @@ from ..errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from ..protocol import HEADER, OPS, parse_request
-from .auth import Principal
+from ...protocol import HEADER, OPS, parse_request
+from ..auth import Principal
 from .http_forward import Forwarder, client_context
 from .openapi import STATUS, Route, all_routes, document, op_fields
 
 if TYPE_CHECKING:
-    from .node import NodeServer
+    from .node_api import NodeApi
 
 log = logging.getLogger("raftlease.server.http")
 
@@ -165,8 +166,17 @@ def _bounded_int(text: str) -> int:
 class HttpApi:
     """The ``/v1/`` resources of one node (see the module docstring)."""
 
-    def __init__(self, node: NodeServer, client_tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        node: NodeApi,
+        client_tls: ssl.SSLContext | None = None,
+        when_lost: Callable[[web.BaseRequest, Callable[[], None]], Callable[[], None]]
+        | None = None,
+    ) -> None:
         self.node = node
+        #: Call a function when a request's connection is lost; returns the undo
+        #: (``AdminEndpoint.when_lost``; None: a stream notices only at its next write).
+        self.when_lost = when_lost
         self.routes: dict[tuple[str, str], Route] = {(r.method, r.path): r for r in all_routes()}
         self.paths = frozenset(path for _, path in self.routes)
         self.forwarder = Forwarder(
@@ -212,7 +222,7 @@ class HttpApi:
         if route is None:
             allowed = sorted(m for m, p in self.routes if p == path)
             return self._method_not_allowed(", ".join(allowed))
-        caller = self._caller(request)  # before the body: an unknown token reads none
+        caller = self.caller(request)  # before the body: an unknown token reads none
         fields = await self._fields(request, route)
         for http_name, proto in route.rename:
             if http_name in fields:
@@ -247,7 +257,7 @@ class HttpApi:
         response = _json(405, error_body(err), {"Allow": allowed})
         return response
 
-    def _caller(self, request: web.BaseRequest) -> _Caller:
+    def caller(self, request: web.BaseRequest) -> _Caller:
         """The bearer token and its principal; an unknown token is refused at once
         (UNAUTHENTICATED), a missing one only by operations that need one."""
         auth = self.node.auth
@@ -402,7 +412,7 @@ class HttpApi:
         """The leader's client address as this node knows it (itself when it
         leads or knows none: its own answer then says why)."""
         try:
-            self.node._require_leader()
+            self.node.require_leader()
         except NotLeaderError as exc:
             if exc.leader is not None:
                 return str(exc.leader)
@@ -499,7 +509,7 @@ class HttpApi:
         parsed = parse_request({**fields, "id": 1, "op": "watch"}, node.limits)
         if node.auth is not None:
             node.auth.check(caller.principal, parsed)
-        replica = node._replica()  # raises UNAVAILABLE while the node starts
+        replica = node.require_replica()  # raises UNAVAILABLE while the node starts
         who = caller.principal.name if caller.principal is not None else None
         node.watches.admit(who)  # QUOTA_EXCEEDED as a plain answer, before streaming
         response = web.StreamResponse(
@@ -522,7 +532,7 @@ class HttpApi:
         def end() -> None:
             stream.cancel()
 
-        forget = node.admin.when_lost(request, end) if node.admin else lambda: None
+        forget = self.when_lost(request, end) if self.when_lost else lambda: None
         keepalive = asyncio.create_task(sink.keepalive())
         keepalive.add_done_callback(lambda _: end())
         try:

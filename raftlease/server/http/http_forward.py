@@ -26,8 +26,8 @@ import ssl
 from collections import OrderedDict
 from typing import Any
 
-from ..config import NodeConfig
-from ..errors import (
+from ...config import NodeConfig
+from ...errors import (
     ConfigError,
     ConnectionLostError,
     FrameTooLargeError,
@@ -36,7 +36,7 @@ from ..errors import (
     UnavailableError,
     from_wire,
 )
-from ..protocol import DEFAULT_MAX_FRAME, FrameDecoder, ProtocolError, encode_frame
+from ...protocol import DEFAULT_MAX_FRAME, FrameDecoder, ProtocolError, encode_frame
 
 #: Forwarding connections a node keeps open (least recently used closed first).
 MAX_FORWARD_CONNECTIONS = 64

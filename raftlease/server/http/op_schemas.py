@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..operations import BY_NAME, TABLE, Limits, Route, resolve
+from ...operations import BY_NAME, TABLE, Limits, Route, resolve
 
 #: How each field kind of the table is described over HTTP: ``key`` (a non-empty
 #: string of at most ``high`` UTF-8 bytes), ``text`` (a string that may be empty),

@@ -5,7 +5,7 @@ Routes (GET or HEAD):
 
 * ``/`` and ``/ui``: a redirect to ``/ui/``;
 * ``/ui/``, ``/ui/app.js``, ``/ui/app.css``: the page, shipped in the package
-  (``raftlease/server/ui/``, no build step, nothing from another origin). They carry
+  (``raftlease/server/http/ui/``, no build step, nothing from another origin). They carry
   no data, so they are open; a strict Content-Security-Policy allows only this
   origin's script, style and ``fetch``;
 * ``/ui/api/state``: one load of everything the page shows: ``leases`` (live
@@ -50,11 +50,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..errors import BadRequestError, RaftLeaseError, UnavailableError
+from ...errors import BadRequestError, RaftLeaseError, UnavailableError
 from .http_api import error_response
 
 if TYPE_CHECKING:
-    from .auth import AuthPolicy
+    from ..auth import AuthPolicy
     from .http_api import HttpApi
 
 log = logging.getLogger("raftlease.server.dashboard")
@@ -97,7 +97,7 @@ SECURITY_HEADERS = {
 
 
 def _load_static() -> dict[str, bytes]:
-    root = importlib.resources.files("raftlease.server") / "ui"
+    root = importlib.resources.files("raftlease.server.http") / "ui"
     return {name: (root / name).read_bytes() for name in STATIC}
 
 
@@ -154,7 +154,7 @@ class Dashboard:
         route = routes.get(name)
         if route is None:
             return _json(404, {"error": {"code": "BAD_REQUEST", "message": f"no page {path!r}"}})
-        caller = self.api._caller(request)  # an unknown token: UNAUTHENTICATED
+        caller = self.api.caller(request)  # an unknown token: UNAUTHENTICATED
         if self.auth is not None:
             self.auth.check_admin(caller.principal, f"read {path}")
         body = await route(request, caller)
@@ -168,7 +168,7 @@ class Dashboard:
     async def _state(self, request: web.BaseRequest, caller: Any) -> dict[str, Any]:
         # The revision first: the leases read after it are at least as new, so the
         # page, watching from revision + 1, may see a change twice but never miss one.
-        revision = self.node._replica().store.revision
+        revision = self.node.require_replica().store.revision
         # One more than shown: whether the list was cut at its cap (``truncated``).
         leases = await self._read("leases", {"prefix": "", "limit": MAX_LEASES + 1}, caller)
         listed = leases.get("leases", [])
@@ -182,7 +182,7 @@ class Dashboard:
         }
 
     async def _live(self, request: web.BaseRequest, caller: Any) -> dict[str, Any]:
-        store = self.node._replica().store
+        store = self.node.require_replica().store
         every_key = sorted(list(store.queues))  # list(): one step, GIL-safe
         waiters: dict[str, list[dict[str, Any]]] = {}
         for key in every_key[:MAX_WAITER_KEYS]:
@@ -202,7 +202,7 @@ class Dashboard:
         }
         return {
             "node": self.node.config.node_id,
-            "applied_index": self.node._replica().last_applied(),
+            "applied_index": self.node.require_replica().last_applied(),
             "waiters": waiters,
             "sessions": listed[:MAX_SESSIONS],
             "queues": queues,
@@ -214,7 +214,7 @@ class Dashboard:
         """Depth of each queue from this node's state (the first ``MAX_QUEUES`` by
         name), and whether there are more: copies of small dicts (one step each under
         the GIL), safe while the tick thread applies."""
-        queues = self.node._replica().store.tasks.queues
+        queues = self.node.require_replica().store.tasks.queues
         out = []
         names = sorted(list(queues))
         for name in names[:MAX_QUEUES]:
@@ -276,7 +276,7 @@ class Dashboard:
             return {"reachable": True, **status}
 
         try:
-            members = list(node._replica().membership.members())
+            members = list(node.require_replica().membership.members())
         except UnavailableError:
             members = [me]
         nodes = await asyncio.gather(*(one(m) for m in members))

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._version import __version__
-from ..errors import CODES
-from ..operations import Route
-from ..protocol import OPS, Limits
+from ..._version import __version__
+from ...errors import CODES
+from ...operations import Route
+from ...protocol import OPS, Limits
 from .op_schemas import Field, all_routes, op_fields, result_schema
 
 #: HTTP status of each wire code (docs/http-api.md has the same table).

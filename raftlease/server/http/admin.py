@@ -51,12 +51,12 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..config import is_loopback, parse_addr
-from ..errors import RaftLeaseError
-from ..replication import Replica
-from .auth import AuthPolicy
+from ...config import is_loopback, parse_addr
+from ...errors import RaftLeaseError
+from ...replication import Replica
+from ..auth import AuthPolicy
+from ..metrics import NodeMetrics
 from .dashboard import Dashboard
-from .metrics import NodeMetrics
 
 if TYPE_CHECKING:
     from .http_api import HttpApi

@@ -1,0 +1,206 @@
+"""From a validated request to a log entry, on the leader, and its result back.
+
+What the leader adds before it proposes: the fencing of auth-file shapes, the quotas
+the state machine decides with (``max_leases_per_principal``, ``max_waiters_*``,
+``max_sessions_per_principal``, ``max_queue_tasks``, ``max_completed_tasks``), the
+principal and the client id, and the randomness (lease, session, task and attempt
+ids: drawn here, never in the state machine). A ``renew`` or ``session_keepalive``
+may be answered from the leader's memory instead (``keepalive_in_memory``;
+server/keepalive.py, docs/design.md "Keep-alives from memory").
+
+Threads: the node's event loop only; nothing here blocks.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..config import NodeConfig
+from ..core import Result
+from ..errors import CapacityMismatchError, error_class
+from ..protocol import Request
+from ..replication import Replica
+from .auth import AuthPolicy
+from .keepalive import LEASE, SESSION
+from .log_clock import LogClock
+from .metrics import NodeMetrics
+from .proposer import Proposer
+
+
+def draw_task_ids(config: NodeConfig, op: str, entry: dict[str, Any]) -> None:
+    """A put's task id, a claim's attempt id (a capability: only the claimer receives
+    it). A put also carries the queue's task quota (``max_queue_tasks``), a completion
+    the count bound on retained completed tasks (``max_completed_tasks``), both decided
+    by the state machine."""
+    if op == "task_put":
+        entry["tid"] = secrets.token_hex(12)
+        entry["quota"] = min(config.max_queue_tasks, 2**31)
+    elif op == "task_claim":
+        entry["aid"] = secrets.token_hex(16)
+    elif op == "task_complete":
+        entry["max_completed"] = min(config.max_completed_tasks, 2**31)
+
+
+class Dispatcher:
+    """The leader's path from a validated write to its result: a keep-alive answered
+    from memory, or the entry (see the module docstring) proposed and its result
+    turned into an answer or the error it names. Owned by ``NodeServer``, which hands
+    it ``auth`` (the policy in force, None without an auth file), ``replica`` and
+    ``proposer`` (None while the node starts), ``require_leader``,
+    ``lease_read_allowed`` (reads.py), ``propose`` and ``metrics`` (None without an
+    admin_address). Event loop only."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        log_clock: LogClock,
+        *,
+        auth: Callable[[], AuthPolicy | None],
+        replica: Callable[[], Replica | None],
+        proposer: Callable[[], Proposer | None],
+        require_leader: Callable[[], None],
+        lease_read_allowed: Callable[[], bool],
+        propose: Callable[[dict[str, Any]], Awaitable[Result]],
+        metrics: NodeMetrics | None,
+    ) -> None:
+        self.config = config
+        self.log_clock = log_clock
+        self._auth = auth
+        self._replica = replica
+        self._proposer = proposer
+        self._require_leader = require_leader
+        self._lease_read_allowed = lease_read_allowed
+        self._propose = propose
+        self._metrics = metrics
+
+    async def write(self, request: Request, consistency: str | None) -> dict[str, Any]:
+        """Execute a request through the log on the leader (a read with
+        ``consistency`` too, labelled ``log``). Raises ``NotLeaderError``, the error
+        the state machine's result names, or the proposer's."""
+        auth = self._auth()
+        if request.op in ("renew", "session_keepalive") and self.config.keepalives == "memory":
+            answer = self.keepalive_in_memory(request)
+            if answer is not None:
+                if self._metrics is not None:
+                    self._metrics.keepalives_from_memory.inc()
+                return answer
+        self._require_leader()
+        entry: dict[str, Any] = {k: v for k, v in request.args.items() if k != "consistency"}
+        entry["op"] = request.op
+        if request.op == "acquire":
+            # Everyone's queued acquires together, with or without authentication
+            # (core/store.py decides, only when this acquire would queue).
+            entry["waiters_total"] = self.config.max_waiters_total
+        if request.principal:
+            # Bound to the lease or session it makes, and part of the dedup
+            # fingerprint: nobody else can use it or read its cached answer.
+            entry["principal"] = request.principal
+            if request.op == "acquire":
+                entry["quota"] = self.config.max_leases_per_principal
+                # Queued acquires of this principal (core/store.py decides).
+                entry["wait_quota"] = self.config.max_waiters_per_principal
+                # Whether it may fix a shared key's capacity is known here; whether
+                # this acquire would fix it, only in the state machine (core/store.py).
+                capacity, key = request.args.get("capacity", 1), request.args["key"]
+                # A shape pinned in the auth file (auth.py) is checked here, by the
+                # leader, before anything is proposed: every surface's acquire ends up
+                # here, on whichever node leads. The pinned capacity needs no shape.
+                pinned = auth.pinned_capacity(key) if auth else None
+                if pinned is not None and capacity != pinned:
+                    raise CapacityMismatchError(
+                        f"{key!r} is pinned to capacity {pinned} by the auth file, not {capacity}",
+                        {"key": key, "capacity": pinned, "pinned": True},
+                    )
+                shaper = auth.principals.get(request.principal) if auth else None
+                if (
+                    capacity > 1
+                    and pinned is None
+                    and (shaper is None or not shaper.may_shape(key))
+                ):
+                    entry["shaper"] = False
+            elif request.op == "session_open":
+                entry["quota"] = self.config.max_sessions_per_principal
+        if request.cid is not None:
+            entry["cid"] = request.cid
+            entry["seq"] = request.seq
+            entry["ack"] = request.ack
+        # Randomness is drawn here, never inside the state machine.
+        if request.op == "acquire":
+            entry["lid"] = secrets.token_hex(16)
+        elif request.op == "transfer":
+            entry["new_lid"] = secrets.token_hex(16)
+        elif request.op == "session_open":
+            entry["sid"] = secrets.token_hex(16)
+        else:
+            draw_task_ids(self.config, request.op, entry)  # task and attempt ids, queue quota
+        result = await self._propose(entry)
+        if not result.get("ok"):
+            code = str(result.get("code", "INTERNAL"))
+            raise error_class(code)(str(result.get("message", code)), result.get("detail"))
+        # The result object may be the one cached in the state machine's session
+        # table (on the leader the callback gets it by reference): never mutate it.
+        out = {k: v for k, v in result.items() if k != "ok"}
+        if consistency is not None:
+            out["consistency"] = "log"
+            out["served_by"] = self.config.node_id
+        return out
+
+    def keepalive_in_memory(self, request: Request) -> dict[str, Any] | None:
+        """A ``renew`` of a plain lease or a ``session_keepalive``, neither changing the
+        TTL, answered by the leader from memory (server/keepalive.py): the answer a log
+        write would give, or None when it must go through the log instead (not the
+        leader, no valid leader lease, a new TTL, a lease in a session, or anything
+        but the plain success: the log then gives the exact error).
+
+        Event loop; never blocks. Safe for the same reason as a lease read: while its
+        leader lease is valid no other node can lead, and its state holds every
+        acknowledged write (docs/design.md, "Keep-alives from memory")."""
+        replica = self._replica()
+        proposer = self._proposer()
+        if replica is None or proposer is None or not replica.is_leader():
+            return None
+        if not self._lease_read_allowed():
+            return None
+        store = replica.store
+        term = replica.term()
+        keep = proposer.keepalives
+        keep.reset(term)
+        now = self.log_clock.stamp(term, store.now)
+        args = request.args
+        principal = request.principal or ""
+
+        def known() -> str | None:
+            # Only a client id the dedup table holds can be kept from its eviction; a
+            # made-up one must not take room in the leader's memory.
+            cid = request.cid
+            return cid if cid is not None and cid in store.clients else None
+
+        if request.op == "renew":
+            lease = store.leases.get(args["lid"])
+            if (
+                lease is None
+                or lease.key != args["key"]
+                or lease.principal != principal
+                or lease.session
+                or args.get("ttl", lease.ttl_ms) != lease.ttl_ms
+                or lease.expires_at <= now
+            ):
+                return None
+            until = now + lease.ttl_ms
+            keep.record(LEASE, lease.lease_id, until, lease.expires_at, lease.ttl_ms, known(), now)
+            return store.renewal_answer(lease, until, now)
+        session = store.lease_sessions.get(args["sid"])
+        if (
+            session is None
+            or session.principal != principal
+            or args.get("ttl", session.ttl_ms) != session.ttl_ms
+            or session.expires_at <= now
+        ):
+            return None
+        until = now + session.ttl_ms
+        keep.record(
+            SESSION, session.session_id, until, session.expires_at, session.ttl_ms, known(), now
+        )
+        return store.keepalive_answer(session, until, now)
