@@ -193,3 +193,128 @@ def test_a_node_process_loads_no_client_or_recipes() -> None:
     assert "raftlease.server" in loaded
     for layer in ("client", "recipes"):
         assert f"raftlease.{layer}" not in loaded, layer
+
+
+# ------------------------------------------------------------- file by file
+
+
+def module_name(path: Path) -> str:
+    """``raftlease/server/node.py`` -> ``server.node``; a package's ``__init__.py``
+    -> the package (``server``; the top ``__init__.py`` -> ``__init__``)."""
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def _module_of(dotted: list[str]) -> str | None:
+    """The module of ``raftlease.<dotted>`` (its file or its package), or None."""
+    target = PACKAGE.joinpath(*dotted) if dotted else PACKAGE
+    for candidate in (target.with_suffix(".py"), target / "__init__.py"):
+        if dotted and candidate.is_file():
+            return module_name(candidate)
+    return "__init__" if not dotted else None
+
+
+def file_imports(path: Path) -> set[str]:
+    """The raftlease modules (files) that ``path`` imports, at the top, inside
+    functions or for types alike: ``from .x import y`` -> ``x``, or ``x.y`` when ``y``
+    is a submodule; ``from ..client import Client`` -> ``client`` (its ``__init__``)."""
+    own = list(path.relative_to(PACKAGE).parent.parts)
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        bases: list[list[str]] = []
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level > 0:
+                base = own[: len(own) - (node.level - 1)]
+            elif node.module and node.module.split(".")[0] == "raftlease":
+                base = []
+            else:
+                continue
+            module = node.module or ""
+            if node.level == 0:
+                module = ".".join(module.split(".")[1:])
+            dotted = base + ([part for part in module.split(".") if part])
+            bases.append(dotted)
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "raftlease":
+                    bases.append(parts[1:])
+        for dotted in bases:
+            submodules = [sub for name in names if (sub := _module_of([*dotted, name])) is not None]
+            found.update(submodules)
+            if len(submodules) < len(names) or not names:
+                module = _module_of(dotted)
+                if module is not None:
+                    found.add(module)
+    found.discard(module_name(path))
+    return found
+
+
+def file_graph() -> dict[str, set[str]]:
+    return {module_name(path): file_imports(path) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_two_layers_may_import_each_other() -> None:
+    both = {
+        tuple(sorted((a, b))) for a, allowed in ALLOWED.items() for b in allowed if a in ALLOWED[b]
+    }
+    assert not both, f"two-way allowances: {sorted(both)}"
+
+
+def test_no_circle_of_files() -> None:
+    """No file imports, directly or through others, a file that imports it back:
+    inside a package as well as between packages. With no circle every arrow points
+    down some order of the files; ``test_layer_imports_only_lower_layers`` fixes that
+    order between packages."""
+    found = circles(file_graph())
+    assert not found, "circles of imports: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_file_checker_sees_a_circle(tmp_path: Path) -> None:
+    """Self-check: the graph has the arrows the code has, and a circle is reported."""
+    graph = file_graph()
+    assert "core.store" in graph["core"] or "core.store" in graph["core.state"] | graph["core"]
+    assert "replication.safe_pickle" in graph["replication.journal"]
+    assert "models" in graph["client.blocking"]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    graph["replication.safe_pickle"] = {"replication.journal"}
+    assert ["replication.journal", "replication.safe_pickle"] in circles(graph)
