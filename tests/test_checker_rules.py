@@ -791,3 +791,56 @@ def test_rejoin_a_cut_off_member_that_raised_its_term_fails() -> None:
     assert good["valid"] is True and good["stats"] == {"faults": 1, "leader_kept": 1}
     # Its term not recorded (it did not answer): unknown, never a pass.
     assert _rejoin_history(before=2, at_heal=None)["valid"] == "unknown"
+
+
+# ------------------------------------------- linearizable: the owner, not the process
+
+
+def _acquire_for(
+    h: Hist, p: str, owner: str, key: str, inv: float, ret: float, token: int, type: str = "ok"
+) -> str:
+    """Process ``p`` acquires ``key`` for ``owner`` (one client acting for several
+    owners, or owners that are not process names); the cluster answers ``owner``."""
+    value: dict[str, Any] = {
+        "owner": owner,
+        "token": token,
+        "ttl": 1.0,
+        "valid_until": inv + 1.0 * (1 - RHO) - MARGIN,
+    }
+    args = {"ttl": 1.0, "owner": owner}
+    if type != "ok":
+        return h.op(p, "acquire", key, inv, ret if type != "info" else None, type=type, args=args)
+    return h.op(p, "acquire", key, inv, ret, args=args, value=value)
+
+
+def test_linearizable_names_the_holder_by_the_owner_the_cluster_returned() -> None:
+    """A read names the holder's owner as the cluster granted it; process ``c1``
+    acquiring for ``svc-a`` is not a holder named ``c1``. Before the fix this clean
+    history failed ``linearizable`` (the model expected owner ``c1``)."""
+    h = Hist()
+    _acquire_for(h, "c1", "svc-a", "k", 0.0, 0.01, token=1)
+    h.read("r", "k", 0.1, 0.11, token=1, owner="svc-a")
+    h.release("c1", "k", 0.3, 0.31, token=1)
+    # An unanswered acquire for svc-b explains the token a later read shows.
+    _acquire_for(h, "c2", "svc-b", "k", 0.4, 0.0, token=5, type="info")
+    h.read("r", "k", 0.6, 0.61, token=5, owner="svc-b")
+    result = h.complete().check()
+    assert result["checkers"]["linearizable"]["valid"] is True, result["checkers"]["linearizable"]
+    assert result["valid"] is True, verdicts(result)
+
+
+def test_linearizable_still_fails_a_read_that_names_another_owner() -> None:
+    """The rule still catches a wrong holder: the cluster granted token 1 to
+    ``svc-a``; a read naming ``svc-b`` (or the process ``c1``) as its owner is no
+    state the lease could have been in."""
+    for seen in ("svc-b", "c1"):
+        h = Hist()
+        _acquire_for(h, "c1", "svc-a", "k", 0.0, 0.01, token=1)
+        h.read("r", "k", 0.1, 0.11, token=1, owner=seen)
+        result = h.complete().check()["checkers"]["linearizable"]
+        assert result["valid"] is False, (seen, result)
+    # And an unknown acquire by the same process for another owner explains nothing.
+    h = Hist()
+    _acquire_for(h, "c2", "svc-b", "k", 0.4, 0.0, token=5, type="info")
+    h.read("r", "k", 0.6, 0.61, token=5, owner="c2")
+    assert h.complete().check()["checkers"]["linearizable"]["valid"] is False
