@@ -62,6 +62,9 @@ pass: that is ``unknown`` (a warning, never a pass).
    depose the leader. The leader keeping its term after the heal is counted
    (``leader_kept``) but not judged: an unrelated election on a loaded machine could
    move it. A run without that fault has nothing to judge (``True``, ``faults`` 0).
+8. ``watch`` (a run that recorded or declared a watcher): each watch stream delivers
+   revisions in order, none below its start, with no gap but a new term's jump, and
+   the history's acknowledged grants and claims as they were (``watch_checker.py``).
 
 ``check(events)`` runs all of them; the overall verdict is False if any is False,
 else "unknown" if any is unknown, else True. ``volume_stats`` measures what the run
@@ -84,6 +87,7 @@ from typing import Any, TypeGuard
 from linearizability import LOp, check_ops
 from queue_checker import QUEUE_FS, check_queues, has_queues
 from secure import check_security
+from watch_checker import check_watch, has_watches
 
 Event = dict[str, Any]
 MAX_REPORTED = 50
@@ -1623,6 +1627,10 @@ def check(
     }
     if has_queues(events, every_op):
         results.update(check_queues(events, every_op, params))
+    if has_watches(events):
+        # What a watcher was delivered, against itself and the acknowledged writes
+        # (watch_checker.py, issue 37).
+        results["watch"] = check_watch(events, every_op)
     verdicts = [r["valid"] for r in results.values()]
     valid: bool | str = True
     if any(v is False for v in verdicts):
