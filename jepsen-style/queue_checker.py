@@ -140,6 +140,12 @@ def _is_num(value: Any) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _waited(op: QOp) -> bool:
+    """A claim asked to wait for a task (queued in the replicated state)."""
+    wait = op.args.get("wait")
+    return _is_num(wait) and wait > 0
+
+
 def _brief(op: QOp) -> dict[str, Any]:
     out: dict[str, Any] = {
         "op": op.id,
@@ -773,7 +779,8 @@ def check_tokens(qops: list[QOp]) -> dict[str, Any]:
 def check_dead_letters(qops: list[QOp], params: QParams) -> dict[str, Any]:
     """Every dead-lettered task (in a final ``q.dead`` list, or read as ``dead``)
     was put, and used all its attempts (no more than the history accounts for: its
-    granted attempts plus every claim whose answer was lost) or passed the deadline
+    granted attempts plus every claim whose answer was lost, or that waited and came
+    back empty: it may have been granted and given back) or passed the deadline
     its put gave it (observed no earlier than ``put invoke + deadline/(1+rho) -
     margin``, the earliest local instant the log clock can have passed it)."""
     verdict = _Verdict()
@@ -794,6 +801,11 @@ def check_dead_letters(qops: list[QOp], params: QParams) -> dict[str, Any]:
             if _is_int(attempt):
                 granted[op.value["task"]].add(attempt)
         elif op.type == "info":
+            unanswered[op.key] += 1
+        elif op.type == "ok" and op.value.get("task") is None and _waited(op):
+            # A claim that waited and came back empty may still have been granted as its
+            # wait ran out: the client then gives the attempt back (a release,
+            # ``aio_queue._await_claim``), and that attempt counts in ``attempts``.
             unanswered[op.key] += 1
     records: list[tuple[str, dict[str, Any], QOp]] = []
     read_dead_lists = 0

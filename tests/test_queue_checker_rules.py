@@ -604,6 +604,27 @@ def test_an_unanswered_claim_may_be_the_missing_attempt() -> None:
     assert h.check()["queue_dead_letter"]["valid"] is True
 
 
+def test_an_empty_claim_that_waited_may_be_the_missing_attempt() -> None:
+    """A claim granted as its wait ran out is given back by the client (a release) and
+    answered "nothing": that attempt counts in the task's ``attempts`` (seen in a
+    smoke run, issue 37). One that did not wait was never queued, so it accounts for
+    nothing."""
+    h = good()
+    h.put("t6", 1.0, max_attempts=2)
+    h.claim("w5", "t6", 6.0, token=70, attempt=1)
+    h.op("w6", "q.claim", 7.0, 8.0, args={"worker": "w6", "wait": 1.0}, value={"task": None})
+    h.dead(10.4, [{"task": "t6", "attempts": 2, "reason": "attempts"}])
+    assert h.check()["queue_dead_letter"]["valid"] is True
+    h = good()
+    h.put("t6", 1.0, max_attempts=2)
+    h.claim("w5", "t6", 6.0, token=70, attempt=1)
+    h.op("w6", "q.claim", 7.0, 7.1, args={"worker": "w6", "wait": 0}, value={"task": None})
+    h.dead(10.4, [{"task": "t6", "attempts": 2, "reason": "attempts"}])
+    assert kinds(h.check()["queue_dead_letter"]) == [
+        "dead-letter entry counts attempts the history cannot account for"
+    ]
+
+
 def test_deadline_dead_letters() -> None:
     h = good()
     h.put("t7", 1.0, deadline=5.0)
