@@ -44,7 +44,10 @@ pass: that is ``unknown`` (a warning, never a pass).
    runs out of budget answers ``"unknown"``. Plain keys only. An attached lease's
    earliest expiry is not TTL-based but its mutual-exclusion end (the session's largest
    recorded ``valid_until`` before the release invocation); an unanswered attached
-   acquire, whose window is unknown, may expire at any time.
+   acquire, whose window is unknown, may expire at any time. A grant's holder is the
+   owner the cluster returned (the ok value's ``owner``; an unanswered acquire: the
+   owner it asked for), which is what reads and refusals name: not the process that
+   asked.
 5. ``liveness``: after every heal some operation completes (an ``ok``, or a refusal
    decided by the state machine) within ``liveness_bound`` seconds. A fault that never
    healed, or a history with no heal measured, is ``unknown``.
@@ -59,6 +62,9 @@ pass: that is ``unknown`` (a warning, never a pass).
    depose the leader. The leader keeping its term after the heal is counted
    (``leader_kept``) but not judged: an unrelated election on a loaded machine could
    move it. A run without that fault has nothing to judge (``True``, ``faults`` 0).
+8. ``watch`` (a run that recorded or declared a watcher): each watch stream delivers
+   revisions in order, none below its start, with no gap but a new term's jump, and
+   the history's acknowledged grants and claims as they were (``watch_checker.py``).
 
 ``check(events)`` runs all of them; the overall verdict is False if any is False,
 else "unknown" if any is unknown, else True. ``volume_stats`` measures what the run
@@ -81,6 +87,7 @@ from typing import Any, TypeGuard
 from linearizability import LOp, check_ops
 from queue_checker import QUEUE_FS, check_queues, has_queues
 from secure import check_security
+from watch_checker import check_watch, has_watches
 
 Event = dict[str, Any]
 MAX_REPORTED = 50
@@ -1029,6 +1036,16 @@ def model_ops(
         by_key[op.key].append(op)
     slack = 1 - params.rho
 
+    def granted_owner(op: Op) -> str:
+        # The holder is who the cluster says it granted to (the ok value's ``owner``,
+        # which reads and refusals name too), not the process that asked: one process
+        # may acquire for several owners, and owners need not be process names. An
+        # unanswered acquire has no answer: the owner it asked for.
+        for owner in (op.value.get("owner"), op.args.get("owner")):
+            if isinstance(owner, str):
+                return owner
+        return op.process  # a history that records no owner at all (older runs)
+
     def earliest_expiry(op: Op) -> float:
         # An attached acquire has no TTL: with no ok value, its lease may expire at
         # any time (its session's window is unknown); see ``attached_expiry``.
@@ -1049,7 +1066,7 @@ def model_ops(
         }
         for op in kops:
             if op.f == "acquire" and op.type == "ok" and op.token is not None:
-                owners[op.token] = op.process
+                owners[op.token] = granted_owner(op)
                 expiry_of[op.token] = attached_expiry.get(op.id, earliest_expiry(op))
                 lops.append(
                     LOp(
@@ -1057,7 +1074,7 @@ def model_ops(
                         op.inv,
                         op.ret,
                         op.token,
-                        op.process,
+                        owners[op.token],
                         expiry_of[op.token],
                         src=op.id,
                     )
@@ -1101,7 +1118,7 @@ def model_ops(
                 for a in kops
                 if a.f == "acquire"
                 and a.type == "info"
-                and a.process == o.owner
+                and granted_owner(a) == o.owner
                 and a.inv < o.op.ret
             ]
             for a in cands:
@@ -1125,7 +1142,7 @@ def model_ops(
                     for a in kops
                     if a.f == "acquire"
                     and a.type == "fail"
-                    and a.process == o.owner
+                    and granted_owner(a) == o.owner
                     and a.inv < o.op.ret
                     and a.error not in DOMAIN_CODES
                 ]
@@ -1610,6 +1627,10 @@ def check(
     }
     if has_queues(events, every_op):
         results.update(check_queues(events, every_op, params))
+    if has_watches(events):
+        # What a watcher was delivered, against itself and the acknowledged writes
+        # (watch_checker.py, issue 37).
+        results["watch"] = check_watch(events, every_op)
     verdicts = [r["valid"] for r in results.values()]
     valid: bool | str = True
     if any(v is False for v in verdicts):

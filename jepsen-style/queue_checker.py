@@ -40,6 +40,13 @@ Checkers (each ``{"valid": True | False | "unknown", "violations": [...], "stats
 "unknown": [...]}``); a field a checker needs that is missing or of the wrong type
 makes it ``unknown``, never a pass, and so does a run with nothing to judge:
 
+* ``queue_origin``: every task the cluster handed out (an ``ok`` claim) or accepted an
+  attempt's call for came from a put the history shows: one answered with its task id
+  (invoked before the task was seen), or, with no such answer, one whose outcome is
+  unknown and whose payload the claim carries (it may have happened). A task whose
+  payload no put sent, or only a put the cluster definitely refused, or a put answered
+  with another task id, or whose put was invoked only after the task was handed out,
+  was created by nobody; so were two tasks carrying one put's payload.
 * ``queue_lost_put``: every acknowledged put ends completed or dead-lettered, or is
   still pending at the end with a reason, in the final reads; a task the cluster no
   longer knows, or two puts of different payloads answered with one task id, is lost.
@@ -92,6 +99,7 @@ STATUSES = PENDING | {"completed", "dead"}
 DEAD_REASONS = frozenset({"attempts", "deadline"})
 NOT_FOUND_CODES = frozenset({"TASK_NOT_FOUND", "NOT_FOUND"})
 CHECKERS = (
+    "queue_origin",
     "queue_lost_put",
     "queue_one_completion",
     "queue_exclusive",
@@ -130,6 +138,12 @@ def _is_int(value: Any) -> TypeGuard[int]:
 
 def _is_num(value: Any) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _waited(op: QOp) -> bool:
+    """A claim asked to wait for a task (queued in the replicated state)."""
+    wait = op.args.get("wait")
+    return _is_num(wait) and wait > 0
 
 
 def _brief(op: QOp) -> dict[str, Any]:
@@ -295,6 +309,123 @@ def _puts(qops: list[QOp], verdict: _Verdict | None = None) -> dict[str, QOp]:
             continue
         out.setdefault(task, op)
     return out
+
+
+# ------------------------------------------------------------------ origin
+
+
+def check_origin(qops: list[QOp]) -> dict[str, Any]:
+    """Every task a claim handed out, and every task an accepted attempt call names,
+    came from a put the history shows.
+
+    What a history can prove: an ``ok`` put answered with the task's id created it (if
+    it was invoked before the task was seen); a put whose outcome is unknown (``info``)
+    may have created it, and the claim's ``payload`` (the put's, unique in the run)
+    ties the task to that put; a put refused definitely (``fail``) created nothing. So a
+    task is a violation when no acknowledged put answered its id and its payload is no
+    unanswered put's (or it has no payload and no put on its queue is unanswered), when
+    its payload is that of a put answered with another task id (one put, two tasks),
+    when two task ids carry one payload, when its payload differs from the put answered
+    with its id, or when the only put answered with its id was invoked after the task
+    was handed out. A task without a payload, no acknowledged put and some unanswered
+    put on its queue: the history cannot tell (``unknown``)."""
+    verdict = _Verdict()
+    acked: dict[str, list[QOp]] = defaultdict(list)  # task id -> ok puts answered with it
+    put_payload: dict[str, QOp] = {}  # payload -> its put (any outcome)
+    unanswered: dict[str, list[QOp]] = defaultdict(list)  # queue -> info puts
+    for op in qops:
+        if op.f != "q.put":
+            continue
+        payload = op.args.get("payload")
+        if isinstance(payload, str):
+            put_payload.setdefault(payload, op)
+        if op.type == "ok" and isinstance(op.value.get("task"), str):
+            acked[op.value["task"]].append(op)
+        elif op.type == "info":
+            unanswered[op.key].append(op)
+    # Every sighting of a task: (when the cluster had shown it, the op, its payload).
+    seen: dict[str, list[tuple[float, QOp, str | None]]] = defaultdict(list)
+    for op in qops:
+        if op.f == "q.claim" and op.type == "ok":
+            task = op.value.get("task")
+            if isinstance(task, str):
+                payload = op.value.get("payload")
+                seen[task].append((op.ret, op, payload if isinstance(payload, str) else None))
+        elif op.f in ATTEMPT_FS and op.type == "ok":
+            task = op.args.get("task")
+            # A call the cluster accepted: the attempt, and so its task, existed. (One
+            # whose answer was lost proves nothing: it may have been refused.)
+            if isinstance(task, str):
+                seen[task].append((op.ret, op, None))
+    tasks_of_payload: dict[str, set[str]] = defaultdict(set)
+    counts: dict[str, int] = defaultdict(int)
+    for task, sightings in sorted(seen.items()):
+        first, first_op, _ = min(sightings, key=lambda row: row[0])
+        payloads = sorted({p for _, _, p in sightings if p is not None})
+        for payload in payloads:
+            tasks_of_payload[payload].add(task)
+        puts = acked.get(task, [])
+        if puts:
+            if not any(put.inv < first for put in puts):
+                verdict.bad(
+                    "task handed out before any put of it was invoked",
+                    task=task,
+                    seen=_brief(first_op),
+                    put=_brief(puts[0]),
+                )
+            sent = {put.args.get("payload") for put in puts}
+            for payload in payloads:
+                if payload not in sent:
+                    verdict.bad(
+                        "claimed task's payload is not its put's",
+                        task=task,
+                        payload=payload,
+                        put=_brief(puts[0]),
+                    )
+            counts["from_acknowledged_put"] += 1
+            continue
+        if payloads:
+            maybe = True
+            for payload in payloads:
+                put = put_payload.get(payload)
+                if put is not None and put.type == "ok":
+                    maybe = False
+                    verdict.bad(
+                        "task carries the payload of a put answered with another task id",
+                        task=task,
+                        payload=payload,
+                        put=_brief(put),
+                    )
+                elif put is None or put.type != "info" or put.inv >= first:
+                    maybe = False
+                    verdict.bad(
+                        "task claimed that no put could have created",
+                        task=task,
+                        payload=payload,
+                        put=None if put is None else _brief(put),
+                        seen=_brief(first_op),
+                    )
+            if maybe:
+                counts["from_unanswered_put"] += 1
+            continue
+        if not any(put.inv < first for put in unanswered.get(first_op.key, [])):
+            verdict.bad(
+                "task claimed that no put could have created",
+                task=task,
+                seen=_brief(first_op),
+            )
+            continue
+        verdict.cannot(
+            "task of no acknowledged put, without a payload to tie it to an unanswered put",
+            task=task,
+            seen=_brief(first_op),
+        )
+    for payload, tasks in sorted(tasks_of_payload.items()):
+        if len(tasks) > 1:
+            verdict.bad("one put's payload on two tasks", payload=payload, tasks=sorted(tasks))
+    if not seen:
+        verdict.cannot("no task handed out: nothing to judge")
+    return verdict.result({"tasks_seen": len(seen), **dict(sorted(counts.items()))})
 
 
 # ------------------------------------------------------------- no lost put
@@ -648,7 +779,8 @@ def check_tokens(qops: list[QOp]) -> dict[str, Any]:
 def check_dead_letters(qops: list[QOp], params: QParams) -> dict[str, Any]:
     """Every dead-lettered task (in a final ``q.dead`` list, or read as ``dead``)
     was put, and used all its attempts (no more than the history accounts for: its
-    granted attempts plus every claim whose answer was lost) or passed the deadline
+    granted attempts plus every claim whose answer was lost, or that waited and came
+    back empty: it may have been granted and given back) or passed the deadline
     its put gave it (observed no earlier than ``put invoke + deadline/(1+rho) -
     margin``, the earliest local instant the log clock can have passed it)."""
     verdict = _Verdict()
@@ -669,6 +801,11 @@ def check_dead_letters(qops: list[QOp], params: QParams) -> dict[str, Any]:
             if _is_int(attempt):
                 granted[op.value["task"]].add(attempt)
         elif op.type == "info":
+            unanswered[op.key] += 1
+        elif op.type == "ok" and op.value.get("task") is None and _waited(op):
+            # A claim that waited and came back empty may still have been granted as its
+            # wait ran out: the client then gives the attempt back (a release,
+            # ``aio_queue._await_claim``), and that attempt counts in ``attempts``.
             unanswered[op.key] += 1
     records: list[tuple[str, dict[str, Any], QOp]] = []
     read_dead_lists = 0
@@ -781,6 +918,7 @@ def check_queues(
     """Every queue checker, by name (``CHECKERS``)."""
     qops = queue_ops(ops)
     return {
+        "queue_origin": check_origin(qops),
         "queue_lost_put": check_lost_puts(qops),
         "queue_one_completion": check_one_completion(qops),
         "queue_exclusive": check_exclusive(qops),

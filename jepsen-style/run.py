@@ -48,6 +48,7 @@ import timeline  # noqa: E402
 from proc_client import ClientProcess  # noqa: E402
 from proxy import ProxyNet  # noqa: E402
 from queue_workload import Crasher, QueueConfig, QueueThreads, final_reads  # noqa: E402
+from watch_workload import WatchConfig, WatchRecorder  # noqa: E402
 from workload import (  # noqa: E402
     FencedStore,
     FencedStoreServer,
@@ -56,7 +57,7 @@ from workload import (  # noqa: E402
     WorkloadConfig,
 )
 
-from raftlease import Client  # noqa: E402
+from raftlease import AsyncClient, Client  # noqa: E402
 from raftlease.config import local_cluster  # noqa: E402
 from raftlease.testing import (  # noqa: E402
     PLANTED_BUGS,
@@ -180,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
         # off within the warm-up (soak.py, PURGE_AFTER).
         purge_after=soak.PURGE_AFTER if args.profile == "soak" else 0.0,
     )
+    # One watcher records every change it is delivered (issue 37: watch_checker.py).
+    wconfig = WatchConfig()
     t0 = time.monotonic()
     say = Progress(history, t0)
     history.append(
@@ -206,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
             # The fenced resource asks the cluster before every write (workload.py).
             "fence": "cluster",
             "queues": qconfig.meta() if with_queue else {},
+            "watch": wconfig.meta(),
             "settings": settings,
             "schedule": [s.to_json() for s in specs],
         }
@@ -219,12 +223,27 @@ def run(args: argparse.Namespace) -> int:
     monitor: soak.Monitor | None = None
     queue_threads: QueueThreads | None = None
     crasher: Crasher | None = None
+    watcher: WatchRecorder | None = None
     status = 0
     deadline = t0 + budget
     try:
         proxies.start()
         cluster.start(timeout=60)
         say(f"cluster up: leader {cluster.leader_id()}")
+        endpoints = cluster.endpoints
+
+        def watch_client() -> AsyncClient:
+            return AsyncClient(
+                endpoints,
+                deadline=max(config.deadlines),
+                attempt_timeout=config.attempt_timeout,
+                **secure.client_options("watcher"),
+            )
+
+        # Started before any client, from revision 1: it sees the first term whole.
+        watcher = WatchRecorder("watch1", watch_client, history.append, wconfig, stop)
+        watcher.start()
+        say(f"watcher: every change from revision 1, a new stream every {wconfig.rotate_every} s")
         if args.profile == "soak":
             monitor = soak.Monitor(
                 lambda: _node_processes(cluster), args.sample_every, deadline
@@ -324,6 +343,8 @@ def run(args: argparse.Namespace) -> int:
                 nem.heal_all()
         for worker in workers:
             worker.join(timeout=15)
+        if watcher is not None:
+            watcher.join(timeout=15)
         if proc is not None:
             proc.stop()
         if queue_threads is not None:
@@ -363,6 +384,7 @@ def run(args: argparse.Namespace) -> int:
     errors += [
         *(queue_threads.errors if queue_threads else []),
         *(crasher.errors if crasher else []),
+        *(watcher.errors if watcher else []),
     ]
     if errors:
         print("worker errors:", *errors, sep="\n  ")

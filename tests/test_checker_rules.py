@@ -39,6 +39,7 @@ sys.path.insert(0, str(SUITE))
 
 import checker  # noqa: E402
 import replay  # noqa: E402
+import watch_checker  # noqa: E402
 from workload import FencedStore, History  # noqa: E402
 
 from raftlease.core import LeaseStore  # noqa: E402
@@ -791,3 +792,240 @@ def test_rejoin_a_cut_off_member_that_raised_its_term_fails() -> None:
     assert good["valid"] is True and good["stats"] == {"faults": 1, "leader_kept": 1}
     # Its term not recorded (it did not answer): unknown, never a pass.
     assert _rejoin_history(before=2, at_heal=None)["valid"] == "unknown"
+
+
+# ------------------------------------------- linearizable: the owner, not the process
+
+
+def _acquire_for(
+    h: Hist, p: str, owner: str, key: str, inv: float, ret: float, token: int, type: str = "ok"
+) -> str:
+    """Process ``p`` acquires ``key`` for ``owner`` (one client acting for several
+    owners, or owners that are not process names); the cluster answers ``owner``."""
+    value: dict[str, Any] = {
+        "owner": owner,
+        "token": token,
+        "ttl": 1.0,
+        "valid_until": inv + 1.0 * (1 - RHO) - MARGIN,
+    }
+    args = {"ttl": 1.0, "owner": owner}
+    if type != "ok":
+        return h.op(p, "acquire", key, inv, ret if type != "info" else None, type=type, args=args)
+    return h.op(p, "acquire", key, inv, ret, args=args, value=value)
+
+
+def test_linearizable_names_the_holder_by_the_owner_the_cluster_returned() -> None:
+    """A read names the holder's owner as the cluster granted it; process ``c1``
+    acquiring for ``svc-a`` is not a holder named ``c1``. Before the fix this clean
+    history failed ``linearizable`` (the model expected owner ``c1``)."""
+    h = Hist()
+    _acquire_for(h, "c1", "svc-a", "k", 0.0, 0.01, token=1)
+    h.read("r", "k", 0.1, 0.11, token=1, owner="svc-a")
+    h.release("c1", "k", 0.3, 0.31, token=1)
+    # An unanswered acquire for svc-b explains the token a later read shows.
+    _acquire_for(h, "c2", "svc-b", "k", 0.4, 0.0, token=5, type="info")
+    h.read("r", "k", 0.6, 0.61, token=5, owner="svc-b")
+    result = h.complete().check()
+    assert result["checkers"]["linearizable"]["valid"] is True, result["checkers"]["linearizable"]
+    assert result["valid"] is True, verdicts(result)
+
+
+def test_linearizable_still_fails_a_read_that_names_another_owner() -> None:
+    """The rule still catches a wrong holder: the cluster granted token 1 to
+    ``svc-a``; a read naming ``svc-b`` (or the process ``c1``) as its owner is no
+    state the lease could have been in."""
+    for seen in ("svc-b", "c1"):
+        h = Hist()
+        _acquire_for(h, "c1", "svc-a", "k", 0.0, 0.01, token=1)
+        h.read("r", "k", 0.1, 0.11, token=1, owner=seen)
+        result = h.complete().check()["checkers"]["linearizable"]
+        assert result["valid"] is False, (seen, result)
+    # And an unknown acquire by the same process for another owner explains nothing.
+    h = Hist()
+    _acquire_for(h, "c2", "svc-b", "k", 0.4, 0.0, token=5, type="info")
+    h.read("r", "k", 0.6, 0.61, token=5, owner="c2")
+    assert h.complete().check()["checkers"]["linearizable"]["valid"] is False
+
+
+# ------------------------------------------------------------------ watch streams
+
+STEP = watch_checker.JUMP_SPACING
+
+
+def _stream(
+    h: Hist,
+    sid: str,
+    t: float,
+    rows: list[tuple[int, str, str, str, int]],
+    from_revision: int = 1,
+    prefix: str = "",
+    end: str | None = "stopped",
+    error: str | None = None,
+) -> None:
+    """A watch stream as ``watch_workload.WatchRecorder`` records it: start, the
+    delivered rows ``(revision, type, key, owner, token)`` in one batch, end."""
+    h.add(
+        {
+            "type": "watch",
+            "f": "start",
+            "stream": sid,
+            "process": "watch1",
+            "prefix": prefix,
+            "from_revision": from_revision,
+            "t": t,
+        }
+    )
+    h.add(
+        {
+            "type": "watch",
+            "f": "events",
+            "stream": sid,
+            "t": t + 0.5,
+            "events": [
+                {"revision": r, "type": k, "key": key, "owner": o, "token": tok, "units": 1}
+                for r, k, key, o, tok in rows
+            ],
+        }
+    )
+    if end is not None:
+        done: Event = {"type": "watch", "f": "end", "stream": sid, "t": t + 1.0, "reason": end}
+        if error is not None:
+            done["error"] = error
+        h.add(done)
+
+
+def _watched() -> tuple[Hist, list[tuple[int, str, str, str, int]]]:
+    """a holds k (token 1) and releases it (2); c holds k3 (3), which expires (4); a new
+    leader's term jumps the revision to STEP + 100; b is granted k (STEP + 101) and it
+    expires (STEP + 102). The history holds a's and b's acquires and a's release."""
+    h = Hist(watch={"prefix": ""})
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    h.release("a", "k", 0.3, 0.31, token=1)
+    h.acquire("b", "k", 0.4, 0.41, token=STEP + 101)
+    rows = [
+        (1, "grant", "k", "a", 1),
+        (2, "release", "k", "a", 1),
+        (3, "grant", "k3", "c", 3),
+        (4, "expire", "k3", "c", 3),
+        (STEP + 101, "grant", "k", "b", STEP + 101),
+        (STEP + 102, "expire", "k", "b", STEP + 101),
+    ]
+    return h, rows
+
+
+def _watch(h: Hist) -> dict[str, Any]:
+    result: dict[str, Any] = h.complete().check()["checkers"]["watch"]
+    return result
+
+
+def test_watch_a_clean_stream_passes_and_its_jump_is_a_term_change() -> None:
+    h, rows = _watched()
+    _stream(h, "w:1", 0.0, rows[:2], end="rotate")
+    _stream(h, "w:2", 1.5, rows[2:], from_revision=3)  # resumed from its next revision
+    result = h.complete().check()
+    assert result["valid"] is True, verdicts(result)
+    watch = result["checkers"]["watch"]
+    assert watch["stats"]["term_jumps"] == 1 and watch["stats"]["writes_matched"] == 2
+    assert watch["stats"]["ends"] == {"rotate": 1, "stopped": 1}
+
+
+def test_watch_a_stream_replayed_with_one_revision_dropped_fails() -> None:
+    """A skipped change: the clean stream above with one revision taken out fails, and
+    the violation says how the history can tell."""
+    _, rows = _watched()
+    gap = "gap no term change explains: revisions skipped"
+    expected = {
+        0: {"stream skipped changes the history shows", gap},  # a's acknowledged grant
+        1: {gap, "grant on a plain key its stream shows held"},  # a's release
+        2: {gap},  # c's grant: nothing in the history names it, but no term jumps there
+        4: {"stream skipped changes the history shows"},  # b's grant, right after a jump
+    }
+    for drop, kinds in expected.items():
+        h, _ = _watched()
+        _stream(h, "w:1", 0.0, rows[:drop] + rows[drop + 1 :])
+        result = _watch(h)
+        assert result["valid"] is False, (drop, result)
+        assert {v["kind"] for v in result["violations"]} == kinds, (drop, result["violations"])
+    # What no history can show: the change just before a term's jump (the jump may have
+    # come one revision earlier), or the last one (the stream may have ended there).
+    for drop in (3, 5):
+        h, _ = _watched()
+        _stream(h, "w:1", 0.0, rows[:drop] + rows[drop + 1 :])
+        assert _watch(h)["valid"] is True, drop
+
+
+def test_watch_a_repeated_or_early_revision_fails() -> None:
+    _, rows = _watched()
+    h, _ = _watched()
+    _stream(h, "w:1", 0.0, [rows[0], rows[1], rows[1], *rows[2:]])
+    assert [v["kind"] for v in _watch(h)["violations"]] == [
+        "revision delivered twice",
+        "lease ended twice in one stream",
+    ]
+    # A stream from revision 2 that delivers revision 1.
+    h, _ = _watched()
+    _stream(h, "w:1", 0.0, rows, from_revision=2)
+    assert [v["kind"] for v in _watch(h)["violations"]] == ["revision before the stream's start"]
+
+
+def test_watch_two_jumps_closer_than_a_reserve_step_fail() -> None:
+    """Term jumps land at least TOKEN_RESERVE_STEP apart: a second gap landing 50
+    revisions after the first one skipped changes, in another stream too."""
+    h, rows = _watched()
+    _stream(h, "w:1", 0.0, rows)
+    _stream(
+        h,
+        "w:2",
+        2.0,
+        [
+            (STEP + 103, "grant", "k", "c", STEP + 103),
+            (STEP + 153, "release", "k", "c", STEP + 103),
+        ],
+        from_revision=STEP + 103,
+    )
+    result = _watch(h)
+    assert [v["kind"] for v in result["violations"]] == [
+        "gap no term change explains: revisions skipped"
+    ]
+    assert result["violations"][0]["stream"] == "w:2"
+
+
+def test_watch_an_event_that_is_not_the_acknowledged_write_fails() -> None:
+    h, rows = _watched()
+    _stream(h, "w:1", 0.0, [(1, "grant", "k", "b", 1), *rows[1:]])  # a got token 1
+    result = _watch(h)
+    assert [v["kind"] for v in result["violations"]] == [
+        "event does not match the acknowledged write at its revision"
+    ]
+    # A grant whose token is not the revision that granted it.
+    h, rows = _watched()
+    _stream(h, "w:1", 0.0, [*rows, (STEP + 103, "grant", "k2", "c", 7)])
+    assert [v["kind"] for v in _watch(h)["violations"]] == ["grant whose token is not its revision"]
+    # A prefix stream may skip revisions (other keys), not an acknowledged grant under it.
+    h, rows = _watched()
+    _stream(h, "w:1", 0.0, [*rows[:4], rows[5]], prefix="k")  # b's grant skipped
+    assert [v["kind"] for v in _watch(h)["violations"]] == [
+        "acknowledged write missing from the stream"
+    ]
+    h, rows = _watched()
+    _stream(h, "w:1", 0.0, [*rows[:2], *rows[4:]], prefix="k")  # nothing it can tell
+    assert _watch(h)["valid"] is True
+
+
+def test_watch_an_incomplete_recording_is_unknown() -> None:
+    h, rows = _watched()
+    _stream(h, "w:1", 0.0, rows, end=None)
+    result = _watch(h)
+    assert result["valid"] == "unknown"
+    assert result["unknown"][0]["kind"] == "stream never ended (recording cut short)"
+    # A run that declared its watcher and recorded nothing decided nothing.
+    h, _ = _watched()
+    assert _watch(h)["valid"] == "unknown"
+    # A stream that ended with an error the client saw is fine (nothing was skipped).
+    h, rows = _watched()
+    _stream(h, "w:1", 0.0, rows[:2], end="error", error="COMPACTED")
+    assert _watch(h)["valid"] is True
+    # A history without a watcher has no watch checker.
+    h = Hist()
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    assert "watch" not in h.complete().check()["checkers"]

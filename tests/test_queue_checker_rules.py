@@ -78,6 +78,7 @@ class QHist:
         attempt: int,
         ttl: float = 2.0,
         drop: tuple[str, ...] = (),
+        payload: str | None = None,
     ) -> str:
         value: dict[str, Any] = {
             "task": task,
@@ -86,6 +87,8 @@ class QHist:
             "lease_id": f"L{token}",
             "valid_until": until(t, ttl),
         }
+        if payload is not None:  # the put's payload id, as the workload records it
+            value["payload"] = payload
         for name in drop:
             value.pop(name)
         return self.op(p, "q.claim", t, t + 0.1, args={"worker": p, "lease_ttl": ttl}, value=value)
@@ -194,6 +197,93 @@ def test_a_lease_only_history_has_no_queue_checkers() -> None:
     events: list[Event] = [{"type": "meta", "t": 0.0, "rho": RHO, "margin": MARGIN}]
     out = checker.check(events)
     assert not set(queue_checker.CHECKERS) & set(out["checkers"])
+
+
+# ------------------------------------------------------------------ origin
+
+
+def origin(h: QHist) -> dict[str, Any]:
+    return h.check()["queue_origin"]
+
+
+def unanswered_put(h: QHist, payload: str, t: float, type: str = "info") -> str:
+    """A put whose answer never came (``info``), or one refused definitely (``fail``)."""
+    args = {"payload": payload, "max_attempts": 3}
+    if type == "info":
+        return h.op("prod", "q.put", t, None, args=args)
+    return h.op("prod", "q.put", t, t + 0.1, args=args, type=type, error="INVALID_ARGUMENT")
+
+
+def test_origin_a_claimed_task_nobody_put_fails() -> None:
+    """The hole issue 37 found: a task no put created, claimed (and completed)."""
+    h = good()
+    h.claim("w1", "t9", 5.0, token=40, attempt=1, payload="ghost-1")
+    h.attempt_op("w1", "q.complete", "t9", 40, 5.3, result={"by": "w1"})
+    result = origin(h)
+    assert result["valid"] is False
+    assert kinds(result) == ["task claimed that no put could have created"]
+    # Without a payload to go by, and no put whose outcome is unknown: still nobody's.
+    h = good()
+    h.claim("w1", "t9", 5.0, token=40, attempt=1)
+    assert kinds(origin(h)) == ["task claimed that no put could have created"]
+    # An accepted completion of a task no claim and no put shows: the same.
+    h = good()
+    h.attempt_op("w1", "q.complete", "t8", 41, 5.3, result={"by": "w1"})
+    assert kinds(origin(h)) == ["task claimed that no put could have created"]
+    # The clean history passes (every claim's task was put, and put first).
+    assert origin(good())["valid"] is True
+    assert origin(good())["stats"]["from_acknowledged_put"] == 3
+
+
+def test_origin_a_put_whose_outcome_is_unknown_may_have_created_the_task() -> None:
+    h = good()
+    unanswered_put(h, "qp1-7", 4.0)
+    h.claim("w1", "t7", 5.0, token=40, attempt=1, payload="qp1-7")
+    result = origin(h)
+    assert result["valid"] is True, result
+    assert result["stats"]["from_unanswered_put"] == 1
+    # But not a put refused definitely: it created nothing.
+    h = good()
+    unanswered_put(h, "qp1-7", 4.0, type="fail")
+    h.claim("w1", "t7", 5.0, token=40, attempt=1, payload="qp1-7")
+    assert kinds(origin(h)) == ["task claimed that no put could have created"]
+    # Nor one invoked after the task was handed out.
+    h = good()
+    h.claim("w1", "t7", 5.0, token=40, attempt=1, payload="qp1-7")
+    unanswered_put(h, "qp1-7", 5.5)
+    assert kinds(origin(h)) == ["task claimed that no put could have created"]
+    # One put creates one task: its payload on two task ids is a violation.
+    h = good()
+    unanswered_put(h, "qp1-7", 4.0)
+    h.claim("w1", "t7", 5.0, token=40, attempt=1, payload="qp1-7")
+    h.claim("w2", "t8", 5.0, token=41, attempt=1, payload="qp1-7")
+    assert kinds(origin(h)) == ["one put's payload on two tasks"]
+    # No payload recorded, and a put on the queue whose outcome is unknown: the history
+    # cannot tie the task to it, nor rule it out.
+    h = good()
+    unanswered_put(h, "qp1-7", 4.0)
+    h.claim("w1", "t7", 5.0, token=40, attempt=1)
+    assert origin(h)["valid"] == "unknown"
+
+
+def test_origin_a_task_that_is_not_what_its_put_was_answered_with_fails() -> None:
+    # The payload of the put answered with t1, on another task id: one put, two tasks.
+    h = good()
+    h.claim("w1", "t7", 5.0, token=40, attempt=1, payload="payload-t1-1.0")
+    assert kinds(origin(h)) == ["task carries the payload of a put answered with another task id"]
+    # t4 handed out with a payload t4's put did not send (t3's).
+    h = good()
+    h.claim("w9", "t4", 5.0, token=40, attempt=1, payload="payload-t3-1.0")
+    assert "claimed task's payload is not its put's" in kinds(origin(h))
+    # A put answered with t5, invoked only after t5 had been handed out.
+    h = good()
+    h.claim("w1", "t5", 5.0, token=40, attempt=1)
+    h.put("t5", 6.0)
+    assert kinds(origin(h)) == ["task handed out before any put of it was invoked"]
+    # Nothing handed out at all: nothing to judge, never a pass.
+    h = QHist()
+    h.put("t1", 1.0)
+    assert origin(h)["valid"] == "unknown"
 
 
 # -------------------------------------------------------------- lost puts
@@ -512,6 +602,27 @@ def test_an_unanswered_claim_may_be_the_missing_attempt() -> None:
     h.op("w6", "q.claim", 7.0, None, args={"worker": "w6"})  # no answer: maybe attempt 2
     h.dead(10.4, [{"task": "t6", "attempts": 2, "reason": "attempts"}])
     assert h.check()["queue_dead_letter"]["valid"] is True
+
+
+def test_an_empty_claim_that_waited_may_be_the_missing_attempt() -> None:
+    """A claim granted as its wait ran out is given back by the client (a release) and
+    answered "nothing": that attempt counts in the task's ``attempts`` (seen in a
+    smoke run, issue 37). One that did not wait was never queued, so it accounts for
+    nothing."""
+    h = good()
+    h.put("t6", 1.0, max_attempts=2)
+    h.claim("w5", "t6", 6.0, token=70, attempt=1)
+    h.op("w6", "q.claim", 7.0, 8.0, args={"worker": "w6", "wait": 1.0}, value={"task": None})
+    h.dead(10.4, [{"task": "t6", "attempts": 2, "reason": "attempts"}])
+    assert h.check()["queue_dead_letter"]["valid"] is True
+    h = good()
+    h.put("t6", 1.0, max_attempts=2)
+    h.claim("w5", "t6", 6.0, token=70, attempt=1)
+    h.op("w6", "q.claim", 7.0, 7.1, args={"worker": "w6", "wait": 0}, value={"task": None})
+    h.dead(10.4, [{"task": "t6", "attempts": 2, "reason": "attempts"}])
+    assert kinds(h.check()["queue_dead_letter"]) == [
+        "dead-letter entry counts attempts the history cannot account for"
+    ]
 
 
 def test_deadline_dead_letters() -> None:

@@ -78,7 +78,8 @@ class FakeQueue:
     """Issue 12's task semantics in one process (one lock; log time = monotonic).
     ``bug``: ``stale_completion`` accepts any attempt's call while its task is
     claimed; ``double_grant`` hands a claimed task out again; ``purge_pending`` purges
-    a pending task too (the newest one) with every purge."""
+    a pending task too (the newest one) with every purge; ``phantom`` hands out, at
+    every fifth claim, a task nobody put."""
 
     def __init__(self, bug: str = "") -> None:
         self.lock = threading.Lock()
@@ -87,6 +88,7 @@ class FakeQueue:
         self.revision = 0
         self.aids = 0
         self.puts = 0
+        self.claims = 0
 
     def queue(self, name: str) -> FakeQueue:
         return self
@@ -136,6 +138,27 @@ class FakeQueue:
             with self.lock:
                 now = time.monotonic()
                 self._tick(now)
+                self.claims += 1
+                if self.bug == "phantom" and self.claims % 5 == 0:
+                    # A task that appears from nowhere (no put), ready to be handed out.
+                    self.puts += 1
+                    tid = f"ghost{self.puts}"
+                    self.tasks[tid] = {
+                        "payload": {"id": f"ghost-{self.puts}", "n": 0, "pt": None},
+                        "status": "ready",
+                        "ready_at": now,
+                        "deadline": now + 1e9,
+                        "max_attempts": 3,
+                        "pt": None,
+                        "attempts": 0,
+                        "failures": 0,
+                        "current": None,
+                        "expires": 0.0,
+                        "result": None,
+                        "dead_reason": "",
+                    }
+                    # Handed out first, so the claim below takes it.
+                    self.tasks = {tid: self.tasks.pop(tid), **self.tasks}
                 statuses = ("ready", "claimed") if self.bug == "double_grant" else ("ready",)
                 for tid, task in self.tasks.items():
                     if task["status"] in statuses:
@@ -323,6 +346,17 @@ def test_a_queue_granting_one_task_twice_is_caught() -> None:
         if out["queue_exclusive"]["valid"] is False:
             return
     pytest.fail(f"a queue granting one task twice was not caught in {TRIES} runs")
+
+
+def test_a_queue_handing_out_a_task_nobody_put_is_caught() -> None:
+    """issue 37: before ``queue_origin`` this history passed every queue checker."""
+    for _events, out in _runs("phantom"):
+        verdict = out["queue_origin"]
+        if verdict["valid"] is False and "task claimed that no put could have created" in {
+            v["kind"] for v in verdict["violations"]
+        }:
+            return
+    pytest.fail(f"a queue handing out unput tasks was not caught in {TRIES} runs")
 
 
 def test_the_soak_janitor_purges_finished_tasks_and_every_checker_still_decides() -> None:
