@@ -82,8 +82,10 @@ THIRD_PARTY: dict[str, set[str]] = {
     "cli_queue": {"click"},
     "cli_top": {"click"},
     "cli_up": {"click"},
-    # mcp (the official MCP SDK) and pydantic (its argument models): raftlease mcp.
-    "mcp_server": {"mcp", "pydantic", "anyio"},
+    # mcp (the official MCP SDK) and pydantic (its argument models): raftlease mcp;
+    # typing_extensions (pydantic's own dependency): TypedDicts pydantic reads on
+    # Python 3.11, the tools' typed results.
+    "mcp_server": {"mcp", "pydantic", "anyio", "typing_extensions"},
     "cli_mcp": {"click", "anyio"},
 }
 
