@@ -24,6 +24,12 @@ key's queue). Errors: a tool never raises anything but ``ToolError``, whose text
 JSON object ``{"code", "message", "definite"}`` with the cluster's wire code (or
 ``INVALID_ARGUMENT`` for arguments refused here); an unexpected exception is reported
 by the SDK as a generic tool error and never ends the server.
+
+Tools refuse what they cannot honour: every input schema is strict (an unknown
+argument is refused, naming it and the accepted ones, never ignored), with the bounds
+this server applies; an argument the schema refuses is reported in a short text for a
+model (what is wrong, what is accepted), never pydantic's. Every tool has behaviour
+hints and a typed output schema; the text content carries the same object.
 """
 
 from __future__ import annotations
@@ -38,36 +44,354 @@ import signal
 import ssl
 import time
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, NotRequired, cast, get_args
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import Field, StrictFloat, StrictInt, StrictStr
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
+from mcp.types import (
+    CallToolResult,
+    EmptyResult,
+    InputRequiredResult,
+    LoggingLevel,
+    SetLevelRequestParams,
+    ToolAnnotations,
+)
+from pydantic import (
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    with_config,
+)
+
+# typing.TypedDict is not read by pydantic below Python 3.12 (nested in a result).
+from typing_extensions import TypedDict
 
 from ._version import __version__
 from .client.aio import AsyncClient
 from .client.aio_queue import AsyncTask
 from .errors import RaftLeaseError
-from .limits import MAX_CAPACITY, MAX_KEY_BYTES
+from .limits import (
+    MAX_CAPACITY,
+    MAX_ID_CHARS,
+    MAX_KEY_BYTES,
+    MAX_QUEUE_NAME_BYTES,
+    MAX_TASK_BACKOFF_MS,
+    MAX_TASK_CAP_BYTES,
+    MAX_TASK_CAPABILITIES,
+    MAX_TASK_ERROR_BYTES,
+    MAX_TASK_RESULT_BYTES,
+    MAX_VALUE_BYTES,
+)
 from .models import Holder, Lease
 from .recipes.sessions import AsyncSession
 
 log = logging.getLogger("raftlease.mcp")
 
-# Tool argument types: strict (no "12" -> 12, no true -> 1; a model's sloppy argument
-# is refused, not guessed), with the descriptions the host shows the model.
-Key = Annotated[StrictStr, Field(description="The lease key, e.g. gpus/node-4 or task/17.")]
-Seconds = Annotated[StrictFloat, Field(description="Seconds to wait in the key's queue.")]
-Count = Annotated[StrictInt, Field(description="A positive integer.")]
+# ------------------------------------------------------------------ arguments
+#
+# Every tool's input schema is strict (``additionalProperties: false``: an argument
+# the tool does not know is refused, never ignored), and its types too: no "12" -> 12,
+# no true -> 1; a model's sloppy argument is refused, not guessed. Bounds are those
+# this server applies. Strings are bounded twice: ``maxLength`` in the schema counts
+# characters (JSON Schema cannot count bytes), and the tool refuses more UTF-8 bytes
+# than the cluster takes; a limit in bytes is written so in each description.
 
-#: Longest wait a claim may ask for (an agent that needs longer asks again).
+#: Longest wait a claim or take_task may ask for (an agent that needs longer asks again).
 MAX_WAIT = 3600.0
 #: Most units a claim may take, and the largest capacity it may name (the server's).
 MAX_UNITS = MAX_CAPACITY
+#: Most leases one list_claims with a prefix returns.
+MAX_LIST_LIMIT = 1000
+#: Longest retry_after a fail_task may ask for (the queues' longest backoff).
+MAX_RETRY_AFTER = MAX_TASK_BACKOFF_MS / 1000.0
+#: Largest fencing token (tokens are signed 64-bit integers on the wire).
+MAX_TOKEN = 2**63 - 1
+#: Largest progress number the cluster records.
+MAX_PROGRESS = float(2**62)
+#: No NUL anywhere (both JSON Schema's ECMA-262 regexes and pydantic's read ``\x00``).
+_NO_NUL = r"^[^\x00]*$"
+
+Key = Annotated[
+    StrictStr,
+    Field(
+        min_length=1,
+        max_length=MAX_KEY_BYTES,
+        pattern=_NO_NUL,
+        description=(
+            f"The lease key, e.g. gpus/node-4 or task/17: 1 to {MAX_KEY_BYTES} UTF-8 bytes, "
+            "no NUL (the cluster's max_key_bytes, 512 by default, may be lower)."
+        ),
+    ),
+]
+TaskId = Annotated[
+    StrictStr,
+    Field(
+        min_length=1,
+        max_length=MAX_ID_CHARS,
+        description="A task_id returned by take_task in this MCP session.",
+    ),
+]
+_CapName = Annotated[StrictStr, Field(min_length=1, max_length=MAX_TASK_CAP_BYTES)]
+_CapValue = Annotated[StrictStr, Field(max_length=MAX_TASK_CAP_BYTES)]
+
+
+ClaimWait = Annotated[
+    StrictFloat,
+    Field(
+        ge=0,
+        le=MAX_WAIT,
+        allow_inf_nan=False,
+        description=(
+            f"Seconds to wait in the key's fair queue while someone else holds it, 0 to "
+            f"{MAX_WAIT:g} (default 0: answer LEASE_HELD at once)."
+        ),
+    ),
+]
+TaskWait = Annotated[
+    StrictFloat,
+    Field(
+        ge=0,
+        le=MAX_WAIT,
+        allow_inf_nan=False,
+        description=(
+            f"Seconds to wait for a task to become ready in the queue, 0 to {MAX_WAIT:g} "
+            "(default 0: answer at once, with task null if none is ready)."
+        ),
+    ),
+]
+RetryAfter = Annotated[StrictFloat, Field(ge=0, le=MAX_RETRY_AFTER, allow_inf_nan=False)]
+
+#: Arguments the SDK may receive as JSON text (hosts that send every object as a
+#: string): only where a string can never be valid, so no string is reinterpreted.
+_OBJECT_ARGUMENTS = frozenset({"capabilities"})
+#: Units named in error messages.
+_UNIT = {"wait": " seconds", "retry_after": " seconds"}
+#: What to say about an unknown argument a model is likely to try.
+_UNKNOWN_HINT = {
+    "ttl": (
+        "claims have no ttl of their own: they last as long as this MCP session (kept "
+        "alive automatically, released when it ends)"
+    ),
+    "timeout": "the time to wait is 'wait', in seconds",
+    "lease_id": "claims are named by their key; lease ids are never shown",
+}
+
+
+# ------------------------------------------------------------------ results
+#
+# Every tool has a typed output schema (structured content with named fields,
+# additionalProperties false); the text content carries the same JSON object.
+
+
+@with_config(ConfigDict(extra="forbid"))
+class LostClaim(TypedDict):
+    """A claim or a taken task lost since the previous tool result: stop using it."""
+
+    key: NotRequired[Annotated[str, Field(description="The key of a lost claim.")]]
+    queue: NotRequired[Annotated[str, Field(description="The queue of a lost task.")]]
+    task_id: NotRequired[Annotated[str, Field(description="The id of a lost task.")]]
+    token: Annotated[int, Field(description="Its fencing token, no longer current.")]
+    reason: Annotated[str, Field(description="Why it was lost.")]
+
+
+_LostClaims = Annotated[
+    list[LostClaim],
+    Field(description="Claims and tasks lost since the previous call (reported once)."),
+]
+_Token = Annotated[int, Field(description="The fencing token: pass it to the protected resource.")]
+_ValidFor = Annotated[
+    float, Field(description="Seconds this server still trusts it (kept alive automatically).")
+]
+_UnitIndices = Annotated[
+    list[int],
+    Field(description="Which units of a pool of capacity 2..1024 it holds (e.g. GPU indices)."),
+]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ClaimView(TypedDict):
+    """One claim this session holds."""
+
+    key: str
+    owner: Annotated[str, Field(description="The owner label readers see.")]
+    token: _Token
+    valid_for: _ValidFor
+    units: Annotated[int, Field(description="Units of the key's capacity it holds.")]
+    unit_indices: NotRequired[_UnitIndices]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ClaimResult(TypedDict):
+    """The claim (a new one, or the one this session already held)."""
+
+    key: str
+    owner: Annotated[str, Field(description="The owner label readers see.")]
+    token: _Token
+    valid_for: _ValidFor
+    units: Annotated[int, Field(description="Units of the key's capacity it holds.")]
+    unit_indices: NotRequired[_UnitIndices]
+    already_held: NotRequired[
+        Annotated[bool, Field(description="True: this session held it already, same units.")]
+    ]
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class RenewResult(TypedDict):
+    """With `key`: that claim's fields. Without: `claims`, every claim still held."""
+
+    key: NotRequired[str]
+    owner: NotRequired[str]
+    token: NotRequired[_Token]
+    valid_for: NotRequired[_ValidFor]
+    units: NotRequired[int]
+    unit_indices: NotRequired[_UnitIndices]
+    claims: NotRequired[
+        Annotated[list[ClaimView], Field(description="Without key: each claim still held.")]
+    ]
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ReleaseResult(TypedDict):
+    key: str
+    token: Annotated[int, Field(description="The released claim's fencing token.")]
+    released: Annotated[bool, Field(description="Always true (a failure is a tool error).")]
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ReleaseFailure(TypedDict):
+    key: str
+    code: Annotated[str, Field(description="The cluster's error code.")]
+    definite: Annotated[bool, Field(description="False: the release may have happened.")]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ReleaseAllResult(TypedDict):
+    released: Annotated[list[str], Field(description="The keys released.")]
+    failed: NotRequired[
+        Annotated[list[ReleaseFailure], Field(description="Claims that could not be released.")]
+    ]
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class LeaseView(TypedDict):
+    """A live lease (anyone's). Never its lease id."""
+
+    key: str
+    owner: str
+    token: Annotated[int, Field(description="Its fencing token.")]
+    remaining: Annotated[float, Field(description="Seconds until it expires if not renewed.")]
+    units: int
+    value: NotRequired[Annotated[str, Field(description="The value it publishes.")]]
+    unit_indices: NotRequired[_UnitIndices]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class HolderView(TypedDict):
+    """A holder of the key. Never its lease id."""
+
+    key: str
+    owner: str
+    token: Annotated[int, Field(description="Its fencing token.")]
+    remaining: Annotated[float, Field(description="Seconds until it expires if not renewed.")]
+    units: int
+    value: NotRequired[Annotated[str, Field(description="The value it publishes.")]]
+    unit_indices: NotRequired[_UnitIndices]
+    mine: Annotated[bool, Field(description="True for this session's own claim.")]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class WhoHoldsResult(TypedDict):
+    key: str
+    held: Annotated[bool, Field(description="False: nobody holds it.")]
+    holders: list[HolderView]
+    capacity: NotRequired[Annotated[int, Field(description="A shared key's capacity.")]]
+    used: NotRequired[Annotated[int, Field(description="Units of a shared key in use.")]]
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ListClaimsResult(TypedDict):
+    """Without `prefix`: `claims` and `session_valid_for`. With it: `prefix`, `leases`."""
+
+    claims: NotRequired[
+        Annotated[list[ClaimView], Field(description="This session's claims, each checked.")]
+    ]
+    session_valid_for: NotRequired[
+        Annotated[float, Field(description="Seconds the lease session is trusted for.")]
+    ]
+    prefix: NotRequired[str]
+    leases: NotRequired[
+        Annotated[list[LeaseView], Field(description="Every live lease under prefix.")]
+    ]
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class CheckTokenResult(TypedDict):
+    key: str
+    token: int
+    current: Annotated[bool, Field(description="Is it the fencing token of a current holder?")]
+    lost_claims: NotRequired[_LostClaims]
+
+
+_AttemptToken = Annotated[int, Field(description="The attempt's fencing token.")]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class TakeTaskResult(TypedDict):
+    """A task taken, or `task: null` when none was ready."""
+
+    queue: str
+    task: NotRequired[Annotated[None, Field(description="Present (null) when none was ready.")]]
+    task_id: NotRequired[str]
+    token: NotRequired[_AttemptToken]
+    attempt: NotRequired[Annotated[int, Field(description="Which attempt this is (1 first).")]]
+    valid_for: NotRequired[_ValidFor]
+    payload: NotRequired[Annotated[Any, Field(description="The task's payload, a JSON value.")]]
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class TaskResult(TypedDict):
+    """The taken task, still this session's."""
+
+    queue: str
+    task_id: str
+    token: _AttemptToken
+    attempt: Annotated[int, Field(description="Which attempt this is (1 first).")]
+    valid_for: _ValidFor
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class CompleteResult(TypedDict):
+    queue: str
+    task_id: str
+    token: _AttemptToken
+    completed: Annotated[bool, Field(description="Always true (a failure is a tool error).")]
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class FailResult(TypedDict):
+    queue: str
+    task_id: str
+    token: _AttemptToken
+    failed: Annotated[bool, Field(description="Always true (a failure is a tool error).")]
+    lost_claims: NotRequired[_LostClaims]
 
 
 @dataclass(frozen=True)
@@ -113,10 +437,9 @@ def _from_raftlease(exc: RaftLeaseError) -> ToolError:
 def _check_key(key: str) -> str:
     if not isinstance(key, str) or not key:
         raise _tool_error("INVALID_ARGUMENT", "key must be a non-empty string")
-    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
-        raise _tool_error("INVALID_ARGUMENT", f"key is longer than {MAX_KEY_BYTES} bytes")
+    _check_bytes("key", key, MAX_KEY_BYTES)
     if "\x00" in key:
-        raise _tool_error("INVALID_ARGUMENT", "key must not contain NUL")
+        raise _tool_error("INVALID_ARGUMENT", "key must not contain the NUL character")
     return key
 
 
@@ -124,6 +447,20 @@ def _check_seconds(name: str, value: float, high: float) -> float:
     if isinstance(value, bool) or not math.isfinite(value) or value < 0 or value > high:
         raise _tool_error("INVALID_ARGUMENT", f"{name} must be between 0 and {high:g} seconds")
     return float(value)
+
+
+def _check_bytes(name: str, value: str, most: int) -> str:
+    """The byte limits the schema cannot state (its maxLength counts characters)."""
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise _tool_error("INVALID_ARGUMENT", f"{name} is not valid UTF-8 text") from None
+    if size > most:
+        raise _tool_error(
+            "INVALID_ARGUMENT",
+            f"{name} is {size} UTF-8 bytes; at most {most} are accepted: shorten it",
+        )
+    return value
 
 
 def _check_count(name: str, value: int, high: int = MAX_UNITS) -> int:
@@ -177,6 +514,13 @@ class ClaimBook:
         self._opening = asyncio.Lock()
         #: Closing lease sessions given up as lost (see ``_collect_session_loss``).
         self._closing: set[asyncio.Task[None]] = set()
+        #: The capacity each claim was made with (a Lease does not carry it).
+        self._capacity: dict[str, int] = {}
+        #: The least severe log level the client takes (``logging/setLevel``).
+        self.log_level = "debug"
+
+    def set_log_level(self, level: str) -> None:
+        self.log_level = level
 
     # ------------------------------------------------------------- lifetime
 
@@ -264,7 +608,9 @@ class ClaimBook:
         if self._lost:
             lost, self._lost = self._lost, []
             body["lost_claims"] = lost
-            if ctx is not None:
+            if ctx is not None and _LOG_LEVELS.index(self.log_level) <= _LOG_LEVELS.index(
+                "warning"
+            ):
                 await _notify_lost(ctx, lost)
         return body
 
@@ -277,12 +623,12 @@ class ClaimBook:
         wait = _check_seconds("wait", wait, MAX_WAIT)
         capacity = _check_count("capacity", capacity)
         units = _check_count("units", units, capacity)
-        if value is not None and not isinstance(value, str):
-            raise _tool_error("INVALID_ARGUMENT", "value must be a string")
+        if value is not None:
+            _check_bytes("value", value, MAX_VALUE_BYTES)
         self._collect_session_loss()
         held = self.claims.get(key)
         if held is not None and held.valid:
-            return {**self._claim_view(held), "already_held": True}
+            return {**self._claim_view(held), **self._same_claim(key, held, units, capacity, value)}
         if key in self._claiming:
             raise _tool_error("INVALID_ARGUMENT", f"a claim of {key!r} is already in progress")
         self._claiming.add(key)
@@ -295,9 +641,34 @@ class ClaimBook:
             except RaftLeaseError as exc:
                 raise _from_raftlease(exc) from None
             self.claims[key] = lease
+            self._capacity[key] = capacity
             return self._claim_view(lease)
         finally:
             self._claiming.discard(key)
+
+    def _same_claim(
+        self, key: str, held: Lease, units: int, capacity: int, value: str | None
+    ) -> dict[str, Any]:
+        """A claim of a key this session holds: the held claim if it is the one asked
+        for, else a definite error saying what is held and how to change it (units are
+        never changed in place, so a silent ``already_held`` would leave the model
+        believing it holds what it asked for)."""
+        had = self._capacity.get(key, 1)
+        if (held.units, had) != (units, capacity):
+            raise _tool_error(
+                "INVALID_ARGUMENT",
+                f"this session already holds {key!r} with {held.units} of {had} units "
+                f"(token {held.token}), not {units} of {capacity}; to change that, release "
+                f"{key!r} and claim it again, or claim with units={held.units} and "
+                f"capacity={had} to get the claim it holds",
+            )
+        if value is not None and value != held.value:
+            raise _tool_error(
+                "INVALID_ARGUMENT",
+                f"this session already holds {key!r} (token {held.token}) publishing another "
+                f"value; to publish this one, release {key!r} and claim it again",
+            )
+        return {"already_held": True}
 
     async def _verify(self, key: str, lease: Lease) -> bool:
         """Is our claim of ``key`` still the cluster's (not revoked or expired)?"""
@@ -315,12 +686,18 @@ class ClaimBook:
             _check_key(key)
             if key not in self.claims:
                 self._collect_session_loss()
-                raise _tool_error("LEASE_NOT_FOUND", f"this session holds no claim of {key!r}")
+                raise _tool_error(
+                    "LEASE_NOT_FOUND",
+                    f"this session holds no claim of {key!r} (list_claims shows what it holds)",
+                )
         self._collect_session_loss()
         session = self.session
         if session is None:
             if key is not None:
-                raise _tool_error("LEASE_NOT_FOUND", f"this session holds no claim of {key!r}")
+                raise _tool_error(
+                    "LEASE_NOT_FOUND",
+                    f"this session holds no claim of {key!r} (list_claims shows what it holds)",
+                )
             return {"claims": []}
         try:
             await session.keepalive()
@@ -337,7 +714,9 @@ class ClaimBook:
                 views.append(self._claim_view(lease))
         if key is not None:
             if not views:
-                raise _tool_error("LEASE_NOT_FOUND", f"the claim of {key!r} was lost")
+                raise _tool_error(
+                    "LEASE_NOT_FOUND", f"the claim of {key!r} was lost: stop using it"
+                )
             return views[0]
         return {"claims": views}
 
@@ -346,7 +725,10 @@ class ClaimBook:
         self._collect_session_loss()
         lease = self.claims.get(key)
         if lease is None:
-            raise _tool_error("LEASE_NOT_FOUND", f"this session holds no claim of {key!r}")
+            raise _tool_error(
+                "LEASE_NOT_FOUND",
+                f"this session holds no claim of {key!r} (list_claims shows what it holds)",
+            )
         try:
             await self.client.release(lease)
         except RaftLeaseError as exc:
@@ -397,9 +779,8 @@ class ClaimBook:
         every live lease under it."""
         self._collect_session_loss()
         if prefix is not None:
-            if len(prefix.encode("utf-8", "replace")) > MAX_KEY_BYTES:
-                raise _tool_error("INVALID_ARGUMENT", f"prefix exceeds {MAX_KEY_BYTES} bytes")
-            limit = _check_count("limit", limit, 1000)
+            _check_bytes("prefix", prefix, MAX_KEY_BYTES)
+            limit = _check_count("limit", limit, MAX_LIST_LIMIT)
             try:
                 holders = await self.client.leases(prefix, limit=limit)
             except RaftLeaseError as exc:
@@ -435,15 +816,21 @@ class ClaimBook:
         self._collect_session_loss()
         task = self.tasks.get(task_id)
         if task is None:
-            raise _tool_error("TASK_NOT_FOUND", f"this session holds no task {task_id!r}")
+            raise _tool_error(
+                "TASK_NOT_FOUND", f"this session holds no task {task_id!r}: take one with take_task"
+            )
         return task
 
     async def take_task(
         self, queue: str, wait: float, capabilities: dict[str, str] | None
     ) -> dict[str, Any]:
-        if not queue or len(queue.encode("utf-8", "replace")) > 256:
-            raise _tool_error("INVALID_ARGUMENT", "queue must be a name of 1 to 256 bytes")
+        if not queue:
+            raise _tool_error("INVALID_ARGUMENT", "queue must not be empty")
+        _check_bytes("queue", queue, MAX_QUEUE_NAME_BYTES)
         wait = _check_seconds("wait", wait, MAX_WAIT)
+        for name, offered in (capabilities or {}).items():
+            _check_bytes("a capabilities name", name, MAX_TASK_CAP_BYTES)
+            _check_bytes(f"capabilities[{name!r}]", offered, MAX_TASK_CAP_BYTES)
         session = await self._live_session()
         try:
             task = await self.client.queue(queue).claim(
@@ -481,8 +868,9 @@ class ClaimBook:
             if how == "completed":
                 await task.complete(result)
             else:
+                _check_bytes("error", error, MAX_TASK_ERROR_BYTES)
                 if retry_after is not None:
-                    retry_after = _check_seconds("retry_after", retry_after, 300.0)
+                    retry_after = _check_seconds("retry_after", retry_after, MAX_RETRY_AFTER)
                 await task.fail(error, retry_after=retry_after)
         except RaftLeaseError as exc:
             if task.lost.is_set():
@@ -513,6 +901,184 @@ async def _notify_lost(ctx: Context, lost: list[dict[str, Any]]) -> None:
         log.debug("could not send the lost-claims log message", exc_info=True)
 
 
+# ------------------------------------------------------------------ refusals
+
+#: The protocol's log levels, least severe first.
+_LOG_LEVELS: tuple[str, ...] = get_args(LoggingLevel)
+
+_EXPECTED = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "float_type": "a number",
+    "dict_type": "an object mapping names to strings",
+    "bool_type": "true or false",
+    "finite_number": "a finite number",
+}
+_RANGE_ERRORS = frozenset({"greater_than_equal", "less_than_equal", "greater_than", "less_than"})
+
+
+def _shown(value: Any) -> str:
+    """How a refused value is named in a message: numbers as they are, anything else
+    by its JSON type (a string may be long, or carry what a transcript should not)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value) if abs(value) < 10**20 else f"{value:.6g}"
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:.6g}"
+    for kind, name in ((str, "a string"), (dict, "an object"), (list, "an array")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def _property(schema: dict[str, Any], name: str) -> dict[str, Any]:
+    """The argument's schema, its non-null branch merged in (bounds live there)."""
+    prop: dict[str, Any] = dict(schema.get("properties", {}).get(name, {}))
+    for branch in prop.pop("anyOf", []):
+        if branch.get("type") != "null":
+            prop.update(branch)
+    return prop
+
+
+def _refusal(tool: str, schema: dict[str, Any], error: Mapping[str, Any]) -> str:
+    """One refused argument, said for a model: what is wrong and what is accepted."""
+    loc = [str(part) for part in error["loc"]]
+    name = loc[0] if loc else "arguments"
+    if "[key]" in loc:
+        where = f"each name in {name}"
+    elif len(loc) > 1:
+        where = f"{name}[{loc[1]!r}]"
+    else:
+        where = name
+    kind, given = error["type"], error.get("input")
+    prop = _property(schema, name)
+    unit = _UNIT.get(name, "")
+    if kind == "extra_forbidden":
+        accepted = ", ".join(schema.get("properties", {}))
+        hint = f": {_UNKNOWN_HINT[name]}" if name in _UNKNOWN_HINT else ""
+        takes = f"It accepts: {accepted}." if accepted else "It takes no arguments."
+        return f"{tool} has no argument {name!r}{hint}. {takes}"
+    if kind == "missing":
+        return f"{name} is required."
+    if kind in _RANGE_ERRORS and len(loc) == 1:
+        low, high = _shown(prop.get("minimum")), _shown(prop.get("maximum"))
+        return f"{where} must be from {low} to {high}{unit}, not {_shown(given)}."
+    if kind == "string_too_short":
+        return f"{where} must not be empty."
+    if kind == "string_too_long":
+        most = error.get("ctx", {}).get("max_length")
+        return f"{where} is too long: at most {most} characters."
+    if kind == "too_long":
+        most = error.get("ctx", {}).get("max_length")
+        return f"{where} has too many entries: at most {most}."
+    if kind == "string_pattern_mismatch":
+        return f"{where} must not contain the NUL character."
+    if kind in _EXPECTED:
+        expected = _EXPECTED[kind] + (f" of{unit}" if unit else "")
+        return f"{where} must be {expected}, not {_shown(given)}."
+    return f"{where}: {error['msg']}."
+
+
+def _refused_arguments(tool: str, schema: dict[str, Any], exc: ValidationError) -> ToolError:
+    """A schema violation as the tool error every refusal uses, never pydantic's text
+    (its URL, its model names, the refused value echoed back)."""
+    said: list[str] = []
+    for error in exc.errors(include_url=False):
+        text = _refusal(tool, schema, error)
+        if text not in said:
+            said.append(text)
+    message = " ".join(said[:3]) + " Correct the arguments and call again."
+    return ToolError(
+        f"Error executing tool {tool}: "
+        + json.dumps({"code": "INVALID_ARGUMENT", "message": message, "definite": True})
+    )
+
+
+class _ArgumentsAsGiven(FuncMetadata):
+    """The SDK's argument handling, except that a string is reinterpreted as JSON only
+    for an object argument (``_OBJECT_ARGUMENTS``): a value, prefix or result that
+    happens to read as JSON ("null", "[1]") stays the string the model sent."""
+
+    def pre_parse_json(self, data: dict[str, Any]) -> dict[str, Any]:
+        objects = {name: value for name, value in data.items() if name in _OBJECT_ARGUMENTS}
+        return {**data, **super().pre_parse_json(objects)}
+
+
+def _strict_tool(fn: Callable[..., Any], hints: ToolAnnotations) -> Tool:
+    """``fn`` as a tool whose arguments are refused when unknown (the SDK's argument
+    model ignores them), with typed structured output and ``hints``."""
+    tool = Tool.from_function(fn, annotations=hints, structured_output=True)
+    loose = tool.fn_metadata
+    strict = cast(
+        "type[ArgModelBase]",
+        type(
+            loose.arg_model.__name__,
+            (loose.arg_model,),
+            {"model_config": ConfigDict(extra="forbid"), "__module__": __name__},
+        ),
+    )
+    tool.fn_metadata = _ArgumentsAsGiven(
+        arg_model=strict,
+        output_schema=loose.output_schema,
+        output_model=loose.output_model,
+        wrap_output=loose.wrap_output,
+    )
+    tool.parameters = strict.model_json_schema(by_alias=True)
+    return tool
+
+
+def _hints(
+    title: str, *, read_only: bool, destructive: bool = False, idempotent: bool = True
+) -> ToolAnnotations:
+    """A tool's behaviour hints (all tools act on this one cluster: a closed world)."""
+    return ToolAnnotations(
+        title=title,
+        read_only_hint=read_only,
+        destructive_hint=destructive,
+        idempotent_hint=idempotent,
+        open_world_hint=False,
+    )
+
+
+class _Server(MCPServer[Any]):
+    """``MCPServer`` whose argument refusals are written for a model, and which
+    declares the logging capability (it sends the lost-claims warning)."""
+
+    def __init__(self, schemas: dict[str, dict[str, Any]], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._schemas = schemas
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        context: Context[Any, Any] | None = None,
+    ) -> CallToolResult | InputRequiredResult:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError) and not isinstance(exc, UnexpectedToolError):
+                raise _refused_arguments(name, self._schemas.get(name, {}), cause) from cause
+            raise
+
+    def serve_log_level(self, on_level: Callable[[str], None]) -> None:
+        """Serve ``logging/setLevel``: the SDK declares the logging capability exactly
+        when that request has a handler (the protocol asks a server that sends log
+        messages to declare it, and to honour the level a client sets)."""
+
+        async def set_level(_: Any, params: SetLevelRequestParams) -> EmptyResult:
+            on_level(params.level)
+            return EmptyResult()
+
+        self._lowlevel_server.add_request_handler(
+            "logging/setLevel", SetLevelRequestParams, set_level
+        )
+
+
 def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
     """The MCP server and its claim book (not started: ``run_stdio``)."""
     book = ClaimBook(options)
@@ -529,8 +1095,229 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
             with anyio.CancelScope(shield=True), anyio.move_on_after(10.0):
                 await book.close()
 
-    server: MCPServer[Any] = MCPServer(
-        "raftlease",
+    async def claim(
+        key: Key,
+        ctx: Context,
+        wait: ClaimWait = 0.0,
+        units: Annotated[
+            StrictInt,
+            Field(
+                ge=1,
+                le=MAX_UNITS,
+                description=f"Units of the pool to take, 1 to {MAX_UNITS} and at most capacity.",
+            ),
+        ] = 1,
+        capacity: Annotated[
+            StrictInt,
+            Field(
+                ge=1,
+                le=MAX_CAPACITY,
+                description=(
+                    f"The pool's or semaphore's size, 1 to {MAX_CAPACITY} (default 1: a "
+                    "lock); every claim of the key must name the same."
+                ),
+            ),
+        ] = 1,
+        value: Annotated[
+            Annotated[StrictStr, Field(max_length=MAX_VALUE_BYTES)] | None,
+            Field(
+                description=(
+                    f"Text to publish with the claim (readers see it), at most "
+                    f"{MAX_VALUE_BYTES} UTF-8 bytes."
+                )
+            ),
+        ] = None,
+    ) -> ClaimResult:
+        """Claim (acquire) `key` for this agent, waiting up to `wait` seconds in the
+        key's fair queue if someone else holds it. For a pool or semaphore give its
+        `capacity` and the `units` you need. Returns the fencing `token` (pass it to
+        the protected resource), `valid_for` (seconds), and for pools `unit_indices`
+        (e.g. GPU indices for CUDA_VISIBLE_DEVICES). The claim lasts as long as this
+        MCP session: there is no ttl. Claiming a key this session holds returns that
+        claim (`already_held`) if units, capacity and value match, and an error saying
+        what it holds otherwise. Error LEASE_HELD: someone else holds it (detail says
+        who)."""
+        body = await book.claim(key, wait, units, capacity, value)
+        return cast(ClaimResult, await book.result(ctx, body))
+
+    async def renew(
+        ctx: Context,
+        key: Annotated[
+            Key | None,
+            Field(description="The claim to renew (default: every claim of this session)."),
+        ] = None,
+    ) -> RenewResult:
+        """Refresh this session's claims now (they are also kept alive automatically)
+        and check with the cluster that they are still held. With `key`, that claim
+        only: returns its token and `valid_for`; without, `claims`. Error
+        LEASE_NOT_FOUND: the claim is gone (stop using it)."""
+        return cast(RenewResult, await book.result(ctx, await book.renew(key)))
+
+    async def release(key: Key, ctx: Context) -> ReleaseResult:
+        """Release this session's claim of `key` (the next waiter gets it at once).
+        Error LEASE_NOT_FOUND: this session holds no claim of it."""
+        return cast(ReleaseResult, await book.result(ctx, await book.release(key)))
+
+    async def release_all(ctx: Context) -> ReleaseAllResult:
+        """Release every claim this session holds. Returns the keys released (and
+        `failed` for any that could not be)."""
+        return cast(ReleaseAllResult, await book.result(ctx, await book.release_all()))
+
+    async def who_holds(key: Key, ctx: Context) -> WhoHoldsResult:
+        """Who holds `key` now: owner, fencing token, remaining seconds, units (and
+        `mine` for this session's own claim). `held` is false when it is free.
+        Changes nothing."""
+        return cast(WhoHoldsResult, await book.result(ctx, await book.who_holds(key)))
+
+    async def list_claims(
+        ctx: Context,
+        prefix: Annotated[
+            Annotated[StrictStr, Field(max_length=MAX_KEY_BYTES)] | None,
+            Field(
+                description=(
+                    "List every live lease whose key starts with this (anyone's), instead "
+                    f"of this session's claims; at most {MAX_KEY_BYTES} UTF-8 bytes."
+                )
+            ),
+        ] = None,
+        limit: Annotated[
+            StrictInt,
+            Field(
+                ge=1,
+                le=MAX_LIST_LIMIT,
+                description=f"Most leases to list with prefix, 1 to {MAX_LIST_LIMIT}.",
+            ),
+        ] = 100,
+    ) -> ListClaimsResult:
+        """This session's claims (each checked with the cluster), or, with `prefix`,
+        every live lease whose key starts with it (anyone's, up to `limit`). Changes
+        nothing."""
+        return cast(ListClaimsResult, await book.result(ctx, await book.list_claims(prefix, limit)))
+
+    async def check_token(
+        key: Key,
+        token: Annotated[
+            StrictInt,
+            Field(ge=0, le=MAX_TOKEN, description="A fencing token from a claim."),
+        ],
+        ctx: Context,
+    ) -> CheckTokenResult:
+        """Is `token` the fencing token of a current holder of `key`? A protected
+        resource asks this before accepting work from a claim holder. Changes
+        nothing."""
+        return cast(CheckTokenResult, await book.result(ctx, await book.check_token(key, token)))
+
+    async def take_task(
+        queue: Annotated[
+            StrictStr,
+            Field(
+                min_length=1,
+                max_length=MAX_QUEUE_NAME_BYTES,
+                description=(
+                    f"The task queue's name, 1 to {MAX_QUEUE_NAME_BYTES} UTF-8 bytes (the "
+                    "cluster's max_key_bytes may be lower)."
+                ),
+            ),
+        ],
+        ctx: Context,
+        wait: TaskWait = 0.0,
+        capabilities: Annotated[
+            Annotated[
+                dict[_CapName, _CapValue],
+                Field(max_length=MAX_TASK_CAPABILITIES),
+            ]
+            | None,
+            Field(
+                description=(
+                    "What this agent offers, names to strings (tasks may require some): "
+                    f"at most {MAX_TASK_CAPABILITIES} entries, each name and value at most "
+                    f"{MAX_TASK_CAP_BYTES} UTF-8 bytes."
+                )
+            ),
+        ] = None,
+    ) -> TakeTaskResult:
+        """Take the next ready task from `queue`, waiting up to `wait` seconds for one
+        to become ready. Returns `task_id`, `payload`, the attempt's fencing `token`
+        and `valid_for`; `task` is null when none was ready. Each call takes another
+        task. The attempt lasts as long as this MCP session: finish it with
+        complete_task or fail_task."""
+        return cast(
+            TakeTaskResult, await book.result(ctx, await book.take_task(queue, wait, capabilities))
+        )
+
+    async def heartbeat(
+        task_id: TaskId,
+        ctx: Context,
+        progress: Annotated[
+            Annotated[StrictFloat, Field(ge=-MAX_PROGRESS, le=MAX_PROGRESS, allow_inf_nan=False)]
+            | None,
+            Field(description="Progress to record with the task, any number (e.g. a fraction)."),
+        ] = None,
+    ) -> TaskResult:
+        """Report that a taken task is still being worked on (with optional
+        `progress`). Error STALE_ATTEMPT: the task was given to someone else (stop
+        working on it)."""
+        return cast(TaskResult, await book.result(ctx, await book.heartbeat(task_id, progress)))
+
+    async def complete_task(
+        task_id: TaskId,
+        ctx: Context,
+        result: Annotated[
+            Any,
+            Field(
+                description=(
+                    "The task's result, any JSON value (a string stays a string), at most "
+                    f"{MAX_TASK_RESULT_BYTES} bytes as JSON text."
+                )
+            ),
+        ] = None,
+    ) -> CompleteResult:
+        """Finish a taken task with `result`. Error STALE_ATTEMPT: this attempt is
+        no longer current (its result is refused; exactly one completion counts)."""
+        body = await book.finish_task(task_id, "completed", result)
+        return cast(CompleteResult, await book.result(ctx, body))
+
+    async def fail_task(
+        task_id: TaskId,
+        ctx: Context,
+        error: Annotated[
+            StrictStr,
+            Field(
+                max_length=MAX_TASK_ERROR_BYTES,
+                description=f"What went wrong, at most {MAX_TASK_ERROR_BYTES} UTF-8 bytes.",
+            ),
+        ] = "",
+        retry_after: Annotated[
+            RetryAfter | None,
+            Field(
+                description=(
+                    f"Seconds before the task may be retried, 0 to {MAX_RETRY_AFTER:g} "
+                    "(default: the queue's backoff)."
+                )
+            ),
+        ] = None,
+    ) -> FailResult:
+        """Give up on a taken task: it is retried later (or dead-lettered once out of
+        attempts)."""
+        body = await book.finish_task(task_id, "failed", error=error, retry_after=retry_after)
+        return cast(FailResult, await book.result(ctx, body))
+
+    tools = [
+        _strict_tool(claim, _hints("Claim a key", read_only=False)),
+        _strict_tool(renew, _hints("Renew claims", read_only=False)),
+        _strict_tool(release, _hints("Release a claim", read_only=False, destructive=True)),
+        _strict_tool(release_all, _hints("Release every claim", read_only=False, destructive=True)),
+        _strict_tool(who_holds, _hints("Who holds a key", read_only=True)),
+        _strict_tool(list_claims, _hints("List claims or leases", read_only=True)),
+        _strict_tool(check_token, _hints("Check a fencing token", read_only=True)),
+        _strict_tool(take_task, _hints("Take a task", read_only=False, idempotent=False)),
+        _strict_tool(heartbeat, _hints("Heartbeat a task", read_only=False)),
+        _strict_tool(complete_task, _hints("Complete a task", read_only=False, destructive=True)),
+        _strict_tool(fail_task, _hints("Fail a task", read_only=False, destructive=True)),
+    ]
+    server = _Server(
+        {tool.name: tool.parameters for tool in tools},
+        name="raftlease",
         version=__version__,
         instructions=(
             "Leases on a raftlease cluster. claim a key before using what it protects and "
@@ -541,117 +1328,9 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
         ),
         lifespan=lifespan,
         log_level="WARNING",
+        tools=tools,
     )
-
-    @server.tool()
-    async def claim(
-        key: Key,
-        ctx: Context,
-        wait: Seconds = 0.0,
-        units: Annotated[StrictInt, Field(description="Units of a pool to take.")] = 1,
-        capacity: Annotated[StrictInt, Field(description="The pool's size (1: a lock).")] = 1,
-        value: Annotated[StrictStr | None, Field(description="A value to publish.")] = None,
-    ) -> dict[str, Any]:
-        """Claim (acquire) `key` for this agent, waiting up to `wait` seconds in the
-        key's fair queue if someone else holds it. For a pool or semaphore give its
-        `capacity` and the `units` you need. Returns the fencing `token` (pass it to
-        the protected resource), `valid_for` (seconds), and for pools `unit_indices`
-        (e.g. GPU indices for CUDA_VISIBLE_DEVICES). The claim lives as long as this
-        MCP session. Error LEASE_HELD: someone else holds it (detail says who)."""
-        return await book.result(ctx, await book.claim(key, wait, units, capacity, value))
-
-    @server.tool()
-    async def renew(ctx: Context, key: Key | None = None) -> dict[str, Any]:
-        """Refresh the claims now (they are also kept alive automatically) and check
-        they are still held. With `key`, that claim only. Returns token and
-        `valid_for` per claim; error LEASE_NOT_FOUND if the claim is gone."""
-        return await book.result(ctx, await book.renew(key))
-
-    @server.tool()
-    async def release(key: Key, ctx: Context) -> dict[str, Any]:
-        """Release this session's claim of `key` (the next waiter gets it at once)."""
-        return await book.result(ctx, await book.release(key))
-
-    @server.tool()
-    async def release_all(ctx: Context) -> dict[str, Any]:
-        """Release every claim this session holds. Returns the keys released."""
-        return await book.result(ctx, await book.release_all())
-
-    @server.tool()
-    async def who_holds(key: Key, ctx: Context) -> dict[str, Any]:
-        """Who holds `key` now: owner, fencing token, remaining seconds, units (and
-        `mine` for this session's own claim). `held` is false when it is free."""
-        return await book.result(ctx, await book.who_holds(key))
-
-    @server.tool()
-    async def list_claims(
-        ctx: Context, prefix: StrictStr | None = None, limit: Count = 100
-    ) -> dict[str, Any]:
-        """This session's claims (each checked with the cluster), or, with `prefix`,
-        every live lease whose key starts with it (anyone's, up to `limit`)."""
-        return await book.result(ctx, await book.list_claims(prefix, limit))
-
-    @server.tool()
-    async def check_token(
-        key: Key,
-        token: Annotated[StrictInt, Field(description="A fencing token from a claim.")],
-        ctx: Context,
-    ) -> dict[str, Any]:
-        """Is `token` the fencing token of the current holder of `key`? A protected
-        resource asks this before accepting work from a claim holder."""
-        return await book.result(ctx, await book.check_token(key, token))
-
-    @server.tool()
-    async def take_task(
-        queue: Annotated[StrictStr, Field(description="The task queue's name.")],
-        ctx: Context,
-        wait: Seconds = 0.0,
-        capabilities: Annotated[
-            dict[StrictStr, StrictStr] | None,
-            Field(description="What this agent offers (tasks may require some)."),
-        ] = None,
-    ) -> dict[str, Any]:
-        """Take the next ready task from `queue` (waiting up to `wait` seconds for
-        one). Returns `task_id`, `payload`, the attempt's fencing `token` and
-        `valid_for`; `task` is null when none was ready. The attempt lives as long as
-        this MCP session: finish it with complete_task or fail_task."""
-        return await book.result(ctx, await book.take_task(queue, wait, capabilities))
-
-    @server.tool()
-    async def heartbeat(
-        task_id: StrictStr,
-        ctx: Context,
-        progress: Annotated[StrictFloat | None, Field(description="Progress, a number.")] = None,
-    ) -> dict[str, Any]:
-        """Report that a taken task is still being worked on (with optional
-        `progress`). Error STALE_ATTEMPT: the task was given to someone else."""
-        return await book.result(ctx, await book.heartbeat(task_id, progress))
-
-    @server.tool()
-    async def complete_task(
-        task_id: StrictStr,
-        ctx: Context,
-        result: Annotated[Any, Field(description="The task's result, any JSON value.")] = None,
-    ) -> dict[str, Any]:
-        """Finish a taken task with `result`. Error STALE_ATTEMPT: this attempt is
-        no longer current (its result is refused; exactly one completion counts)."""
-        return await book.result(ctx, await book.finish_task(task_id, "completed", result))
-
-    @server.tool()
-    async def fail_task(
-        task_id: StrictStr,
-        ctx: Context,
-        error: Annotated[StrictStr, Field(description="What went wrong.")] = "",
-        retry_after: Annotated[
-            StrictFloat | None, Field(description="Seconds before a retry (default: backoff).")
-        ] = None,
-    ) -> dict[str, Any]:
-        """Give up on a taken task: it is retried later (or dead-lettered once out of
-        attempts)."""
-        return await book.result(
-            ctx, await book.finish_task(task_id, "failed", error=error, retry_after=retry_after)
-        )
-
+    server.serve_log_level(book.set_log_level)
     return server, book
 
 

@@ -65,8 +65,10 @@ THIRD_PARTY: dict[str, set[str]] = {
     "protocol": {"msgpack"},
     # anyio: raftlease mcp runs the MCP server with it.
     "cli": {"click", "anyio"},
-    # mcp (the official MCP SDK) and pydantic (its argument models): raftlease mcp.
-    "mcp_server": {"mcp", "pydantic", "anyio"},
+    # mcp (the official MCP SDK) and pydantic (its argument models): raftlease mcp;
+    # typing_extensions (pydantic's own dependency): TypedDicts pydantic reads on
+    # Python 3.11, the tools' typed results.
+    "mcp_server": {"mcp", "pydantic", "anyio", "typing_extensions"},
 }
 
 

@@ -13,7 +13,13 @@ stdio (``mcp.ClientSession`` + ``stdio_client``), exactly as an agent host runs 
   message; the next claim opens a new lease session;
 * queue tools: take_task / heartbeat / complete_task / fail_task through the MCP
   session's lease session; ending the MCP session gives a taken task back;
-* hostile arguments are tool errors with a definite code and change nothing;
+* hostile arguments are tool errors with a definite code and change nothing: every
+  tool refuses a wrong type, an unknown argument (naming the accepted ones) and an
+  out-of-range value in words for a model, never pydantic's text;
+* every tool lists behaviour hints, a strict input schema with bounds and a typed
+  output schema, and every result's structured content is the text's object;
+* a claim of a key the session holds with other units is refused, saying what it holds;
+* the logging capability is declared and the level a client sets is honoured;
 * on a secured cluster the server uses the CLI's credentials (RAFTLEASE_CA_FILE,
   RAFTLEASE_AUTH_TOKEN) and the principal's permissions apply.
 """
@@ -26,6 +32,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -89,7 +96,26 @@ class Agent:
                 body = {"message": text}
             raise ToolFailed(body)
         parsed: dict[str, Any] = json.loads(text)
+        # Typed output: the structured content is the same object as the text (and
+        # the SDK client has checked it against the tool's output schema).
+        assert result.structured_content == parsed, (tool, result.structured_content, parsed)
         return parsed
+
+    async def refused(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The tool error's body for a call that must be refused, checked for the
+        shape every refusal has and for text written for a model."""
+        result = await self.session.call_tool(tool, arguments)
+        text = "".join(getattr(block, "text", "") for block in result.content)
+        assert result.is_error, (tool, arguments, text)
+        prefix = f"Error executing tool {tool}: "
+        assert text.startswith(prefix), text
+        body: dict[str, Any] = json.loads(text[len(prefix) :])
+        assert set(body) <= {"code", "message", "definite", "detail"}, body
+        assert body["code"] == "INVALID_ARGUMENT" and body["definite"] is True, body
+        for leaked in ("pydantic", "http", "validation error", "Input should", "Arguments"):
+            assert leaked not in body["message"], body["message"]
+        assert len(body["message"]) < 400, body["message"]
+        return body
 
 
 def server_pid(owner: str) -> int:
@@ -507,6 +533,7 @@ def test_bad_arguments_are_tool_errors_and_change_nothing(shared: LocalCluster) 
                 with pytest.raises(ToolFailed) as err:
                     await a.call(tool, **arguments)
                 assert err.value.body.get("message"), (tool, arguments)
+                assert "code" in err.value.body or tool == "no_such_tool", err.value.body
                 if "code" in err.value.body:
                     assert err.value.body["definite"] is True, (tool, arguments)
                     assert err.value.body["code"] in (
@@ -518,6 +545,216 @@ def test_bad_arguments_are_tool_errors_and_change_nothing(shared: LocalCluster) 
             assert (await a.call("list_claims"))["claims"] == []
             assert (await a.call("list_claims", prefix="mcp/bad"))["leases"] == []
             assert (await a.call("claim", key="mcp/bad"))["token"] > 0
+
+    run(main())
+
+
+#: Every tool, driven with a wrong type, an argument it does not have and an
+#: out-of-range value: (tool, arguments, the argument the refusal must name).
+#: HELD is a key the agent holds and TASK the task it has taken, so a refusal that
+#: went through would change something the test then finds changed.
+HELD, QUEUE = "mcp/strict/held", "mcp-strict-jobs"
+TASK = "<the taken task>"
+REFUSED: list[tuple[str, dict[str, Any], str]] = [
+    ("claim", {"key": 7}, "key"),
+    ("claim", {"key": "mcp/strict/ttl", "ttl": 30}, "ttl"),
+    ("claim", {"key": "mcp/strict/new", "wait": -1}, "wait"),
+    ("claim", {"key": "mcp/strict/new", "wait": 3601}, "wait"),
+    ("claim", {"key": "mcp/strict/new", "units": 0}, "units"),
+    ("claim", {"key": "mcp/strict/new", "capacity": 10**7}, "capacity"),
+    ("claim", {"key": "mcp/strict/new", "units": 1.5}, "units"),
+    ("claim", {"key": "mcp/strict/new", "value": "é" * 3000}, "value"),  # 6000 bytes
+    ("claim", {"key": "mcp/strict/\x00"}, "key"),
+    ("renew", {"key": 5}, "key"),
+    ("renew", {"key": HELD, "ttl": 30}, "ttl"),
+    ("renew", {"key": ""}, "key"),
+    ("release", {"key": [HELD]}, "key"),
+    ("release", {"key": HELD, "force": True}, "force"),
+    ("release", {"key": "k" * 5000}, "key"),
+    ("release_all", {"force": True}, "force"),
+    ("release_all", {"keys": [HELD]}, "keys"),
+    ("who_holds", {"key": None}, "key"),
+    ("who_holds", {"key": HELD, "consistency": "log"}, "consistency"),
+    ("who_holds", {"key": "é" * 2500}, "key"),  # 2,500 characters, 5,000 bytes
+    ("list_claims", {"limit": "10"}, "limit"),
+    ("list_claims", {"owner": "someone"}, "owner"),
+    ("list_claims", {"prefix": "mcp/", "limit": 0}, "limit"),
+    ("list_claims", {"prefix": "mcp/", "limit": 1001}, "limit"),
+    ("check_token", {"key": HELD, "token": "12"}, "token"),
+    ("check_token", {"key": HELD, "token": 1, "lease_id": "x"}, "lease_id"),
+    ("check_token", {"key": HELD, "token": -1}, "token"),
+    ("check_token", {"key": HELD, "token": 2**63}, "token"),
+    ("take_task", {"queue": QUEUE, "wait": "soon"}, "wait"),
+    ("take_task", {"queue": QUEUE, "lease_ttl": 5}, "lease_ttl"),
+    ("take_task", {"queue": QUEUE, "wait": 3601}, "wait"),
+    ("take_task", {"queue": QUEUE, "capabilities": {"gpu": 1}}, "capabilities"),
+    (
+        "take_task",
+        {"queue": QUEUE, "capabilities": {f"c{i}": "x" for i in range(65)}},
+        "capabilities",
+    ),
+    ("take_task", {"queue": "q" * 300}, "queue"),
+    ("heartbeat", {"task_id": TASK, "progress": "half"}, "progress"),
+    ("heartbeat", {"task_id": TASK, "progress": 0.5, "eta": 3}, "eta"),
+    ("heartbeat", {"task_id": TASK, "progress": 1e300}, "progress"),
+    ("complete_task", {"task_id": 5}, "task_id"),
+    ("complete_task", {"task_id": TASK, "result": 1, "status": "done"}, "status"),
+    ("complete_task", {"task_id": "t" * 200}, "task_id"),
+    ("fail_task", {"task_id": TASK, "error": 5}, "error"),
+    ("fail_task", {"task_id": TASK, "requeue": False}, "requeue"),
+    ("fail_task", {"task_id": TASK, "retry_after": 301}, "retry_after"),
+    ("fail_task", {"task_id": TASK, "retry_after": -1}, "retry_after"),
+]
+
+
+@pytest.mark.timeout(150)
+def test_every_tool_refuses_wrong_extra_and_out_of_range_arguments(shared: LocalCluster) -> None:
+    """Issue 44: `claim{"key": "z", "ttl": 30}` succeeded with the session's TTL (the
+    model believed it set 30 s). Now each tool refuses a wrong type, an unknown argument
+    and an out-of-range value, in the tool error shape, naming the argument (and the
+    accepted ones for an unknown one), and the cluster is left exactly as it was."""
+    assert {tool for tool, _, _ in REFUSED} == TOOLS
+
+    def cluster_state(c: Any, task_id: str) -> Any:
+        info = c.queue(QUEUE).get(task_id)
+        return (
+            sorted((h.key, h.token, h.units) for h in c.leases("mcp/strict/", limit=100)),
+            [(s.owner, s.leases) for s in c.sessions() if s.owner == "mcp-strict"],
+            (info.status, info.attempts, info.errors, info.token, info.progress),
+            c.queue(QUEUE).get(waiting).status,
+        )
+
+    with shared.client() as c:
+        c.queue(QUEUE).put({"n": 1})
+        waiting = c.queue(QUEUE).put({"n": 2})
+
+    async def main() -> None:
+        async with agent(shared, "mcp-strict") as a:
+            held = await a.call("claim", key=HELD, capacity=4, units=2)
+            taken = await a.call("take_task", queue=QUEUE)
+            with shared.client() as c:
+                before = cluster_state(c, taken["task_id"])
+            tools = {t.name: t for t in (await a.session.list_tools()).tools}
+            for tool, arguments, argument in REFUSED:
+                if arguments.get("task_id") == TASK:
+                    arguments = {**arguments, "task_id": taken["task_id"]}
+                body = await a.refused(tool, arguments)
+                assert argument in body["message"], (tool, arguments, body)
+                if argument not in tools[tool].input_schema["properties"]:
+                    # An unknown argument: the refusal lists what the tool accepts.
+                    accepted = list(tools[tool].input_schema["properties"])
+                    assert all(name in body["message"] for name in accepted), body
+            # ttl has a word of its own: there is no per-claim ttl to set.
+            ttl = await a.refused("claim", {"key": "mcp/strict/ttl", "ttl": 30})
+            assert "as long as this MCP session" in ttl["message"], ttl
+            with shared.client() as c:
+                assert cluster_state(c, taken["task_id"]) == before
+            # The session's own view is unchanged too: the claim and the task are held.
+            mine = await a.call("list_claims")
+            assert [(m["key"], m["token"], m["units"]) for m in mine["claims"]] == [
+                (HELD, held["token"], 2)
+            ]
+            beat = await a.call("heartbeat", task_id=taken["task_id"])
+            assert beat["token"] == taken["token"]
+            await a.call("complete_task", task_id=taken["task_id"], result="[1]")
+        with shared.client() as c:
+            # A string result stays a string (the SDK would have read "[1]" as a list).
+            assert c.queue(QUEUE).wait_result(taken["task_id"], timeout=30) == "[1]"
+
+    run(main())
+
+
+@pytest.mark.timeout(120)
+def test_tools_declare_hints_strict_inputs_and_typed_outputs(shared: LocalCluster) -> None:
+    read_only = {"who_holds", "list_claims", "check_token"}
+    destructive = {"release", "release_all", "complete_task", "fail_task"}
+
+    async def main() -> None:
+        async with agent(shared, "mcp-schemas") as a:
+            tools = {t.name: t for t in (await a.session.list_tools()).tools}
+            assert set(tools) == TOOLS
+            for name, tool in tools.items():
+                hints = tool.annotations
+                assert hints is not None and hints.title, name
+                assert hints.read_only_hint is (name in read_only), name
+                assert hints.destructive_hint is (name in destructive), name
+                assert hints.idempotent_hint is (name != "take_task"), name
+                assert hints.open_world_hint is False, name
+                inputs = tool.input_schema
+                assert inputs["type"] == "object" and inputs["additionalProperties"] is False
+                for arg, prop in inputs["properties"].items():
+                    assert "description" in prop, (name, arg)
+                outputs = tool.output_schema
+                assert outputs is not None, name
+                assert outputs["type"] == "object" and outputs["additionalProperties"] is False
+                assert "lost_claims" in outputs["properties"], name
+                assert len(outputs["properties"]) > 1, name
+            # Bounds are the ones the server applies.
+            claim = tools["claim"].input_schema["properties"]
+            assert (claim["wait"]["minimum"], claim["wait"]["maximum"]) == (0, 3600)
+            assert claim["key"]["maxLength"] == 4096 and claim["key"]["minLength"] == 1
+            assert claim["units"]["minimum"] == 1 and claim["capacity"]["maximum"] == 10**6
+            take_wait = tools["take_task"].input_schema["properties"]["wait"]["description"]
+            assert "task" in take_wait and "key" not in take_wait, take_wait
+            assert "fair queue" in claim["wait"]["description"]
+            claim_out = tools["claim"].output_schema
+            assert claim_out is not None
+            assert set(claim_out["required"]) == {"key", "owner", "token", "valid_for", "units"}
+            # Log messages are sent (lost claims), so the capability is declared.
+            caps = a.session.server_capabilities
+            assert caps is not None and caps.logging is not None
+
+    run(main())
+
+
+@pytest.mark.timeout(120)
+def test_claiming_a_held_key_with_other_units_is_refused_definitely(shared: LocalCluster) -> None:
+    """Issue 44: a claim of a key the session holds, with other units, answered
+    `already_held: true` and the model believed it held what it asked for."""
+
+    async def main() -> None:
+        async with agent(shared, "mcp-units") as a:
+            first = await a.call("claim", key="mcp/units", capacity=4, units=2, value="v1")
+            same = await a.call("claim", key="mcp/units", capacity=4, units=2)
+            assert same["already_held"] is True and same["token"] == first["token"]
+            for other in (
+                {"units": 3, "capacity": 4},
+                {"units": 1, "capacity": 4},
+                {"units": 2, "capacity": 8},
+                {"units": 2, "capacity": 4, "value": "v2"},
+            ):
+                body = await a.refused("claim", {"key": "mcp/units", **other})
+                assert "already holds 'mcp/units'" in body["message"], body
+                assert "release" in body["message"], body
+                if other["capacity"] == 4 and "value" not in other:
+                    assert "2 of 4 units" in body["message"], body
+            held = await a.call("who_holds", key="mcp/units")
+            assert [(h["token"], h["units"]) for h in held["holders"]] == [(first["token"], 2)]
+            # What the message says to do works: release, then claim with 3 units.
+            await a.call("release", key="mcp/units")
+            again = await a.call("claim", key="mcp/units", capacity=4, units=3)
+            assert again["units"] == 3 and again["token"] > first["token"]
+
+    run(main())
+
+
+@pytest.mark.timeout(120)
+def test_log_messages_follow_the_level_the_client_sets(shared: LocalCluster) -> None:
+    """The logging capability is declared, so logging/setLevel is honoured: a client
+    that asks for errors only gets no lost-claims warning (the result still says)."""
+
+    async def main() -> None:
+        async with agent(shared, "mcp-quiet") as a:
+            with warnings.catch_warnings():  # deprecated by the newest revision only
+                warnings.simplefilter("ignore")
+                await a.session.set_logging_level("error")
+            got = await a.call("claim", key="mcp/quiet")
+            with shared.client() as c:
+                c.revoke("mcp/quiet")
+            listed = await a.call("list_claims")
+            assert [lost["token"] for lost in listed["lost_claims"]] == [got["token"]]
+            await a.call("who_holds", key="mcp/quiet")  # one more round trip
+            assert a.logs == []
 
     run(main())
 
