@@ -438,8 +438,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    """SIGTERM handler (main thread): stop the run as Ctrl-C does, so ``run``'s
-    cleanup stops every node process instead of leaving them running."""
+    """SIGTERM and SIGINT handler (main thread): stop the run as Ctrl-C does, so
+    ``run``'s cleanup stops every node process instead of leaving them running. Set
+    for SIGINT too, not left to Python's default: a run started as a background job
+    inherits SIGINT ignored, and Ctrl-C must still stop it."""
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -573,7 +575,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sample-every must be positive")
     if args.nodes < 3:
         parser.error("--nodes must be at least 3")
-    signal.signal(signal.SIGTERM, _interrupt)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _interrupt)
     return run(args)
 
 

@@ -361,11 +361,13 @@ def test_quick_scale_phase_alone(tmp_path: Path) -> None:
 @pytest.mark.timeout(150)
 def test_interrupted_scale_phase_stops_every_process(tmp_path: Path) -> None:
     """SIGINT (Ctrl-C) while the agents run: the bench ends, and neither an agent
-    process nor a node process is left."""
+    process nor a node process is left. Started with SIGINT ignored, as a background
+    job inherits it: the bench sets its own handler rather than rely on Python's."""
     out = tmp_path / "bench"
     proc = subprocess.Popen(
         [sys.executable, str(BENCH), "--quick", "--only", "scale", "--out", str(out)],
         cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -62,6 +62,8 @@ def test_a_signal_stops_every_node_of_the_run(tmp_path: Path, sig: signal.Signal
             ],
             stdout=sink,
             stderr=subprocess.STDOUT,
+            # As a background job inherits it: the harness sets its own handlers.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
     nodes: dict[int, str] = {}
     try:

@@ -143,18 +143,22 @@ def run_all(ctx: Context, code: dict[str, str]) -> None:
 def run(
     profile: Profile, out: Path, only: set[str] | None, code: dict[str, str], argv: list[str]
 ) -> int:
-    """The whole run under a time limit of ``profile.max_seconds``; SIGALRM and
-    SIGTERM end it through the normal clean-up (clusters stopped, files written).
+    """The whole run under a time limit of ``profile.max_seconds``; SIGALRM, SIGTERM
+    and SIGINT end it through the normal clean-up (clusters stopped, files written).
+    SIGINT is set here too, not left to Python's default: a bench started as a
+    background job inherits SIGINT ignored, and Ctrl-C must still stop it.
     ``argv`` (the bench's arguments) is kept in meta so a published figure names
     the command that measured it."""
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGALRM:
             raise BenchTimeout(f"benchmark exceeded {profile.max_seconds:.0f} s")
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise BenchTimeout(f"stopped by signal {signal.Signals(signum).name}")
 
-    signal.signal(signal.SIGALRM, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     signal.alarm(int(profile.max_seconds))
     ctx = Context(profile, out, only)
     ctx.result["meta"]["argv"] = list(argv)
