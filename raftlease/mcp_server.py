@@ -299,16 +299,10 @@ class LeaseView(TypedDict):
 
 
 @with_config(ConfigDict(extra="forbid"))
-class HolderView(TypedDict):
-    """A holder of the key. Never its lease id."""
+class HolderView(LeaseView):
+    """A holder of the key: a ``LeaseView`` and whether it is this session's. Never
+    its lease id."""
 
-    key: str
-    owner: str
-    token: Annotated[int, Field(description="Its fencing token.")]
-    remaining: Annotated[float, Field(description="Seconds until it expires if not renewed.")]
-    units: int
-    value: NotRequired[Annotated[str, Field(description="The value it publishes.")]]
-    unit_indices: NotRequired[_UnitIndices]
     mine: Annotated[bool, Field(description="True for this session's own claim.")]
 
 
