@@ -300,8 +300,8 @@ class LeaseView(TypedDict):
 
 @with_config(ConfigDict(extra="forbid"))
 class HolderView(LeaseView):
-    """A holder of the key: a ``LeaseView`` and whether it is this session's. Never
-    its lease id."""
+    """A holder of the key, and whether it is this session's own claim. Never its
+    lease id."""
 
     mine: Annotated[bool, Field(description="True for this session's own claim.")]
 
