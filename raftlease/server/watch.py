@@ -138,6 +138,19 @@ class WatchHub:
             with contextlib.suppress(RuntimeError):  # loop closed during shutdown
                 loop.call_soon_threadsafe(self._publish, public, gap)
 
+    def restored(self, revision: int, loop: asyncio.AbstractEventLoop) -> None:
+        """Tick thread: a snapshot at ``revision`` replaced the state (the dump at
+        start, or one the leader installed). The history restarts after it: a watch
+        from an older revision gets ``COMPACTED`` (``_stream``: the revision is the
+        store's, the history is empty), and live watches end with ``COMPACTED``
+        rather than miss the changes the snapshot covers."""
+        self._history.clear()
+        self._history_size = 0
+        self._last = revision
+        if self._watchers:
+            with contextlib.suppress(RuntimeError):  # loop closed during shutdown
+                loop.call_soon_threadsafe(self._publish, [], True)
+
     def _publish(self, events: list[dict[str, Any]], gap: bool) -> None:
         """Event loop: feed live watches; after a history gap they end with
         ``COMPACTED`` rather than silently miss events."""
