@@ -471,7 +471,9 @@ class NodeServer:
         if request.op == "snapshot":
             return await self._snapshot(request)
         if request.op == "member_list":
-            return membership_ops.member_list(self.require_replica(), self.config.self_node.raft)
+            # The member set (members.json, then the log's), not the store: answered
+            # while the state is still being restored, as before the start-up gate.
+            return membership_ops.member_list(self.started_replica(), self.config.self_node.raft)
         if request.op in ("member_add", "member_remove"):
             self.require_leader()
             timeout = max(self.config.request_timeout, 10.0)
