@@ -128,6 +128,9 @@ class WatchEvent:
     units: int = 1
     #: The unit indices a pool lease holds (see ``Lease.unit_indices``).
     unit_indices: tuple[int, ...] = ()
+    #: On an end (release, expire, revoke, transfer): the same log entry grants the
+    #: key to the next holder (its ``grant`` follows): the key was never free.
+    handoff: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -372,3 +372,19 @@ def test_the_replicated_call_the_replica_pickles_itself_is_unchanged() -> None:
     # Commands PySyncObj pickles itself (membership, version, its own wrapper) are
     # protocol 2: journal.command_intact takes them as unsealed only as such.
     assert pysyncobj.pickle.dumps(["add", "n4"])[:2] == b"\x80\x02"
+
+
+def test_a_tick_loads_the_dump_then_applies_the_log_then_runs_tick_callbacks() -> None:
+    """``Replica.restored`` (the start-up gate of issue 37) is checked in a tick
+    callback: by then the same tick has loaded the dump file (``__needLoadDumpFile``
+    cleared) and applied the journal's committed entries. It relies on this order in
+    ``SyncObj._onTick`` and on the flag starting True."""
+    import inspect
+
+    tick = inspect.getsource(SyncObj._onTick)
+    load = tick.index("self.__loadDumpFile(clearJournal=False)")
+    cleared = tick.index("self.__needLoadDumpFile = False")
+    apply = tick.index("needSendAppendEntries = self.__applyLogEntries()")
+    callbacks = tick.index("for callback in self.__onTickCallbacks:")
+    assert load < cleared < apply < callbacks
+    assert "self.__needLoadDumpFile = True" in inspect.getsource(SyncObj.__init__)

@@ -607,6 +607,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
                             value=str(event.get("value", "")),
                             units=int(event.get("units", 1)),
                             unit_indices=tuple(int(i) for i in event.get("unit_indices", ())),
+                            handoff=bool(event.get("handoff", False)),
                         )
             except (ConnectionLostError, UnavailableError):
                 failures += 1

@@ -36,6 +36,8 @@ CLUSTER_OPS: tuple[Operation, ...] = (
             result("revision", "integer", "the change's revision", True),
             result("value", "string", "the lease's value"),
             result("units", "integer", "units of a shared key"),
+            result("handoff", "boolean", "on an end of a lease: the same log entry grants "
+                   "the key to the next holder (its grant follows)"),
         ),
         (("GET", "/v1/watch", "Stream changes (NDJSON or server-sent events)", "watch"),),
     ),
@@ -51,6 +53,8 @@ CLUSTER_OPS: tuple[Operation, ...] = (
             result("raft", "string", "its raft address", True),
             result("role", "string", "leader, follower, candidate, learner or recovering", True),
             result("ready", "boolean", "ready to serve", True),
+            result("restored", "boolean", "snapshot and journal loaded at start (until "
+                   "then it answers nothing from its state)"),
             result("leader", ("string", "null"), "the leader's client address", True),
             result("version", "string", "the raftlease version", True),
             result("term", "integer", "the raft term"),

@@ -8,7 +8,10 @@ Recipes layer over a plain lock on the key ``name``, attached to a lease session
   leader's fencing token; hand it to anything the leader writes to.
 * ``leader()`` is who leads now (owner, value, token) or None.
 * ``observe()`` yields the leader (or None) now and after every change, in log order:
-  an election, a ``proclaim``, a resignation, an expiry. Each carries its revision.
+  an election, a ``proclaim``, a resignation, an expiry. Each carries its revision. A
+  handoff (the leader resigns or expires and the next candidate is elected in the same
+  log entry) goes from one leader to the next with no ``None`` between; ``None`` only
+  when the lead really is vacant.
 * ``proclaim(value)`` publishes a new value (a new address) without losing the lead.
 * ``resign()`` gives the lead up; the next candidate in the queue is elected in the
   same log entry.
@@ -101,6 +104,12 @@ class AsyncElection:
             if event.type in ("grant", "proclaim"):
                 current = Leader(event.owner, event.value, event.token, event.revision)
             elif event.type in ("release", "expire", "revoke"):
+                if event.type == "release" and event.handoff:
+                    # A resignation that elects the next candidate in the same log
+                    # entry (its grant follows): the lead was never vacant, so no
+                    # None between the two (etcd-io/etcd#18163). An expiry still
+                    # shows None: the leader died, and observers learn that.
+                    continue
                 current = None
             else:
                 continue  # renew (no change) or transfer (its grant follows)

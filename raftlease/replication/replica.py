@@ -79,6 +79,9 @@ ENTRY_FORMAT_TOO_NEW = 71
 ProposeCallback = Callable[[Result | None, RaftLeaseError | None], None]
 #: Called on the tick thread after each applied entry with (entry, result).
 ApplyObserver = Callable[[dict[str, Any], Result], None]
+#: Called on the tick thread after a snapshot replaced the state, with its revision
+#: (the dump loaded at start, or one the leader installed).
+RestoreObserver = Callable[[int], None]
 
 
 def _fail_reason_error(reason: int) -> RaftLeaseError:
@@ -118,12 +121,16 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
     state machine (a test build injects a broken subclass; production never passes it)."""
 
     def __init__(
-        self, observer: ApplyObserver | None, store_class: type[LeaseStore] = LeaseStore
+        self,
+        observer: ApplyObserver | None,
+        store_class: type[LeaseStore] = LeaseStore,
+        on_restore: RestoreObserver | None = None,
     ) -> None:
         super().__init__()
         self.store_class = store_class
         self.store = store_class()
         self.observer = observer
+        self.on_restore = on_restore
         #: Seconds the state machine took for the entry applied last (tick thread;
         #: the observer reads it for the metrics).
         self.last_apply_seconds = 0.0
@@ -157,6 +164,11 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
             self.store.revision,
             self.store.now,
         )
+        if self.on_restore is not None:
+            try:
+                self.on_restore(store.revision)
+            except Exception:  # never raise on the tick thread
+                log.exception("restore observer raised")
 
     def halt(self, status: int) -> None:
         """Stop the process at once (tick thread; no exception may leave a replicated
@@ -247,8 +259,10 @@ class Replica:
         transport_class: type[LeaseTransport] = LeaseTransport,
         store_class: type[LeaseStore] = LeaseStore,
         recorder: SyncRecorder | None = None,
+        on_restore: RestoreObserver | None = None,
     ) -> None:
-        """``recorder``: a test build's record of what reached stable storage
+        """``on_restore``: told (tick thread) the revision of each snapshot that
+        replaced the state. ``recorder``: a test build's record of what reached stable storage
         (durable.SyncRecorder). ``guard_class`` (the leader-lease bookkeeping),
         ``transport_class`` (the PySyncObj transport) and ``store_class`` (the state
         machine): a test build injects broken ones through ``raftlease.testing.node``;
@@ -307,7 +321,7 @@ class Replica:
         trim_torn_tail(config.journal_file, config.dump_file)
         repair_journal(config.journal_file, config.dump_file)
         clamp_commit_index(config.journal_file, config.dump_file, recorder)
-        self._consumer = _StoreConsumer(observer, store_class)
+        self._consumer = _StoreConsumer(observer, store_class, on_restore)
         self._role = "follower"
         me = config.self_node
         conf = syncobj_conf(config)
@@ -338,6 +352,12 @@ class Replica:
         self._sync = GroupSendSyncObj(
             me.raft, peers, conf, consumers=[self._consumer], transportClass=bound
         )
+        #: The commit index in the journal found at start: the state this node had is
+        #: back once its snapshot is loaded and the log applied up to here.
+        self._start_commit = int(self._sync.raftCommitIndex)
+        #: Set once (tick thread) when the snapshot and the journal are restored
+        #: (``restored``); until then the store is empty or partly replayed.
+        self._restored = False
         self._sync.addOnTickCallback(self._on_tick)
         if self.peer_tls is not None:
             log.info(
@@ -682,8 +702,34 @@ class Replica:
         except OSError as exc:
             log.error("cannot record the removal in %s: %s", self.removed_path, exc)
 
+    def restored(self) -> bool:
+        """True once this node has loaded its snapshot (dump file) and applied its
+        journal up to the commit index it found at start: its state is again what it
+        had before the restart. Before that the store is empty or partly replayed and
+        nothing may be answered from it (a watch would start at revision 0, a read
+        would say "no holder"). Any thread (one attribute)."""
+        return self._restored
+
+    def _check_restored(self) -> None:
+        """Tick thread: PySyncObj loads the dump file in its first tick with a ready
+        transport (``__needLoadDumpFile``), then applies the journal's committed
+        entries in the same tick; tick callbacks run after both."""
+        sync = self._sync
+        if getattr(sync, "_SyncObj__needLoadDumpFile", False):
+            return
+        target = min(self._start_commit, int(sync.raftCommitIndex))
+        if int(sync.raftLastApplied) >= target:
+            self._restored = True
+            log.info(
+                "state restored: snapshot loaded, log applied to index %d (revision %d)",
+                int(sync.raftLastApplied),
+                self.store.revision,
+            )
+
     def _on_tick(self) -> None:
         """Tick thread: run scheduled calls, then take PySyncObj's member set."""
+        if not self._restored:
+            self._check_restored()
         while self._tick_calls:
             call = self._tick_calls.popleft()
             try:

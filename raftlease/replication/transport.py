@@ -150,6 +150,10 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._unknown_since: dict[Any, float] = {}
         self._kept: dict[str, Any] = {}  # removed in our log but leading us (dropNode)
         self._wake_timer: threading.Timer | None = None  # at most one pending (_wake_at)
+        # Members whose connection is up now (_onNodeConnected): a close of one of
+        # them is a signal to a node that has heard no leader yet (_leader_gone); a
+        # failed dial is not.
+        self._up: set[str] = set()
         # Leader: removed members told once their removal commits (_settle_leaving):
         # id -> (node, index of the change, deadline, telling until).
         self._leaving: dict[str, tuple[Any, int, float, float | None]] = {}
@@ -397,6 +401,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             self._onReadonlyNodeConnected(node)
             log.info("learner %s connected: streaming the log to it", node.id)
             return
+        self._up.add(str(node.id))
         super()._onNodeConnected(node)
 
     def _accept_learner(self, conn: Any, raft: str) -> None:
@@ -625,10 +630,12 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._wake_timer = timer
 
     def _onNodeDisconnected(self, node: Any) -> None:
+        was_up = str(node.id) in self._up
+        self._up.discard(str(node.id))
         super()._onNodeDisconnected(node)
-        self._leader_gone(node)
+        self._leader_gone(node, was_up)
 
-    def _leader_gone(self, node: Any) -> None:
+    def _leader_gone(self, node: Any, was_up: bool = True) -> None:
         """A follower whose connection to its leader closed runs for election when its
         vote promise ends, plus its rank's slot (``early_election_delay``), instead of
         at its full random election timeout from the last heartbeat (0.7 s on average
@@ -637,10 +644,26 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         old leader's lease relies on it, and ``refuse_vote`` would drop the vote
         requests anyway. A partition or a paused leader closes nothing and waits the
         usual timeout; a leader that is alive after all resets the deadline with its
-        next heartbeat, as PySyncObj does. Tick thread."""
+        next heartbeat, as PySyncObj does.
+
+        After a restart too: a node that has heard from no leader since it started
+        (``heard_ago`` None) knows no leader, yet its open connection to the leader
+        may be the one that closes (it restored its state from its own journal and
+        counted as caught up before the first heartbeat named the leader). Without
+        this it waited its random timeout while the other survivors ran in their
+        slots, and could split the vote with them. Such a node takes the close of a
+        member whose connection was up (``was_up``: not a failed dial) as its
+        leader's and runs in its rank's slot counted without that member, as the
+        other survivors do. If it was not the leader, the pre-vote fails (the others
+        still hear the leader) and nothing changes. Tick thread."""
         sync = self._syncObj
+        if sync._isLeader():
+            return
         leader = sync._getLeader()
-        if leader is None or str(leader.id) != str(node.id) or sync._isLeader():
+        if leader is None:
+            if not was_up or self.guard.heard_ago() is not None:
+                return
+        elif str(leader.id) != str(node.id):
             return
         rank = election_rank(
             str(self._selfNode.id), [str(n.id) for n in sync.otherNodes], str(node.id)

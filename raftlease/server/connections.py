@@ -326,6 +326,10 @@ class ClientPort:
                             request = dataclasses.replace(request, principal=who[0].name)
                     if request.op == "watch":
                         self._refuse_if_removed()
+                        # UNAVAILABLE (definite, retried) until the node's state is
+                        # restored: a watch accepted at revision 0 on a node still
+                        # loading its snapshot would skip the history it covers.
+                        self._revision()
                         with contextlib.suppress(ConnectionError):  # watcher gone or dropped
                             await self._watches.stream(
                                 request,

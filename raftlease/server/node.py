@@ -197,7 +197,7 @@ class NodeServer:
             config,
             self.clock,
             replica=lambda: self.replica,
-            require_replica=self.require_replica,
+            require_replica=self.started_replica,
             long_polls=lambda: self.polls.total,
             unauthenticated=self.port.unauthenticated,
             lease_reads=self.reads.lease_read_allowed,
@@ -376,6 +376,7 @@ class NodeServer:
             transport_class=self.hooks.transport_class,
             store_class=self.hooks.store_class,
             recorder=self.hooks.recorder,
+            on_restore=self._on_restored,
         )
         log.info(
             "node %s serving clients on %s, raft on %s, data in %s",
@@ -470,7 +471,9 @@ class NodeServer:
         if request.op == "snapshot":
             return await self._snapshot(request)
         if request.op == "member_list":
-            return membership_ops.member_list(self.require_replica(), self.config.self_node.raft)
+            # The member set (members.json, then the log's), not the store: answered
+            # while the state is still being restored, as before the start-up gate.
+            return membership_ops.member_list(self.started_replica(), self.config.self_node.raft)
         if request.op in ("member_add", "member_remove"):
             self.require_leader()
             timeout = max(self.config.request_timeout, 10.0)
@@ -543,6 +546,14 @@ class NodeServer:
         self.watches.record(events, loop)
         self.reads.wake(events, loop)  # acquires granted, claims granted, tasks finished
 
+    def _on_restored(self, revision: int) -> None:
+        """Tick thread: a snapshot replaced the state (the dump at start, or one the
+        leader installed): the watch history restarts at its revision, and live
+        watches end with ``COMPACTED`` rather than miss the changes it covers."""
+        loop = self._loop
+        if loop is not None:
+            self.watches.restored(revision, loop)
+
     async def propose(self, entry: dict[str, Any]) -> Result:
         """Replicate ``entry`` (batched with others of this event-loop turn, see
         ``proposer.Proposer``) and return its result."""
@@ -551,8 +562,22 @@ class NodeServer:
         return await self.proposer.propose(entry)
 
     def require_replica(self) -> Replica:
-        """The replica; raises ``UnavailableError`` while the node starts or waits
-        out an unclean stop (saying for how long)."""
+        """The replica, once its state is restored; raises ``UnavailableError``
+        (definite, retried by the clients) while the node starts, waits out an unclean
+        stop (saying for how long), or has not yet loaded its snapshot and replayed
+        its journal (``Replica.restored``): a watch, a stale or lease read, a
+        long-poll, the dashboard and the HTTP API answer nothing from a state that is
+        not yet the one the node had."""
+        replica = self.started_replica()
+        if not replica.restored():
+            raise UnavailableError(
+                "node is starting: its snapshot and journal are not restored yet; retry"
+            )
+        return replica
+
+    def started_replica(self) -> Replica:
+        """The replica, restored or not (``status``); raises ``UnavailableError``
+        while the node starts or waits out an unclean stop (saying for how long)."""
         if self.replica is None:
             if self.recovering_until is not None:
                 left = max(0.0, self.recovering_until - self.clock.monotonic())

@@ -77,6 +77,9 @@ class NodeStatus:
             "last_log_index": replica.last_log_index(),
             "leader": replica.membership.client_for_raft(leader) if leader else None,
             "ready": replica.is_ready(),
+            # Snapshot and journal loaded at start (until then the node answers
+            # nothing from its state: UNAVAILABLE).
+            "restored": replica.restored(),
             "log_time": store.now,
             "revision": store.revision,
             "leases": len(store.leases),

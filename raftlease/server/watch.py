@@ -49,8 +49,26 @@ _CLOSED = "closed"
 
 #: The fields of a store event a watch may see (never a lease id).
 PUBLIC_FIELDS = ("type", "key", "owner", "token", "revision", "value", "units")
-#: Public fields only some events have (a pool lease's unit indices).
-OPTIONAL_FIELDS = ("unit_indices",)
+#: Public fields only some events have (a pool lease's unit indices; ``handoff``).
+OPTIONAL_FIELDS = ("unit_indices", "handoff")
+#: Events that end a lease; one is a ``handoff`` when the same log entry grants the
+#: key to another owner after it (``mark_handoffs``).
+ENDS = ("release", "expire", "revoke", "transfer")
+
+
+def mark_handoffs(events: list[dict[str, Any]]) -> None:
+    """Mark ``handoff: True`` on each end of a lease (``ENDS``) that the same log
+    entry follows with a grant of the same key: the key passed from one holder to
+    the next in one step, and no reader of the log ever saw it free. A watcher (an
+    election observer) then knows a ``None`` between the two would be a vacancy that
+    never existed. ``events``: one applied entry's, in order; changed in place."""
+    granted_after: set[str] = set()
+    for event in reversed(events):
+        kind = event.get("type")
+        if kind == "grant":
+            granted_after.add(event["key"])
+        elif kind in ENDS and event.get("key") in granted_after:
+            event["handoff"] = True
 
 
 def event_bytes(event: dict[str, Any]) -> int:
@@ -113,6 +131,7 @@ class WatchHub:
             for e in events
             if "revision" in e and e.get("type") != "jump"
         ]
+        mark_handoffs(public)
         last = jumps[-1] if jumps else self._last
         if not public:
             self._last = last
@@ -137,6 +156,19 @@ class WatchHub:
         if self._watchers:
             with contextlib.suppress(RuntimeError):  # loop closed during shutdown
                 loop.call_soon_threadsafe(self._publish, public, gap)
+
+    def restored(self, revision: int, loop: asyncio.AbstractEventLoop) -> None:
+        """Tick thread: a snapshot at ``revision`` replaced the state (the dump at
+        start, or one the leader installed). The history restarts after it: a watch
+        from an older revision gets ``COMPACTED`` (``_stream``: the revision is the
+        store's, the history is empty), and live watches end with ``COMPACTED``
+        rather than miss the changes the snapshot covers."""
+        self._history.clear()
+        self._history_size = 0
+        self._last = revision
+        if self._watchers:
+            with contextlib.suppress(RuntimeError):  # loop closed during shutdown
+                loop.call_soon_threadsafe(self._publish, [], True)
 
     def _publish(self, events: list[dict[str, Any]], gap: bool) -> None:
         """Event loop: feed live watches; after a history gap they end with

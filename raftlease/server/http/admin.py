@@ -97,6 +97,8 @@ def readiness(replica: Replica | None, max_silence: float) -> tuple[bool, str]:
     term = replica.term()
     if replica.store.term != term:
         return False, f"no entry of the current term {term} applied yet"
+    if not replica.restored():
+        return False, "still loading its snapshot and journal"
     if not replica.is_ready():
         return False, "still catching up with the log it found at start"
     lag = replica.commit_index() - replica.last_applied()

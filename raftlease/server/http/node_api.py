@@ -52,8 +52,9 @@ class NodeApi(Protocol):
         ...
 
     def require_replica(self) -> Replica:
-        """The node's replica; raises ``UnavailableError`` while the node starts or
-        waits out an unclean stop."""
+        """The node's replica, once its state is restored; raises ``UnavailableError``
+        while the node starts, waits out an unclean stop, or has not yet loaded its
+        snapshot and replayed its journal."""
         ...
 
     def status(self) -> dict[str, Any]:
