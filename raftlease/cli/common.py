@@ -417,12 +417,13 @@ class SignalBox:
                 signal.signal(signum, old)
 
 
-def run_wait(client: Any, coro: Coroutine[Any, Any, T], what: str) -> T:
+def run_wait(client: Any, coro: Coroutine[Any, Any, T], what: str, grace: float) -> T:
     """Run a waiting call (``acquire --wait``, ``queue claim --wait``) under the signal
     policy: SIGINT or SIGTERM cancels it, which withdraws its waiter (the client's
-    cancellation), then exits 128 + the signal (130, 143) with one line on stderr."""
+    cancellation, given ``grace`` seconds: the command's --timeout), then exits 128 +
+    the signal (130, 143) with one line on stderr."""
     with SignalBox(STOP_SIGNALS).installed() as box:
-        result = run_until_signal(client, coro, box)
+        result = run_until_signal(client, coro, box, grace)
         if box.pending:
             signum = box.take() or signal.SIGINT
             click.echo(
@@ -434,14 +435,17 @@ def run_wait(client: Any, coro: Coroutine[Any, Any, T], what: str) -> T:
     return result  # type: ignore[return-value]
 
 
-def run_until_signal(client: Any, coro: Coroutine[Any, Any, T], box: SignalBox) -> T | None:
+def run_until_signal(
+    client: Any, coro: Coroutine[Any, Any, T], box: SignalBox, grace: float | None = None
+) -> T | None:
     """Run ``coro`` on the blocking client's loop; None if a signal arrived first (the
     coroutine is then cancelled and has finished its cleanup, e.g. withdrawn a queued
-    acquire, before this returns; the cleanup gets the client's deadline, and a second
-    signal cancels it at once). Blocks the calling (main) thread; raises what
-    ``coro`` raises."""
+    acquire, before this returns; the cleanup gets ``grace`` seconds, by default the
+    client's deadline, and a second signal cancels it at once). Blocks the calling
+    (main) thread; raises what ``coro`` raises."""
     loop = client.portal.loop
-    grace = float(getattr(client.aio, "deadline", 15.0))
+    if grace is None:
+        grace = float(getattr(client.aio, "deadline", 15.0))
     stop = asyncio.Event()
     running: list[asyncio.Future[T]] = []
 

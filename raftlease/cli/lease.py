@@ -94,7 +94,7 @@ def acquire(
                 # Reaching the cluster takes --timeout; the wait in the queue, --wait.
                 # SIGINT/SIGTERM withdraw the wait (exit 130/143).
                 coro = c.aio.acquire(key, timeout=timeout, **options)
-                lease = run_wait(c, coro, f"key {key}")
+                lease = run_wait(c, coro, f"key {key}", timeout)
             else:
                 lease = c.acquire(key, timeout=timeout, **options)
     except RaftLeaseError as exc:

@@ -180,7 +180,7 @@ def claim(
                 capabilities=_labels(capability, "--capability") or None,
                 timeout=timeout,
             )
-            task = run_wait(c, coro, f"a task of {name}") if wait else c.portal.run(coro)
+            task = run_wait(c, coro, f"a task of {name}", timeout) if wait else c.portal.run(coro)
     except RaftLeaseError as exc:
         exit_error(exc, as_json)
     if task is None:
