@@ -241,7 +241,8 @@ def test_blocking_acquire_ending_unknown_during_leader_loss_withdraws(
         assert leases_of(c, "ghost") == []
 
 
-def test_lock_timeout_against_a_dead_endpoint_fails_fast(tmp_path: Any) -> None:
+@pytest.mark.parametrize("command", ["lock", "elect"])
+def test_lock_timeout_against_a_dead_endpoint_fails_fast(command: str) -> None:
     import socket
 
     with socket.socket() as s:  # a port nobody listens on
@@ -249,7 +250,7 @@ def test_lock_timeout_against_a_dead_endpoint_fails_fast(tmp_path: Any) -> None:
         port = s.getsockname()[1]
     started = time.monotonic()
     out = subprocess.run(
-        cli("lock", "k", "--timeout", "2", "--endpoints", f"127.0.0.1:{port}", "--", "true"),
+        cli(command, "k", "--timeout", "2", "--endpoints", f"127.0.0.1:{port}", "--", "true"),
         capture_output=True,
         text=True,
         timeout=60,
