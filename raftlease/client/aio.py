@@ -269,7 +269,10 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         priority; nobody overtakes the head) and the call blocks until it is granted,
         in the same log entry that frees the units, or until ``wait`` seconds pass:
         then the queued request is withdrawn and ``LeaseHeldError`` is raised.
-        Cancelling the call withdraws it too (best effort).
+        Cancelling the call, or an unknown outcome (``TIMEOUT``, a connection lost
+        during a leader change), withdraws it too before the error is raised: retried
+        until the cluster answers or the wait would have ended (at least one
+        deadline); a grant that raced the withdrawal is released (docs/usage.md).
 
         Shared keys: ``capacity`` is the key's size (a semaphore of N slots, a pool of
         N units; every user of the key must give the same, else
