@@ -59,7 +59,8 @@ def _ops(events: Iterable[Event], bad: list[Event]) -> list[tuple[Event, Event |
 
 
 def check_withdrawn(events: list[Event]) -> dict[str, Any]:
-    """See the module docstring. ``{"valid", "violations", "unknown", "stats"}``."""
+    """See the module docstring. ``{"valid", "violations", "violation_count",
+    "unknown", "stats"}`` as every checker (run.py's summary prints the count)."""
     bad: list[Event] = []
     ops = _ops(events, bad)
     # (key, owner, completion time) of every answered withdrawal.
@@ -125,4 +126,10 @@ def check_withdrawn(events: list[Event]) -> dict[str, Any]:
         valid = False
     elif bad or not judged:
         valid = "unknown"
-    return {"valid": valid, "violations": violations, "unknown": bad[:20], "stats": stats}
+    return {
+        "valid": valid,
+        "violations": violations,
+        "violation_count": len(violations),
+        "unknown": bad[:20],
+        "stats": stats,
+    }

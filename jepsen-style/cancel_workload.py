@@ -3,10 +3,11 @@ that show whether a withdrawn waiter was granted anyway.
 
 A ``Canceller`` runs one asyncio client on its own thread, on keys of its own
 (``CancelConfig.keys``: no other worker uses them, so the lease checkers, which know
-nothing of these waits, never see their holders). Two coroutines share the client:
+nothing of these waits, never see their holders). Its coroutines share the client:
 
-* a holder that keeps each key busy (acquire with a wait, hold a little, release), so
-  that the waits really queue, and a release hands the key to the next waiter;
+* one holder per key that keeps it busy (acquire with a wait, hold 0.2-1.5 s,
+  release), so that most waits really queue, and a release hands the key to the next
+  waiter;
 * a waiter that, a bounded number of times (``attempts``) until ``stop``, asks for a
   key with a wait under an owner nobody else ever uses (``<process>-w<n>``), and gives
   up after a random patience by cancelling the call. A cancelled call withdraws its
@@ -56,7 +57,7 @@ class CancelConfig:
     patience: tuple[float, float] = (0.02, 1.5)
     #: The holder's lease TTL and how long it keeps a key.
     ttl: float = 2.0
-    hold: tuple[float, float] = (0.05, 0.6)
+    hold: tuple[float, float] = (0.2, 1.5)
     #: Bounds: waiting acquires in all, and seconds per read.
     attempts: int = 400
     read_timeout: float = 4.0
@@ -106,14 +107,17 @@ class Canceller(threading.Thread):
             return answered
 
         client._withdraw_until = recorded  # type: ignore[method-assign]
-        holder = asyncio.create_task(self._hold(client))
+        # One holder per key, so that most waits really queue behind a holder.
+        holders = [asyncio.create_task(self._hold(client, key)) for key in self.config.keys]
         try:
             while not self.stop_event.is_set() and self.attempts < self.config.attempts:
                 await self._attempt(client)
         finally:
-            holder.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RaftLeaseError):
-                await holder
+            for holder in holders:
+                holder.cancel()
+            for holder in holders:
+                with contextlib.suppress(asyncio.CancelledError, RaftLeaseError):
+                    await holder
             await client.close()
 
     def _record(self, base: Event, kind: str, **fields: Any) -> None:
@@ -123,11 +127,10 @@ class Canceller(threading.Thread):
         self.ops += 1
         return {"op": f"{self.process}:{self.ops}", "process": self.process, "f": f, "key": key}
 
-    async def _hold(self, client: AsyncClient) -> None:
+    async def _hold(self, client: AsyncClient, key: str) -> None:
         cfg, rng = self.config, random.Random(self.rng.random())
         owner = f"{self.process}-holder"
         while not self.stop_event.is_set():
-            key = rng.choice(cfg.keys)
             try:
                 lease = await client.acquire(key, owner=owner, ttl=cfg.ttl, wait=cfg.ttl)
                 await asyncio.sleep(rng.uniform(*cfg.hold))

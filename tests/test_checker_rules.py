@@ -1066,6 +1066,7 @@ def test_withdrawn_a_grant_after_the_withdrawal_fails() -> None:
     result = h.complete().check()
     assert result["checkers"]["withdrawn"]["valid"] is False, result["checkers"]["withdrawn"]
     assert result["valid"] is False
+    assert result["checkers"]["withdrawn"]["violation_count"] == 1  # run.py prints it
     (violation,) = result["checkers"]["withdrawn"]["violations"]
     assert (violation["owner"], violation["seen_in"]) == ("x-w1", "holders")
     # The lease checkers know nothing of these keys and stay as they were.
