@@ -139,6 +139,37 @@ def test_async_acquire_cancelled_leaves_no_waiter(shared: LocalCluster) -> None:
     asyncio.run(main())
 
 
+def test_async_claim_cancelled_leaves_no_waiting_claim(shared: LocalCluster) -> None:
+    """A waiting claim cancelled (at once, or once it waits) is withdrawn: the next
+    task put is handed to nobody."""
+    name = "cancel-async-claim"
+
+    async def main() -> None:
+        async with AsyncClient(shared.endpoints, **shared.client_options) as a:
+            q = a.queue(name)
+            for delay in (0.0, 0.001, 0.005):
+                claim = asyncio.create_task(q.claim(worker="ghost", wait=60))
+                await asyncio.sleep(delay)
+                claim.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await claim
+                assert (await q.stats()).waiting_claims == 0, delay
+            claim = asyncio.create_task(q.claim(worker="ghost", wait=60))
+            deadline = time.monotonic() + 30
+            while (await q.stats()).waiting_claims != 1:
+                assert time.monotonic() < deadline, "the claim never waited"
+                await asyncio.sleep(0.05)
+            claim.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await claim
+            assert (await q.stats()).waiting_claims == 0
+            await q.put({"n": 1})
+            stats = await q.stats()
+            assert (stats.ready, stats.claimed) == (1, 0)
+
+    asyncio.run(main())
+
+
 def test_async_acquire_cancelled_at_any_moment_leaves_no_orphan(shared: LocalCluster) -> None:
     """Cancelled while the acquire itself is in flight (outcome unknown, no lease id
     known yet): the same request is sent again under the same (cid, seq) to learn
