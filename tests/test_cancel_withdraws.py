@@ -194,6 +194,44 @@ def test_async_acquire_cancelled_at_any_moment_leaves_no_orphan(shared: LocalClu
     asyncio.run(main())
 
 
+def test_async_cancel_racing_the_grant_releases_it(shared: LocalCluster) -> None:
+    """The holder releases and the waiter is cancelled at about the same moment: the
+    waiter was granted just before its withdrawal. Either the call returned the lease
+    (it won the race) or it raised CancelledError and released the grant: the key is
+    never left to a lease whose id nobody has."""
+    key = "cancel/race"
+
+    async def main() -> None:
+        async with AsyncClient(shared.endpoints, **shared.client_options) as a:
+            outcomes = set()
+            for i, delay in enumerate((0.0, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016)):
+                held = await a.acquire(key, owner="holder", ttl=60)
+                owner = f"racer{i}"
+                task = asyncio.create_task(a.acquire(key, owner=owner, ttl=60, wait=60))
+                deadline = time.monotonic() + 30
+                while [w.owner for w in await a.waiters(key)] != [owner]:
+                    assert time.monotonic() < deadline, "the waiter never queued"
+                    await asyncio.sleep(0.02)
+                # The release grants the waiter in the same entry; the cancel comes
+                # before it, with it, or after the grant but before its answer.
+                release = asyncio.create_task(a.release(held))
+                await asyncio.sleep(delay)
+                task.cancel()
+                await release
+                try:
+                    lease = await task
+                except asyncio.CancelledError:
+                    outcomes.add("cancelled")
+                    assert await a.holder(key) is None, delay  # the raced grant was released
+                else:
+                    outcomes.add("granted")
+                    await a.release(lease)
+                assert await a.waiters(key) == []
+            assert "cancelled" in outcomes  # a cancellation won at least once
+
+    asyncio.run(main())
+
+
 def test_blocking_acquire_interrupted_withdraws(shared: LocalCluster, interruptible: None) -> None:
     key = "cancel/blocking-interrupt"
     with shared.client() as c, shared.client() as waiter:
