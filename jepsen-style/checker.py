@@ -65,6 +65,9 @@ pass: that is ``unknown`` (a warning, never a pass).
 8. ``watch`` (a run that recorded or declared a watcher): each watch stream delivers
    revisions in order, none below its start, with no gap but a new term's jump, and
    the history's acknowledged grants and claims as they were (``watch_checker.py``).
+9. ``withdrawn`` (a run with cancelling clients, ``cancel_workload.py``): no grant
+   to, and no place in a queue for, a waiter whose client withdrew before the read
+   that would show it (``cancel_checker.py``).
 
 ``check(events)`` runs all of them; the overall verdict is False if any is False,
 else "unknown" if any is unknown, else True. ``volume_stats`` measures what the run
@@ -84,6 +87,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from cancel_checker import CANCEL_FS, check_withdrawn, has_cancels
 from linearizability import LOp, check_ops
 from queue_checker import QUEUE_FS, check_queues, has_queues
 from secure import check_security
@@ -339,7 +343,8 @@ def history_problems(events: list[Event], ops: list[Op]) -> list[dict[str, Any]]
         if _is_num(e.get("t")) and _is_num(inv.get("t")) and e["t"] < inv["t"]:
             add("completion before its invocation", op=op_id)
     for op in ops:
-        if op.f not in KNOWN_FS and op.f not in QUEUE_FS:  # queue ops: queue_checker
+        # queue ops: queue_checker; the cancelling clients' ops: cancel_checker
+        if op.f not in KNOWN_FS and op.f not in QUEUE_FS and op.f not in CANCEL_FS:
             add("unknown operation", op=op.id, f=op.f)
             continue
         if op.f in ("renew", "release") and not _is_int(op.args.get("token")):
@@ -1611,7 +1616,8 @@ def check(
     every_op = pair_ops(events)
     # The lease checkers judge lease operations; queue operations (issue 12) go to
     # queue_checker, and count as progress for liveness.
-    ops = [op for op in every_op if op.f not in QUEUE_FS]
+    # The cancelling clients' waits (issue 37) go to cancel_checker, on keys of their own.
+    ops = [op for op in every_op if op.f not in QUEUE_FS and op.f not in CANCEL_FS]
     shared = shared_keys(ops)
     results = {
         "history": check_history(events, every_op),
@@ -1631,6 +1637,9 @@ def check(
         # What a watcher was delivered, against itself and the acknowledged writes
         # (watch_checker.py, issue 37).
         results["watch"] = check_watch(events, every_op)
+    if has_cancels(events):
+        # No grant to a waiter whose client withdrew (cancel_checker.py, issue 37).
+        results["withdrawn"] = check_withdrawn(events)
     verdicts = [r["valid"] for r in results.values()]
     valid: bool | str = True
     if any(v is False for v in verdicts):

@@ -45,6 +45,7 @@ import replay  # noqa: E402
 import secure  # noqa: E402
 import soak  # noqa: E402
 import timeline  # noqa: E402
+from cancel_workload import CancelConfig, Canceller  # noqa: E402
 from proc_client import ClientProcess  # noqa: E402
 from proxy import ProxyNet  # noqa: E402
 from queue_workload import Crasher, QueueConfig, QueueThreads, final_reads  # noqa: E402
@@ -183,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
     )
     # One watcher records every change it is delivered (issue 37: watch_checker.py).
     wconfig = WatchConfig()
+    # One client that waits for keys of its own and gives up (issue 37: cancel_checker.py).
+    cconfig = CancelConfig()
     t0 = time.monotonic()
     say = Progress(history, t0)
     history.append(
@@ -210,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
             "fence": "cluster",
             "queues": qconfig.meta() if with_queue else {},
             "watch": wconfig.meta(),
+            "cancel": cconfig.meta(),
             "settings": settings,
             "schedule": [s.to_json() for s in specs],
         }
@@ -224,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
     queue_threads: QueueThreads | None = None
     crasher: Crasher | None = None
     watcher: WatchRecorder | None = None
+    canceller: Canceller | None = None
     status = 0
     deadline = t0 + budget
     try:
@@ -244,6 +249,18 @@ def run(args: argparse.Namespace) -> int:
         watcher = WatchRecorder("watch1", watch_client, history.append, wconfig, stop)
         watcher.start()
         say(f"watcher: every change from revision 1, a new stream every {wconfig.rotate_every} s")
+
+        def cancel_client() -> AsyncClient:
+            return AsyncClient(
+                endpoints,
+                deadline=max(config.deadlines),
+                attempt_timeout=config.attempt_timeout,
+                **secure.client_options("canceller"),
+            )
+
+        canceller = Canceller("x1", cancel_client, history.append, cconfig, seed + 17, stop)
+        canceller.start()
+        say(f"canceller: up to {cconfig.attempts} waits on {list(cconfig.keys)}, given up")
         if args.profile == "soak":
             monitor = soak.Monitor(
                 lambda: _node_processes(cluster), args.sample_every, deadline
@@ -345,6 +362,8 @@ def run(args: argparse.Namespace) -> int:
             worker.join(timeout=15)
         if watcher is not None:
             watcher.join(timeout=15)
+        if canceller is not None:
+            canceller.join(timeout=30)
         if proc is not None:
             proc.stop()
         if queue_threads is not None:
@@ -385,6 +404,7 @@ def run(args: argparse.Namespace) -> int:
         *(queue_threads.errors if queue_threads else []),
         *(crasher.errors if crasher else []),
         *(watcher.errors if watcher else []),
+        *(canceller.errors if canceller else []),
     ]
     if errors:
         print("worker errors:", *errors, sep="\n  ")

@@ -10,6 +10,8 @@ file with one role each (files mode 0600, directory 0700):
 * ``queue-worker``: read, write on ``queue:``: queue producers, workers, worker
   processes and the final reads;
 * ``resource``: read on ``k``: the fenced resource's ``fence`` calls;
+* ``canceller``: read, write on ``x``: the client that waits and gives up
+  (``cancel_workload.py``);
 * ``watcher``: read on every key: the watcher's stream of every change
   (``watch_workload.py``; a watch on the prefix ``""`` needs read there);
 * ``nemesis``: read, write, admin on every key: status, ``test_clock``, membership.
@@ -62,6 +64,7 @@ PRINCIPALS: dict[str, tuple[tuple[tuple[str, tuple[str, ...]], ...], int]] = {
     ),
     "queue-worker": ((("queue:", ("read", "write")),), 0),
     "resource": ((("k", ("read",)),), 0),
+    "canceller": ((("x", ("read", "write")),), 0),
     "watcher": ((("", ("read",)),), 0),
     "nemesis": ((("", ("read", "write", "admin")),), 0),
 }

@@ -1029,3 +1029,82 @@ def test_watch_an_incomplete_recording_is_unknown() -> None:
     h = Hist()
     h.acquire("a", "k", 0.0, 0.01, token=1)
     assert "watch" not in h.complete().check()["checkers"]
+
+
+# --------------------------------------- withdrawn waiters (issue 37, cancel_checker)
+
+
+def _cancelled_wait(h: Hist, owner: str, key: str, inv: float, ret: float, withdrawn: bool) -> str:
+    """A waiting acquire by process ``x`` that gave up (cancelled) and whose
+    withdrawal the cluster answered (``withdrawn``) before ``ret``."""
+    return h.op(
+        "x",
+        "wait-acquire",
+        key,
+        inv,
+        ret,
+        type="info",
+        args={"owner": owner, "wait": 2.0, "patience": 0.1},
+        value={"withdrawn": withdrawn},
+        error="CANCELLED",
+    )
+
+
+def _cancel_read(
+    h: Hist, key: str, inv: float, ret: float, holders: list[str], waiters: list[str]
+) -> str:
+    return h.op("x", "cancel-read", key, inv, ret, value={"holders": holders, "waiters": waiters})
+
+
+def test_withdrawn_a_grant_after_the_withdrawal_fails() -> None:
+    """The waiter x-w1 withdrew (answered at 0.2); a read begun at 0.3 shows it as
+    the holder: a grant to a waiter whose client withdrew (a lease nobody has)."""
+    h = Hist()
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    _cancelled_wait(h, "x-w1", "x1", 0.05, 0.2, withdrawn=True)
+    _cancel_read(h, "x1", 0.3, 0.31, holders=["x-w1"], waiters=[])
+    result = h.complete().check()
+    assert result["checkers"]["withdrawn"]["valid"] is False, result["checkers"]["withdrawn"]
+    assert result["valid"] is False
+    assert result["checkers"]["withdrawn"]["violation_count"] == 1  # run.py prints it
+    (violation,) = result["checkers"]["withdrawn"]["violations"]
+    assert (violation["owner"], violation["seen_in"]) == ("x-w1", "holders")
+    # The lease checkers know nothing of these keys and stay as they were.
+    assert verdicts(result)["linearizable"] is True
+
+
+def test_withdrawn_a_waiter_left_in_the_queue_fails() -> None:
+    h = Hist()
+    _cancelled_wait(h, "x-w1", "x1", 0.05, 0.2, withdrawn=True)
+    _cancel_read(h, "x1", 0.3, 0.31, holders=["x-holder"], waiters=["x-w1"])
+    result = h.complete().check()
+    assert result["checkers"]["withdrawn"]["valid"] is False
+    assert result["checkers"]["withdrawn"]["violations"][0]["seen_in"] == "waiters"
+
+
+def test_withdrawn_a_raced_grant_seen_before_the_withdrawal_ended_passes() -> None:
+    """A grant that raced the withdrawal may be seen while the client is still
+    withdrawing (it releases it); after the withdrawal, the next waiter or nobody."""
+    h = Hist()
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    _cancelled_wait(h, "x-w1", "x1", 0.05, 0.4, withdrawn=True)
+    _cancel_read(h, "x1", 0.1, 0.12, holders=["x-w1"], waiters=[])  # began before 0.4
+    _cancel_read(h, "x1", 0.5, 0.51, holders=["x-w2"], waiters=[])
+    _cancel_read(h, "x2", 0.5, 0.51, holders=["x-w1"], waiters=[])  # another key
+    result = h.complete().check()
+    assert result["checkers"]["withdrawn"]["valid"] is True, result["checkers"]["withdrawn"]
+    assert result["checkers"]["withdrawn"]["stats"]["judged"] == 1
+    assert result["valid"] is True
+
+
+def test_withdrawn_nothing_judged_or_malformed_is_unknown() -> None:
+    h = Hist()
+    # Not answered: not judged; and no read after an answered withdrawal.
+    _cancelled_wait(h, "x-w1", "x1", 0.05, 0.2, withdrawn=False)
+    _cancel_read(h, "x1", 0.3, 0.31, holders=["x-w1"], waiters=[])
+    result = h.complete().check()
+    assert result["checkers"]["withdrawn"]["valid"] == "unknown"
+    h = Hist()
+    h.op("x", "wait-acquire", "x1", 0.05, 0.2, type="info", args={"owner": "x-w1"})
+    _cancel_read(h, "x1", 0.3, 0.31, holders=[], waiters=[])
+    assert h.complete().check()["checkers"]["withdrawn"]["valid"] == "unknown"

@@ -417,27 +417,60 @@ class SignalBox:
                 signal.signal(signum, old)
 
 
-def run_until_signal(client: Any, coro: Coroutine[Any, Any, T], box: SignalBox) -> T | None:
+def run_wait(client: Any, coro: Coroutine[Any, Any, T], what: str, grace: float) -> T:
+    """Run a waiting call (``acquire --wait``, ``queue claim --wait``) under the signal
+    policy: SIGINT or SIGTERM cancels it, which withdraws its waiter (the client's
+    cancellation, given ``grace`` seconds: the command's --timeout), then exits 128 +
+    the signal (130, 143) with one line on stderr."""
+    with SignalBox(STOP_SIGNALS).installed() as box:
+        result = run_until_signal(client, coro, box, grace)
+        if box.pending:
+            signum = box.take() or signal.SIGINT
+            click.echo(
+                f"raftlease: {signal.Signals(signum).name}: stopped waiting for {safe(what)}; "
+                "the wait was withdrawn",
+                err=True,
+            )
+            raise SystemExit(128 + signum)
+    return result  # type: ignore[return-value]
+
+
+def run_until_signal(
+    client: Any, coro: Coroutine[Any, Any, T], box: SignalBox, grace: float | None = None
+) -> T | None:
     """Run ``coro`` on the blocking client's loop; None if a signal arrived first (the
     coroutine is then cancelled and has finished its cleanup, e.g. withdrawn a queued
-    acquire, before this returns). Blocks the calling (main) thread; raises what
-    ``coro`` raises."""
+    acquire, before this returns; the cleanup gets ``grace`` seconds, by default the
+    client's deadline, and a second signal cancels it at once). Blocks the calling
+    (main) thread; raises what ``coro`` raises."""
     loop = client.portal.loop
+    if grace is None:
+        grace = float(getattr(client.aio, "deadline", 15.0))
     stop = asyncio.Event()
+    running: list[asyncio.Future[T]] = []
 
     async def runner() -> T | None:
         task = asyncio.ensure_future(coro)
+        running.append(task)
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
         if task.done():
             return task.result()
         task.cancel()
+        await asyncio.wait({task}, timeout=grace)
+        task.cancel()  # no-op once done
         with contextlib.suppress(asyncio.CancelledError, RaftLeaseError):
             await task
         return None
 
-    box.on_signal = lambda: loop.call_soon_threadsafe(stop.set)
+    def wake() -> None:
+        if stop.is_set():  # a second signal: stop the clean-up as well
+            for task in running:
+                task.cancel()
+        stop.set()
+
+    box.on_signal = lambda: loop.call_soon_threadsafe(wake)
     try:
         if box.pending:
             coro.close()

@@ -28,6 +28,7 @@ from .common import (
     consistency_option,
     exit_error,
     owner_option,
+    run_wait,
     safe,
 )
 
@@ -84,18 +85,18 @@ def acquire(
 
     A shared key (a semaphore or pool) takes --capacity and --units; everyone using
     the key must give the same capacity."""
+    options: dict[str, Any] = dict(
+        owner=owner, ttl=ttl, wait=wait, capacity=capacity, units=units, value=value
+    )
     try:
         with connect(endpoints) as c:
-            lease = c.acquire(
-                key,
-                owner=owner,
-                ttl=ttl,
-                wait=wait,
-                capacity=capacity,
-                units=units,
-                value=value,
-                timeout=max(timeout, wait + 5.0) if wait else timeout,
-            )
+            if wait:
+                # Reaching the cluster takes --timeout; the wait in the queue, --wait.
+                # SIGINT/SIGTERM withdraw the wait (exit 130/143).
+                coro = c.aio.acquire(key, timeout=timeout, **options)
+                lease = run_wait(c, coro, f"key {key}", timeout)
+            else:
+                lease = c.acquire(key, timeout=timeout, **options)
     except RaftLeaseError as exc:
         exit_error(exc, as_json)
     if as_json:

@@ -36,11 +36,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from ..errors import LeaseHeldError, RaftLeaseError
+from ..errors import LeaseHeldError, RaftLeaseError, UnavailableError
 from ..models import Lease
 from .common import (
     DURATION,
@@ -52,6 +52,7 @@ from .common import (
     owner_option,
     run_until_signal,
     safe,
+    timeout_option,
 )
 
 #: The key was not granted within ``--wait`` (also: held, with ``--wait 0``).
@@ -80,6 +81,23 @@ def child_env(key: str, lease: Lease) -> dict[str, str]:
         RAFTLEASE_AUTH_TOKEN=auth,
     )
     return env
+
+
+#: ``--timeout`` of ``lock`` and ``elect``: seconds each request to the cluster may
+#: take, retries included (a cluster that is down fails the command this fast).
+CLUSTER_TIMEOUT = 15.0
+
+
+def unreachable(exc: RaftLeaseError, timeout: float) -> NoReturn:
+    """Exit on a refusal or unknown outcome (``exit_error``: 1 or 3); when no node
+    answered at all, say so in one line with the --timeout that ran out (exit 1)."""
+    if isinstance(exc, UnavailableError):
+        click.echo(
+            f"error: no node of the cluster answered within --timeout {timeout:g} s: {safe(exc)}",
+            err=True,
+        )
+        sys.exit(1)
+    exit_error(exc, False)
 
 
 def exit_status(returncode: int) -> int:
@@ -233,6 +251,10 @@ def _common(func: Any) -> Any:
         show_default=True,
         help="Between SIGTERM and SIGKILL when the lease is lost (or on a signal).",
     )(func)
+    func = timeout_option(
+        CLUSTER_TIMEOUT,
+        "Deadline for each request to the cluster, retries included (not the wait for the key)",
+    )(func)
     return endpoints_option(func)
 
 
@@ -257,24 +279,27 @@ def lock(
     owner: str,
     grace: float,
     endpoints: str,
+    timeout: float,
 ) -> None:
     """Run COMMAND (after --) while holding a lease on KEY.
 
     Exit status: the command's; 124 not acquired within --wait; 125 the lease was
     lost while it ran (the command was stopped); 126 the command could not be
-    started; 127 not found; 1 or 3 a refusal or unknown outcome from the cluster."""
-    with SignalBox(STOP_AND_HANGUP).installed() as box, connect(endpoints) as c:
+    started; 127 not found; 1 or 3 a refusal or unknown outcome from the cluster (1
+    also when no node answered within --timeout); 128 + N on signal N while waiting."""
+    with (
+        SignalBox(STOP_AND_HANGUP).installed() as box,
+        connect(endpoints, deadline=timeout) as c,
+    ):
         try:
-            lease = run_until_signal(
-                c,
-                c.aio.acquire(key, owner=owner, ttl=ttl, wait=wait, timeout=max(15.0, wait + 15.0)),
-                box,
-            )
+            # --timeout bounds reaching the cluster; --wait, the time in the queue.
+            acquiring = c.aio.acquire(key, owner=owner, ttl=ttl, wait=wait, timeout=timeout)
+            lease = run_until_signal(c, acquiring, box)
         except LeaseHeldError as exc:
             click.echo(f"raftlease: {safe(key)} not acquired: {safe(exc.message)}", err=True)
             sys.exit(EXIT_NOT_ACQUIRED)
         except RaftLeaseError as exc:
-            exit_error(exc, False)
+            unreachable(exc, timeout)
         if lease is None:  # a signal while waiting: the queued acquire was withdrawn
             sys.exit(128 + (box.take() or signal.SIGINT))
         keeper = LeaseKeeper(c, lease, grace)
@@ -351,17 +376,21 @@ def elect(
     owner: str,
     grace: float,
     endpoints: str,
+    timeout: float,
 ) -> None:
     """Run COMMAND (after --) while this process leads the election NAME.
 
     Campaigns (first come, first served), runs the command once elected, and stops it
     as ``lock`` does when the lead is lost. Exit status as for ``lock`` (124: not
     elected within --wait; 125: the lead was lost)."""
-    with SignalBox(STOP_AND_HANGUP).installed() as box, connect(endpoints) as c:
+    with (
+        SignalBox(STOP_AND_HANGUP).installed() as box,
+        connect(endpoints, deadline=timeout) as c,
+    ):
         try:
             session = c.session(owner=owner, ttl=ttl).open()
         except RaftLeaseError as exc:
-            exit_error(exc, False)
+            unreachable(exc, timeout)
         try:
             election = c.aio.election(name)
             try:
@@ -372,7 +401,7 @@ def elect(
                 click.echo(f"raftlease: not elected: {safe(exc.message)}", err=True)
                 sys.exit(EXIT_NOT_ACQUIRED)
             except RaftLeaseError as exc:
-                exit_error(exc, False)
+                unreachable(exc, timeout)
             if lease is None:
                 sys.exit(128 + (box.take() or signal.SIGINT))
             keeper = LeadershipKeeper(c, session, lease, grace)

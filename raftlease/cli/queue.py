@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..errors import RaftLeaseError
-from .common import DURATION, TTL, client_options, connect, exit_error, safe
+from .common import DURATION, TTL, client_options, connect, exit_error, run_wait, safe
 
 if TYPE_CHECKING:  # a node process imports the CLI: it must not load the client
     from ..client.aio_queue import QueueStats, TaskInfo
@@ -171,13 +171,16 @@ def claim(
     follow: the attempt lasts its TTL)."""
     try:
         with connect(endpoints) as c:
-            task = c.queue(name).claim(
+            # Reaching the cluster takes --timeout; the wait for a task, --wait.
+            # SIGINT/SIGTERM withdraw a waiting claim (exit 130/143).
+            coro = c.queue(name).aio.claim(
                 worker=worker,
                 wait=wait,
                 lease_ttl=lease_ttl,
                 capabilities=_labels(capability, "--capability") or None,
-                timeout=max(timeout, wait + 5.0) if wait else timeout,
+                timeout=timeout,
             )
+            task = run_wait(c, coro, f"a task of {name}", timeout) if wait else c.portal.run(coro)
     except RaftLeaseError as exc:
         exit_error(exc, as_json)
     if task is None:

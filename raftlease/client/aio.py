@@ -15,7 +15,6 @@ its TTL unless renewed).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import ssl
 import time
@@ -48,7 +47,7 @@ from ..recipes.sessions import AsyncSession
 from ..recipes.shared import SharedKeyLocks
 from . import direct
 from .aio_queue import AsyncQueue
-from .transport import DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE, Transport
+from .transport import DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE, Pin, Transport, unknown_outcome
 
 
 def tls_context(tls: ssl.SSLContext | str | bool | None) -> ssl.SSLContext | None:
@@ -91,7 +90,9 @@ def _holder(data: dict[str, Any]) -> Holder:
 class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
     """asyncio client. Create it inside a running loop; use ``async with`` or
     ``await close()``. All methods are coroutines; cancellation of a call leaves the
-    outcome unknown, exactly like a timeout.
+    outcome unknown, exactly like a timeout, except for a waiting ``acquire`` (and a
+    queue's waiting ``claim``): cancelled, or ended with an unknown outcome, it
+    withdraws its waiter before it raises (``_withdraw_until``).
 
     ``deadline``: total seconds a call may take, retries included (per call override:
     ``timeout=``). ``clock_drift`` and ``margin`` shape ``Lease.valid_until``.
@@ -181,6 +182,33 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             return lane.call(op, args, mutating=mutating, timeout=timeout)
         return await self.transport.call(op, args, mutating=mutating, timeout=timeout)
 
+    async def _call_pinned(
+        self, op: str, args: dict[str, Any], pin: Pin, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """A mutating ``call`` under ``pin`` (``transport.Pin``): the first one records
+        its client id and seq there; a later one sends the same request again."""
+        return await self.transport.call(op, args, mutating=True, timeout=timeout, pin=pin)
+
+    async def _withdraw_until(
+        self,
+        send: Callable[[float], Awaitable[object]],
+        until: float,
+    ) -> bool:
+        """Send a withdrawal (``send(timeout)``: idempotent, e.g. a release of a queued
+        lease id) until the cluster answers it, or until ``until``
+        (``time.monotonic()``: when the waiter would have left by itself), but for at
+        least the client's deadline. Retries within that are the transport's (every
+        node, through elections). True if answered (a definite refusal, such as
+        ``LEASE_NOT_FOUND``, is an answer: the waiter is gone); False if not. A
+        second cancellation stops it (the waiter then leaves at its own deadline)."""
+        budget = max(until - time.monotonic(), self.deadline)
+        try:
+            await send(budget)
+        except RaftLeaseError as exc:
+            # UNAVAILABLE is "definite" (nothing applied) but it answers nothing.
+            return exc.definite and not isinstance(exc, UnavailableError)
+        return True
+
     def _lease(
         self,
         result: dict[str, Any],
@@ -241,7 +269,10 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         priority; nobody overtakes the head) and the call blocks until it is granted,
         in the same log entry that frees the units, or until ``wait`` seconds pass:
         then the queued request is withdrawn and ``LeaseHeldError`` is raised.
-        Cancelling the call withdraws it too (best effort).
+        Cancelling the call, or an unknown outcome (``TIMEOUT``, a connection lost
+        during a leader change), withdraws it too before the error is raised: retried
+        until the cluster answers or the wait would have ended (at least one
+        deadline); a grant that raced the withdrawal is released (docs/usage.md).
 
         Shared keys: ``capacity`` is the key's size (a semaphore of N slots, a pool of
         N units; every user of the key must give the same, else
@@ -273,10 +304,39 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             args.update(capacity=capacity, units=units)
         if value is not None:
             args["value"] = value
-        result = await self.call("acquire", args, mutating=True, timeout=timeout)
+        if wait <= 0:
+            result = await self.call("acquire", args, mutating=True, timeout=timeout)
+            return self._lease(result, sent, session=session)
+        pin = Pin()
+        try:
+            result = await self._call_pinned("acquire", args, pin, timeout)
+        except BaseException as exc:
+            if unknown_outcome(exc):
+                # It may have queued (or been granted): send the same request again
+                # under the same (cid, seq) to learn its lease id, then withdraw it.
+                await self._withdraw_until(
+                    lambda t: self._withdraw_unknown(args, pin, t), sent + wait
+                )
+            raise
+        finally:
+            pin.end()
         if not result.get("queued"):
             return self._lease(result, sent, session=session)
         return await self._await_grant(key, result["lease_id"], sent + wait, session)
+
+    async def _withdraw_unknown(self, args: dict[str, Any], pin: Pin, timeout: float) -> None:
+        """Withdraw an acquire whose outcome is unknown: its answer (the cached one if
+        it applied, else it applies now), then a release of its lease id (a waiter
+        leaves the queue; a lease granted meanwhile ends)."""
+        until = time.monotonic() + timeout
+        result = await self._call_pinned("acquire", args, pin, timeout)
+        left = max(until - time.monotonic(), self.attempt_timeout)
+        await self.call(
+            "release",
+            {"key": args["key"], "lease_id": result["lease_id"]},
+            mutating=True,
+            timeout=left,
+        )
 
     async def _await_grant(
         self, key: str, lease_id: str, until: float, session: Attachable | None
@@ -309,17 +369,21 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
                         )
                     break
         except BaseException:
-            await self._withdraw(key, lease_id)
+            await self._withdraw(key, lease_id, until)
             raise
-        await self._withdraw(key, lease_id)
+        await self._withdraw(key, lease_id, until)
         raise LeaseHeldError(f"{key!r} was not granted within the wait", {"key": key})
 
-    async def _withdraw(self, key: str, lease_id: str) -> None:
-        """Leave the queue, or release the lease if it was granted meanwhile."""
-        with contextlib.suppress(RaftLeaseError):
+    async def _withdraw(self, key: str, lease_id: str, until: float) -> None:
+        """Leave the queue, or release the lease if it was granted meanwhile; retried
+        until answered (``_withdraw_until``)."""
+
+        async def send(timeout: float) -> None:
             await self.call(
-                "release", {"key": key, "lease_id": lease_id}, mutating=True, timeout=5.0
+                "release", {"key": key, "lease_id": lease_id}, mutating=True, timeout=timeout
             )
+
+        await self._withdraw_until(send, until)
 
     async def transfer(
         self, lease: Lease, *, owner: str, ttl: float | None = None, timeout: float | None = None

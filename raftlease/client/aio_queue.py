@@ -9,8 +9,9 @@ is no longer current raises ``StaleAttemptError`` (definite: nothing was applied
 exactly one completion per task is ever accepted. docs/queues.md has the semantics.
 
 Payloads and results are JSON values (sent as JSON text, at most 16 KiB each).
-Cancelling a call leaves its outcome unknown, exactly like a timeout; a cancelled
-blocking claim is withdrawn (best effort; a task granted meanwhile is given back).
+Cancelling a call leaves its outcome unknown, exactly like a timeout; a waiting claim
+that is cancelled or ends with an unknown outcome is withdrawn, retried until the
+cluster answers or the wait would have ended (a task granted meanwhile is given back).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,6 +34,7 @@ from ..errors import (
 )
 from ..models import Attachable
 from ..recipes.keepalive import KeepAliveState, LostCallback
+from .transport import Pin, unknown_outcome
 
 #: What a context-managed task does when its block ends without an exception and
 #: without the task having been completed, failed or released.
@@ -45,9 +47,20 @@ class TaskCaller(Protocol):
     @property
     def attempt_timeout(self) -> float: ...
 
+    @property
+    def deadline(self) -> float: ...
+
     async def call(
         self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None = None
     ) -> dict[str, Any]: ...
+
+    async def _call_pinned(
+        self, op: str, args: dict[str, Any], pin: Pin, timeout: float | None = None
+    ) -> dict[str, Any]: ...
+
+    async def _withdraw_until(
+        self, send: Callable[[float], Awaitable[object]], until: float
+    ) -> bool: ...
 
     def valid_until(self, sent: float, seconds: float) -> float: ...
 
@@ -445,7 +458,22 @@ class AsyncQueue:
         if session is not None:
             args["session"] = session.session_id
         sent = time.monotonic()
-        result = await self.client.call("task_claim", args, mutating=True, timeout=timeout)
+        if wait > 0:
+            pin = Pin()
+            try:
+                result = await self.client._call_pinned("task_claim", args, pin, timeout)
+            except BaseException as exc:
+                if unknown_outcome(exc):
+                    # Maybe queued (or handed a task): send the same request again
+                    # under the same (cid, seq) to learn its attempt id, withdraw it.
+                    await self.client._withdraw_until(
+                        lambda t: self._withdraw_unknown(args, pin, t), sent + wait
+                    )
+                raise
+            finally:
+                pin.end()
+        else:
+            result = await self.client.call("task_claim", args, mutating=True, timeout=timeout)
         if result.get("claimed"):
             return AsyncTask(
                 self.client, result, sent, on_exit=on_exit, on_lost=on_lost, attached=session
@@ -493,14 +521,26 @@ class AsyncQueue:
                     break
         finally:
             if not granted:
-                with contextlib.suppress(RaftLeaseError):
-                    await self.client.call(
-                        "task_claim_cancel",
-                        {"queue": self.name, "attempt_id": aid},
-                        mutating=True,
-                        timeout=5.0,
-                    )
+                await self.client._withdraw_until(lambda t: self._cancel_claim(aid, t), until)
         return None
+
+    async def _cancel_claim(self, aid: str, timeout: float) -> None:
+        """Withdraw the waiting claim ``aid``, or give back the task it was handed."""
+        await self.client.call(
+            "task_claim_cancel",
+            {"queue": self.name, "attempt_id": aid},
+            mutating=True,
+            timeout=timeout,
+        )
+
+    async def _withdraw_unknown(self, args: dict[str, Any], pin: Pin, timeout: float) -> None:
+        """Withdraw a claim whose outcome is unknown: its answer (the cached one if it
+        applied, else it applies now), then a cancel of its attempt id."""
+        until = time.monotonic() + timeout
+        result = await self.client._call_pinned("task_claim", args, pin, timeout)
+        if "aid" in result:
+            left = max(until - time.monotonic(), self.client.attempt_timeout)
+            await self._cancel_claim(str(result["aid"]), left)
 
     async def tasks(
         self,

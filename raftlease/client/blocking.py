@@ -39,6 +39,8 @@ class LoopPortal:
         )
         self.thread.start()
         self.closed = False
+        #: How long an interrupted call waits for its coroutine's clean-up (``run``).
+        self.interrupt_grace = 15.0
         #: The calls of other threads running on the loop (failed by ``close``).
         self._running: set[concurrent.futures.Future[Any]] = set()
         self._lock = threading.Lock()
@@ -46,24 +48,60 @@ class LoopPortal:
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop and block until it is done; its result or its
         exception. Raises ``UnavailableError`` once closed, and ``RuntimeError`` when
-        called from the loop's own thread (it would deadlock)."""
+        called from the loop's own thread (it would deadlock).
+
+        A ``KeyboardInterrupt`` (or any exception a signal handler raises) in the
+        calling thread cancels ``coro`` on the loop and waits up to
+        ``interrupt_grace`` seconds for its clean-up (a waiting acquire withdraws its
+        waiter) before it propagates; a second interrupt stops that wait."""
         if threading.current_thread() is self.thread:
             coro.close()
             raise RuntimeError(
                 "a blocking Client call from the client's own event-loop thread would "
                 "deadlock (callbacks of this client run there? hand the work to a thread)"
             )
+        done = threading.Event()
+        # Touched only on the loop thread: the running task, and whether it was
+        # interrupted before it started.
+        state: dict[str, Any] = {"task": None, "stop": False}
+
+        async def tracked() -> T:
+            if state["stop"]:
+                coro.close()
+                raise asyncio.CancelledError
+            state["task"] = asyncio.current_task()
+            try:
+                return await coro
+            finally:
+                done.set()
+
+        def interrupt() -> None:
+            state["stop"] = True
+            task = state["task"]
+            if task is None:
+                done.set()
+            else:
+                task.cancel()
+
         with self._lock:
             if self.closed:
                 coro.close()
                 raise UnavailableError("client is closed")
-            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            future = asyncio.run_coroutine_threadsafe(tracked(), self.loop)
             self._running.add(future)
         try:
             return future.result()
         except concurrent.futures.CancelledError:
             if self.closed:
                 raise _closed_meanwhile() from None
+            raise
+        except BaseException:
+            if not future.done() and not self.closed:
+                # Interrupted in this thread (KeyboardInterrupt): the coroutine still
+                # runs on the loop. Cancel it there and let it clean up, bounded.
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    self.loop.call_soon_threadsafe(interrupt)
+                done.wait(self.interrupt_grace)
             raise
         finally:
             with self._lock:
@@ -152,6 +190,8 @@ class Client(SharedKeyLocks[HeldLock]):
             return AsyncClient(endpoints, **options)
 
         self._async = self._portal.run(make())
+        # An interrupted waiting acquire withdraws within about one deadline.
+        self._portal.interrupt_grace = self._async.deadline + self._async.attempt_timeout
         self._lanes = LanePool(self._async.transport, self._portal.run, lanes) if direct else None
 
     def _direct(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -48,12 +48,10 @@ class Connection:
         if the node refuses the token."""
         host, _, port = addr.rpartition(":")
         host = host.strip("[]")
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
+        async with asyncio.timeout(timeout):  # not wait_for: see ``request``
+            reader, writer = await asyncio.open_connection(
                 host, int(port), ssl=tls, server_hostname=host if tls is not None else None
-            ),
-            timeout,
-        )
+            )
         conn = cls(addr, reader, writer)
         if token is not None:
             try:
@@ -116,7 +114,11 @@ class Connection:
         try:
             self._writer.write(frame)
             await self._writer.drain()
-            return await asyncio.wait_for(future, timeout)
+            # Not asyncio.wait_for: on 3.11 it returns the answer and swallows a
+            # cancellation that arrives with it, so a cancelled call would go on (a
+            # waiting acquire kept waiting instead of withdrawing).
+            async with asyncio.timeout(timeout):
+                return await future
         except TimeoutError:
             raise TimeoutError_(f"no answer from {self.addr} within {timeout:.2f} s") from None
         except (ConnectionError, OSError) as exc:

@@ -101,6 +101,33 @@ class Resume:
     outcome: Outcome
 
 
+def unknown_outcome(exc: BaseException) -> bool:
+    """Did the call that raised ``exc`` end without knowing whether it applied?
+    (cancelled, interrupted, or an indefinite error such as ``TIMEOUT``)"""
+    if isinstance(exc, RaftLeaseError):
+        return not exc.definite
+    return isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit)
+
+
+@dataclass(slots=True)
+class Pin:
+    """A mutating call's client id and sequence number, kept past the call so that it
+    can be sent again as the same request (``Transport.call(pin=...)``): after an
+    unknown outcome, sending it again under the same (cid, seq) returns what the
+    cluster answered the first time if it applied (the dedup table keeps the answer
+    while the seq is not acknowledged), or applies it once now. A withdrawal learns
+    the id the cluster drew for a queued acquire or claim this way. ``end`` it as
+    soon as possible: while it is open the client acknowledges none of its later
+    requests either."""
+
+    ids: RequestSequencer | None = None
+    seq: int = 0
+
+    def end(self) -> None:
+        if self.ids is not None:
+            self.ids.end(self.seq)
+
+
 class Transport:
     """Connections, leader tracking and retries for one client (see module doc).
 
@@ -199,19 +226,29 @@ class Transport:
         mutating: bool,
         timeout: float | None = None,
         resume: Resume | None = None,
+        pin: Pin | None = None,
     ) -> dict[str, Any]:
         """Send one request, retrying until the deadline. Returns the result map.
 
         ``resume``: the call's first attempt was made elsewhere (the blocking client's
         direct lane, client/direct.py) under ``resume.ids``/``resume.seq`` until
         ``resume.deadline``; this continues from its outcome, under the same client id
-        and sequence number, so a retry is deduplicated as any other."""
+        and sequence number, so a retry is deduplicated as any other.
+
+        ``pin`` (mutating calls): the first call with an empty ``Pin`` records its
+        client id and seq there and leaves them open; a later call with that pin
+        sends the same request again under them (``Pin``). The caller ends it."""
         outcome: Outcome | None = None
         if resume is None:
             deadline = time.monotonic() + (self.deadline if timeout is None else timeout)
             self.check_size(op, args)
             ids = self.sequencer if mutating else None  # the client id and seq it retries under
-            seq = ids.begin() if ids is not None else 0
+            if ids is not None and pin is not None and pin.ids is not None:
+                ids, seq = pin.ids, pin.seq
+            else:
+                seq = ids.begin() if ids is not None else 0
+                if pin is not None and ids is not None:
+                    pin.ids, pin.seq = ids, seq
             target = self.target
         else:
             deadline, ids, seq = resume.deadline, resume.ids, resume.seq
@@ -285,6 +322,8 @@ class Transport:
                         ids.end(seq)
                         ids = self._renew_ids(ids)
                         seq = ids.begin()
+                        if pin is not None:
+                            pin.ids, pin.seq = ids, seq
                         continue
                     # A refusal by the node itself (a quota, the token, a permission)
                     # is about this try; an earlier one may have applied. Only the
@@ -305,7 +344,7 @@ class Transport:
                 # soon after it is (failover time is election + this backoff).
                 backoff = min(backoff * 2, MAX_BACKOFF) * (0.75 + random.random() / 2)
         finally:
-            if ids is not None:
+            if ids is not None and pin is None:
                 ids.end(seq)
         if maybe_applied or last is None:
             cls: type[RaftLeaseError] = LeaderChangedError if leader_changed else TimeoutError_
