@@ -30,6 +30,12 @@ machine from a flag the leader stamps, since only it knows whether the key has a
 A prefix operation (``leases``, ``watch``) needs the permission on a prefix that
 contains the one asked.
 
+Prefixes match on path boundaries (issue 37), not as bare strings: a permission's
+prefix grants the keys (and prefixes) equal to it or continuing it after a separator
+(``/`` or ``:``); a prefix that itself ends in a separator (``gpu/``, ``queue:``) grants
+everything under it, and ``""`` everything. So ``queue:sec`` grants the queue ``sec``
+(and ``sec/...``), never ``secrets-payroll``, and ``team-a`` never ``team-ab``.
+
 Shapes can be pinned (docs/security.md, "Pinned shapes"): ``[[shapes]]`` with a
 ``key`` (that key only) or a ``prefix`` (every key under it) and a ``capacity``. An
 acquire of a pinned key with another capacity is refused ``CAPACITY_MISMATCH`` by the
@@ -62,6 +68,18 @@ ACTIONS = frozenset({"read", "write", "admin", "shape"})
 #: prefix ``queue:rollouts`` grants one queue, ``queue:`` every queue). Which
 #: operation needs which permission is in the operations table (``operations.TABLE``).
 QUEUE_KEY_PREFIX = "queue:"
+#: The characters that end a path segment of a key (``prefix_grants``).
+SEPARATORS = "/:"
+
+
+def prefix_grants(prefix: str, key: str) -> bool:
+    """Whether a permission on ``prefix`` covers ``key`` (a key, or the prefix a
+    ``leases``/``watch`` asks for): on path boundaries, see the module docstring."""
+    if not key.startswith(prefix):
+        return False
+    if not prefix or len(key) == len(prefix) or prefix[-1] in SEPARATORS:
+        return True
+    return key[len(prefix)] in SEPARATORS
 
 
 @dataclass(frozen=True)
@@ -81,7 +99,7 @@ class Principal:
     def allows(self, action: str, key: str, prefix_op: bool = False) -> bool:
         for role in self.roles:
             for prefix, actions in role.permissions:
-                if action in actions and key.startswith(prefix):
+                if action in actions and prefix_grants(prefix, key):
                     return True
         return False
 
