@@ -30,6 +30,11 @@ pytestmark = pytest.mark.timeout(30)
         ("team-a", "team-ab", False),
         ("team-a", "team-a:jobs", True),
         ("a/b", "a/", False),  # a narrower permission never covers a wider prefix
+        ("k*", "k1", True),  # a trailing * asks for a bare string prefix
+        ("k*", "k", True),
+        ("k*", "j1", False),
+        ("queue:sec*", "queue:secrets-payroll", True),
+        ("*", "anything", True),
     ],
 )
 def test_prefix_grants_on_path_boundaries(prefix: str, key: str, granted: bool) -> None:

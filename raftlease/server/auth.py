@@ -34,7 +34,8 @@ Prefixes match on path boundaries (issue 37), not as bare strings: a permission'
 prefix grants the keys (and prefixes) equal to it or continuing it after a separator
 (``/`` or ``:``); a prefix that itself ends in a separator (``gpu/``, ``queue:``) grants
 everything under it, and ``""`` everything. So ``queue:sec`` grants the queue ``sec``
-(and ``sec/...``), never ``secrets-payroll``, and ``team-a`` never ``team-ab``.
+(and ``sec/...``), never ``secrets-payroll``, and ``team-a`` never ``team-ab``. A bare
+string prefix must be asked for: a trailing ``*`` (``k*`` grants ``k1`` and ``kz``).
 
 Shapes can be pinned (docs/security.md, "Pinned shapes"): ``[[shapes]]`` with a
 ``key`` (that key only) or a ``prefix`` (every key under it) and a ``capacity``. An
@@ -75,6 +76,8 @@ SEPARATORS = "/:"
 def prefix_grants(prefix: str, key: str) -> bool:
     """Whether a permission on ``prefix`` covers ``key`` (a key, or the prefix a
     ``leases``/``watch`` asks for): on path boundaries, see the module docstring."""
+    if prefix.endswith("*"):
+        return key.startswith(prefix[:-1])  # asked for: a bare string prefix
     if not key.startswith(prefix):
         return False
     if not prefix or len(key) == len(prefix) or prefix[-1] in SEPARATORS:
