@@ -69,6 +69,12 @@ ACTIONS = frozenset({"read", "write", "admin", "shape"})
 #: prefix ``queue:rollouts`` grants one queue, ``queue:`` every queue). Which
 #: operation needs which permission is in the operations table (``operations.TABLE``).
 QUEUE_KEY_PREFIX = "queue:"
+#: What ``status`` answers a caller without ``admin`` when there is an auth file: the
+#: fields a client needs to find the leader and a probe to see health (the status
+#: operation's required results in the operations table). The rest (peers and their
+#: certificates, connections, sessions, the log) needs ``admin``, on every status
+#: surface: native ``status``, ``/v1/status`` and the admin endpoint's ``/status``.
+STATUS_OPEN_FIELDS = frozenset(r.name for r in BY_NAME["status"].results if r.always)
 #: The characters that end a path segment of a key (``prefix_grants``).
 SEPARATORS = "/:"
 
@@ -208,6 +214,14 @@ class AuthPolicy:
             self.check_admin(principal, op)
             return
         raise PermissionDeniedError(f"{op} is not allowed here")
+
+    def status_view(self, principal: Principal | None, status: dict[str, Any]) -> dict[str, Any]:
+        """What ``status`` shows ``principal``: all of it with ``admin`` on every key,
+        else only ``STATUS_OPEN_FIELDS`` (issue 37: ``/status`` needed an admin token
+        while ``/v1/status`` and the native ``status`` answered 41 fields to anyone)."""
+        if principal is not None and principal.allows("admin", ""):
+            return status
+        return {k: v for k, v in status.items() if k in STATUS_OPEN_FIELDS}
 
     def check_admin(self, principal: Principal | None, what: str) -> None:
         if principal is None:

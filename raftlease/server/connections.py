@@ -350,7 +350,10 @@ class ClientPort:
                             return
                     if request.op not in LONG_POLL_OPS:
                         await gate.room()
-                    response = ok_response(request.id, await self._handle(request))
+                    result = await self._handle(request)
+                    if request.op == "status" and self.auth is not None:
+                        result = self.auth.status_view(who[0], result)  # admin: all of it
+                    response = ok_response(request.id, result)
             except RaftLeaseError as exc:
                 response = error_response(rid, exc)
                 code = exc.code

@@ -320,6 +320,8 @@ class HttpApi:
         finally:
             if release is not None:
                 release()
+        if route.op == "status" and self.node.auth is not None:
+            result = self.node.auth.status_view(caller.principal, result)  # admin: all of it
         if route.tag == "queues":
             # The request fields' names beside the native result's short ones.
             for short, name in (("tid", "task_id"), ("aid", "attempt_id")):
