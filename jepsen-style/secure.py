@@ -56,15 +56,17 @@ ENV = "RAFTLEASE_CHAOS_SECURITY"
 PRINCIPALS: dict[str, tuple[tuple[tuple[str, tuple[str, ...]], ...], int]] = {
     "lease-worker": (
         (
-            ("k", ("read", "write")),
-            ("sem", ("read", "write", "shape")),
-            ("pool", ("read", "write", "shape")),
+            # Bare string prefixes (k1..k4, sem1, pool1): permission prefixes match on
+            # path boundaries unless they end in * (docs/security.md).
+            ("k*", ("read", "write")),
+            ("sem*", ("read", "write", "shape")),
+            ("pool*", ("read", "write", "shape")),
         ),
         10,
     ),
     "queue-worker": ((("queue:", ("read", "write")),), 0),
-    "resource": ((("k", ("read",)),), 0),
-    "canceller": ((("x", ("read", "write")),), 0),
+    "resource": ((("k*", ("read",)),), 0),
+    "canceller": ((("x*", ("read", "write")),), 0),
     "watcher": ((("", ("read",)),), 0),
     "nemesis": ((("", ("read", "write", "admin")),), 0),
 }

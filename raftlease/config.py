@@ -123,6 +123,10 @@ class NodeConfig:
     max_owner_bytes: int = 256
     max_list: int = 10_000
     max_connections: int = 1024
+    # Unsent answers one client connection may have queued before the node stops
+    # reading it (server/output_gate.py): a peer that does not read cannot grow the
+    # node's memory.
+    max_conn_output: int = 8 << 20
     request_timeout: float = 5.0
     # A started request frame must arrive whole within frame_timeout; a connection
     # with nothing in flight and nothing received for idle_timeout is closed.
@@ -313,6 +317,7 @@ class NodeConfig:
             "max_owner_bytes",
             "max_list",
             "max_connections",
+            "max_conn_output",
             "compaction_min_entries",
             "max_leases_per_principal",
             "max_sessions_per_principal",

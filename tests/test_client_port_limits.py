@@ -97,6 +97,24 @@ def test_an_idle_connection_is_closed_but_a_watch_is_kept(cluster_factory: Facto
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
+def test_a_connection_that_never_sends_is_closed_at_the_frame_deadline(
+    cluster_factory: Factory,
+) -> None:
+    """Issue 37: a connection that sent nothing stayed open past 12 s (for the whole
+    15-minute idle_timeout); now frame_timeout after it was accepted. One that sends
+    its request in time is served."""
+    cluster = cluster_factory(1, frame_timeout=1.0, idle_timeout=900.0)
+    with socket.create_connection(client_addr(cluster)) as silent:
+        assert 0.5 <= closed_within(silent, 30) < 30
+    with socket.create_connection(client_addr(cluster)) as prompt:
+        prompt.sendall(encode_frame({"id": 1, "op": "holder", "key": "silent/k"}))
+        prompt.settimeout(10)
+        answers = list(FrameDecoder().feed(prompt.recv(65536)))
+        assert answers[0]["ok"] is True
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
 def test_a_connection_is_closed_when_idle_after_its_requests_were_answered(
     cluster_factory: Factory,
 ) -> None:

@@ -37,6 +37,7 @@ def test_a_quiet_connection_is_closed_after_idle_timeout() -> None:
         c = Closed()
         started = loop.time()
         timer = ConnectionTimer(loop, 5.0, 0.2, set(), c)
+        timer.active()  # it sent something (a connection that never did: below)
         try:
             return await closed(c), loop.time() - started
         finally:
@@ -45,6 +46,40 @@ def test_a_quiet_connection_is_closed_after_idle_timeout() -> None:
     reason, took = asyncio.run(main())
     assert reason == "idle_timeout: idle for 0.2 s"
     assert took >= 0.2
+
+
+def test_a_connection_that_never_sends_is_closed_at_the_frame_deadline() -> None:
+    """Issue 37: one that never sent a byte stayed open for idle_timeout (15 min by
+    default); it is closed after min(frame_timeout, idle_timeout), as idle."""
+
+    async def main() -> tuple[str, float]:
+        loop = asyncio.get_running_loop()
+        c = Closed()
+        started = loop.time()
+        timer = ConnectionTimer(loop, 0.2, 600.0, set(), c)
+        try:
+            return await closed(c), loop.time() - started
+        finally:
+            timer.stop()
+
+    reason, took = asyncio.run(main())
+    assert reason == "idle_timeout: sent nothing for 0.2 s"
+    assert 0.2 <= took < 5
+
+
+def test_once_it_has_sent_something_only_idle_timeout_applies() -> None:
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        c = Closed()
+        timer = ConnectionTimer(loop, 0.1, 600.0, set(), c)
+        timer.active()
+        try:
+            await asyncio.sleep(0.5)  # five frame deadlines: the input, not a guess
+            return list(c.reasons)
+        finally:
+            timer.stop()
+
+    assert asyncio.run(main()) == []
 
 
 def test_a_request_in_flight_keeps_it_open_and_the_idle_clock_starts_when_it_ends() -> None:

@@ -115,9 +115,16 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+#: The admin token of the last ``auth_file`` made: with an auth file, a node shows its
+#: whole status (long_polls, unauthenticated_connections) only to an admin.
+ADMIN_TOKEN: list[str] = []
+
+
 def status_of(endpoint: str) -> dict[str, Any]:
     raw = Raw(endpoint)
     try:
+        if ADMIN_TOKEN:  # without an auth file, auth answers "off" and changes nothing
+            assert raw.call("auth", token=ADMIN_TOKEN[0]).get("ok")
         answer = raw.call("status")
         assert answer.get("ok"), answer
         return dict(answer["result"]) if "result" in answer else answer
@@ -133,6 +140,7 @@ def auth_file(tmp_path: Path) -> Path:
     """The test bundle's auth file (admin) plus two agents on gpu/ and queue:."""
     bundle = secure_bundle(tmp_path / "tls")
     bundle.add_agents({"agent-7": AGENT_TOKEN, "agent-8": OTHER_TOKEN}, ("gpu/", "queue:"))
+    ADMIN_TOKEN[:] = [bundle.admin_token]
     return bundle.auth_file
 
 

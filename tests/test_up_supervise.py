@@ -154,6 +154,10 @@ def test_up_reports_a_killed_node_keeps_serving_and_restarts_it(
         assert sorted(nodes) == ["n1", "n2", "n3"], out.text
         learned.update(int(n["pid"]) for n in nodes.values())
         leader = out.wait(r"leader: (n\d)")[1]
+        # Whom the zero-configuration cluster trusts, and how to secure it: one line.
+        trust = out.wait(r"trust: .*\n")[0]
+        assert "every process on this machine may do everything" in trust, trust
+        assert "raftlease up --secure" in trust, trust
 
         # SIGKILL the leader by the pid up printed: a failover to watch.
         victim, pid = leader, int(nodes[leader]["pid"])

@@ -30,11 +30,17 @@ def status(endpoints: str, as_json: bool, timeout: float) -> None:
             if not s.get("reachable"):
                 click.echo(f"{'?':6} {s['client']:22} unreachable: {s.get('error')}")
                 continue
+            # With an auth file, a node shows the rest only to an admin (security.md).
+            term, commit, applied, leases = (
+                s.get(k, "-") for k in ("term", "commit_index", "applied_index", "leases")
+            )
             click.echo(
-                f"{s['node']:6} {s['client']:22} {s['role']:10} {s['term']:>5} "
-                f"{s['commit_index']:>8} {s['applied_index']:>8} {s['leases']:>7}  "
+                f"{s['node']:6} {s['client']:22} {s['role']:10} {term:>5} "
+                f"{commit:>8} {applied:>8} {leases:>7}  "
                 f"{s['leader'] or '-'}"
             )
+        if any(s.get("reachable") and "term" not in s for s in statuses):
+            click.echo("(-: shown with an admin token only; set RAFTLEASE_TOKEN)")
     leaders = {s.get("leader") for s in statuses if s.get("reachable")}
     if not any(s.get("reachable") for s in statuses) or None in leaders:
         sys.exit(1)

@@ -94,7 +94,7 @@ def render(snap: dict[str, Any], width: int) -> list[str]:
             continue
         lines.append(
             f"{safe(n['node']):6} {safe(n['client']):22} {safe(n['role']):10} "
-            f"{n['term']:>5} {n['applied_index']:>8} "
+            f"{n.get('term', '-'):>5} {n.get('applied_index', '-'):>8} "
             f"{'yes' if n.get('lease_reads') else 'no':11} "
             f"{'ALARM' if n.get('drift_alarm') else 'ok'}"
         )

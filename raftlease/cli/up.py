@@ -153,9 +153,12 @@ def up(
                 click.echo(f"dashboard: {scheme}://{admin_addrs[cluster.nodes[0].id]}/ui/")
             click.echo(f"peers: mutual TLS with a throwaway CA in {cluster.certs.directory}")
             if not secure:
+                # One line (issue 37): the zero-configuration cluster trusts every local
+                # process with everything, membership and snapshots included.
                 click.echo(
-                    "trust: every process on this machine may use this cluster (no client "
-                    "authentication on loopback); `raftlease up --secure` adds TLS and tokens"
+                    "trust: no client authentication: every process on this machine may do "
+                    "everything (any lease, members, snapshots); secure it with "
+                    "`raftlease up --secure` (TLS, tokens, roles)"
                 )
             if secure:
                 click.echo(

@@ -30,6 +30,13 @@ machine from a flag the leader stamps, since only it knows whether the key has a
 A prefix operation (``leases``, ``watch``) needs the permission on a prefix that
 contains the one asked.
 
+Prefixes match on path boundaries (issue 37), not as bare strings: a permission's
+prefix grants the keys (and prefixes) equal to it or continuing it after a separator
+(``/`` or ``:``); a prefix that itself ends in a separator (``gpu/``, ``queue:``) grants
+everything under it, and ``""`` everything. So ``queue:sec`` grants the queue ``sec``
+(and ``sec/...``), never ``secrets-payroll``, and ``team-a`` never ``team-ab``. A bare
+string prefix must be asked for: a trailing ``*`` (``k*`` grants ``k1`` and ``kz``).
+
 Shapes can be pinned (docs/security.md, "Pinned shapes"): ``[[shapes]]`` with a
 ``key`` (that key only) or a ``prefix`` (every key under it) and a ``capacity``. An
 acquire of a pinned key with another capacity is refused ``CAPACITY_MISMATCH`` by the
@@ -62,6 +69,26 @@ ACTIONS = frozenset({"read", "write", "admin", "shape"})
 #: prefix ``queue:rollouts`` grants one queue, ``queue:`` every queue). Which
 #: operation needs which permission is in the operations table (``operations.TABLE``).
 QUEUE_KEY_PREFIX = "queue:"
+#: What ``status`` answers a caller without ``admin`` when there is an auth file: the
+#: fields a client needs to find the leader and a probe to see health (the status
+#: operation's required results in the operations table). The rest (peers and their
+#: certificates, connections, sessions, the log) needs ``admin``, on every status
+#: surface: native ``status``, ``/v1/status`` and the admin endpoint's ``/status``.
+STATUS_OPEN_FIELDS = frozenset(r.name for r in BY_NAME["status"].results if r.always)
+#: The characters that end a path segment of a key (``prefix_grants``).
+SEPARATORS = "/:"
+
+
+def prefix_grants(prefix: str, key: str) -> bool:
+    """Whether a permission on ``prefix`` covers ``key`` (a key, or the prefix a
+    ``leases``/``watch`` asks for): on path boundaries, see the module docstring."""
+    if prefix.endswith("*"):
+        return key.startswith(prefix[:-1])  # asked for: a bare string prefix
+    if not key.startswith(prefix):
+        return False
+    if not prefix or len(key) == len(prefix) or prefix[-1] in SEPARATORS:
+        return True
+    return key[len(prefix)] in SEPARATORS
 
 
 @dataclass(frozen=True)
@@ -81,7 +108,7 @@ class Principal:
     def allows(self, action: str, key: str, prefix_op: bool = False) -> bool:
         for role in self.roles:
             for prefix, actions in role.permissions:
-                if action in actions and key.startswith(prefix):
+                if action in actions and prefix_grants(prefix, key):
                     return True
         return False
 
@@ -187,6 +214,14 @@ class AuthPolicy:
             self.check_admin(principal, op)
             return
         raise PermissionDeniedError(f"{op} is not allowed here")
+
+    def status_view(self, principal: Principal | None, status: dict[str, Any]) -> dict[str, Any]:
+        """What ``status`` shows ``principal``: all of it with ``admin`` on every key,
+        else only ``STATUS_OPEN_FIELDS`` (issue 37: ``/status`` needed an admin token
+        while ``/v1/status`` and the native ``status`` answered 41 fields to anyone)."""
+        if principal is not None and principal.allows("admin", ""):
+            return status
+        return {k: v for k, v in status.items() if k in STATUS_OPEN_FIELDS}
 
     def check_admin(self, principal: Principal | None, what: str) -> None:
         if principal is None:

@@ -4,6 +4,12 @@
   slow or stalled sender must not hold a buffer for ever).
 * ``idle_timeout``: a connection with nothing in flight (no request being answered, no
   watch, no long-poll) and nothing received for that long is closed.
+* A connection that has sent nothing at all since it was accepted is closed after
+  ``min(frame_timeout, idle_timeout)`` (counted as ``idle_timeout``). Before, it
+  waited for ``idle_timeout`` (15 min by default) like a client between requests:
+  ``frame_timeout`` only ran once a frame had started, so a connection that never
+  sent a byte held its slot, and a stranger could hold hundreds (issue 37). Every
+  client sends its first request (or ``auth``) as soon as it connects.
 
 One ``TimerHandle`` per connection, re-armed only when it fires or when a frame starts
 (its limit is shorter), instead of one armed and cancelled around every read: that
@@ -48,15 +54,21 @@ class ConnectionTimer:
         self._busy = busy
         self._close = close
         self.quiet_since = loop.time()
+        #: Whether anything at all was received (before that, the first-byte deadline).
+        self.heard = False
         self.frame_started: float | None = None
         self.frame_bytes = 0
         self._handle: asyncio.TimerHandle | None = None
         self._at = 0.0
-        self._arm(self.quiet_since + idle_timeout)
+        self._arm(self.quiet_since + self._first_timeout())
 
     def active(self, _: object = None) -> None:
         """Data arrived, or a request in flight ended (also a task's done callback)."""
         self.quiet_since = self._loop.time()
+        self.heard = True
+
+    def _first_timeout(self) -> float:
+        return min(self._frame_timeout, self._idle_timeout)
 
     def frame(self, pending: int, completed: bool = False) -> None:
         """``pending`` bytes of a request frame are buffered (0: no partial frame);
@@ -102,9 +114,11 @@ class ConnectionTimer:
                 return
             deadlines.append(ends)
         elif not self._busy:
-            ends = self.quiet_since + self._idle_timeout
+            limit = self._idle_timeout if self.heard else self._first_timeout()
+            ends = self.quiet_since + limit
             if ends <= now:
-                self._close("idle_timeout", f"idle for {self._idle_timeout:g} s")
+                silent = "idle" if self.heard else "sent nothing"
+                self._close("idle_timeout", f"{silent} for {limit:g} s")
                 return
             deadlines.append(ends)
         # Busy: look again one idle period from now (the last request to end moves

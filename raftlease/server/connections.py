@@ -45,6 +45,7 @@ from ..protocol import (
 from .auth import AuthPolicy, Principal
 from .conn_timer import ConnectionTimer
 from .metrics import NodeMetrics
+from .output_gate import BULK_OPS, OutputGate
 from .reads import LONG_POLL_OPS
 from .watch import WatchHub
 
@@ -130,6 +131,8 @@ class ClientPort:
             tasks,
             close,
         )
+        # Unsent answers past max_conn_output: stop reading, answer nothing new.
+        gate = OutputGate(writer, self.config.max_conn_output, close)
         # The connection's principal (auth.py): from its client certificate, or set
         # by an auth request. A one-item list the request tasks share.
         who: list[Principal | None] = [None]
@@ -146,6 +149,7 @@ class ClientPort:
                 return
             self._arm_auth_deadline(writer, who)
             while True:
+                await gate.room()  # a peer that does not read is not read either
                 data = await reader.read(1 << 16)
                 if not data:
                     break
@@ -159,7 +163,7 @@ class ClientPort:
                 deadlines.frame(decoder.pending, completed=bool(frames))
                 for message in frames:
                     await slots.acquire()
-                    task = asyncio.create_task(self._answer(message, writer, slots, who))
+                    task = asyncio.create_task(self._answer(message, writer, slots, who, gate))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                     task.add_done_callback(deadlines.active)
@@ -294,6 +298,7 @@ class ClientPort:
         writer: asyncio.StreamWriter,
         slots: asyncio.Semaphore,
         who: list[Principal | None],
+        gate: OutputGate,
     ) -> None:
         metrics = self._metrics
         started = time.perf_counter() if metrics is not None else 0.0
@@ -338,10 +343,26 @@ class ClientPort:
                                 request.principal,
                             )
                         return
-                    response = ok_response(request.id, await self._handle(request))
+                    if request.op in BULK_OPS:
+                        # A list answer is built only when there is room for it, one
+                        # at a time, and written before the next is built.
+                        async with gate.bulk:
+                            await gate.room()
+                            response = ok_response(request.id, await self._handle(request))
+                            if not writer.is_closing():
+                                writer.write(encode_frame(response))
+                            return
+                    if request.op not in LONG_POLL_OPS:
+                        await gate.room()
+                    result = await self._handle(request)
+                    if request.op == "status" and self.auth is not None:
+                        result = self.auth.status_view(who[0], result)  # admin: all of it
+                    response = ok_response(request.id, result)
             except RaftLeaseError as exc:
                 response = error_response(rid, exc)
                 code = exc.code
+            except ConnectionError:
+                raise  # the connection is gone (or closed by its output bound)
             except Exception:  # never let a bug take the node down
                 log.exception("request handler failed")
                 response = error_response(rid, InternalError("request handler failed"))

@@ -146,7 +146,7 @@ class NodeMetrics:
             "Client connections refused or closed by a connection limit, by the limit "
             "(max_connections, max_connections_per_address, max_unauthenticated_connections, "
             "evicted: closed to admit another address's, auth_timeout, frame_timeout, "
-            "idle_timeout).",
+            "idle_timeout, max_conn_output: its answers stayed unread).",
             ["limit"],
             registry=registry,
         )

@@ -229,6 +229,11 @@ class NodeServer:
             self.admin.auth = policy
             if self.admin.dashboard is not None:
                 self.admin.dashboard.auth = policy
+            if self.admin.api is not None:
+                # Its open watch streams and waits end if their token is revoked.
+                ended = self.admin.api.revoke(policy)
+                if ended:
+                    log.info("auth reload ended %d HTTP streams and waits", ended)
 
     def _keepalives(self) -> MemoryKeepalives | None:
         """The keep-alives answered from memory (the proposer's; None before it exists)."""

@@ -336,16 +336,30 @@ class LocalCluster:
     def client(self, **options: Any) -> Client:
         return Client(self.endpoints, **{**self.client_options, **options})
 
+    @property
+    def status_options(self) -> dict[str, Any]:
+        """``client_options`` plus, on a cluster made from ``certs.secure_bundle``, its
+        admin token (``admin.token`` beside the auth file): with an auth file a node
+        shows all of its status only to an admin (docs/security.md), and the harness
+        reads terms and indexes from it."""
+        options = dict(self.client_options)
+        auth_file = self.settings.get("auth_file")
+        if auth_file:
+            token_file = Path(str(auth_file)).with_name("admin.token")
+            if token_file.is_file():
+                options["token"] = token_file.read_text().strip()
+        return options
+
     def node_status(self, node_id: str, timeout: float = 2.0) -> dict[str, Any]:
         """``node_id``'s own status, asked over its client port (``statuses`` asks
         every node and reports the unreachable ones instead). Raises
         ``RaftLeaseError`` if it does not answer within ``timeout``."""
         addr = self.node(node_id).client
-        with Client([addr], **self.client_options) as c:
+        with Client([addr], **self.status_options) as c:
             return c.node_status(addr, timeout=timeout)
 
     def statuses(self, timeout: float = 1.0) -> list[dict[str, Any]]:
-        with Client(self.endpoints, **self.client_options) as c:
+        with Client(self.endpoints, **self.status_options) as c:
             return c.cluster_status(timeout=timeout)
 
     def leader(self, timeout: float = 1.0) -> dict[str, Any] | None:

@@ -52,13 +52,14 @@ from ...errors import (
     InternalError,
     LeaseHeldError,
     NotLeaderError,
+    QuotaExceededError,
     RaftLeaseError,
     SessionExpiredError,
     UnauthenticatedError,
     UnavailableError,
 )
 from ...protocol import HEADER, OPS, parse_request
-from ..auth import Principal
+from ..auth import AuthPolicy, Principal
 from .http_forward import Forwarder, client_context
 from .openapi import STATUS, Route, all_routes, document, op_fields
 
@@ -74,6 +75,14 @@ BODY_TIMEOUT = 10.0
 POLL_SLICE = 2.0
 #: A watch stream sends a keep-alive this often, so a vanished client is noticed.
 WATCH_KEEPALIVE = 15.0
+#: Long-lived requests (watch streams, acquires and claims waiting with ``wait``) one
+#: authenticated principal may hold open on this endpoint, and everyone together
+#: (issue 37: 70 watch streams of one principal filled the admin endpoint's 64
+#: connections and /readyz and /metrics were dropped). Both stay below the
+#: endpoint's connection cap (admin.MAX_CONNECTIONS, 64): probes and short calls
+#: always find a connection. Beyond them: 429 QUOTA_EXCEEDED.
+MAX_STREAMS_PER_PRINCIPAL = 16
+MAX_STREAMS = 40
 #: Tries of one request through NOT_LEADER / UNAVAILABLE answers (an election),
 #: within its deadline.
 MAX_HOPS = 16
@@ -185,6 +194,58 @@ class HttpApi:
         self.sequencer = _Sequencer(node.config.node_id)
         self._openapi: bytes | None = None
         self._tasks: set[asyncio.Future[None]] = set()
+        #: Open long-lived requests: their caller and how to end them (``revoke``).
+        self._streams: dict[object, tuple[_Caller, Callable[[], None]]] = {}
+
+    def streams_of(self, name: str | None) -> int:
+        """Open long-lived requests of principal ``name`` (None: of everyone)."""
+        if name is None:
+            return len(self._streams)
+        return sum(
+            1
+            for caller, _ in self._streams.values()
+            if caller.principal is not None and caller.principal.name == name
+        )
+
+    def _hold(self, caller: _Caller, end: Callable[[], None]) -> Callable[[], None]:
+        """Count a long-lived request (``end`` ends it) against the stream caps;
+        returns what to call when it is over. Raises ``QuotaExceededError``."""
+        if len(self._streams) >= MAX_STREAMS:
+            raise QuotaExceededError(
+                f"{len(self._streams)} long-lived requests (watch streams, waits) are open "
+                f"on this endpoint (at most {MAX_STREAMS}); use the client port for more"
+            )
+        who = caller.principal
+        if who is not None and self.streams_of(who.name) >= MAX_STREAMS_PER_PRINCIPAL:
+            raise QuotaExceededError(
+                f"{who.name} already has {MAX_STREAMS_PER_PRINCIPAL} long-lived requests "
+                "(watch streams, waits) open on this endpoint",
+                {"principal": who.name},
+            )
+        token = object()
+        self._streams[token] = (caller, end)
+
+        def release() -> None:
+            self._streams.pop(token, None)
+
+        return release
+
+    def revoke(self, policy: AuthPolicy) -> int:
+        """An auth reload: end every long-lived request whose token the new policy
+        no longer admits, or admits as another principal (a removed principal's open
+        watch kept streaming). Returns how many were ended. Event loop."""
+        ended = 0
+        for caller, end in list(self._streams.values()):
+            if caller.token is None or caller.principal is None:
+                continue
+            try:
+                still = policy.by_token(caller.token).name == caller.principal.name
+            except UnauthenticatedError:
+                still = False
+            if not still:
+                ended += 1
+                end()
+        return ended
 
     def owns(self, path: str) -> bool:
         return path == "/openapi.json" or path == "/v1" or path.startswith("/v1/")
@@ -234,6 +295,17 @@ class HttpApi:
         key = request.headers.get("Idempotency-Key")
         if key is not None and not _IDEMPOTENCY_KEY.fullmatch(key):
             raise BadRequestError("Idempotency-Key must be 1 to 128 printable ASCII characters")
+        release: Callable[[], None] | None = None
+        if route.poll and fields.get("wait"):
+            # A wait may last long: it counts against the stream caps, and a reload
+            # that revokes its caller cancels it (the wait then withdraws).
+            task = asyncio.current_task()
+            assert task is not None
+
+            def cancel() -> None:
+                task.cancel()
+
+            release = self._hold(caller, cancel)
         try:
             result = await self.run(route.op, fields, caller, key)
             if route.poll == "lease" and result.get("queued"):
@@ -245,6 +317,11 @@ class HttpApi:
                 # Name the field the caller sent (an election's 'name', not 'key').
                 exc.message = exc.message.replace(repr(proto), repr(http_name))
             raise
+        finally:
+            if release is not None:
+                release()
+        if route.op == "status" and self.node.auth is not None:
+            result = self.node.auth.status_view(caller.principal, result)  # admin: all of it
         if route.tag == "queues":
             # The request fields' names beside the native result's short ones.
             for short, name in (("tid", "task_id"), ("aid", "attempt_id")):
@@ -512,26 +589,40 @@ class HttpApi:
         replica = node.require_replica()  # raises UNAVAILABLE while the node starts
         who = caller.principal.name if caller.principal is not None else None
         node.watches.admit(who)  # QUOTA_EXCEEDED as a plain answer, before streaming
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream" if sse else "application/x-ndjson",
-                "Cache-Control": "no-cache",
-            }
-        )
-        await response.prepare(request)
+        # The stream caps, and a reload that revokes the caller ends it (end()).
+        running: list[asyncio.Future[None]] = []
+        ended = [False]
+
+        def end() -> None:
+            ended[0] = True
+            for future in running:
+                future.cancel()
+
+        release = self._hold(caller, end)
+        try:
+            response = web.StreamResponse(
+                headers={
+                    "Content-Type": "text/event-stream" if sse else "application/x-ndjson",
+                    "Cache-Control": "no-cache",
+                }
+            )
+            await response.prepare(request)
+        except BaseException:
+            release()
+            raise
         sink = _WatchSink(request, response, sse)
         stream = asyncio.ensure_future(
             node.watches.stream(parsed, sink, lambda: replica.store.revision, who)  # type: ignore[arg-type]
         )
+        running.append(stream)
+        if ended[0]:
+            stream.cancel()  # revoked while the response was prepared
 
         # The stream waits for changes and would learn that its client went away only
         # at its next write, which on a quiet prefix never comes: the handler (its
         # watch quota slot, its connection's place under the admin connection cap)
         # would stay until the node stops. So the connection's loss ends it at once,
         # and so does the keep-alive's end (a failed write).
-        def end() -> None:
-            stream.cancel()
-
         forget = self.when_lost(request, end) if self.when_lost else lambda: None
         keepalive = asyncio.create_task(sink.keepalive())
         keepalive.add_done_callback(lambda _: end())
@@ -544,6 +635,7 @@ class HttpApi:
         except (ConnectionError, RuntimeError):
             pass
         finally:
+            release()
             forget()
             keepalive.cancel()
             stream.cancel()

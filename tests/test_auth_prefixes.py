@@ -1,0 +1,65 @@
+"""Permission prefixes match on path boundaries (issue 37): a role on ``queue:sec``
+granted the queue ``secrets-payroll`` too, since prefixes were bare strings."""
+
+from __future__ import annotations
+
+import pytest
+
+from raftlease.errors import PermissionDeniedError
+from raftlease.protocol import Limits, Request, parse_request
+from raftlease.server.auth import AuthPolicy, Principal, Role, prefix_grants
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "key", "granted"),
+    [
+        ("", "anything", True),
+        ("", "", True),
+        ("gpu/", "gpu/a100", True),
+        ("gpu/", "gpu/", True),
+        ("gpu/", "gpus/x", False),
+        ("gpu", "gpu", True),
+        ("gpu", "gpu/a100", True),
+        ("gpu", "gpus", False),
+        ("queue:sec", "queue:sec", True),
+        ("queue:sec", "queue:sec/inner", True),
+        ("queue:sec", "queue:secrets-payroll", False),
+        ("queue:", "queue:secrets-payroll", True),
+        ("team-a", "team-ab", False),
+        ("team-a", "team-a:jobs", True),
+        ("a/b", "a/", False),  # a narrower permission never covers a wider prefix
+        ("k*", "k1", True),  # a trailing * asks for a bare string prefix
+        ("k*", "k", True),
+        ("k*", "j1", False),
+        ("queue:sec*", "queue:secrets-payroll", True),
+        ("*", "anything", True),
+    ],
+)
+def test_prefix_grants_on_path_boundaries(prefix: str, key: str, granted: bool) -> None:
+    assert prefix_grants(prefix, key) is granted
+
+
+def _request(message: dict[str, object]) -> Request:
+    return parse_request({"id": 1, "cid": "c", "seq": 1, "ack": 1, **message}, Limits())
+
+
+def test_a_role_on_one_queue_does_not_grant_queues_that_share_its_letters() -> None:
+    role = Role("payroll-reader", (("queue:sec", frozenset({"read", "write"})),))
+    policy = AuthPolicy({"p": Principal("p", (role,))})
+    who = policy.principals["p"]
+    policy.check(who, _request({"op": "task_put", "queue": "sec", "payload": "{}"}))
+    with pytest.raises(PermissionDeniedError, match="queue:secrets-payroll"):
+        policy.check(who, _request({"op": "task_put", "queue": "secrets-payroll", "payload": "{}"}))
+
+
+def test_a_prefix_operation_needs_the_permission_on_a_boundary() -> None:
+    role = Role("gpu", (("gpu", frozenset({"read"})),))
+    policy = AuthPolicy({"g": Principal("g", (role,))})
+    who = policy.principals["g"]
+    policy.check(who, _request({"op": "leases", "prefix": "gpu/"}))
+    policy.check(who, _request({"op": "holder", "key": "gpu"}))
+    for denied in ({"op": "leases", "prefix": "gp"}, {"op": "holder", "key": "gpus"}):
+        with pytest.raises(PermissionDeniedError):
+            policy.check(who, _request(denied))
