@@ -8,7 +8,7 @@ see ``process_stats``), its threads (``Threads``), its age,
 and the sizes of its data directory's files: ``raft.journal`` (the file, and the
 bytes it uses: PySyncObj's journal is an mmap that only grows, its header holds the
 end of the last record) and ``raft.dump`` (the snapshot). ``verdict`` judges the
-series (pure functions, unit-tested on synthetic series in tests/test_soak_profile.py):
+series (pure functions, unit-tested on synthetic series in tests/chaos/test_soak_profile.py):
 
 * **rss**: per node, the median over the *reference window* against the median over
   the last minute must grow by less than ``RSS_GROWTH`` (10 %). The reference window

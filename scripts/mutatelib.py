@@ -76,14 +76,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "raftlease" / "core"
 
-#: The core's unit and property tests. tests/test_core_mutants.py (the tests written
+#: The core's unit and property tests. tests/unit/test_core_mutants.py (the tests written
 #: against survivors of this script) runs first: it is the fastest and most exact.
 DEFAULT_TESTS = (
-    "tests/test_core_mutants.py",
-    "tests/test_core.py",
-    "tests/test_core_properties.py",
-    "tests/test_core_shared.py",
-    "tests/test_core_queue.py",
+    "tests/unit/test_core_mutants.py",
+    "tests/unit/test_core.py",
+    "tests/unit/test_core_properties.py",
+    "tests/unit/test_core_shared.py",
+    "tests/unit/test_core_queue.py",
 )
 
 #: A comparison's replacements: the boundary moved, then the comparison negated.
@@ -107,7 +107,7 @@ CANARY = "scripts/mutate canary: the tests import the copy"
 #: Mutants left alive on purpose. An entry is ``module function `fragment` original ->
 #: replacement`` (``*``: any), then its reason, indented. It matches the mutants of that
 #: function whose token lies inside the fragment of the line. The invariants cited are
-#: checked after every step of the random workloads of tests/test_core_shared.py
+#: checked after every step of the random workloads of tests/unit/test_core_shared.py
 #: (``check_invariants``): capacity and used entries exist exactly for the keys with
 #: holders or waiters, and the head of a queue does not fit (so a key with a queue is
 #: held).
@@ -140,7 +140,7 @@ store.py LeaseStore._advance `if now > self.now:` > -> >=
 store.py LeaseStore._advance `len(deadlines) > 64` > -> >=
     Rebuilds the expiry heap sooner: memory only (stale entries are skipped when popped,
     the heap is not in the snapshot), and the bound on stale entries still holds
-    (rebuilding later breaks it: tests/test_core_mutants.py).
+    (rebuilding later breaks it: tests/unit/test_core_mutants.py).
 store.py LeaseStore._advance `> 64` 64 -> 63
     Rebuilds the expiry heap sooner, as above.
 store.py LeaseStore._advance `64 and len` and -> or
@@ -412,9 +412,13 @@ def make_copy(tests: Sequence[str]) -> Path:
     copy = Path(tempfile.mkdtemp(prefix="raftlease-mutate-"))
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(ROOT / "raftlease", copy / "raftlease", ignore=ignore)
-    (copy / "tests").mkdir()
-    for name in ("tests/__init__.py", "tests/conftest.py", *tests):
-        shutil.copy2(ROOT / name, copy / name)
+    # tests/ is a package of packages (tests/unit/, ...): each folder's __init__.py
+    # and conftest.py come along with its test files.
+    folders = [str(Path(t).parent / n) for t in tests for n in ("__init__.py", "conftest.py")]
+    for name in dict.fromkeys(("tests/__init__.py", "tests/conftest.py", *folders, *tests)):
+        if (ROOT / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, copy / name)
     shutil.copy2(ROOT / "pyproject.toml", copy / "pyproject.toml")
     return copy
 
@@ -625,7 +629,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing:
             sys.exit(f"scripts/mutate: no test file {', '.join(missing)}")
         tests = list(args.tests)
-    else:  # tests/test_core_mutants.py may be absent in an older checkout
+    else:  # tests/unit/test_core_mutants.py may be absent in an older checkout
         tests = [t for t in DEFAULT_TESTS if (ROOT / t).is_file()]
     mutants = enumerate_mutants(modules)
     if args.equivalents:

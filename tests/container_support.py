@@ -1,4 +1,4 @@
-"""Containers without a container runtime, for tests/test_deploy_run.py: the image the
+"""Containers without a container runtime, for tests/integration/test_deploy_run.py: the image the
 Dockerfile builds (its ENV, USER, WORKDIR, VOLUME, ENTRYPOINT, CMD, HEALTHCHECK and
 the directories its RUN lines make), and a container of it on a host of
 ``raftlease.testing.hosts``: the image's directories that this machine lacks are the

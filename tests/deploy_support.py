@@ -1,4 +1,5 @@
-"""Helpers shared by tests/test_multi_host.py and tests/test_deploy_run.py: the docs'
+"""Helpers shared by tests/integration/test_multi_host.py and tests/integration/test_deploy_run.py:
+the docs'
 ``# step:`` blocks, a hosts network that skips (or fails under CI) where hosts cannot
 run, ``raftlease``/``python`` shims that run this checkout, passwd/group files for a
 host, snapshots of file trees, a systemd service emulated on a host (``Unit`` and

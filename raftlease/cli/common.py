@@ -30,7 +30,7 @@ unwinds through its clean stop; a second signal during that stop is only recorde
 
 Nothing here imports the client or the server at module level: every command loads
 this module, and ``raftlease node`` must load neither the client nor the recipes
-(tests/test_layers.py), nor a client command the server.
+(tests/fitness/test_layers.py), nor a client command the server.
 """
 
 from __future__ import annotations

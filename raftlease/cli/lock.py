@@ -187,7 +187,7 @@ class LeaseKeeper:
 
     def __init__(self, client: Any, lease: Lease, grace: float) -> None:
         # Here, not at the top: `raftlease node` loads this module and must not load
-        # the recipes (tests/test_layers.py).
+        # the recipes (tests/fitness/test_layers.py).
         from ..recipes.keepalive import KeepAliveState
 
         self.client = client

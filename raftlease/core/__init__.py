@@ -11,7 +11,7 @@
 * ``task_records``, ``task_state``, ``queue``: leased task queues (limits, records and
   checks; the state and its reads; every mutation), docs/queues.md.
 
-A test walks this package's AST (tests/test_core_purity.py): it imports nothing that
+A test walks this package's AST (tests/fitness/test_core_purity.py): it imports nothing that
 reads a clock, draws a random number or does I/O.
 """
 

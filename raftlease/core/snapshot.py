@@ -2,7 +2,7 @@
 
 The layout is versioned (``SNAPSHOT_VERSION``); older layouts this code knows are
 upgraded on load, any other is refused. Restoring a snapshot and replaying the rest of
-the log gives exactly the state that never snapshotted (tests/test_core_shared.py).
+the log gives exactly the state that never snapshotted (tests/unit/test_core_shared.py).
 """
 
 from __future__ import annotations

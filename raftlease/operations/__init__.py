@@ -8,7 +8,7 @@ Everything that used to write an operation's fields by hand reads this table ins
 the wire parser (``protocol.parse_request``), the state machine's entry checks
 (``core/checks.py``), the permission check (``server/auth.py``) and the OpenAPI
 document with its request and response schemas (``server/op_schemas.py``). A new
-operation or field is one entry here; ``tests/test_operations.py`` checks that every
+operation or field is one entry here; ``tests/unit/test_operations.py`` checks that every
 reader agrees with it.
 
 Ground floor: imports only ``errors`` and ``limits`` (and the stdlib), so every layer,

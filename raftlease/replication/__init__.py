@@ -11,7 +11,7 @@
 * ``leadership``: leader lease, vote promise and clock-drift monitor (pure bookkeeping
   on an injected clock).
 
-docs/pysyncobj.md lists what we rely on; tests/test_pysyncobj_contract.py guards it.
+docs/pysyncobj.md lists what we rely on; tests/fitness/test_pysyncobj_contract.py guards it.
 """
 
 from .durable import DURABILITY_FAILED, DURABLE_MARK, DurableJournal, SyncRecorder

@@ -1,7 +1,7 @@
 """PySyncObj's files for backup and restore: seed a new node's data directory with a
 full dump PySyncObj loads at start, and read a stopped node's dump and journal offline.
 
-PySyncObj's on-disk formats (0.3.17; tests/test_backup.py starts real nodes on what
+PySyncObj's on-disk formats (0.3.17; tests/integration/test_backup.py starts real nodes on what
 ``write_seed_dump`` writes, so a change fails loudly):
 
 * ``raft.dump`` (``serializer.py``): gzip of a protocol-2 pickle of

@@ -116,7 +116,7 @@ class PreallocatedFile(ResizableFile):  # type: ignore[misc]
     Why: PySyncObj grows the file with ``mmap.resize`` (an ``ftruncate``: a sparse
     file) and then writes through the map. On a full disk the kernel cannot back the
     page on that write and the process dies of SIGBUS: no message, no exit status
-    (reproduced on a 256 KiB tmpfs, tests/test_durable_journal.py). With the blocks
+    (reproduced on a 256 KiB tmpfs, tests/unit/test_durable_journal.py). With the blocks
     allocated first (``posix_fallocate``, which glibc emulates by writing zeros
     where the file system cannot), a full disk is an ``OSError`` before anything is
     written. The journal doubles as it grows, so this runs rarely."""
@@ -595,7 +595,7 @@ def install(sync: Any, durability: str, recorder: SyncRecorder | None = None) ->
     """Put a ``DurableJournal`` in place of ``sync``'s journal and make its dump writer
     sync (``DurableSerializer``). Call from inside ``SyncObj.__init__`` (our
     transport's constructor), before PySyncObj's tick thread starts. Raises
-    ``TypeError`` if PySyncObj's internals are not what tests/test_pysyncobj_contract.py
+    ``TypeError`` if PySyncObj's internals are not what tests/fitness/test_pysyncobj_contract.py
     checks."""
     inner = sync._SyncObj__raftLog
     if not isinstance(inner, FileJournal):

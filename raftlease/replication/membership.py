@@ -8,7 +8,7 @@ member set (``__loadDumpFile`` -> ``__updateClusterConfiguration``). Every chang
 the set goes through the transport's ``addNode``/``dropNode`` (transport.py), which
 is where the leader lease is re-counted over the new majority.
 
-What this module corrects or adds at our seam (tests/test_membership_contract.py):
+What this module corrects or adds at our seam (tests/fitness/test_membership_contract.py):
 
 * **One change at a time.** PySyncObj means to refuse a change while another is not
   yet applied, but never sets ``__changeClusterIDx``: a second change is accepted at

@@ -141,7 +141,7 @@ class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
     buffers, cheaper small frames, and a dead-peer timeout that spares idle
     connections. Installed on each connection object by changing its class
     (transport.py); ``send``, the read path and the parser replace PySyncObj's
-    (tests/test_pysyncobj_contract.py pins the names they replace). Tick thread only.
+    (tests/fitness/test_pysyncobj_contract.py pins the names they replace). Tick thread only.
 
     Class defaults: connections become this class after PySyncObj built them."""
 

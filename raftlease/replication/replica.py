@@ -4,7 +4,7 @@ It replicates opaque entries (msgpack bytes) through one replicated method, appl
 them to the ``LeaseStore`` on PySyncObj's tick thread, and reports leader, term and
 indexes. Everything PySyncObj-specific (its configuration names, its error codes, its
 snapshot hooks) stays here. docs/pysyncobj.md lists what we rely on; each reliance is
-guarded by a test in tests/test_pysyncobj_contract.py.
+guarded by a test in tests/fitness/test_pysyncobj_contract.py.
 
 Threads: PySyncObj runs its own tick thread. ``apply`` and every callback passed to
 ``propose`` run on that thread and must never block or raise (an exception inside a

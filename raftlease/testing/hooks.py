@@ -16,8 +16,8 @@ Hooks (a dict, as ``LocalCluster(hooks=...)`` takes it):
   the cluster must run so: a plain node and a TLS node cannot talk;
 * ``planted_bug: NAME``: a deliberately broken build the test suite must catch
   (``PLANTED_BUGS``; jepsen-style/README.md lists which checker catches each, and
-  tests/test_planted_bugs.py runs each guard's check on the honest and the planted
-  build). It implies ``clock_control``.
+  tests/unit/test_planted_bugs.py and tests/integration/test_planted_bugs.py run each
+  guard's check on the honest and the planted build). It implies ``clock_control``.
 """
 
 from __future__ import annotations

@@ -181,7 +181,8 @@ QUICK = Profile(
     sync_probe=50,
     queued_tasks=2_000,
     memory_settle=0.0,
-    # Two more clusters would not fit tests/test_bench.py's limit; --only security runs it.
+    # Two more clusters would not fit tests/integration/test_bench.py's limit; --only security runs
+    # it.
     security=False,
     peer_rounds=1,
     # A smoke run of the scale phase (~10 s): one step, a shorter TTL so that a few

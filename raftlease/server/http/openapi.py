@@ -5,7 +5,7 @@ table of operations (``operations.TABLE``, through ``op_schemas``), which
 ``protocol.parse_request`` reads too. The HTTP layer never validates a field itself:
 it turns JSON (or a query string) into the native request map and calls
 ``parse_request``; this document only says what that function accepts and what each
-operation answers, and ``tests/test_http_api.py`` checks the two agree, field by
+operation answers, and ``tests/unit/test_http_api.py`` checks the two agree, field by
 field, in both directions, for every operation reachable over HTTP.
 
 Pure: no I/O, no clock. Event loop only (built once per node, then read).

@@ -31,7 +31,7 @@ Everything is bounded: steps in count, each wait for an agent process in time
 after ``max_seconds`` or when its stdin closes (the parent died). The agent processes
 are always stopped by pid (``_Agents.stop``), on success, error, timeout or Ctrl-C.
 ``scale`` blocks for the whole phase; the pure parts (``summarize``, ``merge``,
-``ramp_verdict``, ``levels``) are tested in tests/test_bench_scale.py.
+``ramp_verdict``, ``levels``) are tested in tests/unit/test_bench_scale.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Architecture and contract checks: layers, purity, docs, PySyncObj, parity."""

@@ -1,0 +1,1 @@
+"""Tests that start no process: the fast loop."""
