@@ -85,3 +85,16 @@ def test_a_child_started_with_dies_with_pytest_stops_when_its_parent_exits() -> 
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
     wait_for(gone, timeout=10, what="the orphaned child to stop")
+
+
+def test_every_test_file_lives_in_a_folder_of_its_kind() -> None:
+    """tests/unit, tests/integration, tests/chaos or tests/fitness (CONTRIBUTING.md):
+    a new test file at the top of tests/ would escape the folder's marker and the
+    fast loop's command."""
+    tests = Path(__file__).resolve().parent.parent
+    kinds = {"unit", "integration", "chaos", "fitness"}
+    assert {p.name for p in tests.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == (
+        kinds
+    )
+    stray = sorted(p.name for p in tests.glob("test_*.py"))
+    assert not stray, f"test files outside the kind folders: {stray}"
