@@ -26,7 +26,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,6 +64,13 @@ log = logging.getLogger("raftlease.server")
 __all__ = ["LOG_TIME_REFRESH", "NodeServer", "ServerHooks", "private_data_dir", "run_node"]
 
 
+def unclean_stop_wait(config: NodeConfig) -> float:
+    """Seconds a node stays out of the cluster after a machine crash with durability
+    "none": every lease it may have forgotten has then expired at its holder (longest
+    TTL, stretched by the clock-drift bound, plus an election)."""
+    return config.max_ttl * (1 + config.clock_drift) + config.election_timeout_max
+
+
 @dataclass(frozen=True)
 class ServerHooks:
     """What a test build injects into a node (``raftlease.testing.node``). A production
@@ -73,27 +80,28 @@ class ServerHooks:
     ``clock``: the node's clock (an adjustable one for clock faults); ``log_clock_rate``:
     how fast the leader's log time runs against it (1.0 is correct); ``guard_class``:
     the leader-lease bookkeeping; ``control_ops``: extra operations by name, handled
-    before protocol validation (each validates its own fields); ``lease_read_barrier``:
-    lease reads wait for an applied entry of the leader's own term (True is correct);
+    before protocol validation (each validates its own fields); ``reads_class``: the
+    reads answered from memory, with their read barrier; ``proposer_class``: the
+    batching proposer, which writes keep-alives answered from memory first;
     ``transport_class``, ``store_class``: the replica's PySyncObj transport and state
     machine; ``recorder``: keeps what reached stable storage, for a simulated power
-    loss; ``durability``: overrides the config's mode; ``restart_wait``: the wait after
-    an unclean stop with ``durability = "none"`` (False only in a planted bug);
-    ``keepalive_flush``: keep-alives answered from memory are written into the log
-    (False only in a planted bug).
+    loss; ``durability``: overrides the config's mode; ``restart_wait``: the seconds a node
+    stays out of the cluster after a machine crash with ``durability = "none"``
+    (``unclean_stop_wait``). Planted bugs are injected doubles of these (a subclass, a
+    function); production code has no switch for any of them.
     """
 
     clock: Clock | None = None
     log_clock_rate: float = 1.0
     guard_class: type[LeaseGuard] = LeaseGuard
     control_ops: Mapping[str, ControlOp] = field(default_factory=dict)
-    lease_read_barrier: bool = True
+    reads_class: type[Reads] = Reads
+    proposer_class: type[Proposer] = Proposer
     transport_class: type[LeaseTransport] = LeaseTransport
     store_class: type[LeaseStore] = LeaseStore
     recorder: SyncRecorder | None = None
     durability: str | None = None
-    restart_wait: bool = True
-    keepalive_flush: bool = True
+    restart_wait: Callable[[NodeConfig], float] = unclean_stop_wait
 
 
 #: Seconds a starting node waits for the host names of its own addresses to resolve.
@@ -136,7 +144,7 @@ class NodeServer:
         #: The long-poll quota (per principal and per node; server/reads.py).
         self.polls = PollSlots(config.max_long_polls_per_principal, config.max_long_polls_per_node)
         #: Reads answered from memory and the long-polls (server/reads.py).
-        self.reads = Reads(
+        self.reads = self.hooks.reads_class(
             config,
             self.log_clock,
             replica=lambda: self.replica,
@@ -144,7 +152,6 @@ class NodeServer:
             require_leader=self.require_leader,
             require_replica=self.require_replica,
             propose=self.propose,
-            read_barrier=self.hooks.lease_read_barrier,
         )
         self.requests_total = 0
         #: How the previous run ended, and until when (monotonic) this node stays out
@@ -315,10 +322,9 @@ class NodeServer:
                 self.config.self_node.client,
                 "not authenticated" if self.auth is None else "not encrypted",
             )
-        self.proposer = Proposer(
+        self.proposer = self.hooks.proposer_class(
             self._loop, lambda: self.replica, self.log_clock, self.config.request_timeout
         )
-        self.proposer.write_keepalives = self.hooks.keepalive_flush
         watchers: list[asyncio.Task[None]] = []
         if self.metrics is not None:
             # Bound before Raft too (a taken port fails the start), and serving while
@@ -409,15 +415,8 @@ class NodeServer:
             mark_stopped(self.config.data_dir)
             log.info("node %s stopped", self.config.node_id)
 
-    def restart_wait(self) -> float:
-        """Seconds a node stays out of the cluster after a machine crash with
-        durability "none": every lease it may have forgotten has then expired at its
-        holder (longest TTL, stretched by the clock-drift bound, plus an election)."""
-        config = self.config
-        return config.max_ttl * (1 + config.clock_drift) + config.election_timeout_max
-
     async def _wait_out_unclean_stop(self) -> bool:
-        """After a machine crash with durability "none", wait ``restart_wait()``
+        """After a machine crash with durability "none", wait ``unclean_stop_wait``
         before joining Raft (status says so meanwhile). False if stopped while
         waiting."""
         assert self._stopping is not None
@@ -430,10 +429,7 @@ class NodeServer:
                 self.config.durability,
             )
             return True
-        if not self.hooks.restart_wait:
-            log.warning("PLANTED BUG: joining at once after a machine crash with durability none")
-            return True
-        wait = self.restart_wait()
+        wait = self.hooks.restart_wait(self.config)
         self.recovering_until = self.clock.monotonic() + wait
         log.warning(
             "node %s restarted after a machine crash (power loss or kernel crash) with "

@@ -64,8 +64,12 @@ class Proposer:
         #: flush first writes those due, so no entry moves log time past an expiry
         #: the log holds for a lease or session renewed only in memory.
         self.keepalives = MemoryKeepalives()
-        #: False only in a planted bug (test builds): keep-alives stay in memory.
-        self.write_keepalives = True
+
+    def due_keepalives(self, keep: MemoryKeepalives, now: int) -> list[Any]:
+        """The keep-alives answered from memory that this flush must write first
+        (``MemoryKeepalives.take_due``). A test build overrides it to plant a bug
+        (``ServerHooks.proposer_class``); production code has no switch for it."""
+        return keep.take_due(now)
 
     async def propose(self, entry: dict[str, Any]) -> Result:
         """Replicate ``entry`` and return its result.
@@ -103,7 +107,7 @@ class Proposer:
         now = self.log_clock.stamp(term, replica.store.now)
         keep = self.keepalives
         keep.reset(term)
-        extensions = keep.take_due(now) if self.write_keepalives else []
+        extensions = self.due_keepalives(keep, now)
         if extensions and not self._propose_extensions(replica, extensions, term, now):
             # Not even queued (PySyncObj's command queue is full): nothing after them
             # may go either, or it could move log time past what they extend.

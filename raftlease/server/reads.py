@@ -81,7 +81,8 @@ class Reads:
     node starts), ``keepalives`` (the proposer's keep-alives answered from memory, None
     before it exists), ``require_leader`` and ``require_replica`` (raise
     ``NotLeaderError`` / ``UnavailableError``), ``propose`` (replicate an entry, its
-    result) and ``read_barrier`` (False only in a planted bug of a test build)."""
+    result). A test build replaces the class (``ServerHooks.reads_class``) to plant a
+    bug; production code has no switch for it."""
 
     def __init__(
         self,
@@ -93,7 +94,6 @@ class Reads:
         require_leader: Callable[[], None],
         require_replica: Callable[[], Replica],
         propose: Callable[[dict[str, Any]], Awaitable[Result]],
-        read_barrier: bool = True,
     ) -> None:
         self.config = config
         self.log_clock = log_clock
@@ -102,7 +102,6 @@ class Reads:
         self._require_leader = require_leader
         self._require_replica = require_replica
         self._propose = propose
-        self._read_barrier = read_barrier
         #: The long-polls parked now: lease, attempt or task id -> futures to wake
         #: (event loop only; the tick thread only reads it).
         self.awaiting: dict[str, list[asyncio.Future[None]]] = {}
@@ -116,8 +115,11 @@ class Reads:
         replica = self._replica()
         if replica is None or not replica.lease_valid():
             return False
-        if not self._read_barrier:  # a planted bug (test builds only)
-            return True
+        return self.barrier_passed(replica)
+
+    def barrier_passed(self, replica: Replica) -> bool:
+        """The read barrier: this leader has applied an entry of its own term, and no
+        keep-alive answered from memory lags the log (below). Event loop only."""
         term = replica.term()
         if replica.store.term != term:
             return False

@@ -17,13 +17,17 @@ import sys
 from typing import Any
 
 from ..clock import AdjustableClock
-from ..config import load_toml
+from ..config import NodeConfig, load_toml
 from ..core import LeaseStore
 from ..core.queue import TaskQueues
 from ..errors import BadRequestError, ConfigError, InvalidArgumentError
-from ..replication import LeaseGuard, LeaseTransport, SyncRecorder
+from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder
 from ..server import ServerHooks, run_node
+from ..server.keepalive import MemoryKeepalives
 from ..server.logs import setup_logging
+from ..server.node import unclean_stop_wait
+from ..server.proposer import Proposer
+from ..server.reads import Reads
 from .hooks import PLANTED_BUGS
 
 log = logging.getLogger("raftlease.testing")
@@ -114,6 +118,30 @@ class StaleAcceptingStore(LeaseStore):
         return store
 
 
+class BarrierlessReads(Reads):
+    """Planted bug ``skip_read_barrier``: a new leader serves lease reads as soon as
+    its leader lease is valid, before it has applied an entry of its own term."""
+
+    def barrier_passed(self, replica: Replica) -> bool:
+        return True
+
+
+class UnwritingProposer(Proposer):
+    """Planted bug ``unwritten_keepalives``: keep-alives answered from memory are never
+    written into the log, so a lease ends at its logged expiry while its holder was
+    told it lives on."""
+
+    def due_keepalives(self, keep: MemoryKeepalives, now: int) -> list[Any]:
+        return []
+
+
+def join_at_once(config: NodeConfig) -> float:
+    """Planted bug ``unsynced_acks``: no wait after a machine crash with durability
+    none (the node rejoins with a journal that may have lost acknowledged grants)."""
+    log.warning("PLANTED BUG: joining at once after a machine crash with durability none")
+    return 0.0
+
+
 def clock_control(clock: AdjustableClock) -> Any:
     """The ``test_clock`` control operation on ``clock``: ``rate`` (0 < r < 100) sets
     its rate, ``jump`` (>= 0 seconds) moves it forward. Raises ``BadRequestError`` /
@@ -167,13 +195,13 @@ def build_hooks(
         log_clock_rate=FAST_LOG_CLOCK_RATE if planted_bug == "fast_log_clock" else 1.0,
         guard_class=guards.get(planted_bug, LeaseGuard),
         control_ops={"test_clock": clock_control(adjustable)} if adjustable else {},
-        lease_read_barrier=planted_bug != "skip_read_barrier",
+        reads_class=BarrierlessReads if planted_bug == "skip_read_barrier" else Reads,
+        proposer_class=UnwritingProposer if planted_bug == "unwritten_keepalives" else Proposer,
         transport_class=_transport(planted_bug, plain_peers),
         store_class=STORES.get(planted_bug, LeaseStore),
         recorder=SyncRecorder() if record_synced or planted_bug == "unsynced_acks" else None,
         durability="none" if planted_bug == "unsynced_acks" else None,
-        restart_wait=planted_bug != "unsynced_acks",
-        keepalive_flush=planted_bug != "unwritten_keepalives",
+        restart_wait=join_at_once if planted_bug == "unsynced_acks" else unclean_stop_wait,
     )
 
 

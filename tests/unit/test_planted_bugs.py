@@ -42,11 +42,16 @@ from typing import Any
 
 import pytest
 
+from raftlease.config import NodeConfig
 from raftlease.core import LeaseStore
 from raftlease.replication import LeaseGuard, LeaseTransport
 from raftlease.server import ServerHooks
+from raftlease.server.node import unclean_stop_wait
+from raftlease.server.proposer import Proposer
+from raftlease.server.reads import Reads
 from raftlease.testing import PLANTED_BUGS, hook_arguments
 from raftlease.testing.node import (
+    BarrierlessReads,
     DriftBlindGuard,
     EagerElectionTransport,
     ForgetfulStore,
@@ -55,7 +60,9 @@ from raftlease.testing.node import (
     ShortMemoryStore,
     StaleAcceptingStore,
     StaleAcceptingTasks,
+    UnwritingProposer,
     build_hooks,
+    join_at_once,
 )
 from tests.integration.test_cluster import raw_request
 from tests.unit import test_follower_log
@@ -214,6 +221,14 @@ def test_unsynced_acks_build_records_what_reached_the_disk() -> None:
     assert "--record-synced" in hook_arguments({"clock_control": True, "record_synced": True})
 
 
+def test_unsynced_acks_build_joins_at_once_after_a_machine_crash() -> None:
+    """The planted build's wait after an unclean stop with durability none is none;
+    the honest build's covers the longest TTL, drift and an election."""
+    assert build_hooks("unsynced_acks").restart_wait is join_at_once
+    assert build_hooks("").restart_wait is unclean_stop_wait
+    assert join_at_once(NodeConfig.__new__(NodeConfig)) == 0.0
+
+
 def test_unknown_planted_bug_is_refused_before_any_process_starts() -> None:
     with pytest.raises(ValueError, match="unknown planted bug"):
         hook_arguments({"planted_bug": "skip_everything"})
@@ -226,21 +241,21 @@ PLANTED_FIELDS: dict[str, dict[str, Any]] = {
     "skip_pre_vote": {"transport_class": EagerElectionTransport},
     "skip_vote_promise": {"guard_class": PromiselessGuard},
     "ignore_drift_alarm": {"guard_class": DriftBlindGuard},
-    "skip_read_barrier": {"lease_read_barrier": False},
+    "skip_read_barrier": {"reads_class": BarrierlessReads},
     "raw_follower_log": {"transport_class": RawFollowerLogTransport},
     "skip_dedup": {"store_class": ForgetfulStore},
     "accept_stale_attempt": {"store_class": StaleAcceptingStore},
-    "unwritten_keepalives": {"keepalive_flush": False},
+    "unwritten_keepalives": {"proposer_class": UnwritingProposer},
     "no_term_extension": {"store_class": ShortMemoryStore},
 }
 
 HOOK_FIELDS = (
     "log_clock_rate",
     "guard_class",
-    "lease_read_barrier",
+    "reads_class",
     "transport_class",
     "store_class",
-    "keepalive_flush",
+    "proposer_class",
 )
 
 
@@ -264,7 +279,8 @@ def test_production_hooks_are_the_honest_ones() -> None:
     assert production.guard_class is LeaseGuard
     assert production.transport_class is LeaseTransport
     assert production.store_class is LeaseStore
-    assert production.lease_read_barrier is True
+    assert production.reads_class is Reads and production.proposer_class is Proposer
+    assert production.restart_wait is unclean_stop_wait
     assert production.clock is None and not production.control_ops
 
 
