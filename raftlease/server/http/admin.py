@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import ssl
 from collections.abc import Callable
@@ -57,6 +56,7 @@ from ...replication import Replica
 from ..auth import AuthPolicy
 from ..metrics import NodeMetrics
 from .dashboard import Dashboard
+from .parts import json_response
 
 if TYPE_CHECKING:
     from .http_api import HttpApi
@@ -299,7 +299,7 @@ class AdminEndpoint:
         if not self._host_allowed(request):
             if server is not None:
                 server.arm(handler, timeout=KEEPALIVE_TIMEOUT)
-            return _json(
+            return json_response(
                 421,
                 {
                     "error": "misdirected request: this endpoint answers only requests "
@@ -316,7 +316,7 @@ class AdminEndpoint:
             return self._route(request)
         except Exception:  # never let a bug take the node down
             log.exception("admin request failed")
-            return _json(500, {"error": "internal error"})
+            return json_response(500, {"error": "internal error"})
         finally:
             # Between requests of a keep-alive connection: idle (or the next request
             # arriving) for up to KEEPALIVE_TIMEOUT.
@@ -349,25 +349,25 @@ class AdminEndpoint:
         path = request.path
         if path not in ROUTES:
             mounted = ["/v1/", "/openapi.json", "/ui/"] if self.api is not None else []
-            return _json(404, {"error": "not found", "routes": [*ROUTES, *mounted]})
+            return json_response(404, {"error": "not found", "routes": [*ROUTES, *mounted]})
         if request.method not in ("GET", "HEAD"):
-            return _json(405, {"error": "method not allowed"}, {"Allow": "GET, HEAD"})
+            return json_response(405, {"error": "method not allowed"}, {"Allow": "GET, HEAD"})
         if request.body_exists:
-            return _json(413, {"error": "admin requests have no body"})
+            return json_response(413, {"error": "admin requests have no body"})
         if path in PROTECTED and self.auth is not None:
             denied = self._check_token(request)
             if denied is not None:
                 return denied
         if path == "/livez":
-            return _json(200, {"live": True})
+            return json_response(200, {"live": True})
         if path == "/readyz":
             ready, reason = readiness(self.replica(), self.max_silence)
-            return _json(200 if ready else 503, {"ready": ready, "reason": reason})
+            return json_response(200 if ready else 503, {"ready": ready, "reason": reason})
         if path == "/status":
             try:
-                return _json(200, self.status())
+                return json_response(200, self.status())
             except RaftLeaseError as exc:
-                return _json(503, {"error": exc.code, "message": exc.message})
+                return json_response(503, {"error": exc.code, "message": exc.message})
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -383,14 +383,5 @@ class AdminEndpoint:
         except RaftLeaseError as exc:
             status = 401 if exc.code == "UNAUTHENTICATED" else 403
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-            return _json(status, {"error": exc.code, "message": exc.message}, headers)
+            return json_response(status, {"error": exc.code, "message": exc.message}, headers)
         return None
-
-
-def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        status=status,
-        text=json.dumps(body, default=str),
-        content_type="application/json",
-        headers=headers,
-    )

@@ -44,14 +44,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.resources
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from ...errors import BadRequestError, RaftLeaseError, UnavailableError
-from .http_api import error_response
+from .parts import error_response, json_response
 
 if TYPE_CHECKING:
     from ..auth import AuthPolicy
@@ -124,13 +123,13 @@ class Dashboard:
             raise
         except Exception:  # never let a bug take the node down
             log.exception("dashboard request failed")
-            return _json(500, {"error": {"code": "INTERNAL", "message": "internal error"}})
+            return json_response(500, {"error": {"code": "INTERNAL", "message": "internal error"}})
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         if request.method not in ("GET", "HEAD"):
             err = BadRequestError("method not allowed here; use GET")
-            return _json(
+            return json_response(
                 405, {"error": {"code": err.code, "message": err.message}}, {"Allow": "GET, HEAD"}
             )
         if request.body_exists:
@@ -153,12 +152,14 @@ class Dashboard:
         }
         route = routes.get(name)
         if route is None:
-            return _json(404, {"error": {"code": "BAD_REQUEST", "message": f"no page {path!r}"}})
+            return json_response(
+                404, {"error": {"code": "BAD_REQUEST", "message": f"no page {path!r}"}}
+            )
         caller = self.api.caller(request)  # an unknown token: UNAUTHENTICATED
         if self.auth is not None:
             self.auth.check_admin(caller.principal, f"read {path}")
         body = await route(request, caller)
-        return _json(200, body, {"Cache-Control": "no-store"})
+        return json_response(200, body, {"Cache-Control": "no-store"})
 
     # ------------------------------------------------------------ reads
 
@@ -308,12 +309,3 @@ _STATUS_FIELDS = (
 
 def _public_status(status: dict[str, Any]) -> dict[str, Any]:
     return {k: status[k] for k in _STATUS_FIELDS if k in status}
-
-
-def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        status=status,
-        text=json.dumps(body, default=str),
-        content_type="application/json",
-        headers=headers,
-    )

@@ -33,17 +33,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import heapq
-import itertools
 import json
 import logging
 import re
-import secrets
 import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import msgpack
 from aiohttp import web
 
 from ...errors import (
@@ -58,10 +54,22 @@ from ...errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from ...protocol import HEADER, OPS, parse_request
-from ..auth import AuthPolicy, Principal
+from ...protocol import OPS, parse_request
+from ..auth import AuthPolicy
 from .http_forward import Forwarder, client_context
-from .openapi import STATUS, Route, all_routes, document, op_fields
+from .openapi import Route, all_routes, document, op_fields
+from .parts import (
+    Caller,
+    Refusal,
+    Sequencer,
+    WatchSink,
+    bounded_int,
+    error_body,
+    error_response,
+    gone,
+    json_response,
+    reject_constant,
+)
 
 if TYPE_CHECKING:
     from .node_api import NodeApi
@@ -73,8 +81,6 @@ BODY_TIMEOUT = 10.0
 #: Longest slice of a long-poll: between slices the handler checks that its client
 #: is still connected (and withdraws a queued acquire if not).
 POLL_SLICE = 2.0
-#: A watch stream sends a keep-alive this often, so a vanished client is noticed.
-WATCH_KEEPALIVE = 15.0
 #: Long-lived requests (watch streams, acquires and claims waiting with ``wait``) one
 #: authenticated principal may hold open on this endpoint, and everyone together
 #: (issue 37: 70 watch streams of one principal filled the admin endpoint's 64
@@ -89,87 +95,6 @@ MAX_HOPS = 16
 #: Fields the HTTP layer sets; a body may not carry them.
 RESERVED = frozenset({"id", "op", "cid", "seq", "ack", "token_auth"})
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,128}")
-
-
-class _Sequencer:
-    """This node's own client id for requests without an Idempotency-Key, and the
-    sequence numbers still in flight (the smallest is the ack: every answer below
-    it may be forgotten by the cluster)."""
-
-    def __init__(self, node_id: str) -> None:
-        self.cid = f"http-{node_id}-{secrets.token_hex(8)}"
-        self._seq = itertools.count(1)
-        self._open: set[int] = set()
-        self._heap: list[int] = []
-
-    def begin(self) -> int:
-        seq = next(self._seq)
-        self._open.add(seq)
-        heapq.heappush(self._heap, seq)
-        return seq
-
-    def end(self, seq: int) -> None:
-        self._open.discard(seq)
-
-    def ack(self) -> int:
-        while self._heap and self._heap[0] not in self._open:
-            heapq.heappop(self._heap)
-        return self._heap[0] if self._heap else 1
-
-
-@dataclasses.dataclass
-class _Caller:
-    """Who sent an HTTP request: the bearer token (forwarded as is) and its
-    principal (None without auth, or before authentication)."""
-
-    token: str | None
-    principal: Principal | None
-
-
-def error_body(exc: RaftLeaseError) -> dict[str, Any]:
-    err: dict[str, Any] = {"code": exc.code, "message": exc.message, "definite": exc.definite}
-    if exc.detail:
-        err["detail"] = exc.detail
-    return {"error": err}
-
-
-def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        status=status,
-        text=json.dumps(body, default=str),
-        content_type="application/json",
-        headers=headers,
-    )
-
-
-def error_response(
-    exc: RaftLeaseError, status: int | None = None, close: bool = False
-) -> web.Response:
-    status = status or STATUS.get(exc.code, 500)
-    headers = {"WWW-Authenticate": 'Bearer realm="raftlease"'} if status == 401 else {}
-    if close:
-        headers["Connection"] = "close"
-    response = _json(status, error_body(exc), headers or None)
-    if close:
-        response.force_close()
-    return response
-
-
-def _reject_constant(name: str) -> None:
-    raise BadRequestError(f"{name} is not a JSON number raftlease accepts")
-
-
-def _bounded_int(text: str) -> int:
-    """A JSON integer within what a native (msgpack) request can carry: a signed or
-    unsigned 64-bit value. Larger ones (Python's parser takes up to 4,300 digits)
-    would reach checks written for msgpack's range, and ``float()`` of one raises
-    ``OverflowError``. Raises ``BadRequestError``."""
-    if len(text) > 21:  # "-" and 20 digits: the widest 64-bit integer
-        raise BadRequestError(f"integer of {len(text)} digits: out of range")
-    value = int(text)
-    if not -(2**63) <= value < 2**64:
-        raise BadRequestError(f"integer {value} is out of range (64 bits)")
-    return value
 
 
 class HttpApi:
@@ -191,11 +116,11 @@ class HttpApi:
         self.forwarder = Forwarder(
             client_tls or client_context(node.config), max_frame=node.config.max_frame
         )
-        self.sequencer = _Sequencer(node.config.node_id)
+        self.sequencer = Sequencer(node.config.node_id)
         self._openapi: bytes | None = None
         self._tasks: set[asyncio.Future[None]] = set()
         #: Open long-lived requests: their caller and how to end them (``revoke``).
-        self._streams: dict[object, tuple[_Caller, Callable[[], None]]] = {}
+        self._streams: dict[object, tuple[Caller, Callable[[], None]]] = {}
 
     def streams_of(self, name: str | None) -> int:
         """Open long-lived requests of principal ``name`` (None: of everyone)."""
@@ -207,7 +132,7 @@ class HttpApi:
             if caller.principal is not None and caller.principal.name == name
         )
 
-    def _hold(self, caller: _Caller, end: Callable[[], None]) -> Callable[[], None]:
+    def _hold(self, caller: Caller, end: Callable[[], None]) -> Callable[[], None]:
         """Count a long-lived request (``end`` ends it) against the stream caps;
         returns what to call when it is over. Raises ``QuotaExceededError``."""
         if len(self._streams) >= MAX_STREAMS:
@@ -259,7 +184,7 @@ class HttpApi:
         """Answer one request; never raises (a bug answers 500 INTERNAL)."""
         try:
             return await self._dispatch(request)
-        except _Refusal as refusal:
+        except Refusal as refusal:
             return error_response(refusal.err, refusal.status, refusal.close)
         except RaftLeaseError as exc:
             return error_response(exc)
@@ -327,27 +252,27 @@ class HttpApi:
             for short, name in (("tid", "task_id"), ("aid", "attempt_id")):
                 if short in result:
                     result = {**result, name: result[short]}
-        return _json(200, result)
+        return json_response(200, result)
 
     def _method_not_allowed(self, allowed: str) -> web.Response:
         err = BadRequestError(f"method not allowed here; use {allowed}")
-        response = _json(405, error_body(err), {"Allow": allowed})
+        response = json_response(405, error_body(err), {"Allow": allowed})
         return response
 
-    def caller(self, request: web.BaseRequest) -> _Caller:
+    def caller(self, request: web.BaseRequest) -> Caller:
         """The bearer token and its principal; an unknown token is refused at once
         (UNAUTHENTICATED), a missing one only by operations that need one."""
         auth = self.node.auth
         header = request.headers.get("Authorization")
         if header is None:
-            return _Caller(None, None)
+            return Caller(None, None)
         scheme, _, token = header.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise UnauthenticatedError("Authorization must be 'Bearer <token>'")
         if auth is None:
-            return _Caller(None, None)  # auth is off: a token changes nothing
-        return _Caller(token, auth.by_token(token))
+            return Caller(None, None)  # auth is off: a token changes nothing
+        return Caller(token, auth.by_token(token))
 
     # ------------------------------------------------------------- input
 
@@ -360,24 +285,24 @@ class HttpApi:
         ctype = request.headers.get("Content-Type", "")
         if ctype.split(";")[0].strip().lower() != "application/json":
             refused = BadRequestError(f"Content-Type must be application/json, not {ctype!r}")
-            raise _Refusal(refused, 415)
+            raise Refusal(refused, 415)
         limit = self.node.config.max_frame
         if request.content_length is not None and request.content_length > limit:
             err = FrameTooLargeError(
                 f"body of {request.content_length} bytes exceeds the limit of {limit}"
             )
-            raise _Refusal(err, close=True)
+            raise Refusal(err, close=True)
         try:
             body = await asyncio.wait_for(_read_body(request, limit + 1), BODY_TIMEOUT)
         except TimeoutError:
             late = BadRequestError(f"the body did not arrive within {BODY_TIMEOUT:.0f} s")
-            raise _Refusal(late, 408, close=True) from None
+            raise Refusal(late, 408, close=True) from None
         if len(body) > limit:
-            raise _Refusal(
+            raise Refusal(
                 FrameTooLargeError(f"body exceeds the limit of {limit} bytes"), close=True
             )
         try:
-            value = json.loads(body, parse_constant=_reject_constant, parse_int=_bounded_int)
+            value = json.loads(body, parse_constant=reject_constant, parse_int=bounded_int)
         except RaftLeaseError:
             raise
         except (ValueError, RecursionError) as exc:
@@ -415,7 +340,7 @@ class HttpApi:
     # ---------------------------------------------------------- execution
 
     async def run(
-        self, op: str, fields: dict[str, Any], caller: _Caller, key: str | None = None
+        self, op: str, fields: dict[str, Any], caller: Caller, key: str | None = None
     ) -> dict[str, Any]:
         """Validate and execute one operation: here, or forwarded to the leader.
         Raises the operation's ``RaftLeaseError``."""
@@ -438,7 +363,7 @@ class HttpApi:
                 # This node's client id was evicted while idle (nothing applied):
                 # continue under a fresh one.
                 self.sequencer.end(seq)
-                self.sequencer = _Sequencer(self.node.config.node_id)
+                self.sequencer = Sequencer(self.node.config.node_id)
                 seq = self.sequencer.begin()
                 message.update(cid=self.sequencer.cid, seq=seq, ack=self.sequencer.ack())
                 return await self._execute(message, caller)
@@ -446,7 +371,7 @@ class HttpApi:
             if seq:
                 self.sequencer.end(seq)
 
-    async def _execute(self, message: dict[str, Any], caller: _Caller) -> dict[str, Any]:
+    async def _execute(self, message: dict[str, Any], caller: Caller) -> dict[str, Any]:
         node = self.node
         request = parse_request(message, node.limits)  # the one validation
         if node.auth is not None:
@@ -504,7 +429,7 @@ class HttpApi:
         request: web.BaseRequest,
         fields: dict[str, Any],
         queued: dict[str, Any],
-        caller: _Caller,
+        caller: Caller,
     ) -> dict[str, Any]:
         """An acquire with ``wait`` joined the key's queue: poll (in slices) until
         granted (its answer), gone or ``wait`` passed (withdrawn: LEASE_HELD)."""
@@ -512,7 +437,7 @@ class HttpApi:
         key, lid = str(queued["key"]), str(queued["lease_id"])
         until = loop.time() + float(fields.get("wait") or 0.0)
         try:
-            while (left := until - loop.time()) > 0 and not _gone(request):
+            while (left := until - loop.time()) > 0 and not gone(request):
                 status = await self.run(
                     "await_lease",
                     {"key": key, "lease_id": lid, "timeout": min(left, POLL_SLICE)},
@@ -533,7 +458,7 @@ class HttpApi:
         await self._withdraw(key, lid, caller)
         raise LeaseHeldError(f"{key!r} was not granted within the wait", {"key": key})
 
-    async def _withdraw(self, key: str, lid: str, caller: _Caller) -> None:
+    async def _withdraw(self, key: str, lid: str, caller: Caller) -> None:
         """Leave the queue, or release the lease if it was granted meanwhile."""
         try:
             await self.run("release", {"key": key, "lease_id": lid}, caller)
@@ -545,7 +470,7 @@ class HttpApi:
         request: web.BaseRequest,
         fields: dict[str, Any],
         queued: dict[str, Any],
-        caller: _Caller,
+        caller: Caller,
     ) -> dict[str, Any]:
         """A claim with ``wait`` is waiting: poll until it is granted (its answer)
         or gone; then cancel what is left of it."""
@@ -553,7 +478,7 @@ class HttpApi:
         queue, aid = str(fields.get("queue")), str(queued.get("aid"))
         until = loop.time() + float(fields.get("wait") or 0.0)
         status: dict[str, Any] = queued
-        while (left := until - loop.time()) > 0 and not _gone(request):
+        while (left := until - loop.time()) > 0 and not gone(request):
             status = await self.run(
                 "await_claim",
                 {"queue": queue, "attempt_id": aid, "timeout": min(left, POLL_SLICE)},
@@ -572,7 +497,7 @@ class HttpApi:
     # -------------------------------------------------------------- watch
 
     async def _watch(
-        self, request: web.BaseRequest, fields: dict[str, Any], caller: _Caller
+        self, request: web.BaseRequest, fields: dict[str, Any], caller: Caller
     ) -> web.StreamResponse:
         """Stream changes as NDJSON (default) or server-sent events (``Accept:
         text/event-stream``; ``Last-Event-ID`` resumes after that revision)."""
@@ -610,7 +535,7 @@ class HttpApi:
         except BaseException:
             release()
             raise
-        sink = _WatchSink(request, response, sse)
+        sink = WatchSink(request, response, sse)
         stream = asyncio.ensure_future(
             node.watches.stream(parsed, sink, lambda: replica.store.revision, who)  # type: ignore[arg-type]
         )
@@ -653,88 +578,3 @@ async def _read_body(request: web.BaseRequest, most: int) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
-
-
-def _gone(request: web.BaseRequest) -> bool:
-    transport = request.transport
-    return transport is None or transport.is_closing()
-
-
-class _Refusal(Exception):
-    """A refusal answered with a status of its own (415, 408), and after which the
-    connection may be closed (``close``: the body was not read)."""
-
-    def __init__(self, err: RaftLeaseError, status: int | None = None, close: bool = False):
-        super().__init__(err.message)
-        self.err = err
-        self.status = status or STATUS.get(err.code, 400)
-        self.close = close
-
-
-class _WatchSink:
-    """What ``WatchHub.stream`` writes to, instead of a native connection: it takes
-    the native frames, and writes them as NDJSON lines or server-sent events."""
-
-    def __init__(self, request: web.BaseRequest, response: web.StreamResponse, sse: bool) -> None:
-        self._request = request
-        self._response = response
-        self._sse = sse
-        self._buffer: list[bytes] = []
-        self._lock = asyncio.Lock()
-
-    @property
-    def transport(self) -> asyncio.Transport:
-        transport = self._request.transport
-        if transport is None:
-            raise ConnectionResetError("watcher gone")
-        assert isinstance(transport, asyncio.Transport)
-        return transport
-
-    def is_closing(self) -> bool:
-        return _gone(self._request)
-
-    def write(self, data: bytes) -> None:
-        message = msgpack.unpackb(data[HEADER.size :], raw=False)
-        if not message.get("ok"):
-            err = RaftLeaseError(str(message.get("message")), message.get("detail"))
-            body = {
-                "error": {
-                    "code": message.get("code"),
-                    "message": err.message,
-                    "definite": bool(message.get("definite")),
-                    **({"detail": err.detail} if err.detail else {}),
-                }
-            }
-            self._emit("error", None, body)
-            return
-        result = message.get("result") or {}
-        if "revision" in result:
-            self._emit("sync", result["revision"], {"type": "sync", "revision": result["revision"]})
-        for event in result.get("events", ()):
-            self._emit(str(event["type"]), event["revision"], event)
-
-    def _emit(self, kind: str, revision: int | None, body: dict[str, Any]) -> None:
-        text = json.dumps(body, separators=(",", ":"))
-        if not self._sse:
-            self._buffer.append(text.encode() + b"\n")
-            return
-        head = f"id: {revision}\n" if revision is not None and kind != "sync" else ""
-        self._buffer.append(f"{head}event: {kind}\ndata: {text}\n\n".encode())
-
-    async def drain(self) -> None:
-        async with self._lock:
-            chunks, self._buffer = self._buffer, []
-            if chunks:
-                await self._response.write(b"".join(chunks))
-
-    async def keepalive(self) -> None:
-        """A comment (SSE) or an empty line (NDJSON) now and then: a write to a
-        vanished client fails, which ends the stream."""
-        while not self.is_closing():
-            await asyncio.sleep(WATCH_KEEPALIVE)
-            async with self._lock:
-                try:
-                    await self._response.write(b": keepalive\n\n" if self._sse else b"\n")
-                except (ConnectionError, RuntimeError):
-                    self.transport.abort()
-                    return
