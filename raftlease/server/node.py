@@ -47,6 +47,7 @@ from .housekeeping import LOG_TIME_REFRESH, Housekeeping
 from .keepalive import MemoryKeepalives
 from .launcher import watch_launcher
 from .log_clock import LogClock
+from .logs import set_log_node
 from .metrics import NodeMetrics, NodeView
 from .proposer import Proposer
 from .reads import PollSlots, Reads
@@ -611,4 +612,5 @@ def run_node(
     """Run one node until SIGINT/SIGTERM (blocking), or until process ``parent_pid``
     is gone (``LocalCluster``'s nodes; server/launcher.py). ``hooks``: test builds
     only. Raises ``ConfigError`` for a port it cannot bind or a file it cannot load."""
+    set_log_node(config.node_id)
     asyncio.run(NodeServer(config, hooks, parent_pid).run())

@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from raftlease import LeaseHeldError
 from raftlease.cli import main
-from raftlease.server.logs import TEXT_LOG_FORMAT, JsonLogFormatter
+from raftlease.server.logs import TEXT_LOG_FORMAT, JsonLogFormatter, iso_utc
 from raftlease.testing import LocalCluster
 from raftlease.testing.certs import secure_bundle
 from raftlease.testing.cluster import free_port_block, wait_for
@@ -348,6 +349,8 @@ def test_readyz_is_503_before_a_leader_and_after_quorum_loss(
     assert records, "no JSON log lines"
     for record in records:
         assert {"time", "level", "logger", "pid", "message"} <= set(record)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record["time"])
+    assert {r.get("node") for r in records[-5:]} == {"n1"}
     assert any("serving clients" in r["message"] for r in records)
     assert any(r["logger"] == "raftlease.server.admin" for r in records)
 
@@ -365,7 +368,13 @@ def test_json_and_text_log_lines_carry_the_same_fields() -> None:
     fields = json.loads(JsonLogFormatter().format(record))
     match = re.match(r"(\S+ \S+) level=(\S+) logger=(\S+) pid=(\d+) (.*)", text)
     assert match is not None
-    assert fields["time"] == match.group(1)
+    # The same instant: text in local time (for a terminal), JSON in ISO 8601 UTC.
+    local = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
+    assert abs(local.timestamp() - record.created) < 0.001
+    assert fields["time"] == iso_utc(record.created) and fields["time"].endswith("Z")
+    assert datetime.fromisoformat(fields["time"]).timestamp() == pytest.approx(
+        record.created, abs=0.001
+    )
     assert fields["level"] == match.group(2) == "WARNING"
     assert fields["logger"] == match.group(3) == "raftlease.server"
     assert fields["pid"] == int(match.group(4))
