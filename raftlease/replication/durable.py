@@ -390,6 +390,9 @@ class DurableJournal:
         #: Syncs done, and entries they covered (group commit: covered >= syncs).
         self.syncs = 0
         self.covered = 0
+        #: Called on the tick thread with each sync's seconds (the node's metrics:
+        #: the journal-sync latency histogram); None: not measured.
+        self.on_sync: Callable[[float], None] | None = None
         self._unsynced_entries = 0
         self._seconds = 0  # one-second timer calls, for the simulated writeback
         inner._FileJournal__metaStorer = DurableMetaStorer(
@@ -430,6 +433,7 @@ class DurableJournal:
         last sync where that is needed (``MSYNC``), then fdatasync the file (its size
         may have grown). Runs on the tick thread and blocks it for the disk's sync
         time. Stops the process if the kernel reports an error (never raises)."""
+        started = time.monotonic()
         try:
             if self.MSYNC:
                 mapping = self._file._ResizableFile__mm
@@ -438,6 +442,9 @@ class DurableJournal:
             os.fdatasync(self._file._ResizableFile__f.fileno())
         except (OSError, ValueError):
             _fail_stop(f"the journal {self.journal_path}")
+        on_sync = self.on_sync
+        if on_sync is not None:
+            on_sync(time.monotonic() - started)
         self.syncs += 1
         self.covered += self._unsynced_entries
         self._unsynced_entries = 0

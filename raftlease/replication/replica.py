@@ -466,6 +466,11 @@ class Replica:
             "journal_synced_entries": journal.covered,
         }
 
+    def on_journal_sync(self, callback: Callable[[float], None]) -> None:
+        """Call ``callback(seconds)`` on the tick thread after each journal sync (the
+        metrics' sync latency histogram); it must not block."""
+        self._sync._SyncObj__transport.journal.on_sync = callback
+
     def election_status(self) -> dict[str, Any]:
         """PreVote rounds this node asked and won (prevote.py); any thread."""
         prevote = self._sync._SyncObj__transport.prevote

@@ -32,12 +32,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import os
+import platform
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -47,10 +52,15 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .._version import __version__
 from ..config import NodeConfig
 from ..errors import CODES
 from ..protocol import OPS
 from ..replication import Replica
+
+#: Journal sync buckets (seconds): a page-cache sync takes tens of microseconds, an SSD's
+#: fdatasync a few hundred, a spinning disk's or a busy cloud volume's tens of ms.
+SYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 #: Request latency buckets (seconds): a lease read answered from memory takes well
 #: under a millisecond, a write one fsynced Raft round trip, a long-poll up to its wait.
@@ -95,6 +105,13 @@ LEASE_EVENT_COUNTERS = {
 
 #: The label value for an operation outside the protocol's table (a hostile request).
 OTHER_OP = "other"
+
+
+def _pysyncobj_version() -> str:
+    try:
+        return importlib.metadata.version("pysyncobj")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class ExtraCollector(Protocol):
@@ -206,6 +223,25 @@ class NodeMetrics:
             ["served"],
             registry=registry,
         )
+        self.journal_sync_seconds = Histogram(
+            "raftlease_journal_sync_duration_seconds",
+            "Time one journal sync (fdatasync, and msync where needed) took: the disk's "
+            "share of every write's latency (etcd's wal_fsync_duration_seconds).",
+            buckets=SYNC_BUCKETS,
+            registry=registry,
+        )
+        build = Gauge(
+            "raftlease_build_info",
+            "Always 1; the labels say which raftlease, Python and PySyncObj this node runs.",
+            ["version", "python", "pysyncobj"],
+            registry=registry,
+        )
+        build.labels(__version__, platform.python_version(), _pysyncobj_version()).set(1)
+        # The client library's standard collectors (process_*: CPU, memory, open file
+        # descriptors, start time; python_*: the interpreter and its garbage collector),
+        # in this registry too: the process-global one is never exposed.
+        for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            registry.register(standard)
         self.leader_changes = Counter(
             "raftlease_leader_changes_seen",
             "Times this node saw the leader change (sampled every heartbeat interval).",

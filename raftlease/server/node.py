@@ -390,6 +390,8 @@ class NodeServer:
             recorder=self.hooks.recorder,
             on_restore=self._on_restored,
         )
+        if self.metrics is not None:
+            self.replica.on_journal_sync(self.metrics.journal_sync_seconds.observe)
         log.info(
             "node %s serving clients on %s, raft on %s, data in %s",
             self.config.node_id,

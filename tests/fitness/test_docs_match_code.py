@@ -48,6 +48,8 @@ HTTP_API = DOCS / "http-api.md"
 
 #: A metric name in prose or a table (``raftlease_lease_*_total`` is a pattern, not a name).
 METRIC_NAME = re.compile(r"\braftlease_[a-z0-9_]*[a-z0-9](?![a-z0-9_]*\*)")
+#: A standard collector's metric (prometheus-client's process and Python collectors).
+STANDARD_METRIC = re.compile(r"\b(?:process|python)_[a-z0-9_]*[a-z0-9]")
 #: A wire code written as code in markdown.
 CODE_SPAN = re.compile(r"`([A-Z][A-Z_]+)`")
 
@@ -302,7 +304,8 @@ def test_every_metric_is_documented_with_its_type(tmp_path: Path) -> None:
     assert not unseen, f"server/metrics.py names {unseen}, which FakeReplica does not bring out"
     rows: dict[str, str] = {}
     for row in table_rows(OPERATIONS, "## Metrics", "metric", "type"):
-        found = METRIC_NAME.search(row["metric"])
+        # raftlease's own, and the client library's standard process_* and python_*.
+        found = METRIC_NAME.search(row["metric"]) or STANDARD_METRIC.search(row["metric"])
         if found:
             rows[found.group()] = row["type"].strip()
     problems = []

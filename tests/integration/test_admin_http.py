@@ -170,6 +170,10 @@ def test_metrics_parse_and_move_with_grants_renewals_expiries_and_refusals(
     ):
         assert name in samples, name
     assert samples["raftlease_raft_term"] >= leader["term"]
+    # The standard process and Python collectors, and what this node runs.
+    assert samples["process_open_fds"] > 0 and samples["process_resident_memory_bytes"] > 0
+    assert any(name.startswith("raftlease_build_info{") for name in samples)
+    assert any(name.startswith("python_info{") for name in samples)
 
     # Request metrics are counted by the node that answered (the leader, unless an
     # election moved it): summed over nodes. Lease events are counted by every node
@@ -200,6 +204,16 @@ def test_metrics_parse_and_move_with_grants_renewals_expiries_and_refusals(
         c.release(lease)
         c.acquire("metrics/short", owner="agent-c", ttl=0.3)  # left to expire
         wait_for(lambda: c.holder("metrics/short") is None, timeout=30, what="expiry")
+    # Every write above was synced to each journal (fsync durability): timed.
+    wait_for(
+        lambda: all(
+            scrape(admin_of(cluster, n.id)).get("raftlease_journal_sync_duration_seconds_count", 0)
+            > 0
+            for n in cluster.nodes
+        ),
+        timeout=15,
+        what="every node's journal syncs to be timed",
+    )
 
     def moved() -> dict[str, float] | None:
         now = cluster_view()
