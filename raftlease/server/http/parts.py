@@ -95,6 +95,22 @@ def error_response(
     return response
 
 
+def refusal(
+    status: int,
+    message: str,
+    headers: dict[str, str] | None = None,
+    close: bool = False,
+    **detail: Any,
+) -> web.Response:
+    """A request the port itself refuses (unknown path, another method, a parser
+    error): the one error object of every route, code ``BAD_REQUEST``, definite, its
+    ``detail`` (e.g. ``routes``) under ``error.detail``."""
+    response = json_response(status, error_body(BadRequestError(message, detail or None)), headers)
+    if close:
+        response.force_close()
+    return response
+
+
 def reject_constant(name: str) -> None:
     raise BadRequestError(f"{name} is not a JSON number raftlease accepts")
 
