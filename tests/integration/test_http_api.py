@@ -234,7 +234,11 @@ def test_an_idempotent_retry_returns_the_same_grant(cluster: LocalCluster) -> No
     # Another request under the same key is refused, not answered with that grant.
     other = {"key": "i/2", "owner": "a", "ttl": 10}
     status, refused = call(api, "POST", "/v1/leases/acquire", other, {"Idempotency-Key": "req-1"})
-    assert status == 400 and code_of(refused) == "BAD_REQUEST"
+    # 422, as the IETF Idempotency-Key draft says (issue 44), in words for the client.
+    assert status == 422 and code_of(refused) == "BAD_REQUEST", refused
+    assert refused["error"]["definite"] is True
+    assert "Idempotency-Key" in refused["error"]["message"]
+    assert "(cid, seq)" not in refused["error"]["message"]
     assert "lease_id" not in json.dumps(refused)
     status, read = call(api, "GET", "/v1/leases/holder?key=i/2")
     assert read["holder"] is None

@@ -68,6 +68,7 @@ from .parts import (
     error_response,
     gone,
     json_response,
+    key_reused,
     reject_constant,
 )
 
@@ -357,6 +358,10 @@ class HttpApi:
         try:
             try:
                 return await self._execute(message, caller)
+            except BadRequestError as exc:
+                if key is None:
+                    raise
+                raise key_reused(exc) from None
             except SessionExpiredError:
                 if not seq:
                     raise

@@ -130,9 +130,19 @@ def document(limits: Limits) -> dict[str, Any]:
                         "in": "header",
                         "required": False,
                         "description": "a retry with the same key gets the first answer",
-                        "schema": {"type": "string", "minLength": 1, "maxLength": 128},
+                        "schema": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": 128,
+                            "pattern": "^[!-~]{1,128}$",
+                        },
                     }
                 ]
+                operation["responses"]["422"] = {
+                    **_error_response(),
+                    "description": "BAD_REQUEST: the Idempotency-Key was already used for "
+                    "a different request (nothing applied; send a new key)",
+                }
         if route.op == "watch":
             # One change per NDJSON line or server-sent event.
             event = {"schema": result_schema(route)}
