@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from raftlease.protocol import OPS
@@ -390,6 +391,15 @@ def test_queue_resources(cluster: LocalCluster) -> None:
     assert status == 200
     status, task = call(api, "GET", f"/v1/queues/task?queue=q1&task_id={woken['task_id']}")
     assert status == 200 and task["task"]["status"] != "claimed", task
+    # Issue 44: the documented task_id, and named fields, not positional arrays, in
+    # the history; the answer validates against the document's schema for the route.
+    assert task["task"]["task_id"] == woken["task_id"], task
+    (row,) = task["task"]["history"]
+    assert row["outcome"] == "failed" and row["error"] == "boom", row
+    assert row["number"] == 1 and isinstance(row["worker"], str), row
+    status, doc = call(api, "GET", "/openapi.json")
+    schema = doc["paths"]["/v1/queues/task"]["get"]["responses"]["200"]["content"]
+    jsonschema.validate(task, schema["application/json"]["schema"])
 
 
 # ------------------------------------------------------------- bad input
