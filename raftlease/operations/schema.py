@@ -141,11 +141,16 @@ class Field:
 class Rule:
     """A rule between fields that no single field expresses, checked at its place in
     the field order. ``check(message, args)`` raises ``BadRequestError`` or
-    ``InvalidArgumentError``; ``args`` holds the fields read so far."""
+    ``InvalidArgumentError``; ``args`` holds the fields read so far.
+
+    ``exclusive``: fields of which at most one may be given (``one_needed``: exactly
+    one), as the OpenAPI document states it (``oneOf``, or ``not`` both)."""
 
     name: str
     doc: str
     check: Callable[[Mapping[str, Any], dict[str, Any]], None]
+    exclusive: tuple[str, ...] = ()
+    one_needed: bool = False
 
 
 def _given(message: Mapping[str, Any], name: str) -> bool:
@@ -206,16 +211,20 @@ TTL_OR_SESSION = Rule(
     "ttl_or_session",
     "an acquire gives ttl or session, not both (an attached lease lives by its session)",
     _ttl_or_session,
+    exclusive=("ttl", "session"),
+    one_needed=True,
 )
 LEASE_TTL_OR_SESSION = Rule(
     "lease_ttl_or_session",
     "a claim gives lease_ttl or session, not both (an attached claim lives by its session)",
     _lease_ttl_or_session,
+    exclusive=("lease_ttl", "session"),
 )
 LEASE_ID_OR_TOKEN = Rule(
     "lease_id_or_token",
     "a revoke names one lease by lease_id or by token, not both (neither: every lease)",
     _lease_id_or_token,
+    exclusive=("lease_id", "token"),
 )
 MEMBER_ID_CHARS = Rule(
     "member_id_chars",

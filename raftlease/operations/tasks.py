@@ -37,6 +37,36 @@ from .schema import (
     result,
 )
 
+#: One row of a task's attempt history (``task_get``'s ``task.history``), as
+#: (name, JSON type, doc), in the order of the native positional row
+#: (``core/task_records.TaskRecord.history``). The HTTP API answers each row as an
+#: object with these names; the native protocol keeps the positional row.
+ATTEMPT_ROW: tuple[tuple[str, str | tuple[str, ...], str], ...] = (
+    ("number", "integer", "the attempt's number, from 1"),
+    ("worker", "string", "the worker that claimed it"),
+    ("token", "integer", "its fencing token"),
+    ("started_at", "integer", "log time it was claimed (ms)"),
+    ("ended_at", "integer", "log time it ended (ms)"),
+    ("outcome", "string", "completed, failed, expired, stalled, released, session or deadline"),
+    ("error", ("string", "null"), "the failure's text, if any"),
+)
+
+#: The fields every ``task_get`` answer's ``task`` has, as (name, JSON type, doc);
+#: others (``result``, ``worker``, ``progress``, ...) appear with the task's state.
+TASK_VIEW: tuple[tuple[str, str | tuple[str, ...], str], ...] = (
+    ("tid", "string", "the task's id"),
+    ("queue", "string", "its queue"),
+    ("status", "string", "its state"),
+    ("payload", "string", "its payload"),
+    ("priority", "integer", "its priority"),
+    ("requires", "object", "the capabilities a worker needs"),
+    ("attempts", "integer", "attempts so far"),
+    ("failures", "integer", "failed attempts so far"),
+    ("max_attempts", "integer", "the most attempts before it is dead"),
+    ("created_at", "integer", "log time it was put (ms)"),
+    ("history", "array", "its past attempts, oldest first"),
+)
+
 TASK_OPS: tuple[Operation, ...] = (
     operation(
         "task_put",

@@ -419,7 +419,7 @@ def test_bad_http_gets_a_definite_answer_and_the_node_stays_up(
     assert code == 404
     # The answer lists every route the port serves, the HTTP API and the UI included.
     assert {"/livez", "/readyz", "/metrics", "/status", "/v1/", "/ui/"} <= set(
-        json.loads(body)["routes"]
+        json.loads(body)["error"]["detail"]["routes"]
     )
     assert get(addr, "/metrics/../status")[0] in (200, 404)  # normalised or unknown
     code, headers, _ = get(addr, "/metrics", method="POST")

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from raftlease.protocol import OPS
@@ -234,7 +235,11 @@ def test_an_idempotent_retry_returns_the_same_grant(cluster: LocalCluster) -> No
     # Another request under the same key is refused, not answered with that grant.
     other = {"key": "i/2", "owner": "a", "ttl": 10}
     status, refused = call(api, "POST", "/v1/leases/acquire", other, {"Idempotency-Key": "req-1"})
-    assert status == 400 and code_of(refused) == "BAD_REQUEST"
+    # 422, as the IETF Idempotency-Key draft says (issue 44), in words for the client.
+    assert status == 422 and code_of(refused) == "BAD_REQUEST", refused
+    assert refused["error"]["definite"] is True
+    assert "Idempotency-Key" in refused["error"]["message"]
+    assert "(cid, seq)" not in refused["error"]["message"]
     assert "lease_id" not in json.dumps(refused)
     status, read = call(api, "GET", "/v1/leases/holder?key=i/2")
     assert read["holder"] is None
@@ -386,6 +391,15 @@ def test_queue_resources(cluster: LocalCluster) -> None:
     assert status == 200
     status, task = call(api, "GET", f"/v1/queues/task?queue=q1&task_id={woken['task_id']}")
     assert status == 200 and task["task"]["status"] != "claimed", task
+    # Issue 44: the documented task_id, and named fields, not positional arrays, in
+    # the history; the answer validates against the document's schema for the route.
+    assert task["task"]["task_id"] == woken["task_id"], task
+    (row,) = task["task"]["history"]
+    assert row["outcome"] == "failed" and row["error"] == "boom", row
+    assert row["number"] == 1 and isinstance(row["worker"], str), row
+    status, doc = call(api, "GET", "/openapi.json")
+    schema = doc["paths"]["/v1/queues/task"]["get"]["responses"]["200"]["content"]
+    jsonschema.validate(task, schema["application/json"]["schema"])
 
 
 # ------------------------------------------------------------- bad input

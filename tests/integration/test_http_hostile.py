@@ -8,6 +8,9 @@ defences (each test fails on the build before its fix):
   refused connection logged an ERROR traceback.
 * JSON integers too large for a float (Python parses 4,300 digits) answered 500
   INTERNAL, not definite, instead of 400.
+* Each HTTP row of issue 44: /nope, POST /metrics and /v1/ answered three different
+  error shapes; a 9,000-byte URL or a NUL in a header was logged at ERROR with a
+  traceback (operations.md alerts on ERROR) and answered in text/plain.
 * A body under the size limit that grows when re-encoded for the leader (0.5 is 3
   bytes of JSON, 9 of msgpack) made the leader close the follower's forwarding
   connection, failing every other caller's request in flight on it.
@@ -174,3 +177,80 @@ def test_a_loopback_endpoint_without_auth_answers_only_loopback_host_names(
         assert status(host, "/livez") == 200  # probes stay open
     for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST.", f"[::1]:{port}"):
         assert status(host) == 200, host
+
+
+def _reply(addr: str, data: bytes) -> tuple[int | None, dict[str, str], bytes]:
+    """(status, headers lower-cased, body) of one raw request on its own socket."""
+    with _connect(addr) as sock:
+        sock.sendall(data)
+        reply = b""
+        try:
+            while chunk := sock.recv(65536):
+                reply += chunk
+        except (ConnectionResetError, TimeoutError):
+            pass
+    head, _, body = reply.partition(b"\r\n\r\n")
+    headers = {}
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status_code(reply), headers, body
+
+
+def _is_error_object(headers: dict[str, str], body: bytes) -> dict[str, object]:
+    assert headers.get("content-type", "").startswith("application/json"), headers
+    error = json.loads(body)["error"]
+    assert isinstance(error, dict), error
+    assert isinstance(error["code"], str) and isinstance(error["message"], str)
+    assert isinstance(error["definite"], bool)
+    return error
+
+
+def test_every_refusal_on_the_admin_port_is_one_json_error_object_logged_quietly(
+    cluster: LocalCluster,
+) -> None:
+    """Issue 44's HTTP row: one error object, ``application/json``, for unknown paths,
+    other methods, the admin endpoint's own refusals, /v1/ and the parser's refusals
+    (a too long URL, a NUL in a header, a bad request line, too large or too many
+    headers), the parser's at most at INFO: no ERROR line, no traceback."""
+    addr = admin_of(cluster, "n3")
+    log_path = cluster.log_path("n3")
+    before = len(log_path.read_text(errors="replace"))
+    close = b"Connection: close\r\n"
+    host = b"Host: 127.0.0.1\r\n"
+
+    status, headers, body = _reply(addr, b"GET /nope HTTP/1.1\r\n" + host + close + b"\r\n")
+    error = _is_error_object(headers, body)
+    assert status == 404 and error["code"] == "BAD_REQUEST"
+    assert "/v1/" in error["detail"]["routes"]  # type: ignore[index]
+
+    post = b"POST /metrics HTTP/1.1\r\n" + host + close + b"Content-Length: 0\r\n\r\n"
+    status, headers, body = _reply(addr, post)
+    assert status == 405 and headers["allow"] == "GET, HEAD"
+    assert _is_error_object(headers, body)["definite"] is True
+
+    status, headers, body = _reply(addr, b"GET /v1/nope HTTP/1.1\r\n" + host + close + b"\r\n")
+    assert status == 404 and _is_error_object(headers, body)["code"] == "BAD_REQUEST"
+
+    status, headers, body = _reply(addr, b"GET /ui/nope HTTP/1.1\r\n" + host + close + b"\r\n")
+    assert status == 404 and _is_error_object(headers, body)["code"] == "BAD_REQUEST"
+
+    hostile = {
+        414: b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n" + host + b"\r\n",
+        400: b"GET /livez HTTP/1.1\r\n" + host + b"X-A: a\x00b\r\n\r\n",
+        431: b"GET /livez HTTP/1.1\r\n" + host + b"X-Big: " + b"a" * 9000 + b"\r\n\r\n",
+    }
+    for expected, data in hostile.items():
+        status, headers, body = _reply(addr, data)
+        assert status == expected, (expected, status, body[:200])
+        assert _is_error_object(headers, body)["code"] == "BAD_REQUEST"
+    many = b"".join(b"X-%d: y\r\n" % i for i in range(200))
+    status, headers, body = _reply(addr, b"GET /livez HTTP/1.1\r\n" + host + many + b"\r\n")
+    assert status == 431 and _is_error_object(headers, body)["definite"] is True
+    status, headers, body = _reply(addr, b"\x00\xffGARBAGE\r\n\r\n")
+    assert status == 400 and _is_error_object(headers, body)["code"] == "BAD_REQUEST"
+
+    assert get(addr, "/livez")[0] == 200  # still serving
+    text = log_path.read_text(errors="replace")[before:]
+    assert "Traceback" not in text, text[-3000:]
+    assert not [line for line in text.splitlines() if "ERROR" in line], text[-3000:]

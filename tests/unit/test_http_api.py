@@ -277,3 +277,39 @@ def test_the_typescript_example_is_plausible() -> None:
     script = erase_types(source)
     _tokens_balance(script)
     assert "interface " not in script and not re.search(r"\w: (string|number|any)\b", script)
+
+
+def _body_schema(path: str) -> dict[str, Any]:
+    content = DOC["paths"][path]["post"]["requestBody"]["content"]
+    return dict(content["application/json"]["schema"])
+
+
+def test_exclusive_fields_and_byte_limits_are_in_the_schema_not_only_prose() -> None:
+    """Issue 44: "ttl or session, not both" lived only in prose, and string limits
+    said characters where the server counts UTF-8 bytes. The document now states the
+    rule (oneOf / not) so a schema-valid body is one parse_request accepts, and each
+    byte limit says it is one."""
+    import jsonschema
+
+    acquire = _body_schema("/v1/leases/acquire")
+    base = {"key": "k", "owner": "o"}
+
+    def valid(schema: dict[str, Any], body: dict[str, Any]) -> bool:
+        return jsonschema.Draft202012Validator(schema).is_valid(body)
+
+    def parses(op: str, body: dict[str, Any]) -> bool:
+        try:
+            parse_request({**body, "id": 1, "op": op, "cid": "c", "seq": 1, "ack": 1}, LIMITS)
+        except RaftLeaseError:
+            return False
+        return True
+
+    for body in ({"ttl": 5}, {"session": "s1"}, {"ttl": 5, "session": "s1"}, {}):
+        assert valid(acquire, {**base, **body}) == parses("acquire", {**base, **body}), body
+    assert not valid(acquire, {**base, "ttl": 5, "session": "s1"})
+    claim = _body_schema("/v1/queues/claim")
+    both = {"queue": "q", "worker": "w", "lease_ttl": 5, "session": "s1"}
+    assert not valid(claim, both) and not parses("task_claim", both)
+    assert valid(claim, {"queue": "q", "worker": "w"})
+    key = acquire["properties"]["key"]
+    assert key["x-max-utf8-bytes"] == key["maxLength"] and "bytes of UTF-8" in key["description"]

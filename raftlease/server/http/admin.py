@@ -15,15 +15,18 @@ Routes (GET, or HEAD):
 Also mounted here: the HTTP/JSON API (``/v1/``, http_api.py) and the live view
 (``/ui/``, dashboard.py), whose data routes need the same admin token as ``/status``.
 
-Hostile input has definite answers: an unknown path 404, another method 405, a request
-line or header over 8 KiB, more than 64 headers, or any request body 400/413 (from
-aiohttp's parser) or a closed connection; a new connection that has not sent a whole
-request within ``REQUEST_TIMEOUT`` seconds (a slow or stalled client) is closed, and a
-keep-alive connection whose next request is not whole within ``KEEPALIVE_TIMEOUT``;
-beyond ``MAX_CONNECTIONS`` open connections, a new one takes the place of the oldest
-connection still waiting for a whole request from the peer address that has the most
-such connections (so one peer holding idle sockets cannot lock out health probes), and
-is closed at once only when every open connection is in a request (a stream).
+Hostile input has definite answers, each the HTTP API's error object in JSON
+(``parts.refusal``): an unknown path 404, another method 405, any request body 413; a
+URL over 8 KiB 414, a header over 8 KiB or more than 64 headers 431, a bad request line
+or header byte 400 (aiohttp's parser refuses them; ``_AdminRequestHandler`` answers and
+logs them at INFO, where aiohttp logged an ERROR traceback) or a closed connection; a
+new connection that has not sent a whole request within ``REQUEST_TIMEOUT`` seconds (a
+slow or stalled client) is closed, and a keep-alive connection whose next request is not
+whole within ``KEEPALIVE_TIMEOUT``; beyond ``MAX_CONNECTIONS`` open connections, a new
+one takes the place of the oldest connection still waiting for a whole request from the
+peer address that has the most such connections (so one peer holding idle sockets cannot
+lock out health probes), and is closed at once only when every open connection is in a
+request (a stream).
 
 Protection follows the client port (config.py, docs/security.md): with
 ``tls_cert_file`` the endpoint serves HTTPS with the client port's certificate; with an
@@ -47,6 +50,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -56,7 +60,7 @@ from ...replication import Replica
 from ..auth import AuthPolicy
 from ..metrics import NodeMetrics
 from .dashboard import Dashboard
-from .parts import json_response
+from .parts import error_body, error_response, json_response, refusal
 
 if TYPE_CHECKING:
     from .http_api import HttpApi
@@ -116,6 +120,58 @@ class _Refuse(asyncio.Protocol):
         transport.abort()
 
 
+def parser_refusal(exc: HttpProcessingError) -> tuple[int, str]:
+    """(status, message) for a request aiohttp's parser refused: 414 for a request
+    line (the URL) over ``MAX_LINE`` bytes, 431 for a header line over it or more
+    than ``MAX_HEADERS`` headers, else 400 with the parser's reason."""
+    if isinstance(exc, LineTooLong):
+        line = exc.args[0] if exc.args else b""
+        head = line.decode("latin-1") if isinstance(line, (bytes, bytearray)) else str(line)
+        # aiohttp passes the offending line's first 100 bytes: the URL (or the whole
+        # request line) starts with a slash, a method or a scheme; a header does not.
+        first = head.split(" ", 1)[0]
+        if head.startswith("/") or "://" in head[:16] or (first.isupper() and " " in head):
+            return 414, f"the request line is over {MAX_LINE} bytes"
+        return 431, f"a header line is over {MAX_LINE} bytes"
+    text = str(getattr(exc, "message", "") or exc)
+    if "too many headers" in text.lower():
+        return 431, f"more than {MAX_HEADERS} headers"
+    status = exc.code if 400 <= exc.code < 500 else 400
+    return status, "malformed HTTP request: " + " ".join(text.split())[:200]
+
+
+class _AdminRequestHandler(RequestHandler):
+    """aiohttp's connection handler, answering its parser's refusals (a too long
+    URL, bad header bytes, a bad request line) with the port's one JSON error
+    object and logging them at INFO without a traceback: they are the client's
+    fault, and aiohttp's own ``handle_error`` logged each at ERROR with one
+    (operations.md alerts on ERROR). Anything else keeps aiohttp's logging and is
+    answered 500 in the same shape."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # as aiohttp's: a response is under way
+            if not isinstance(exc, HttpProcessingError):
+                self.log_exception("admin request from %s failed", request.remote, exc_info=exc)
+            raise ConnectionError("response already started; cannot send the error")
+        if not isinstance(exc, HttpProcessingError):
+            if status >= 500 and exc is not None:
+                self.log_exception("admin request from %s failed", request.remote, exc_info=exc)
+            code = "TIMEOUT" if status == 504 else "INTERNAL"
+            body = {"error": {"code": code, "message": "internal error", "definite": False}}
+            response = json_response(status, body)
+            response.force_close()
+            return response
+        status, reason = parser_refusal(exc)
+        log.info("admin request from %s refused (%d): %s", request.remote, status, reason)
+        return refusal(status, reason, close=True)
+
+
 class _AdminServer(web.Server):
     """aiohttp's low-level server with a connection cap and a deadline for each
     request to arrive whole (aiohttp has none for slow headers)."""
@@ -134,7 +190,7 @@ class _AdminServer(web.Server):
         # manager: an ERROR traceback in the log for every refused connection.)
         if len(self._connections) >= MAX_CONNECTIONS and not self.timers:
             return _Refuse()
-        return super().__call__()
+        return _AdminRequestHandler(self, loop=self._loop, **self._kwargs)
 
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
@@ -299,12 +355,10 @@ class AdminEndpoint:
         if not self._host_allowed(request):
             if server is not None:
                 server.arm(handler, timeout=KEEPALIVE_TIMEOUT)
-            return json_response(
+            return refusal(
                 421,
-                {
-                    "error": "misdirected request: this endpoint answers only requests "
-                    "addressed to a loopback name (Host header) while no auth file is set"
-                },
+                "misdirected request: this endpoint answers only requests "
+                "addressed to a loopback name (Host header) while no auth file is set",
             )
         try:
             if self.api is not None and Dashboard.owns(request.path):
@@ -316,7 +370,8 @@ class AdminEndpoint:
             return self._route(request)
         except Exception:  # never let a bug take the node down
             log.exception("admin request failed")
-            return json_response(500, {"error": "internal error"})
+            body = {"error": {"code": "INTERNAL", "message": "internal error", "definite": False}}
+            return json_response(500, body)
         finally:
             # Between requests of a keep-alive connection: idle (or the next request
             # arriving) for up to KEEPALIVE_TIMEOUT.
@@ -349,11 +404,15 @@ class AdminEndpoint:
         path = request.path
         if path not in ROUTES:
             mounted = ["/v1/", "/openapi.json", "/ui/"] if self.api is not None else []
-            return json_response(404, {"error": "not found", "routes": [*ROUTES, *mounted]})
+            return refusal(404, f"no resource {path!r}", routes=[*ROUTES, *mounted])
         if request.method not in ("GET", "HEAD"):
-            return json_response(405, {"error": "method not allowed"}, {"Allow": "GET, HEAD"})
+            return refusal(
+                405,
+                f"{request.method} is not allowed on {path}; use GET or HEAD",
+                {"Allow": "GET, HEAD"},
+            )
         if request.body_exists:
-            return json_response(413, {"error": "admin requests have no body"})
+            return refusal(413, "admin requests have no body")
         if path in PROTECTED and self.auth is not None:
             denied = self._check_token(request)
             if denied is not None:
@@ -367,7 +426,7 @@ class AdminEndpoint:
             try:
                 return json_response(200, self.status())
             except RaftLeaseError as exc:
-                return json_response(503, {"error": exc.code, "message": exc.message})
+                return error_response(exc, 503)
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -383,5 +442,5 @@ class AdminEndpoint:
         except RaftLeaseError as exc:
             status = 401 if exc.code == "UNAUTHENTICATED" else 403
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-            return json_response(status, {"error": exc.code, "message": exc.message}, headers)
+            return json_response(status, error_body(exc), headers)
         return None

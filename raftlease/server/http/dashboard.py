@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ...errors import BadRequestError, RaftLeaseError, UnavailableError
-from .parts import error_response, json_response
+from .parts import error_response, json_response, refusal
 
 if TYPE_CHECKING:
     from ..auth import AuthPolicy
@@ -123,15 +123,13 @@ class Dashboard:
             raise
         except Exception:  # never let a bug take the node down
             log.exception("dashboard request failed")
-            return json_response(500, {"error": {"code": "INTERNAL", "message": "internal error"}})
+            body = {"error": {"code": "INTERNAL", "message": "internal error", "definite": False}}
+            return json_response(500, body)
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         if request.method not in ("GET", "HEAD"):
-            err = BadRequestError("method not allowed here; use GET")
-            return json_response(
-                405, {"error": {"code": err.code, "message": err.message}}, {"Allow": "GET, HEAD"}
-            )
+            return refusal(405, "method not allowed here; use GET", {"Allow": "GET, HEAD"})
         if request.body_exists:
             raise BadRequestError("dashboard requests have no body")
         if path in ("/", "/ui"):
@@ -152,9 +150,7 @@ class Dashboard:
         }
         route = routes.get(name)
         if route is None:
-            return json_response(
-                404, {"error": {"code": "BAD_REQUEST", "message": f"no page {path!r}"}}
-            )
+            return refusal(404, f"no page {path!r}")
         caller = self.api.caller(request)  # an unknown token: UNAUTHENTICATED
         if self.auth is not None:
             self.auth.check_admin(caller.principal, f"read {path}")

@@ -57,6 +57,7 @@ from ...errors import (
 from ...protocol import OPS, parse_request
 from ..auth import AuthPolicy
 from .http_forward import Forwarder, client_context
+from .op_schemas import named_task
 from .openapi import Route, all_routes, document, op_fields
 from .parts import (
     Caller,
@@ -68,6 +69,7 @@ from .parts import (
     error_response,
     gone,
     json_response,
+    key_reused,
     reject_constant,
 )
 
@@ -252,6 +254,8 @@ class HttpApi:
             for short, name in (("tid", "task_id"), ("aid", "attempt_id")):
                 if short in result:
                     result = {**result, name: result[short]}
+            if route.op == "task_get" and isinstance(result.get("task"), dict):
+                result = {**result, "task": named_task(result["task"])}
         return json_response(200, result)
 
     def _method_not_allowed(self, allowed: str) -> web.Response:
@@ -357,6 +361,10 @@ class HttpApi:
         try:
             try:
                 return await self._execute(message, caller)
+            except BadRequestError as exc:
+                if key is None:
+                    raise
+                raise key_reused(exc) from None
             except SessionExpiredError:
                 if not seq:
                     raise

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...operations import BY_NAME, TABLE, Limits, Route, resolve
+from ...operations.tasks import ATTEMPT_ROW, TASK_VIEW
 
 #: How each field kind of the table is described over HTTP: ``key`` (a non-empty
 #: string of at most ``high`` UTF-8 bytes), ``text`` (a string that may be empty),
@@ -95,7 +96,39 @@ def result_schema(route: Route) -> dict[str, Any]:
                 props[name] = {**props[short], "description": f"the same as {short}"}
                 if short in required:
                     required.append(name)
+    if route.op == "task_get":
+        props["task"] = {**task_schema(), "description": props["task"]["description"]}
     out: dict[str, Any] = {"type": "object", "properties": props}
     if required:
         out["required"] = required
     return out
+
+
+def _typed(kind: str | tuple[str, ...], doc: str) -> dict[str, Any]:
+    return {"type": _json_type(kind), "description": doc}
+
+
+def task_schema() -> dict[str, Any]:
+    """The schema of ``task_get``'s ``task`` over HTTP: ``TASK_VIEW``'s fields,
+    ``task_id`` beside ``tid``, and each history row an object of ``ATTEMPT_ROW``'s
+    named fields (``named_task``)."""
+    props = {name: _typed(kind, doc) for name, kind, doc in TASK_VIEW}
+    props["task_id"] = {**props["tid"], "description": "the same as tid"}
+    row = {name: _typed(kind, doc) for name, kind, doc in ATTEMPT_ROW}
+    props["history"]["items"] = {
+        "type": "object",
+        "properties": row,
+        "required": [name for name, _, _ in ATTEMPT_ROW],
+    }
+    return {"type": "object", "properties": props, "required": [*props]}
+
+
+def named_task(task: dict[str, Any]) -> dict[str, Any]:
+    """``task_get``'s native ``task`` as the HTTP API answers it: ``task_id`` beside
+    ``tid`` and each history row's positional array as an object (``ATTEMPT_ROW``)."""
+    names = [name for name, _, _ in ATTEMPT_ROW]
+    history = [
+        dict(zip(names, row, strict=False)) if isinstance(row, list) else row
+        for row in task.get("history", [])
+    ]
+    return {**task, "task_id": task.get("tid"), "history": history}

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..._version import __version__
 from ...errors import CODES
-from ...operations import Route
+from ...operations import BY_NAME, Route
 from ...protocol import OPS, Limits
 from .op_schemas import Field, all_routes, op_fields, result_schema
 
@@ -73,6 +73,13 @@ def _schema(spec: Field) -> dict[str, Any]:
         }
     if spec.doc:
         out["description"] = spec.doc
+    if "x-max-utf8-bytes" in out:
+        # JSON Schema's maxLength counts characters; the server counts UTF-8 bytes.
+        note = (
+            f"at most {int(spec.high)} bytes of UTF-8 (the server counts bytes; "
+            "maxLength, in characters, is only an upper bound)"
+        )
+        out["description"] = f"{spec.doc}; {note}" if spec.doc else note
     return out
 
 
@@ -88,6 +95,27 @@ def _error_response() -> dict[str, Any]:
         "description": "an error with its wire code (see the status table)",
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
     }
+
+
+def _exclusive(route: Route, body: dict[str, Any]) -> None:
+    """State the operation's exclusive fields (``Rule.exclusive``) in ``body``'s
+    schema: ``oneOf`` when exactly one is needed ("``ttl`` or ``session``, not
+    both"), else ``not`` all of them together."""
+    for rule in BY_NAME[route.op].rules:
+        names = [_renamed(route, name) for name in rule.exclusive]
+        if not names or not all(name in body["properties"] for name in names):
+            continue
+        if rule.one_needed:
+            body.setdefault("allOf", []).append(
+                {
+                    "oneOf": [{"required": [name]} for name in names],
+                    "description": rule.doc,
+                }
+            )
+        else:
+            body.setdefault("allOf", []).append(
+                {"not": {"required": names}, "description": rule.doc}
+            )
 
 
 def document(limits: Limits) -> dict[str, Any]:
@@ -119,6 +147,7 @@ def document(limits: Limits) -> dict[str, Any]:
             body: dict[str, Any] = {"type": "object", "properties": props}
             if required:
                 body["required"] = required
+            _exclusive(route, body)
             operation["requestBody"] = {
                 "required": True,
                 "content": {"application/json": {"schema": body}},
@@ -130,9 +159,19 @@ def document(limits: Limits) -> dict[str, Any]:
                         "in": "header",
                         "required": False,
                         "description": "a retry with the same key gets the first answer",
-                        "schema": {"type": "string", "minLength": 1, "maxLength": 128},
+                        "schema": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": 128,
+                            "pattern": "^[!-~]{1,128}$",
+                        },
                     }
                 ]
+                operation["responses"]["422"] = {
+                    **_error_response(),
+                    "description": "BAD_REQUEST: the Idempotency-Key was already used for "
+                    "a different request (nothing applied; send a new key)",
+                }
         if route.op == "watch":
             # One change per NDJSON line or server-sent event.
             event = {"schema": result_schema(route)}

@@ -64,6 +64,28 @@ class Caller:
     principal: Principal | None
 
 
+#: The state machine's wording for a ``(cid, seq)`` answered for another request.
+_REUSED = "already answered for a different request"
+
+
+class IdempotencyKeyReusedError(BadRequestError):
+    """An Idempotency-Key already used for a different request: ``BAD_REQUEST`` (the
+    code the state machine answers), HTTP 422 as the IETF Idempotency-Key draft says."""
+
+    http_status = 422
+
+
+def key_reused(exc: RaftLeaseError) -> RaftLeaseError:
+    """``exc``, or for the state machine's refusal of a reused (cid, seq) under an
+    Idempotency-Key, ``IdempotencyKeyReusedError`` in words for the HTTP client."""
+    if isinstance(exc, BadRequestError) and _REUSED in exc.message:
+        return IdempotencyKeyReusedError(
+            "this Idempotency-Key was already used for a different request; nothing "
+            "was applied: send a new key for a new request"
+        )
+    return exc
+
+
 def error_body(exc: RaftLeaseError) -> dict[str, Any]:
     err: dict[str, Any] = {"code": exc.code, "message": exc.message, "definite": exc.definite}
     if exc.detail:
@@ -85,11 +107,27 @@ def json_response(
 def error_response(
     exc: RaftLeaseError, status: int | None = None, close: bool = False
 ) -> web.Response:
-    status = status or STATUS.get(exc.code, 500)
+    status = status or getattr(exc, "http_status", None) or STATUS.get(exc.code, 500)
     headers = {"WWW-Authenticate": 'Bearer realm="raftlease"'} if status == 401 else {}
     if close:
         headers["Connection"] = "close"
     response = json_response(status, error_body(exc), headers or None)
+    if close:
+        response.force_close()
+    return response
+
+
+def refusal(
+    status: int,
+    message: str,
+    headers: dict[str, str] | None = None,
+    close: bool = False,
+    **detail: Any,
+) -> web.Response:
+    """A request the port itself refuses (unknown path, another method, a parser
+    error): the one error object of every route, code ``BAD_REQUEST``, definite, its
+    ``detail`` (e.g. ``routes``) under ``error.detail``."""
+    response = json_response(status, error_body(BadRequestError(message, detail or None)), headers)
     if close:
         response.force_close()
     return response
