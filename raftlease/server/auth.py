@@ -79,6 +79,21 @@ STATUS_OPEN_FIELDS = frozenset(r.name for r in BY_NAME["status"].results if r.al
 SEPARATORS = "/:"
 
 
+def prefix_covers_query(prefix: str, query: str) -> bool:
+    """Whether a permission on ``prefix`` covers EVERY key a ``leases``/``watch`` query
+    for the string prefix ``query`` can return. Such a query matches keys as strings
+    (``gpu`` returns ``gpus/...`` too), so on a path-bounded permission it must end at or
+    below a boundary of the permission (``gpu/``, ``gpu:x``), not at the permission
+    itself: ``gpu`` grants ``leases(prefix="gpu/")``, not ``leases(prefix="gpu")``."""
+    if prefix.endswith("*"):
+        return query.startswith(prefix[:-1])
+    if not prefix or prefix[-1] in SEPARATORS:
+        return query.startswith(prefix)
+    return (
+        query.startswith(prefix) and len(query) > len(prefix) and query[len(prefix)] in SEPARATORS
+    )
+
+
 def prefix_grants(prefix: str, key: str) -> bool:
     """Whether a permission on ``prefix`` covers ``key`` (a key, or the prefix a
     ``leases``/``watch`` asks for): on path boundaries, see the module docstring."""
@@ -106,9 +121,12 @@ class Principal:
     token_sha256: str = ""
 
     def allows(self, action: str, key: str, prefix_op: bool = False) -> bool:
+        """``action`` on ``key``; with ``prefix_op``, ``key`` is the string prefix of a
+        ``leases``/``watch`` query and every key it can return must be granted."""
+        grants = prefix_covers_query if prefix_op else prefix_grants
         for role in self.roles:
             for prefix, actions in role.permissions:
-                if action in actions and prefix_grants(prefix, key):
+                if action in actions and grants(prefix, key):
                     return True
         return False
 
@@ -195,8 +213,9 @@ class AuthPolicy:
             return
         if permission in ("key_read", "key_write", "key_admin"):
             action = {"key_read": "read", "key_write": "write", "key_admin": "admin"}[permission]
+            query = "key" not in args and "prefix" in args
             target = args.get("key", args.get("prefix", ""))
-            if not principal.allows(action, str(target)):
+            if not principal.allows(action, str(target), prefix_op=query):
                 raise PermissionDeniedError(
                     f"{principal.name} may not {action} {target!r} ({op})",
                     {"principal": principal.name, "action": action, "key": target},

@@ -63,3 +63,24 @@ def test_a_prefix_operation_needs_the_permission_on_a_boundary() -> None:
     for denied in ({"op": "leases", "prefix": "gp"}, {"op": "holder", "key": "gpus"}):
         with pytest.raises(PermissionDeniedError):
             policy.check(who, _request(denied))
+
+
+def test_a_prefix_query_may_not_reach_keys_past_the_permission() -> None:
+    """``leases``/``watch`` match keys as strings: a query for ``gpu`` would return
+    ``gpus/...``, which a permission on ``gpu`` does not grant; ``gpu/`` is fine, and a
+    bare string permission (``gpu*``) covers ``gpu``."""
+    role = Role("gpu", (("gpu", frozenset({"read"})),))
+    policy = AuthPolicy({"g": Principal("g", (role,))})
+    who = policy.principals["g"]
+    for op in ("leases", "watch"):
+        policy.check(who, _request({"op": op, "prefix": "gpu/"}))
+        policy.check(who, _request({"op": op, "prefix": "gpu:a"}))
+        for query in ("gpu", "gp", ""):
+            with pytest.raises(PermissionDeniedError):
+                policy.check(who, _request({"op": op, "prefix": query}))
+    star = AuthPolicy({"s": Principal("s", (Role("s", (("gpu*", frozenset({"read"})),)),))})
+    star.check(star.principals["s"], _request({"op": "leases", "prefix": "gpu"}))
+    slash = AuthPolicy({"t": Principal("t", (Role("t", (("gpu/", frozenset({"read"})),)),))})
+    slash.check(slash.principals["t"], _request({"op": "leases", "prefix": "gpu/a"}))
+    with pytest.raises(PermissionDeniedError):
+        slash.check(slash.principals["t"], _request({"op": "leases", "prefix": "gpu"}))
