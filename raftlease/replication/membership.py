@@ -189,6 +189,32 @@ def membership_entries(entries: Iterable[Any]) -> list[tuple[str, str]]:
     return found
 
 
+def newer_member(
+    raft: Any, cert_ids: Iterable[str], members: Iterable[NodeAddress], me: NodeAddress
+) -> str | None:
+    """The member id to accept an incoming peer connection as when its first frame,
+    ``raft``, names no member of this node's set: a member of a configuration newer
+    than this node's log (added while this node was down or cut off). Accepted only on
+    the evidence of its certificate (``cert_ids``: the member ids the verified
+    certificate of the cluster CA names): exactly one id, which is neither this node
+    nor a member of its set (a member claiming another address is an impostor, not a
+    newcomer), and an address that is no member's. None: refuse.
+
+    Accepting such a node is what Raft asks (dissertation §4.1: a server takes
+    AppendEntries from a leader outside its configuration and grants votes to such a
+    candidate); the node's configuration itself changes only through the log entries
+    that leader sends, which PySyncObj applies as they are appended."""
+    if not isinstance(raft, str) or not raft or raft.rpartition(":")[2] == raft:
+        return None
+    ids = sorted(set(cert_ids))
+    if len(ids) != 1:
+        return None
+    known = (*members, me)
+    if ids[0] in {m.id for m in known} or raft in {m.raft for m in known}:
+        return None
+    return ids[0]
+
+
 @dataclass(frozen=True)
 class Change:
     """A change this node proposed as leader: ``kind`` is ``add`` or ``remove``."""

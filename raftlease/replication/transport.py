@@ -22,19 +22,25 @@ from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.tcp_server import SERVER_STATE
 from pysyncobj.transport import TCPTransport
 
+from ..config import NodeAddress
 from .durable import DurableJournal, SyncRecorder, install
 from .follower_log import AppendPlan, Conflict, plan_append_entries, snapshot_is_behind
 from .leadership import LeaseGuard
-from .membership import dialled
+from .membership import DialNode, dialled, newer_member
 from .peer_tls import PeerTLS, TlsSession
 from .peers import MAX_PEER_FRAME, PEER_MESSAGE_TYPES, BoundedTcpConnection, refusals
 from .prevote import MESSAGE_TYPES as PRE_VOTE_TYPES
+from .prevote import REQUEST as PRE_VOTE_REQUEST
 from .prevote import PreVote
 
 log = logging.getLogger("raftlease.replication")
 
 #: Incoming peer connections that have not yet named a member, at most.
 MAX_UNIDENTIFIED_PEERS = 32
+#: What a member of a newer configuration (a guest, ``_accept_guest``) may send us:
+#: its (pre-)vote requests and, once it leads, its log; never answers to requests we
+#: never sent it.
+GUEST_MESSAGE_TYPES = frozenset({"append_entries", "request_vote", PRE_VOTE_REQUEST})
 #: How long a leader keeps a removed member's connection for the removal notice to
 #: commit, and how long it repeats the notice once it did.
 REMOVAL_NOTICE_WAIT = 10.0
@@ -168,6 +174,11 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # Acceptor: the member ids the verified certificate of each incoming
         # connection names, until its first frame says which member it is.
         self._verified: dict[Any, list[str]] = {}
+        # Follower side: members of a configuration newer than our log's (added while
+        # we were down), accepted on their certificate's word (``newer_member``) as
+        # guests: raft address -> node. Only their vote and pre-vote requests and
+        # append_entries are taken; once our log adds them (addNode) they are members.
+        self._guests: dict[str, Any] = {}
         super().__init__(*args, **kwargs)
         self.prevote = PreVote(self, self.guard)
         sync = self._syncObj
@@ -225,7 +236,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # snapshot's member set): the new peer is accepted from now on, and the
         # leader lease is counted over the new majority (LeaseGuard.reconfigure).
         kept = self._kept.pop(node.id, None) or self._leaving.pop(node.id, None)
-        if kept is None and node.id in self._learners:
+        if kept is None and node.id in self._guests:
+            self._promote_guest(node)
+        elif kept is None and node.id in self._learners:
             self._promote_learner(node)
         elif kept is None:
             super().addNode(dialled(node, self.dial))
@@ -372,6 +385,57 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             self._nodeAddrToNode[learner.address] = learner
         else:  # never connected: the plain path
             super().addNode(learner)
+
+    # ---------------------------------------- members of a newer configuration
+
+    def _accept_guest(self, conn: Any, raft: str, member_id: str) -> None:
+        """A member of a newer configuration dialled us (``newer_member``): take its
+        connection as a guest's, so that we can vote for it and follow it as leader
+        and so learn the newer configuration from its log."""
+        old = self._guests.pop(raft, None)
+        if old is not None:
+            previous = self._connections.pop(old, None)
+            if previous is not None and previous is not conn:
+                previous.disconnect()
+        guest = DialNode(raft, self.dial.get(raft, raft))
+        guest.rl_id = member_id
+        guest.rl_client = ""
+        self._unknownConnections.discard(conn)
+        self._connections[guest] = conn
+        self._guests[raft] = guest
+        conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, guest))
+        log.warning(
+            "peer %s at %s is not in our member set but its certificate names it: taken "
+            "as a member of a newer configuration until our log says so (or not)",
+            member_id,
+            raft,
+        )
+
+    def _promote_guest(self, node: Any) -> None:
+        """Our log added a guest (PySyncObj has just put it in its member set): its
+        connection becomes the member's as it is, connected."""
+        guest = self._guests.pop(node.id)
+        for name in ("rl_id", "rl_client"):  # as the change entry has them
+            if hasattr(node, name):
+                setattr(guest, name, getattr(node, name))
+        conn = self._connections.get(guest)
+        if conn is None or conn.state != CONNECTION_STATE.CONNECTED:
+            self._connections.pop(guest, None)
+            super().addNode(dialled(node, self.dial))
+            return
+        self._nodes.add(guest)
+        self._nodeAddrToNode[guest.address] = guest
+        self._onNodeConnected(guest)
+
+    def _drop_guests(self) -> None:
+        """Close every guest connection (we lead now: a member of a configuration we
+        do not know has nothing to do with our log, and PySyncObj's leader would index
+        its per-member tables with it)."""
+        for raft in list(self._guests):
+            guest = self._guests.pop(raft)
+            conn = self._connections.pop(guest, None)
+            if conn is not None:
+                conn.disconnect()
 
     def _dial_learners(self) -> None:
         """Leader, tick thread: (re)connect to the learners whose address is below
@@ -603,6 +667,12 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
     def _onDisconnected(self, conn: Any) -> None:
         self._unproven.pop(conn, None)
         self._verified.pop(conn, None)
+        for raft, guest in list(self._guests.items()):
+            if self._connections.get(guest) is conn:
+                # Not a member (nor a read-only node) of ours: just forget it.
+                del self._guests[raft]
+                del self._connections[guest]
+                return
         super()._onDisconnected(conn)
 
     def _wake_at(self, delay: float) -> None:
@@ -758,6 +828,14 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         node = None
         if isinstance(message, str):
             node = self._nodeAddrToNode.get(message) or self._learners.get(message)
+        if node is None and self._tls is not None and not self._syncObj._isLeader():
+            me = self._selfNode
+            ours = [NodeAddress(str(getattr(n, "rl_id", n.id)), str(n.id), "") for n in self._nodes]
+            self_address = NodeAddress(str(getattr(me, "rl_id", me.id)), str(me.id), "")
+            newer = newer_member(message, ids, ours, self_address)
+            if newer is not None:
+                self._accept_guest(conn, message, newer)
+                return
         if node is None:
             refusals.warning(
                 "peer connection refused: its first frame names no member (%.80r)", message
@@ -800,6 +878,15 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             ):
                 super()._onMessageReceived(node, message)
             return
+        if node.id in self._guests and node not in self._nodes:
+            # A member of a newer configuration (_accept_guest): we may vote for it
+            # and take its leader's log, nothing else; as a leader, nothing.
+            kind = message.get("type") if isinstance(message, dict) else None
+            if self._syncObj._isLeader():
+                self._drop_guests()
+                return
+            if kind not in GUEST_MESSAGE_TYPES:
+                return
         if isinstance(message, dict) and message.get("type") == "rl_removed":
             self._removal_notice(node, message)
             return

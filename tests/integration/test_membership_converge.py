@@ -1,0 +1,76 @@
+"""A member that was down while members were added learns the new member set from
+the leader (issue 37, docs/membership.md "A member that missed a change"): the
+cluster elects whenever a majority of the current configuration is up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from raftlease.testing import LocalCluster
+from raftlease.testing.cluster import wait_for
+from tests.integration.test_cluster import raw_request
+from tests.integration.test_membership import add, members, new_node_that_dials
+
+pytestmark = pytest.mark.integration
+
+FIVE = ["n1", "n2", "n3", "n4", "n5"]
+
+
+@pytest.mark.timeout(300)
+def test_a_member_down_during_two_adds_learns_them_and_the_cluster_elects(
+    cluster: LocalCluster,
+) -> None:
+    original = cluster.nodes
+    cluster.stop_node("n3")
+    cluster.wait_for_leader(60)
+    # n4 and n5 above every member's address: they dial n3, which has never heard of them.
+    for node_id in ("n4", "n5"):
+        new = new_node_that_dials(cluster, node_id)
+        cluster.start_node(node_id)
+        assert add(cluster, new)["caught_up"] is True
+    wait_for(lambda: members(cluster) == FIVE, 30, "five members in the leader's log")
+    saved = json.loads((cluster.node_dir("n3") / "members.json").read_text())
+    assert [m["id"] for m in saved["members"]] == ["n1", "n2", "n3"]
+
+    # n1 and n2 gone: n3, n4, n5 are three of the five members, a majority.
+    cluster.kill_node("n1")
+    cluster.kill_node("n2")
+    # n3 comes back from its data directory (members.json: n1, n2, n3) and a config
+    # file that was never edited either.
+    current = cluster.nodes
+    cluster.nodes = original
+    cluster.start_node("n3")
+    cluster.nodes = current
+    leader = cluster.wait_for_leader(90)
+    assert leader["node"] in ("n3", "n4", "n5")
+    n3 = cluster.node("n3").client
+    wait_for(lambda: members(cluster, n3) == FIVE, 60, "n3 with the five-member set")
+    wait_for(
+        lambda: (
+            [
+                m["id"]
+                for m in json.loads((cluster.node_dir("n3") / "members.json").read_text())[
+                    "members"
+                ]
+            ]
+            == FIVE
+        ),
+        30,
+        "n3's members.json with the five members",
+    )
+
+    # It accepted them on their certificates, before its log told it who they were.
+    assert "member of a newer configuration" in cluster.log_path("n3").read_text(errors="replace")
+
+    # n3 takes part: a write acknowledged with n1 and n2 down needs it (3 of 5) and
+    # is on its applied state.
+    with cluster.client() as c:
+        grant = c.acquire("converge/after", owner="w", ttl=60.0)
+    stale = {"id": 2, "op": "holder", "key": "converge/after", "consistency": "stale"}
+    wait_for(
+        lambda: (raw_request(n3, stale)["result"].get("holder") or {}).get("token") == grant.token,
+        30,
+        "the grant on n3's applied state",
+    )
