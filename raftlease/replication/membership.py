@@ -190,7 +190,11 @@ def membership_entries(entries: Iterable[Any]) -> list[tuple[str, str]]:
 
 
 def newer_member(
-    raft: Any, cert_ids: Iterable[str], members: Iterable[NodeAddress], me: NodeAddress
+    raft: Any,
+    cert_ids: Iterable[str],
+    members: Iterable[NodeAddress],
+    me: NodeAddress,
+    removed: Iterable[str] = (),
 ) -> str | None:
     """The member id to accept an incoming peer connection as when its first frame,
     ``raft``, names no member of this node's set: a member of a configuration newer
@@ -198,7 +202,9 @@ def newer_member(
     the evidence of its certificate (``cert_ids``: the member ids the verified
     certificate of the cluster CA names): exactly one id, which is neither this node
     nor a member of its set (a member claiming another address is an impostor, not a
-    newcomer), and an address that is no member's. None: refuse.
+    newcomer), and an address that is no member's; neither the id nor the address one
+    this node's log removed (``removed``: ids and raft addresses; a removed member is
+    refused, as before). None: refuse.
 
     Accepting such a node is what Raft asks (dissertation §4.1: a server takes
     AppendEntries from a leader outside its configuration and grants votes to such a
@@ -211,6 +217,9 @@ def newer_member(
         return None
     known = (*members, me)
     if ids[0] in {m.id for m in known} or raft in {m.raft for m in known}:
+        return None
+    gone = set(removed)
+    if ids[0] in gone or raft in gone:
         return None
     return ids[0]
 

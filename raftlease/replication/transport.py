@@ -179,6 +179,8 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # guests: raft address -> node. Only their vote and pre-vote requests and
         # append_entries are taken; once our log adds them (addNode) they are members.
         self._guests: dict[str, Any] = {}
+        # Ids and raft addresses of members our log removed (dropNode), never guests.
+        self._removed: set[str] = set()
         super().__init__(*args, **kwargs)
         self.prevote = PreVote(self, self.guard)
         sync = self._syncObj
@@ -235,6 +237,8 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # the moment PySyncObj applies a change (appended add, reversed remove, a
         # snapshot's member set): the new peer is accepted from now on, and the
         # leader lease is counted over the new majority (LeaseGuard.reconfigure).
+        self._removed.discard(str(node.id))
+        self._removed.discard(str(getattr(node, "rl_id", "")))
         kept = self._kept.pop(node.id, None) or self._leaving.pop(node.id, None)
         if kept is None and node.id in self._guests:
             self._promote_guest(node)
@@ -256,6 +260,11 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             return
         leader = sync._getLeader()
         removed = node not in sync.otherNodes  # else: shutdown (destroy drops every node)
+        if removed:
+            self._removed.add(str(node.id))
+            member_id = getattr(node, "rl_id", None)
+            if isinstance(member_id, str):
+                self._removed.add(member_id)
         if self._leaving.pop(node.id, None) is not None or self._kept.pop(node.id, None):
             super().dropNode(node)  # dropped again (shutdown): close it now
         elif removed and sync._isLeader():
@@ -832,7 +841,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             me = self._selfNode
             ours = [NodeAddress(str(getattr(n, "rl_id", n.id)), str(n.id), "") for n in self._nodes]
             self_address = NodeAddress(str(getattr(me, "rl_id", me.id)), str(me.id), "")
-            newer = newer_member(message, ids, ours, self_address)
+            newer = newer_member(message, ids, ours, self_address, self._removed)
             if newer is not None:
                 self._accept_guest(conn, message, newer)
                 return

@@ -37,3 +37,9 @@ def test_a_new_id_claiming_a_members_address_or_ours_is_refused() -> None:
 def test_a_first_frame_that_is_no_raft_address_is_refused() -> None:
     for frame in (None, "", "readonly", ["status"], 7104, b"127.0.0.1:7104"):
         assert newer_member(frame, ["n4"], OURS, ME) is None
+
+
+def test_a_member_our_log_removed_is_refused_by_id_or_address() -> None:
+    assert newer_member("127.0.0.1:7104", ["n4"], OURS, ME, {"n4"}) is None
+    assert newer_member("127.0.0.1:7104", ["n4"], OURS, ME, {"127.0.0.1:7104"}) is None
+    assert newer_member("127.0.0.1:7104", ["n4"], OURS, ME, {"n5"}) == "n4"
