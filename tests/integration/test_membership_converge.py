@@ -11,7 +11,7 @@ import pytest
 from raftlease.testing import LocalCluster
 from raftlease.testing.cluster import wait_for
 from tests.integration.test_cluster import raw_request
-from tests.integration.test_membership import add, members, new_node_that_dials
+from tests.integration.test_membership import add, all_agree, members, new_node_that_dials
 
 pytestmark = pytest.mark.integration
 
@@ -74,3 +74,8 @@ def test_a_member_down_during_two_adds_learns_them_and_the_cluster_elects(
         30,
         "the grant on n3's applied state",
     )
+
+    # n1 and n2 come back: all five agree on the members and the leader.
+    cluster.start_node("n1")
+    cluster.start_node("n2")
+    wait_for(lambda: all_agree(cluster, FIVE), 60, "five members agreed")
