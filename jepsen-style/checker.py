@@ -69,6 +69,12 @@ pass: that is ``unknown`` (a warning, never a pass).
    to, and no place in a queue for, a waiter whose client withdrew before the read
    that would show it (``cancel_checker.py``).
 
+10. ``membership`` (the ``membership-missed`` fault): a member that was down while a
+   member was added, restarted from its own data directory, learns the new member from
+   the log (``learned`` in the heal's stop event) within the nemesis's wait. A heal
+   that recorded nothing (it failed before) is ``unknown``. A run without that fault
+   has nothing to judge (``True``, ``faults`` 0).
+
 ``check(events)`` runs all of them; the overall verdict is False if any is False,
 else "unknown" if any is unknown, else True. ``volume_stats`` measures what the run
 did (grants and contention per key, reads during faults, refused late writes, heals,
@@ -1419,6 +1425,37 @@ def check_rejoin(events: list[Event]) -> dict[str, Any]:
     return result
 
 
+def check_membership(events: list[Event]) -> dict[str, Any]:
+    """The ``membership`` checker (module doc, 10): over the ``membership-missed``
+    faults' heal events."""
+    violations: list[dict[str, Any]] = []
+    unknown: list[dict[str, Any]] = []
+    faults = 0
+    for event in events:
+        if event.get("type") != "nemesis" or event.get("f") != "stop":
+            continue
+        if event.get("fault") != "membership-missed":
+            continue
+        faults += 1
+        detail = event.get("detail") or {}
+        learned = detail.get("learned")
+        if learned is False:
+            violations.append(
+                {
+                    "kind": "a member down during an add never learned the new member",
+                    "member": (detail.get("restarted") or [None])[0],
+                    "waited_s": detail.get("learn_s"),
+                    "t": event.get("t"),
+                }
+            )
+        elif learned is not True:
+            unknown.append({"kind": "the heal recorded no outcome", "event": event})
+    result = _result(violations, {"faults": faults})
+    if unknown and not violations:
+        result.update(valid="unknown", unknown=unknown)
+    return result
+
+
 def _run_nodes(events: list[Event], final: Event) -> list[str]:
     """The nodes of the run: the final event's, or ``n1..nN`` from the meta's count."""
     if final.get("nodes"):
@@ -1628,6 +1665,7 @@ def check(
         "liveness": check_liveness(every_op, events, params),
         "replicas": check_replicas(events),
         "rejoin": check_rejoin(events),
+        "membership": check_membership(events),
         # A secure run (meta ``secure``) proves auth was on by its probes (secure.py).
         "security": check_security(events),
     }

@@ -29,6 +29,14 @@ Kinds (``KINDS``), by what they break:
   heal a fresh node in its place (same id and addresses, empty data directory) started
   and added with ``member_add``, which returns once it has caught up (from a snapshot
   if the log was compacted). Covers a remove, an add and the leader's replacement;
+  ``membership-missed`` grows the cluster while a member is down: SIGKILL of a
+  follower, a new node (a fresh id and addresses) started and added; at the heal the
+  follower restarts from its data directory, which does not list the new member, and
+  must learn it (docs/membership.md, "A member that missed a change"; recorded:
+  ``learned`` and how long it took), then the new member is removed again, and on
+  half the seeds the leader is SIGKILLed right after the removal is sent (a change in
+  flight during a leader kill) and restarted, and the removal repeated until the
+  member set is the original one;
 * clocks, through the test-only ``test_clock`` request: ``clock-within`` (rates within
   ``clock_drift``, jumps below the margins: safe by assumption) and ``clock-beyond``
   (a slow leader, a fast and jumped follower: beyond the drift bound, where the drift
@@ -59,6 +67,7 @@ import os
 import random
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -90,6 +99,7 @@ KINDS: dict[str, tuple[str, float]] = {
     "pause-follower": ("process", 2.0),
     "pause-client": ("client", 4.5),
     "membership": ("membership", 3.0),
+    "membership-missed": ("membership", 3.0),
     "clock-within": ("clock", 3.5),
     "clock-beyond": ("clock", 3.5),
     "clock-beyond+isolate-leader": ("overlap", 4.0),
@@ -231,6 +241,9 @@ class Nemesis:
         self._paused: set[str] = set()
         self._killed: set[str] = set()
         self._skewed: set[str] = set()
+        # Members beyond ``ids`` while a fault holds (``membership-missed``'s new node):
+        # asked for leadership too, never faulted.
+        self._extra: list[str] = []
 
     # -------------------------------------------------------------- queries
 
@@ -252,7 +265,7 @@ class Nemesis:
         deadline = time.monotonic() + wait
         while True:
             best: tuple[int, str] | None = None
-            for nid in self.ids:
+            for nid in (*self.ids, *self._extra):
                 st = self.status(nid)
                 if st and st.get("role") == "leader":
                     cand = (int(st.get("term", 0)), nid)
@@ -840,6 +853,100 @@ class Nemesis:
             "removed": leader,
             "leader_known": known,
             "members": removed.get("members", removed),
+        }
+
+    def _member_ids(self, node_id: str) -> list[str] | None:
+        """The member ids in ``node_id``'s log (None if it does not answer)."""
+        if not self.cluster.is_running(node_id):
+            return None
+        try:
+            reply = raw_request(self.cluster.node(node_id).client, {"id": 1, "op": "member_list"})
+        except OSError:
+            return None
+        result = reply.get("result") if reply.get("ok") else None
+        if not isinstance(result, dict):
+            return None
+        return [str(m.get("id")) for m in result.get("members", []) if isinstance(m, dict)]
+
+    def _start_membership_missed(self, rng: random.Random, spec: FaultSpec) -> dict[str, Any]:
+        leader, known = self._target_leader()
+        missed = rng.choice(self._followers(leader))
+        original = self.cluster.nodes
+        self.cluster.kill_node(missed)
+        self._killed.add(missed)
+        new = self.cluster.new_node(f"x{self.count}")
+        self._extra.append(new.id)
+        self.cluster.start_node(new.id)
+
+        def forget_new() -> dict[str, Any]:
+            # Last of the heal (steps run in reverse): the new node's process and place
+            # in the layout go whatever happened before.
+            if new.id in self._extra:
+                self._extra.remove(new.id)
+            self.cluster.forget_node(new.id)
+            return {}
+
+        self._heal.append(forget_new)
+
+        def rejoin_and_shrink() -> dict[str, Any]:
+            # The member that missed the add comes back from its own data directory
+            # and a config written before the add (an operator edits no file).
+            current = self.cluster.nodes
+            self.cluster.nodes = original
+            try:
+                self.cluster.start_node(missed)
+            finally:
+                self.cluster.nodes = current
+            self._killed.discard(missed)
+            began = time.monotonic()
+            learned = False
+            while time.monotonic() - began < MEMBERSHIP_CHANGE_WAIT:
+                ids = self._member_ids(missed)
+                if ids is not None and new.id in ids:
+                    learned = True
+                    break
+                time.sleep(0.2)
+            out: dict[str, Any] = {
+                "restarted": [missed],
+                "learned": learned,
+                "learn_s": round(time.monotonic() - began, 3),
+            }
+            # Back to the original members: remove the new one, on half the seeds
+            # with the leader SIGKILLed as soon as the removal is sent.
+            if rng.random() < 0.5:
+                target = self.leader(wait=10.0)
+                if target is not None:
+                    sent = {"id": 1, "op": "member_remove", "member_id": new.id}
+                    address = self.cluster.node(target).client
+
+                    def send() -> None:
+                        with contextlib.suppress(OSError, ValueError):
+                            raw_request(address, sent, 5.0)
+
+                    threading.Thread(target=send, name="remove-in-flight", daemon=True).start()
+                    time.sleep(rng.uniform(0.0, 0.3))  # the removal somewhere in flight
+                    self.cluster.kill_node(target)
+                    if target != new.id:  # the new node killed stays down: it is leaving
+                        self.cluster.start_node(target)
+                    out["killed_during_remove"] = target
+            removed = self._member_request(
+                "member_remove", {"member_id": new.id}, 2 * MEMBERSHIP_CHANGE_WAIT
+            )
+            out["members"] = removed.get("members", removed)
+            return out
+
+        self._heal.append(rejoin_and_shrink)
+        added = self._member_request(
+            "member_add",
+            {"member_id": new.id, "raft": new.raft, "client": new.client, "timeout": 15.0},
+            MEMBERSHIP_CHANGE_WAIT,
+        )
+        return {
+            "killed": [missed],
+            "added": new.id,
+            "leader": leader,
+            "leader_known": known,
+            "members": added.get("members", added),
         }
 
     # --------------------------------------------------------------- clocks

@@ -44,6 +44,11 @@ GUEST_MESSAGE_TYPES = frozenset({"append_entries", "request_vote", PRE_VOTE_REQU
 #: How long a leader keeps a removed member's connection for the removal notice to
 #: commit, and how long it repeats the notice once it did.
 REMOVAL_NOTICE_WAIT = 10.0
+#: How long a member above our address (which PySyncObj leaves to dial us) may stay
+#: unconnected before we dial it ourselves: it may not know us (``_dial_silent_members``).
+#: Several of its own dial periods (``connectionRetryTime``), so that a member that
+#: knows us has always dialled first.
+REVERSE_DIAL_AFTER = 5.0
 REMOVAL_NOTICE_REPEAT = 1.0
 #: A follower rejecting every append_entries of the leader for this long is logged.
 REJECTING_WARN_AFTER = 5.0
@@ -181,6 +186,10 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._guests: dict[str, Any] = {}
         # Ids and raft addresses of members our log removed (dropNode), never guests.
         self._removed: set[str] = set()
+        # Members above our address that have not connected to us: since when, and
+        # when we last dialled them ourselves (``_dial_silent_members``).
+        self._silent_since: dict[str, float] = {}
+        self._reverse_dialled: dict[str, float] = {}
         super().__init__(*args, **kwargs)
         self.prevote = PreVote(self, self.guard)
         sync = self._syncObj
@@ -245,11 +254,16 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         elif kept is None and node.id in self._learners:
             self._promote_learner(node)
         elif kept is None:
-            super().addNode(dialled(node, self.dial))
-            conn = self._connections.get(node)
-            if conn is not None:
-                self._bound(conn)
+            self._add_dialled(node)
         self.guard.reconfigure(len(self._syncObj.otherNodes) + 1)
+
+    def _add_dialled(self, node: Any) -> None:
+        """PySyncObj's plain addNode (a connection object if we are the one that
+        dials), with that connection bounded like every other."""
+        super().addNode(dialled(node, self.dial))
+        conn = self._connections.get(node)
+        if conn is not None:
+            self._bound(conn)
 
     def dropNode(self, node: Any) -> None:
         # A removed member: its connection is closed, and it is refused from now on
@@ -427,11 +441,17 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         for name in ("rl_id", "rl_client"):  # as the change entry has them
             if hasattr(node, name):
                 setattr(guest, name, getattr(node, name))
-        conn = self._connections.get(guest)
-        if conn is None or conn.state != CONNECTION_STATE.CONNECTED:
-            self._connections.pop(guest, None)
-            super().addNode(dialled(node, self.dial))
+        conn = self._connections.pop(guest, None)
+        if conn is None or conn.state != CONNECTION_STATE.CONNECTED or self._shouldConnect(node):
+            # Not connected, or it dialled us against the address rule (a reverse dial,
+            # ``_dial_silent_members``): PySyncObj would later reconnect with that
+            # incoming connection object, which never sends our address. Closed; we
+            # dial it now, as the greater address does.
+            if conn is not None:
+                conn.disconnect()
+            self._add_dialled(node)
             return
+        self._connections[guest] = conn
         self._nodes.add(guest)
         self._nodeAddrToNode[guest.address] = guest
         self._onNodeConnected(guest)
@@ -445,6 +465,57 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             conn = self._connections.pop(guest, None)
             if conn is not None:
                 conn.disconnect()
+
+    def _dial_silent_members(self) -> None:
+        """Tick thread, peer TLS only: dial the members above our address (the ones
+        PySyncObj leaves to dial us) that have not been connected for
+        ``REVERSE_DIAL_AFTER``, at most once per that time. Such a member may have
+        missed the change that added us (it was down) and so never dials us: it takes
+        our connection as a member of a newer configuration's (``_accept_guest``) and
+        learns the member set from the log. A member that knows us refuses it (it dials
+        us itself: ``_onIncomingMessageReceived``), so a slow or partitioned member
+        costs one refused connection per period, nothing more."""
+        if self._tls is None:
+            return
+        now = self.guard.clock.monotonic()
+        for node in list(self._nodes):
+            if self._shouldConnect(node) or not isinstance(getattr(node, "rl_id", None), str):
+                self._silent_since.pop(node.id, None)
+                continue
+            conn = self._connections.get(node)
+            if conn is not None and conn.state != CONNECTION_STATE.DISCONNECTED:
+                self._silent_since.pop(node.id, None)
+                continue
+            since = self._silent_since.setdefault(node.id, now)
+            if now - since < REVERSE_DIAL_AFTER:
+                continue
+            if now - self._reverse_dialled.get(node.id, float("-inf")) < REVERSE_DIAL_AFTER:
+                continue
+            first = node.id not in self._reverse_dialled or self._reverse_dialled[node.id] < since
+            self._reverse_dialled[node.id] = now
+            sync = self._syncObj
+            conf = sync.conf
+            dial = TcpConnection(
+                poller=sync._poller,
+                timeout=conf.connectionTimeout,
+                sendBufferSize=conf.sendBufferSize,
+                recvBufferSize=conf.recvBufferSize,
+                keepalive=conf.tcp_keepalive,
+            )
+            dial.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, dial))
+            dial.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+            dial.setOnDisconnectedCallback(functools.partial(self._onDisconnected, dial))
+            self._connections[node] = self._bound(dial)
+            # Once per silent spell at INFO: a member that is down is dialled every
+            # REVERSE_DIAL_AFTER until it is back.
+            (log.info if first else log.debug)(
+                "member %s at %s has not connected for %.0f s: dialling it (it may have "
+                "missed the change that added us)",
+                node.rl_id,
+                node.address,
+                now - since,
+            )
+            dial.connect(node.ip, node.port)
 
     def _dial_learners(self) -> None:
         """Leader, tick thread: (re)connect to the learners whose address is below
@@ -608,6 +679,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._settle_kept()
         self._settle_leaving()
         self._dial_learners()
+        self._dial_silent_members()
         server = self._server
         if self._ready and server is not None and server._TcpServer__state == SERVER_STATE.UNBINDED:
             # PySyncObj's listener unbinds itself on an accept error (EMFILE when the
@@ -859,6 +931,14 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                 message,
                 ", ".join(ids) or "no member",
             )
+            self._refuse(conn)
+            return
+        if node in self._nodes and self._shouldConnect(node):
+            # A member below our address dialled us (``_dial_silent_members``: it thinks
+            # we do not know it). We do, and dial it ourselves: PySyncObj would take
+            # this connection as the member's and later reconnect with it, an incoming
+            # connection object that never sends our address.
+            log.debug("peer %s dialled us; we dial it ourselves: closed", member_id)
             self._refuse(conn)
             return
         learner = message in self._learners and message not in self._nodeAddrToNode

@@ -794,6 +794,40 @@ def test_rejoin_a_cut_off_member_that_raised_its_term_fails() -> None:
     assert _rejoin_history(before=2, at_heal=None)["valid"] == "unknown"
 
 
+# ------------------------------------------- membership: a member that missed an add
+
+
+def _membership_history(detail: dict[str, Any]) -> dict[str, Any]:
+    h = Hist()
+    h.acquire("a", "k", 0.0, 0.01, token=1)
+    h.add({"type": "nemesis", "f": "start", "fault": "membership-missed", "id": 3, "t": 0.1})
+    h.add(
+        {
+            "type": "nemesis",
+            "f": "stop",
+            "fault": "membership-missed",
+            "id": 3,
+            "t": 0.2,
+            "detail": detail,
+        }
+    )
+    h.release("a", "k", 0.3, 0.31, token=1)
+    result: dict[str, Any] = h.complete().check()["checkers"]["membership"]
+    return result
+
+
+def test_membership_a_member_that_never_learned_the_add_fails() -> None:
+    """Before guests and reverse dials, a member down during an add restarted refusing
+    the new member (and with the old members gone, nobody was elected): the heal
+    records ``learned: false`` and the checker fails the run."""
+    bad = _membership_history({"restarted": ["n3"], "learned": False, "learn_s": 20.0})
+    assert bad["valid"] is False and bad["violations"][0]["member"] == "n3"
+    good = _membership_history({"restarted": ["n3"], "learned": True, "learn_s": 1.2})
+    assert good["valid"] is True and good["stats"] == {"faults": 1}
+    # A heal that failed before it could tell: unknown, never a pass.
+    assert _membership_history({"errors": ["RuntimeError: ..."]})["valid"] == "unknown"
+
+
 # ------------------------------------------- linearizable: the owner, not the process
 
 

@@ -8,8 +8,9 @@ import json
 
 import pytest
 
+from raftlease.config import NodeAddress
 from raftlease.testing import LocalCluster
-from raftlease.testing.cluster import wait_for
+from raftlease.testing.cluster import port_free, wait_for
 from tests.integration.test_cluster import raw_request
 from tests.integration.test_membership import add, all_agree, members, new_node_that_dials
 
@@ -18,16 +19,40 @@ pytestmark = pytest.mark.integration
 FIVE = ["n1", "n2", "n3", "n4", "n5"]
 
 
+def new_node_below(cluster: LocalCluster, node_id: str, member: str) -> NodeAddress:
+    """A node to add whose raft address is below ``member``'s (the same number of
+    digits, so below as a string too, which is how PySyncObj compares them)."""
+    ceiling = int(next(n for n in cluster.nodes if n.id == member).raft.rpartition(":")[2])
+    digits = len(str(ceiling))
+    taken = {int(n.raft.rpartition(":")[2]) for n in cluster.nodes}
+    taken |= {int(n.client.rpartition(":")[2]) for n in cluster.nodes}
+    base = next(
+        p
+        for p in range(ceiling - 101, 1024, -1)
+        if len(str(p + 100)) == digits
+        and not {p, p + 100} & taken
+        and port_free(p)
+        and port_free(p + 100)
+    )
+    return cluster.new_node(node_id, client_port=base)
+
+
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("where", ["above", "below"])
 def test_a_member_down_during_two_adds_learns_them_and_the_cluster_elects(
-    cluster: LocalCluster,
+    cluster: LocalCluster, where: str
 ) -> None:
     original = cluster.nodes
     cluster.stop_node("n3")
     cluster.wait_for_leader(60)
-    # n4 and n5 above every member's address: they dial n3, which has never heard of them.
+    # above: n4 and n5 dial n3 (the greater address dials), which has never heard of
+    # them. below: n3 should dial them and cannot know them; they dial it themselves
+    # once it has been silent for a while (transport.py, _dial_silent_members).
     for node_id in ("n4", "n5"):
-        new = new_node_that_dials(cluster, node_id)
+        if where == "above":
+            new = new_node_that_dials(cluster, node_id)
+        else:
+            new = new_node_below(cluster, node_id, "n3")
         cluster.start_node(node_id)
         assert add(cluster, new)["caught_up"] is True
     wait_for(lambda: members(cluster) == FIVE, 30, "five members in the leader's log")
@@ -63,6 +88,9 @@ def test_a_member_down_during_two_adds_learns_them_and_the_cluster_elects(
 
     # It accepted them on their certificates, before its log told it who they were.
     assert "member of a newer configuration" in cluster.log_path("n3").read_text(errors="replace")
+    if where == "below":  # and it was they that dialled it
+        dialled = [cluster.log_path(n).read_text(errors="replace") for n in ("n4", "n5")]
+        assert any("has not connected for" in text for text in dialled)
 
     # n3 takes part: a write acknowledged with n1 and n2 down needs it (3 of 5) and
     # is on its applied state.

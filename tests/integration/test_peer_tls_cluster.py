@@ -356,6 +356,19 @@ def test_absurd_input_before_the_handshake_is_cut_off_and_the_leader_keeps_leadi
 # ------------------------------------------------------------ identities
 
 
+def stop_the_top_member(cluster: LocalCluster) -> tuple[NodeAddress, NodeAddress]:
+    """Stop the member with the greatest raft address and wait for a leader among the
+    others: (the stopped member, the leader). The stopped member is the one that dials
+    the leader (PySyncObj's rule: the greater address dials), so a connection in its
+    name is one the leader takes; a member below the leader that dials it is refused,
+    because the leader dials that one itself (transport.py, _dial_silent_members)."""
+    stopped = max(cluster.nodes, key=lambda n: n.raft)
+    cluster.stop_node(stopped.id)
+    leader = cluster.node(cluster.wait_for_leader()["node"])
+    assert leader.raft < stopped.raft
+    return stopped, leader
+
+
 @pytest.mark.timeout(120)
 def test_only_a_certificate_naming_the_member_it_claims_is_taken(
     cluster_factory: Factory, tmp_path: Path
@@ -369,9 +382,8 @@ def test_only_a_certificate_naming_the_member_it_claims_is_taken(
     the Raft filter. Positive control: the member's own certificate is taken (the
     leader streams it the log)."""
     cluster = cluster_factory(3)
-    leader = cluster.node(cluster.leader_id())
-    stopped, other = (n for n in cluster.nodes if n.id != leader.id)
-    cluster.stop_node(stopped.id)
+    stopped, leader = stop_the_top_member(cluster)
+    other = next(n for n in cluster.nodes if n.id not in (stopped.id, leader.id))
     ca = cluster.certs.ca.cert_file
     foreign = ClusterCerts(tmp_path / "foreign").member(stopped.id)
     client_cert = pki.issue(cluster.certs.ca, tmp_path / "clients", stopped.id, client=True)
@@ -430,9 +442,7 @@ def test_a_member_connection_carries_only_the_raft_messages_we_use(
     utility commands, ``readonly``, a ``timeout_now`` with a huge term. Nothing is
     answered, nothing is applied, no term moves."""
     cluster = cluster_factory(3)
-    leader = cluster.node(cluster.leader_id())
-    stopped = next(n for n in cluster.nodes if n.id != leader.id)
-    cluster.stop_node(stopped.id)
+    stopped, leader = stop_the_top_member(cluster)
     status = cluster.wait_for_leader()
     assert status["node"] == leader.id
     key = "injected/by-an-insider"
