@@ -14,6 +14,7 @@ Routes (GET, or HEAD):
 
 Also mounted here: the HTTP/JSON API (``/v1/``, http_api.py) and the live view
 (``/ui/``, dashboard.py), whose data routes need the same admin token as ``/status``.
+All are routes of one ``aiohttp.web.Application`` (``AdminEndpoint.application``).
 
 Hostile input has definite answers, each the HTTP API's error object in JSON
 (``parts.refusal``): an unknown path 404, another method 405, any request body 413; a
@@ -46,7 +47,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -173,8 +174,9 @@ class _AdminRequestHandler(RequestHandler):
 
 
 class _AdminServer(web.Server):
-    """aiohttp's low-level server with a connection cap and a deadline for each
-    request to arrive whole (aiohttp has none for slow headers)."""
+    """The server of the port's ``web.Application`` (``AdminEndpoint.start``):
+    aiohttp's with a connection cap and a deadline for each request to arrive whole
+    (aiohttp has none for slow headers)."""
 
     def __init__(self, handler: Any, **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
@@ -313,10 +315,21 @@ class AdminEndpoint:
         return forget
 
     async def start(self) -> None:
-        """Bind and serve. Raises ``OSError`` if the address cannot be bound."""
+        """Bind and serve the routes of ``application()`` (``api`` and ``dashboard``
+        as mounted by then). Raises ``OSError`` if the address cannot be bound."""
         host, port = parse_addr(self.address, "admin_address")
+        loop = asyncio.get_running_loop()
+        app = self.application()
+        # What web.AppRunner does before it serves an application (its _make_server),
+        # with our server class in place of aiohttp's: the connection cap, the
+        # request deadlines and the parser-error answers live in the server and its
+        # protocol (_AdminServer, _AdminRequestHandler), which AppRunner does not let
+        # one replace. The application has no startup or cleanup hooks.
+        app._set_loop(loop)
+        app.freeze()
         self._server = _AdminServer(
-            self._handle,
+            app._handle,
+            request_factory=app._make_request,
             keepalive_timeout=KEEPALIVE_TIMEOUT,
             max_line_size=MAX_LINE,
             max_field_size=MAX_LINE,
@@ -324,7 +337,6 @@ class AdminEndpoint:
             access_log=None,
             lingering_time=1.0,
         )
-        loop = asyncio.get_running_loop()
         self._listener = await loop.create_server(
             self._server, host, port, ssl=self.tls, reuse_address=True, backlog=64
         )
@@ -347,27 +359,61 @@ class AdminEndpoint:
 
     # ------------------------------------------------------------ requests
 
-    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    def application(self) -> web.Application:
+        """The port's routes on aiohttp's router: the admin routes (GET and HEAD),
+        every HTTP API route by its method and path (http_api.py's table, from the
+        operations table) and ``/openapi.json``, the live view's ``/``, ``/ui`` and
+        ``/ui/...`` (dashboard.py routes within). The router answers an unknown path
+        404 and another method 405 (with ``Allow``); ``_frame`` turns both, and any
+        bug, into the one JSON error object."""
+        app = web.Application(middlewares=[self._frame], handler_args=None)
+        router = app.router
+        for path in ROUTES:
+            router.add_get(path, self._admin)  # HEAD too
+        api = self.api
+        if api is not None:
+            router.add_get("/openapi.json", api.handle)
+            for method, path in sorted(api.routes):
+                router.add_route(method, path, api.handle)
+            for path in ("/", "/ui", "/ui/{rest:.*}"):
+                router.add_route("*", path, self._dashboard)
+        return app
+
+    @web.middleware
+    async def _frame(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        """Around every request: its connection's timers (no deadline while a handler
+        runs: a stream may last long; the idle deadline again after it), the Host
+        check (421), the router's refusals as the JSON error object, a bug as 500."""
         server = self._server
-        handler = request.protocol
+        protocol = request.protocol
         if server is not None:
-            server.disarm(handler)
-        if not self._host_allowed(request):
-            if server is not None:
-                server.arm(handler, timeout=KEEPALIVE_TIMEOUT)
-            return refusal(
-                421,
-                "misdirected request: this endpoint answers only requests "
-                "addressed to a loopback name (Host header) while no auth file is set",
-            )
+            server.disarm(protocol)
         try:
-            if self.api is not None and Dashboard.owns(request.path):
-                if self.dashboard is None:
-                    self.dashboard = Dashboard(self.api, self.auth)
-                return await self.dashboard.handle(request)
-            if self.api is not None and self.api.owns(request.path):
-                return await self.api.handle(request)
-            return self._route(request)
+            if not self._host_allowed(request):
+                return refusal(
+                    421,
+                    "misdirected request: this endpoint answers only requests "
+                    "addressed to a loopback name (Host header) while no auth file is set",
+                )
+            return await handler(request)
+        except web.HTTPMethodNotAllowed as exc:
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            return refusal(
+                405,
+                f"{request.method} is not allowed on {request.path}; use {allowed}",
+                {"Allow": allowed},
+            )
+        except web.HTTPNotFound:
+            mounted = ["/v1/", "/openapi.json", "/ui/"] if self.api is not None else []
+            return refusal(404, f"no resource {request.path!r}", routes=[*ROUTES, *mounted])
+        except web.HTTPException as exc:  # another answer of aiohttp's own (none today)
+            return refusal(exc.status, exc.reason)
+        except (ConnectionError, asyncio.CancelledError):
+            raise
         except Exception:  # never let a bug take the node down
             log.exception("admin request failed")
             body = {"error": {"code": "INTERNAL", "message": "internal error", "definite": False}}
@@ -376,7 +422,13 @@ class AdminEndpoint:
             # Between requests of a keep-alive connection: idle (or the next request
             # arriving) for up to KEEPALIVE_TIMEOUT.
             if server is not None:
-                server.arm(handler, timeout=KEEPALIVE_TIMEOUT)
+                server.arm(protocol, timeout=KEEPALIVE_TIMEOUT)
+
+    async def _dashboard(self, request: web.Request) -> web.StreamResponse:
+        if self.dashboard is None:
+            assert self.api is not None  # routed only with the API mounted
+            self.dashboard = Dashboard(self.api, self.auth)
+        return await self.dashboard.handle(request)
 
     def _host_allowed(self, request: web.BaseRequest) -> bool:
         """Without an auth file, a loopback endpoint is protected only by being on
@@ -400,17 +452,9 @@ class AdminEndpoint:
             name = name.rpartition(":")[0]
         return is_loopback(name.rstrip(".").lower())
 
-    def _route(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _admin(self, request: web.Request) -> web.StreamResponse:
+        """``/livez``, ``/readyz``, ``/status``, ``/metrics`` (GET or HEAD)."""
         path = request.path
-        if path not in ROUTES:
-            mounted = ["/v1/", "/openapi.json", "/ui/"] if self.api is not None else []
-            return refusal(404, f"no resource {path!r}", routes=[*ROUTES, *mounted])
-        if request.method not in ("GET", "HEAD"):
-            return refusal(
-                405,
-                f"{request.method} is not allowed on {path}; use GET or HEAD",
-                {"Allow": "GET, HEAD"},
-            )
         if request.body_exists:
             return refusal(413, "admin requests have no body")
         if path in PROTECTED and self.auth is not None:
