@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .limits import DEFAULT_COMPLETED_TASKS, MAX_KEY_BYTES, MAX_LIST, MAX_OWNER_BYTES, MAX_TTL_MS
+from .limits import (
+    DEFAULT_COMPLETED_TASKS,
+    DEFAULT_PRINCIPAL_QUEUES,
+    DEFAULT_PRINCIPAL_TASKS,
+    MAX_KEY_BYTES,
+    MAX_LIST,
+    MAX_OWNER_BYTES,
+    MAX_TTL_MS,
+)
 
 #: Settings that name files; relative paths in a TOML file are taken from its folder,
 #: and ``{id}`` in them stands for the node's id (one file can serve every node).
@@ -196,6 +204,13 @@ class NodeConfig:
     # Completed tasks the cluster retains, across all queues: stamped into each
     # completion; beyond it the oldest completed task is dropped (docs/queues.md).
     max_completed_tasks: int = DEFAULT_COMPLETED_TASKS
+    # Tasks one authenticated principal put that are not completed (ready, delayed,
+    # claimed or dead: a dead task is kept until purged or retried, so it holds memory
+    # too), and distinct queues it holds them in. Stamped into each authenticated put
+    # and decided by the state machine (docs/security.md); completed tasks are bounded
+    # by max_completed_tasks instead.
+    max_tasks_per_principal: int = DEFAULT_PRINCIPAL_TASKS
+    max_queues_per_principal: int = DEFAULT_PRINCIPAL_QUEUES
     # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
     # fault-injecting proxy. The peer keeps its identity (its raft address).
     dial: dict[str, str] = field(default_factory=dict)
@@ -332,6 +347,8 @@ class NodeConfig:
             "max_connections_per_address",
             "max_queue_tasks",
             "max_completed_tasks",
+            "max_tasks_per_principal",
+            "max_queues_per_principal",
             "max_peer_frame",
         ):
             value = getattr(self, name)

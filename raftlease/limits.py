@@ -45,5 +45,12 @@ DEFAULT_QUEUE_TASKS = 250_000
 #: the bound the leader stamps into each completion; a completion entry without the
 #: stamp (written before the bound existed) uses this one.
 DEFAULT_COMPLETED_TASKS = 50_000
+#: Tasks one authenticated principal may hold that are not completed (ready, delayed,
+#: claimed or dead; ``max_tasks_per_principal``), and queues it may hold them in
+#: (``max_queues_per_principal``): the defaults of the quotas the leader stamps into
+#: an authenticated put. A put without the stamps (unauthenticated, or written
+#: before the quotas existed) is not limited by them.
+DEFAULT_PRINCIPAL_TASKS = 100_000
+DEFAULT_PRINCIPAL_QUEUES = 1_000
 #: Most tasks one dead-letter read returns.
 MAX_DEAD_LIST = 10_000

@@ -23,10 +23,21 @@ MAX_PENDING_PER_CLIENT = 4096
 
 #: Fields of an entry that the leader adds or draws (or that legitimately differ
 #: between a request and its retry): left out of the fingerprint.
-#: ``waiters_total`` and ``max_completed`` are node config, not the client's: a retry
-#: after a config change is still the same request.
+#: ``waiters_total``, ``max_completed``, ``tasks_quota`` and ``queues_quota`` are node
+#: config, not the client's: a retry after a config change is still the same request.
 _STAMPED = frozenset(
-    {"now", "term", "ack", "durable", "seed", "fv", "waiters_total", "max_completed"}
+    {
+        "now",
+        "term",
+        "ack",
+        "durable",
+        "seed",
+        "fv",
+        "waiters_total",
+        "max_completed",
+        "tasks_quota",
+        "queues_quota",
+    }
 )
 _DRAWN = {
     "acquire": "lid",

@@ -165,6 +165,9 @@ class TaskQueues(TaskState):
                 tasks=held,
                 quota=quota,
             )
+        refused = self._principal_quotas(name, entry)
+        if refused is not None:
+            return refused
         queue = self._queue(name)
         self.order += 1
         now = host.now
@@ -190,7 +193,7 @@ class TaskQueues(TaskState):
             principal=entry.get("principal", ""),
         )
         self.tasks[task.tid] = task
-        self.open += 1
+        self._hold(task)
         if dedup_key:
             queue.dedup[dedup_key] = task.tid
         if task.deadline_at:
@@ -206,6 +209,49 @@ class TaskQueues(TaskState):
             self._event(host, "task_put", task)
             self._make_ready(host, task)
         return {"ok": True, "tid": task.tid, "status": task.status, "revision": host.revision}
+
+    def _principal_quotas(self, name: str, entry: dict[str, Any]) -> Result | None:
+        """The refusal of a put by the quotas of its principal, or None to go on.
+
+        The quotas come from the entry (``tasks_quota``: ``max_tasks_per_principal``,
+        ``queues_quota``: ``max_queues_per_principal``, stamped by the leader), never
+        from config, so every replica decides alike. What counts is every task the
+        principal put that is not completed (ready, delayed, claimed or dead: a dead
+        task stays until purged or retried), and the distinct queues holding them.
+        A put with no principal, or an entry without a stamp (unauthenticated, or
+        written before the quotas existed), is not limited by it, so an old log
+        replays exactly as before. Returns a ``QUOTA_EXCEEDED`` error (nothing
+        changed) naming the setting, its limit and the principal."""
+        principal: str = entry.get("principal", "")
+        if not principal:
+            return None
+        tasks_quota = entry.get("tasks_quota")
+        held = self.held_by.get(principal, 0)
+        if tasks_quota is not None and held >= tasks_quota:
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{principal} has {held} tasks that are not completed (ready, delayed, "
+                f"claimed or dead); its quota is {tasks_quota} (max_tasks_per_principal)",
+                quota=tasks_quota,
+                setting="max_tasks_per_principal",
+                principal=principal,
+                tasks=held,
+            )
+        queues_quota = entry.get("queues_quota")
+        queues = self.queues_by.get(principal, {})
+        # Only a put into a queue where it holds no open task yet takes a new slot.
+        if queues_quota is not None and name not in queues and len(queues) >= queues_quota:
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{principal} has tasks that are not completed in {len(queues)} queues; "
+                f"its quota is {queues_quota} (max_queues_per_principal)",
+                quota=queues_quota,
+                setting="max_queues_per_principal",
+                principal=principal,
+                queues=len(queues),
+                queue=name,
+            )
+        return None
 
     def _claim(self, host: Host, entry: dict[str, Any]) -> Result:
         name: str = entry["queue"]
@@ -581,7 +627,7 @@ class TaskQueues(TaskState):
         self._move(queue, task.status, status)
         task.status = status
         task.finished_at = host.now
-        self.open -= 1
+        self._unhold(task)  # a completed task is bounded by max_completed_tasks instead
         heapq.heappush(self._drops, (host.now + task.retention_ms, task.tid))
         if status == COMPLETED:
             self.completed += 1
@@ -606,7 +652,7 @@ class TaskQueues(TaskState):
         bound on completed tasks)."""
         queue = self._queue(task.queue)
         if task.status == DEAD:
-            self.open -= 1
+            self._unhold(task)
             queue.dead.pop(task.tid, None)
         elif task.status == COMPLETED:
             self.completed -= 1

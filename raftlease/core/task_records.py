@@ -272,6 +272,8 @@ _INT_FIELDS: tuple[tuple[str, int, int], ...] = (
     ("priority", *core_bounds("task_put", "priority")),
     ("limit", *core_bounds("task_dead", "limit")),
     ("max_completed", 1, 2**31),  # stamped by the leader (max_completed_tasks)
+    ("tasks_quota", 1, 2**31),  # stamped by the leader (max_tasks_per_principal)
+    ("queues_quota", 1, 2**31),  # stamped by the leader (max_queues_per_principal)
 )
 
 

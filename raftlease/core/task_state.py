@@ -42,6 +42,16 @@ class TaskState:
         #: Tasks not completed (ready, delayed, claimed, dead): bounds the token
         #: headroom one entry may need.
         self.open = 0
+        #: Authenticated principal -> queue -> its open tasks there (those it put,
+        #: not completed), and principal -> their sum: the per-principal quotas
+        #: (``max_tasks_per_principal``, ``max_queues_per_principal``: the number of
+        #: queues is the inner dict's size). Moved with ``open`` (``_hold``,
+        #: ``_unhold``) so each put and removal is O(1); derived from the task
+        #: records, so a restored snapshot counts the same (its layout is unchanged).
+        #: A principal or queue whose count reaches 0 is dropped, so these stay as
+        #: small as the open tasks.
+        self.held_by: dict[str, int] = {}
+        self.queues_by: dict[str, dict[str, int]] = {}
         # Heaps, stale items skipped when popped (rebuilt on restore):
         self._expiries: list[tuple[int, str]] = []  # (expires_at, aid)
         self._delayed: list[tuple[int, int, str]] = []  # (ready_at, seq, tid)
@@ -88,6 +98,36 @@ class TaskState:
         if op == "task_claim" and (entry["aid"] in self.attempts or entry["aid"] in self.claims):
             return "attempt id already in use"
         return None
+
+    def _hold(self, task: TaskRecord) -> None:
+        """``task`` is open (put, or restored not completed): count it, and toward
+        the quotas of the principal that put it (an unauthenticated put has none)."""
+        self.open += 1
+        principal = task.principal
+        if principal:
+            self.held_by[principal] = self.held_by.get(principal, 0) + 1
+            queues = self.queues_by.setdefault(principal, {})
+            queues[task.queue] = queues.get(task.queue, 0) + 1
+
+    def _unhold(self, task: TaskRecord) -> None:
+        """``task`` is no longer open (completed, or a dead one purged): its slot in
+        its principal's quotas is free again."""
+        self.open -= 1
+        principal = task.principal
+        if principal:
+            left = self.held_by[principal] - 1
+            if left:
+                self.held_by[principal] = left
+            else:
+                del self.held_by[principal]
+            queues = self.queues_by[principal]
+            there = queues[task.queue] - 1
+            if there:
+                queues[task.queue] = there
+            else:
+                del queues[task.queue]
+                if not queues:
+                    del self.queues_by[principal]
 
     def _queue(self, name: str) -> QueueState:
         queue = self.queues.get(name)
@@ -293,7 +333,7 @@ class TaskState:
             queue = tq._queue(task.queue)
             tq._move(queue, None, task.status)
             if task.status != COMPLETED:
-                tq.open += 1
+                tq._hold(task)
             else:
                 tq.completed += 1
             if task.status == READY:

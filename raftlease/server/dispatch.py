@@ -2,7 +2,8 @@
 
 What the leader adds before it proposes: the fencing of auth-file shapes, the quotas
 the state machine decides with (``max_leases_per_principal``, ``max_waiters_*``,
-``max_sessions_per_principal``, ``max_queue_tasks``, ``max_completed_tasks``), the
+``max_sessions_per_principal``, ``max_queue_tasks``, ``max_tasks_per_principal``,
+``max_queues_per_principal``, ``max_completed_tasks``), the
 principal and the client id, and the randomness (lease, session, task and attempt
 ids: drawn here, never in the state machine). A ``renew`` or ``session_keepalive``
 may be answered from the leader's memory instead (``keepalive_in_memory``;
@@ -31,12 +32,23 @@ from .proposer import Proposer
 
 def draw_task_ids(config: NodeConfig, op: str, entry: dict[str, Any]) -> None:
     """A put's task id, a claim's attempt id (a capability: only the claimer receives
-    it). A put also carries the queue's task quota (``max_queue_tasks``), a completion
-    the count bound on retained completed tasks (``max_completed_tasks``), both decided
-    by the state machine."""
+    it). A put also carries the queue's task quota (``max_queue_tasks``) and, when it
+    names a principal (authenticated), that principal's quotas (``tasks_quota``:
+    ``max_tasks_per_principal``, ``queues_quota``: ``max_queues_per_principal``); a
+    completion carries the count bound on retained completed tasks
+    (``max_completed_tasks``). The state machine decides them all. Raises nothing."""
     if op == "task_put":
         entry["tid"] = secrets.token_hex(12)
         entry["quota"] = min(config.max_queue_tasks, 2**31)
+        # Stamped here, not read from config by the state machine: every replica must
+        # decide with the same numbers, whatever its own config file says.
+        if entry.get("principal"):
+            entry["tasks_quota"] = min(config.max_tasks_per_principal, 2**31)
+            entry["queues_quota"] = min(config.max_queues_per_principal, 2**31)
+        else:
+            # Unauthenticated puts are not counted (as leases); never a client's value.
+            entry.pop("tasks_quota", None)
+            entry.pop("queues_quota", None)
     elif op == "task_claim":
         entry["aid"] = secrets.token_hex(16)
     elif op == "task_complete":
