@@ -50,7 +50,7 @@ DEFAULT_COMPLETED_TASKS = 50_000
 #: (``max_queues_per_principal``): the defaults of the quotas the leader stamps into
 #: an authenticated put. A put without the stamps (unauthenticated, or written
 #: before the quotas existed) is not limited by them.
-DEFAULT_PRINCIPAL_TASKS = 100_000
+DEFAULT_PRINCIPAL_TASKS = 10_000
 DEFAULT_PRINCIPAL_QUEUES = 1_000
 #: Most tasks one dead-letter read returns.
 MAX_DEAD_LIST = 10_000

@@ -394,7 +394,7 @@ def test_the_defaults_and_the_leader_stamps_them_only_into_authenticated_puts(
     tmp_path: Path,
 ) -> None:
     config = NodeConfig.create(node_id="n1", nodes=NODES, data_dir=tmp_path)
-    assert config.max_tasks_per_principal == DEFAULT_PRINCIPAL_TASKS == 100_000
+    assert config.max_tasks_per_principal == DEFAULT_PRINCIPAL_TASKS == 10_000
     assert config.max_queues_per_principal == DEFAULT_PRINCIPAL_QUEUES == 1_000
 
     def stamp(config: NodeConfig, op: str, entry: Entry) -> Entry:
@@ -402,7 +402,7 @@ def test_the_defaults_and_the_leader_stamps_them_only_into_authenticated_puts(
         return entry
 
     entry = stamp(config, "task_put", {"op": "task_put", "queue": "q", "principal": "p"})
-    assert entry["tasks_quota"] == 100_000 and entry["queues_quota"] == 1_000
+    assert entry["tasks_quota"] == 10_000 and entry["queues_quota"] == 1_000
     small = NodeConfig.create(
         node_id="n1",
         nodes=NODES,
