@@ -189,6 +189,10 @@ def membership_entries(entries: Iterable[Any]) -> list[tuple[str, str]]:
     return found
 
 
+#: The longest raft address a guest may give (a host name is at most 253 bytes).
+MAX_GUEST_ADDRESS = 300
+
+
 def newer_member(
     raft: Any,
     cert_ids: Iterable[str],
@@ -210,7 +214,14 @@ def newer_member(
     AppendEntries from a leader outside its configuration and grants votes to such a
     candidate); the node's configuration itself changes only through the log entries
     that leader sends, which PySyncObj applies as they are appended."""
-    if not isinstance(raft, str) or not raft or raft.rpartition(":")[2] == raft:
+    if not isinstance(raft, str) or len(raft) > MAX_GUEST_ADDRESS:
+        return None
+    host, colon, port = raft.rpartition(":")
+    # A raft address a DialNode can be built from (a malformed one raised on the
+    # tick thread): a host, and a port of digits in 1..65535.
+    if not host or not colon or not (port.isascii() and port.isdigit()):
+        return None
+    if not 0 < int(port) < 65536:
         return None
     ids = sorted(set(cert_ids))
     if len(ids) != 1:

@@ -36,13 +36,13 @@ import zlib
 from collections.abc import Callable
 from typing import Any, cast
 
-import pysyncobj.pickle as pysyncobj_pickle
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 
 from ..config import DEFAULT_MAX_PEER_FRAME
 from .peer_tls import MAX_HANDSHAKE_BYTES, TlsSession
+from .safe_pickle import strict_loads
 
 log = logging.getLogger("raftlease.replication")
 
@@ -421,7 +421,10 @@ class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
                 data = inflater.decompress(view[pos + 4 : end], MAX_PEER_DECOMPRESSED)
             if inflater.unconsumed_tail:
                 raise ValueError("frame decompresses beyond the limit")
-            message = pysyncobj_pickle.loads(data)
+            # Never PySyncObj's plain pickle.loads: any holder of a certificate of the
+            # cluster CA (a client's too) gets its first frame this far, and a pickle
+            # may name any callable. Builtin values only (safe_pickle.strict_loads).
+            message = strict_loads(data)
         except Exception as exc:
             log.warning("malformed peer frame (%s): closed", type(exc).__name__)
             self.disconnect()

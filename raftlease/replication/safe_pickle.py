@@ -54,6 +54,24 @@ def safe_loads(data: bytes) -> Any:
     return SafeUnpickler(io.BytesIO(data)).load()
 
 
+class _StrictUnpickler(pickle.Unpickler):
+    """An unpickler that builds builtin containers only and refuses any other class
+    a pickle names (``UnpicklingError``): for bytes from the network."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"a peer frame names {module}.{name}: refused")
+
+
+def strict_loads(data: bytes | memoryview) -> Any:
+    """Unpickle a peer frame: builtin values only (PySyncObj's messages are dicts,
+    lists, tuples, strings, numbers and bytes); a frame naming any other class raises
+    ``pickle.UnpicklingError`` before anything is built from it, so a peer, even one
+    holding a certificate of the cluster CA, cannot run code by what it sends."""
+    return _StrictUnpickler(io.BytesIO(data)).load()
+
+
 def read_commit_index(path: Path) -> int | None:
     """The commit index a node saved in its journal's ``.meta`` file (None if absent
     or unreadable: it may lag the real one by a second)."""

@@ -41,6 +41,9 @@ MAX_UNIDENTIFIED_PEERS = 32
 #: its (pre-)vote requests and, once it leads, its log; never answers to requests we
 #: never sent it.
 GUEST_MESSAGE_TYPES = frozenset({"append_entries", "request_vote", PRE_VOTE_REQUEST})
+#: Guests at most at once (one per member id its certificate names; a newer
+#: configuration has few members we lack): beyond, a new one is refused.
+MAX_GUESTS = 8
 #: How long a leader keeps a removed member's connection for the removal notice to
 #: commit, and how long it repeats the notice once it did.
 REMOVAL_NOTICE_WAIT = 10.0
@@ -188,6 +191,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._removed: set[str] = set()
         # Members above our address that have not connected to us: since when, and
         # when we last dialled them ourselves (``_dial_silent_members``).
+        self._guest_heard: dict[str, float] = {}  # guest -> last guest message
+        # Connections to close on the next tick (not from inside their own handler).
+        self._close_later: list[Any] = []
         self._silent_since: dict[str, float] = {}
         self._reverse_dialled: dict[str, float] = {}
         super().__init__(*args, **kwargs)
@@ -249,10 +255,11 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._removed.discard(str(node.id))
         self._removed.discard(str(getattr(node, "rl_id", "")))
         kept = self._kept.pop(node.id, None) or self._leaving.pop(node.id, None)
-        if kept is None and node.id in self._guests:
-            self._promote_guest(node)
-        elif kept is None and node.id in self._learners:
+        if kept is None and node.id in self._learners:
+            self._drop_guest(node.id)  # ours as a learner: its guest connection goes
             self._promote_learner(node)
+        elif kept is None and node.id in self._guests:
+            self._promote_guest(node)
         elif kept is None:
             self._add_dialled(node)
         self.guard.reconfigure(len(self._syncObj.otherNodes) + 1)
@@ -349,6 +356,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         connection is accepted only while it is a learner of this leader, after the
         same checks as a member's (its certificate, its address)."""
         learner = dialled(node, self.dial)
+        self._drop_guest(learner.id)  # we lead: no guests (and not under its key)
         leaving = self._leaving.pop(learner.id, None)
         if leaving is not None:
             # Removed, and now added again (a host replaced under its address): the
@@ -415,17 +423,27 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         """A member of a newer configuration dialled us (``newer_member``): take its
         connection as a guest's, so that we can vote for it and follow it as leader
         and so learn the newer configuration from its log."""
-        old = self._guests.pop(raft, None)
-        if old is not None:
-            previous = self._connections.pop(old, None)
-            if previous is not None and previous is not conn:
-                previous.disconnect()
+        for other, known in list(self._guests.items()):
+            if other == raft or getattr(known, "rl_id", None) == member_id:
+                self._drop_guest(other)  # one connection per member id, the newest
+        if len(self._guests) >= MAX_GUESTS:
+            refusals.warning(
+                "peer connection refused: %d members of a newer configuration already "
+                "connected (%s at %.80s)",
+                MAX_GUESTS,
+                member_id,
+                raft,
+            )
+            self._refuse(conn)
+            return
         guest = DialNode(raft, self.dial.get(raft, raft))
         guest.rl_id = member_id
         guest.rl_client = ""
         self._unknownConnections.discard(conn)
         self._connections[guest] = conn
         self._guests[raft] = guest
+        # A guest that never sends what a guest may is closed like a silent stranger.
+        self._guest_heard[raft] = self.guard.clock.monotonic()
         conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, guest))
         log.warning(
             "peer %s at %s is not in our member set but its certificate names it: taken "
@@ -438,6 +456,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         """Our log added a guest (PySyncObj has just put it in its member set): its
         connection becomes the member's as it is, connected."""
         guest = self._guests.pop(node.id)
+        self._guest_heard.pop(node.id, None)
         for name in ("rl_id", "rl_client"):  # as the change entry has them
             if hasattr(node, name):
                 setattr(guest, name, getattr(node, name))
@@ -448,7 +467,9 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             # incoming connection object, which never sends our address. Closed; we
             # dial it now, as the greater address does.
             if conn is not None:
-                conn.disconnect()
+                # Maybe from inside this very connection's message handler (the entry
+                # that adds it): closed on the next tick, after the handler's reply.
+                self._close_later.append(conn)
             self._add_dialled(node)
             return
         self._connections[guest] = conn
@@ -461,10 +482,47 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         do not know has nothing to do with our log, and PySyncObj's leader would index
         its per-member tables with it)."""
         for raft in list(self._guests):
-            guest = self._guests.pop(raft)
-            conn = self._connections.pop(guest, None)
-            if conn is not None:
-                conn.disconnect()
+            self._drop_guest(raft)
+
+    def _drop_guest(self, raft: str) -> None:
+        """Close guest ``raft``'s connection and forget it (nothing if no guest)."""
+        guest = self._guests.pop(raft, None)
+        self._guest_heard.pop(raft, None)
+        if guest is None:
+            return
+        conn = self._connections.pop(guest, None)
+        if conn is not None:
+            conn.disconnect()
+
+    def _stranded(self) -> bool:
+        """Whether this node may take guests: it is no leader and has heard from no
+        leader for longer than the longest election timeout (or never, since it
+        started). A node that hears a leader of its own configuration learns every
+        change from it and needs no guest, so a guest's certificate opens nothing on
+        a healthy member: only on one cut off from its configuration (issue 37: the
+        members it knows are gone, the new ones unknown to it)."""
+        sync = self._syncObj
+        if sync._isLeader():
+            return False
+        heard = self.guard.heard_ago()
+        return heard is None or heard > sync.conf.raftMaxTimeout
+
+    def _settle_guests(self) -> None:
+        """Tick thread: guests go once we lead or follow a leader of our own
+        configuration (it sends us every change), and one that has sent nothing a
+        guest may for ``connectionTimeout`` is closed like a silent stranger."""
+        if not self._guests:
+            return
+        sync = self._syncObj
+        leader = sync._getLeader()
+        if sync._isLeader() or (leader is not None and leader in self._nodes):
+            self._drop_guests()
+            return
+        now = self.guard.clock.monotonic()
+        limit = sync.conf.connectionTimeout
+        for raft, heard in list(self._guest_heard.items()):
+            if now - heard > limit:
+                self._drop_guest(raft)
 
     def _dial_silent_members(self) -> None:
         """Tick thread, peer TLS only: dial the members above our address (the ones
@@ -533,6 +591,8 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             conn = self._connections.get(learner)
             if conn is None or conn.state != CONNECTION_STATE.DISCONNECTED:
                 continue
+            if not self._shouldConnect(learner):
+                continue  # it dials us: that object is an incoming one, never re-dialled
             if now - self._learner_dialled.get(raft, float("-inf")) < sync.conf.connectionRetryTime:
                 continue
             self._learner_dialled[raft] = now
@@ -680,6 +740,10 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._settle_leaving()
         self._dial_learners()
         self._dial_silent_members()
+        self._settle_guests()
+        closing, self._close_later = self._close_later, []
+        for conn in closing:
+            conn.disconnect()
         server = self._server
         if self._ready and server is not None and server._TcpServer__state == SERVER_STATE.UNBINDED:
             # PySyncObj's listener unbinds itself on an accept error (EMFILE when the
@@ -750,9 +814,12 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         self._verified.pop(conn, None)
         for raft, guest in list(self._guests.items()):
             if self._connections.get(guest) is conn:
-                # Not a member (nor a read-only node) of ours: just forget it.
+                # Not a member (nor a read-only node) of ours: forget it; if it led
+                # us, run for election as when any leader's connection closes.
                 del self._guests[raft]
                 del self._connections[guest]
+                self._guest_heard.pop(raft, None)
+                self._leader_gone(guest)
                 return
         super()._onDisconnected(conn)
 
@@ -909,7 +976,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         node = None
         if isinstance(message, str):
             node = self._nodeAddrToNode.get(message) or self._learners.get(message)
-        if node is None and self._tls is not None and not self._syncObj._isLeader():
+        if node is None and self._tls is not None and self._stranded():
             me = self._selfNode
             ours = [NodeAddress(str(getattr(n, "rl_id", n.id)), str(n.id), "") for n in self._nodes]
             self_address = NodeAddress(str(getattr(me, "rl_id", me.id)), str(me.id), "")
@@ -933,7 +1000,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             )
             self._refuse(conn)
             return
-        if node in self._nodes and self._shouldConnect(node):
+        if (node in self._nodes or message in self._learners) and self._shouldConnect(node):
             # A member below our address dialled us (``_dial_silent_members``: it thinks
             # we do not know it). We do, and dial it ourselves: PySyncObj would take
             # this connection as the member's and later reconnect with it, an incoming
@@ -976,6 +1043,11 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                 return
             if kind not in GUEST_MESSAGE_TYPES:
                 return
+            self._guest_heard[node.id] = self.guard.clock.monotonic()
+            if message.get("rl_bump"):
+                # Our "your term is stale" notice skips the vote promise; we never
+                # send a guest anything that would earn one.
+                message = {k: v for k, v in message.items() if k != "rl_bump"}
         if isinstance(message, dict) and message.get("type") == "rl_removed":
             self._removal_notice(node, message)
             return

@@ -433,6 +433,34 @@ def test_only_a_certificate_naming_the_member_it_claims_is_taken(
 
 
 @pytest.mark.timeout(120)
+def test_a_follower_that_hears_its_leader_takes_no_newer_member_as_a_guest(
+    cluster_factory: Factory,
+) -> None:
+    """A genuine member certificate of the CA for an id no member has (n9, issued and
+    never added), at an address no member has: a follower that hears its leader
+    refuses it (a guest is taken only by a node cut off from its configuration:
+    docs/membership.md), and a frame it sends after is never taken."""
+    cluster = cluster_factory(3)
+    leader = cluster.leader_id()
+    follower = cluster.node(next(n.id for n in cluster.nodes if n.id != leader))
+    reason = "its first frame names no member ('127.0.0.1:1')"
+    before = logged(cluster, follower.id, reason)
+    peer = dial(raft_addr(follower), cluster.certs.ca.cert_file, cluster.certs.member("n9"))
+    assert peer is not None
+    try:
+        with contextlib.suppress(OSError):
+            peer.send("127.0.0.1:1")
+            peer.send({"type": "request_vote", "term": 10**6, "last_log_index": 10**9})
+        assert peer.refused()
+    finally:
+        peer.close()
+    wait_logged(cluster, follower.id, reason, before)
+    assert "member of a newer configuration" not in log_text(cluster, follower.id)
+    status = cluster.wait_for_leader()
+    assert status["node"] == leader and status["term"] < 10**6
+
+
+@pytest.mark.timeout(120)
 def test_a_member_connection_carries_only_the_raft_messages_we_use(
     cluster_factory: Factory,
 ) -> None:

@@ -39,6 +39,22 @@ def test_a_first_frame_that_is_no_raft_address_is_refused() -> None:
         assert newer_member(frame, ["n4"], OURS, ME) is None
 
 
+def test_an_address_no_node_could_be_built_from_is_refused() -> None:
+    """A malformed address raised on the tick thread when the guest's node was built."""
+    for frame in (
+        "h:abc",
+        ":7104",
+        "127.0.0.1:",
+        "127.0.0.1:0",
+        "127.0.0.1:65536",
+        "127.0.0.1:" + "9" * 5000,
+        "127.0.0.1:７１０４",  # fullwidth digits: isdigit() but not ASCII
+        "h" * 300 + ":7104",
+    ):
+        assert newer_member(frame, ["n4"], OURS, ME) is None, frame
+    assert newer_member("node-4.example:7104", ["n4"], OURS, ME) == "n4"
+
+
 def test_a_member_our_log_removed_is_refused_by_id_or_address() -> None:
     assert newer_member("127.0.0.1:7104", ["n4"], OURS, ME, {"n4"}) is None
     assert newer_member("127.0.0.1:7104", ["n4"], OURS, ME, {"127.0.0.1:7104"}) is None

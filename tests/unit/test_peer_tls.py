@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import socket
 import ssl
 import struct
@@ -268,6 +269,37 @@ def test_a_frame_over_the_limit_closes_before_its_body_is_buffered(
     session.obj.write(struct.pack("i", 2**31 - 1) + b"\x00" * 1000)
     pair.dialer._rl_flush(session)
     assert pair.pump(lambda: pair.closed(pair.acceptor))
+    assert len(pair.received) == 1
+
+
+class _MakesADirectory:
+    """Unpickled by a plain ``pickle.loads``, this runs ``os.mkdir(path)``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.mkdir, (self.path,))
+
+
+def test_a_frame_naming_a_callable_is_refused_and_never_run(
+    certs: ClusterCerts, pairs: list[Pair], tmp_path: Path
+) -> None:
+    """Any holder of a certificate of the cluster CA (a client's, a not-yet-added
+    node's) gets its first frame parsed. A pickle may name any callable: a frame that
+    names one (here ``os.mkdir``) is refused before anything is built from it, the
+    connection closes, and nothing ran. Builtin values still pass (MESSAGES)."""
+    pair = Pair(certs.peer_tls("n1"), certs.peer_tls("n2"))
+    pairs.append(pair)
+    pair.dialer.send(MESSAGES[0])
+    assert pair.pump(lambda: len(pair.received) == 1)
+    marker = tmp_path / "ran"
+    body = zlib_frame(pickle.dumps(_MakesADirectory(marker), 2))
+    session = pair.dialer._rl_tls
+    session.obj.write(struct.pack("i", len(body)) + body)
+    pair.dialer._rl_flush(session)
+    assert pair.pump(lambda: pair.closed(pair.acceptor))
+    assert not marker.exists()
     assert len(pair.received) == 1
 
 
