@@ -276,6 +276,8 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # A removed member: its connection is closed, and it is refused from now on
         # (_onIncomingMessageReceived), like any stranger.
         sync = self._syncObj
+        self._silent_since.pop(node.id, None)  # a re-added member starts afresh
+        self._reverse_dialled.pop(node.id, None)
         if node.id in self._learners and node not in self._nodes:
             self.stop_learner(node.id)  # shutdown: destroy drops the read-only nodes too
             return
@@ -573,7 +575,8 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                 node.address,
                 now - since,
             )
-            dial.connect(node.ip, node.port)
+            if not dial.connect(node.ip, node.port):
+                dial.disconnect()  # failed at once (no route, unresolved): its socket goes
 
     def _dial_learners(self) -> None:
         """Leader, tick thread: (re)connect to the learners whose address is below
