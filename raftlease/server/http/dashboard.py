@@ -17,17 +17,17 @@ Routes (GET or HEAD):
   seconds: enqueues, session keep-alives and queue depths are not watch events);
 * ``/ui/api/key?key=K&key=...``: the holders and waiters of up to ``MAX_KEYS_ASKED``
   keys (the page asks after grants and other changes: events carry no TTL);
-* ``/ui/api/health``: this node's own verdict, from memory (no forwarding, so it
-  answers at once even when the node is cut off): ``ready`` and ``reason`` by the
-  ``/readyz`` rule (``admin.readiness``), ``role``, ``term``, ``leader`` (the id of the
-  leader it knows, or null) and ``heard_from_leader_ago``. The page asks it every
-  second and shows its data as stale unless this answer is recent and ready;
+* ``/ui/api/health``: this node's ``role``, ``term``, ``leader`` (the id of the leader it
+  knows, or null) and ``heard_from_leader_ago``, from memory (no forwarding, so it
+  answers at once even when the node is cut off). The page asks it and ``/readyz``
+  (admin.py: the readiness verdict and reason) every second and shows its data as
+  stale unless both answered recently, ready, with a leader;
 * ``/ui/api/cluster``: the status of every member (role, term, applied index, lease
   reads, drift), this node's from memory and the others' over their client ports
   (the open ``status`` operation). Each also carries ``readiness`` (``ready``,
-  ``reason``): this node's by the ``/readyz`` rule, another's from what its status
-  reports (a leader known, heard from it within ``max_silence``, caught up; the rest
-  of the rule, e.g. the apply lag, only that node's ``/readyz`` knows), and
+  ``reason``) from what its status reports (a leader known, heard from it within
+  ``max_silence``, caught up; the rest of the ``/readyz`` rule, e.g. the apply lag,
+  only that node's ``/readyz`` knows: the page shows its own node's from there), and
   ``dashboard``, the URL of its ``/ui/`` when its status names an admin endpoint
   (``admin``; a wildcard host such as ``0.0.0.0`` is replaced by its client
   address's host, the scheme is this endpoint's): the page links there when its own
@@ -281,17 +281,10 @@ class Dashboard:
         except UnavailableError:
             return None
 
-    def _own_readiness(self) -> dict[str, Any]:
-        from .admin import readiness  # admin.py imports this module
-
-        ready, reason = readiness(self._replica(), self._max_silence())
-        return {"ready": ready, "reason": reason}
-
     async def _health(self, request: web.BaseRequest, caller: Any) -> dict[str, Any]:
         node = self.node
         answer: dict[str, Any] = {
             "node": node.config.node_id,
-            **self._own_readiness(),
             "role": None,
             "term": None,
             "leader": None,
@@ -321,7 +314,7 @@ class Dashboard:
         async def one(member: Any) -> dict[str, Any]:
             if member.client == me.client:
                 status = {"reachable": True, **node.status()}
-                status["readiness"] = self._own_readiness()
+                status["readiness"] = _status_readiness(status, max_silence)
                 status["dashboard"] = _dashboard_url(status, scheme)
                 return status
             try:
@@ -336,7 +329,7 @@ class Dashboard:
                     "error": str(exc),
                 }
             status = {"reachable": True, **status}
-            status["readiness"] = _peer_readiness(status, max_silence)
+            status["readiness"] = _status_readiness(status, max_silence)
             status["dashboard"] = _dashboard_url(status, scheme)
             return status
 
@@ -374,8 +367,8 @@ _STATUS_FIELDS = (
 )
 
 
-def _peer_readiness(status: dict[str, Any], max_silence: float) -> dict[str, Any]:
-    """Another member's readiness as far as its ``status`` tells: the parts of the
+def _status_readiness(status: dict[str, Any], max_silence: float) -> dict[str, Any]:
+    """A member's readiness as far as its ``status`` tells: the parts of the
     ``/readyz`` rule it reports (a leader known; on a follower, heard from it within
     ``max_silence``, when shown; caught up with its log)."""
     if not status.get("leader"):

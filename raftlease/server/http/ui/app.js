@@ -7,8 +7,9 @@
 // Waiters joining a queue, session keep-alives and queue depths are not watch events,
 // so /ui/api/live (no lease list) and /ui/api/cluster are re-read every few seconds.
 //
-// Freshness: /ui/api/health (this node's /readyz verdict, role, term, leader; from its
-// memory, so it answers even when the node is cut off) is asked every second. The badge
+// Freshness: /readyz (this node's readiness verdict) and /ui/api/health (its role, term
+// and leader, from memory: both answer even when the node is cut off) are asked every
+// second. The badge
 // (#conn) is "live" only while that answer is recent and ready with a leader, the last
 // data refresh succeeded within two refresh periods and the watch is connected;
 // otherwise "stale" with the reason, the data is dimmed, and links to the other
@@ -42,7 +43,7 @@ const view = {
   keyRevision: new Map(),  // key -> revision of the last event on it
   keyTimer: null,
   // Freshness (performance.now() times).
-  health: null,           // the last /ui/api/health answer
+  health: null,           // the last /ui/api/health answer, with /readyz's ready and reason
   healthAt: null,         // when it arrived
   healthError: null,      // the last attempt's error (null: it succeeded)
   dataAt: null,           // the last successful /ui/api/state or /ui/api/live
@@ -342,8 +343,13 @@ async function refreshHealth() {
   if (view.authNeeded || healthInFlight) return;
   healthInFlight = true;
   try {
-    const answer = await getJSON("/ui/api/health");
+    const [answer, verdict] = await Promise.all([getJSON("/ui/api/health"), getReadiness()]);
+    answer.ready = verdict.ready === true;
+    answer.reason = String(verdict.reason || "");
+    const changed = !view.health || view.health.ready !== answer.ready ||
+      view.health.reason !== answer.reason;
     view.health = answer;
+    if (changed) renderCluster();  // its own row shows this verdict
     view.healthAt = performance.now();
     view.healthError = null;
     view.lastHeard.set(answer.node, view.healthAt);
@@ -355,6 +361,17 @@ async function refreshHealth() {
     healthInFlight = false;
   }
   judge();
+}
+
+// /readyz: 200 ready, 503 not ready, both with {ready, reason}; open, so no token.
+async function getReadiness() {
+  const response = await fetch("/readyz", {
+    cache: "no-store", signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+  });
+  if (response.status !== 200 && response.status !== 503) {
+    throw new Error("/readyz answered " + response.status);
+  }
+  return response.json();
 }
 
 // A leader (and its term) a ready node reported; a new one is a leader change.
@@ -480,7 +497,10 @@ function renderCluster() {
     const rates = Object.values(n.drift || {}).map((p) => Math.abs(p.rate_error || 0));
     const drift = (n.drift_alarm ? "ALARM " : "") +
       (rates.length ? (Math.max(...rates) * 1e6).toFixed(0) + " ppm" : "-");
-    const readiness = n.readiness || {};
+    // This node's own row: its /readyz verdict, while current (the status tells less).
+    const own = view.health && view.health.node === n.node &&
+      performance.now() - view.healthAt <= STALE_AFTER_MS;
+    const readiness = own ? view.health : (n.readiness || {});
     const ready = el("td", readiness.ready ? "ready" : "not ready: " + (readiness.reason || "?"),
       "readiness");
     ready.dataset.ready = readiness.ready ? "yes" : "no";
