@@ -104,7 +104,7 @@ def _follower(cluster: LocalCluster) -> tuple[str, str]:
     return leader, next(n.id for n in cluster.nodes if n.id != leader)
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(60)
 def test_killed_node_turns_stale_and_links_to_the_others(
     cluster: LocalCluster, browser: Any
 ) -> None:
@@ -144,7 +144,7 @@ def test_killed_node_turns_stale_and_links_to_the_others(
     page.close()
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(60)
 def test_partitioned_node_turns_stale_and_live_again_when_healed(
     cluster: LocalCluster, browser: Any
 ) -> None:
@@ -190,7 +190,7 @@ def test_partitioned_node_turns_stale_and_live_again_when_healed(
     page.close()
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(60)
 def test_leader_change_is_shown(cluster: LocalCluster, browser: Any) -> None:
     leader, node = _follower(cluster)
     page, errors = _open_live(browser, cluster, node)
