@@ -222,7 +222,7 @@ def test_leader_change_is_shown(cluster: LocalCluster, browser: Any) -> None:
     labels = page.eval_on_selector_all(
         "#timeline text.leader-change-label", "ts => ts.map(t => t.textContent)"
     )
-    assert f"{new} t{new_term}" in labels
+    assert f"new leader {new} t{new_term}" in labels
     # The cluster table: the new leader's row, the old one unreachable.
     page.wait_for_function(
         "([node, old]) => { const rows = [...document.querySelectorAll('#cluster tbody tr')]; "

@@ -747,7 +747,9 @@ function renderTimeline() {
   // Drawn in CSS pixels of the chart's own width: text is never stretched.
   const width = Math.max(400, chart.clientWidth || 1000);
   const labelWidth = 200, rowHeight = 18, top = 16;
-  const height = top + Math.max(1, keys.length) * rowHeight + 4;
+  const marks = view.leaders.filter((l, i) => i > 0 && l.at >= from);
+  // Room under the rows for the leader-change labels.
+  const height = top + Math.max(1, keys.length) * rowHeight + 4 + (marks.length ? 14 : 0);
   chart.setAttribute("viewBox", "0 0 " + width + " " + height);
   chart.setAttribute("height", String(height));
   chart.setAttribute("preserveAspectRatio", "xMinYMin meet");
@@ -760,13 +762,14 @@ function renderTimeline() {
     chart.append(svg("text", label, m === 5 ? "now" : "-" + (5 - m) + " min"));
   }
   // Leader changes: a dashed line and the new leader and term at the time it was seen.
-  view.leaders.forEach((l, i) => {
-    if (i === 0 || l.at < from) return;
+  for (const l of marks) {
     const at = x(l.at);
     chart.append(svg("line", { x1: at, x2: at, y1: 12, y2: height, class: "leader-change" }));
-    chart.append(svg("text", { x: at + 2, y: height - 2, class: "leader-change-label" },
-      l.node + " t" + l.term));
-  });
+    const right = at > width - 80;  // near "now": the label goes left of its line
+    chart.append(svg("text", { x: right ? at - 3 : at + 3, y: height - 3,
+      "text-anchor": right ? "end" : "start", class: "leader-change-label" },
+    "new leader " + l.node + " t" + l.term));
+  }
   keys.forEach((key, row) => {
     const y = top + row * rowHeight;
     chart.append(svg("text", { x: 2, y: y + 12, class: "timeline-key" },
