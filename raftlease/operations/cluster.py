@@ -51,6 +51,8 @@ CLUSTER_OPS: tuple[Operation, ...] = (
             result("node", "string", "this node's id", True),
             result("client", "string", "its client address", True),
             result("raft", "string", "its raft address", True),
+            result("admin", ("string", "null"), "its admin endpoint (host:port; null: none), "
+                   "where its dashboard is", True),
             result("role", "string", "leader, follower, candidate, learner or recovering", True),
             result("ready", "boolean", "ready to serve", True),
             result("restored", "boolean", "snapshot and journal loaded at start (until "

@@ -70,6 +70,8 @@ class NodeStatus:
             "node": self.config.node_id,
             "client": self.config.self_node.client,
             "raft": self.config.self_node.raft,
+            # Where its dashboard is (the live view links other nodes' pages by it).
+            "admin": self.config.admin_address or None,
             "role": replica.role(),
             "term": replica.term(),
             "commit_index": replica.commit_index(),
@@ -132,6 +134,7 @@ class NodeStatus:
             "node": self.config.node_id,
             "client": self.config.self_node.client,
             "raft": self.config.self_node.raft,
+            "admin": self.config.admin_address or None,
             "role": "recovering",
             "ready": False,
             "leader": None,

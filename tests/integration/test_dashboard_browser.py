@@ -356,7 +356,8 @@ def test_secured_page_needs_an_admin_token(
                 return int(err.code)
 
         assert status_of("/ui/") == 200  # the page itself holds no data
-        for route in ("/ui/api/state", "/ui/api/live", "/ui/api/cluster", "/ui/api/key?key=k"):
+        routes = ("/ui/api/state", "/ui/api/live", "/ui/api/cluster", "/ui/api/health")
+        for route in (*routes, "/ui/api/key?key=k"):
             assert status_of(route) == 401
             assert status_of(route, "not-a-token") == 401
             assert status_of(route, reader_token) == 403
@@ -376,6 +377,12 @@ def test_secured_page_needs_an_admin_token(
         page.fill("#token", bundle.admin_token)
         page.click("#auth button")
         page.wait_for_selector("#conn[data-state='live']", timeout=DOM_TIMEOUT_MS)
+        # The members' dashboards (linked when the page goes stale) are HTTPS here too.
+        page.wait_for_function(
+            "() => { const links = [...document.querySelectorAll('#cluster .dashboard-link')]; "
+            "return links.length === 3 && links.every(a => a.href.startsWith('https://')); }",
+            timeout=DOM_TIMEOUT_MS,
+        )
         assert page.evaluate("() => sessionStorage.getItem('raftlease.token')") == (
             bundle.admin_token
         )

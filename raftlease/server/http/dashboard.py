@@ -17,9 +17,21 @@ Routes (GET or HEAD):
   seconds: enqueues, session keep-alives and queue depths are not watch events);
 * ``/ui/api/key?key=K&key=...``: the holders and waiters of up to ``MAX_KEYS_ASKED``
   keys (the page asks after grants and other changes: events carry no TTL);
+* ``/ui/api/health``: this node's ``role``, ``term``, ``leader`` (the id of the leader it
+  knows, or null) and ``heard_from_leader_ago``, from memory (no forwarding, so it
+  answers at once even when the node is cut off). The page asks it and ``/readyz``
+  (admin.py: the readiness verdict and reason) every second and shows its data as
+  stale unless both answered recently, ready, with a leader;
 * ``/ui/api/cluster``: the status of every member (role, term, applied index, lease
   reads, drift), this node's from memory and the others' over their client ports
-  (the open ``status`` operation).
+  (the open ``status`` operation). Each also carries ``readiness`` (``ready``,
+  ``reason``) from what its status reports (a leader known, heard from it within
+  ``max_silence``, caught up; the rest of the ``/readyz`` rule, e.g. the apply lag,
+  only that node's ``/readyz`` knows: the page shows its own node's from there), and
+  ``dashboard``, the URL of its ``/ui/`` when its status names an admin endpoint
+  (``admin``; a wildcard host such as ``0.0.0.0`` is replaced by its client
+  address's host, the scheme is this endpoint's): the page links there when its own
+  node goes stale (it cannot read another origin: ``connect-src 'self'``).
 
 The page itself follows ``/v1/watch`` (NDJSON, http_api.py) for changes.
 
@@ -49,10 +61,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ...errors import BadRequestError, RaftLeaseError, UnavailableError
+from ...config import parse_addr
+from ...errors import BadRequestError, ConfigError, RaftLeaseError, UnavailableError
 from .parts import error_response, json_response, refusal
 
 if TYPE_CHECKING:
+    from ...replication import Replica
     from ..auth import AuthPolicy
     from .http_api import HttpApi
 
@@ -147,6 +161,7 @@ class Dashboard:
             "api/live": self._live,
             "api/key": self._key,
             "api/cluster": self._cluster,
+            "api/health": self._health,
         }
         route = routes.get(name)
         if route is None:
@@ -252,13 +267,56 @@ class Dashboard:
             "waiters": waiters.get("waiters", []),
         }
 
+    def _max_silence(self) -> float:
+        """The ``/readyz`` limit on a follower's silence (the admin endpoint's)."""
+        admin = getattr(self.node, "admin", None)
+        silence = getattr(admin, "max_silence", None)
+        if isinstance(silence, int | float):
+            return float(silence)
+        return 2 * self.node.config.election_timeout_max
+
+    def _replica(self) -> Replica | None:
+        try:
+            return self.node.require_replica()
+        except UnavailableError:
+            return None
+
+    async def _health(self, request: web.BaseRequest, caller: Any) -> dict[str, Any]:
+        node = self.node
+        answer: dict[str, Any] = {
+            "node": node.config.node_id,
+            "role": None,
+            "term": None,
+            "leader": None,
+            "heard_from_leader_ago": None,
+        }
+        replica = self._replica()
+        if replica is None:
+            return answer
+        leader = replica.leader_raft_addr()
+        leader_id = None
+        if leader is not None:
+            leader_id = next((m.id for m in replica.membership.members() if m.raft == leader), None)
+        answer.update(
+            role=replica.role(),
+            term=replica.term(),
+            leader=leader_id,
+            heard_from_leader_ago=None if replica.is_leader() else replica.guard.heard_ago(),
+        )
+        return answer
+
     async def _cluster(self, request: web.BaseRequest, caller: Any) -> dict[str, Any]:
         node = self.node
         me = node.config.self_node
+        scheme = "https" if request.secure else "http"
+        max_silence = self._max_silence()
 
         async def one(member: Any) -> dict[str, Any]:
             if member.client == me.client:
-                return {"reachable": True, **node.status()}
+                status = {"reachable": True, **node.status()}
+                status["readiness"] = _status_readiness(status, max_silence)
+                status["dashboard"] = _dashboard_url(status, scheme)
+                return status
             try:
                 status = await self.api.forwarder.call(
                     member.client, None, {"id": 1, "op": "status"}, PEER_STATUS_TIMEOUT
@@ -270,7 +328,10 @@ class Dashboard:
                     "client": member.client,
                     "error": str(exc),
                 }
-            return {"reachable": True, **status}
+            status = {"reachable": True, **status}
+            status["readiness"] = _status_readiness(status, max_silence)
+            status["dashboard"] = _dashboard_url(status, scheme)
+            return status
 
         try:
             members = list(node.require_replica().membership.members())
@@ -299,8 +360,51 @@ _STATUS_FIELDS = (
     "drift_alarm",
     "drift",
     "clock_rate",
+    "heard_from_leader_ago",
+    "readiness",
+    "dashboard",
     "error",
 )
+
+
+def _status_readiness(status: dict[str, Any], max_silence: float) -> dict[str, Any]:
+    """A member's readiness as far as its ``status`` tells: the parts of the
+    ``/readyz`` rule it reports (a leader known; on a follower, heard from it within
+    ``max_silence``, when shown; caught up with its log)."""
+    if not status.get("leader"):
+        return {"ready": False, "reason": "no leader is known to this node"}
+    heard = status.get("heard_from_leader_ago")
+    if status.get("role") != "leader" and isinstance(heard, int | float) and heard > max_silence:
+        return {
+            "ready": False,
+            "reason": f"not heard from the leader for {heard} s (limit {max_silence} s)",
+        }
+    if status.get("ready") is False:
+        return {"ready": False, "reason": "still catching up with its log"}
+    return {"ready": True, "reason": "ready (from its status)"}
+
+
+def _dashboard_url(status: dict[str, Any], scheme: str) -> str | None:
+    """The URL of a member's ``/ui/`` from the admin address its status names (None
+    without one); a wildcard host is replaced by its client address's host."""
+    admin = status.get("admin")
+    if not isinstance(admin, str) or not admin:
+        return None
+    try:
+        host, port = parse_addr(admin, "admin address")
+    except ConfigError:
+        return None
+    if host in ("", "0.0.0.0", "::"):
+        client = status.get("client")
+        try:
+            host = parse_addr(client, "client address")[0] if isinstance(client, str) else ""
+        except ConfigError:
+            host = ""
+        if host in ("", "0.0.0.0", "::"):
+            return None
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{port}/ui/"
 
 
 def _public_status(status: dict[str, Any]) -> dict[str, Any]:

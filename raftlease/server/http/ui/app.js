@@ -7,6 +7,15 @@
 // Waiters joining a queue, session keep-alives and queue depths are not watch events,
 // so /ui/api/live (no lease list) and /ui/api/cluster are re-read every few seconds.
 //
+// Freshness: /readyz (this node's readiness verdict) and /ui/api/health (its role, term
+// and leader, from memory: both answer even when the node is cut off) are asked every
+// second. The badge
+// (#conn) is "live" only while that answer is recent and ready with a leader, the last
+// data refresh succeeded within two refresh periods and the watch is connected;
+// otherwise "stale" with the reason, the data is dimmed, and links to the other
+// members' dashboards are shown (#switch): this page cannot read another origin
+// (connect-src 'self'), so switching nodes means opening that node's page.
+//
 // Every key, owner and value is hostile input: it only ever reaches the page as
 // textContent or an attribute value, never as markup (no innerHTML anywhere).
 "use strict";
@@ -14,6 +23,10 @@
 const TOKEN_KEY = "raftlease.token";
 const LIVE_EVERY_MS = 2000;
 const CLUSTER_EVERY_MS = 3000;
+const HEALTH_EVERY_MS = 1000;
+// Data older than two refresh periods (and a little slack) is stale.
+const STALE_AFTER_MS = 2 * LIVE_EVERY_MS + 500;
+const REQUEST_TIMEOUT_MS = 4000;
 const KEY_REFRESH_DELAY_MS = 150;
 const TIMELINE_WINDOW_MS = 5 * 60 * 1000;
 const TIMELINE_MAX_ROWS = 30;
@@ -29,6 +42,19 @@ const view = {
   pendingKeys: new Set(),
   keyRevision: new Map(),  // key -> revision of the last event on it
   keyTimer: null,
+  // Freshness (performance.now() times).
+  health: null,           // the last /ui/api/health answer, with /readyz's ready and reason
+  healthAt: null,         // when it arrived
+  healthError: null,      // the last attempt's error (null: it succeeded)
+  dataAt: null,           // the last successful /ui/api/state or /ui/api/live
+  dataNode: null,         // the node that answered it
+  watching: false,        // the watch stream is connected
+  watchError: "",
+  authNeeded: false,
+  lastHeard: new Map(),   // node id -> when the page last got an answer from or about it
+  servedBy: null,         // the node the cluster answer came from
+  dashboards: new Map(),  // node id -> its dashboard URL, as last reported
+  leaders: [],            // {node, term, at (performance.now()), wall (Date)}: leaders seen
 };
 
 const $ = (id) => document.getElementById(id);
@@ -56,7 +82,10 @@ function headers() {
 }
 
 async function getJSON(path) {
-  const response = await fetch(path, { headers: headers(), cache: "no-store" });
+  // A node that is stopped (not dead) never answers: give up and call it unreachable.
+  const response = await fetch(path, {
+    headers: headers(), cache: "no-store", signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+  });
   if (response.status === 401 || response.status === 403) {
     let message = "token refused";
     try { message = (await response.json()).error.message; } catch (e) { /* keep */ }
@@ -68,6 +97,7 @@ async function getJSON(path) {
 }
 
 function askToken(message) {
+  view.authNeeded = true;
   $("auth").hidden = false;
   $("auth-error").textContent = message || "";
   setConn("error", "token needed");
@@ -80,7 +110,11 @@ $("auth").addEventListener("submit", (event) => {
   else sessionStorage.removeItem(TOKEN_KEY);
   $("token").value = "";
   $("auth").hidden = true;
+  view.authNeeded = false;
+  setConn("connecting");
   start();
+  refreshHealth();
+  refreshCluster();
 });
 
 // ------------------------------------------------------------------- model
@@ -148,7 +182,9 @@ function loadLive(live, sentAt) {
   for (const key of [...view.keys.keys()]) dropIfEmpty(key);
   view.sessions = live.sessions.map((s) => ({ ...s, expiresAt: sentAt + s.remaining }));
   view.queues = live.queues;
-  $("served").textContent = "node " + live.node + ", applied index " + live.applied_index;
+  view.dataAt = performance.now();
+  view.dataNode = live.node;
+  $("served").textContent = "applied index " + live.applied_index;
   showTruncated(live);
 }
 
@@ -259,26 +295,93 @@ function scheduleLive() {
   if (liveTimer === null) liveTimer = setTimeout(() => { liveTimer = null; refreshLive(); }, 200);
 }
 
+let liveInFlight = false;
 async function refreshLive() {
+  if (liveInFlight) return;  // a slow answer is not asked for twice
+  liveInFlight = true;
   const sentAt = performance.now();
   try {
     loadLive(await getJSON("/ui/api/live"), sentAt);
   } catch (e) {
     if (e instanceof AuthNeeded) askToken(e.message);
     return;
+  } finally {
+    liveInFlight = false;
   }
   renderKeys();
   renderSessions();
   renderQueues();
 }
 
+let clusterInFlight = false;
 async function refreshCluster() {
+  if (view.authNeeded || clusterInFlight) return;
+  clusterInFlight = true;
   try {
-    view.nodes = (await getJSON("/ui/api/cluster")).nodes;
+    const answer = await getJSON("/ui/api/cluster");
+    const now = performance.now();
+    view.nodes = answer.nodes;
+    view.servedBy = answer.served_by;
+    for (const n of view.nodes) {
+      if (n.reachable) view.lastHeard.set(n.node, now);
+      if (n.reachable && n.dashboard) view.dashboards.set(n.node, n.dashboard);
+      if (n.reachable && n.role === "leader" && n.readiness && n.readiness.ready) {
+        noteLeader(n.node, n.term);
+      }
+    }
   } catch (e) {
+    if (e instanceof AuthNeeded) askToken(e.message);
     return;
+  } finally {
+    clusterInFlight = false;
   }
   renderCluster();
+}
+
+let healthInFlight = false;
+async function refreshHealth() {
+  if (view.authNeeded || healthInFlight) return;
+  healthInFlight = true;
+  try {
+    const [answer, verdict] = await Promise.all([getJSON("/ui/api/health"), getReadiness()]);
+    answer.ready = verdict.ready === true;
+    answer.reason = String(verdict.reason || "");
+    const changed = !view.health || view.health.ready !== answer.ready ||
+      view.health.reason !== answer.reason;
+    view.health = answer;
+    if (changed) renderCluster();  // its own row shows this verdict
+    view.healthAt = performance.now();
+    view.healthError = null;
+    view.lastHeard.set(answer.node, view.healthAt);
+    if (answer.ready && answer.leader) noteLeader(answer.leader, answer.term);
+  } catch (e) {
+    if (e instanceof AuthNeeded) { askToken(e.message); return; }
+    view.healthError = e.name === "TimeoutError" ? "no answer" : (e.message || String(e));
+  } finally {
+    healthInFlight = false;
+  }
+  judge();
+}
+
+// /readyz: 200 ready, 503 not ready, both with {ready, reason}; open, so no token.
+async function getReadiness() {
+  const response = await fetch("/readyz", {
+    cache: "no-store", signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+  });
+  if (response.status !== 200 && response.status !== 503) {
+    throw new Error("/readyz answered " + response.status);
+  }
+  return response.json();
+}
+
+// A leader (and its term) a ready node reported; a new one is a leader change.
+function noteLeader(node, term) {
+  if (!node || typeof term !== "number") return;
+  const last = view.leaders[view.leaders.length - 1];
+  if (last && (term < last.term || (term === last.term && node === last.node))) return;
+  view.leaders.push({ node, term, at: performance.now(), wall: new Date() });
+  if (view.leaders.length > 50) view.leaders.shift();
+  renderLeaders();
 }
 
 // ------------------------------------------------------------------ watch
@@ -288,7 +391,8 @@ async function watch(controller) {
   const response = await fetch(url, { headers: headers(), signal: controller.signal });
   if (response.status === 401 || response.status === 403) throw new AuthNeeded("watch refused");
   if (!response.ok || !response.body) throw new Error("watch answered " + response.status);
-  setConn("live");
+  view.watching = true;
+  view.watchError = "";
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
@@ -328,9 +432,11 @@ async function start() {
       renderAll();
       await watch(controller);
     } catch (e) {
+      view.watching = false;
       if (view.stream !== controller) return;
       if (e instanceof AuthNeeded) { askToken(e.message); view.stream = null; return; }
-      setConn("reconnecting", "reconnecting: " + e.message);
+      view.watchError = e.name === "TimeoutError" ? "no answer" : (e.message || String(e));
+      judge();
       await new Promise((resolve) => setTimeout(resolve, delay));
       delay = Math.min(delay * 2, 5000);
       continue;
@@ -344,16 +450,46 @@ function seconds(ms) {
   return (Math.max(0, ms) / 1000).toFixed(1) + " s";
 }
 
+// A member's dashboard URL: from this answer, else as last reported (an unreachable
+// member's status is not in the answer). Only http(s) URLs become links.
+function dashboardOf(n) {
+  const url = n.dashboard || view.dashboards.get(n.node) || null;
+  return url && /^https?:\/\//.test(url) ? url : null;
+}
+
+function dashboardLink(n) {
+  const url = dashboardOf(n);
+  if (!url) return el("td", "-");
+  const cell = el("td");
+  const a = el("a", url.replace(/^https?:\/\//, "").replace(/\/ui\/$/, ""), "dashboard-link");
+  a.href = url;
+  a.rel = "noreferrer";
+  cell.append(a);
+  return cell;
+}
+
+function lastHeardCell(n) {
+  const cell = el("td", "", "last-heard");
+  cell.dataset.node = n.node || "";
+  return cell;
+}
+
 function renderCluster() {
   const body = $("cluster").tBodies[0];
   body.replaceChildren();
   const sorted = [...view.nodes].sort((a, b) => String(a.node).localeCompare(String(b.node)));
+  const idOf = new Map(view.nodes.map((n) => [n.client, n.node]));
   for (const n of sorted) {
     const row = el("tr");
     row.dataset.node = n.node || "";
     if (!n.reachable) {
       row.className = "unreachable";
-      row.append(el("td", n.node), el("td", n.client), el("td", "unreachable: " + (n.error || "")));
+      const cell = el("td", "unreachable: " + (n.error || ""), "readiness");
+      cell.colSpan = 5;
+      const rest = el("td");
+      rest.colSpan = 5;
+      row.append(el("td", n.node), el("td", n.client), cell, lastHeardCell(n), rest,
+        dashboardLink(n));
       body.append(row);
       continue;
     }
@@ -361,15 +497,143 @@ function renderCluster() {
     const rates = Object.values(n.drift || {}).map((p) => Math.abs(p.rate_error || 0));
     const drift = (n.drift_alarm ? "ALARM " : "") +
       (rates.length ? (Math.max(...rates) * 1e6).toFixed(0) + " ppm" : "-");
+    // This node's own row: its /readyz verdict, while current (the status tells less).
+    const own = view.health && view.health.node === n.node &&
+      performance.now() - view.healthAt <= STALE_AFTER_MS;
+    const readiness = own ? view.health : (n.readiness || {});
+    const ready = el("td", readiness.ready ? "ready" : "not ready: " + (readiness.reason || "?"),
+      "readiness");
+    ready.dataset.ready = readiness.ready ? "yes" : "no";
+    const heard = typeof n.heard_from_leader_ago === "number" && n.role !== "leader"
+      ? seconds(n.heard_from_leader_ago * 1000) + " ago" : "-";
     row.append(
-      el("td", n.node), el("td", n.client), el("td", n.role, "role"), el("td", n.term),
-      el("td", n.commit_index), el("td", n.applied_index, "applied"), el("td", n.leader || "-"),
+      el("td", n.node), el("td", n.client), el("td", n.role, "role"), el("td", n.term, "term"),
+      el("td", n.leader ? (idOf.get(n.leader) || n.leader) : "-", "leader"), ready,
+      el("td", heard), lastHeardCell(n),
+      el("td", n.commit_index), el("td", n.applied_index, "applied"),
       el("td", n.lease_reads ? "yes" : "no"),
       el("td", n.role === "leader" ? seconds((n.lease_remaining || 0) * 1000) : "-"),
-      el("td", drift),
+      el("td", drift), dashboardLink(n),
     );
     body.append(row);
   }
+  renderSwitch();
+  tick();
+}
+
+function renderLeaders() {
+  const list = $("leaders");
+  list.replaceChildren();
+  view.leaders.forEach((l, i) => {
+    const item = el("li", (i === 0 ? "first seen: " : "new leader: ") + l.node + ", term " + l.term +
+      " (" + l.wall.toLocaleTimeString() + ")");
+    item.dataset.node = l.node;
+    item.dataset.term = String(l.term);
+    list.append(item);
+  });
+  const last = view.leaders[view.leaders.length - 1];
+  const leader = $("leader");
+  if (last) {
+    leader.dataset.node = last.node;
+    leader.dataset.term = String(last.term);
+  }
+  renderTimeline();
+}
+
+// ----------------------------------------------------------------- freshness
+
+// The badge: "live" only on recent, ready data from a node with a leader (see top).
+function judge() {
+  if (view.authNeeded) return;  // askToken shows "token needed"
+  const now = performance.now();
+  const h = view.health;
+  let kind = "", reason = "";
+  if (view.healthError !== null) {
+    kind = "unreachable";
+    reason = "unreachable (" + view.healthError + ")";
+  } else if (view.healthAt === null) {
+    kind = "connecting";
+  } else if (now - view.healthAt > STALE_AFTER_MS) {
+    kind = "unreachable";
+    reason = "unreachable (no answer for " + seconds(now - view.healthAt) + ")";
+  } else if (!h.leader) {
+    kind = "no-leader";
+    reason = h.ready || String(h.reason).startsWith("no leader") ? "no leader" :
+      "no leader: " + h.reason;
+  } else if (!h.ready) {
+    kind = "not-ready";
+    reason = "not ready: " + h.reason;
+  } else if (view.dataAt === null) {
+    kind = "connecting";
+  } else if (now - view.dataAt > STALE_AFTER_MS) {
+    kind = "old-data";
+    reason = "data not refreshed for " + seconds(now - view.dataAt);
+  } else if (!view.watching) {
+    kind = "watch";
+    reason = "watch reconnecting" + (view.watchError ? ": " + view.watchError : "");
+  }
+  const conn = $("conn");
+  if (kind === "connecting") {
+    setConn("connecting");
+  } else if (kind) {
+    setConn("stale", "stale: " + reason);
+  } else {
+    setConn("live");
+  }
+  conn.dataset.reason = kind;
+  document.body.dataset.stale = kind && kind !== "connecting" ? "yes" : "no";
+  renderFreshness();
+  renderSwitch();
+}
+
+function renderFreshness() {
+  const now = performance.now();
+  const fresh = $("fresh");
+  fresh.textContent = view.dataAt === null ? "no data yet" :
+    "updated " + seconds(now - view.dataAt) + " ago from " + view.dataNode;
+  const last = view.leaders[view.leaders.length - 1];
+  const live = $("conn").dataset.state === "live";
+  $("leader").textContent = !last ? "no leader seen" :
+    (live ? "leader " : "last known leader ") + last.node + ", term " + last.term;
+}
+
+// When stale: the other members' dashboards, ready ones and the leader first.
+function renderSwitch() {
+  const box = $("switch");
+  const stale = $("conn").dataset.state === "stale";
+  box.hidden = !stale;
+  if (!stale) return;
+  const me = (view.health && view.health.node) || view.servedBy || view.dataNode;
+  $("switch-node").textContent = me || "this node";
+  $("switch-reason").textContent = $("conn").textContent.replace(/^stale: /, "");
+  const others = view.nodes.filter((n) => n.node !== me);
+  const rank = (n) => (n.reachable && n.readiness && n.readiness.ready ? 0 : 2) +
+    (n.role === "leader" ? 0 : 1);
+  others.sort((a, b) => rank(a) - rank(b) || String(a.node).localeCompare(String(b.node)));
+  const list = $("switch-links");
+  const wanted = others.map((n) => n.node + "|" + dashboardOf(n) + "|" + rank(n) + "|" +
+    n.reachable).join(" ");
+  if (list.dataset.shown === wanted) return;  // links stay clickable between redraws
+  list.dataset.shown = wanted;
+  list.replaceChildren();
+  for (const n of others) {
+    const item = el("li");
+    const url = dashboardOf(n);
+    if (url) {
+      const a = el("a", "open " + n.node + "'s dashboard", "switch-link");
+      a.href = url;
+      a.rel = "noreferrer";
+      a.dataset.node = n.node;
+      item.append(a);
+    } else {
+      item.append(el("span", n.node + ": its status names no admin endpoint"));
+    }
+    item.append(el("span", n.reachable ? " (" + n.role + ", " +
+      (n.readiness && n.readiness.ready ? "ready" : "not ready") + " when last asked)" :
+      " (unreachable when last asked)"));
+    list.append(item);
+  }
+  $("switch-none").hidden = others.length > 0;
 }
 
 function renderKeys() {
@@ -452,6 +716,10 @@ function tick() {
   for (const cell of document.querySelectorAll(".session-remaining")) {
     cell.textContent = seconds(Number(cell.dataset.expires) - now);
   }
+  for (const cell of document.querySelectorAll(".last-heard")) {
+    const at = view.lastHeard.get(cell.dataset.node);
+    cell.textContent = at === undefined ? "never" : seconds(now - at) + " ago";
+  }
 }
 
 const SVG = "http://www.w3.org/2000/svg";
@@ -479,7 +747,9 @@ function renderTimeline() {
   // Drawn in CSS pixels of the chart's own width: text is never stretched.
   const width = Math.max(400, chart.clientWidth || 1000);
   const labelWidth = 200, rowHeight = 18, top = 16;
-  const height = top + Math.max(1, keys.length) * rowHeight + 4;
+  const marks = view.leaders.filter((l, i) => i > 0 && l.at >= from);
+  // Room under the rows for the leader-change labels.
+  const height = top + Math.max(1, keys.length) * rowHeight + 4 + (marks.length ? 14 : 0);
   chart.setAttribute("viewBox", "0 0 " + width + " " + height);
   chart.setAttribute("height", String(height));
   chart.setAttribute("preserveAspectRatio", "xMinYMin meet");
@@ -490,6 +760,15 @@ function renderTimeline() {
     chart.append(svg("line", { x1: at, x2: at, y1: 12, y2: height, class: "axis" }));
     const label = { x: m === 5 ? at - 2 : at + 2, y: 10, "text-anchor": m === 5 ? "end" : "start" };
     chart.append(svg("text", label, m === 5 ? "now" : "-" + (5 - m) + " min"));
+  }
+  // Leader changes: a dashed line and the new leader and term at the time it was seen.
+  for (const l of marks) {
+    const at = x(l.at);
+    chart.append(svg("line", { x1: at, x2: at, y1: 12, y2: height, class: "leader-change" }));
+    const right = at > width - 80;  // near "now": the label goes left of its line
+    chart.append(svg("text", { x: right ? at - 3 : at + 3, y: height - 3,
+      "text-anchor": right ? "end" : "start", class: "leader-change-label" },
+    "new leader " + l.node + " t" + l.term));
   }
   keys.forEach((key, row) => {
     const y = top + row * rowHeight;
@@ -514,9 +793,11 @@ function renderAll() {
   $("revision").textContent = "revision " + view.revision;
 }
 
-setInterval(tick, 200);
+setInterval(() => { tick(); judge(); }, 250);
+setInterval(refreshHealth, HEALTH_EVERY_MS);
 setInterval(renderTimeline, 1000);
 setInterval(() => { if (view.stream) refreshLive(); }, LIVE_EVERY_MS);
 setInterval(refreshCluster, CLUSTER_EVERY_MS);
+refreshHealth();
 refreshCluster();
 start();
