@@ -9,14 +9,27 @@ Routes (GET or HEAD):
   no data, so they are open; a strict Content-Security-Policy allows only this
   origin's script, style and ``fetch``;
 * ``/ui/api/state``: one load of everything the page shows: ``leases`` (live
-  holders), ``waiters`` (the queue of each key that has one), ``sessions``,
+  holders; each with its key's ``capacity`` and, when attached to a lease session,
+  ``session_ref``), ``waiters`` (the queue of each key that has one), ``sessions``,
   ``queues`` (depths) and ``revision``, the revision the page then watches from; each
   list stops at its cap (``LIMITS``, sent as ``limits``), and ``truncated`` names the
   lists that had more (``leases``, ``waiter_keys``, ``sessions``, ``queues``);
 * ``/ui/api/live``: the same without ``leases`` (the page refreshes it every few
-  seconds: enqueues, session keep-alives and queue depths are not watch events);
+  seconds: enqueues, session keep-alives and queue depths are not watch events). Each
+  session carries ``ref``, a label that names it on this page only (a keyed hash of its
+  id with a secret of this process: never the id, a capability), and ``keys``, the keys
+  held through it (null when this node does not know the session yet), from this node's
+  own state;
 * ``/ui/api/key?key=K&key=...``: the holders and waiters of up to ``MAX_KEYS_ASKED``
   keys (the page asks after grants and other changes: events carry no TTL);
+* ``/ui/api/queue?queue=Q``: one queue's task view: its open tasks (ready, delayed,
+  claimed; the first ``MAX_TASKS`` in put order) with attempt number, worker,
+  heartbeat age, progress and last error, from this node's state, and its dead letters
+  (the ``task_dead`` read, through the log);
+* ``POST /ui/api/retry`` (JSON body ``{"queue", "task_id"}``, ``Content-Type:
+  application/json``, so a cross-site form cannot send it without a CORS preflight,
+  which this port never grants): the ``task_retry`` operation on a dead letter, with
+  the caller's permissions (an admin token with an auth file);
 * ``/ui/api/health``: this node's ``role``, ``term``, ``leader`` (the id of the leader it
   knows, or null) and ``heard_from_leader_ago``, from memory (no forwarding, so it
   answers at once even when the node is cut off). The page asks it and ``/readyz``
@@ -45,8 +58,9 @@ per queue.
 
 Security: with an ``auth_file``, every ``/ui/api/`` route needs a bearer token of a
 principal with ``admin`` (as ``/status``): 401 without a known token, 403 without the
-permission. Nothing returned carries a lease, session or attempt id (the reads used
-never reveal them).
+permission. The retry also passes the operation's own permission check. Nothing
+returned carries a lease, session or attempt id (the reads used never reveal them; a
+session is named by ``ref``).
 
 Threads: the node's event loop only; handlers wait on reads without blocking it.
 Raises nothing: errors are JSON answers (``http_api.error_response``).
@@ -55,8 +69,12 @@ Raises nothing: errors are JSON answers (``http_api.error_response``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import importlib.resources
+import json
 import logging
+import secrets
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -94,6 +112,12 @@ LIMITS = {
     "sessions": MAX_SESSIONS,
     "queues": MAX_QUEUES,
 }
+#: Most open tasks and dead letters one queue view lists, and keys per session.
+MAX_TASKS = 200
+MAX_DEAD = 100
+MAX_SESSION_KEYS = 100
+#: Largest body ``POST /ui/api/retry`` reads.
+MAX_RETRY_BODY = 4096
 #: Seconds another member has to answer ``status``.
 PEER_STATUS_TIMEOUT = 1.5
 #: Only this origin: the page runs no inline script, and keys rendered as text
@@ -122,6 +146,9 @@ class Dashboard:
         self.node = api.node
         self.auth = auth
         self._static: dict[str, bytes] | None = None
+        #: Keys the session labels (``session_ref``): a label names a session on this
+        #: node's page and reveals nothing of its id.
+        self._ref_secret = secrets.token_bytes(16)
 
     @staticmethod
     def owns(path: str) -> bool:
@@ -142,6 +169,8 @@ class Dashboard:
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
+        if path == "/ui/api/retry":
+            return await self._retry(request)
         if request.method not in ("GET", "HEAD"):
             return refusal(405, "method not allowed here; use GET", {"Allow": "GET, HEAD"})
         if request.body_exists:
@@ -160,6 +189,7 @@ class Dashboard:
             "api/state": self._state,
             "api/live": self._live,
             "api/key": self._key,
+            "api/queue": self._queue,
             "api/cluster": self._cluster,
             "api/health": self._health,
         }
@@ -184,6 +214,7 @@ class Dashboard:
         # One more than shown: whether the list was cut at its cap (``truncated``).
         leases = await self._read("leases", {"prefix": "", "limit": MAX_LEASES + 1}, caller)
         listed = leases.get("leases", [])
+        self._annotate(listed)
         live = await self._live(request, caller)
         truncated = (["leases"] if len(listed) > MAX_LEASES else []) + live["truncated"]
         return {
@@ -204,6 +235,7 @@ class Dashboard:
                 waiters[key] = answer["waiters"]
         sessions = await self._read("sessions", {"limit": MAX_SESSIONS + 1}, caller)
         listed = sessions.get("sessions", [])
+        self._session_keys(listed[:MAX_SESSIONS])
         queues, more_queues = self._queues()
         # Which lists stop at their cap (``LIMITS``): the page says so rather than let
         # an operator take the first 1000 sessions for all of them.
@@ -260,12 +292,140 @@ class Dashboard:
         holders: list[dict[str, Any]] = []
         if current is not None:
             holders = list(current.get("holders") or [current])
+        self._annotate(holders)
         return {
             "key": key,
             "holders": holders,
             "capacity": waiters.get("capacity", 1),
             "waiters": waiters.get("waiters", []),
         }
+
+    # ------------------------------------------------- shared keys, sessions
+
+    def _ref(self, session_id: str) -> str:
+        """The page's label of a lease session: a keyed hash of its id (the id is a
+        capability; the label, with this process's secret, tells nothing of it)."""
+        digest = hmac.new(self._ref_secret, session_id.encode(), hashlib.sha256)
+        return "s-" + digest.hexdigest()[:8]
+
+    def _session_of_leases(self) -> dict[tuple[str, int], str]:
+        """(key, token) -> the label of the lease session it is attached to, from this
+        node's state (copies first: safe while the tick thread applies)."""
+        store = self.node.require_replica().store
+        out: dict[tuple[str, int], str] = {}
+        for session in list(store.lease_sessions.values()):
+            ref = self._ref(session.session_id)
+            for lease_id in list(session.leases):
+                lease = store.leases.get(lease_id)
+                if lease is not None:
+                    out[(lease.key, lease.token)] = ref
+        return out
+
+    def _annotate(self, holders: list[dict[str, Any]]) -> None:
+        """Add each holder's key ``capacity`` (this node's state: the lease list has
+        none, and a reader of a read/write lock looks like a lock's holder without it)
+        and, when it is attached to a lease session, that session's ``session_ref``."""
+        store = self.node.require_replica().store
+        refs = self._session_of_leases() if any(h.get("in_session") for h in holders) else {}
+        for h in holders:
+            capacity = h.get("capacity") or store.capacity.get(h.get("key", ""), 1)
+            h["capacity"] = capacity
+            ref = refs.get((h.get("key", ""), h.get("token", 0)))
+            if ref is not None:
+                h["session_ref"] = ref
+
+    def _session_keys(self, listed: list[dict[str, Any]]) -> None:
+        """Give each listed session (the leader's answer: no id) its ``ref`` and
+        ``keys`` (held through it) from this node's state: matched by owner and TTL,
+        soonest expiry first (the order both lists have); one this node does not know
+        yet gets ``keys`` null."""
+        store = self.node.require_replica().store
+        local = sorted(
+            list(store.lease_sessions.values()), key=lambda s: (s.expires_at, s.owner, s.ttl_ms)
+        )
+        used: set[str] = set()
+        for item in listed:
+            match = next(
+                (
+                    s
+                    for s in local
+                    if s.session_id not in used
+                    and s.owner == item.get("owner")
+                    and s.ttl_ms == item.get("ttl")
+                ),
+                None,
+            )
+            if match is None:
+                item["ref"] = None
+                item["keys"] = None
+                continue
+            used.add(match.session_id)
+            keys = []
+            for lease_id in list(match.leases)[:MAX_SESSION_KEYS]:
+                lease = store.leases.get(lease_id)
+                if lease is not None:
+                    keys.append(lease.key)
+            item["ref"] = self._ref(match.session_id)
+            item["keys"] = sorted(set(keys))
+
+    # ----------------------------------------------------------- queue view
+
+    async def _queue(self, request: web.BaseRequest, caller: Any) -> dict[str, Any]:
+        name = request.query.get("queue", "")
+        if not name:
+            raise BadRequestError("give a 'queue' query parameter")
+        store = self.node.require_replica().store
+        tasks = store.tasks
+        now = store.now
+        open_tasks = [
+            t
+            for t in list(tasks.tasks.values())
+            if t.queue == name and t.status in ("ready", "delayed", "claimed")
+        ]
+        open_tasks.sort(key=lambda t: t.seq)
+        out = []
+        for task in open_tasks[:MAX_TASKS]:
+            info = tasks.task_info(name, task.tid, now)
+            if info is None:
+                continue
+            out.append(_task_row(info, tasks.attempts.get(tasks.current.get(task.tid, "")), now))
+        # Dead letters through the log (a linearizable read: the page asks on a click).
+        dead = await self._read("task_dead", {"queue": name, "limit": MAX_DEAD}, caller)
+        return {
+            "queue": name,
+            "node": self.node.config.node_id,
+            "applied_index": self.node.require_replica().last_applied(),
+            "tasks": out,
+            "more_tasks": max(0, len(open_tasks) - MAX_TASKS),
+            "dead": [_task_row(d, None, now) for d in dead.get("dead", [])],
+            "limits": {"tasks": MAX_TASKS, "dead": MAX_DEAD},
+        }
+
+    async def _retry(self, request: web.BaseRequest) -> web.StreamResponse:
+        """``POST /ui/api/retry``: ``task_retry`` on a dead letter (see the module
+        docstring)."""
+        if request.method != "POST":
+            return refusal(405, "use POST", {"Allow": "POST"})
+        if request.content_type != "application/json":
+            raise BadRequestError("send the retry as Content-Type: application/json")
+        caller = self.api.caller(request)
+        if self.auth is not None:
+            self.auth.check_admin(caller.principal, "retry a task from the dashboard")
+        raw = await request.content.read(MAX_RETRY_BODY + 1)
+        if len(raw) > MAX_RETRY_BODY:
+            raise BadRequestError("the retry body is too large")
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise BadRequestError("the retry body is not JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequestError("the retry body is a JSON object")
+        queue, task_id = body.get("queue"), body.get("task_id")
+        if not isinstance(queue, str) or not isinstance(task_id, str):
+            raise BadRequestError("give 'queue' and 'task_id' (strings)")
+        answer = await self.api.run("task_retry", {"queue": queue, "task_id": task_id}, caller)
+        result = {"queue": queue, "task_id": task_id, "status": answer.get("status")}
+        return json_response(200, result, {"Cache-Control": "no-store"})
 
     def _max_silence(self) -> float:
         """The ``/readyz`` limit on a follower's silence (the admin endpoint's)."""
@@ -405,6 +565,40 @@ def _dashboard_url(status: dict[str, Any], scheme: str) -> str | None:
     if ":" in host:
         host = f"[{host}]"
     return f"{scheme}://{host}:{port}/ui/"
+
+
+def _task_row(info: dict[str, Any], attempt: Any, now: int) -> dict[str, Any]:
+    """One task as the queue view shows it (``task_info``'s fields, never an attempt
+    id): its attempt number, worker, heartbeat age and progress while claimed, and the
+    last error its history records."""
+    history = info.get("history") or []
+    errors = [row for row in history if len(row) > 6 and row[6]]
+    last = errors[-1] if errors else None
+    row: dict[str, Any] = {
+        "task_id": info.get("tid"),
+        "status": info.get("status"),
+        "priority": info.get("priority"),
+        "attempts": info.get("attempts"),
+        "max_attempts": info.get("max_attempts"),
+        "failures": info.get("failures"),
+        "age": now - info["created_at"] if isinstance(info.get("created_at"), int) else None,
+        "worker": info.get("worker"),
+        "progress": info.get("progress"),
+        "last_error": None if last is None else {"attempt": last[0], "error": last[6]},
+        "dead_reason": info.get("dead_reason"),
+    }
+    if attempt is not None:
+        row["attempt"] = attempt.number
+        # The last heartbeat (or the claim): an attempt without a session is extended
+        # to a heartbeat's time + its TTL; one in a session lives by the session.
+        row["heartbeat_age"] = (
+            None if attempt.session else max(0, now - (attempt.expires_at - attempt.ttl_ms))
+        )
+        row["progress_age"] = now - attempt.progress_at if attempt.progress is not None else None
+        row["expires_in"] = attempt.expires_at - now
+    if info.get("status") == "delayed":
+        row["ready_in"] = max(0, int(info.get("ready_at", now)) - now)
+    return row
 
 
 def _public_status(status: dict[str, Any]) -> dict[str, Any]:
