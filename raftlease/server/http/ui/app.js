@@ -30,6 +30,10 @@ const REQUEST_TIMEOUT_MS = 4000;
 const KEY_REFRESH_DELAY_MS = 150;
 const TIMELINE_WINDOW_MS = 5 * 60 * 1000;
 const TIMELINE_MAX_ROWS = 30;
+// A read/write lock's capacity (raftlease.models.RW_CAPACITY): a reader takes one unit,
+// a writer all of them.
+const RW_CAPACITY = 1000000;
+const SESSION_KEYS_SHOWN = 8;
 
 const view = {
   keys: new Map(),        // key -> {holders: Map(token -> holder), capacity, waiters: []}
@@ -37,7 +41,11 @@ const view = {
   queues: [],
   nodes: [],
   revision: 0,
-  intervals: [],          // {key, owner, token, start, end|null} on performance.now()
+  // {key, owner, token, start, end|null, seeded, sessionRef} on performance.now();
+  // seeded: already held when first seen (page load, reconnect): it started earlier.
+  intervals: [],
+  filter: { mode: "prefix", text: "" },
+  openQueue: null,        // the queue whose task view is open
   stream: null,           // AbortController of the watch
   pendingKeys: new Set(),
   keyRevision: new Map(),  // key -> revision of the last event on it
@@ -128,6 +136,7 @@ function holderFrom(h, sentAt) {
     value: h.value,
     ttl: h.ttl,
     expiresAt: typeof h.remaining === "number" ? sentAt + h.remaining : null,
+    sessionRef: h.session_ref || null,
   };
 }
 
@@ -145,9 +154,15 @@ function dropIfEmpty(key) {
   if (item && item.holders.size === 0 && item.waiters.length === 0) view.keys.delete(key);
 }
 
-function openInterval(key, owner, token) {
+// seeded: the holder was found in a read, not seen granted: it held the key earlier.
+function openInterval(key, owner, token, seeded, sessionRef) {
   const open = view.intervals.find((i) => i.key === key && i.token === token && i.end === null);
-  if (!open) view.intervals.push({ key, owner, token, start: performance.now(), end: null });
+  if (open) {
+    if (sessionRef) open.sessionRef = sessionRef;
+    return;
+  }
+  view.intervals.push({ key, owner, token, start: performance.now(), end: null,
+    seeded: !!seeded, sessionRef: sessionRef || null });
 }
 
 function closeInterval(key, token) {
@@ -162,7 +177,7 @@ function loadState(state, sentAt) {
     const item = entry(h.key);
     item.holders.set(h.token, holderFrom(h, sentAt));
     if (h.capacity) item.capacity = h.capacity;
-    openInterval(h.key, h.owner, h.token);
+    openInterval(h.key, h.owner, h.token, true, h.session_ref);
   }
   // Intervals the new state no longer has ended while we were not watching.
   for (const i of view.intervals) {
@@ -237,10 +252,11 @@ function applyEvent(event) {
       value: event.value,
       ttl,
       expiresAt,
+      sessionRef: old ? old.sessionRef : null,
     });
     reread = expiresAt === null;
     if (event.type === "grant") {
-      openInterval(key, event.owner, event.token);
+      openInterval(key, event.owner, event.token, false);
       // A grant may be a waiter's: it left the queue in the same entry.
       item.waiters = item.waiters.filter((w) => w.owner !== event.owner);
     }
@@ -283,7 +299,7 @@ async function refreshKeys() {
       item.holders = new Map(one.holders.map((h) => [h.token, holderFrom(h, sentAt)]));
       item.capacity = one.capacity;
       item.waiters = one.waiters;
-      for (const h of one.holders) openInterval(one.key, h.owner, h.token);
+      for (const h of one.holders) openInterval(one.key, h.owner, h.token, true, h.session_ref);
       dropIfEmpty(one.key);
     });
   }
@@ -311,6 +327,7 @@ async function refreshLive() {
   renderKeys();
   renderSessions();
   renderQueues();
+  refreshQueue();
 }
 
 let clusterInFlight = false;
@@ -636,40 +653,130 @@ function renderSwitch() {
   $("switch-none").hidden = others.length > 0;
 }
 
+// ------------------------------------------------------------------ filter
+
+// The filter (#filter-mode, #filter-text) over the keys table and the timeline:
+// a key prefix, an owner (part of it), or a session (its label's start, or its owner).
+function sessionMatches(ref, text) {
+  if (!ref) return false;
+  if (ref.startsWith(text)) return true;
+  const session = view.sessions.find((s) => s.ref === ref);
+  return !!session && String(session.owner).includes(text);
+}
+
+function holderMatches(key, owner, sessionRef) {
+  const { mode, text } = view.filter;
+  if (!text) return true;
+  if (mode === "owner") return String(owner).includes(text);
+  if (mode === "session") return sessionMatches(sessionRef, text);
+  return key.startsWith(text);
+}
+
+function keyShown(key, item) {
+  const { mode, text } = view.filter;
+  if (!text) return true;
+  if (mode === "prefix") return key.startsWith(text);
+  for (const h of item.holders.values()) {
+    if (holderMatches(key, h.owner, h.sessionRef)) return true;
+  }
+  // Owner mode: a waiter counts too (it is after the key).
+  return mode === "owner" && item.waiters.some((w) => String(w.owner).includes(text));
+}
+
+function setFilter(mode, text) {
+  view.filter = { mode, text };
+  $("filter-mode").value = mode;
+  $("filter-text").value = text;
+  renderKeys();
+  renderTimeline();
+}
+
+$("filter-mode").addEventListener("change", () => setFilter($("filter-mode").value,
+  $("filter-text").value));
+$("filter-text").addEventListener("input", () => setFilter($("filter-mode").value,
+  $("filter-text").value));
+$("filter-clear").addEventListener("click", () => setFilter($("filter-mode").value, ""));
+
+// ------------------------------------------------------------ shared keys
+
+// What a key's units mean, from its capacity: nothing for a lock; "write" or
+// "read (N readers)" for a read/write lock; "U of C" (and the unit indices) for a
+// pool or semaphore.
+function unitsLabel(item, holders) {
+  if (item.capacity === RW_CAPACITY) {
+    if (holders.some((h) => h.units >= RW_CAPACITY)) return "write";
+    if (holders.length === 0) return "read/write lock";
+    return "read (" + holders.length + (holders.length === 1 ? " reader)" : " readers)");
+  }
+  if (item.capacity <= 1) return "";
+  const used = holders.reduce((sum, h) => sum + h.units, 0);
+  let units = used + " of " + item.capacity;
+  const indices = holders.filter((h) => h.unitIndices).map((h) => h.unitIndices.join(","));
+  if (indices.length) units += " [" + indices.join("; ") + "]";
+  return units;
+}
+
+// A holder's own share of a shared key (shown in its lane).
+function holderUnits(item, h) {
+  if (item.capacity === RW_CAPACITY) return h.units >= RW_CAPACITY ? "write" : "read";
+  if (item.capacity <= 1) return "";
+  return h.units + (h.units === 1 ? " unit" : " units") +
+    (h.unitIndices ? " [" + h.unitIndices.join(",") + "]" : "");
+}
+
+function waiterText(item, w) {
+  let want = "";
+  if (item.capacity === RW_CAPACITY) want = w.units >= RW_CAPACITY ? " (write)" : " (read)";
+  else if (w.units > 1) want = " (" + w.units + " units)";
+  return w.position + ". " + w.owner + want + (w.priority ? " prio " + w.priority : "");
+}
+
+// One row per holder (a lane): a shared key's rows share its key, units and waiters
+// cells (rowSpan). The first row carries data-key; the others data-lane-of.
 function renderKeys() {
   const body = $("keys").tBodies[0];
   body.replaceChildren();
-  const keys = [...view.keys.keys()].sort();
-  $("no-keys").hidden = keys.length > 0;
-  $("key-count").textContent = keys.length ? "(" + keys.length + ")" : "";
+  const all = [...view.keys.keys()].sort();
+  const keys = all.filter((key) => keyShown(key, view.keys.get(key)));
+  const hidden = all.length - keys.length;
+  $("no-keys").hidden = all.length > 0;
+  $("key-count").textContent = all.length ? "(" + all.length + ")" : "";
+  const note = $("filter-hidden");
+  note.dataset.hidden = String(hidden);
+  note.textContent = view.filter.text ? hidden + " of " + all.length +
+    (all.length === 1 ? " key" : " keys") + " hidden by the filter" : "";
   for (const key of keys) {
     const item = view.keys.get(key);
     const holders = [...item.holders.values()].sort((a, b) => a.token - b.token);
-    const row = el("tr");
-    row.dataset.key = key;  // an attribute value: never parsed as markup
-    const holderCell = el("td", null, "holder");
-    const tokenCell = el("td", null, "token");
-    const remainingCell = el("td", null, "remaining");
-    for (const h of holders) {
-      holderCell.append(el("span", h.owner, "owner waiter"));
-      tokenCell.append(el("span", h.token, "waiter"));
-      const left = el("span", h.expiresAt === null ? "…" : "", "countdown waiter");
-      left.dataset.token = String(h.token);
-      remainingCell.append(left);
-    }
-    const used = holders.reduce((sum, h) => sum + h.units, 0);
-    let units = item.capacity > 1 ? used + " of " + item.capacity : "";
-    const indices = holders.filter((h) => h.unitIndices).map((h) => h.unitIndices.join(","));
-    if (indices.length) units += " [" + indices.join("; ") + "]";
+    const lanes = Math.max(1, holders.length);
     const waitersCell = el("td", null, "waiters");
-    for (const w of item.waiters) {
-      const text = w.position + ". " + w.owner + (w.units > 1 ? " (" + w.units + " units)" : "") +
-        (w.priority ? " prio " + w.priority : "");
-      waitersCell.append(el("span", text, "waiter"));
+    for (const w of item.waiters) waitersCell.append(el("span", waiterText(item, w), "waiter"));
+    const keyCell = el("td", key, "key");
+    const unitsCell = el("td", unitsLabel(item, holders), "units");
+    for (const cell of [keyCell, unitsCell, waitersCell]) cell.rowSpan = lanes;
+    for (let lane = 0; lane < lanes; lane++) {
+      const h = holders[lane];
+      const row = el("tr", null, lane === 0 ? "" : "lane");
+      if (lane === 0) row.dataset.key = key;  // an attribute value: never parsed as markup
+      else row.dataset.laneOf = key;
+      const holderCell = el("td", null, "holder");
+      const tokenCell = el("td", null, "token");
+      const remainingCell = el("td", null, "remaining");
+      const shareCell = el("td", null, "share");
+      if (h) {
+        holderCell.append(el("span", h.owner, "owner"));
+        if (h.sessionRef) holderCell.append(el("span", " via " + h.sessionRef, "via-session"));
+        tokenCell.textContent = String(h.token);
+        const left = el("span", h.expiresAt === null ? "…" : "", "countdown");
+        left.dataset.token = String(h.token);
+        remainingCell.append(left);
+        shareCell.textContent = holderUnits(item, h);
+      }
+      if (lane === 0) row.append(keyCell);
+      row.append(holderCell, tokenCell, remainingCell, shareCell);
+      if (lane === 0) row.append(unitsCell, waitersCell);
+      body.append(row);
     }
-    row.append(el("td", key, "key"), holderCell, tokenCell, remainingCell, el("td", units, "units"),
-      waitersCell);
-    body.append(row);
   }
   tick();
 }
@@ -679,10 +786,35 @@ function renderSessions() {
   body.replaceChildren();
   for (const s of view.sessions) {
     const row = el("tr");
+    row.dataset.owner = String(s.owner);
+    if (s.ref) row.dataset.ref = s.ref;
     const left = el("td", "", "session-remaining");
     left.dataset.expires = String(s.expiresAt);
-    row.append(el("td", s.owner, "owner"), el("td", seconds(s.ttl)), left, el("td", s.leases),
-      el("td", s.waiters));
+    const refCell = el("td", null, "session-ref");
+    if (s.ref) {
+      const button = el("button", s.ref, "session-filter");
+      button.type = "button";
+      button.title = "show only the leases held through this session";
+      button.addEventListener("click", () => setFilter("session", s.ref));
+      refCell.append(button);
+    } else {
+      refCell.textContent = "-";
+    }
+    const keysCell = el("td", null, "session-keys");
+    if (Array.isArray(s.keys)) {
+      for (const key of s.keys.slice(0, SESSION_KEYS_SHOWN)) {
+        keysCell.append(el("span", key, "session-key"));
+      }
+      if (s.keys.length > SESSION_KEYS_SHOWN) {
+        keysCell.append(el("span", "and " + (s.keys.length - SESSION_KEYS_SHOWN) + " more",
+          "more"));
+      }
+      if (s.keys.length === 0) keysCell.textContent = "none";
+    } else {
+      keysCell.textContent = "not known to this node yet";
+    }
+    row.append(el("td", s.owner, "owner"), refCell, el("td", seconds(s.ttl)), left,
+      el("td", s.leases), el("td", s.waiters), keysCell);
     body.append(row);
   }
   tick();
@@ -694,17 +826,147 @@ function renderQueues() {
   for (const q of view.queues) {
     const row = el("tr");
     row.dataset.queue = q.queue;
-    row.append(el("td", q.queue, "queue"), el("td", q.ready, "ready"), el("td", q.delayed),
-      el("td", q.claimed, "claimed"), el("td", q.dead), el("td", q.waiting_claims));
+    if (q.queue === view.openQueue) row.className = "open";
+    const name = el("td", null, "queue");
+    const button = el("button", q.queue, "queue-open");
+    button.type = "button";
+    button.title = "show this queue's tasks and dead letters";
+    button.addEventListener("click", () => openQueue(q.queue));
+    name.append(button);
+    row.append(name, el("td", q.ready, "ready"), el("td", q.delayed),
+      el("td", q.claimed, "claimed"), el("td", q.dead, "dead"), el("td", q.waiting_claims));
     body.append(row);
   }
+}
+
+// ------------------------------------------------------------- queue view
+
+function openQueue(name) {
+  view.openQueue = name;
+  $("queue-view").hidden = false;
+  $("qv-name").textContent = name;
+  $("qv-retry").textContent = "";
+  $("qv-tasks").tBodies[0].replaceChildren();
+  $("qv-dead").tBodies[0].replaceChildren();
+  $("qv-note").textContent = "loading…";
+  renderQueues();
+  refreshQueue();
+}
+
+$("qv-close").addEventListener("click", () => {
+  view.openQueue = null;
+  $("queue-view").hidden = true;
+  renderQueues();
+});
+
+let queueInFlight = false;
+async function refreshQueue() {
+  const name = view.openQueue;
+  if (name === null || queueInFlight || view.authNeeded) return;
+  queueInFlight = true;
+  try {
+    const answer = await getJSON("/ui/api/queue?queue=" + encodeURIComponent(name));
+    if (view.openQueue === name) renderQueueView(answer);
+  } catch (e) {
+    if (e instanceof AuthNeeded) { askToken(e.message); return; }
+    if (view.openQueue === name) $("qv-note").textContent = "not refreshed: " + (e.message || e);
+  } finally {
+    queueInFlight = false;
+  }
+}
+
+function ago(ms) {
+  return typeof ms === "number" ? seconds(ms) + " ago" : "-";
+}
+
+function lastError(t) {
+  return t.last_error ? "attempt " + t.last_error.attempt + ": " + t.last_error.error : "-";
+}
+
+function renderQueueView(answer) {
+  $("qv-note").textContent = "open tasks from " + answer.node + " (applied index " +
+    answer.applied_index + ")" + (answer.more_tasks ? "; " + answer.more_tasks +
+    " more not shown (first " + answer.limits.tasks + ")" : "") +
+    "; dead letters read through the log";
+  const body = $("qv-tasks").tBodies[0];
+  body.replaceChildren();
+  for (const t of answer.tasks) {
+    const row = el("tr");
+    row.dataset.task = String(t.task_id);
+    row.dataset.status = String(t.status);
+    const attempt = typeof t.attempt === "number"
+      ? t.attempt + " of " + t.max_attempts
+      : t.attempts + " of " + t.max_attempts + " used";
+    let status = t.status;
+    if (typeof t.ready_in === "number") status += " (ready in " + seconds(t.ready_in) + ")";
+    const progress = typeof t.progress === "number"
+      ? String(t.progress) + (typeof t.progress_age === "number" ? " (" + ago(t.progress_age) + ")" : "")
+      : "-";
+    const heartbeat = t.status !== "claimed" ? "-" :
+      (typeof t.heartbeat_age === "number" ? ago(t.heartbeat_age) : "by its session");
+    row.append(el("td", t.task_id, "task-id"), el("td", status, "status"),
+      el("td", attempt, "attempt"), el("td", t.worker || "-", "worker"),
+      el("td", heartbeat, "heartbeat"), el("td", progress, "progress"),
+      el("td", lastError(t), "last-error"));
+    body.append(row);
+  }
+  $("qv-no-tasks").hidden = answer.tasks.length > 0;
+  const dead = $("qv-dead").tBodies[0];
+  dead.replaceChildren();
+  for (const t of answer.dead) {
+    const row = el("tr");
+    row.dataset.task = String(t.task_id);
+    const action = el("td");
+    const button = el("button", "retry", "retry");
+    button.type = "button";
+    button.dataset.task = String(t.task_id);
+    button.addEventListener("click", () => retryTask(answer.queue, String(t.task_id)));
+    action.append(button);
+    row.append(el("td", t.task_id, "task-id"), el("td", t.attempts + " of " + t.max_attempts),
+      el("td", t.dead_reason || "-", "dead-reason"), el("td", lastError(t), "last-error"),
+      action);
+    dead.append(row);
+  }
+  $("qv-no-dead").hidden = answer.dead.length > 0;
+}
+
+// Retry a dead letter (task_retry) with this page's token; the answer, a refusal
+// included, is shown as it came.
+async function retryTask(queue, taskId) {
+  const out = $("qv-retry");
+  out.dataset.outcome = "pending";
+  out.textContent = "retrying " + taskId + "…";
+  try {
+    const response = await fetch("/ui/api/retry", {
+      method: "POST",
+      headers: { ...headers(), "Content-Type": "application/json" },
+      body: JSON.stringify({ queue, task_id: taskId }),
+      cache: "no-store",
+      signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+    });
+    let body = {};
+    try { body = await response.json(); } catch (e) { /* keep {} */ }
+    if (response.ok) {
+      out.dataset.outcome = "ok";
+      out.textContent = "task " + taskId + " retried: now " + body.status;
+    } else {
+      out.dataset.outcome = "refused";
+      out.textContent = "retry of " + taskId + " refused (HTTP " + response.status + "): " +
+        ((body.error && body.error.message) || response.statusText);
+    }
+  } catch (e) {
+    out.dataset.outcome = "refused";
+    out.textContent = "retry of " + taskId + " failed: " + (e.message || e);
+  }
+  refreshQueue();
+  refreshLive();
 }
 
 // Countdowns: from the local monotonic clock, set when each answer was requested.
 function tick() {
   const now = performance.now();
   for (const row of $("keys").tBodies[0].rows) {
-    const item = view.keys.get(row.dataset.key);
+    const item = view.keys.get(row.dataset.key || row.dataset.laneOf);
     if (!item) continue;
     for (const span of row.querySelectorAll(".countdown")) {
       const h = item.holders.get(Number(span.dataset.token));
@@ -736,20 +998,49 @@ function colour(owner) {
   return "hsl(" + (hash % 360) + ", 55%, 55%)";
 }
 
-// One row per key with a holding interval in the window; like jepsen-style/timeline.py,
-// bars from grant to end (open bars reach "now"), labelled with owner and token.
+// Lanes of one key: each interval in the first lane free at its start (bars of a
+// shared key's holders never overlap).
+function lanesOf(intervals) {
+  const lanes = [];  // each: the end of its last bar (null: still open)
+  const placed = [];
+  for (const i of [...intervals].sort((a, b) => a.start - b.start || a.token - b.token)) {
+    let lane = lanes.findIndex((end) => end !== null && end <= i.start);
+    if (lane < 0) { lane = lanes.length; lanes.push(null); }
+    lanes[lane] = i.end;
+    placed.push({ interval: i, lane });
+  }
+  return { count: Math.max(1, lanes.length), placed };
+}
+
+// One row per key with a holding interval in the window (a shared key: one lane per
+// concurrent holder); like jepsen-style/timeline.py, bars from grant to end (open bars
+// reach "now"), labelled with owner and token. A holder already there when the page
+// (or a reconnect) first read it is drawn from then, with a "held earlier" mark.
 function renderTimeline() {
   const now = performance.now();
   const from = now - TIMELINE_WINDOW_MS;
   view.intervals = view.intervals.filter((i) => i.end === null || i.end > from);
-  const keys = [...new Set(view.intervals.map((i) => i.key))].sort().slice(0, TIMELINE_MAX_ROWS);
+  const shown = view.intervals.filter((i) => holderMatches(i.key, i.owner, i.sessionRef));
+  const allKeys = new Set(view.intervals.map((i) => i.key));
+  const rows = [];  // {key, lane, lanes, placed}
+  const keys = [...new Set(shown.map((i) => i.key))].sort();
+  for (const key of keys) {
+    const { count, placed } = lanesOf(shown.filter((i) => i.key === key));
+    for (let lane = 0; lane < count && rows.length < TIMELINE_MAX_ROWS; lane++) {
+      rows.push({ key, lane, placed: placed.filter((p) => p.lane === lane) });
+    }
+  }
+  const hiddenKeys = allKeys.size - keys.length;
+  $("timeline-note").textContent = view.filter.text && hiddenKeys > 0
+    ? "(" + hiddenKeys + (hiddenKeys === 1 ? " key" : " keys") + " hidden by the filter)" : "";
   const chart = $("timeline");
+  chart.dataset.rows = String(rows.length);
   // Drawn in CSS pixels of the chart's own width: text is never stretched.
   const width = Math.max(400, chart.clientWidth || 1000);
   const labelWidth = 200, rowHeight = 18, top = 16;
   const marks = view.leaders.filter((l, i) => i > 0 && l.at >= from);
   // Room under the rows for the leader-change labels.
-  const height = top + Math.max(1, keys.length) * rowHeight + 4 + (marks.length ? 14 : 0);
+  const height = top + Math.max(1, rows.length) * rowHeight + 4 + (marks.length ? 14 : 0);
   chart.setAttribute("viewBox", "0 0 " + width + " " + height);
   chart.setAttribute("height", String(height));
   chart.setAttribute("preserveAspectRatio", "xMinYMin meet");
@@ -770,16 +1061,32 @@ function renderTimeline() {
       "text-anchor": right ? "end" : "start", class: "leader-change-label" },
     "new leader " + l.node + " t" + l.term));
   }
-  keys.forEach((key, row) => {
+  rows.forEach(({ key, lane, placed }, row) => {
     const y = top + row * rowHeight;
-    chart.append(svg("text", { x: 2, y: y + 12, class: "timeline-key" },
-      key.length > 26 ? key.slice(0, 25) + "…" : key));
-    for (const i of view.intervals.filter((v) => v.key === key)) {
+    if (lane === 0) {
+      chart.append(svg("text", { x: 2, y: y + 12, class: "timeline-key" },
+        key.length > 26 ? key.slice(0, 25) + "…" : key));
+    }
+    for (const { interval: i } of placed) {
       const x1 = x(i.start), x2 = x(i.end === null ? now : i.end);
       const bar = svg("rect", { x: x1, y: y + 2, width: Math.max(2, x2 - x1), height: rowHeight - 5,
-        fill: colour(i.owner), rx: 2 });
-      bar.append(svg("title", {}, i.owner + " token " + i.token));
+        fill: colour(i.owner), rx: 2, class: i.seeded ? "bar seeded" : "bar" });
+      bar.dataset.key = key;  // attribute values: never parsed as markup
+      bar.dataset.owner = i.owner;
+      bar.dataset.lane = String(lane);
+      bar.append(svg("title", {}, i.owner + " token " + i.token +
+        (i.seeded ? " (held before this page first read it: started earlier)" : "")));
       chart.append(bar);
+      if (i.seeded) {
+        // A left-pointing mark at its start: the holding began before what is drawn.
+        const mid = y + 2 + (rowHeight - 5) / 2;
+        chart.append(svg("path", { d: "M" + (x1 - 7) + " " + mid + " l6 -5 v10 z",
+          class: "seeded-mark" }));
+        if (x2 - x1 <= 60) {
+          chart.append(svg("text", { x: x1 - 9, y: y + 12, "text-anchor": "end",
+            class: "seeded-label" }, "held earlier: " + i.owner + " #" + i.token));
+        }
+      }
       if (x2 - x1 > 60) chart.append(svg("text", { x: x1 + 3, y: y + 12 }, i.owner + " #" + i.token));
     }
   });
