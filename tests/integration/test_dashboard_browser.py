@@ -362,6 +362,20 @@ def test_secured_page_needs_an_admin_token(
             assert status_of(route, "not-a-token") == 401
             assert status_of(route, reader_token) == 403
             assert status_of(route, bundle.admin_token) == 200
+        # The dead-letter retry (a write): admins only, like the reads.
+        for token, expected in ((None, 401), (reader_token, 403)):
+            headers = {"Content-Type": "application/json"}
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            retry = urllib.request.Request(
+                f"https://{addr}/ui/api/retry",
+                data=b'{"queue": "q", "task_id": "t"}',
+                method="POST",
+                headers=headers,
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(retry, timeout=15, context=tls)
+            assert refused.value.code == expected
 
         context = browser.new_context(ignore_https_errors=True)
         page = context.new_page()

@@ -69,6 +69,7 @@ Raises nothing: errors are JSON answers (``http_api.error_response``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import hmac
 import importlib.resources
@@ -343,23 +344,18 @@ class Dashboard:
         local = sorted(
             list(store.lease_sessions.values()), key=lambda s: (s.expires_at, s.owner, s.ttl_ms)
         )
-        used: set[str] = set()
-        for item in listed:
-            match = next(
-                (
-                    s
-                    for s in local
-                    if s.session_id not in used
-                    and s.owner == item.get("owner")
-                    and s.ttl_ms == item.get("ttl")
-                ),
-                None,
+        by_owner: dict[tuple[str, int], collections.deque[Any]] = {}
+        for session in local:
+            by_owner.setdefault((session.owner, session.ttl_ms), collections.deque()).append(
+                session
             )
-            if match is None:
+        for item in listed:
+            same = by_owner.get((item.get("owner", ""), item.get("ttl", 0)))
+            if not same:
                 item["ref"] = None
                 item["keys"] = None
                 continue
-            used.add(match.session_id)
+            match = same.popleft()
             keys = []
             for lease_id in list(match.leases)[:MAX_SESSION_KEYS]:
                 lease = store.leases.get(lease_id)
