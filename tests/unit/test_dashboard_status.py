@@ -4,7 +4,9 @@ tells (issue 44)."""
 
 from __future__ import annotations
 
-from raftlease.server.http.dashboard import _dashboard_url, _status_readiness
+from types import SimpleNamespace
+
+from raftlease.server.http.dashboard import _dashboard_url, _status_readiness, _task_row
 
 
 def test_dashboard_url_from_the_admin_address() -> None:
@@ -39,3 +41,41 @@ def test_readiness_from_what_the_status_reports() -> None:
         "reason": "no leader is known to this node",
     }
     assert _status_readiness({**follower, "ready": False}, 1.8)["reason"].startswith("still")
+
+
+def test_task_row_of_the_queue_view() -> None:
+    """A claimed task: its attempt, worker, heartbeat age (expiry less TTL), progress and
+    the last error its history records; never an attempt id."""
+    info = {
+        "tid": "t1",
+        "status": "claimed",
+        "attempts": 2,
+        "max_attempts": 5,
+        "created_at": 1_000,
+        "worker": "w7",
+        "progress": 0.4,
+        "history": [[1, "w6", 3, 1_100, 1_200, "failed", "disk full"]],
+    }
+    attempt = SimpleNamespace(
+        number=2,
+        session="",
+        expires_at=70_000,
+        ttl_ms=60_000,
+        progress=0.4,
+        progress_at=9_000,
+        aid="secret-attempt-id",
+    )
+    row = _task_row(info, attempt, 12_000)
+    assert row["attempt"] == 2 and row["worker"] == "w7" and row["progress"] == 0.4
+    assert row["heartbeat_age"] == 2_000  # extended to 70 s at 10 s, a 60 s TTL
+    assert row["progress_age"] == 3_000
+    assert row["last_error"] == {"attempt": 1, "error": "disk full"}
+    assert "secret-attempt-id" not in repr(row)
+    # In a session it lives by the session's keep-alive: no heartbeat age to tell.
+    in_session = SimpleNamespace(**{**vars(attempt), "session": "s"})
+    assert _task_row(info, in_session, 12_000)["heartbeat_age"] is None
+    # A dead letter (no attempt): no error recorded is None, not an empty one.
+    dead = _task_row(
+        {**info, "status": "dead", "history": [[1, "w", 1, 0, 1, "expired", ""]]}, None, 12_000
+    )
+    assert dead["last_error"] is None and "attempt" not in dead

@@ -46,6 +46,7 @@ const view = {
   intervals: [],
   filter: { mode: "prefix", text: "" },
   openQueue: null,        // the queue whose task view is open
+  sessionOwners: new Map(),  // session label -> its owner
   stream: null,           // AbortController of the watch
   pendingKeys: new Set(),
   keyRevision: new Map(),  // key -> revision of the last event on it
@@ -196,6 +197,7 @@ function loadLive(live, sentAt) {
   for (const key of Object.keys(live.waiters)) entry(key).waiters = live.waiters[key];
   for (const key of [...view.keys.keys()]) dropIfEmpty(key);
   view.sessions = live.sessions.map((s) => ({ ...s, expiresAt: sentAt + s.remaining }));
+  view.sessionOwners = new Map(view.sessions.filter((s) => s.ref).map((s) => [s.ref, s.owner]));
   view.queues = live.queues;
   view.dataAt = performance.now();
   view.dataNode = live.node;
@@ -660,8 +662,8 @@ function renderSwitch() {
 function sessionMatches(ref, text) {
   if (!ref) return false;
   if (ref.startsWith(text)) return true;
-  const session = view.sessions.find((s) => s.ref === ref);
-  return !!session && String(session.owner).includes(text);
+  const owner = view.sessionOwners.get(ref);
+  return owner !== undefined && String(owner).includes(text);
 }
 
 function holderMatches(key, owner, sessionRef) {
@@ -781,8 +783,26 @@ function renderKeys() {
   tick();
 }
 
+// Tables with buttons are rebuilt only when what they show changed, so a button is not
+// replaced under the pointer between two refreshes (its click would be lost).
+function unchanged(node, signature) {
+  if (node.dataset.shown === signature) return true;
+  node.dataset.shown = signature;
+  return false;
+}
+
 function renderSessions() {
   const body = $("sessions").tBodies[0];
+  const signature = JSON.stringify(view.sessions.map((s) =>
+    [s.owner, s.ref, s.ttl, s.leases, s.waiters, s.keys]));
+  if (unchanged(body, signature)) {
+    // Only the countdowns' base moved.
+    [...body.rows].forEach((row, n) => {
+      row.querySelector(".session-remaining").dataset.expires = String(view.sessions[n].expiresAt);
+    });
+    tick();
+    return;
+  }
   body.replaceChildren();
   for (const s of view.sessions) {
     const row = el("tr");
@@ -822,6 +842,7 @@ function renderSessions() {
 
 function renderQueues() {
   const body = $("queues").tBodies[0];
+  if (unchanged(body, JSON.stringify([view.openQueue, view.queues]))) return;
   body.replaceChildren();
   for (const q of view.queues) {
     const row = el("tr");
@@ -848,6 +869,7 @@ function openQueue(name) {
   $("qv-retry").textContent = "";
   $("qv-tasks").tBodies[0].replaceChildren();
   $("qv-dead").tBodies[0].replaceChildren();
+  delete $("qv-dead").tBodies[0].dataset.shown;
   $("qv-note").textContent = "loading…";
   renderQueues();
   refreshQueue();
@@ -912,6 +934,8 @@ function renderQueueView(answer) {
   }
   $("qv-no-tasks").hidden = answer.tasks.length > 0;
   const dead = $("qv-dead").tBodies[0];
+  $("qv-no-dead").hidden = answer.dead.length > 0;
+  if (unchanged(dead, JSON.stringify([answer.queue, answer.dead]))) return;
   dead.replaceChildren();
   for (const t of answer.dead) {
     const row = el("tr");
@@ -927,7 +951,6 @@ function renderQueueView(answer) {
       action);
     dead.append(row);
   }
-  $("qv-no-dead").hidden = answer.dead.length > 0;
 }
 
 // Retry a dead letter (task_retry) with this page's token; the answer, a refusal
