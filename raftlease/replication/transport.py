@@ -366,20 +366,25 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
             TCPTransport.dropNode(self, leaving[0])
         self._learners[learner.id] = learner
         if self._shouldConnect(learner):
-            sync = self._syncObj
-            conf = sync.conf
-            conn = TcpConnection(
-                poller=sync._poller,
-                timeout=conf.connectionTimeout,
-                sendBufferSize=conf.sendBufferSize,
-                recvBufferSize=conf.recvBufferSize,
-                keepalive=conf.tcp_keepalive,
-            )
-            conn.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, conn))
-            conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, learner))
-            conn.setOnDisconnectedCallback(functools.partial(self._onDisconnected, conn))
-            self._connections[learner] = self._bound(conn)
+            self._connections[learner] = self._outgoing(learner)
         self._dial_learners()
+
+    def _outgoing(self, node: Any) -> Any:
+        """A new, not yet connected, outgoing connection to ``node``, wired as
+        PySyncObj's addNode wires one (TLS starts once TCP connects), bounded."""
+        sync = self._syncObj
+        conf = sync.conf
+        conn = TcpConnection(
+            poller=sync._poller,
+            timeout=conf.connectionTimeout,
+            sendBufferSize=conf.sendBufferSize,
+            recvBufferSize=conf.recvBufferSize,
+            keepalive=conf.tcp_keepalive,
+        )
+        conn.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, conn))
+        conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+        conn.setOnDisconnectedCallback(functools.partial(self._onDisconnected, conn))
+        return self._bound(conn)
 
     def stop_learner(self, raft: str) -> None:
         """Tick thread: stop streaming to learner ``raft`` (its add was abandoned, or
@@ -553,19 +558,7 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
                 continue
             first = node.id not in self._reverse_dialled or self._reverse_dialled[node.id] < since
             self._reverse_dialled[node.id] = now
-            sync = self._syncObj
-            conf = sync.conf
-            dial = TcpConnection(
-                poller=sync._poller,
-                timeout=conf.connectionTimeout,
-                sendBufferSize=conf.sendBufferSize,
-                recvBufferSize=conf.recvBufferSize,
-                keepalive=conf.tcp_keepalive,
-            )
-            dial.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, dial))
-            dial.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
-            dial.setOnDisconnectedCallback(functools.partial(self._onDisconnected, dial))
-            self._connections[node] = self._bound(dial)
+            dial = self._connections[node] = self._outgoing(node)
             # Once per silent spell at INFO: a member that is down is dialled every
             # REVERSE_DIAL_AFTER until it is back.
             (log.info if first else log.debug)(

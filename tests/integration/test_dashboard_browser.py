@@ -9,9 +9,7 @@ the assertions wait on DOM conditions with deadlines (no fixed sleeps)."""
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import shutil
 import ssl
 import threading
 import urllib.error
@@ -26,45 +24,24 @@ from raftlease.models import Lease
 from raftlease.server.auth import token_digest
 from raftlease.testing import LocalCluster, wait_for
 from raftlease.testing.certs import secure_bundle
+from tests.integration.browser_support import (
+    DOM_TIMEOUT_MS,
+    headless_chromium,
+    running_admin_cluster,
+)
 from tests.integration.test_admin_http import admin_cluster, admin_of
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-# scripts/test installs chromium (as root) and the dev extra Playwright: in CI a missing one
-# fails the module instead of skipping it, so the browser test cannot vanish silently.
-if os.environ.get("CI") != "true":
-    pytest.importorskip("playwright.sync_api")
-    if CHROMIUM is None:
-        pytest.skip("no chromium here (apt-get install chromium)", allow_module_level=True)
-assert CHROMIUM is not None, "CI must have chromium (scripts/test installs it as root)"
-import playwright.sync_api as playwright_api  # noqa: E402
-
-#: Generous: a 2-core machine shared with other test processes.
-DOM_TIMEOUT_MS = 30_000
-
 
 @pytest.fixture(scope="module")
 def view_cluster() -> Iterator[LocalCluster]:
-    c = admin_cluster(3)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.close()
+    yield from running_admin_cluster(3)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with playwright_api.sync_playwright() as p:
-        # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start;
-        # --disable-dev-shm-usage: a container's small /dev/shm would crash its renderer.
-        args = ["--no-sandbox", "--disable-dev-shm-usage"]
-        b = p.chromium.launch(executable_path=CHROMIUM, args=args)
-        try:
-            yield b
-        finally:
-            b.close()
+    yield from headless_chromium()
 
 
 def _follower_admin(cluster: LocalCluster) -> str:

@@ -10,28 +10,21 @@ has its own cluster, since each breaks it."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from raftlease.testing import LocalCluster
-from tests.integration.test_admin_http import admin_cluster, admin_of
+from tests.integration.browser_support import (
+    DOM_TIMEOUT_MS,
+    headless_chromium,
+    running_admin_cluster,
+)
+from tests.integration.test_admin_http import admin_of
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if os.environ.get("CI") != "true":
-    pytest.importorskip("playwright.sync_api")
-    if CHROMIUM is None:
-        pytest.skip("no chromium here (apt-get install chromium)", allow_module_level=True)
-assert CHROMIUM is not None, "CI must have chromium (scripts/test installs it as root)"
-import playwright.sync_api as playwright_api  # noqa: E402
-
-#: Generous: a 2-core machine shared with other test processes.
-DOM_TIMEOUT_MS = 30_000
 #: How soon the badge must leave "live" once its node is gone or cut off: the page asks
 #: every second and calls data stale after 4.5 s; the rest is slack for a busy machine.
 STALE_DEADLINE_MS = 15_000
@@ -39,24 +32,12 @@ STALE_DEADLINE_MS = 15_000
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with playwright_api.sync_playwright() as p:
-        # As test_dashboard_browser.py: no sandbox as root, no small /dev/shm.
-        args = ["--no-sandbox", "--disable-dev-shm-usage"]
-        b = p.chromium.launch(executable_path=CHROMIUM, args=args)
-        try:
-            yield b
-        finally:
-            b.close()
+    yield from headless_chromium()
 
 
 @pytest.fixture
 def cluster() -> Iterator[LocalCluster]:
-    c = admin_cluster(3)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.close()
+    yield from running_admin_cluster(3)
 
 
 def _open_live(browser: Any, cluster: LocalCluster, node_id: str) -> tuple[Any, list[str]]:

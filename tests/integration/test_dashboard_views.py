@@ -18,38 +18,24 @@ import pytest
 
 from raftlease.models import RW_CAPACITY
 from raftlease.testing import LocalCluster
-from tests.integration.test_admin_http import admin_cluster
-from tests.integration.test_dashboard_browser import (
-    CHROMIUM,
+from tests.integration.browser_support import (
     DOM_TIMEOUT_MS,
-    _follower_admin,
-    _row,
-    _wait_cell,
-    playwright_api,
+    headless_chromium,
+    running_admin_cluster,
 )
+from tests.integration.test_dashboard_browser import _follower_admin, _row, _wait_cell
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def views_cluster() -> Iterator[LocalCluster]:
-    c = admin_cluster(3)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.close()
+    yield from running_admin_cluster(3)
 
 
 @pytest.fixture(scope="module")
 def views_browser() -> Iterator[Any]:
-    with playwright_api.sync_playwright() as p:
-        args = ["--no-sandbox", "--disable-dev-shm-usage"]
-        b = p.chromium.launch(executable_path=CHROMIUM, args=args)
-        try:
-            yield b
-        finally:
-            b.close()
+    yield from headless_chromium()
 
 
 def _open(browser: Any, cluster: LocalCluster) -> tuple[Any, list[str]]:
