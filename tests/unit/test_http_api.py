@@ -313,3 +313,21 @@ def test_exclusive_fields_and_byte_limits_are_in_the_schema_not_only_prose() -> 
     assert valid(claim, {"queue": "q", "worker": "w"})
     key = acquire["properties"]["key"]
     assert key["x-max-utf8-bytes"] == key["maxLength"] and "bytes of UTF-8" in key["description"]
+
+
+def test_an_integral_json_number_is_an_integer_as_json_schema_counts_it() -> None:
+    # "type": "integer" admits 86.0 and 1e3; the body's integer fields take them.
+    from raftlease.server.http.parts import bounded_int, integral_float
+
+    def loads(text: str) -> Any:
+        return json.loads(text, parse_int=bounded_int, parse_float=integral_float)
+
+    body = loads('{"units": 86.0, "capacity": 1e3, "ttl": 2.5, "big": 1e300, "zero": -0.0}')
+    assert body == {"units": 86, "capacity": 1000, "ttl": 2.5, "big": 1e300, "zero": 0}
+    assert type(body["units"]) is int and type(body["big"]) is float
+    request = parse_request(
+        {"id": 1, "op": "acquire", "key": "k", "owner": "o", "ttl": 5, "cid": "c", "seq": 1,
+         "ack": 1, **loads('{"capacity": 4.0, "units": 2.0}')},
+        LIMITS,
+    )  # fmt: skip
+    assert request.args["units"] == 2
