@@ -58,6 +58,12 @@ def _schemas(route_op: str) -> tuple[dict[str, Any], list[str]]:
 def schema_accepts(schema: dict[str, Any], value: Any) -> bool:
     """The subset of JSON Schema the document uses."""
     kind = schema.get("type")
+    if isinstance(kind, list):  # [kind, "null"]: an optional field's null is its absence
+        if value is None:
+            return "null" in kind
+        enum = [e for e in schema.get("enum", []) if e is not None]
+        schema = {**schema, "type": kind[0], **({"enum": enum} if enum else {})}
+        kind = kind[0]
     if kind == "string":
         if not isinstance(value, str):
             return False
@@ -84,6 +90,7 @@ def schema_accepts(schema: dict[str, Any], value: Any) -> bool:
 
 def valid_value(schema: dict[str, Any]) -> Any:
     kind = schema["type"]
+    kind = kind[0] if isinstance(kind, list) else kind
     if kind == "string":
         return schema["enum"][0] if "enum" in schema else "x"
     if kind == "integer":
@@ -96,6 +103,7 @@ def valid_value(schema: dict[str, Any]) -> Any:
 def probes(schema: dict[str, Any]) -> list[Any]:
     """Values on both sides of each limit, and of wrong types."""
     kind = schema["type"]
+    kind = kind[0] if isinstance(kind, list) else kind
     wrong: list[Any] = [None, True, [], {"a": "b"}, "12", 3, 2.5]
     if kind == "string":
         if "enum" in schema:
@@ -331,3 +339,13 @@ def test_an_integral_json_number_is_an_integer_as_json_schema_counts_it() -> Non
         LIMITS,
     )  # fmt: skip
     assert request.args["units"] == 2
+
+
+def test_the_document_names_the_fields_the_http_layer_sets() -> None:
+    from raftlease.server.http import http_api, openapi
+
+    assert openapi.RESERVED == http_api.RESERVED
+    body = DOC["paths"]["/v1/leases/acquire"]["post"]["requestBody"]["content"]
+    assert set(body["application/json"]["schema"]["propertyNames"]["not"]["enum"]) == set(
+        http_api.RESERVED
+    )

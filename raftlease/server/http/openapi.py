@@ -22,6 +22,9 @@ from ...operations import BY_NAME, ArgRef, Route
 from ...protocol import OPS, Limits
 from .op_schemas import Field, all_routes, op_fields, result_schema
 
+#: Body fields the HTTP layer sets itself, refused in a body (http_api.RESERVED).
+RESERVED = frozenset({"id", "op", "cid", "seq", "ack", "token_auth"})
+
 #: HTTP status of each wire code (docs/http-api.md has the same table).
 STATUS: dict[str, int] = {
     "BAD_REQUEST": 400,
@@ -88,6 +91,13 @@ def _schema(spec: Field) -> dict[str, Any]:
     return out
 
 
+def _allow_null(schema: dict[str, Any]) -> None:
+    schema["type"] = [schema["type"], "null"]
+    if "enum" in schema:
+        schema["enum"] = [*schema["enum"], None]
+    schema["description"] = f"{schema.get('description', '')}; null: as if absent".lstrip("; ")
+
+
 def _renamed(route: Route, name: str) -> str:
     for http_name, proto in route.rename:
         if proto == name:
@@ -132,24 +142,30 @@ def _error_responses(route: Route) -> dict[str, Any]:
     return {str(status): _error_response("; ".join(reasons[status])) for status in sorted(reasons)}
 
 
+def _given(name: str) -> dict[str, Any]:
+    """``name`` is given: present and not null (``Rule``'s reading: null is absent)."""
+    return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+
+
 def _exclusive(route: Route, body: dict[str, Any]) -> None:
     """State the operation's exclusive fields (``Rule.exclusive``) in ``body``'s
     schema: ``oneOf`` when exactly one is needed ("``ttl`` or ``session``, not
-    both"), else ``not`` all of them together."""
+    both"), else no two of them together (null is absent, as the rule reads it)."""
     for rule in BY_NAME[route.op].rules:
         names = [_renamed(route, name) for name in rule.exclusive]
         if not names or not all(name in body["properties"] for name in names):
             continue
         if rule.one_needed:
             body.setdefault("allOf", []).append(
-                {
-                    "oneOf": [{"required": [name]} for name in names],
-                    "description": rule.doc,
-                }
+                {"oneOf": [_given(name) for name in names], "description": rule.doc}
             )
         else:
+            pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
             body.setdefault("allOf", []).append(
-                {"not": {"required": names}, "description": rule.doc}
+                {
+                    "allOf": [{"not": {"allOf": [_given(a), _given(b)]}} for a, b in pairs],
+                    "description": rule.doc,
+                }
             )
 
 
@@ -173,7 +189,7 @@ def _relative_bounds(route: Route, body: dict[str, Any]) -> None:
         ).lstrip()
         body.setdefault("allOf", []).append(
             {
-                "if": {"not": {"required": [arg]}},
+                "if": {"not": _given(arg)},
                 "then": {"properties": {name: {"maximum": bound.default}}},
                 "description": f"{name} is at most {arg}, {bound.default} without it",
             }
@@ -186,6 +202,10 @@ def document(limits: Limits) -> dict[str, Any]:
     for route in all_routes():
         specs = op_fields(route.op, limits)
         props = {_renamed(route, f.name): _schema(f) for f in specs}
+        if route.method != "GET":
+            for spec in specs:
+                if spec.nullable:  # null is the field's absence (a query has no null)
+                    _allow_null(props[_renamed(route, spec.name)])
         required = [_renamed(route, f.name) for f in specs if f.required]
         operation: dict[str, Any] = {
             "operationId": route.path.strip("/").replace("/", "_") + "_" + route.method.lower(),
@@ -206,13 +226,18 @@ def document(limits: Limits) -> dict[str, Any]:
                 for name, schema in props.items()
             ]
         else:
-            # Closed: the server ignores a field it does not know (docs/http-api.md),
-            # but such a field is no part of the API and may be refused (an integer
-            # beyond 64 bits, a name the HTTP layer sets: id, op, cid, seq, ack).
+            # Open, as the server is: a field it does not know is ignored
+            # (docs/http-api.md), except the names the HTTP layer sets. Any integer
+            # in a body, in such a field too, is within 64 bits (parts.bounded_int),
+            # which JSON Schema cannot say of every nested value: x-integer-bits.
             body: dict[str, Any] = {
                 "type": "object",
                 "properties": props,
-                "additionalProperties": False,
+                "propertyNames": {"not": {"enum": sorted(RESERVED)}},
+                "x-integer-bits": 64,
+                "description": "unknown fields are ignored; "
+                f"{', '.join(sorted(RESERVED))} are refused (the HTTP layer sets them); "
+                "every integer, nested ones too, is within 64 bits (signed or unsigned)",
             }
             if required:
                 body["required"] = required
