@@ -58,6 +58,12 @@ def _schemas(route_op: str) -> tuple[dict[str, Any], list[str]]:
 def schema_accepts(schema: dict[str, Any], value: Any) -> bool:
     """The subset of JSON Schema the document uses."""
     kind = schema.get("type")
+    if isinstance(kind, list):  # [kind, "null"]: an optional field's null is its absence
+        if value is None:
+            return "null" in kind
+        enum = [e for e in schema.get("enum", []) if e is not None]
+        schema = {**schema, "type": kind[0], **({"enum": enum} if enum else {})}
+        kind = kind[0]
     if kind == "string":
         if not isinstance(value, str):
             return False
@@ -84,6 +90,7 @@ def schema_accepts(schema: dict[str, Any], value: Any) -> bool:
 
 def valid_value(schema: dict[str, Any]) -> Any:
     kind = schema["type"]
+    kind = kind[0] if isinstance(kind, list) else kind
     if kind == "string":
         return schema["enum"][0] if "enum" in schema else "x"
     if kind == "integer":
@@ -96,6 +103,7 @@ def valid_value(schema: dict[str, Any]) -> Any:
 def probes(schema: dict[str, Any]) -> list[Any]:
     """Values on both sides of each limit, and of wrong types."""
     kind = schema["type"]
+    kind = kind[0] if isinstance(kind, list) else kind
     wrong: list[Any] = [None, True, [], {"a": "b"}, "12", 3, 2.5]
     if kind == "string":
         if "enum" in schema:
@@ -313,3 +321,31 @@ def test_exclusive_fields_and_byte_limits_are_in_the_schema_not_only_prose() -> 
     assert valid(claim, {"queue": "q", "worker": "w"})
     key = acquire["properties"]["key"]
     assert key["x-max-utf8-bytes"] == key["maxLength"] and "bytes of UTF-8" in key["description"]
+
+
+def test_an_integral_json_number_is_an_integer_as_json_schema_counts_it() -> None:
+    # "type": "integer" admits 86.0 and 1e3; the body's integer fields take them.
+    from raftlease.server.http.parts import bounded_int, integral_float
+
+    def loads(text: str) -> Any:
+        return json.loads(text, parse_int=bounded_int, parse_float=integral_float)
+
+    body = loads('{"units": 86.0, "capacity": 1e3, "ttl": 2.5, "big": 1e300, "zero": -0.0}')
+    assert body == {"units": 86, "capacity": 1000, "ttl": 2.5, "big": 1e300, "zero": 0}
+    assert type(body["units"]) is int and type(body["big"]) is float
+    request = parse_request(
+        {"id": 1, "op": "acquire", "key": "k", "owner": "o", "ttl": 5, "cid": "c", "seq": 1,
+         "ack": 1, **loads('{"capacity": 4.0, "units": 2.0}')},
+        LIMITS,
+    )  # fmt: skip
+    assert request.args["units"] == 2
+
+
+def test_the_document_names_the_fields_the_http_layer_sets() -> None:
+    from raftlease.server.http import http_api, openapi
+
+    assert openapi.RESERVED == http_api.RESERVED
+    body = DOC["paths"]["/v1/leases/acquire"]["post"]["requestBody"]["content"]
+    assert set(body["application/json"]["schema"]["propertyNames"]["not"]["enum"]) == set(
+        http_api.RESERVED
+    )

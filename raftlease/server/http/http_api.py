@@ -68,6 +68,7 @@ from .parts import (
     error_body,
     error_response,
     gone,
+    integral_float,
     json_response,
     key_reused,
     reject_constant,
@@ -306,7 +307,12 @@ class HttpApi:
                 FrameTooLargeError(f"body exceeds the limit of {limit} bytes"), close=True
             )
         try:
-            value = json.loads(body, parse_constant=reject_constant, parse_int=bounded_int)
+            value = json.loads(
+                body,
+                parse_constant=reject_constant,
+                parse_int=bounded_int,
+                parse_float=integral_float,
+            )
         except RaftLeaseError:
             raise
         except (ValueError, RecursionError) as exc:

@@ -45,6 +45,9 @@ class Field:
     high: float = 0
     choices: tuple[str, ...] = ()
     doc: str = ""
+    #: Optional and read only when not null (``given="not_none"``): a JSON null is
+    #: taken as the field's absence.
+    nullable: bool = False
 
 
 def all_routes() -> tuple[Route, ...]:
@@ -65,6 +68,7 @@ def op_fields(op: str, limits: Limits) -> list[Field]:
             resolve(spec.high, limits),
             spec.choices,
             spec.doc,
+            not spec.required and spec.given == "not_none" and not spec.needs,
         )
         for spec in BY_NAME[op].fields
     ]

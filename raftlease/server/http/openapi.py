@@ -17,9 +17,13 @@ from typing import Any
 
 from ..._version import __version__
 from ...errors import CODES
-from ...operations import BY_NAME, Route
+from ...limits import MAX_TASK_CAP_BYTES
+from ...operations import BY_NAME, ArgRef, Route
 from ...protocol import OPS, Limits
 from .op_schemas import Field, all_routes, op_fields, result_schema
+
+#: Body fields the HTTP layer sets itself, refused in a body (http_api.RESERVED).
+RESERVED = frozenset({"id", "op", "cid", "seq", "ack", "token_auth"})
 
 #: HTTP status of each wire code (docs/http-api.md has the same table).
 STATUS: dict[str, int] = {
@@ -65,22 +69,33 @@ def _schema(spec: Field) -> dict[str, Any]:
         out = {"type": "number", "minimum": spec.low, "maximum": spec.high}
     elif spec.kind == "enum":
         out = {"type": "string", "enum": list(spec.choices), "default": spec.choices[0]}
-    else:  # labels
+    else:  # labels: non-empty names to strings, each at most MAX_TASK_CAP_BYTES
+        cap = MAX_TASK_CAP_BYTES
         out = {
             "type": "object",
             "maxProperties": int(spec.high),
-            "additionalProperties": {"type": "string"},
+            "propertyNames": {"minLength": 1, "maxLength": cap},
+            "additionalProperties": {"type": "string", "maxLength": cap},
+            "x-max-utf8-bytes": cap,
         }
     if spec.doc:
         out["description"] = spec.doc
     if "x-max-utf8-bytes" in out:
         # JSON Schema's maxLength counts characters; the server counts UTF-8 bytes.
+        what = "names and values are each" if spec.kind == "labels" else ""
         note = (
-            f"at most {int(spec.high)} bytes of UTF-8 (the server counts bytes; "
-            "maxLength, in characters, is only an upper bound)"
-        )
+            f"{what} at most {out['x-max-utf8-bytes']} bytes of UTF-8 (the server counts "
+            "bytes; maxLength, in characters, is only an upper bound)"
+        ).strip()
         out["description"] = f"{spec.doc}; {note}" if spec.doc else note
     return out
+
+
+def _allow_null(schema: dict[str, Any]) -> None:
+    schema["type"] = [schema["type"], "null"]
+    if "enum" in schema:
+        schema["enum"] = [*schema["enum"], None]
+    schema["description"] = f"{schema.get('description', '')}; null: as if absent".lstrip("; ")
 
 
 def _renamed(route: Route, name: str) -> str:
@@ -90,32 +105,95 @@ def _renamed(route: Route, name: str) -> str:
     return name
 
 
-def _error_response() -> dict[str, Any]:
+def _error_response(description: str = "an error with its wire code") -> dict[str, Any]:
     return {
-        "description": "an error with its wire code (see the status table)",
+        "description": description,
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
     }
+
+
+#: Statuses the admin port answers itself, before an operation runs (docs/http-api.md).
+_PORT_STATUS = {
+    400: "a request line, header or query the port cannot take",
+    401: "Authorization that is not 'Bearer <token>'",
+    414: "a URL over 8,190 bytes (the connection is closed)",
+    421: "a Host that is not a loopback name on a loopback port without an auth file",
+    431: "a header over 8,190 bytes or more than 64 headers (the connection is closed)",
+}
+#: ... and to a POST's body.
+_BODY_STATUS = {
+    400: "a body that is not a JSON object, or that carries id, op, cid, seq or ack",
+    408: "a body that did not arrive within 10 s (the connection is closed)",
+    413: "a body above max_frame (the connection is closed)",
+    415: "a Content-Type other than application/json",
+}
+
+
+def _error_responses(route: Route) -> dict[str, Any]:
+    """Every error status ``route`` may answer, each with its wire codes (``STATUS``)
+    and the port's own reasons: no ``default``, so a status the document does not
+    name is a bug (tests/integration/test_schemathesis.py)."""
+    reasons: dict[int, list[str]] = {}
+    for code, status in STATUS.items():
+        reasons.setdefault(status, []).append(code)
+    port = {**_PORT_STATUS, **(_BODY_STATUS if route.method == "POST" else {})}
+    for status, why in port.items():
+        reasons.setdefault(status, []).append(why)
+    return {str(status): _error_response("; ".join(reasons[status])) for status in sorted(reasons)}
+
+
+def _given(name: str) -> dict[str, Any]:
+    """``name`` is given: present and not null (``Rule``'s reading: null is absent)."""
+    return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
 
 
 def _exclusive(route: Route, body: dict[str, Any]) -> None:
     """State the operation's exclusive fields (``Rule.exclusive``) in ``body``'s
     schema: ``oneOf`` when exactly one is needed ("``ttl`` or ``session``, not
-    both"), else ``not`` all of them together."""
+    both"), else no two of them together (null is absent, as the rule reads it)."""
     for rule in BY_NAME[route.op].rules:
         names = [_renamed(route, name) for name in rule.exclusive]
         if not names or not all(name in body["properties"] for name in names):
             continue
         if rule.one_needed:
             body.setdefault("allOf", []).append(
+                {"oneOf": [_given(name) for name in names], "description": rule.doc}
+            )
+        else:
+            pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+            body.setdefault("allOf", []).append(
                 {
-                    "oneOf": [{"required": [name]} for name in names],
+                    "allOf": [{"not": {"allOf": [_given(a), _given(b)]}} for a, b in pairs],
                     "description": rule.doc,
                 }
             )
-        else:
-            body.setdefault("allOf", []).append(
-                {"not": {"required": names}, "description": rule.doc}
-            )
+
+
+def _relative_bounds(route: Route, body: dict[str, Any]) -> None:
+    """State a bound taken from another field (``ArgRef``: ``units`` is at most
+    ``capacity``, 1 without one) in ``body``'s schema: the default as an ``if``/``then``
+    and the field named as ``x-maximum-field``. JSON Schema cannot compare two
+    fields: ``x-maximum-field`` and ``x-max-utf8-bytes`` are the limits of the document
+    that a validator does not check (tests/integration/schemathesis_hooks.py applies
+    them to what schemathesis generates)."""
+    for spec in BY_NAME[route.op].fields:
+        bound = spec.high
+        name = _renamed(route, spec.wire)
+        if not isinstance(bound, ArgRef) or name not in body["properties"]:
+            continue
+        arg = _renamed(route, bound.arg)
+        schema = body["properties"][name]
+        schema["x-maximum-field"] = arg
+        schema["description"] = (
+            f"{schema.get('description', '')} (the field {arg}; {bound.default} without it)"
+        ).lstrip()
+        body.setdefault("allOf", []).append(
+            {
+                "if": {"not": _given(arg)},
+                "then": {"properties": {name: {"maximum": bound.default}}},
+                "description": f"{name} is at most {arg}, {bound.default} without it",
+            }
+        )
 
 
 def document(limits: Limits) -> dict[str, Any]:
@@ -124,6 +202,10 @@ def document(limits: Limits) -> dict[str, Any]:
     for route in all_routes():
         specs = op_fields(route.op, limits)
         props = {_renamed(route, f.name): _schema(f) for f in specs}
+        if route.method != "GET":
+            for spec in specs:
+                if spec.nullable:  # null is the field's absence (a query has no null)
+                    _allow_null(props[_renamed(route, spec.name)])
         required = [_renamed(route, f.name) for f in specs if f.required]
         operation: dict[str, Any] = {
             "operationId": route.path.strip("/").replace("/", "_") + "_" + route.method.lower(),
@@ -135,7 +217,7 @@ def document(limits: Limits) -> dict[str, Any]:
                     "description": "the operation's result",
                     "content": {"application/json": {"schema": result_schema(route)}},
                 },
-                "default": _error_response(),
+                **_error_responses(route),
             },
         }
         if route.method == "GET":
@@ -144,10 +226,23 @@ def document(limits: Limits) -> dict[str, Any]:
                 for name, schema in props.items()
             ]
         else:
-            body: dict[str, Any] = {"type": "object", "properties": props}
+            # Open, as the server is: a field it does not know is ignored
+            # (docs/http-api.md), except the names the HTTP layer sets. Any integer
+            # in a body, in such a field too, is within 64 bits (parts.bounded_int),
+            # which JSON Schema cannot say of every nested value: x-integer-bits.
+            body: dict[str, Any] = {
+                "type": "object",
+                "properties": props,
+                "propertyNames": {"not": {"enum": sorted(RESERVED)}},
+                "x-integer-bits": 64,
+                "description": "unknown fields are ignored; "
+                f"{', '.join(sorted(RESERVED))} are refused (the HTTP layer sets them); "
+                "every integer, nested ones too, is within 64 bits (signed or unsigned)",
+            }
             if required:
                 body["required"] = required
             _exclusive(route, body)
+            _relative_bounds(route, body)
             operation["requestBody"] = {
                 "required": True,
                 "content": {"application/json": {"schema": body}},
@@ -173,11 +268,29 @@ def document(limits: Limits) -> dict[str, Any]:
                     "a different request (nothing applied; send a new key)",
                 }
         if route.op == "watch":
-            # One change per NDJSON line or server-sent event.
-            event = {"schema": result_schema(route)}
+            # One change (or, ending the stream, an error) per NDJSON line or
+            # server-sent event; a server-sent event's fields as OpenAPI 3.1 tools
+            # read them: its data is that JSON.
+            item = {"anyOf": [result_schema(route), {"$ref": "#/components/schemas/Error"}]}
+            sse = {
+                "type": "object",
+                "required": ["data"],
+                "properties": {
+                    "event": {"type": "string", "description": "sync, error or the change's type"},
+                    "id": {"type": "string", "description": "the change's revision"},
+                    "data": {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "contentSchema": item,
+                    },
+                },
+            }
             operation["responses"]["200"] = {
-                "description": "a stream of changes",
-                "content": {"application/x-ndjson": event, "text/event-stream": event},
+                "description": "a stream of changes (Accept: text/event-stream for events)",
+                "content": {
+                    "application/x-ndjson": {"schema": item},
+                    "text/event-stream": {"schema": sse},
+                },
             }
         paths.setdefault(route.path, {})[route.method.lower()] = operation
     return {

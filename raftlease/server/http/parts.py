@@ -150,6 +150,17 @@ def bounded_int(text: str) -> int:
     return value
 
 
+def integral_float(text: str) -> int | float:
+    """A JSON number written with a fraction or an exponent: an integer if it is one
+    (``86.0``, ``1e3``) within 64 bits, as JSON Schema counts it (the OpenAPI
+    document's ``"type": "integer"`` admits ``86.0``, and integer fields took only
+    ``86``), else the float."""
+    value = float(text)
+    if value.is_integer() and -(2**63) <= value < 2**64:
+        return int(value)
+    return value
+
+
 def gone(request: web.BaseRequest) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
