@@ -83,7 +83,10 @@ CORE = ROOT / "raftlease" / "core"
 #: queue (queue.py, task_state.py, task_records.py) and the pooled units of state.py are
 #: tested by test_core_tasks.py, test_pool_units.py, test_queue_completed_cap.py and
 #: test_core_task_properties.py, added to this list on 2026-12-06: the list predated
-#: those modules, so their mutants ran only against tests that barely touch them.
+#: those modules, so their mutants ran only against tests that barely touch them. So
+#: did the ``extend`` entry (keep-alives from the leader's memory, store.py), whose rules
+#: only the unit half of test_memory_keepalives.py applies (it also tests the leader's
+#: pending set, server/keepalive.py: pure too, and fast).
 #: test_core_memory.py is left out: it measures memory with tracemalloc, not behaviour.
 DEFAULT_TESTS = (
     "tests/unit/test_core_mutants.py",
@@ -92,6 +95,7 @@ DEFAULT_TESTS = (
     "tests/unit/test_core_queue.py",
     "tests/unit/test_pool_units.py",
     "tests/unit/test_queue_completed_cap.py",
+    "tests/unit/test_memory_keepalives.py",
     "tests/unit/test_core_shared.py",
     "tests/unit/test_core_task_properties.py",
     "tests/unit/test_core_properties.py",
