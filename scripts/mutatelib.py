@@ -168,6 +168,50 @@ store.py LeaseStore._acquire `entry.get("wait", 0)` 0 -> -1
     An absent 'wait' is then -1 instead of 0: both are <= 0, no waiting.
 store.py LeaseStore._grant `units: int = 1` 1 -> *
     Every caller of _grant passes units.
+snapshot.py restore `plain[0] for plain` 0 -> *
+    Layout 2's upgrade lists the keys of its leases and waiters with capacity 1, and
+    the restore keeps no capacity-1 row (capacity 1 is implicit): the listed keys are
+    never read, and another column of a layout-2 row (seven scalars) is as hashable.
+snapshot.py restore `w[0] for w` 0 -> *
+    The same, for the waiters' keys.
+state.py <module> `SHARED_MAX = 4096` 4096 -> 4095
+    Forgets the shared copies sooner: memory only (an equal copy is shared or not,
+    never another value), and the bound still holds (a later one breaks it:
+    tests/unit/test_core_mutants.py).
+queue.py TaskQueues._best_ready `heap[0] < best` < -> <=
+    The tops of two ready heaps never compare equal: stale items are popped first, a
+    live item carries its task's put order (never reused), and a task's items sit in
+    the heap of its own requirements only.
+queue.py TaskQueues._make_ready `len(heap) > 64` > -> >=
+    Rebuilds a ready heap sooner: memory only (stale items are skipped when popped
+    and change no read; the heaps are not in the snapshot), and the bound on stale
+    items still holds (rebuilding later breaks it: tests/unit/test_core_mutants.py).
+queue.py TaskQueues._make_ready `> 64` 64 -> 63
+    Rebuilds a ready heap sooner, as above.
+queue.py TaskQueues._make_ready `64 and len` and -> or
+    Rebuilds a ready heap sooner, as above.
+queue.py TaskQueues._make_ready `len(heap) > 4 * max` > -> >=
+    Rebuilds a ready heap sooner, as above.
+queue.py TaskQueues._make_ready `4 * max` 4 -> 3
+    Rebuilds a ready heap sooner, as above.
+queue.py TaskQueues._make_ready `max(1, queue.counts.get(READY, 0))` * -> *
+    With 0 or 2 in place of the 1, the product differs only with at most one ready
+    task, where it is at most 8 and the first test (above 64) decides alone; the READY
+    count is present (the caller has just counted the task in), so its default is
+    never read, and max(1, ...) would hide a default of -1 or 1 anyway.
+queue.py TaskQueues._finish `len(self._completed) > 64` > -> >=
+    Rebuilds the completed-task heap sooner: memory only (stale items are skipped when
+    popped; the heap is derived from the records, not in the snapshot), and the bound
+    on stale items still holds (rebuilding later breaks it:
+    tests/unit/test_core_mutants.py).
+queue.py TaskQueues._finish `> 64` 64 -> 63
+    Rebuilds the completed-task heap sooner, as above.
+queue.py TaskQueues._finish `64 and len` and -> or
+    Rebuilds the completed-task heap sooner, as above.
+queue.py TaskQueues._finish `len(self._completed) > 2` > -> >=
+    Rebuilds the completed-task heap sooner, as above.
+queue.py TaskQueues._finish `2 * self.completed` 2 -> 1
+    Rebuilds the completed-task heap sooner, as above.
 """
 
 

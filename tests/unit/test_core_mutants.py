@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from raftlease.core import LeaseStore
+from raftlease.core.snapshot import entry_format
 from raftlease.limits import MAX_SESSION_LEASES, TOKEN_RESERVE_STEP
 
 pytestmark = pytest.mark.timeout(60)
@@ -204,6 +205,127 @@ def test_a_session_ttl_is_required_on_open_and_at_least_one_millisecond() -> Non
     unchanged_by(s, mut("session_keepalive", 10, sid="S2", ttl=0), "BAD_REQUEST", "ttl")
 
 
+@pytest.mark.parametrize("stamp", ["quota", "wait_quota", "waiters_total"])
+def test_a_leader_stamped_quota_ranges_from_1_to_2_to_the_31(stamp: str) -> None:
+    s = LeaseStore()
+    # Validated even where it does not bite (no principal, nothing queued).
+    ok(s.apply(acquire(0, "L1", key="a", **{stamp: 1})))
+    ok(s.apply(acquire(0, "L2", key="b", **{stamp: 2**31})))
+    for bad in (0, 2**31 + 1, True, "1"):
+        unchanged_by(s, acquire(0, "L3", key="c", **{stamp: bad}), "BAD_REQUEST", stamp)
+
+
+def test_an_extend_entry_carries_at_most_600_leases_600_sessions_and_200_client_ids() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", ttl=1000)))
+    ok(s.apply(session_open(0, "S1", ttl=1000)))
+    leases = [["L1", 1500]] + [[f"gone{i}", 1500] for i in range(599)]
+    sessions = [["S1", 1500]] + [[f"gone{i}", 1500] for i in range(599)]
+    cids = [f"c{i}" for i in range(200)]
+    extend = {"op": "extend", "now": 600}
+    for field, items in (("leases", leases), ("sessions", sessions), ("cids", cids)):
+        unchanged_by(s, {**extend, field: [*items, items[-1]]}, "BAD_REQUEST", field)
+    result = ok(s.apply({**extend, "leases": leases, "sessions": sessions, "cids": cids}))
+    # Log time does not move (the leader may split what is due over several entries).
+    assert result == {"ok": True, "now": 0, "extended": 2}
+    assert s.leases["L1"].expires_at == 1500
+    assert s.lease_sessions["S1"].expires_at == 1500
+
+
+def test_an_extend_pair_is_an_id_then_a_time_from_0_to_2_to_the_62() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", ttl=1000)))
+    extend = {"op": "extend", "now": 10}
+    assert ok(s.apply({**extend, "leases": [["L1", 0]]}))["extended"] == 0
+    assert ok(s.apply({**extend, "leases": [["L1", 2**62]]}))["extended"] == 1
+    for bad in ([["L1", -1]], [["L1", 2**62 + 1]], [[1500, "L1"]], [["L1", 1500, 1]], [["", 5]]):
+        unchanged_by(s, {**extend, "leases": bad}, "BAD_REQUEST", "leases")
+
+
+def test_an_entry_declares_format_1_by_default_and_a_positive_integer_otherwise() -> None:
+    assert entry_format({"op": "tick"}) == 1
+    assert entry_format({"op": "tick", "fv": 1}) == 1
+    assert entry_format({"op": "tick", "fv": 2}) == 2
+    assert entry_format("not a map") == 1
+    for bad in (0, -1, True, 1.0, "1", None):
+        assert entry_format({"op": "tick", "fv": bad}) is None, bad
+
+
+# ------------------------------------------------------------------ quotas
+
+
+def test_a_principal_holds_at_most_its_quota_of_leases_and_queued_acquires() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", key="a", principal="p", quota=2)))
+    ok(s.apply(acquire(0, "L2", key="b", owner="bob", principal="q")))
+    # A queued acquire counts like a lease.
+    assert ok(s.apply(acquire(0, "W1", key="b", principal="p", quota=2, wait=100)))["queued"]
+    refused(s.apply(acquire(0, "L3", key="c", principal="p", quota=2)), "QUOTA_EXCEEDED")
+    assert s.held_by == {"p": 2, "q": 1}
+    ok(s.apply(acquire(0, "L3", key="c", principal="p", quota=3)))
+    ok(s.apply(release(1, "L1", key="a", principal="p")))
+    ok(s.apply(acquire(1, "L4", key="d", principal="p", quota=3)))
+    # Without a principal (no auth) there is nothing to count.
+    ok(s.apply(acquire(1, "L5", key="e", quota=1)))
+    ok(s.apply(acquire(1, "L6", key="f", quota=1)))
+    assert s.held_by == {"p": 3, "q": 1}
+
+
+def test_a_principal_queues_at_most_its_wait_quota_of_acquires() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", owner="bob", principal="q")))
+    assert ok(s.apply(acquire(0, "W1", principal="p", wait=100, wait_quota=1)))["queued"]
+    refused(s.apply(acquire(0, "W2", principal="p", wait=100, wait_quota=1)), "QUOTA_EXCEEDED")
+    # A grant needs no waiter slot.
+    ok(s.apply(acquire(0, "L2", key="free", principal="p", wait=100, wait_quota=1)))
+    assert s.waiting_by == {"p": 1}
+
+
+def test_at_most_waiters_total_acquires_are_queued_on_the_cluster() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", owner="bob")))
+    ok(s.apply(acquire(0, "W1", wait=100, waiters_total=2)))
+    ok(s.apply(acquire(0, "W2", wait=100, waiters_total=2)))
+    refused(s.apply(acquire(0, "W3", wait=100, waiters_total=2)), "QUOTA_EXCEEDED")
+    ok(s.apply(acquire(0, "W3", wait=100, waiters_total=3)))
+
+
+def test_a_restored_store_counts_each_principals_lease_sessions_against_its_quota() -> None:
+    s = LeaseStore()
+    ok(s.apply(session_open(0, "S1", ttl=1000, principal="p", quota=2)))
+    ok(s.apply(session_open(0, "S2", ttl=1000, principal="p", quota=2)))
+    restored = LeaseStore.from_plain(copy.deepcopy(s.to_plain()))
+    for store in (s, restored):
+        assert store.sessions_by == {"p": 2}
+        refused(
+            store.apply(session_open(1, "S3", ttl=1000, principal="p", quota=2)), "QUOTA_EXCEEDED"
+        )
+        ok(store.apply(session_open(1, "S3", ttl=1000, principal="p", quota=3)))
+
+
+# ------------------------------------------------------------------ shared objects
+
+
+def test_leases_of_one_owner_share_one_copy_of_its_name_principal_and_ttl() -> None:
+    s = LeaseStore()
+    names = ["".join(["ali", "ce"]) for _ in range(2)]
+    assert names[0] is not names[1]
+    ok(s.apply(acquire(0, "L1", key="a", owner=names[0], principal="".join(["p", "1"]))))
+    ok(s.apply(acquire(0, "L2", key="b", owner=names[1], principal="".join(["p", "1"]))))
+    one, two = s.leases["L1"], s.leases["L2"]
+    assert one.owner is two.owner and one.principal is two.principal
+    assert one.ttl_ms is two.ttl_ms
+
+
+def test_the_shared_copies_are_at_most_4096_objects() -> None:
+    s = LeaseStore()
+    for i in range(5000):
+        s.share(f"owner-{i}")
+        assert len(s._shared) <= 4096, i
+    # Rebuilding sooner would only share less (memory): only the bound is pinned.
+    assert len(s._shared) > 800
+
+
 # ------------------------------------------------------------------ the dedup table
 
 
@@ -229,6 +351,21 @@ def test_a_client_may_have_4096_unacknowledged_results_and_no_more() -> None:
     # A retry of a kept one is still answered; acknowledging one makes room for one.
     refused(s.apply(release(3, "nothing", cid="busy", seq=4096)), "LEASE_NOT_FOUND")
     refused(s.apply(release(4, "nothing", cid="busy", seq=4097, ack=2)), "LEASE_NOT_FOUND")
+
+
+def test_a_client_id_kept_by_an_extend_at_its_own_last_seen_time_keeps_its_place() -> None:
+    """The dedup table lists client ids in the order they were last heard from, ties in
+    the order they came (the snapshot lists them so): a keep-alive that does not make a
+    client later leaves it where it is."""
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", key="a", cid="first")))
+    ok(s.apply(acquire(0, "L2", key="b", cid="second")))
+    ok(s.apply({"op": "extend", "now": 0, "cids": ["first"]}))
+    assert [row[0] for row in s.to_plain()["sessions"]] == ["first", "second"]
+    ok(s.apply(tick(5)))
+    ok(s.apply({"op": "extend", "now": 5, "cids": ["first"]}))
+    assert [row[0] for row in s.to_plain()["sessions"]] == ["second", "first"]
+    assert s.clients["first"].last_seen == 5
 
 
 # ------------------------------------------------------------------ reads
@@ -728,3 +865,131 @@ def test_a_version_3_snapshot_gets_a_ceiling_one_step_above_its_revision() -> No
     assert restored.apply(dict(later)) == live.apply(dict(later))
     jump = restored.apply(acquire(500, "N1", key="new", owner="f", cid="c5", term=3))
     assert jump["token"] == GOLDEN_V3["revision"] + TOKEN_RESERVE_STEP + 1
+
+
+# ------------------------------------------------------------------ task queues
+
+
+def task_mut(op: str, now: int, **fields: Any) -> Entry:
+    """A mutating entry on queue "q" (from a fresh client id)."""
+    return mut(op, now, queue="q", **fields)
+
+
+def put(now: int, tid: str, **fields: Any) -> Entry:
+    return task_mut("task_put", now, tid=tid, payload="{}", **fields)
+
+
+def claim(now: int, aid: str, **fields: Any) -> Entry:
+    return task_mut("task_claim", now, aid=aid, worker="w", **fields)
+
+
+def task_fail(now: int, tid: str, aid: str, **fields: Any) -> Entry:
+    return task_mut("task_fail", now, tid=tid, aid=aid, error="boom", **fields)
+
+
+def task_get(s: LeaseStore, now: int, tid: str) -> dict[str, Any]:
+    task: dict[str, Any] = ok(s.apply({"op": "task_get", "now": now, "queue": "q", "tid": tid}))[
+        "task"
+    ]
+    return task
+
+
+def test_a_retried_dead_task_gets_all_its_attempts_again() -> None:
+    s = LeaseStore()
+    ok(s.apply(put(0, "T", max_attempts=2)))
+    ok(s.apply(claim(0, "A1")))
+    assert ok(s.apply(task_fail(1, "T", "A1", retry_after=0)))["status"] == "ready"
+    ok(s.apply(claim(1, "A2")))
+    assert ok(s.apply(task_fail(2, "T", "A2", retry_after=0)))["status"] == "dead"
+    ok(s.apply(task_mut("task_retry", 3, tid="T")))
+    assert task_get(s, 3, "T")["failures"] == 0
+    ok(s.apply(claim(3, "A3")))
+    assert ok(s.apply(task_fail(4, "T", "A3", retry_after=0)))["status"] == "ready"
+    assert task_get(s, 4, "T")["failures"] == 1
+    ok(s.apply(claim(4, "A4")))
+    assert ok(s.apply(task_fail(5, "T", "A4", retry_after=0)))["status"] == "dead"
+    assert task_get(s, 5, "T")["dead_reason"] == "failed 2 of 2 attempts"
+
+
+def test_a_waiting_claim_is_gone_at_its_deadline_even_for_a_task_ready_that_instant() -> None:
+    s = LeaseStore()
+    assert ok(s.apply(claim(0, "A1", wait=100)))["deadline"] == 100
+    assert ok(s.apply(claim(0, "A2", wait=101)))["deadline"] == 101
+    ok(s.apply(put(0, "T", delay=100)))
+    ok(s.apply(tick(100)))
+    # The delayed task became ready at 100, when A1's wait was over: A2 gets it.
+    assert {"type": "task_claim_gone", "lease_id": "A1", "reason": "deadline"} in s.events
+    assert task_get(s, 100, "T")["status"] == "claimed"
+    assert s.tasks.current["T"] == "A2"
+    assert "A1" not in s.tasks.claims
+
+
+@pytest.mark.parametrize("count", [1, 20])
+def test_stale_ready_items_stay_within_64_or_4_per_ready_task(count: int) -> None:
+    """A ready task that dies (its deadline passed) leaves a stale item in its ready
+    heap; a push rebuilds the heap when it holds more than 64 items and more than 4 per
+    ready task, so after any entry it holds at most max(64, 4 x ready tasks)."""
+    s = LeaseStore()
+    for i in range(count):
+        ok(s.apply(put(0, f"live{i}")))
+    largest = 0
+    for n in range(300):
+        ok(s.apply(put(2 * n, f"dies{n}", deadline=1)))
+        heap = s.tasks.queues["q"].ready[()]
+        largest = max(largest, len(heap))
+        assert largest <= max(64, 4 * (count + 1)), n
+        ok(s.apply(tick(2 * n + 1)))
+        assert task_get(s, 2 * n + 1, f"dies{n}")["status"] == "dead"
+        ok(s.apply(task_mut("task_purge", 2 * n + 1, tid=f"dies{n}")))
+    # Rebuilding sooner would be as correct (memory only): only the bound is pinned.
+    assert largest > 60
+    assert sorted(t.tid for t in s.tasks.tasks.values()) == sorted(f"live{i}" for i in range(count))
+
+
+def test_a_full_task_history_forgets_its_oldest_row_when_none_was_a_release() -> None:
+    """A task keeps the newest 200 attempts (2 x the most attempts a task may have)."""
+    s = LeaseStore()
+    ok(s.apply(put(0, "T", max_attempts=1)))
+    for n in range(1, 202):
+        ok(s.apply(claim(n, f"A{n}")))
+        assert ok(s.apply(task_fail(n, "T", f"A{n}")))["status"] == "dead"
+        ok(s.apply(task_mut("task_retry", n, tid="T")))
+    history = task_get(s, 202, "T")["history"]
+    assert [row[0] for row in history] == list(range(2, 202))
+    assert {row[5] for row in history} == {"failed"}
+
+
+def test_a_task_failed_with_a_retry_after_of_1_ms_is_ready_1_ms_later() -> None:
+    s = LeaseStore()
+    ok(s.apply(put(0, "T")))
+    ok(s.apply(claim(0, "A1")))
+    failed = ok(s.apply(task_fail(10, "T", "A1", retry_after=1)))
+    assert (failed["status"], failed["ready_at"]) == ("delayed", 11)
+    assert ok(s.apply(claim(10, "A2")))["claimed"] is False
+    ok(s.apply(tick(11)))
+    assert task_get(s, 11, "T")["status"] == "ready"
+    assert ok(s.apply(claim(11, "A3")))["tid"] == "T"
+
+
+@pytest.mark.parametrize("count", [1, 40])
+def test_stale_completed_items_stay_within_64_or_2_per_completed_task(count: int) -> None:
+    """A purged completed task leaves a stale item in the heap the count bound picks its
+    victims from; a completion rebuilds it when it holds more than 64 items and more
+    than 2 per completed task, so after any entry it holds at most max(64, 2 x
+    completed tasks)."""
+    s = LeaseStore()
+    for i in range(count):
+        ok(s.apply(put(0, f"kept{i}")))
+        ok(s.apply(claim(0, f"K{i}")))
+        ok(s.apply(task_mut("task_complete", 0, tid=f"kept{i}", aid=f"K{i}", result="1")))
+    largest = 0
+    for n in range(1, 300):
+        ok(s.apply(put(n, f"T{n}")))
+        ok(s.apply(claim(n, f"A{n}")))
+        ok(s.apply(task_mut("task_complete", n, tid=f"T{n}", aid=f"A{n}", result="1")))
+        largest = max(largest, len(s.tasks._completed))
+        assert largest <= max(64, 2 * (count + 1)), n
+        ok(s.apply(task_mut("task_purge", n, tid=f"T{n}")))
+    # Rebuilding sooner would be as correct (memory only): only the bound is pinned.
+    assert largest > 60
+    assert s.tasks.completed == count
