@@ -166,6 +166,9 @@ store.py LeaseStore._advance `4 * len(self.leases)` 4 -> 3
     Rebuilds the expiry heap sooner, as above.
 store.py LeaseStore._acquire `entry.get("wait", 0)` 0 -> -1
     An absent 'wait' is then -1 instead of 0: both are <= 0, no waiting.
+store.py LeaseStore._apply_one `valid_int(entry.get("fv", 1)` 1 -> 2
+    The default only lets an absent 'fv' pass validation, and 1 and 2 both pass; what
+    the format means is read with its own default (a new term's first entry).
 store.py LeaseStore._grant `units: int = 1` 1 -> *
     Every caller of _grant passes units.
 snapshot.py restore `plain[0] for plain` 0 -> *

@@ -303,6 +303,16 @@ def test_a_restored_store_counts_each_principals_lease_sessions_against_its_quot
         ok(store.apply(session_open(1, "S3", ttl=1000, principal="p", quota=3)))
 
 
+def test_an_expired_lease_session_frees_one_place_of_its_principals_quota() -> None:
+    s = LeaseStore()
+    ok(s.apply(session_open(0, "S1", ttl=100, principal="p", quota=2)))
+    ok(s.apply(session_open(0, "S2", ttl=1000, principal="p", quota=2)))
+    ok(s.apply(tick(100)))
+    assert "S1" not in s.lease_sessions and s.sessions_by == {"p": 1}
+    ok(s.apply(session_open(100, "S3", ttl=1000, principal="p", quota=2)))
+    refused(s.apply(session_open(100, "S4", ttl=1000, principal="p", quota=2)), "QUOTA_EXCEEDED")
+
+
 # ------------------------------------------------------------------ shared objects
 
 
@@ -441,6 +451,17 @@ def test_a_leases_read_without_a_limit_lists_the_first_1000() -> None:
     assert len(s.list_leases(limit=1001)) == 1001
 
 
+def test_a_waiters_read_without_a_limit_lists_the_first_1000() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "H", ttl=10_000)))
+    for i in range(1001):
+        ok(s.apply(acquire(0, f"W{i}", owner=f"o{i:04d}", wait=10_000)))
+    listed = ok(s.apply({"op": "waiters", "now": 1, "key": "k"}))
+    assert listed["waiting"] == 1001
+    assert [w["owner"] for w in listed["waiters"]] == [f"o{i:04d}" for i in range(1000)]
+    assert len(s.list_waiters("k")["waiters"]) == 1000
+
+
 def test_a_lease_is_gone_at_its_expiry_instant_between_entries() -> None:
     s = LeaseStore()
     ok(s.apply(acquire(0, "L1", ttl=1000)))
@@ -560,6 +581,24 @@ def test_an_entry_format_that_is_not_a_positive_integer_is_refused_unchanged(fv:
     batch = s.apply({"op": "batch", "now": 3, "term": 3, "fv": fv, "entries": [{"op": "tick"}]})
     refused(batch["results"][0], "BAD_REQUEST")
     assert s.to_plain() == before
+
+
+def test_an_entry_format_from_1_to_2_to_the_31_is_accepted() -> None:
+    s = LeaseStore()
+    ok(s.apply(tick(1, term=1, fv=1)))
+    ok(s.apply(tick(2, term=2, fv=2**31)))
+    assert (s.now, s.term) == (2, 2)
+    unchanged_by(s, tick(3, term=3, fv=2**31 + 1), "BAD_REQUEST", "fv")
+
+
+def test_an_entry_is_applied_when_its_tokens_reach_the_reserved_ceiling_exactly() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "A", key="a", term=1)))
+    # Every token the entry could hand out is at most the ceiling: applied.
+    s.ceiling = s.revision + s.token_headroom()
+    assert ok(s.apply(acquire(1, "B", key="b", term=1)))["token"] == s.revision
+    s.ceiling = s.revision + s.token_headroom() - 1
+    refused(s.apply(acquire(2, "C", key="c", term=1)), "UNAVAILABLE")
 
 
 def test_a_lease_session_carries_at_most_its_cap_of_leases_and_waiters_together() -> None:
