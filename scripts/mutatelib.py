@@ -177,6 +177,9 @@ snapshot.py restore `plain[0] for plain` 0 -> *
     never read, and another column of a layout-2 row (seven scalars) is as hashable.
 snapshot.py restore `w[0] for w` 0 -> *
     The same, for the waiters' keys.
+task_records.py TaskRecord `ready_at: int = 0` 0 -> *
+    Never read: the one construction (a put) passes ready_at, and a snapshot row
+    (``TaskRecord.to_plain``, the same fields since task queues came) carries it.
 state.py <module> `SHARED_MAX = 4096` 4096 -> 4095
     Forgets the shared copies sooner: memory only (an equal copy is shared or not,
     never another value), and the bound still holds (a later one breaks it:

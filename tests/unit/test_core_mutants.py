@@ -313,6 +313,26 @@ def test_an_expired_lease_session_frees_one_place_of_its_principals_quota() -> N
     refused(s.apply(session_open(100, "S4", ttl=1000, principal="p", quota=2)), "QUOTA_EXCEEDED")
 
 
+def test_a_principal_is_counted_through_queueing_grant_and_cancel() -> None:
+    s = LeaseStore()
+    # A first lease, a first queued acquire and a first lease session each fit a quota
+    # of 1 (nothing is counted yet).
+    ok(s.apply(acquire(0, "P0", key="own", principal="p", quota=1)))
+    ok(s.apply(session_open(0, "S1", ttl=10_000, principal="p", quota=1)))
+    ok(s.apply(acquire(0, "Q0", key="k", owner="bob", principal="q")))
+    assert ok(s.apply(acquire(0, "W1", principal="p", wait=1000, wait_quota=1)))["queued"]
+    ok(s.apply(acquire(0, "W2", principal="p", wait=1000)))
+    ok(s.apply(acquire(0, "W3", principal="p", wait=1000)))
+    assert (s.held_by, s.waiting_by) == ({"p": 4, "q": 1}, {"p": 3})
+    # Bob releases: W1 is granted (still held, no longer waiting).
+    ok(s.apply(release(1, "Q0", principal="q")))
+    assert "W1" in s.leases
+    assert (s.held_by, s.waiting_by) == ({"p": 4}, {"p": 2})
+    # W2 is withdrawn (a release of a queued acquire).
+    assert ok(s.apply(release(2, "W2", principal="p")))["cancelled"] is True
+    assert (s.held_by, s.waiting_by) == ({"p": 3}, {"p": 1})
+
+
 # ------------------------------------------------------------------ shared objects
 
 
@@ -911,7 +931,7 @@ def test_a_version_3_snapshot_gets_a_ceiling_one_step_above_its_revision() -> No
 
 def task_mut(op: str, now: int, **fields: Any) -> Entry:
     """A mutating entry on queue "q" (from a fresh client id)."""
-    return mut(op, now, queue="q", **fields)
+    return mut(op, now, **{"queue": "q", **fields})
 
 
 def put(now: int, tid: str, **fields: Any) -> Entry:
@@ -1032,3 +1052,46 @@ def test_stale_completed_items_stay_within_64_or_2_per_completed_task(count: int
     # Rebuilding sooner would be as correct (memory only): only the bound is pinned.
     assert largest > 60
     assert s.tasks.completed == count
+
+
+def test_a_task_without_a_backoff_backs_off_as_with_1000_ms() -> None:
+    results = []
+    for fields in ({}, {"backoff": 1000}):
+        s = LeaseStore()
+        ok(s.apply(put(0, "T", **fields)))
+        ok(s.apply(claim(0, "A1")))
+        results.append(ok(s.apply(task_fail(10, "T", "A1"))))
+    assert results[0] == results[1]
+    # Equal jitter: half of the 1000 ms fixed, half drawn.
+    assert results[0]["status"] == "delayed" and 510 <= results[0]["ready_at"] <= 1010
+
+
+def test_a_completed_task_without_a_retention_is_kept_exactly_one_hour() -> None:
+    s = LeaseStore()
+    ok(s.apply(put(0, "T")))
+    ok(s.apply(claim(0, "A1")))
+    ok(s.apply(task_mut("task_complete", 10, tid="T", aid="A1", result="1")))
+    ok(s.apply(tick(3_600_009)))
+    assert task_get(s, 3_600_009, "T")["status"] == "completed"
+    ok(s.apply(tick(3_600_010)))
+    gone = s.apply({"op": "task_get", "now": 3_600_010, "queue": "q", "tid": "T"})
+    refused(gone, "TASK_NOT_FOUND")
+
+
+def test_a_claim_without_a_ttl_holds_its_task_30_seconds() -> None:
+    s = LeaseStore()
+    ok(s.apply(put(0, "T")))
+    assert ok(s.apply(claim(5, "A1")))["expires_at"] == 30_005
+    ok(s.apply(tick(30_004)))
+    assert task_get(s, 30_004, "T")["status"] == "claimed"
+    ok(s.apply(tick(30_005)))
+    assert task_get(s, 30_005, "T")["status"] != "claimed"
+
+
+def test_a_queue_holds_at_most_10000_waiting_claims() -> None:
+    s = LeaseStore()
+    for i in range(10_000):
+        ok(s.apply(claim(0, f"A{i}", wait=1000)))
+    refused(s.apply(claim(0, "A-last", wait=1000)), "QUOTA_EXCEEDED")
+    # Per queue: another queue still takes one.
+    assert ok(s.apply(claim(0, "B", queue="other", wait=1000)))["queued"] is True
