@@ -177,9 +177,30 @@ snapshot.py restore `plain[0] for plain` 0 -> *
     never read, and another column of a layout-2 row (seven scalars) is as hashable.
 snapshot.py restore `w[0] for w` 0 -> *
     The same, for the waiters' keys.
+queue.py TaskQueues.advance `len(heap) > 64` > -> >=
+    Rebuilds the attempts' expiry heap sooner: memory only (stale items are skipped
+    when popped; the heap is derived from the attempts, not in the snapshot), and the
+    bound on stale items still holds (rebuilding later breaks it:
+    tests/unit/test_core_mutants.py).
+queue.py TaskQueues.advance `> 64` 64 -> 63
+    Rebuilds the attempts' expiry heap sooner, as above.
+queue.py TaskQueues.advance `64 and len` and -> or
+    Rebuilds the attempts' expiry heap sooner, as above.
+queue.py TaskQueues.advance `len(heap) > 4 * len` > -> >=
+    Rebuilds the attempts' expiry heap sooner, as above.
+queue.py TaskQueues.advance `4 * len(self.attempts)` 4 -> 3
+    Rebuilds the attempts' expiry heap sooner, as above.
+task_records.py Attempt `progress_at: int = 0` 0 -> *
+    Never read: the one construction (a claim) passes progress_at, and a snapshot row
+    (``Attempt.to_plain``) carries it.
 task_records.py TaskRecord `ready_at: int = 0` 0 -> *
     Never read: the one construction (a put) passes ready_at, and a snapshot row
     (``TaskRecord.to_plain``, the same fields since task queues came) carries it.
+task_state.py TaskState._move `counts.get(old, 0)` 0 -> *
+    Never read: ``old`` is the status of a task of the queue, and every task is
+    counted under its status (a queue is forgotten only when all its counts are 0).
+task_state.py TaskState.stats `age > oldest` > -> >=
+    The largest age is kept either way: on a tie the two are equal.
 state.py <module> `SHARED_MAX = 4096` 4096 -> 4095
     Forgets the shared copies sooner: memory only (an equal copy is shared or not,
     never another value), and the bound still holds (a later one breaks it:

@@ -935,7 +935,7 @@ def task_mut(op: str, now: int, **fields: Any) -> Entry:
 
 
 def put(now: int, tid: str, **fields: Any) -> Entry:
-    return task_mut("task_put", now, tid=tid, payload="{}", **fields)
+    return task_mut("task_put", now, tid=tid, **{"payload": "{}", **fields})
 
 
 def claim(now: int, aid: str, **fields: Any) -> Entry:
@@ -943,7 +943,7 @@ def claim(now: int, aid: str, **fields: Any) -> Entry:
 
 
 def task_fail(now: int, tid: str, aid: str, **fields: Any) -> Entry:
-    return task_mut("task_fail", now, tid=tid, aid=aid, error="boom", **fields)
+    return task_mut("task_fail", now, tid=tid, aid=aid, **{"error": "boom", **fields})
 
 
 def task_get(s: LeaseStore, now: int, tid: str) -> dict[str, Any]:
@@ -1095,3 +1095,84 @@ def test_a_queue_holds_at_most_10000_waiting_claims() -> None:
     refused(s.apply(claim(0, "A-last", wait=1000)), "QUOTA_EXCEEDED")
     # Per queue: another queue still takes one.
     assert ok(s.apply(claim(0, "B", queue="other", wait=1000)))["queued"] is True
+
+
+def test_a_task_payload_result_and_error_may_be_16_kib_16_kib_and_2_kib() -> None:
+    s = LeaseStore()
+    unchanged_by(s, put(0, "T", payload="x" * (16 * 1024 + 1)), "BAD_REQUEST", "payload")
+    ok(s.apply(put(0, "T", payload="x" * (16 * 1024))))
+    ok(s.apply(put(0, "U", payload="é" * (8 * 1024))))  # bytes, not characters
+    ok(s.apply(claim(0, "A1")))
+    ok(s.apply(claim(0, "B1")))
+    too_long = task_mut("task_complete", 1, tid="T", aid="A1", result="x" * (16 * 1024 + 1))
+    unchanged_by(s, too_long, "BAD_REQUEST", "result")
+    ok(s.apply(task_mut("task_complete", 1, tid="T", aid="A1", result="x" * (16 * 1024))))
+    unchanged_by(s, task_fail(2, "U", "B1", error="x" * 2049), "BAD_REQUEST", "error")
+    ok(s.apply(task_mut("task_fail", 2, tid="U", aid="B1", error="x" * 2048)))
+
+
+def test_a_claim_is_gone_at_its_expiry_or_deadline_instant_between_entries() -> None:
+    s = LeaseStore()
+    ok(s.apply(put(0, "T")))
+    assert ok(s.apply(claim(0, "A1", ttl=1000)))["expires_at"] == 1000
+    assert s.tasks.claim_status("q", "A1", now=999)["state"] == "claimed"
+    assert s.tasks.claim_status("q", "A1", now=1000) == {"state": "gone"}
+    assert ok(s.apply(claim(0, "A2", wait=500)))["deadline"] == 500
+    assert s.tasks.claim_status("q", "A2", now=499) == {"state": "waiting", "deadline": 500}
+    assert s.tasks.claim_status("q", "A2", now=500) == {"state": "gone"}
+
+
+def test_task_stats_count_zero_for_what_a_queue_never_had() -> None:
+    s = LeaseStore()
+    zeros = {
+        "ready": 0,
+        "delayed": 0,
+        "claimed": 0,
+        "dead": 0,
+        "completed": 0,
+        "waiting_claims": 0,
+        "attempts": 0,
+    }
+    stats = {"op": "task_stats", "queue": "q"}
+    empty = {**zeros, "queue": "q", "oldest_ready_age": None}
+    assert ok(s.apply({**stats, "now": 0}))["stats"] == empty
+    ok(s.apply(put(1, "T")))
+    ok(s.apply(put(3, "U")))
+    assert ok(s.apply({**stats, "now": 5}))["stats"] == {
+        **zeros,
+        "queue": "q",
+        "ready": 2,
+        "oldest_ready_age": 4,
+    }
+
+
+def test_a_heartbeats_progress_is_a_finite_number_within_2_to_the_62() -> None:
+    s = LeaseStore()
+    ok(s.apply(put(0, "T")))
+    ok(s.apply(claim(0, "A1")))
+    for good in (2**62, -(2**62), 0.5):
+        ok(s.apply(task_mut("task_heartbeat", 1, tid="T", aid="A1", progress=good)))
+    for bad in (2**62 + 1, -(2**62) - 1, float("inf"), float("nan"), True, "1"):
+        beat = task_mut("task_heartbeat", 1, tid="T", aid="A1", progress=bad)
+        unchanged_by(s, beat, "BAD_REQUEST", "progress")
+
+
+@pytest.mark.parametrize("count", [1, 20])
+def test_stale_attempt_expiries_stay_within_64_or_4_per_attempt(count: int) -> None:
+    """Each heartbeat leaves a stale item in the attempts' expiry heap; an entry rebuilds
+    it (before its own change) when it holds more than 64 items and more than 4 per live
+    attempt, so after any entry of one heartbeat it holds at most max(64, 4 x attempts)
+    + 1."""
+    s = LeaseStore()
+    for i in range(count):
+        ok(s.apply(put(0, f"T{i}")))
+        ok(s.apply(claim(0, f"A{i}", ttl=100_000)))
+    largest = 0
+    for n in range(500):
+        i = n % count
+        ok(s.apply(task_mut("task_heartbeat", 1 + n, tid=f"T{i}", aid=f"A{i}")))
+        largest = max(largest, len(s.tasks._expiries))
+        assert largest <= max(64, 4 * count) + 1, n
+    # Rebuilding sooner would be as correct (memory only): only the bound is pinned.
+    assert largest > 60
+    assert len(s.tasks.attempts) == count
