@@ -1055,15 +1055,22 @@ def test_stale_completed_items_stay_within_64_or_2_per_completed_task(count: int
 
 
 def test_a_task_without_a_backoff_backs_off_as_with_1000_ms() -> None:
-    results = []
+    runs = []
     for fields in ({}, {"backoff": 1000}):
         s = LeaseStore()
-        ok(s.apply(put(0, "T", **fields)))
+        ok(s.apply(put(0, "T", max_attempts=3, **fields)))
         ok(s.apply(claim(0, "A1")))
-        results.append(ok(s.apply(task_fail(10, "T", "A1"))))
-    assert results[0] == results[1]
-    # Equal jitter: half of the 1000 ms fixed, half drawn.
-    assert results[0]["status"] == "delayed" and 510 <= results[0]["ready_at"] <= 1010
+        first = ok(s.apply(task_fail(10, "T", "A1")))
+        ok(s.apply(tick(first["ready_at"])))
+        ok(s.apply(claim(first["ready_at"], "A2")))
+        second = ok(s.apply(task_fail(first["ready_at"], "T", "A2")))
+        runs.append((first, second))
+    assert runs[0] == runs[1]
+    # Equal jitter: half of the backoff fixed, half drawn; doubled after each failure
+    # (the second's fixed half tells 1000 ms from any other default).
+    first, second = runs[0]
+    assert first["status"] == "delayed" and 510 <= first["ready_at"] <= 1010
+    assert first["ready_at"] + 1000 <= second["ready_at"] <= first["ready_at"] + 2000
 
 
 def test_a_completed_task_without_a_retention_is_kept_exactly_one_hour() -> None:
