@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from raftlease.core import LeaseStore
+from raftlease.core.snapshot import entry_format
 from raftlease.limits import MAX_SESSION_LEASES, TOKEN_RESERVE_STEP
 
 pytestmark = pytest.mark.timeout(60)
@@ -204,6 +205,157 @@ def test_a_session_ttl_is_required_on_open_and_at_least_one_millisecond() -> Non
     unchanged_by(s, mut("session_keepalive", 10, sid="S2", ttl=0), "BAD_REQUEST", "ttl")
 
 
+@pytest.mark.parametrize("stamp", ["quota", "wait_quota", "waiters_total"])
+def test_a_leader_stamped_quota_ranges_from_1_to_2_to_the_31(stamp: str) -> None:
+    s = LeaseStore()
+    # Validated even where it does not bite (no principal, nothing queued).
+    ok(s.apply(acquire(0, "L1", key="a", **{stamp: 1})))
+    ok(s.apply(acquire(0, "L2", key="b", **{stamp: 2**31})))
+    for bad in (0, 2**31 + 1, True, "1"):
+        unchanged_by(s, acquire(0, "L3", key="c", **{stamp: bad}), "BAD_REQUEST", stamp)
+
+
+def test_an_extend_entry_carries_at_most_600_leases_600_sessions_and_200_client_ids() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", ttl=1000)))
+    ok(s.apply(session_open(0, "S1", ttl=1000)))
+    leases = [["L1", 1500]] + [[f"gone{i}", 1500] for i in range(599)]
+    sessions = [["S1", 1500]] + [[f"gone{i}", 1500] for i in range(599)]
+    cids = [f"c{i}" for i in range(200)]
+    extend = {"op": "extend", "now": 600}
+    for field, items in (("leases", leases), ("sessions", sessions), ("cids", cids)):
+        unchanged_by(s, {**extend, field: [*items, items[-1]]}, "BAD_REQUEST", field)
+    result = ok(s.apply({**extend, "leases": leases, "sessions": sessions, "cids": cids}))
+    # Log time does not move (the leader may split what is due over several entries).
+    assert result == {"ok": True, "now": 0, "extended": 2}
+    assert s.leases["L1"].expires_at == 1500
+    assert s.lease_sessions["S1"].expires_at == 1500
+
+
+def test_an_extend_pair_is_an_id_then_a_time_from_0_to_2_to_the_62() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", ttl=1000)))
+    extend = {"op": "extend", "now": 10}
+    assert ok(s.apply({**extend, "leases": [["L1", 0]]}))["extended"] == 0
+    assert ok(s.apply({**extend, "leases": [["L1", 2**62]]}))["extended"] == 1
+    for bad in ([["L1", -1]], [["L1", 2**62 + 1]], [[1500, "L1"]], [["L1", 1500, 1]], [["", 5]]):
+        unchanged_by(s, {**extend, "leases": bad}, "BAD_REQUEST", "leases")
+
+
+def test_an_entry_declares_format_1_by_default_and_a_positive_integer_otherwise() -> None:
+    assert entry_format({"op": "tick"}) == 1
+    assert entry_format({"op": "tick", "fv": 1}) == 1
+    assert entry_format({"op": "tick", "fv": 2}) == 2
+    assert entry_format("not a map") == 1
+    for bad in (0, -1, True, 1.0, "1", None):
+        assert entry_format({"op": "tick", "fv": bad}) is None, bad
+
+
+# ------------------------------------------------------------------ quotas
+
+
+def test_a_principal_holds_at_most_its_quota_of_leases_and_queued_acquires() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", key="a", principal="p", quota=2)))
+    ok(s.apply(acquire(0, "L2", key="b", owner="bob", principal="q")))
+    # A queued acquire counts like a lease.
+    assert ok(s.apply(acquire(0, "W1", key="b", principal="p", quota=2, wait=100)))["queued"]
+    refused(s.apply(acquire(0, "L3", key="c", principal="p", quota=2)), "QUOTA_EXCEEDED")
+    assert s.held_by == {"p": 2, "q": 1}
+    ok(s.apply(acquire(0, "L3", key="c", principal="p", quota=3)))
+    ok(s.apply(release(1, "L1", key="a", principal="p")))
+    ok(s.apply(acquire(1, "L4", key="d", principal="p", quota=3)))
+    # Without a principal (no auth) there is nothing to count.
+    ok(s.apply(acquire(1, "L5", key="e", quota=1)))
+    ok(s.apply(acquire(1, "L6", key="f", quota=1)))
+    assert s.held_by == {"p": 3, "q": 1}
+
+
+def test_a_principal_queues_at_most_its_wait_quota_of_acquires() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", owner="bob", principal="q")))
+    assert ok(s.apply(acquire(0, "W1", principal="p", wait=100, wait_quota=1)))["queued"]
+    refused(s.apply(acquire(0, "W2", principal="p", wait=100, wait_quota=1)), "QUOTA_EXCEEDED")
+    # A grant needs no waiter slot.
+    ok(s.apply(acquire(0, "L2", key="free", principal="p", wait=100, wait_quota=1)))
+    assert s.waiting_by == {"p": 1}
+
+
+def test_at_most_waiters_total_acquires_are_queued_on_the_cluster() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", owner="bob")))
+    ok(s.apply(acquire(0, "W1", wait=100, waiters_total=2)))
+    ok(s.apply(acquire(0, "W2", wait=100, waiters_total=2)))
+    refused(s.apply(acquire(0, "W3", wait=100, waiters_total=2)), "QUOTA_EXCEEDED")
+    ok(s.apply(acquire(0, "W3", wait=100, waiters_total=3)))
+
+
+def test_a_restored_store_counts_each_principals_lease_sessions_against_its_quota() -> None:
+    s = LeaseStore()
+    ok(s.apply(session_open(0, "S1", ttl=1000, principal="p", quota=2)))
+    ok(s.apply(session_open(0, "S2", ttl=1000, principal="p", quota=2)))
+    restored = LeaseStore.from_plain(copy.deepcopy(s.to_plain()))
+    for store in (s, restored):
+        assert store.sessions_by == {"p": 2}
+        refused(
+            store.apply(session_open(1, "S3", ttl=1000, principal="p", quota=2)), "QUOTA_EXCEEDED"
+        )
+        ok(store.apply(session_open(1, "S3", ttl=1000, principal="p", quota=3)))
+
+
+def test_an_expired_lease_session_frees_one_place_of_its_principals_quota() -> None:
+    s = LeaseStore()
+    ok(s.apply(session_open(0, "S1", ttl=100, principal="p", quota=2)))
+    ok(s.apply(session_open(0, "S2", ttl=1000, principal="p", quota=2)))
+    ok(s.apply(tick(100)))
+    assert "S1" not in s.lease_sessions and s.sessions_by == {"p": 1}
+    ok(s.apply(session_open(100, "S3", ttl=1000, principal="p", quota=2)))
+    refused(s.apply(session_open(100, "S4", ttl=1000, principal="p", quota=2)), "QUOTA_EXCEEDED")
+
+
+def test_a_principal_is_counted_through_queueing_grant_and_cancel() -> None:
+    s = LeaseStore()
+    # A first lease, a first queued acquire and a first lease session each fit a quota
+    # of 1 (nothing is counted yet).
+    ok(s.apply(acquire(0, "P0", key="own", principal="p", quota=1)))
+    ok(s.apply(session_open(0, "S1", ttl=10_000, principal="p", quota=1)))
+    ok(s.apply(acquire(0, "Q0", key="k", owner="bob", principal="q")))
+    assert ok(s.apply(acquire(0, "W1", principal="p", wait=1000, wait_quota=1)))["queued"]
+    ok(s.apply(acquire(0, "W2", principal="p", wait=1000)))
+    ok(s.apply(acquire(0, "W3", principal="p", wait=1000)))
+    assert (s.held_by, s.waiting_by) == ({"p": 4, "q": 1}, {"p": 3})
+    # Bob releases: W1 is granted (still held, no longer waiting).
+    ok(s.apply(release(1, "Q0", principal="q")))
+    assert "W1" in s.leases
+    assert (s.held_by, s.waiting_by) == ({"p": 4}, {"p": 2})
+    # W2 is withdrawn (a release of a queued acquire).
+    assert ok(s.apply(release(2, "W2", principal="p")))["cancelled"] is True
+    assert (s.held_by, s.waiting_by) == ({"p": 3}, {"p": 1})
+
+
+# ------------------------------------------------------------------ shared objects
+
+
+def test_leases_of_one_owner_share_one_copy_of_its_name_principal_and_ttl() -> None:
+    s = LeaseStore()
+    names = ["".join(["ali", "ce"]) for _ in range(2)]
+    assert names[0] is not names[1]
+    ok(s.apply(acquire(0, "L1", key="a", owner=names[0], principal="".join(["p", "1"]))))
+    ok(s.apply(acquire(0, "L2", key="b", owner=names[1], principal="".join(["p", "1"]))))
+    one, two = s.leases["L1"], s.leases["L2"]
+    assert one.owner is two.owner and one.principal is two.principal
+    assert one.ttl_ms is two.ttl_ms
+
+
+def test_the_shared_copies_are_at_most_4096_objects() -> None:
+    s = LeaseStore()
+    for i in range(5000):
+        s.share(f"owner-{i}")
+        assert len(s._shared) <= 4096, i
+    # Rebuilding sooner would only share less (memory): only the bound is pinned.
+    assert len(s._shared) > 800
+
+
 # ------------------------------------------------------------------ the dedup table
 
 
@@ -229,6 +381,21 @@ def test_a_client_may_have_4096_unacknowledged_results_and_no_more() -> None:
     # A retry of a kept one is still answered; acknowledging one makes room for one.
     refused(s.apply(release(3, "nothing", cid="busy", seq=4096)), "LEASE_NOT_FOUND")
     refused(s.apply(release(4, "nothing", cid="busy", seq=4097, ack=2)), "LEASE_NOT_FOUND")
+
+
+def test_a_client_id_kept_by_an_extend_at_its_own_last_seen_time_keeps_its_place() -> None:
+    """The dedup table lists client ids in the order they were last heard from, ties in
+    the order they came (the snapshot lists them so): a keep-alive that does not make a
+    client later leaves it where it is."""
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "L1", key="a", cid="first")))
+    ok(s.apply(acquire(0, "L2", key="b", cid="second")))
+    ok(s.apply({"op": "extend", "now": 0, "cids": ["first"]}))
+    assert [row[0] for row in s.to_plain()["sessions"]] == ["first", "second"]
+    ok(s.apply(tick(5)))
+    ok(s.apply({"op": "extend", "now": 5, "cids": ["first"]}))
+    assert [row[0] for row in s.to_plain()["sessions"]] == ["second", "first"]
+    assert s.clients["first"].last_seen == 5
 
 
 # ------------------------------------------------------------------ reads
@@ -302,6 +469,17 @@ def test_a_leases_read_without_a_limit_lists_the_first_1000() -> None:
     assert [lease["key"] for lease in listed] == [f"k{i:04d}" for i in range(1000)]
     assert [lease["key"] for lease in s.list_leases()] == [f"k{i:04d}" for i in range(1000)]
     assert len(s.list_leases(limit=1001)) == 1001
+
+
+def test_a_waiters_read_without_a_limit_lists_the_first_1000() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "H", ttl=10_000)))
+    for i in range(1001):
+        ok(s.apply(acquire(0, f"W{i}", owner=f"o{i:04d}", wait=10_000)))
+    listed = ok(s.apply({"op": "waiters", "now": 1, "key": "k"}))
+    assert listed["waiting"] == 1001
+    assert [w["owner"] for w in listed["waiters"]] == [f"o{i:04d}" for i in range(1000)]
+    assert len(s.list_waiters("k")["waiters"]) == 1000
 
 
 def test_a_lease_is_gone_at_its_expiry_instant_between_entries() -> None:
@@ -423,6 +601,24 @@ def test_an_entry_format_that_is_not_a_positive_integer_is_refused_unchanged(fv:
     batch = s.apply({"op": "batch", "now": 3, "term": 3, "fv": fv, "entries": [{"op": "tick"}]})
     refused(batch["results"][0], "BAD_REQUEST")
     assert s.to_plain() == before
+
+
+def test_an_entry_format_from_1_to_2_to_the_31_is_accepted() -> None:
+    s = LeaseStore()
+    ok(s.apply(tick(1, term=1, fv=1)))
+    ok(s.apply(tick(2, term=2, fv=2**31)))
+    assert (s.now, s.term) == (2, 2)
+    unchanged_by(s, tick(3, term=3, fv=2**31 + 1), "BAD_REQUEST", "fv")
+
+
+def test_an_entry_is_applied_when_its_tokens_reach_the_reserved_ceiling_exactly() -> None:
+    s = LeaseStore()
+    ok(s.apply(acquire(0, "A", key="a", term=1)))
+    # Every token the entry could hand out is at most the ceiling: applied.
+    s.ceiling = s.revision + s.token_headroom()
+    assert ok(s.apply(acquire(1, "B", key="b", term=1)))["token"] == s.revision
+    s.ceiling = s.revision + s.token_headroom() - 1
+    refused(s.apply(acquire(2, "C", key="c", term=1)), "UNAVAILABLE")
 
 
 def test_a_lease_session_carries_at_most_its_cap_of_leases_and_waiters_together() -> None:
@@ -728,3 +924,262 @@ def test_a_version_3_snapshot_gets_a_ceiling_one_step_above_its_revision() -> No
     assert restored.apply(dict(later)) == live.apply(dict(later))
     jump = restored.apply(acquire(500, "N1", key="new", owner="f", cid="c5", term=3))
     assert jump["token"] == GOLDEN_V3["revision"] + TOKEN_RESERVE_STEP + 1
+
+
+# ------------------------------------------------------------------ task queues
+
+
+def task_mut(op: str, now: int, **fields: Any) -> Entry:
+    """A mutating entry on queue "q" (from a fresh client id)."""
+    return mut(op, now, **{"queue": "q", **fields})
+
+
+def put(now: int, tid: str, **fields: Any) -> Entry:
+    return task_mut("task_put", now, tid=tid, **{"payload": "{}", **fields})
+
+
+def claim(now: int, aid: str, **fields: Any) -> Entry:
+    return task_mut("task_claim", now, aid=aid, worker="w", **fields)
+
+
+def task_fail(now: int, tid: str, aid: str, **fields: Any) -> Entry:
+    return task_mut("task_fail", now, tid=tid, aid=aid, **{"error": "boom", **fields})
+
+
+def task_get(s: LeaseStore, now: int, tid: str) -> dict[str, Any]:
+    task: dict[str, Any] = ok(s.apply({"op": "task_get", "now": now, "queue": "q", "tid": tid}))[
+        "task"
+    ]
+    return task
+
+
+def test_a_retried_dead_task_gets_all_its_attempts_again() -> None:
+    s = LeaseStore()
+    ok(s.apply(put(0, "T", max_attempts=2)))
+    ok(s.apply(claim(0, "A1")))
+    assert ok(s.apply(task_fail(1, "T", "A1", retry_after=0)))["status"] == "ready"
+    ok(s.apply(claim(1, "A2")))
+    assert ok(s.apply(task_fail(2, "T", "A2", retry_after=0)))["status"] == "dead"
+    ok(s.apply(task_mut("task_retry", 3, tid="T")))
+    assert task_get(s, 3, "T")["failures"] == 0
+    ok(s.apply(claim(3, "A3")))
+    assert ok(s.apply(task_fail(4, "T", "A3", retry_after=0)))["status"] == "ready"
+    assert task_get(s, 4, "T")["failures"] == 1
+    ok(s.apply(claim(4, "A4")))
+    assert ok(s.apply(task_fail(5, "T", "A4", retry_after=0)))["status"] == "dead"
+    assert task_get(s, 5, "T")["dead_reason"] == "failed 2 of 2 attempts"
+
+
+def test_a_waiting_claim_is_gone_at_its_deadline_even_for_a_task_ready_that_instant() -> None:
+    s = LeaseStore()
+    assert ok(s.apply(claim(0, "A1", wait=100)))["deadline"] == 100
+    assert ok(s.apply(claim(0, "A2", wait=101)))["deadline"] == 101
+    ok(s.apply(put(0, "T", delay=100)))
+    ok(s.apply(tick(100)))
+    # The delayed task became ready at 100, when A1's wait was over: A2 gets it.
+    assert {"type": "task_claim_gone", "lease_id": "A1", "reason": "deadline"} in s.events
+    assert task_get(s, 100, "T")["status"] == "claimed"
+    assert s.tasks.current["T"] == "A2"
+    assert "A1" not in s.tasks.claims
+
+
+@pytest.mark.parametrize("count", [1, 20])
+def test_stale_ready_items_stay_within_64_or_4_per_ready_task(count: int) -> None:
+    """A ready task that dies (its deadline passed) leaves a stale item in its ready
+    heap; a push rebuilds the heap when it holds more than 64 items and more than 4 per
+    ready task, so after any entry it holds at most max(64, 4 x ready tasks)."""
+    s = LeaseStore()
+    for i in range(count):
+        ok(s.apply(put(0, f"live{i}")))
+    largest = 0
+    for n in range(300):
+        ok(s.apply(put(2 * n, f"dies{n}", deadline=1)))
+        heap = s.tasks.queues["q"].ready[()]
+        largest = max(largest, len(heap))
+        assert largest <= max(64, 4 * (count + 1)), n
+        ok(s.apply(tick(2 * n + 1)))
+        assert task_get(s, 2 * n + 1, f"dies{n}")["status"] == "dead"
+        ok(s.apply(task_mut("task_purge", 2 * n + 1, tid=f"dies{n}")))
+    # Rebuilding sooner would be as correct (memory only): only the bound is pinned.
+    assert largest > 60
+    assert sorted(t.tid for t in s.tasks.tasks.values()) == sorted(f"live{i}" for i in range(count))
+
+
+def test_a_full_task_history_forgets_its_oldest_row_when_none_was_a_release() -> None:
+    """A task keeps the newest 200 attempts (2 x the most attempts a task may have)."""
+    s = LeaseStore()
+    ok(s.apply(put(0, "T", max_attempts=1)))
+    for n in range(1, 202):
+        ok(s.apply(claim(n, f"A{n}")))
+        assert ok(s.apply(task_fail(n, "T", f"A{n}")))["status"] == "dead"
+        ok(s.apply(task_mut("task_retry", n, tid="T")))
+    history = task_get(s, 202, "T")["history"]
+    assert [row[0] for row in history] == list(range(2, 202))
+    assert {row[5] for row in history} == {"failed"}
+
+
+def test_a_task_failed_with_a_retry_after_of_1_ms_is_ready_1_ms_later() -> None:
+    s = LeaseStore()
+    ok(s.apply(put(0, "T")))
+    ok(s.apply(claim(0, "A1")))
+    failed = ok(s.apply(task_fail(10, "T", "A1", retry_after=1)))
+    assert (failed["status"], failed["ready_at"]) == ("delayed", 11)
+    assert ok(s.apply(claim(10, "A2")))["claimed"] is False
+    ok(s.apply(tick(11)))
+    assert task_get(s, 11, "T")["status"] == "ready"
+    assert ok(s.apply(claim(11, "A3")))["tid"] == "T"
+
+
+@pytest.mark.parametrize("count", [1, 40])
+def test_stale_completed_items_stay_within_64_or_2_per_completed_task(count: int) -> None:
+    """A purged completed task leaves a stale item in the heap the count bound picks its
+    victims from; a completion rebuilds it when it holds more than 64 items and more
+    than 2 per completed task, so after any entry it holds at most max(64, 2 x
+    completed tasks)."""
+    s = LeaseStore()
+    for i in range(count):
+        ok(s.apply(put(0, f"kept{i}")))
+        ok(s.apply(claim(0, f"K{i}")))
+        ok(s.apply(task_mut("task_complete", 0, tid=f"kept{i}", aid=f"K{i}", result="1")))
+    largest = 0
+    for n in range(1, 300):
+        ok(s.apply(put(n, f"T{n}")))
+        ok(s.apply(claim(n, f"A{n}")))
+        ok(s.apply(task_mut("task_complete", n, tid=f"T{n}", aid=f"A{n}", result="1")))
+        largest = max(largest, len(s.tasks._completed))
+        assert largest <= max(64, 2 * (count + 1)), n
+        ok(s.apply(task_mut("task_purge", n, tid=f"T{n}")))
+    # Rebuilding sooner would be as correct (memory only): only the bound is pinned.
+    assert largest > 60
+    assert s.tasks.completed == count
+
+
+def test_a_task_without_a_backoff_backs_off_as_with_1000_ms() -> None:
+    runs = []
+    for fields in ({}, {"backoff": 1000}):
+        s = LeaseStore()
+        ok(s.apply(put(0, "T", max_attempts=3, **fields)))
+        ok(s.apply(claim(0, "A1")))
+        first = ok(s.apply(task_fail(10, "T", "A1")))
+        ok(s.apply(tick(first["ready_at"])))
+        ok(s.apply(claim(first["ready_at"], "A2")))
+        second = ok(s.apply(task_fail(first["ready_at"], "T", "A2")))
+        runs.append((first, second))
+    assert runs[0] == runs[1]
+    # Equal jitter: half of the backoff fixed, half drawn; doubled after each failure
+    # (the second's fixed half tells 1000 ms from any other default).
+    first, second = runs[0]
+    assert first["status"] == "delayed" and 510 <= first["ready_at"] <= 1010
+    assert first["ready_at"] + 1000 <= second["ready_at"] <= first["ready_at"] + 2000
+
+
+def test_a_completed_task_without_a_retention_is_kept_exactly_one_hour() -> None:
+    s = LeaseStore()
+    ok(s.apply(put(0, "T")))
+    ok(s.apply(claim(0, "A1")))
+    ok(s.apply(task_mut("task_complete", 10, tid="T", aid="A1", result="1")))
+    ok(s.apply(tick(3_600_009)))
+    assert task_get(s, 3_600_009, "T")["status"] == "completed"
+    ok(s.apply(tick(3_600_010)))
+    gone = s.apply({"op": "task_get", "now": 3_600_010, "queue": "q", "tid": "T"})
+    refused(gone, "TASK_NOT_FOUND")
+
+
+def test_a_claim_without_a_ttl_holds_its_task_30_seconds() -> None:
+    s = LeaseStore()
+    ok(s.apply(put(0, "T")))
+    assert ok(s.apply(claim(5, "A1")))["expires_at"] == 30_005
+    ok(s.apply(tick(30_004)))
+    assert task_get(s, 30_004, "T")["status"] == "claimed"
+    ok(s.apply(tick(30_005)))
+    assert task_get(s, 30_005, "T")["status"] != "claimed"
+
+
+def test_a_queue_holds_at_most_10000_waiting_claims() -> None:
+    s = LeaseStore()
+    for i in range(10_000):
+        ok(s.apply(claim(0, f"A{i}", wait=1000)))
+    refused(s.apply(claim(0, "A-last", wait=1000)), "QUOTA_EXCEEDED")
+    # Per queue: another queue still takes one.
+    assert ok(s.apply(claim(0, "B", queue="other", wait=1000)))["queued"] is True
+
+
+def test_a_task_payload_result_and_error_may_be_16_kib_16_kib_and_2_kib() -> None:
+    s = LeaseStore()
+    unchanged_by(s, put(0, "T", payload="x" * (16 * 1024 + 1)), "BAD_REQUEST", "payload")
+    ok(s.apply(put(0, "T", payload="x" * (16 * 1024))))
+    ok(s.apply(put(0, "U", payload="é" * (8 * 1024))))  # bytes, not characters
+    ok(s.apply(claim(0, "A1")))
+    ok(s.apply(claim(0, "B1")))
+    too_long = task_mut("task_complete", 1, tid="T", aid="A1", result="x" * (16 * 1024 + 1))
+    unchanged_by(s, too_long, "BAD_REQUEST", "result")
+    ok(s.apply(task_mut("task_complete", 1, tid="T", aid="A1", result="x" * (16 * 1024))))
+    unchanged_by(s, task_fail(2, "U", "B1", error="x" * 2049), "BAD_REQUEST", "error")
+    ok(s.apply(task_mut("task_fail", 2, tid="U", aid="B1", error="x" * 2048)))
+
+
+def test_a_claim_is_gone_at_its_expiry_or_deadline_instant_between_entries() -> None:
+    s = LeaseStore()
+    ok(s.apply(put(0, "T")))
+    assert ok(s.apply(claim(0, "A1", ttl=1000)))["expires_at"] == 1000
+    assert s.tasks.claim_status("q", "A1", now=999)["state"] == "claimed"
+    assert s.tasks.claim_status("q", "A1", now=1000) == {"state": "gone"}
+    assert ok(s.apply(claim(0, "A2", wait=500)))["deadline"] == 500
+    assert s.tasks.claim_status("q", "A2", now=499) == {"state": "waiting", "deadline": 500}
+    assert s.tasks.claim_status("q", "A2", now=500) == {"state": "gone"}
+
+
+def test_task_stats_count_zero_for_what_a_queue_never_had() -> None:
+    s = LeaseStore()
+    zeros = {
+        "ready": 0,
+        "delayed": 0,
+        "claimed": 0,
+        "dead": 0,
+        "completed": 0,
+        "waiting_claims": 0,
+        "attempts": 0,
+    }
+    stats = {"op": "task_stats", "queue": "q"}
+    empty = {**zeros, "queue": "q", "oldest_ready_age": None}
+    assert ok(s.apply({**stats, "now": 0}))["stats"] == empty
+    ok(s.apply(put(1, "T")))
+    ok(s.apply(put(3, "U")))
+    assert ok(s.apply({**stats, "now": 5}))["stats"] == {
+        **zeros,
+        "queue": "q",
+        "ready": 2,
+        "oldest_ready_age": 4,
+    }
+
+
+def test_a_heartbeats_progress_is_a_finite_number_within_2_to_the_62() -> None:
+    s = LeaseStore()
+    ok(s.apply(put(0, "T")))
+    ok(s.apply(claim(0, "A1")))
+    for good in (2**62, -(2**62), 0.5):
+        ok(s.apply(task_mut("task_heartbeat", 1, tid="T", aid="A1", progress=good)))
+    for bad in (2**62 + 1, -(2**62) - 1, float("inf"), float("nan"), True, "1"):
+        beat = task_mut("task_heartbeat", 1, tid="T", aid="A1", progress=bad)
+        unchanged_by(s, beat, "BAD_REQUEST", "progress")
+
+
+@pytest.mark.parametrize("count", [1, 20])
+def test_stale_attempt_expiries_stay_within_64_or_4_per_attempt(count: int) -> None:
+    """Each heartbeat leaves a stale item in the attempts' expiry heap; an entry rebuilds
+    it (before its own change) when it holds more than 64 items and more than 4 per live
+    attempt, so after any entry of one heartbeat it holds at most max(64, 4 x attempts)
+    + 1."""
+    s = LeaseStore()
+    for i in range(count):
+        ok(s.apply(put(0, f"T{i}")))
+        ok(s.apply(claim(0, f"A{i}", ttl=100_000)))
+    largest = 0
+    for n in range(500):
+        i = n % count
+        ok(s.apply(task_mut("task_heartbeat", 1 + n, tid=f"T{i}", aid=f"A{i}")))
+        largest = max(largest, len(s.tasks._expiries))
+        assert largest <= max(64, 4 * count) + 1, n
+    # Rebuilding sooner would be as correct (memory only): only the bound is pinned.
+    assert largest > 60
+    assert len(s.tasks.attempts) == count
