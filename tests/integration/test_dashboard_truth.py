@@ -88,6 +88,26 @@ def _record_badge(page: Any) -> None:
     )
 
 
+def _wait_origin_known(cluster: LocalCluster, node: str) -> None:
+    """Until the other members let ``node``'s admin origin read them (a preflight answer):
+    they learn it from that node's status while it lives."""
+    origin = f"http://{admin_of(cluster, node)}"
+    for other in (n.id for n in cluster.nodes if n.id != node):
+        wait_for(
+            lambda o=other: (
+                get(
+                    admin_of(cluster, o),
+                    "/ui/api/health",
+                    "OPTIONS",
+                    {"Origin": origin, "Access-Control-Request-Method": "GET"},
+                )[0]
+                == 204
+            ),
+            timeout=30,
+            what=f"{other} to learn {node}'s admin origin",
+        )
+
+
 def _follower(cluster: LocalCluster) -> tuple[str, str]:
     leader = cluster.leader_id()
     return leader, next(n.id for n in cluster.nodes if n.id != leader)
@@ -277,5 +297,29 @@ def test_killed_node_page_switches_to_another_node_and_reads_on(
     assert page.evaluate("() => document.getElementById('conn').dataset.state") == "live"
     assert page.inner_text("#reading") == f"reading from {leader} ({node} unreachable)"
     assert page.evaluate("() => location.origin") == origin  # the same page, not reloaded
+    assert errors == [], json.dumps(errors)
+    page.close()
+
+
+@pytest.mark.timeout(60)
+def test_switched_page_moves_back_when_its_node_is_healthy_again(
+    cluster: LocalCluster, browser: Any
+) -> None:
+    _leader, node = _follower(cluster)
+    _wait_origin_known(cluster, node)
+    page, errors = _open_live(browser, cluster, node, pin=False)
+    cluster.kill_node(node)
+    page.wait_for_function(
+        "() => !document.getElementById('reading').hidden", timeout=DOM_TIMEOUT_MS
+    )
+    reading = page.evaluate("() => document.getElementById('reading').dataset.node")
+    assert reading and reading != node
+    _wait_live(page, reading)
+
+    cluster.start_node(node)  # back, catches up, ready: the page reads from it again
+    page.wait_for_function(
+        "() => document.getElementById('reading').hidden", timeout=DOM_TIMEOUT_MS
+    )
+    _wait_live(page, node)
     assert errors == [], json.dumps(errors)
     page.close()

@@ -7,7 +7,8 @@ Routes (GET or HEAD):
 * ``/ui/``, ``/ui/app.js``, ``/ui/app.css``: the page, shipped in the package
   (``raftlease/server/http/ui/``, no build step, nothing from another origin). They carry
   no data, so they are open; a strict Content-Security-Policy allows only this
-  origin's script, style and ``fetch``;
+  origin's script and style, and ``fetch`` of this origin and of the other members'
+  admin origins (cors.py: the page's ``connect-src``, computed when it is served);
 * ``/ui/api/state``: one load of everything the page shows: ``leases`` (live
   holders; each with its key's ``capacity`` and, when attached to a lease session,
   ``session_ref``), ``waiters`` (the queue of each key that has one), ``sessions``,
@@ -28,8 +29,9 @@ Routes (GET or HEAD):
   (the ``task_dead`` read, through the log);
 * ``POST /ui/api/retry`` (JSON body ``{"queue", "task_id"}``, ``Content-Type:
   application/json``, so a cross-site form cannot send it without a CORS preflight,
-  which this port never grants): the ``task_retry`` operation on a dead letter, with
-  the caller's permissions (an admin token with an auth file);
+  which this port grants only to the other members' admin origins, cors.py): the
+  ``task_retry`` operation on a dead letter, with the caller's permissions (an admin
+  token with an auth file);
 * ``/ui/api/health``: this node's ``role``, ``term``, ``leader`` (the id of the leader it
   knows, or null) and ``heard_from_leader_ago``, from memory (no forwarding, so it
   answers at once even when the node is cut off). The page asks it and ``/readyz``
@@ -44,7 +46,7 @@ Routes (GET or HEAD):
   ``dashboard``, the URL of its ``/ui/`` when its status names an admin endpoint
   (``admin``; a wildcard host such as ``0.0.0.0`` is replaced by its client
   address's host, the scheme is this endpoint's): the page links there when its own
-  node goes stale (it cannot read another origin: ``connect-src 'self'``).
+  node goes stale, and moves its reads to that origin by itself (app.js, cors.py).
 
 The page itself follows ``/v1/watch`` (NDJSON, http_api.py) for changes.
 
@@ -123,7 +125,8 @@ MAX_SESSION_KEYS = 100
 MAX_RETRY_BODY = 4096
 #: Seconds another member has to answer ``status``.
 PEER_STATUS_TIMEOUT = 1.5
-#: Only this origin: the page runs no inline script, and keys rendered as text
+#: Only this origin (``connect-src`` widened per page to the members' admin origins,
+#: ``Dashboard._page_policy``): the page runs no inline script, and keys rendered as text
 #: could not run one even if a bug put them in markup.
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
