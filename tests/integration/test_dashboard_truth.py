@@ -14,19 +14,22 @@ since each breaks it."""
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from raftlease.testing import LocalCluster
+from raftlease.testing.certs import secure_bundle
 from raftlease.testing.cluster import wait_for
 from tests.integration.browser_support import (
     DOM_TIMEOUT_MS,
     headless_chromium,
     running_admin_cluster,
 )
-from tests.integration.test_admin_http import admin_of, get
+from tests.integration.test_admin_http import admin_cluster, admin_of, get
 
 pytestmark = pytest.mark.integration
 
@@ -323,3 +326,55 @@ def test_switched_page_moves_back_when_its_node_is_healthy_again(
     _wait_live(page, node)
     assert errors == [], json.dumps(errors)
     page.close()
+
+
+@pytest.mark.timeout(60)
+def test_switched_page_sends_its_token_to_the_other_node(browser: Any, tmp_path: Path) -> None:
+    """HTTPS and an auth file: the token entered on the page is sent to the member it
+    switches to (same cluster, same tokens), which lets the page's https origin read it."""
+    bundle = secure_bundle(tmp_path / "certs")
+    cluster = admin_cluster(3, **bundle.node_settings())
+    try:
+        cluster.start()
+        leader, node = _follower(cluster)
+        origin = f"https://{admin_of(cluster, node)}"
+        tls = ssl.create_default_context(cafile=str(bundle.ca_file))
+        for other in (n.id for n in cluster.nodes if n.id != node):
+            wait_for(
+                lambda o=other: (
+                    get(
+                        admin_of(cluster, o),
+                        "/ui/api/health",
+                        "OPTIONS",
+                        {"Origin": origin, "Access-Control-Request-Method": "GET"},
+                        scheme="https",
+                        context=tls,
+                    )[0]
+                    == 204
+                ),
+                timeout=30,
+                what=f"{other} to learn {node}'s admin origin",
+            )
+        context = browser.new_context(ignore_https_errors=True)
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(origin + "/ui/")
+        page.wait_for_selector("#auth:not([hidden])", timeout=DOM_TIMEOUT_MS)
+        page.fill("#token", bundle.admin_token)
+        page.click("#auth button")
+        _wait_live(page, node)
+
+        cluster.kill_node(node)
+        page.wait_for_function(
+            "text => { const r = document.getElementById('reading'); "
+            "return !r.hidden && r.textContent === text; }",
+            arg=f"reading from {leader} ({node} unreachable)",
+            timeout=DOM_TIMEOUT_MS,
+        )
+        _wait_live(page, leader)
+        assert page.evaluate("() => document.getElementById('auth').hidden") is True
+        assert errors == [], json.dumps(errors)
+        context.close()
+    finally:
+        cluster.close()
