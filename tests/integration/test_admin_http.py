@@ -486,3 +486,78 @@ def test_secured_endpoint_serves_https_and_wants_an_admin_token(
     assert https("/status", token=bundle.admin_token) == 200
     # Plain HTTP to the TLS port gets no answer.
     assert status_code(raw(addr, b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n", timeout=20)) is None
+
+
+# ------------------------------------------------------------ cross-origin reads
+
+
+def _header(headers: dict[str, str], name: str) -> str | None:
+    return next((v for k, v in headers.items() if k.lower() == name.lower()), None)
+
+
+@pytest.mark.timeout(60)
+def test_cors_only_for_the_other_members_admin_origins(shared_admin: LocalCluster) -> None:
+    """Another member's dashboard may read this endpoint (cors.py): its exact admin
+    origin gets ``Access-Control-Allow-Origin`` and a preflight answer, with ``Vary:
+    Origin``; a foreign origin (or this node's own, or a near miss) gets neither, and
+    a request without an ``Origin`` is answered as ever."""
+    cluster = shared_admin
+    cluster.wait_for_leader()
+    addr = admin_of(cluster, "n1")
+    member = f"http://{admin_of(cluster, 'n2')}"
+    preflight = {
+        "Access-Control-Request-Method": "GET",
+        "Access-Control-Request-Headers": "authorization",
+    }
+
+    def asked(origin: str) -> tuple[int, dict[str, str], bytes]:
+        return get(addr, "/ui/api/health", "OPTIONS", {"Origin": origin, **preflight})
+
+    # n1 learns n2's admin address from n2's status (every 2 s until known).
+    status, headers, _ = wait_for(
+        lambda: (lambda r: r if r[0] == 204 else None)(asked(member)),
+        timeout=30,
+        what="n1 to learn n2's admin origin",
+    )
+    assert _header(headers, "Access-Control-Allow-Origin") == member
+    assert _header(headers, "Vary") == "Origin"
+    assert _header(headers, "Access-Control-Allow-Methods") == "GET, POST"
+    assert _header(headers, "Access-Control-Allow-Headers") == "Authorization, Content-Type"
+    assert _header(headers, "Access-Control-Allow-Credentials") is None
+
+    # The reads themselves, a stream's headers included.
+    for path in ("/ui/api/health", "/readyz", "/status"):
+        status, headers, _ = get(addr, path, headers={"Origin": member})
+        assert status == 200, path
+        assert _header(headers, "Access-Control-Allow-Origin") == member, path
+        assert "Origin" in (_header(headers, "Vary") or ""), path
+
+    port = admin_of(cluster, "n2").rpartition(":")[2]
+    for foreign in (
+        "http://evil.example",
+        f"http://evil.example:{port}",
+        f"https://{admin_of(cluster, 'n2')}",  # another scheme
+        f"http://localhost:{port}",  # another name: not exactly the admin address
+        f"http://{addr}",  # this node's own origin: no cross-origin read needed
+        "null",
+    ):
+        status, headers, _ = asked(foreign)
+        assert status == 405, foreign
+        assert _header(headers, "Access-Control-Allow-Origin") is None, foreign
+        assert _header(headers, "Access-Control-Allow-Methods") is None, foreign
+        status, headers, _ = get(addr, "/ui/api/health", headers={"Origin": foreign})
+        assert status == 200 and _header(headers, "Access-Control-Allow-Origin") is None
+        assert _header(headers, "Vary") == "Origin", foreign
+
+    # Without an Origin: today's answer, no CORS header at all.
+    status, headers, _ = get(addr, "/ui/api/health")
+    assert status == 200
+    assert not [k for k in headers if k.lower().startswith("access-control-")]
+    assert _header(headers, "Vary") is None
+    # The page's policy lets it connect to the other members' admin origins only.
+    status, headers, _ = get(addr, "/ui/")
+    policy = _header(headers, "Content-Security-Policy") or ""
+    connect = next(p for p in policy.split("; ") if p.startswith("connect-src"))
+    others = sorted(f"http://{admin_of(cluster, n)}" for n in ("n2", "n3"))
+    assert connect == "connect-src 'self' " + " ".join(others)
+    assert "*" not in policy

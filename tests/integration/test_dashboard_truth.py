@@ -5,23 +5,31 @@ The page is opened on a follower's admin endpoint; then its node is killed, cut 
 the other two (they are stopped with SIGSTOP: the page's node loses its leader), or the
 leader is killed. The badge (``#conn``) must leave "live" (green) within a deadline and
 say why, the page must link to the other members' dashboards, and a leader change must
-be shown. Every wait is on a DOM condition with a deadline (no fixed sleeps); each test
-has its own cluster, since each breaks it."""
+be shown: those pages are opened with ``?pin=1`` (no automatic switching), as they
+judge one node. Unpinned, a page whose node is killed must move its reads to another
+member by itself and turn live there, with data written after the kill. Every wait is
+on a DOM condition with a deadline (no fixed sleeps); each test has its own cluster,
+since each breaks it."""
 
 from __future__ import annotations
 
+import json
+import ssl
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from raftlease.testing import LocalCluster
+from raftlease.testing.certs import secure_bundle
+from raftlease.testing.cluster import wait_for
 from tests.integration.browser_support import (
     DOM_TIMEOUT_MS,
     headless_chromium,
     running_admin_cluster,
 )
-from tests.integration.test_admin_http import admin_of
+from tests.integration.test_admin_http import admin_cluster, admin_of, get
 
 pytestmark = pytest.mark.integration
 
@@ -40,13 +48,16 @@ def cluster() -> Iterator[LocalCluster]:
     yield from running_admin_cluster(3)
 
 
-def _open_live(browser: Any, cluster: LocalCluster, node_id: str) -> tuple[Any, list[str]]:
-    """A page on ``node_id``'s dashboard, once it is live with data from that node and
-    knows all three members; returns it and the list its script errors go to."""
+def _open_live(
+    browser: Any, cluster: LocalCluster, node_id: str, pin: bool = True
+) -> tuple[Any, list[str]]:
+    """A page on ``node_id``'s dashboard (``pin``: with ``?pin=1``, kept on that node),
+    once it is live with data from that node and knows all three members; returns it
+    and the list its script errors go to."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(f"http://{admin_of(cluster, node_id)}/ui/")
+    page.goto(f"http://{admin_of(cluster, node_id)}/ui/" + ("?pin=1" if pin else ""))
     _wait_live(page, node_id)
     page.wait_for_function(
         "() => document.querySelectorAll('#cluster tbody tr .dashboard-link').length === 3",
@@ -78,6 +89,26 @@ def _record_badge(page: Any) -> None:
         new MutationObserver(note).observe(conn, {attributes: true, childList: true});
         }"""
     )
+
+
+def _wait_origin_known(cluster: LocalCluster, node: str) -> None:
+    """Until the other members let ``node``'s admin origin read them (a preflight answer):
+    they learn it from that node's status while it lives."""
+    origin = f"http://{admin_of(cluster, node)}"
+    for other in (n.id for n in cluster.nodes if n.id != node):
+        wait_for(
+            lambda o=other: (
+                get(
+                    admin_of(cluster, o),
+                    "/ui/api/health",
+                    "OPTIONS",
+                    {"Origin": origin, "Access-Control-Request-Method": "GET"},
+                )[0]
+                == 204
+            ),
+            timeout=30,
+            what=f"{other} to learn {node}'s admin origin",
+        )
 
 
 def _follower(cluster: LocalCluster) -> tuple[str, str]:
@@ -215,3 +246,135 @@ def test_leader_change_is_shown(cluster: LocalCluster, browser: Any) -> None:
     )
     assert errors == []
     page.close()
+
+
+@pytest.mark.timeout(60)
+def test_killed_node_page_switches_to_another_node_and_reads_on(
+    cluster: LocalCluster, browser: Any
+) -> None:
+    leader, node = _follower(cluster)
+    origin = f"http://{admin_of(cluster, node)}"
+    # The others must know the page's origin (learned from its node's status while it
+    # lives) to let the page read them once that node is gone.
+    for other in (n.id for n in cluster.nodes if n.id != node):
+        wait_for(
+            lambda o=other: (
+                get(
+                    admin_of(cluster, o),
+                    "/ui/api/health",
+                    "OPTIONS",
+                    {"Origin": origin, "Access-Control-Request-Method": "GET"},
+                )[0]
+                == 204
+            ),
+            timeout=30,
+            what=f"{other} to learn {node}'s admin origin",
+        )
+    page, errors = _open_live(browser, cluster, node, pin=False)
+    assert page.evaluate("() => document.getElementById('reading').hidden") is True
+
+    cluster.kill_node(node)
+    # Stale first (the truth about its node), then reading from the leader, the ready
+    # member first in line, and live there: no reload.
+    page.wait_for_selector(
+        "#conn[data-state='stale'][data-reason='unreachable']", timeout=STALE_DEADLINE_MS
+    )
+    page.wait_for_function(
+        "text => { const r = document.getElementById('reading'); "
+        "return !r.hidden && r.textContent === text; }",
+        arg=f"reading from {leader} ({node} unreachable)",
+        timeout=DOM_TIMEOUT_MS,
+    )
+    _wait_live(page, leader)
+    key = "switch/after-kill"
+    with cluster.client() as c:
+        lease = c.acquire(key, owner="agent-after-kill", ttl=60.0)
+        page.wait_for_function(
+            "([key, token]) => { const r = [...document.querySelectorAll('#keys tbody tr')]"
+            ".find(r => r.dataset.key === key); return !!r && "
+            "r.querySelector('.holder').textContent.includes('agent-after-kill') && "
+            "r.querySelector('.token').textContent.includes(String(token)); }",
+            arg=[key, lease.token],
+            timeout=DOM_TIMEOUT_MS,
+        )
+    assert page.evaluate("() => document.getElementById('conn').dataset.state") == "live"
+    assert page.inner_text("#reading") == f"reading from {leader} ({node} unreachable)"
+    assert page.evaluate("() => location.origin") == origin  # the same page, not reloaded
+    assert errors == [], json.dumps(errors)
+    page.close()
+
+
+@pytest.mark.timeout(60)
+def test_switched_page_moves_back_when_its_node_is_healthy_again(
+    cluster: LocalCluster, browser: Any
+) -> None:
+    _leader, node = _follower(cluster)
+    _wait_origin_known(cluster, node)
+    page, errors = _open_live(browser, cluster, node, pin=False)
+    cluster.kill_node(node)
+    page.wait_for_function(
+        "() => !document.getElementById('reading').hidden", timeout=DOM_TIMEOUT_MS
+    )
+    reading = page.evaluate("() => document.getElementById('reading').dataset.node")
+    assert reading and reading != node
+    _wait_live(page, reading)
+
+    cluster.start_node(node)  # back, catches up, ready: the page reads from it again
+    page.wait_for_function(
+        "() => document.getElementById('reading').hidden", timeout=DOM_TIMEOUT_MS
+    )
+    _wait_live(page, node)
+    assert errors == [], json.dumps(errors)
+    page.close()
+
+
+@pytest.mark.timeout(60)
+def test_switched_page_sends_its_token_to_the_other_node(browser: Any, tmp_path: Path) -> None:
+    """HTTPS and an auth file: the token entered on the page is sent to the member it
+    switches to (same cluster, same tokens), which lets the page's https origin read it."""
+    bundle = secure_bundle(tmp_path / "certs")
+    cluster = admin_cluster(3, **bundle.node_settings())
+    try:
+        cluster.start()
+        leader, node = _follower(cluster)
+        origin = f"https://{admin_of(cluster, node)}"
+        tls = ssl.create_default_context(cafile=str(bundle.ca_file))
+        for other in (n.id for n in cluster.nodes if n.id != node):
+            wait_for(
+                lambda o=other: (
+                    get(
+                        admin_of(cluster, o),
+                        "/ui/api/health",
+                        "OPTIONS",
+                        {"Origin": origin, "Access-Control-Request-Method": "GET"},
+                        scheme="https",
+                        context=tls,
+                    )[0]
+                    == 204
+                ),
+                timeout=30,
+                what=f"{other} to learn {node}'s admin origin",
+            )
+        context = browser.new_context(ignore_https_errors=True)
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(origin + "/ui/")
+        page.wait_for_selector("#auth:not([hidden])", timeout=DOM_TIMEOUT_MS)
+        page.fill("#token", bundle.admin_token)
+        page.click("#auth button")
+        _wait_live(page, node)
+
+        cluster.kill_node(node)
+        page.wait_for_function(
+            "text => { const r = document.getElementById('reading'); "
+            "return !r.hidden && r.textContent === text; }",
+            arg=f"reading from {leader} ({node} unreachable)",
+            timeout=DOM_TIMEOUT_MS,
+        )
+        _wait_live(page, leader)
+        assert page.evaluate("() => document.getElementById('auth').hidden") is True
+        assert errors == [], json.dumps(errors)
+        context.close()
+    finally:
+        cluster.close()

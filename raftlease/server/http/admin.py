@@ -60,6 +60,7 @@ from ...errors import RaftLeaseError
 from ...replication import Replica
 from ..auth import AuthPolicy
 from ..metrics import NodeMetrics
+from .cors import ALLOW_HEADERS, ALLOW_METHODS, PREFLIGHT_MAX_AGE, MemberOrigins
 from .dashboard import Dashboard
 from .parts import error_body, error_response, json_response, refusal
 
@@ -286,6 +287,9 @@ class AdminEndpoint:
         self.api: HttpApi | None = None
         #: The live view (dashboard.py): /ui/ and its data routes, over ``api``.
         self.dashboard: Dashboard | None = None
+        #: The other members' admin origins, which may read this endpoint (cors.py).
+        self.origins: MemberOrigins | None = None
+        self._learner: asyncio.Task[None] | None = None
 
     @property
     def connections(self) -> int:
@@ -340,6 +344,8 @@ class AdminEndpoint:
         self._listener = await loop.create_server(
             self._server, host, port, ssl=self.tls, reuse_address=True, backlog=64
         )
+        if self.origins is not None:
+            self._learner = loop.create_task(self.origins.run())
         log.info(
             "admin endpoint on %s://%s (metrics, livez, readyz, status)",
             "https" if self.tls else "http",
@@ -347,6 +353,10 @@ class AdminEndpoint:
         )
 
     async def close(self) -> None:
+        if self._learner is not None:
+            self._learner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._learner
         if self.api is not None:
             await self.api.close()
         if self._listener is not None:
@@ -367,11 +377,14 @@ class AdminEndpoint:
         404 and another method 405 (with ``Allow``); ``_frame`` turns both, and any
         bug, into the one JSON error object."""
         app = web.Application(middlewares=[self._frame], handler_args=None)
+        app.on_response_prepare.append(self._cors_headers)
         router = app.router
         for path in ROUTES:
             router.add_get(path, self._admin)  # HEAD too
         api = self.api
         if api is not None:
+            if self.origins is None:
+                self.origins = MemberOrigins(api, "https" if self.tls else "http")
             router.add_get("/openapi.json", api.handle)
             for method, path in sorted(api.routes):
                 router.add_route(method, path, api.handle)
@@ -399,6 +412,8 @@ class AdminEndpoint:
                     "misdirected request: this endpoint answers only requests "
                     "addressed to a loopback name (Host header) while no auth file is set",
                 )
+            if request.method == "OPTIONS" and self._cross_origin_allowed(request):
+                return self._preflight(request)
             return await handler(request)
         except web.HTTPMethodNotAllowed as exc:
             allowed = ", ".join(sorted(exc.allowed_methods))
@@ -424,10 +439,44 @@ class AdminEndpoint:
             if server is not None:
                 server.arm(protocol, timeout=KEEPALIVE_TIMEOUT)
 
+    def _cross_origin_allowed(self, request: web.BaseRequest) -> bool:
+        """Whether the request's ``Origin`` is another member's admin origin (cors.py)."""
+        origin = request.headers.get("Origin")
+        return origin is not None and self.origins is not None and self.origins.allowed(origin)
+
+    def _preflight(self, request: web.BaseRequest) -> web.StreamResponse:
+        """A CORS preflight from an allowed origin (``_cross_origin_allowed``); any
+        other ``OPTIONS`` goes to the router as before (405, 404)."""
+        if "Access-Control-Request-Method" not in request.headers:
+            return refusal(405, f"OPTIONS is not allowed on {request.path}")
+        return web.Response(
+            status=204,
+            headers={
+                "Access-Control-Allow-Methods": ALLOW_METHODS,
+                "Access-Control-Allow-Headers": ALLOW_HEADERS,
+                "Access-Control-Max-Age": PREFLIGHT_MAX_AGE,
+            },
+        )
+
+    async def _cors_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Before any answer's headers leave (streams too): ``Vary: Origin`` on an
+        answer to a request with an ``Origin``, and ``Access-Control-Allow-Origin``
+        naming that origin when it is another member's admin origin. Nothing else."""
+        origin = request.headers.get("Origin")
+        if origin is None:
+            return
+        vary = response.headers.get("Vary")
+        if vary is None:
+            response.headers["Vary"] = "Origin"
+        elif "origin" not in vary.lower():
+            response.headers["Vary"] = vary + ", Origin"
+        if self._cross_origin_allowed(request):
+            response.headers["Access-Control-Allow-Origin"] = origin
+
     async def _dashboard(self, request: web.Request) -> web.StreamResponse:
         if self.dashboard is None:
             assert self.api is not None  # routed only with the API mounted
-            self.dashboard = Dashboard(self.api, self.auth)
+            self.dashboard = Dashboard(self.api, self.auth, self.origins)
         return await self.dashboard.handle(request)
 
     def _host_allowed(self, request: web.BaseRequest) -> bool:

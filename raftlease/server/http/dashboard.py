@@ -7,7 +7,8 @@ Routes (GET or HEAD):
 * ``/ui/``, ``/ui/app.js``, ``/ui/app.css``: the page, shipped in the package
   (``raftlease/server/http/ui/``, no build step, nothing from another origin). They carry
   no data, so they are open; a strict Content-Security-Policy allows only this
-  origin's script, style and ``fetch``;
+  origin's script and style, and ``fetch`` of this origin and of the other members'
+  admin origins (cors.py: the page's ``connect-src``, computed when it is served);
 * ``/ui/api/state``: one load of everything the page shows: ``leases`` (live
   holders; each with its key's ``capacity`` and, when attached to a lease session,
   ``session_ref``), ``waiters`` (the queue of each key that has one), ``sessions``,
@@ -28,8 +29,9 @@ Routes (GET or HEAD):
   (the ``task_dead`` read, through the log);
 * ``POST /ui/api/retry`` (JSON body ``{"queue", "task_id"}``, ``Content-Type:
   application/json``, so a cross-site form cannot send it without a CORS preflight,
-  which this port never grants): the ``task_retry`` operation on a dead letter, with
-  the caller's permissions (an admin token with an auth file);
+  which this port grants only to the other members' admin origins, cors.py): the
+  ``task_retry`` operation on a dead letter, with the caller's permissions (an admin
+  token with an auth file);
 * ``/ui/api/health``: this node's ``role``, ``term``, ``leader`` (the id of the leader it
   knows, or null) and ``heard_from_leader_ago``, from memory (no forwarding, so it
   answers at once even when the node is cut off). The page asks it and ``/readyz``
@@ -44,7 +46,7 @@ Routes (GET or HEAD):
   ``dashboard``, the URL of its ``/ui/`` when its status names an admin endpoint
   (``admin``; a wildcard host such as ``0.0.0.0`` is replaced by its client
   address's host, the scheme is this endpoint's): the page links there when its own
-  node goes stale (it cannot read another origin: ``connect-src 'self'``).
+  node goes stale, and moves its reads to that origin by itself (app.js, cors.py).
 
 The page itself follows ``/v1/watch`` (NDJSON, http_api.py) for changes.
 
@@ -70,6 +72,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import hmac
 import importlib.resources
@@ -80,13 +83,14 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ...config import parse_addr
-from ...errors import BadRequestError, ConfigError, RaftLeaseError, UnavailableError
+from ...errors import BadRequestError, RaftLeaseError, UnavailableError
+from .cors import admin_origin
 from .parts import error_response, json_response, refusal
 
 if TYPE_CHECKING:
     from ...replication import Replica
     from ..auth import AuthPolicy
+    from .cors import MemberOrigins
     from .http_api import HttpApi
 
 log = logging.getLogger("raftlease.server.dashboard")
@@ -121,7 +125,8 @@ MAX_SESSION_KEYS = 100
 MAX_RETRY_BODY = 4096
 #: Seconds another member has to answer ``status``.
 PEER_STATUS_TIMEOUT = 1.5
-#: Only this origin: the page runs no inline script, and keys rendered as text
+#: Only this origin (``connect-src`` widened per page to the members' admin origins,
+#: ``Dashboard._page_policy``): the page runs no inline script, and keys rendered as text
 #: could not run one even if a bug put them in markup.
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -142,8 +147,12 @@ def _load_static() -> dict[str, bytes]:
 class Dashboard:
     """The ``/ui/`` routes (see the module docstring), over one node's ``HttpApi``."""
 
-    def __init__(self, api: HttpApi, auth: AuthPolicy | None) -> None:
+    def __init__(
+        self, api: HttpApi, auth: AuthPolicy | None, origins: MemberOrigins | None = None
+    ) -> None:
         self.api = api
+        #: The other members' admin origins (cors.py): the page may read them.
+        self.origins = origins
         self.node = api.node
         self.auth = auth
         self._static: dict[str, bytes] | None = None
@@ -182,10 +191,10 @@ class Dashboard:
         if name in STATIC:
             if self._static is None:
                 self._static = _load_static()
-            return web.Response(
-                body=self._static[name],
-                headers={"Content-Type": STATIC[name], **SECURITY_HEADERS},
-            )
+            headers = {"Content-Type": STATIC[name], **SECURITY_HEADERS}
+            if name == "index.html" and self.origins is not None:
+                headers["Content-Security-Policy"] = await self._page_policy()
+            return web.Response(body=self._static[name], headers=headers)
         routes = {
             "api/state": self._state,
             "api/live": self._live,
@@ -202,6 +211,20 @@ class Dashboard:
             self.auth.check_admin(caller.principal, f"read {path}")
         body = await route(request, caller)
         return json_response(200, body, {"Cache-Control": "no-store"})
+
+    async def _page_policy(self) -> str:
+        """The page's Content-Security-Policy: ``connect-src`` widened from ``'self'``
+        to the other members' admin origins (cors.py), the origins it may move its reads
+        to. Those not learned yet are asked first (briefly: the page loads anyway)."""
+        assert self.origins is not None
+        if self.origins.missing():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.origins.refresh(), PEER_STATUS_TIMEOUT + 0.5)
+        policy = SECURITY_HEADERS["Content-Security-Policy"]
+        others = self.origins.origins()
+        if not others:
+            return policy
+        return policy.replace("connect-src 'self'", "connect-src 'self' " + " ".join(others))
 
     # ------------------------------------------------------------ reads
 
@@ -484,6 +507,8 @@ class Dashboard:
                     "client": member.client,
                     "error": str(exc),
                 }
+            if self.origins is not None and isinstance(status, dict):
+                self.origins.learn(member.id, member.client, status)
             status = {"reachable": True, **status}
             status["readiness"] = _status_readiness(status, max_silence)
             status["dashboard"] = _dashboard_url(status, scheme)
@@ -543,24 +568,8 @@ def _status_readiness(status: dict[str, Any], max_silence: float) -> dict[str, A
 def _dashboard_url(status: dict[str, Any], scheme: str) -> str | None:
     """The URL of a member's ``/ui/`` from the admin address its status names (None
     without one); a wildcard host is replaced by its client address's host."""
-    admin = status.get("admin")
-    if not isinstance(admin, str) or not admin:
-        return None
-    try:
-        host, port = parse_addr(admin, "admin address")
-    except ConfigError:
-        return None
-    if host in ("", "0.0.0.0", "::"):
-        client = status.get("client")
-        try:
-            host = parse_addr(client, "client address")[0] if isinstance(client, str) else ""
-        except ConfigError:
-            host = ""
-        if host in ("", "0.0.0.0", "::"):
-            return None
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{scheme}://{host}:{port}/ui/"
+    origin = admin_origin(status, scheme)
+    return None if origin is None else origin + "/ui/"
 
 
 def _task_row(info: dict[str, Any], attempt: Any, now: int) -> dict[str, Any]:

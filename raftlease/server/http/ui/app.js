@@ -13,8 +13,18 @@
 // (#conn) is "live" only while that answer is recent and ready with a leader, the last
 // data refresh succeeded within two refresh periods and the watch is connected;
 // otherwise "stale" with the reason, the data is dimmed, and links to the other
-// members' dashboards are shown (#switch): this page cannot read another origin
-// (connect-src 'self'), so switching nodes means opening that node's page.
+// members' dashboards are shown (#switch).
+//
+// Switching: when the node read from has been unreachable, not ready or without a
+// leader for SWITCH_AFTER_MS, the page moves all its reads (the /ui/api/ routes,
+// /readyz and the watch) to another member's admin endpoint (its origin, from the
+// cluster answer's dashboard URL; ready ones and the leader first, each tried once
+// until one turns live), says so in #reading ("reading from n2 (n1 unreachable)"), and
+// keeps probing its own origin: after HOME_HEALTHY_PROBES ready answers with a leader
+// it reads from there again. The badge always judges the node read from. The other
+// node lets this page read it (CORS) because this page's origin is a member's admin
+// origin (server/http/cors.py), and the page's connect-src lists those origins. The
+// token goes there too (same cluster, same tokens). ?pin=1 keeps the page on its node.
 //
 // Every key, owner and value is hostile input: it only ever reaches the page as
 // textContent or an attribute value, never as markup (no innerHTML anywhere).
@@ -28,6 +38,11 @@ const HEALTH_EVERY_MS = 1000;
 const STALE_AFTER_MS = 2 * LIVE_EVERY_MS + 500;
 const REQUEST_TIMEOUT_MS = 4000;
 const KEY_REFRESH_DELAY_MS = 150;
+// Bad this long (unreachable, not ready, no leader): read from another member.
+const SWITCH_AFTER_MS = 2 * LIVE_EVERY_MS;
+const HOME_PROBE_EVERY_MS = 2000;
+const HOME_HEALTHY_PROBES = 2;
+const PINNED = new URLSearchParams(location.search).has("pin");
 const TIMELINE_WINDOW_MS = 5 * 60 * 1000;
 const TIMELINE_MAX_ROWS = 30;
 // A read/write lock's capacity (raftlease.models.RW_CAPACITY): a reader takes one unit,
@@ -64,6 +79,15 @@ const view = {
   servedBy: null,         // the node the cluster answer came from
   dashboards: new Map(),  // node id -> its dashboard URL, as last reported
   leaders: [],            // {node, term, at (performance.now()), wall (Date)}: leaders seen
+  // Switching (see top): base is "" (this page's own origin) or another member's
+  // admin origin, which every read goes to.
+  base: "",
+  readingNode: null,      // the member read from while base is not ""
+  homeNode: null,         // this page's own node (from its health answers)
+  homeReason: "",         // why it was left: "unreachable", "not ready", "no leader"
+  badSince: null,         // since when the node read from is bad
+  tried: new Set(),       // origins moved to since the page was last live
+  homeGood: 0,            // consecutive ready probes of the own origin
 };
 
 const $ = (id) => document.getElementById(id);
@@ -92,7 +116,7 @@ function headers() {
 
 async function getJSON(path) {
   // A node that is stopped (not dead) never answers: give up and call it unreachable.
-  const response = await fetch(path, {
+  const response = await fetch(view.base + path, {
     headers: headers(), cache: "no-store", signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
   });
   if (response.status === 401 || response.status === 403) {
@@ -318,8 +342,11 @@ async function refreshLive() {
   if (liveInFlight) return;  // a slow answer is not asked for twice
   liveInFlight = true;
   const sentAt = performance.now();
+  const base = view.base;
   try {
-    loadLive(await getJSON("/ui/api/live"), sentAt);
+    const live = await getJSON("/ui/api/live");
+    if (base !== view.base) return;  // moved meanwhile
+    loadLive(live, sentAt);
   } catch (e) {
     if (e instanceof AuthNeeded) askToken(e.message);
     return;
@@ -336,8 +363,10 @@ let clusterInFlight = false;
 async function refreshCluster() {
   if (view.authNeeded || clusterInFlight) return;
   clusterInFlight = true;
+  const base = view.base;
   try {
     const answer = await getJSON("/ui/api/cluster");
+    if (base !== view.base) return;  // moved meanwhile
     const now = performance.now();
     view.nodes = answer.nodes;
     view.servedBy = answer.served_by;
@@ -361,8 +390,11 @@ let healthInFlight = false;
 async function refreshHealth() {
   if (view.authNeeded || healthInFlight) return;
   healthInFlight = true;
+  const base = view.base;
   try {
-    const [answer, verdict] = await Promise.all([getJSON("/ui/api/health"), getReadiness()]);
+    const [answer, verdict] = await Promise.all([getJSON("/ui/api/health"), getReadiness(base)]);
+    if (base !== view.base) return;  // moved meanwhile
+    if (base === "") view.homeNode = answer.node;
     answer.ready = verdict.ready === true;
     answer.reason = String(verdict.reason || "");
     const changed = !view.health || view.health.ready !== answer.ready ||
@@ -374,6 +406,7 @@ async function refreshHealth() {
     view.lastHeard.set(answer.node, view.healthAt);
     if (answer.ready && answer.leader) noteLeader(answer.leader, answer.term);
   } catch (e) {
+    if (base !== view.base) return;
     if (e instanceof AuthNeeded) { askToken(e.message); return; }
     view.healthError = e.name === "TimeoutError" ? "no answer" : (e.message || String(e));
   } finally {
@@ -383,8 +416,8 @@ async function refreshHealth() {
 }
 
 // /readyz: 200 ready, 503 not ready, both with {ready, reason}; open, so no token.
-async function getReadiness() {
-  const response = await fetch("/readyz", {
+async function getReadiness(base) {
+  const response = await fetch(base + "/readyz", {
     cache: "no-store", signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
   });
   if (response.status !== 200 && response.status !== 503) {
@@ -407,7 +440,7 @@ function noteLeader(node, term) {
 
 async function watch(controller) {
   const url = "/v1/watch?from_revision=" + (view.revision + 1);
-  const response = await fetch(url, { headers: headers(), signal: controller.signal });
+  const response = await fetch(view.base + url, { headers: headers(), signal: controller.signal });
   if (response.status === 401 || response.status === 403) throw new AuthNeeded("watch refused");
   if (!response.ok || !response.body) throw new Error("watch answered " + response.status);
   view.watching = true;
@@ -603,6 +636,93 @@ function judge() {
   document.body.dataset.stale = kind && kind !== "connecting" ? "yes" : "no";
   renderFreshness();
   renderSwitch();
+  if (!PINNED) considerSwitch(kind, now);
+}
+
+// ---------------------------------------------------------------- switching
+
+const BAD = { "unreachable": "unreachable", "not-ready": "not ready", "no-leader": "no leader" };
+
+function considerSwitch(kind, now) {
+  if (!BAD[kind]) {
+    view.badSince = null;
+    if (kind === "") view.tried.clear();  // live: every member may be tried again
+    return;
+  }
+  if (view.badSince === null) view.badSince = now;
+  if (now - view.badSince < SWITCH_AFTER_MS) return;
+  const current = view.base ? view.readingNode : (view.homeNode || (view.health && view.health.node));
+  const rank = (n) => (n.reachable && n.readiness && n.readiness.ready ? 0 : 2) +
+    (n.role === "leader" ? 0 : 1);
+  const candidates = view.nodes
+    .filter((n) => n.node !== current && n.node !== view.homeNode && dashboardOf(n))
+    .map((n) => ({ n, origin: new URL(dashboardOf(n)).origin }))
+    .filter((c) => c.origin !== location.origin && !view.tried.has(c.origin))
+    .sort((a, b) => rank(a.n) - rank(b.n) || String(a.n.node).localeCompare(String(b.n.node)));
+  if (candidates.length === 0) {
+    view.tried.clear();  // all tried: try them again after another period
+    view.badSince = now;
+    return;
+  }
+  const { n, origin } = candidates[0];
+  if (view.base === "") view.homeReason = BAD[kind];
+  view.tried.add(origin);
+  moveTo(origin, n.node);
+}
+
+// Read from ``origin`` ("" for this page's own) from now on: the watch restarts there.
+function moveTo(origin, node) {
+  view.base = origin;
+  view.readingNode = origin ? node : null;
+  if (!origin) { view.homeReason = ""; view.tried.clear(); }
+  view.health = null;
+  view.healthAt = null;
+  view.healthError = null;
+  view.badSince = null;
+  view.homeGood = 0;
+  view.watching = false;
+  renderReading();
+  setConn("connecting");
+  start();
+  refreshHealth();
+  refreshCluster();
+}
+
+function renderReading() {
+  const box = $("reading");
+  box.hidden = !view.base;
+  box.dataset.node = view.readingNode || "";
+  box.textContent = view.base ? "reading from " + view.readingNode + " (" +
+    (view.homeNode || "this page's node") + " " + view.homeReason + ")" : "";
+}
+
+// While reading elsewhere: is this page's own node ready with a leader again?
+let homeInFlight = false;
+async function probeHome() {
+  if (!view.base || homeInFlight || view.authNeeded) return;
+  homeInFlight = true;
+  try {
+    const [answer, verdict] = await Promise.all([getHome("/ui/api/health", true),
+      getHome("/readyz", false)]);
+    const good = verdict.ready === true && !!answer.leader;
+    view.homeGood = good ? view.homeGood + 1 : 0;
+  } catch (e) {
+    view.homeGood = 0;
+  } finally {
+    homeInFlight = false;
+  }
+  if (view.base && view.homeGood >= HOME_HEALTHY_PROBES) moveTo("", null);
+}
+
+async function getHome(path, token) {
+  const response = await fetch(path, {
+    headers: token ? headers() : {}, cache: "no-store",
+    signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+  });
+  if (response.status !== 200 && !(path === "/readyz" && response.status === 503)) {
+    throw new Error(path + " answered " + response.status);
+  }
+  return response.json();
 }
 
 function renderFreshness() {
@@ -960,7 +1080,7 @@ async function retryTask(queue, taskId) {
   out.dataset.outcome = "pending";
   out.textContent = "retrying " + taskId + "…";
   try {
-    const response = await fetch("/ui/api/retry", {
+    const response = await fetch(view.base + "/ui/api/retry", {
       method: "POST",
       headers: { ...headers(), "Content-Type": "application/json" },
       body: JSON.stringify({ queue, task_id: taskId }),
@@ -1128,6 +1248,7 @@ setInterval(refreshHealth, HEALTH_EVERY_MS);
 setInterval(renderTimeline, 1000);
 setInterval(() => { if (view.stream) refreshLive(); }, LIVE_EVERY_MS);
 setInterval(refreshCluster, CLUSTER_EVERY_MS);
+setInterval(probeHome, HOME_PROBE_EVERY_MS);
 refreshHealth();
 refreshCluster();
 start();
