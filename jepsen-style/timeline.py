@@ -96,7 +96,7 @@ def fault_list(events: list[Event], categories: dict[str, str]) -> list[Fault]:
             stops[ident] = e
     out = []
     for ident in order:
-        s, e = starts[ident], stops.get(ident)
+        s, healed = starts[ident], stops.get(ident)
         kind = str(s.get("fault", "?"))
         out.append(
             Fault(
@@ -104,9 +104,9 @@ def fault_list(events: list[Event], categories: dict[str, str]) -> list[Fault]:
                 kind=kind,
                 category=str(categories.get(kind) or "other"),
                 start=float(s["t"]),
-                stop=None if e is None else float(e["t"]),
+                stop=None if healed is None else float(healed["t"]),
                 detail=s.get("detail"),
-                heal=None if e is None else e.get("detail"),
+                heal=None if healed is None else healed.get("detail"),
             )
         )
     return out
