@@ -248,28 +248,15 @@ def test_leader_change_is_shown(cluster: LocalCluster, browser: Any) -> None:
     page.close()
 
 
-@pytest.mark.timeout(60)
-def test_killed_node_page_switches_to_another_node_and_reads_on(
+@pytest.mark.timeout(90)
+def test_killed_node_page_switches_to_another_node_reads_on_and_moves_back(
     cluster: LocalCluster, browser: Any
 ) -> None:
     leader, node = _follower(cluster)
     origin = f"http://{admin_of(cluster, node)}"
     # The others must know the page's origin (learned from its node's status while it
     # lives) to let the page read them once that node is gone.
-    for other in (n.id for n in cluster.nodes if n.id != node):
-        wait_for(
-            lambda o=other: (
-                get(
-                    admin_of(cluster, o),
-                    "/ui/api/health",
-                    "OPTIONS",
-                    {"Origin": origin, "Access-Control-Request-Method": "GET"},
-                )[0]
-                == 204
-            ),
-            timeout=30,
-            what=f"{other} to learn {node}'s admin origin",
-        )
+    _wait_origin_known(cluster, node)
     page, errors = _open_live(browser, cluster, node, pin=False)
     assert page.evaluate("() => document.getElementById('reading').hidden") is True
 
@@ -300,26 +287,10 @@ def test_killed_node_page_switches_to_another_node_and_reads_on(
     assert page.evaluate("() => document.getElementById('conn').dataset.state") == "live"
     assert page.inner_text("#reading") == f"reading from {leader} ({node} unreachable)"
     assert page.evaluate("() => location.origin") == origin  # the same page, not reloaded
-    assert errors == [], json.dumps(errors)
-    page.close()
 
-
-@pytest.mark.timeout(60)
-def test_switched_page_moves_back_when_its_node_is_healthy_again(
-    cluster: LocalCluster, browser: Any
-) -> None:
-    _leader, node = _follower(cluster)
-    _wait_origin_known(cluster, node)
-    page, errors = _open_live(browser, cluster, node, pin=False)
-    cluster.kill_node(node)
-    page.wait_for_function(
-        "() => !document.getElementById('reading').hidden", timeout=DOM_TIMEOUT_MS
-    )
-    reading = page.evaluate("() => document.getElementById('reading').dataset.node")
-    assert reading and reading != node
-    _wait_live(page, reading)
-
-    cluster.start_node(node)  # back, catches up, ready: the page reads from it again
+    # Its node back, caught up and ready: the page reads from it again (one test with the
+    # switch: a second cluster and page for it cost CI ~12 s).
+    cluster.start_node(node)
     page.wait_for_function(
         "() => document.getElementById('reading').hidden", timeout=DOM_TIMEOUT_MS
     )
