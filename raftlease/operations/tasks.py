@@ -214,6 +214,7 @@ TASK_OPS: tuple[Operation, ...] = (
         "make a dead task ready again",
         (QUEUE, TASK_ID),
         (TID, result("status", "string", "the task's state after it", True), REVISION),
+        (("POST", "/v1/queues/retry", "Make a dead task ready again", QUEUES),),
     ),
     operation(
         "task_purge",

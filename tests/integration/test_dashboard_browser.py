@@ -339,13 +339,14 @@ def test_secured_page_needs_an_admin_token(
             assert status_of(route, "not-a-token") == 401
             assert status_of(route, reader_token) == 403
             assert status_of(route, bundle.admin_token) == 200
-        # The dead-letter retry (a write): admins only, like the reads.
+        # The page's dead-letter retry (the HTTP API's task_retry, a write): not for a
+        # stranger, nor for a principal without queue_write.
         for token, expected in ((None, 401), (reader_token, 403)):
             headers = {"Content-Type": "application/json"}
             if token:
                 headers["Authorization"] = f"Bearer {token}"
             retry = urllib.request.Request(
-                f"https://{addr}/ui/api/retry",
+                f"https://{addr}/v1/queues/retry",
                 data=b'{"queue": "q", "task_id": "t"}',
                 method="POST",
                 headers=headers,

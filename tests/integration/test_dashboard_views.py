@@ -155,7 +155,7 @@ def test_lease_held_before_page_load_is_on_the_timeline(
 
 def _post_retry(addr: str, body: bytes, content_type: str) -> int:
     request = urllib.request.Request(
-        f"http://{addr}/ui/api/retry",
+        f"http://{addr}/v1/queues/retry",
         data=body,
         method="POST",
         headers={"Content-Type": content_type},
@@ -204,10 +204,11 @@ def test_queue_task_view_and_dead_letter_retry(
         page.wait_for_selector(dead_row, timeout=DOM_TIMEOUT_MS)
         assert page.inner_text(f"{dead_row} .last-error") == "attempt 1: disk <full>"
         assert task.lease_id not in page.content()  # never an attempt id
-        # The retry route refuses what a cross-site form could send.
+        # The retry route (the HTTP API's, on the admin port) refuses what a cross-site
+        # form could send.
         addr = _follower_admin(views_cluster)
         body = json.dumps({"queue": "views-jobs", "task_id": dead_id}).encode()
-        assert _post_retry(addr, body, "text/plain") == 400
+        assert _post_retry(addr, body, "text/plain") == 415
         # The button: the dead letter is ready again.
         page.click(f"{dead_row} button.retry")
         page.wait_for_function(

@@ -27,11 +27,6 @@ Routes (GET or HEAD):
   claimed; the first ``MAX_TASKS`` in put order) with attempt number, worker,
   heartbeat age, progress and last error, from this node's state, and its dead letters
   (the ``task_dead`` read, through the log);
-* ``POST /ui/api/retry`` (JSON body ``{"queue", "task_id"}``, ``Content-Type:
-  application/json``, so a cross-site form cannot send it without a CORS preflight,
-  which this port grants only to the other members' admin origins, cors.py): the
-  ``task_retry`` operation on a dead letter, with the caller's permissions (an admin
-  token with an auth file);
 * ``/ui/api/health``: this node's ``role``, ``term``, ``leader`` (the id of the leader it
   knows, or null) and ``heard_from_leader_ago``, from memory (no forwarding, so it
   answers at once even when the node is cut off). The page asks it and ``/readyz``
@@ -48,7 +43,10 @@ Routes (GET or HEAD):
   address's host, the scheme is this endpoint's): the page links there when its own
   node goes stale, and moves its reads to that origin by itself (app.js, cors.py).
 
-The page itself follows ``/v1/watch`` (NDJSON, http_api.py) for changes.
+The page itself follows ``/v1/watch`` (NDJSON, http_api.py) for changes, and retries a
+dead letter with ``POST /v1/queues/retry`` (``task_retry``, JSON only, so a cross-site
+form cannot send it without a CORS preflight, which this port grants only to the other
+members' admin origins, cors.py).
 
 Reads run as the HTTP API runs them (``HttpApi.run``): through ``parse_request``,
 the permission check and, where this node cannot answer, forwarded to the leader;
@@ -60,9 +58,8 @@ per queue.
 
 Security: with an ``auth_file``, every ``/ui/api/`` route needs a bearer token of a
 principal with ``admin`` (as ``/status``): 401 without a known token, 403 without the
-permission. The retry also passes the operation's own permission check. Nothing
-returned carries a lease, session or attempt id (the reads used never reveal them; a
-session is named by ``ref``).
+permission. Nothing returned carries a lease, session or attempt id (the reads used
+never reveal them; a session is named by ``ref``).
 
 Threads: the node's event loop only; handlers wait on reads without blocking it.
 Raises nothing: errors are JSON answers (``http_api.error_response``).
@@ -76,7 +73,6 @@ import contextlib
 import hashlib
 import hmac
 import importlib.resources
-import json
 import logging
 import secrets
 from typing import TYPE_CHECKING, Any
@@ -121,8 +117,6 @@ LIMITS = {
 MAX_TASKS = 200
 MAX_DEAD = 100
 MAX_SESSION_KEYS = 100
-#: Largest body ``POST /ui/api/retry`` reads.
-MAX_RETRY_BODY = 4096
 #: Seconds another member has to answer ``status``.
 PEER_STATUS_TIMEOUT = 1.5
 #: Only this origin (``connect-src`` widened per page to the members' admin origins,
@@ -179,8 +173,6 @@ class Dashboard:
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
-        if path == "/ui/api/retry":
-            return await self._retry(request)
         if request.method not in ("GET", "HEAD"):
             return refusal(405, "method not allowed here; use GET", {"Allow": "GET, HEAD"})
         if request.body_exists:
@@ -419,32 +411,6 @@ class Dashboard:
             "dead": [_task_row(d, None, now) for d in dead.get("dead", [])],
             "limits": {"tasks": MAX_TASKS, "dead": MAX_DEAD},
         }
-
-    async def _retry(self, request: web.BaseRequest) -> web.StreamResponse:
-        """``POST /ui/api/retry``: ``task_retry`` on a dead letter (see the module
-        docstring)."""
-        if request.method != "POST":
-            return refusal(405, "use POST", {"Allow": "POST"})
-        if request.content_type != "application/json":
-            raise BadRequestError("send the retry as Content-Type: application/json")
-        caller = self.api.caller(request)
-        if self.auth is not None:
-            self.auth.check_admin(caller.principal, "retry a task from the dashboard")
-        raw = await request.content.read(MAX_RETRY_BODY + 1)
-        if len(raw) > MAX_RETRY_BODY:
-            raise BadRequestError("the retry body is too large")
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            raise BadRequestError("the retry body is not JSON") from None
-        if not isinstance(body, dict):
-            raise BadRequestError("the retry body is a JSON object")
-        queue, task_id = body.get("queue"), body.get("task_id")
-        if not isinstance(queue, str) or not isinstance(task_id, str):
-            raise BadRequestError("give 'queue' and 'task_id' (strings)")
-        answer = await self.api.run("task_retry", {"queue": queue, "task_id": task_id}, caller)
-        result = {"queue": queue, "task_id": task_id, "status": answer.get("status")}
-        return json_response(200, result, {"Cache-Control": "no-store"})
 
     def _max_silence(self) -> float:
         """The ``/readyz`` limit on a follower's silence (the admin endpoint's)."""

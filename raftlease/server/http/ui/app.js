@@ -1073,14 +1073,14 @@ function renderQueueView(answer) {
   }
 }
 
-// Retry a dead letter (task_retry) with this page's token; the answer, a refusal
+// Retry a dead letter (task_retry, POST /v1/queues/retry) with this page's token; the answer, a refusal
 // included, is shown as it came.
 async function retryTask(queue, taskId) {
   const out = $("qv-retry");
   out.dataset.outcome = "pending";
   out.textContent = "retrying " + taskId + "…";
   try {
-    const response = await fetch(view.base + "/ui/api/retry", {
+    const response = await fetch(view.base + "/v1/queues/retry", {
       method: "POST",
       headers: { ...headers(), "Content-Type": "application/json" },
       body: JSON.stringify({ queue, task_id: taskId }),
