@@ -120,7 +120,7 @@ class Profile:
     #: Rounds of the security phase's peer TLS comparison (issue 35): each round a
     #: plain-peers cluster then a peer-TLS one, measured back to back, so that a
     #: drift of the machine's load shows in one round, not as a cost.
-    peer_rounds: int = 5
+    peer_rounds: int = 6
     #: The scale phase (issue 16; workloads/scale.py): agents with a lease session of
     #: ``scale_ttl`` s holding one lease each, over ``scale_processes`` client
     #: processes, ramped in ``scale_steps`` steps, then held ``scale_hold`` s.

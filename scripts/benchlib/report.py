@@ -508,8 +508,9 @@ def security_section(result: Result) -> list[str]:
         lines += [
             "",
             f"Peer TLS / plain peers in {len(rounds)} alternating rounds (a plain-peers "
-            "cluster, then a peer-TLS one, acquire measured on each; the issue-35 targets "
-            "judge the median): " + ("; ".join(parts) or "not measured") + ".",
+            "cluster and a peer-TLS one, plain first in odd-numbered rounds and TLS first "
+            "in even-numbered ones, acquire measured on each; the issue-35 targets judge "
+            "the median): " + ("; ".join(parts) or "not measured") + ".",
         ]
     probes = d.get("clusters", {}).get("secure", {}).get("probes")
     if probes:

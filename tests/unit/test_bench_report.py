@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from benchlib import report, targets  # noqa: E402 - benchlib is found through scripts/
 from benchlib.workloads.failover import keep_logs  # noqa: E402
+from benchlib.workloads.security import round_order  # noqa: E402
 
 #: Runs scripts/bench in a fresh interpreter and fails if anything imported raftlease.
 NO_RAFTLEASE = """
@@ -468,3 +469,13 @@ def test_a_failover_that_took_more_than_one_term_keeps_its_node_logs(
     markdown = report.render_markdown(result)
     assert "Node logs of the repetitions that took more than one term:" in markdown
     assert f"- rep 1: {', '.join(kept)}" in markdown
+
+
+def test_peer_tls_rounds_alternate_which_cluster_runs_first() -> None:
+    """ABBA: over an even number of rounds each build runs first equally often, so a
+    load drift during the phase cannot favour one side of the issue-35 ratio."""
+    orders = [round_order(n) for n in range(6)]
+    assert all(set(o) == {"plain-peers", "insecure"} for o in orders)
+    firsts = [o[0] for o in orders]
+    assert firsts.count("plain-peers") == firsts.count("insecure") == 3
+    assert firsts[0] == "plain-peers" and firsts[1] == "insecure"

@@ -9,9 +9,10 @@ The ratios ``insecure / plain-peers`` (what mutual TLS between members costs) an
 ``secure / insecure`` (what client TLS and auth cost) are of the same concurrency
 mode in the same run. Because clusters measured one after the other see the machine's
 load drift (±15 % between two back-to-back runs on the shared 2-core machine), the peer
-TLS cost is also measured in ``peer_rounds`` rounds (``Profile.peer_rounds``, 5 in the
-full profile), each a plain-peers cluster then a peer-TLS one, acquire at 1 and
-``threads`` threads: the issue-35 targets judge the median of the rounds' ratios.
+TLS cost is also measured in ``peer_rounds`` rounds (``Profile.peer_rounds``, 6 in the
+full profile), each a plain-peers cluster and a peer-TLS one, plain first in even
+rounds and TLS first in odd ones (``round_order``), acquire at 1 and ``threads``
+threads: the issue-35 targets judge the median of the rounds' ratios.
 
 Everything here blocks the main thread for the whole phase. A failure is recorded in
 result["security"] (per cluster, or per workload within one) and the next cluster
@@ -111,7 +112,7 @@ def security(ctx: Context) -> None:
         for n in range(p.peer_rounds):
             pair: dict[str, Any] = {}
             section["peer_rounds"]["rounds"].append(pair)
-            for mode in ("plain-peers", "insecure"):
+            for mode in round_order(n):
                 record = {"workloads": {}}
                 pair[mode] = record
                 one_mode(
@@ -175,6 +176,13 @@ def _secure_cluster(directory: Path) -> tuple[_TokenCluster, dict[str, Any]]:
         "max_leases_per_principal": LEASE_QUOTA,
     }
     return _TokenCluster(token, settings=settings), recorded
+
+
+def round_order(n: int) -> tuple[str, str]:
+    """The clusters of round ``n`` (from 0) in the order they run: plain peers first
+    in even rounds, peer TLS first in odd ones (ABBA), so that a drift of the machine's
+    load during the phase (a cache warming, a neighbour starting) favours neither."""
+    return ("plain-peers", "insecure") if n % 2 == 0 else ("insecure", "plain-peers")
 
 
 def _round_modes(ctx: Context) -> tuple[str, ...]:
