@@ -13,6 +13,7 @@ stdio (``mcp.ClientSession`` + ``stdio_client``), exactly as an agent host runs 
   message; the next claim opens a new lease session;
 * queue tools: take_task / heartbeat / complete_task / fail_task through the MCP
   session's lease session; ending the MCP session gives a taken task back;
+* spend_budget draws from a shared budget, refusals are tool errors with its code;
 * hostile arguments are tool errors with a definite code and change nothing: every
   tool refuses a wrong type, an unknown argument (naming the accepted ones) and an
   out-of-range value in words for a model, never pydantic's text;
@@ -65,6 +66,7 @@ TOOLS = {
     "heartbeat",
     "complete_task",
     "fail_task",
+    "spend_budget",
 }
 
 
@@ -456,6 +458,27 @@ def test_queue_tools_take_heartbeat_complete_and_fail(shared: LocalCluster) -> N
         assert "boom" in info.errors
 
 
+@pytest.mark.timeout(120)
+def test_spend_budget_draws_from_a_shared_budget(shared: LocalCluster) -> None:
+    with shared.client() as c:
+        c.budget_set("mcp/budget", capacity=3, refill_per_s=0)
+
+    async def main() -> None:
+        async with agent(shared, "mcp-spender") as a:
+            got = await a.call("spend_budget", key="mcp/budget", amount=2)
+            assert got == {"key": "mcp/budget", "amount": 2, "granted": True, "level": 1.0}
+            with pytest.raises(ToolFailed) as err:
+                await a.call("spend_budget", key="mcp/budget", amount=2)
+            assert err.value.code == "BUDGET_EXHAUSTED"
+            with pytest.raises(ToolFailed) as err:
+                await a.call("spend_budget", key="mcp/budget", amount=4, wait=5.0)
+            assert err.value.code == "AMOUNT_OVER_CAPACITY"
+
+    run(main())
+    with shared.client() as c:
+        assert c.budget_get("mcp/budget").level == 1.0
+
+
 @pytest.mark.timeout(180)
 def test_a_lost_lease_session_is_reported_and_replaced(
     cluster_factory: Callable[..., LocalCluster],
@@ -678,7 +701,8 @@ def test_tools_declare_hints_strict_inputs_and_typed_outputs(shared: LocalCluste
                 assert hints is not None and hints.title, name
                 assert hints.read_only_hint is (name in read_only), name
                 assert hints.destructive_hint is (name in destructive), name
-                assert hints.idempotent_hint is (name != "take_task"), name
+                each_call_acts = name in ("take_task", "spend_budget")
+                assert hints.idempotent_hint is (not each_call_acts), name
                 assert hints.open_world_hint is False, name
                 inputs = tool.input_schema
                 assert inputs["type"] == "object" and inputs["additionalProperties"] is False
