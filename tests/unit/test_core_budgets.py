@@ -365,7 +365,7 @@ def test_a_reused_spend_id_is_refused_unchanged() -> None:
         ("budget_spend", {"amount": 1.5, "rid": "r"}),
         ("budget_spend", {"amount": 10**13, "rid": "r"}),
         ("budget_spend", {"amount": 1, "rid": "r", "wait": -5}),
-        ("budget_spend", {"amount": 1}),
+        ("budget_spend", {"amount": 1, "rid": None}),
         ("budget_reserve", {"amount": 1, "rid": "r", "ttl": 0}),
         ("budget_settle", {"rid": "r", "actual": -1}),
         ("budget_settle", {"rid": "r", "actual": None}),
