@@ -627,6 +627,12 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("fail_task", {"task_id": TASK, "requeue": False}, "requeue"),
     ("fail_task", {"task_id": TASK, "retry_after": 301}, "retry_after"),
     ("fail_task", {"task_id": TASK, "retry_after": -1}, "retry_after"),
+    ("spend_budget", {"key": "mcp/strict/b", "amount": "3"}, "amount"),
+    ("spend_budget", {"key": "mcp/strict/b", "amount": 0}, "amount"),
+    ("spend_budget", {"key": "mcp/strict/b", "amount": 10**13}, "amount"),
+    ("spend_budget", {"key": "mcp/strict/b", "amount": 1, "wait": 3601}, "wait"),
+    ("spend_budget", {"key": "mcp/strict/b", "amount": 1, "owner": "x"}, "owner"),
+    ("spend_budget", {"key": 5, "amount": 1}, "key"),
 ]
 
 
