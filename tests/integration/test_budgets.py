@@ -40,15 +40,16 @@ def cluster() -> Iterator[LocalCluster]:
 
 def test_spend_wait_reserve_and_settle_through_the_client(cluster: LocalCluster) -> None:
     with cluster.client() as c:
-        # 5 units a second: the refused spend below comes well within the second
-        # its 5 units take to refill, even on a loaded machine.
-        info = c.budget_set("llm/tpm", capacity=10, refill_per_s=5.0)
-        assert info.level == 10.0 and info.refill_per_s == 5.0
+        # No refill first: the refusal below cannot race a refill.
+        info = c.budget_set("llm/tpm", capacity=10, refill_per_s=0)
+        assert info.level == 10.0 and info.refill_per_s == 0.0
         assert c.spend("llm/tpm", 10).level == 0.0
         with pytest.raises(BudgetExhaustedError) as refused:
             c.spend("llm/tpm", 5)
-        assert refused.value.definite and refused.value.retry_after is not None
-        # Queued in the log, granted by the entry whose log time the refill covers.
+        assert refused.value.definite and refused.value.detail["level"] == 0.0
+        # A fast refill now: queued in the log, granted by the entry whose log time
+        # the refill covers (a tenth of a second).
+        assert c.budget_set("llm/tpm", capacity=10, refill_per_s=50.0).refill_per_s == 50.0
         assert c.spend("llm/tpm", 5, wait=5.0).amount == 5
         with pytest.raises(AmountOverCapacityError):
             c.spend("llm/tpm", 11, wait=5.0)
@@ -66,13 +67,15 @@ def test_spend_wait_reserve_and_settle_through_the_client(cluster: LocalCluster)
 
 def test_spend_and_reserve_over_http(cluster: LocalCluster) -> None:
     api = admin_of(cluster, cluster.leader_id())
-    body = {"key": "http/b", "capacity": 4, "refill_per_s": 2}
+    body = {"key": "http/b", "capacity": 4, "refill_per_s": 0}
     status, made = call(api, "POST", "/v1/budgets/set", body)
     assert status == 200 and made["created"] is True
     status, got = call(api, "POST", "/v1/budgets/spend", {"key": "http/b", "amount": 4})
     assert status == 200 and got["granted"] is True
     status, refused = call(api, "POST", "/v1/budgets/spend", {"key": "http/b", "amount": 2})
     assert status == 429 and refused["error"]["code"] == "BUDGET_EXHAUSTED"
+    status, _ = call(api, "POST", "/v1/budgets/set", {**body, "refill_per_s": 40})
+    assert status == 200
     status, waited = call(
         api, "POST", "/v1/budgets/spend", {"key": "http/b", "amount": 2, "wait": 5}
     )
