@@ -8,11 +8,15 @@ The unit half (the state machine) is tests/unit/test_core_budgets.py.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from raftlease.cli import main as cli_main
 from raftlease.errors import (
     AmountOverCapacityError,
     BudgetExhaustedError,
@@ -100,6 +104,41 @@ def test_spend_and_reserve_over_http(cluster: LocalCluster) -> None:
     ):
         status, answer = call(api, "POST", "/v1/budgets/spend", bad)
         assert status == code and answer["error"]["definite"] is True, (bad, answer)
+
+
+def test_the_budget_commands(cluster: LocalCluster) -> None:
+    """In process (click's runner): what the shell gets, JSON and exit codes."""
+    runner = CliRunner()
+    where = ["--endpoints", ",".join(cluster.endpoints), "-o", "json"]
+
+    def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+        out = runner.invoke(cli_main, ["budget", *args, *where], env=env)
+        return out.exit_code, json.loads(out.output.strip().splitlines()[-1])
+
+    code, made = run("set", "cli/b", "--capacity", "5", "--refill", "0")
+    assert code == 0 and made["budget"] == {
+        "key": "cli/b",
+        "capacity": 5,
+        "refill_per_s": 0.0,
+        "level": 5.0,
+        "waiting": 0,
+        "waiting_amount": 0,
+        "reservations": 0,
+        "reserved": 0,
+    }
+    code, spent = run("spend", "cli/b", "2")
+    assert code == 0 and spent["granted"] is True and spent["level"] == 3.0
+    code, held = run("reserve", "cli/b", "3", "--ttl", "30s")
+    assert code == 0 and held["reservation_id"]
+    env = {"RAFTLEASE_RESERVATION_ID": str(held["reservation_id"])}
+    code, settled = run("settle", "cli/b", "1", env=env)
+    assert code == 0 and settled["level"] == 2.0
+    code, refused = run("spend", "cli/b", "3")
+    assert code == 1 and refused["code"] == "BUDGET_EXHAUSTED" and refused["definite"] is True
+    code, got = run("get", "cli/b")
+    assert code == 0 and got["budget"]["level"] == 2.0
+    assert run("delete", "cli/b")[0] == 0
+    assert run("get", "cli/b")[1]["code"] == "BUDGET_NOT_FOUND"
 
 
 def test_two_concurrent_spenders_never_get_more_than_the_budget(cluster: LocalCluster) -> None:
