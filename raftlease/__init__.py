@@ -21,7 +21,10 @@ if TYPE_CHECKING:
         WatchEvent,
     )
     from .errors import (
+        AmountOverCapacityError,
         BadRequestError,
+        BudgetExhaustedError,
+        BudgetNotFoundError,
         CapacityMismatchError,
         ClientExpiredError,
         CompactedError,
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
         PermissionDeniedError,
         QuotaExceededError,
         RaftLeaseError,
+        ReservationNotFoundError,
         SessionExpiredError,
         SessionNotFoundError,
         StaleAttemptError,
@@ -114,6 +118,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "RW_CAPACITY",
+    "AmountOverCapacityError",
     "AsyncClient",
     "AsyncElection",
     "AsyncHeldLock",
@@ -121,6 +126,8 @@ __all__ = [
     "AsyncSession",
     "AsyncTask",
     "BadRequestError",
+    "BudgetExhaustedError",
+    "BudgetNotFoundError",
     "CapacityMismatchError",
     "Client",
     "ClientExpiredError",
@@ -145,6 +152,7 @@ __all__ = [
     "QuotaExceededError",
     "RaftLeaseError",
     "Read",
+    "ReservationNotFoundError",
     "Session",
     "SessionExpiredError",
     "SessionNotFoundError",

@@ -151,6 +151,46 @@ class TaskDeadError(RaftLeaseError):
     definite = True
 
 
+class BudgetNotFoundError(RaftLeaseError):
+    """No budget has this key: never defined (``budget_set``), or deleted."""
+
+    code = "BUDGET_NOT_FOUND"
+    definite = True
+
+
+class BudgetExhaustedError(RaftLeaseError):
+    """The budget cannot grant the amount now (its level is too low, or earlier
+    spends wait ahead), and the spend had no ``wait`` left. Nothing was drawn.
+    ``detail`` has ``level``, ``capacity``, ``waiting`` and ``retry_after`` (seconds
+    of log time until the refill covers the amount with nobody ahead; null when
+    others wait or the budget has no refill)."""
+
+    code = "BUDGET_EXHAUSTED"
+    definite = True
+
+    @property
+    def retry_after(self) -> float | None:
+        value = self.detail.get("retry_after")
+        return float(value) if isinstance(value, int | float) else None
+
+
+class AmountOverCapacityError(RaftLeaseError):
+    """The amount asked is above the budget's capacity: it could never be granted,
+    so it is refused at once instead of waiting for ever. ``detail`` has
+    ``amount`` and ``capacity``."""
+
+    code = "AMOUNT_OVER_CAPACITY"
+    definite = True
+
+
+class ReservationNotFoundError(RaftLeaseError):
+    """The budget has no such open reservation: already settled or cancelled, or
+    past its TTL (then it was settled at its reserved amount)."""
+
+    code = "RESERVATION_NOT_FOUND"
+    definite = True
+
+
 # --- request errors (rejected before proposing; definite) -------------------------
 
 
@@ -275,6 +315,10 @@ _REGISTRY: dict[str, type[RaftLeaseError]] = {
         StaleAttemptError,
         TaskNotFoundError,
         TaskDeadError,
+        BudgetNotFoundError,
+        BudgetExhaustedError,
+        AmountOverCapacityError,
+        ReservationNotFoundError,
         BadRequestError,
         InvalidArgumentError,
         FrameTooLargeError,

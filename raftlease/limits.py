@@ -54,3 +54,13 @@ DEFAULT_PRINCIPAL_TASKS = 10_000
 DEFAULT_PRINCIPAL_QUEUES = 1_000
 #: Most tasks one dead-letter read returns.
 MAX_DEAD_LIST = 10_000
+#: Shared budgets (core/budget.py, docs/budgets.md): the largest capacity, amount and
+#: settled cost (whole units); the fastest refill (units per second); the most
+#: budgets a cluster holds; the most waiting spends plus open reservations one budget
+#: holds; how long (log-time ms) a granted or ended wait's outcome is kept for its
+#: client's long-poll.
+MAX_BUDGET_AMOUNT = 10**12
+MAX_BUDGET_REFILL = 10**9
+MAX_BUDGETS = 10_000
+MAX_BUDGET_PENDING = 10_000
+BUDGET_OUTCOME_MS = 60_000

@@ -80,6 +80,7 @@ from .client.aio import AsyncClient
 from .client.aio_queue import AsyncTask
 from .errors import RaftLeaseError
 from .limits import (
+    MAX_BUDGET_AMOUNT,
     MAX_CAPACITY,
     MAX_ID_CHARS,
     MAX_KEY_BYTES,
@@ -129,6 +130,18 @@ Key = Annotated[
         description=(
             f"The lease key, e.g. gpus/node-4 or task/17: 1 to {MAX_KEY_BYTES} UTF-8 bytes, "
             "no NUL (the cluster's max_key_bytes, 512 by default, may be lower)."
+        ),
+    ),
+]
+BudgetKey = Annotated[
+    StrictStr,
+    Field(
+        min_length=1,
+        max_length=MAX_KEY_BYTES,
+        pattern=_NO_NUL,
+        description=(
+            f"The budget's key, e.g. llm/tokens-per-minute: 1 to {MAX_KEY_BYTES} UTF-8 "
+            "bytes, no NUL (an operator defines it with raftlease budget set)."
         ),
     ),
 ]
@@ -329,6 +342,17 @@ class ListClaimsResult(TypedDict):
     prefix: NotRequired[str]
     leases: NotRequired[
         Annotated[list[LeaseView], Field(description="Every live lease under prefix.")]
+    ]
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class SpendResult(TypedDict):
+    key: str
+    amount: Annotated[int, Field(description="The units drawn.")]
+    granted: Annotated[bool, Field(description="Always true: a refusal is a tool error.")]
+    level: NotRequired[
+        Annotated[float, Field(description="The budget's level right after (units).")]
     ]
     lost_claims: NotRequired[_LostClaims]
 
@@ -873,6 +897,23 @@ class ClaimBook:
         self.tasks.pop(task_id, None)
         return {"queue": task.queue, "task_id": task_id, "token": task.token, how: True}
 
+    async def spend_budget(self, key: str, amount: int, wait: float) -> dict[str, Any]:
+        """Draw ``amount`` units from the shared budget ``key`` (docs/budgets.md),
+        waiting up to ``wait`` seconds in its FIFO queue; a cancelled call withdraws
+        the wait. Raises a tool error with the cluster's code (BUDGET_EXHAUSTED, ...)."""
+        _check_key(key)
+        if isinstance(amount, bool) or not 1 <= amount <= MAX_BUDGET_AMOUNT:
+            raise _tool_error("INVALID_ARGUMENT", f"amount must be 1 to {MAX_BUDGET_AMOUNT}")
+        wait = _check_seconds("wait", wait, MAX_WAIT)
+        try:
+            done = await self.client.spend(key, amount, wait=wait)
+        except RaftLeaseError as exc:
+            raise _from_raftlease(exc) from None
+        body: dict[str, Any] = {"key": key, "amount": done.amount, "granted": True}
+        if done.level is not None:
+            body["level"] = done.level
+        return body
+
     async def check_token(self, key: str, token: int) -> dict[str, Any]:
         _check_key(key)
         if isinstance(token, bool) or not 0 <= token < 2**63:
@@ -1296,6 +1337,39 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
         body = await book.finish_task(task_id, "failed", error=error, retry_after=retry_after)
         return cast(FailResult, await book.result(ctx, body))
 
+    async def spend_budget(
+        key: BudgetKey,
+        amount: Annotated[
+            StrictInt,
+            Field(
+                ge=1,
+                le=MAX_BUDGET_AMOUNT,
+                description=f"Whole units to draw (tokens, requests), 1 to {MAX_BUDGET_AMOUNT}.",
+            ),
+        ],
+        ctx: Context,
+        wait: Annotated[
+            StrictFloat,
+            Field(
+                ge=0,
+                le=MAX_WAIT,
+                allow_inf_nan=False,
+                description=(
+                    f"Seconds to wait in the budget's first-come queue until its refill "
+                    f"covers the amount, 0 to {MAX_WAIT:g} (default 0: answer "
+                    "BUDGET_EXHAUSTED at once, with retry_after)."
+                ),
+            ),
+        ] = 0.0,
+    ) -> SpendResult:
+        """Draw `amount` units from the shared budget `key` (an LLM provider's tokens
+        or requests per minute, shared by every agent), decided by the cluster: never
+        more than the budget. Refused with BUDGET_EXHAUSTED when it cannot grant within
+        `wait`, AMOUNT_OVER_CAPACITY, BUDGET_NOT_FOUND. Not idempotent: each call
+        draws again."""
+        body = await book.spend_budget(key, amount, wait)
+        return cast(SpendResult, await book.result(ctx, body))
+
     tools = [
         _strict_tool(claim, _hints("Claim a key", read_only=False)),
         _strict_tool(renew, _hints("Renew claims", read_only=False)),
@@ -1308,6 +1382,9 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
         _strict_tool(heartbeat, _hints("Heartbeat a task", read_only=False)),
         _strict_tool(complete_task, _hints("Complete a task", read_only=False, destructive=True)),
         _strict_tool(fail_task, _hints("Fail a task", read_only=False, destructive=True)),
+        _strict_tool(
+            spend_budget, _hints("Spend from a budget", read_only=False, idempotent=False)
+        ),
     ]
     server = _Server(
         {tool.name: tool.parameters for tool in tools},

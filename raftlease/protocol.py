@@ -256,6 +256,18 @@ def _progress(message: Mapping[str, Any], name: str, most: int) -> int | float:
     return progress
 
 
+def _number(message: Mapping[str, Any], name: str, low: float, high: float) -> int | float:
+    """A finite number in ``low..high`` (a budget's refill rate)."""
+    value = message.get(name)
+    if value is None:
+        raise BadRequestError(f"missing field {name!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadRequestError(f"field {name!r} must be a number, not {type(value).__name__}")
+    if not math.isfinite(_as_float(value)) or not low <= value <= high:
+        raise InvalidArgumentError(f"field {name!r} must be a number from {low} to {high}")
+    return value
+
+
 def _choice(message: Mapping[str, Any], name: str, choices: tuple[str, ...]) -> str:
     value = message.get(name)
     if value not in choices:
@@ -308,6 +320,8 @@ def _read(spec: Field, message: Mapping[str, Any], limits: Limits, args: Mapping
         return _choice(message, name, spec.choices)
     if kind == "prefix":
         return _prefix(message, name, high)
+    if kind == "number":
+        return _number(message, name, low, high)
     return _address(message, name, high)
 
 

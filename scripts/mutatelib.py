@@ -94,6 +94,7 @@ DEFAULT_TESTS = (
     "tests/unit/test_core.py",
     "tests/unit/test_core_tasks.py",
     "tests/unit/test_core_queue.py",
+    "tests/unit/test_core_budgets.py",
     "tests/unit/test_pool_units.py",
     "tests/unit/test_queue_completed_cap.py",
     "tests/unit/test_memory_keepalives.py",

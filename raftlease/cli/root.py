@@ -11,7 +11,21 @@ from __future__ import annotations
 import click
 
 from .._version import __version__
-from . import admin, certs, lease, lock, mcp, member, node, queue, snapshot, status, top, up
+from . import (
+    admin,
+    budget,
+    certs,
+    lease,
+    lock,
+    mcp,
+    member,
+    node,
+    queue,
+    snapshot,
+    status,
+    top,
+    up,
+)
 from .common import DEFAULT_ENDPOINTS, DURATION, OUTPUTS
 
 
@@ -67,6 +81,7 @@ for command in (
     lock.elect,
     member.member,
     queue.queue,
+    budget.budget,
     snapshot.snapshot,
     certs.certs,
     top.top,

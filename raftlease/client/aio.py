@@ -45,8 +45,9 @@ from ..recipes.election import AsyncElection
 from ..recipes.locks import AsyncHeldLock
 from ..recipes.sessions import AsyncSession
 from ..recipes.shared import SharedKeyLocks
-from . import direct
+from . import budgets, direct
 from .aio_queue import AsyncQueue
+from .budgets import BudgetInfo, Reservation, Settlement, Spend
 from .transport import DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE, Pin, Transport, unknown_outcome
 
 
@@ -460,6 +461,98 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         ``defaults`` (lease_ttl, max_attempts, progress_timeout, retention, backoff)
         apply to every put that does not set them."""
         return AsyncQueue(self, name, **defaults)
+
+    async def budget_set(
+        self,
+        key: str,
+        *,
+        capacity: int,
+        refill_per_s: float,
+        timeout: float | None = None,
+    ) -> BudgetInfo:
+        """Define the shared budget ``key`` (a token bucket of ``capacity`` whole
+        units, refilled at ``refill_per_s`` units per second of log time, rounded to
+        0.001; a new budget starts full) or change an existing one (its level is cut
+        to the new capacity; waiting spends above it end). Needs ``admin`` on
+        ``budget:<key>`` with auth. Raises ``InvalidArgumentError`` for bad values,
+        ``QuotaExceededError`` at 10,000 budgets. Blocks for one round trip."""
+        args = {"key": key, "capacity": capacity, "refill_per_s": refill_per_s}
+        result = await self.call("budget_set", args, mutating=True, timeout=timeout)
+        return BudgetInfo.from_wire(result["budget"])
+
+    async def budget_get(self, key: str, *, timeout: float | None = None) -> BudgetInfo:
+        """The budget ``key`` as of now (read through the log). Raises
+        ``BudgetNotFoundError``."""
+        result = await self.call("budget_get", {"key": key}, mutating=False, timeout=timeout)
+        return BudgetInfo.from_wire(result["budget"])
+
+    async def budget_delete(self, key: str, *, timeout: float | None = None) -> None:
+        """Delete the budget ``key``: its waiting spends end (their callers get
+        ``BudgetExhaustedError``), its reservations are dropped. Raises
+        ``BudgetNotFoundError``."""
+        await self.call("budget_delete", {"key": key}, mutating=True, timeout=timeout)
+
+    async def spend(
+        self, key: str, amount: int, *, wait: float = 0.0, timeout: float | None = None
+    ) -> Spend:
+        """Draw ``amount`` whole units from the budget ``key``, decided in the log.
+
+        With ``wait=0`` (default) raises ``BudgetExhaustedError`` (definite, nothing
+        drawn; ``retry_after`` says when the refill covers it) at once if the level is
+        too low or others wait. With ``wait > 0`` the spend joins the budget's FIFO
+        queue in the replicated state (nobody overtakes the head, so a big amount is
+        not starved by small ones) and the call blocks until it is granted, in the
+        log entry whose time the refill covers it, or ``wait`` seconds pass (then it
+        is withdrawn and ``BudgetExhaustedError`` raised). Cancelling the call, or an
+        unknown outcome, withdraws it too (module docs: raftlease.client.budgets).
+        Raises ``AmountOverCapacityError`` at once for more than the capacity,
+        ``BudgetNotFoundError``, ``QuotaExceededError`` (10,000 waiting)."""
+        result = await budgets.draw(
+            self, "budget_spend", {"key": key, "amount": amount}, wait, timeout
+        )
+        level = result.get("level")
+        return Spend(key, int(result["amount"]), float(level) if level is not None else None)
+
+    async def reserve(
+        self,
+        key: str,
+        amount: int,
+        *,
+        wait: float = 0.0,
+        ttl: float | None = None,
+        timeout: float | None = None,
+    ) -> Reservation:
+        """Draw an estimate of ``amount`` units now and settle the actual cost later
+        (``settle``), for costs known only afterwards (an LLM call's tokens). A
+        reservation not settled within ``ttl`` seconds (default 300) is settled at
+        ``amount``. Waits, refusals and cancellation as ``spend``; a reservation
+        granted while its wait was being withdrawn is handed back whole."""
+        args: dict[str, Any] = {"key": key, "amount": amount}
+        if ttl is not None:
+            args["ttl"] = ttl
+        result = await budgets.draw(self, "budget_reserve", args, wait, timeout)
+        return Reservation(
+            key, int(result["amount"]), str(result["reservation_id"]), int(result["expires_at"])
+        )
+
+    async def settle(
+        self, reservation: Reservation, actual: int, *, timeout: float | None = None
+    ) -> Settlement:
+        """Settle ``reservation`` with the ``actual`` cost in whole units: less than
+        reserved returns the difference (up to capacity), more draws the extra, into
+        debt (a negative level later refills pay off) down to minus one capacity.
+        Raises ``ReservationNotFoundError`` if it was settled, cancelled or expired
+        (expired: settled at its reserved amount)."""
+        args = {"key": reservation.key, "reservation_id": reservation.reservation_id}
+        result = await self.call(
+            "budget_settle", {**args, "actual": actual}, mutating=True, timeout=timeout
+        )
+        return Settlement(
+            reservation.key,
+            int(result["reserved"]),
+            int(result["actual"]),
+            float(result["level"]),
+        )
 
     async def renew(
         self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None

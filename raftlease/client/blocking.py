@@ -22,6 +22,7 @@ from ..recipes.locks import HeldLock
 from ..recipes.sessions import Session
 from ..recipes.shared import SharedKeyLocks
 from .aio import AsyncClient
+from .budgets import BudgetInfo, Reservation, Settlement, Spend
 from .direct import LanePool, run_inline
 from .queue import Queue
 
@@ -328,6 +329,55 @@ class Client(SharedKeyLocks[HeldLock]):
     def queue(self, name: str, **defaults: Any) -> Queue:
         """The leased task queue ``name`` (see ``AsyncClient.queue``), blocking."""
         return Queue(self, self._async, name, **defaults)
+
+    def budget_set(
+        self,
+        key: str,
+        *,
+        capacity: int,
+        refill_per_s: float,
+        timeout: float | None = None,
+    ) -> BudgetInfo:
+        """Blocking ``AsyncClient.budget_set``."""
+        return self._run(
+            self._async.budget_set(
+                key, capacity=capacity, refill_per_s=refill_per_s, timeout=timeout
+            )
+        )
+
+    def budget_get(self, key: str, *, timeout: float | None = None) -> BudgetInfo:
+        """Blocking ``AsyncClient.budget_get``."""
+        return self._run(self._async.budget_get(key, timeout=timeout))
+
+    def budget_delete(self, key: str, *, timeout: float | None = None) -> None:
+        """Blocking ``AsyncClient.budget_delete``."""
+        self._run(self._async.budget_delete(key, timeout=timeout))
+
+    def spend(
+        self, key: str, amount: int, *, wait: float = 0.0, timeout: float | None = None
+    ) -> Spend:
+        """Blocking ``AsyncClient.spend``: blocks the calling thread up to ``wait``
+        seconds (plus the deadline); an interrupted call is cancelled on the loop,
+        which withdraws the queued spend (as ``AsyncClient.spend``)."""
+        return self._run(self._async.spend(key, amount, wait=wait, timeout=timeout))
+
+    def reserve(
+        self,
+        key: str,
+        amount: int,
+        *,
+        wait: float = 0.0,
+        ttl: float | None = None,
+        timeout: float | None = None,
+    ) -> Reservation:
+        """Blocking ``AsyncClient.reserve``."""
+        return self._run(self._async.reserve(key, amount, wait=wait, ttl=ttl, timeout=timeout))
+
+    def settle(
+        self, reservation: Reservation, actual: int, *, timeout: float | None = None
+    ) -> Settlement:
+        """Blocking ``AsyncClient.settle``."""
+        return self._run(self._async.settle(reservation, actual, timeout=timeout))
 
     def renew(
         self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None

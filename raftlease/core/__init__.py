@@ -9,7 +9,8 @@
 * ``store``: ``LeaseStore``, apply and every mutation;
 * ``snapshot``: the versioned plain-data snapshot codec;
 * ``task_records``, ``task_state``, ``queue``: leased task queues (limits, records and
-  checks; the state and its reads; every mutation), docs/queues.md.
+  checks; the state and its reads; every mutation), docs/queues.md;
+* ``budget``: shared budgets, token buckets refilled in log time, docs/budgets.md.
 
 A test walks this package's AST (tests/fitness/test_core_purity.py): it imports nothing that
 reads a clock, draws a random number or does I/O.

@@ -24,6 +24,7 @@ from ..limits import (
 # within a priority); one constant, the table's.
 from ..operations import MAX_PRIORITY as MAX_PRIORITY
 from ..operations import TABLE, core_bounds, ops_reading, ops_with
+from .budget import BUDGET_MUTATING_OPS, BUDGET_READ_OPS
 
 #: Most requests one batch entry may carry.
 MAX_BATCH = 4096
@@ -52,12 +53,15 @@ TASK_OPS = TASK_MUTATING_OPS | TASK_READ_OPS
 
 
 #: Every mutating operation of the table: each carries ``cid``, ``seq``, ``ack``.
-MUTATING_OPS = LEASE_OPS | SESSION_OPS | ADMIN_OPS | TASK_MUTATING_OPS
+#: Shared budgets (core/budget.py, issue 42) keep their own lists there.
+MUTATING_OPS = LEASE_OPS | SESSION_OPS | ADMIN_OPS | TASK_MUTATING_OPS | BUDGET_MUTATING_OPS
 assert MUTATING_OPS == _MUTATING, "a mutating operation the state machine does not know"
 
 
 READ_OPS = frozenset(
-    {"holder", "leases", "fence", "lease_status", "waiters", "sessions"} | TASK_READ_OPS
+    {"holder", "leases", "fence", "lease_status", "waiters", "sessions"}
+    | TASK_READ_OPS
+    | BUDGET_READ_OPS
 )
 
 

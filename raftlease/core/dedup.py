@@ -45,6 +45,8 @@ _DRAWN = {
     "session_open": "sid",
     "task_put": "tid",
     "task_claim": "aid",
+    "budget_spend": "rid",
+    "budget_reserve": "rid",
 }
 
 

@@ -11,6 +11,7 @@ import heapq
 from typing import Any
 
 from ..limits import TOKEN_RESERVE_STEP
+from .budget import Budgets
 from .dedup import ClientTable
 from .queue import TaskQueues
 from .records import LeaseRecord, LeaseSession, Waiter
@@ -18,7 +19,8 @@ from .state import StoreState
 
 #: Bump when the snapshot layout changes; ``restore`` refuses other versions.
 #: 5: task queues (``tasks``, core/queue.py); a layout 4 snapshot has none.
-SNAPSHOT_VERSION = 5
+#: 6: shared budgets (``budgets``, core/budget.py); a layout 5 snapshot has none.
+SNAPSHOT_VERSION = 6
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
 #: build that changes what an entry means writes a higher ``fv``, and nodes that
@@ -56,6 +58,7 @@ def to_plain(store: StoreState) -> dict[str, Any]:
         # "sessions" is the dedup table's name in the layout (the client records).
         "sessions": store.clients.to_plain(),
         "tasks": store.tasks.to_plain(),
+        "budgets": store.budgets.to_plain(),
     }
 
 
@@ -71,15 +74,15 @@ def _capacity_rows(store: StoreState) -> list[list[Any]]:
 
 def restore(store: StoreState, data: dict[str, Any]) -> None:
     """Fill a fresh ``store`` from ``to_plain`` output (this layout version or versions
-    2 and 3, which it upgrades). Raises ``ValueError`` on any other version."""
+    2 to 5, which it upgrades). Raises ``ValueError`` on any other version."""
     version = data.get("v")
     if isinstance(version, int) and not isinstance(version, bool) and version > SNAPSHOT_VERSION:
         raise ValueError(
             f"snapshot version {version} is newer than this build understands "
             f"(up to {SNAPSHOT_VERSION}): it was written by a newer raftlease; upgrade this node"
         )
-    if version not in (2, 3, 4, SNAPSHOT_VERSION):
-        raise ValueError(f"snapshot version {version!r} is not 2, 3, 4 or {SNAPSHOT_VERSION}")
+    if version not in (2, 3, 4, 5, SNAPSHOT_VERSION):
+        raise ValueError(f"snapshot version {version!r} is not 2, 3, 4, 5 or {SNAPSHOT_VERSION}")
     if "ceiling" not in data:
         # Layouts 2 and 3 had no token ceiling: reserve one step from the revision
         # (the next new term jumps past it anyway).
@@ -152,6 +155,8 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     heapq.heapify(store._deadlines)
     if "tasks" in data:  # layouts before 5 had no task queues
         store.tasks = TaskQueues.from_plain(data["tasks"])
+    if "budgets" in data:  # layouts before 6 had no budgets
+        store.budgets = Budgets.from_plain(data["budgets"])
 
 
 def for_new_cluster(data: dict[str, Any], token_jump: int) -> dict[str, Any]:

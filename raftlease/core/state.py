@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from .budget import Budgets
 from .dedup import ClientTable
 from .queue import TaskQueues
 from .records import MAX_INDEXED_CAPACITY, LeaseRecord, LeaseSession, Result, Waiter
@@ -76,6 +77,8 @@ class StoreState:
         self.events: list[dict[str, Any]] = []
         #: Leased task queues (core/queue.py).
         self.tasks = TaskQueues()
+        #: Shared budgets (core/budget.py).
+        self.budgets = Budgets()
         #: Memory, not state (never snapshotted; no answer depends on it): one object
         #: per distinct owner, principal and TTL among recent grants, shared by their
         #: leases (``share``).
@@ -369,4 +372,7 @@ class StoreState:
         tasks = self.tasks.next_deadline()  # attempts, delayed tasks, waiting claims
         if tasks is not None:
             heads.append(tasks)
+        budgets = self.budgets.next_deadline()  # waits, reservations, refills due
+        if budgets is not None:
+            heads.append(budgets)
         return min(heads) if heads else None

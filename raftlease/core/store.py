@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 
 from ..limits import MAX_SESSION_LEASES, TOKEN_RESERVE_STEP
 from . import snapshot
+from .budget import BUDGET_MUTATING_OPS, BUDGET_OPS, BUDGET_READ_OPS, check_budget_args
 from .checks import (
     ALL_OPS,
     MAX_BATCH,
@@ -123,6 +124,8 @@ class LeaseStore(StoreState):
         problem = check_args(op, entry)
         if problem is None and op in TASK_OPS:
             problem = check_task_args(op, entry)
+        if problem is None and op in BUDGET_OPS:
+            problem = check_budget_args(op, entry)
         if problem is not None:
             return error("BAD_REQUEST", problem)
 
@@ -203,6 +206,8 @@ class LeaseStore(StoreState):
             return {"ok": True, "sessions": self.list_sessions(entry.get("limit", 1000))}
         if op in TASK_READ_OPS:
             return self.tasks.read(self, entry)
+        if op in BUDGET_READ_OPS:
+            return self.budgets.read(entry, self.now)
         return self._apply_mutation(op, entry)
 
     def _new_epoch(self) -> None:
@@ -228,6 +233,8 @@ class LeaseStore(StoreState):
             return "session id already in use"
         if op in TASK_MUTATING_OPS:
             return self.tasks.reused_id(op, entry)
+        if op in BUDGET_MUTATING_OPS:
+            return self.budgets.reused_id(op, entry)
         return None
 
     def _advance(self, now: int) -> None:
@@ -263,6 +270,8 @@ class LeaseStore(StoreState):
             if waiter is not None and waiter.deadline == deadline:
                 self._dequeue(waiter, "deadline")
         self.tasks.advance(self)  # task attempts, deadlines, delays, claims, retention
+        # Budgets: reservations and waits due, waiting heads the refill now covers.
+        self.events.extend(self.budgets.advance(self.now))
         # Stale heap entries (from renewals) accumulate; rebuild when they dominate.
         if len(deadlines) > 64 and len(deadlines) > 4 * len(self.leases):
             self._rebuild_deadlines()
@@ -855,6 +864,12 @@ class LeaseStore(StoreState):
         """A ``task_*`` mutation (core/queue.py)."""
         return self.tasks.mutate(self, entry)
 
+    def _budget(self, entry: dict[str, Any]) -> Result:
+        """A ``budget_*`` mutation (core/budget.py): its events join this entry's."""
+        result, events = self.budgets.mutate(entry, self.now)
+        self.events.extend(events)
+        return result
+
     _MUTATIONS: ClassVar[dict[str, Callable[[LeaseStore, dict[str, Any]], Result]]] = {
         "acquire": _acquire,
         "renew": _renew,
@@ -866,6 +881,7 @@ class LeaseStore(StoreState):
         "session_keepalive": _session_keepalive,
         "session_close": _session_close,
         **dict.fromkeys(TASK_MUTATING_OPS, _task),
+        **dict.fromkeys(BUDGET_MUTATING_OPS, _budget),
     }
 
     # -------------------------------------------------------------- snapshots

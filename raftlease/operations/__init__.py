@@ -15,13 +15,15 @@ Ground floor: imports only ``errors`` and ``limits`` (and the stdlib), so every 
 the pure core included, may read it. Pure data and small pure functions: no I/O.
 
 The table is a package by subject, each a tuple of ``Operation`` in the order the wire
-protocol has always listed them: ``leases.py``, ``tasks.py``, ``cluster.py``; the
+protocol has always listed them: ``leases.py``, ``tasks.py``, ``cluster.py``, then
+``budgets.py`` (shared budgets, added last); the
 vocabulary they are written in (fields, bounds, rules, results, routes, permissions)
 is ``schema.py``.
 """
 
 from __future__ import annotations
 
+from .budgets import BUDGET_OPS
 from .cluster import CLUSTER_OPS
 from .leases import LEASE_OPS
 from .schema import (
@@ -44,7 +46,7 @@ from .schema import (
 from .tasks import TASK_OPS
 
 #: Every operation, in the wire protocol's order.
-TABLE: tuple[Operation, ...] = LEASE_OPS + TASK_OPS + CLUSTER_OPS
+TABLE: tuple[Operation, ...] = LEASE_OPS + TASK_OPS + CLUSTER_OPS + BUDGET_OPS
 
 #: The table by operation name.
 BY_NAME: dict[str, Operation] = {op.name: op for op in TABLE}

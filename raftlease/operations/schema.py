@@ -55,7 +55,7 @@ class Limits:
 #: ``value`` a lease's published value (the same, with its own message); ``labels`` a
 #: map of at most ``high`` non-empty names to strings; ``progress`` a finite number;
 #: ``enum`` one of ``choices``; ``prefix`` a key prefix (may be empty); ``address``
-#: host:port.
+#: host:port; ``number`` a finite number in ``low..high`` (a budget's refill rate).
 Kind = Literal[
     "string",
     "integer",
@@ -68,6 +68,7 @@ Kind = Literal[
     "enum",
     "prefix",
     "address",
+    "number",
 ]
 
 #: When an optional field is read: ``not_none`` when the message holds it with a
@@ -407,6 +408,9 @@ Permission = Literal[
     "key_admin",
     "queue_read",
     "queue_write",
+    "budget_read",
+    "budget_write",
+    "budget_admin",
     "admin",
 ]
 
@@ -421,6 +425,9 @@ PERMISSIONS: dict[Permission, str] = {
     "key_admin": "admin on a prefix of the key",
     "queue_read": "read on the key queue:<name>",
     "queue_write": "write on the key queue:<name>",
+    "budget_read": "read on the key budget:<key>",
+    "budget_write": "write on the key budget:<key>",
+    "budget_admin": "admin on the key budget:<key>",
     "admin": "admin on the whole key space",
 }
 
@@ -499,3 +506,4 @@ QUEUED = frozenset({"key", "owner", "lease_id", "now"})
 LEASES = "leases"
 SESSIONS = "sessions"
 QUEUES = "queues"
+BUDGETS = "budgets"

@@ -69,6 +69,9 @@ ACTIONS = frozenset({"read", "write", "admin", "shape"})
 #: prefix ``queue:rollouts`` grants one queue, ``queue:`` every queue). Which
 #: operation needs which permission is in the operations table (``operations.TABLE``).
 QUEUE_KEY_PREFIX = "queue:"
+#: A budget's operations need the permission on ``budget:<key>`` (docs/budgets.md): a
+#: budget and a lease of the same key are different things, granted separately.
+BUDGET_KEY_PREFIX = "budget:"
 #: What ``status`` answers a caller without ``admin`` when there is an auth file: the
 #: fields a client needs to find the leader and a probe to see health (the status
 #: operation's required results in the operations table). The rest (peers and their
@@ -207,6 +210,16 @@ class AuthPolicy:
             if not principal.allows(action, target):
                 raise PermissionDeniedError(
                     f"{principal.name} may not {action} queue {args['queue']!r} ({op}; "
+                    f"needs {action} on {target!r})",
+                    {"principal": principal.name, "action": action, "key": target},
+                )
+            return
+        if permission in ("budget_read", "budget_write", "budget_admin"):
+            action = permission.removeprefix("budget_")
+            target = BUDGET_KEY_PREFIX + str(args["key"])
+            if not principal.allows(action, target):
+                raise PermissionDeniedError(
+                    f"{principal.name} may not {action} budget {args['key']!r} ({op}; "
                     f"needs {action} on {target!r})",
                     {"principal": principal.name, "action": action, "key": target},
                 )

@@ -4,8 +4,8 @@ What the leader adds before it proposes: the fencing of auth-file shapes, the qu
 the state machine decides with (``max_leases_per_principal``, ``max_waiters_*``,
 ``max_sessions_per_principal``, ``max_queue_tasks``, ``max_tasks_per_principal``,
 ``max_queues_per_principal``, ``max_completed_tasks``), the
-principal and the client id, and the randomness (lease, session, task and attempt
-ids: drawn here, never in the state machine). A ``renew`` or ``session_keepalive``
+principal and the client id, and the randomness (lease, session, task, attempt and
+spend ids: drawn here, never in the state machine). A ``renew`` or ``session_keepalive``
 may be answered from the leader's memory instead (``keepalive_in_memory``;
 server/keepalive.py, docs/design.md "Keep-alives from memory").
 
@@ -145,6 +145,10 @@ class Dispatcher:
             entry["new_lid"] = secrets.token_hex(16)
         elif request.op == "session_open":
             entry["sid"] = secrets.token_hex(16)
+        elif request.op in ("budget_spend", "budget_reserve"):
+            # A spend id: names a queued spend (its long-poll, its withdrawal) and a
+            # reservation (its settle), like a lease id; only the spender receives it.
+            entry["rid"] = secrets.token_hex(16)
         else:
             draw_task_ids(self.config, request.op, entry)  # task and attempt ids, queue quota
         result = await self._propose(entry)

@@ -472,6 +472,9 @@ class NodeServer:
         if request.op in ("await_claim", "await_task"):
             with self.polls.hold(request.principal):
                 return await self.reads.await_task(request)
+        if request.op == "await_spend":
+            with self.polls.hold(request.principal):
+                return await self.reads.await_spend(request)
         if request.op == "snapshot":
             return await self._snapshot(request)
         if request.op == "member_list":

@@ -6,8 +6,9 @@
 * ``local_read``: ``holder``, ``fence``, ``waiters``, ``sessions``, ``leases`` from this
   node's state, ``lease`` (the leader) or ``stale`` (any node) consistency;
 * the long-polls (``await_lease`` for a queued acquire, ``await_claim`` for a waiting
-  task claim, ``await_task`` for a producer's result; docs/queues.md), ONE mechanism for
-  all three (``long_poll``): read the state (from memory under the leader lease, else
+  task claim, ``await_task`` for a producer's result; docs/queues.md; ``await_spend``
+  for a queued spend, docs/budgets.md), ONE mechanism for all four (``long_poll``):
+  read the state (from memory under the leader lease, else
   through the log), answer if it is final or the time is up, else park until the tick
   thread's wake-up for that lease id, attempt id or task id, and read again;
 * ``PollSlots``: the long-poll quota.
@@ -37,7 +38,7 @@ from .slots import Slots
 FINAL = ("completed", "dead")
 
 #: The long-polls: each holds a slot of ``PollSlots`` while it waits on this node.
-LONG_POLL_OPS = frozenset({"await_lease", "await_claim", "await_task"})
+LONG_POLL_OPS = frozenset({"await_lease", "await_claim", "await_task", "await_spend"})
 
 
 class PollSlots(Slots):
@@ -227,6 +228,24 @@ class Reads:
             lambda status: status["task"]["status"] in FINAL,
         )
 
+    async def await_spend(self, request: Request) -> dict[str, Any]:
+        """``await_spend``: until the queued spend or reserve is granted
+        (``granted``, with a reservation's id and expiry), gone (``reason``), or
+        ``timeout`` passes (``waiting``). Answered by the leader, from memory under
+        its leader lease or through the log. Raises ``NotLeaderError``."""
+        key, rid = request.args["key"], request.args["rid"]
+
+        def spend(store: LeaseStore, now: int) -> Result:
+            return {"ok": True, **store.budgets.spend_status(key, rid, now), "now": now}
+
+        return await self.long_poll(
+            rid,
+            request.args["timeout"],
+            spend,
+            {"op": "budget_spend_status", "key": key, "rid": rid},
+            lambda status: status.get("state") != "waiting",
+        )
+
     async def long_poll(
         self,
         ident: str,
@@ -263,14 +282,15 @@ class Reads:
 
     def wake(self, events: list[dict[str, Any]], loop: asyncio.AbstractEventLoop) -> None:
         """Tick thread, after an applied entry's ``events``: wake the long-polls they
-        concern (a queued acquire granted or dequeued: its lease id; a task claim
+        concern (a queued acquire granted or dequeued: its lease id; a queued spend
+        granted or ended: its spend id, in the event's ``lease_id``; a task claim
         granted or gone: its attempt id, in the event's ``lease_id``; any change of a
         task: its task id)."""
         if not self.awaiting:
             return
         for event in events:
             kind = str(event.get("type", ""))
-            if kind in ("grant", "dequeue"):
+            if kind in ("grant", "dequeue", "budget_grant", "budget_dequeue"):
                 idents: tuple[Any, ...] = (event.get("lease_id"),)
             elif kind.startswith("task_"):
                 idents = (event.get("lease_id"), event.get("tid"))

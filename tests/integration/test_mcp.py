@@ -65,6 +65,7 @@ TOOLS = {
     "heartbeat",
     "complete_task",
     "fail_task",
+    "spend_budget",
 }
 
 
@@ -604,6 +605,12 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("fail_task", {"task_id": TASK, "requeue": False}, "requeue"),
     ("fail_task", {"task_id": TASK, "retry_after": 301}, "retry_after"),
     ("fail_task", {"task_id": TASK, "retry_after": -1}, "retry_after"),
+    ("spend_budget", {"key": "mcp/strict/b", "amount": "3"}, "amount"),
+    ("spend_budget", {"key": "mcp/strict/b", "amount": 0}, "amount"),
+    ("spend_budget", {"key": "mcp/strict/b", "amount": 10**13}, "amount"),
+    ("spend_budget", {"key": "mcp/strict/b", "amount": 1, "wait": 3601}, "wait"),
+    ("spend_budget", {"key": "mcp/strict/b", "amount": 1, "owner": "x"}, "owner"),
+    ("spend_budget", {"key": 5, "amount": 1}, "key"),
 ]
 
 
@@ -649,6 +656,14 @@ def test_every_tool_refuses_wrong_extra_and_out_of_range_arguments(shared: Local
             assert "as long as this MCP session" in ttl["message"], ttl
             with shared.client() as c:
                 assert cluster_state(c, taken["task_id"]) == before
+            # spend_budget draws when its arguments are right (its refusals are above).
+            with shared.client() as c:
+                c.budget_set("mcp/strict/b", capacity=3, refill_per_s=0)
+            got = await a.call("spend_budget", key="mcp/strict/b", amount=2)
+            assert got == {"key": "mcp/strict/b", "amount": 2, "granted": True, "level": 1.0}
+            with pytest.raises(ToolFailed) as err:
+                await a.call("spend_budget", key="mcp/strict/b", amount=2)
+            assert err.value.code == "BUDGET_EXHAUSTED"
             # The session's own view is unchanged too: the claim and the task are held.
             mine = await a.call("list_claims")
             assert [(m["key"], m["token"], m["units"]) for m in mine["claims"]] == [
@@ -678,7 +693,8 @@ def test_tools_declare_hints_strict_inputs_and_typed_outputs(shared: LocalCluste
                 assert hints is not None and hints.title, name
                 assert hints.read_only_hint is (name in read_only), name
                 assert hints.destructive_hint is (name in destructive), name
-                assert hints.idempotent_hint is (name != "take_task"), name
+                each_call_acts = name in ("take_task", "spend_budget")
+                assert hints.idempotent_hint is (not each_call_acts), name
                 assert hints.open_world_hint is False, name
                 inputs = tool.input_schema
                 assert inputs["type"] == "object" and inputs["additionalProperties"] is False

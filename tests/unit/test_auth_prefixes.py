@@ -84,3 +84,25 @@ def test_a_prefix_query_may_not_reach_keys_past_the_permission() -> None:
     slash.check(slash.principals["t"], _request({"op": "leases", "prefix": "gpu/a"}))
     with pytest.raises(PermissionDeniedError):
         slash.check(slash.principals["t"], _request({"op": "leases", "prefix": "gpu"}))
+
+
+def test_budgets_are_granted_on_budget_key_apart_from_leases_of_the_same_key() -> None:
+    """A spender may spend (write) and read ``budget:llm/...`` but not define budgets
+    (admin) nor take the lease ``llm/x``; a lease holder of ``llm/`` may not spend."""
+    spender = Role("spender", (("budget:llm/", frozenset({"read", "write"})),))
+    holder = Role("holder", (("llm/", frozenset({"read", "write", "admin"})),))
+    policy = AuthPolicy({"s": Principal("s", (spender,)), "h": Principal("h", (holder,))})
+    s, h = policy.principals["s"], policy.principals["h"]
+    spend = {"op": "budget_spend", "key": "llm/tpm", "amount": 1}
+    policy.check(s, _request(spend))
+    policy.check(s, _request({"op": "budget_get", "key": "llm/tpm"}))
+    define = {"op": "budget_set", "key": "llm/tpm", "capacity": 5, "refill_per_s": 1}
+    for who, message in (
+        (s, define),
+        (s, {"op": "budget_spend", "key": "llmx", "amount": 1}),
+        (s, {"op": "acquire", "key": "llm/tpm", "owner": "o", "ttl": 5}),
+        (h, spend),
+        (h, define),
+    ):
+        with pytest.raises(PermissionDeniedError):
+            policy.check(who, _request(message))

@@ -217,6 +217,7 @@ def _entry(request: Request, now: int) -> dict[str, Any]:
         entry.update(cid=request.cid, seq=request.seq, ack=request.ack)
     draws = {"acquire": "lid", "transfer": "new_lid", "session_open": "sid"}
     draws |= {"task_put": "tid", "task_claim": "aid"}
+    draws |= {"budget_spend": "rid", "budget_reserve": "rid"}
     if request.op in draws:
         entry[draws[request.op]] = f"id{next(_ids)}"
     return entry
@@ -277,6 +278,17 @@ def test_the_state_machine_answers_the_result_fields_of_the_table() -> None:
         run(op, queue="q", task_id=tid)
     run("task_stats", queue="q")
     run("task_dead", queue="q")
+    run("budget_set", key="b", capacity=10, refill_per_s=0.5)
+    run("budget_set", key="b", capacity=10, refill_per_s=1)  # a change
+    run("budget_get", key="b")
+    run("budget_spend", key="b", amount=8)
+    queued = run("budget_spend", key="b", amount=5, wait=5.0)
+    run("budget_cancel", key="b", spend_id=queued["spend_id"])
+    held = run("budget_reserve", key="b", amount=2, ttl=30.0)
+    run("budget_settle", key="b", reservation_id=held["reservation_id"], actual=1)
+    held = run("budget_reserve", key="b", amount=1)
+    run("budget_cancel", key="b", spend_id=held["reservation_id"])
+    run("budget_delete", key="b")
 
 
 def test_units_are_bounded_by_the_capacity_asked() -> None:

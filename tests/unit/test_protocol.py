@@ -390,6 +390,17 @@ def good(op: str) -> dict[str, Any]:
             base["worker"] = "w"
         if op in ("await_claim", "await_task"):
             base["timeout"] = 1.0
+    if op.startswith("budget_") or op == "await_spend":  # issue 42: shared budgets
+        if op == "budget_set":
+            base.update(capacity=10, refill_per_s=0.5)
+        if op in ("budget_spend", "budget_reserve"):
+            base["amount"] = 2
+        if op == "budget_settle":
+            base.update(reservation_id="R", actual=1)
+        if op in ("budget_cancel", "await_spend"):
+            base["spend_id"] = "R"
+        if op == "await_spend":
+            base["timeout"] = 1.0
     if OPS[op]:
         base.update(cid="c", seq=2, ack=1)
     return base
@@ -586,6 +597,50 @@ BAD_CASES += [
     ("fail-after-neg", "task_fail", "retry_after", -1, InvalidArgumentError, "retry_after"),
     ("dead-limit-zero", "task_dead", "limit", 0, InvalidArgumentError, "'limit'"),
 ]
+# Issue 42: shared budgets. Every budget op names its budget's key.
+for _op in sorted(op for op in OPS if op.startswith("budget_") or op == "await_spend"):
+    BAD_CASES += [
+        (f"{_op}-key-missing", _op, "key", MISSING, BadRequestError, "'key'"),
+        (f"{_op}-key-empty", _op, "key", "", InvalidArgumentError, "'key'"),
+        (f"{_op}-key-long", _op, "key", "k" * 600, InvalidArgumentError, "'key'"),
+        (f"{_op}-key-int", _op, "key", 3, BadRequestError, "'key'"),
+    ]
+for _op in ("budget_spend", "budget_reserve"):
+    BAD_CASES += [
+        (f"{_op}-amount-missing", _op, "amount", MISSING, BadRequestError, "'amount'"),
+        (f"{_op}-amount-zero", _op, "amount", 0, InvalidArgumentError, "'amount'"),
+        (f"{_op}-amount-negative", _op, "amount", -5, InvalidArgumentError, "'amount'"),
+        (f"{_op}-amount-float", _op, "amount", 1.5, BadRequestError, "'amount'"),
+        (f"{_op}-amount-nan", _op, "amount", math.nan, BadRequestError, "'amount'"),
+        (f"{_op}-amount-bool", _op, "amount", True, BadRequestError, "'amount'"),
+        (f"{_op}-amount-huge", _op, "amount", 10**40, InvalidArgumentError, "'amount'"),
+        (f"{_op}-wait-negative", _op, "wait", -1, InvalidArgumentError, "wait"),
+        (f"{_op}-wait-nan", _op, "wait", math.nan, InvalidArgumentError, "wait"),
+    ]
+BAD_CASES += [
+    ("bset-cap-missing", "budget_set", "capacity", MISSING, BadRequestError, "'capacity'"),
+    ("bset-cap-zero", "budget_set", "capacity", 0, InvalidArgumentError, "'capacity'"),
+    ("bset-cap-huge", "budget_set", "capacity", 10**13, InvalidArgumentError, "'capacity'"),
+    ("bset-refill-missing", "budget_set", "refill_per_s", MISSING, BadRequestError, "refill"),
+    ("bset-refill-nan", "budget_set", "refill_per_s", math.nan, InvalidArgumentError, "refill"),
+    ("bset-refill-inf", "budget_set", "refill_per_s", math.inf, InvalidArgumentError, "refill"),
+    ("bset-refill-neg", "budget_set", "refill_per_s", -1, InvalidArgumentError, "refill"),
+    ("bset-refill-str", "budget_set", "refill_per_s", "1", BadRequestError, "refill"),
+    ("bset-refill-huge", "budget_set", "refill_per_s", 10**400, InvalidArgumentError, "refill"),
+    ("bres-ttl-zero", "budget_reserve", "ttl", 0, InvalidArgumentError, "ttl"),
+    ("bsettle-rid-missing", "budget_settle", "reservation_id", MISSING, BadRequestError,
+     "'reservation_id'"),
+    ("bsettle-rid-long", "budget_settle", "reservation_id", "R" * 129, InvalidArgumentError,
+     "'reservation_id'"),
+    ("bsettle-actual-missing", "budget_settle", "actual", MISSING, BadRequestError, "'actual'"),
+    ("bsettle-actual-neg", "budget_settle", "actual", -1, InvalidArgumentError, "'actual'"),
+    ("bsettle-actual-float", "budget_settle", "actual", 0.5, BadRequestError, "'actual'"),
+    ("bcancel-sid-missing", "budget_cancel", "spend_id", MISSING, BadRequestError, "'spend_id'"),
+    ("bcancel-sid-int", "budget_cancel", "spend_id", 7, BadRequestError, "'spend_id'"),
+    ("await-sid-missing", "await_spend", "spend_id", MISSING, BadRequestError, "'spend_id'"),
+    ("await-timeout-missing", "await_spend", "timeout", MISSING, BadRequestError, "'timeout'"),
+    ("await-timeout-huge", "await_spend", "timeout", 1e9, InvalidArgumentError, "timeout"),
+]  # fmt: skip
 for _op in sorted(op for op, mutating in OPS.items() if mutating):
     BAD_CASES += [
         (f"{_op}-cid-missing", _op, "cid", MISSING, BadRequestError, "missing field 'cid'"),

@@ -44,6 +44,7 @@ from aiohttp import web
 
 from ...errors import (
     BadRequestError,
+    BudgetExhaustedError,
     FrameTooLargeError,
     InternalError,
     LeaseHeldError,
@@ -240,6 +241,8 @@ class HttpApi:
                 result = await self._await_grant(request, fields, result, caller)
             elif route.poll == "claim" and result.get("queued"):
                 result = await self._await_claim(request, fields, result, caller)
+            elif route.poll == "budget" and result.get("queued"):
+                result = await self._await_spend(request, fields, result, caller)
         except RaftLeaseError as exc:
             for http_name, proto in route.rename:
                 # Name the field the caller sent (an election's 'name', not 'key').
@@ -507,6 +510,52 @@ class HttpApi:
         except RaftLeaseError as exc:
             log.debug("cancelling a waiting claim on %r: %s", queue, exc.code)
         return {"claimed": False, "queue": queue, "state": status.get("state", "gone")}
+
+    async def _await_spend(
+        self,
+        request: web.BaseRequest,
+        fields: dict[str, Any],
+        queued: dict[str, Any],
+        caller: Caller,
+    ) -> dict[str, Any]:
+        """A spend or reserve with ``wait`` is queued: poll (in slices) until it is
+        granted (``granted`` true, with a reservation's id), gone or ``wait`` passed
+        (withdrawn: BUDGET_EXHAUSTED). On the way out unless granted it is withdrawn,
+        in a task of its own when cancelled (a reservation granted meanwhile is
+        handed back; a plain spend granted meanwhile stays spent)."""
+        loop = asyncio.get_running_loop()
+        key, rid = str(queued["key"]), str(queued["spend_id"])
+        until = loop.time() + float(fields.get("wait") or 0.0)
+        status: dict[str, Any] = {}
+        try:
+            while (left := until - loop.time()) > 0 and not gone(request):
+                status = await self.run(
+                    "await_spend",
+                    {"key": key, "spend_id": rid, "timeout": min(left, POLL_SLICE)},
+                    caller,
+                )
+                if status.get("state") == "granted":
+                    return {**status, "granted": True, "key": key, "spend_id": rid}
+                if status.get("state") == "gone":
+                    break
+        except BaseException:
+            task = asyncio.ensure_future(self._cancel_spend(key, rid, caller))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            raise
+        await self._cancel_spend(key, rid, caller)
+        raise BudgetExhaustedError(
+            f"budget {key!r} did not grant {queued.get('amount')} within the wait "
+            f"({status.get('reason', 'wait over')})",
+            {"key": key, "reason": status.get("reason", "expired")},
+        )
+
+    async def _cancel_spend(self, key: str, rid: str, caller: Caller) -> None:
+        """Withdraw a queued spend (or hand back a reservation granted meanwhile)."""
+        try:
+            await self.run("budget_cancel", {"key": key, "spend_id": rid}, caller)
+        except RaftLeaseError as exc:
+            log.debug("withdrawing a queued spend of %r: %s", key, exc.code)
 
     # -------------------------------------------------------------- watch
 

@@ -28,6 +28,7 @@ _HTTP_KIND = {
     "seconds": "number",
     "ttl": "number",
     "progress": "number",
+    "number": "number",
     "enum": "enum",
     "labels": "labels",
 }

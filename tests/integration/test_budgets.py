@@ -1,0 +1,207 @@
+"""Shared budgets on a real 3-node cluster (docs/budgets.md): spend, wait, reserve
+and settle through the blocking client and the HTTP API, two concurrent spenders
+never granted more than the budget, and the decisions kept across a leader kill.
+
+One module cluster (with admin endpoints, for HTTP); the leader kill runs last.
+The unit half (the state machine) is tests/unit/test_core_budgets.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from raftlease.cli import main as cli_main
+from raftlease.errors import (
+    AmountOverCapacityError,
+    BudgetExhaustedError,
+    BudgetNotFoundError,
+    ReservationNotFoundError,
+)
+from raftlease.testing import LocalCluster
+from raftlease.testing.cluster import wait_for
+from tests.integration.test_admin_http import admin_cluster, admin_of
+from tests.unit.test_http_api import call
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    c = admin_cluster(3)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+        c.close()
+
+
+def test_spend_wait_reserve_and_settle_through_the_client(cluster: LocalCluster) -> None:
+    with cluster.client() as c:
+        # No refill first: the refusal below cannot race a refill.
+        info = c.budget_set("llm/tpm", capacity=10, refill_per_s=0)
+        assert info.level == 10.0 and info.refill_per_s == 0.0
+        assert c.spend("llm/tpm", 10).level == 0.0
+        with pytest.raises(BudgetExhaustedError) as refused:
+            c.spend("llm/tpm", 5)
+        assert refused.value.definite and refused.value.detail["level"] == 0.0
+        # A fast refill now: queued in the log, granted by the entry whose log time
+        # the refill covers (a tenth of a second).
+        assert c.budget_set("llm/tpm", capacity=10, refill_per_s=50.0).refill_per_s == 50.0
+        assert c.spend("llm/tpm", 5, wait=5.0).amount == 5
+        with pytest.raises(AmountOverCapacityError):
+            c.spend("llm/tpm", 11, wait=5.0)
+        with pytest.raises(BudgetNotFoundError):
+            c.spend("nobody", 1)
+        held = c.reserve("llm/tpm", 4, wait=5.0, ttl=30.0)
+        settled = c.settle(held, 1)
+        assert settled.reserved == 4 and settled.actual == 1
+        with pytest.raises(ReservationNotFoundError):
+            c.settle(held, 1)
+        c.budget_delete("llm/tpm")
+        with pytest.raises(BudgetNotFoundError):
+            c.budget_get("llm/tpm")
+
+
+def test_spend_and_reserve_over_http(cluster: LocalCluster) -> None:
+    api = admin_of(cluster, cluster.leader_id())
+    body = {"key": "http/b", "capacity": 4, "refill_per_s": 0}
+    status, made = call(api, "POST", "/v1/budgets/set", body)
+    assert status == 200 and made["created"] is True
+    status, got = call(api, "POST", "/v1/budgets/spend", {"key": "http/b", "amount": 4})
+    assert status == 200 and got["granted"] is True
+    status, refused = call(api, "POST", "/v1/budgets/spend", {"key": "http/b", "amount": 2})
+    assert status == 429 and refused["error"]["code"] == "BUDGET_EXHAUSTED"
+    status, _ = call(api, "POST", "/v1/budgets/set", {**body, "refill_per_s": 40})
+    assert status == 200
+    status, waited = call(
+        api, "POST", "/v1/budgets/spend", {"key": "http/b", "amount": 2, "wait": 5}
+    )
+    assert status == 200 and waited["granted"] is True and waited["state"] == "granted"
+    status, held = call(
+        api, "POST", "/v1/budgets/reserve", {"key": "http/b", "amount": 1, "wait": 5}
+    )
+    assert status == 200 and held["reservation_id"]
+    settle = {"key": "http/b", "reservation_id": held["reservation_id"], "actual": 0}
+    status, settled = call(api, "POST", "/v1/budgets/settle", settle)
+    assert status == 200 and settled["reserved"] == 1
+    status, read = call(api, "GET", "/v1/budgets/get?key=http/b")
+    assert status == 200 and read["budget"]["capacity"] == 4
+    # Hostile values: definite codes, nothing drawn.
+    for bad, code in (
+        ({"key": "http/b", "amount": -1}, 400),
+        ({"key": "http/b", "amount": 1.5}, 400),
+        ({"key": "http/b", "amount": "1"}, 400),
+        ({"key": "x" * 5000, "amount": 1}, 400),
+        ({"key": "http/b", "amount": 5}, 409),
+        ({"key": "http/none", "amount": 1}, 404),
+    ):
+        status, answer = call(api, "POST", "/v1/budgets/spend", bad)
+        assert status == code and answer["error"]["definite"] is True, (bad, answer)
+
+
+def test_the_budget_commands(cluster: LocalCluster) -> None:
+    """In process (click's runner): what the shell gets, JSON and exit codes."""
+    runner = CliRunner()
+    where = ["--endpoints", ",".join(cluster.endpoints), "-o", "json"]
+
+    def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+        out = runner.invoke(cli_main, ["budget", *args, *where], env=env)
+        return out.exit_code, json.loads(out.output.strip().splitlines()[-1])
+
+    code, made = run("set", "cli/b", "--capacity", "5", "--refill", "0")
+    assert code == 0 and made["budget"] == {
+        "key": "cli/b",
+        "capacity": 5,
+        "refill_per_s": 0.0,
+        "level": 5.0,
+        "waiting": 0,
+        "waiting_amount": 0,
+        "reservations": 0,
+        "reserved": 0,
+    }
+    code, spent = run("spend", "cli/b", "2")
+    assert code == 0 and spent["granted"] is True and spent["level"] == 3.0
+    code, held = run("reserve", "cli/b", "3", "--ttl", "30s")
+    assert code == 0 and held["reservation_id"]
+    env = {"RAFTLEASE_RESERVATION_ID": str(held["reservation_id"])}
+    code, settled = run("settle", "cli/b", "1", env=env)
+    assert code == 0 and settled["level"] == 2.0
+    code, refused = run("spend", "cli/b", "3")
+    assert code == 1 and refused["code"] == "BUDGET_EXHAUSTED" and refused["definite"] is True
+    code, got = run("get", "cli/b")
+    assert code == 0 and got["budget"]["level"] == 2.0
+    assert run("delete", "cli/b")[0] == 0
+    assert run("get", "cli/b")[1]["code"] == "BUDGET_NOT_FOUND"
+
+
+def test_two_concurrent_spenders_never_get_more_than_the_budget(cluster: LocalCluster) -> None:
+    """No refill: the budget is exactly 30 units, and two threads spending 1 to 3
+    units at a time (waiting a little when it is empty) are granted at most that;
+    all of it, since they only stop when a spend is refused."""
+    with cluster.client() as c:
+        c.budget_set("race/b", capacity=30, refill_per_s=0)
+    granted: list[int] = []
+    lock = threading.Lock()
+
+    def spender(sizes: tuple[int, ...]) -> None:
+        with cluster.client() as c:
+            i = 0
+            while True:
+                amount = sizes[i % len(sizes)]
+                i += 1
+                try:
+                    c.spend("race/b", amount, wait=0.2)
+                except BudgetExhaustedError:
+                    if amount == 1:
+                        return
+                    continue
+                with lock:
+                    granted.append(amount)
+
+    threads = [threading.Thread(target=spender, args=(s,)) for s in ((1, 2), (3, 1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert sum(granted) == 30, granted
+    with cluster.client() as c:
+        assert c.budget_get("race/b").level == 0.0
+
+
+def test_decisions_survive_a_leader_kill(cluster: LocalCluster) -> None:
+    """Spent before the kill stays spent after it (no refill: nothing may come back);
+    a spend queued before the kill is granted under the new leader (the queue is in
+    the replicated state, and the refill runs on log time the new leader continues)."""
+    with cluster.client() as c:
+        c.budget_set("kill/fixed", capacity=6, refill_per_s=0)
+        c.spend("kill/fixed", 6)
+        c.budget_set("kill/q", capacity=2, refill_per_s=1.0)
+        c.spend("kill/q", 2)
+        outcome: list[object] = []
+
+        def waiter() -> None:
+            with cluster.client() as w:
+                try:
+                    outcome.append(w.spend("kill/q", 2, wait=20.0))
+                except Exception as exc:  # reported by the assertion below
+                    outcome.append(exc)
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        wait_for(lambda: c.budget_get("kill/q").waiting == 1, 10, "the spend to queue")
+        old = cluster.wait_for_leader()
+        cluster.kill_node(old["node"])
+        cluster.wait_for_leader(timeout=30, exclude=old["node"])
+        thread.join(30)
+        assert len(outcome) == 1 and getattr(outcome[0], "amount", None) == 2, outcome
+        with pytest.raises(BudgetExhaustedError):
+            c.spend("kill/fixed", 1)
+        assert c.budget_get("kill/fixed").level == 0.0
