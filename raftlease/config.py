@@ -211,6 +211,9 @@ class NodeConfig:
     # by max_completed_tasks instead.
     max_tasks_per_principal: int = DEFAULT_PRINCIPAL_TASKS
     max_queues_per_principal: int = DEFAULT_PRINCIPAL_QUEUES
+    # Task queues /metrics shows one by one (the deepest); the rest are summed as
+    # queue="_other", so queue names a client invents cannot grow a scrape.
+    metrics_max_queues: int = 20
     # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
     # fault-injecting proxy. The peer keeps its identity (its raft address).
     dial: dict[str, str] = field(default_factory=dict)
@@ -358,6 +361,11 @@ class NodeConfig:
         if not _is_number(trim) or not math.isfinite(trim) or trim < 0:
             raise ConfigError(
                 f"heap_trim_interval must be 0 (off) or a positive number of seconds, got {trim!r}"
+            )
+        shown = self.metrics_max_queues
+        if not isinstance(shown, int) or isinstance(shown, bool) or not 0 <= shown <= 1000:
+            raise ConfigError(
+                f"metrics_max_queues must be an integer from 0 to 1000, got {shown!r}"
             )
         for name in FILE_SETTINGS:
             if not isinstance(getattr(self, name), str):

@@ -120,6 +120,7 @@ class TaskQueues(TaskState):
             self._end_attempt(host, attempt, "completed", "")
             task.result = entry.get("result", "")
             self._finish(host, task, COMPLETED)
+            self._tally(self._queue(task.queue), "completions")
             self._event(host, "task_complete", task, worker=attempt.worker, token=attempt.token)
             # The bound counts this task too (it may be the oldest, with a tiny bound).
             self._bound_completed(entry.get("max_completed", DEFAULT_COMPLETED_TASKS))
@@ -421,6 +422,7 @@ class TaskQueues(TaskState):
                     status=task.status,
                 )
             del queue.dead[tid]
+            self._tally(queue, "retries")
             task.failures = 0
             task.dead_reason = ""
             task.deadline_at = 0  # a retried task gets a fresh budget and no deadline
@@ -490,6 +492,10 @@ class TaskQueues(TaskState):
                 return
         heap = queue.ready.setdefault(task.requires, [])
         heapq.heappush(heap, (-task.priority, task.seq, task.tid))
+        # Waiting since now (for the metrics: the first item waited longest).
+        task.ready_at = host.now
+        queue.ready_since.pop(task.tid, None)
+        queue.ready_since[task.tid] = host.now
         if len(heap) > 64 and len(heap) > 4 * max(1, queue.counts.get(READY, 0)):
             queue.ready[task.requires] = [i for i in heap if not self._stale_ready(i)]
             heapq.heapify(queue.ready[task.requires])
@@ -527,9 +533,11 @@ class TaskQueues(TaskState):
         """Hand ``task`` to a worker: a new attempt, token = the new revision."""
         queue = self._queue(task.queue)
         self._move(queue, task.status, CLAIMED)
+        queue.ready_since.pop(task.tid, None)
         task.status = CLAIMED
         task.attempts += 1
         queue.claims_total += 1
+        self.totals["claims"] += 1
         ttl: int = entry.get("ttl", task.ttl_ms)
         session = host.lease_sessions.get(sid) if sid else None
         now = host.now
@@ -591,6 +599,8 @@ class TaskQueues(TaskState):
         task.failures += 1
         now = host.now
         queue = self._queue(task.queue)
+        if kind == "task_expire":
+            self._tally(queue, "expiries")
         if task.failures >= task.max_attempts:
             self._kill(task, f"failed {task.failures} of {task.max_attempts} attempts")
         elif task.deadline_at and task.deadline_at <= now:
@@ -604,6 +614,7 @@ class TaskQueues(TaskState):
                 half = base // 2
                 drawn = _jitter(self.seed, task.tid, attempt.number)
                 delay = base - half + half * drawn // 1_000_000
+            self._tally(queue, "retries")
             self._move(queue, task.status, DELAYED)
             task.status = DELAYED
             task.ready_at = now + delay
@@ -618,6 +629,8 @@ class TaskQueues(TaskState):
     def _kill(self, task: TaskRecord, why: str) -> None:
         queue = self._queue(task.queue)
         self._move(queue, task.status, DEAD)
+        queue.ready_since.pop(task.tid, None)
+        self._tally(queue, "dead_letters")
         task.status = DEAD
         task.dead_reason = why
         queue.dead[task.tid] = None

@@ -18,7 +18,9 @@ from .state import StoreState
 
 #: Bump when the snapshot layout changes; ``restore`` refuses other versions.
 #: 5: task queues (``tasks``, core/queue.py); a layout 4 snapshot has none.
-SNAPSHOT_VERSION = 5
+#: 6: a queue's tallies (the metrics' counters) end its row, and the queues'
+#: ``totals``; a layout 5 snapshot loads with zero tallies.
+SNAPSHOT_VERSION = 6
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
 #: build that changes what an entry means writes a higher ``fv``, and nodes that
@@ -78,8 +80,8 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
             f"snapshot version {version} is newer than this build understands "
             f"(up to {SNAPSHOT_VERSION}): it was written by a newer raftlease; upgrade this node"
         )
-    if version not in (2, 3, 4, SNAPSHOT_VERSION):
-        raise ValueError(f"snapshot version {version!r} is not 2, 3, 4 or {SNAPSHOT_VERSION}")
+    if version not in (2, 3, 4, 5, SNAPSHOT_VERSION):
+        raise ValueError(f"snapshot version {version!r} is not 2, 3, 4, 5 or {SNAPSHOT_VERSION}")
     if "ceiling" not in data:
         # Layouts 2 and 3 had no token ceiling: reserve one step from the revision
         # (the next new term jumps past it anyway).

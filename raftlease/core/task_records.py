@@ -52,6 +52,11 @@ MAX_WAITING_CLAIMS = 10_000
 #: Attempt history kept per task (newest): every counted attempt of a task fits,
 #: releases beyond it are forgotten first.
 MAX_HISTORY = 2 * MAX_ATTEMPTS
+#: The counters each queue (and the whole store) keeps of its tasks' events, besides
+#: ``claims_total``: completions, attempts that expired (TTL, no progress, or their
+#: lease session ended), tasks scheduled for another attempt (after a failed or
+#: expired attempt, or a dead letter's ``retry``) and moves to the dead-letter list.
+TALLIES = ("completions", "expiries", "retries", "dead_letters")
 
 #: Task states.
 READY, DELAYED, CLAIMED, COMPLETED, DEAD = "ready", "delayed", "claimed", "completed", "dead"
@@ -214,6 +219,14 @@ class QueueState:
     counts: dict[str, int] = field(default_factory=dict)
     #: Attempts started in this queue (claims granted), ever.
     claims_total: int = 0
+    #: ``TALLIES`` of this queue, since it was last created (in the snapshot).
+    tally: dict[str, int] = field(default_factory=dict)
+    #: Derived (rebuilt on restore, not in the snapshot), for the metrics: its tasks
+    #: that are not completed (ready, delayed, claimed, dead), and its ready tasks in
+    #: the order they became ready, with that log time (``TaskRecord.ready_at``), so
+    #: the first item is the one that has waited longest (O(1) at a scrape).
+    depth: int = 0
+    ready_since: dict[str, int] = field(default_factory=dict)
 
     def empty(self) -> bool:
         return not self.claimers and not any(self.counts.values())

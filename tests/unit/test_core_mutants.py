@@ -697,7 +697,7 @@ def test_a_waiter_is_granted_when_the_waiter_ahead_of_it_leaves_not_one_behind_i
 
 def test_a_fresh_store_snapshots_as_log_time_zero_term_zero_and_nothing_else() -> None:
     assert LeaseStore().to_plain() == {
-        "v": 5,
+        "v": 6,
         "now": 0,
         "term": 0,
         "revision": 0,
@@ -710,7 +710,7 @@ def test_a_fresh_store_snapshots_as_log_time_zero_term_zero_and_nothing_else() -
         "queue_order": 0,
         "waiters": [],
         "sessions": [],
-        "tasks": EMPTY_TASKS,
+        "tasks": EMPTY_TASKS_V6,
     }
 
 
@@ -886,15 +886,32 @@ GOLDEN_V5 = {
 }
 
 
-def test_the_snapshot_layout_is_version_5_field_for_field() -> None:
-    assert _golden_store().to_plain() == GOLDEN_V5
+#: Layout 6 adds the task queues' counters (the metrics'): all 0 in a store without
+#: tasks. A layout 5 snapshot restores with them at 0.
+EMPTY_TASKS_V6: dict[str, Any] = {
+    **EMPTY_TASKS,
+    "totals": [
+        ["claims", 0],
+        ["completions", 0],
+        ["dead_letters", 0],
+        ["expiries", 0],
+        ["retries", 0],
+    ],
+}
+RESTORED_V6 = {**RESTORED_V5, "v": 6, "tasks": EMPTY_TASKS_V6}
+GOLDEN_V6 = {**GOLDEN_V5, "v": 6, "tasks": EMPTY_TASKS_V6}
+
+
+def test_the_snapshot_layout_is_version_6_field_for_field() -> None:
+    assert _golden_store().to_plain() == GOLDEN_V6
+    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V5)).to_plain() == GOLDEN_V6
 
 
 def test_a_version_4_snapshot_restores_to_the_same_store() -> None:
     restored = LeaseStore.from_plain(copy.deepcopy(GOLDEN_V4))
-    assert restored.to_plain() == RESTORED_V5
+    assert restored.to_plain() == RESTORED_V6
     assert restored.leases["P1"].slots == (0, 1)
-    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V5)).to_plain() == GOLDEN_V5
+    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V6)).to_plain() == GOLDEN_V6
     # And it goes on exactly as the store that wrote it: the next waiter is order 3.
     live = _golden_store()
     later = acquire(400, "W3", owner="eve", wait=100, cid="c4", term=2)
@@ -908,8 +925,8 @@ def test_a_version_3_snapshot_gets_a_ceiling_one_step_above_its_revision() -> No
     restored = LeaseStore.from_plain(copy.deepcopy(GOLDEN_V3))
     assert restored.to_plain() == {
         **GOLDEN_V3,
-        "v": 5,
-        "tasks": EMPTY_TASKS,
+        "v": 6,
+        "tasks": EMPTY_TASKS_V6,
         "leases": RESTORED_V5["leases"],
         "ceiling": GOLDEN_V3["revision"] + TOKEN_RESERVE_STEP,
         # Answers from before fingerprints have none: returned to any retry, as before.
