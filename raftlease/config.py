@@ -211,6 +211,9 @@ class NodeConfig:
     # by max_completed_tasks instead.
     max_tasks_per_principal: int = DEFAULT_PRINCIPAL_TASKS
     max_queues_per_principal: int = DEFAULT_PRINCIPAL_QUEUES
+    # Priority aging of task queues: seconds of waiting (ready) worth one priority
+    # level; 0 is strict priority. Stamped into each put by the leader (docs/queues.md).
+    task_priority_aging: float = 10.0
     # Task queues /metrics shows one by one (the deepest); the rest are summed as
     # queue="_other", so queue names a client invents cannot grow a scrape.
     metrics_max_queues: int = 20
@@ -361,6 +364,12 @@ class NodeConfig:
         if not _is_number(trim) or not math.isfinite(trim) or trim < 0:
             raise ConfigError(
                 f"heap_trim_interval must be 0 (off) or a positive number of seconds, got {trim!r}"
+            )
+        aging = self.task_priority_aging
+        if not _is_number(aging) or not math.isfinite(aging) or not 0 <= aging <= 86400:
+            raise ConfigError(
+                "task_priority_aging must be 0 (strict priority) or a number of seconds "
+                f"up to 86400, got {aging!r}"
             )
         shown = self.metrics_max_queues
         if not isinstance(shown, int) or isinstance(shown, bool) or not 0 <= shown <= 1000:

@@ -16,12 +16,14 @@ mixed with the task id and attempt number by BLAKE2b, so every replica computes 
 same delay.
 
 Claims: a claim offers the worker's ``caps`` (capabilities); a task's ``requires``
-must be a subset. The claimer gets the best task it can take: highest priority, then
-oldest put (FIFO). A claim that finds nothing and has ``wait`` joins the queue's
-waiting claims (in the state, so they survive a leader change); a task that becomes
-ready (put, released, backoff over, retried) goes in the same entry to the *first*
-waiting claim that can take it, skipping claims that cannot, so a task only a few
-workers can take is never stuck behind claims that will never take it.
+must be a subset. The claimer gets the best task it can take: the smallest rank
+(``task_records.task_rank``: priority aged by the time the task has been ready, a
+static key computed at the put), then oldest put. A claim that finds nothing and has
+``wait`` joins the queue's waiting claims (in the state, so they survive a leader
+change); a task that becomes ready (put, released, backoff over, retried) goes in
+the same entry to the *first* waiting claim that can take it, skipping claims that
+cannot, so a task only a few workers can take is never stuck behind claims that will
+never take it.
 
 Everything here is reached through ``LeaseStore.apply`` (store.py dispatches the
 ``task_*`` ops to ``TaskQueues``). docs/queues.md gives the semantics and the safety
@@ -58,6 +60,7 @@ from .task_records import (
     QueueState,
     TaskRecord,
     check_task_args,
+    task_rank,
 )
 from .task_state import TaskState
 
@@ -174,11 +177,12 @@ class TaskQueues(TaskState):
         now = host.now
         delay: int = entry.get("delay", 0)
         deadline: int = entry.get("deadline", 0)
+        priority: int = entry.get("priority", 0)
         task = TaskRecord(
             tid=entry["tid"],
             queue=name,
             payload=entry["payload"],
-            priority=entry.get("priority", 0),
+            priority=priority,
             seq=self.order,
             requires=tuple(sorted(entry.get("requires", {}).items())),
             max_attempts=entry.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
@@ -192,6 +196,8 @@ class TaskQueues(TaskState):
             status=DELAYED,
             ready_at=now + delay,
             principal=entry.get("principal", ""),
+            # Aged from the time the put makes it ready (a delay is not waiting).
+            rank=task_rank(priority, now + delay, entry.get("aging")),
         )
         self.tasks[task.tid] = task
         self._hold(task)
@@ -442,8 +448,15 @@ class TaskQueues(TaskState):
     # -------------------------------------------------------------- internals
 
     def _best_ready(self, queue: QueueState, caps: dict[str, str]) -> TaskRecord | None:
-        """Take the best ready task ``caps`` satisfies (highest priority, then oldest
-        put) off its heap, or None."""
+        """Take the best ready task ``caps`` satisfies (smallest rank, then oldest
+        put) off its heap, or None.
+
+        Aging costs the claim nothing: a task's rank (``task_rank``) is ``ready time -
+        priority * step``, fixed at the put, so "priority raised by one level per step
+        of waiting" is an order that never changes while tasks wait, and the heaps
+        stay valid: O(requirement sets + log n) per claim, as without aging. (An
+        effective priority recomputed at each claim would need a rescan of every
+        ready task, or a re-keyed heap, per claim.)"""
         best: tuple[int, int, str] | None = None
         best_heap: list[tuple[int, int, str]] | None = None
         for requires, heap in list(queue.ready.items()):
@@ -491,7 +504,7 @@ class TaskQueues(TaskState):
                 self._start(host, task, aid, entry, waiter.session, waiter.principal)
                 return
         heap = queue.ready.setdefault(task.requires, [])
-        heapq.heappush(heap, (-task.priority, task.seq, task.tid))
+        heapq.heappush(heap, (task.rank, task.seq, task.tid))
         # Waiting since now (for the metrics: the first item waited longest).
         task.ready_at = host.now
         queue.ready_since.pop(task.tid, None)

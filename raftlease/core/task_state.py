@@ -380,7 +380,7 @@ class TaskState:
                 tq.completed += 1
             if task.status == READY:
                 heap = queue.ready.setdefault(task.requires, [])
-                heap.append((-task.priority, task.seq, task.tid))
+                heap.append((task.rank, task.seq, task.tid))
             elif task.status == DELAYED:
                 tq._delayed.append((task.ready_at, task.seq, task.tid))
             elif task.status == COMPLETED:
