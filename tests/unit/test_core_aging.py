@@ -13,15 +13,24 @@ from typing import Any
 import msgpack
 import pytest
 
+from raftlease.config import NodeConfig, local_cluster
 from raftlease.core import LeaseStore
+from raftlease.core.snapshot import ENTRY_FORMAT, SNAPSHOT_VERSION
 from raftlease.core.task_records import STRICT_AGING_MS, task_rank
+from raftlease.errors import ConfigError
 from raftlease.server.dispatch import draw_task_ids
-from tests.unit.test_config import config_error, make
 from tests.unit.test_core_tasks import claim, code, fail, ok, put
 
 pytestmark = pytest.mark.timeout(60)
 
 Entry = dict[str, Any]
+
+
+def make(**overrides: Any) -> NodeConfig:
+    """A node's config with ``overrides`` (this file runs in scripts/mutate's copy,
+    which holds the core's test files only, so not tests/unit/test_config.py's)."""
+    values: dict[str, Any] = {"node_id": "n1", "nodes": local_cluster(3, 7001)}
+    return NodeConfig.create(**{**values, "data_dir": "/var/lib/rl", **overrides})
 
 
 def flood(aging: int | None, steps: int = 200) -> tuple[list[Entry], int | None]:
@@ -180,4 +189,11 @@ def test_the_leader_stamps_the_node_step_over_any_client_value() -> None:
     ],
 )
 def test_the_settings_refuse_values_out_of_range(name: str, value: Any) -> None:
-    assert name in config_error(**{name: value})
+    with pytest.raises(ConfigError, match=name):
+        make(**{name: value})
+
+
+def test_the_formats_are_the_documented_ones() -> None:
+    """docs/membership.md ("Rolling upgrades") names them: entry format 3 (puts carry
+    the aging step), snapshot layout 6 (task ranks, the queues' counters)."""
+    assert ENTRY_FORMAT == 3 and SNAPSHOT_VERSION == 6
