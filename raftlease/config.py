@@ -211,6 +211,12 @@ class NodeConfig:
     # by max_completed_tasks instead.
     max_tasks_per_principal: int = DEFAULT_PRINCIPAL_TASKS
     max_queues_per_principal: int = DEFAULT_PRINCIPAL_QUEUES
+    # Priority aging of task queues: seconds of waiting (ready) worth one priority
+    # level; 0 is strict priority. Stamped into each put by the leader (docs/queues.md).
+    task_priority_aging: float = 10.0
+    # Task queues /metrics shows one by one (the deepest); the rest are summed as
+    # queue="_other", so queue names a client invents cannot grow a scrape.
+    metrics_max_queues: int = 20
     # Where to dial a peer instead of its raft address (node id -> host:port), e.g. a
     # fault-injecting proxy. The peer keeps its identity (its raft address).
     dial: dict[str, str] = field(default_factory=dict)
@@ -358,6 +364,17 @@ class NodeConfig:
         if not _is_number(trim) or not math.isfinite(trim) or trim < 0:
             raise ConfigError(
                 f"heap_trim_interval must be 0 (off) or a positive number of seconds, got {trim!r}"
+            )
+        aging = self.task_priority_aging
+        if not _is_number(aging) or not math.isfinite(aging) or not 0 <= aging <= 86400:
+            raise ConfigError(
+                "task_priority_aging must be 0 (strict priority) or a number of seconds "
+                f"up to 86400, got {aging!r}"
+            )
+        shown = self.metrics_max_queues
+        if not isinstance(shown, int) or isinstance(shown, bool) or not 0 <= shown <= 1000:
+            raise ConfigError(
+                f"metrics_max_queues must be an integer from 0 to 1000, got {shown!r}"
             )
         for name in FILE_SETTINGS:
             if not isinstance(getattr(self, name), str):

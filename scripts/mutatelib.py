@@ -88,11 +88,15 @@ CORE = ROOT / "raftlease" / "core"
 #: did the ``extend`` entry (keep-alives from the leader's memory, store.py), whose rules
 #: only the unit half of test_memory_keepalives.py applies (it also tests the leader's
 #: pending set, server/keepalive.py: pure too, and fast).
+#: Priority aging (task_records.task_rank) and the queues' counters the metrics read
+#: have their own files, test_core_aging.py and test_queue_metrics.py (2026-12-06).
 #: test_core_memory.py is left out: it measures memory with tracemalloc, not behaviour.
 DEFAULT_TESTS = (
     "tests/unit/test_core_mutants.py",
     "tests/unit/test_core.py",
     "tests/unit/test_core_tasks.py",
+    "tests/unit/test_core_aging.py",
+    "tests/unit/test_queue_metrics.py",
     "tests/unit/test_core_queue.py",
     "tests/unit/test_core_budgets.py",
     "tests/unit/test_pool_units.py",
@@ -201,6 +205,19 @@ task_records.py TaskRecord `ready_at: int = 0` 0 -> *
 task_state.py TaskState._move `counts.get(old, 0)` 0 -> *
     Never read: ``old`` is the status of a task of the queue, and every task is
     counted under its status (a queue is forgotten only when all its counts are 0).
+task_state.py TaskState._move `totals.get(old, 0)` 0 -> *
+    Never read: ``old`` is the status of a task, and every task is counted under its
+    status in ``by_state`` too (``_move`` moves both counts together).
+task_records.py TaskRecord `rank: int = 0` 0 -> *
+    Never read: the one construction (a put) passes rank, and a snapshot row carries
+    it (layout 6) or ``TaskRecord.from_plain`` computes it (layout 5).
+task_records.py <module> `2**42` 2 -> 3
+    3**42, like 2**42, is far above every difference of two ready times plus any
+    aged priority (at most 1000 * one day): the strict step orders by priority first
+    either way.
+task_records.py <module> `2**42` 42 -> *
+    2**41 (69 years) and 2**43, like 2**42, are far above every difference of two
+    ready times plus any aged priority: the strict step orders by priority first.
 task_state.py TaskState.stats `age > oldest` > -> >=
     The largest age is kept either way: on a tie the two are equal.
 state.py <module> `SHARED_MAX = 4096` 4096 -> 4095

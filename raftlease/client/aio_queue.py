@@ -389,7 +389,8 @@ class AsyncQueue:
         """Put a task; returns its id. A put with the ``dedup_key`` of a task still
         kept returns that task's id instead (and puts nothing).
 
-        ``priority`` (-1000..1000, higher first); ``delay`` seconds, or
+        ``priority`` (-1000..1000, higher first, aged by the node's
+        ``task_priority_aging``: docs/queues.md, "Order"); ``delay`` seconds, or
         ``not_before`` (a ``time.time()`` on this machine's wall clock, turned into a
         delay when the call is made); ``max_attempts`` (1..100, default 3);
         ``lease_ttl`` of each attempt (default 30 s); ``progress_timeout``;
@@ -435,7 +436,8 @@ class AsyncQueue:
     ) -> AsyncTask | None:
         """One task for ``worker``, or None when none is ready (after waiting up to
         ``wait`` seconds: the claim waits in the replicated state and is handed the
-        first task it can take, no polling). Highest priority first, FIFO within;
+        first task it can take, no polling). Highest priority first, aged by the
+        time a task has been ready (docs/queues.md, "Order"), FIFO within;
         only tasks whose ``requires`` the ``capabilities`` satisfy. ``lease_ttl``
         overrides the task's; ``session`` attaches the attempt to a lease session (it
         then ends with the session; ``worker`` defaults to the session's owner).

@@ -23,8 +23,9 @@ MAX_PENDING_PER_CLIENT = 4096
 
 #: Fields of an entry that the leader adds or draws (or that legitimately differ
 #: between a request and its retry): left out of the fingerprint.
-#: ``waiters_total``, ``max_completed``, ``tasks_quota`` and ``queues_quota`` are node
-#: config, not the client's: a retry after a config change is still the same request.
+#: ``waiters_total``, ``max_completed``, ``tasks_quota``, ``queues_quota`` and ``aging``
+#: are node config, not the client's: a retry after a config change is still the same
+#: request.
 _STAMPED = frozenset(
     {
         "now",
@@ -37,6 +38,7 @@ _STAMPED = frozenset(
         "max_completed",
         "tasks_quota",
         "queues_quota",
+        "aging",
     }
 )
 _DRAWN = {

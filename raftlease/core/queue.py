@@ -16,12 +16,14 @@ mixed with the task id and attempt number by BLAKE2b, so every replica computes 
 same delay.
 
 Claims: a claim offers the worker's ``caps`` (capabilities); a task's ``requires``
-must be a subset. The claimer gets the best task it can take: highest priority, then
-oldest put (FIFO). A claim that finds nothing and has ``wait`` joins the queue's
-waiting claims (in the state, so they survive a leader change); a task that becomes
-ready (put, released, backoff over, retried) goes in the same entry to the *first*
-waiting claim that can take it, skipping claims that cannot, so a task only a few
-workers can take is never stuck behind claims that will never take it.
+must be a subset. The claimer gets the best task it can take: the smallest rank
+(``task_records.task_rank``: priority aged by the time the task has been ready, a
+static key computed at the put), then oldest put. A claim that finds nothing and has
+``wait`` joins the queue's waiting claims (in the state, so they survive a leader
+change); a task that becomes ready (put, released, backoff over, retried) goes in
+the same entry to the *first* waiting claim that can take it, skipping claims that
+cannot, so a task only a few workers can take is never stuck behind claims that will
+never take it.
 
 Everything here is reached through ``LeaseStore.apply`` (store.py dispatches the
 ``task_*`` ops to ``TaskQueues``). docs/queues.md gives the semantics and the safety
@@ -58,6 +60,7 @@ from .task_records import (
     QueueState,
     TaskRecord,
     check_task_args,
+    task_rank,
 )
 from .task_state import TaskState
 
@@ -120,6 +123,7 @@ class TaskQueues(TaskState):
             self._end_attempt(host, attempt, "completed", "")
             task.result = entry.get("result", "")
             self._finish(host, task, COMPLETED)
+            self._tally(self._queue(task.queue), "completions")
             self._event(host, "task_complete", task, worker=attempt.worker, token=attempt.token)
             # The bound counts this task too (it may be the oldest, with a tiny bound).
             self._bound_completed(entry.get("max_completed", DEFAULT_COMPLETED_TASKS))
@@ -173,11 +177,12 @@ class TaskQueues(TaskState):
         now = host.now
         delay: int = entry.get("delay", 0)
         deadline: int = entry.get("deadline", 0)
+        priority: int = entry.get("priority", 0)
         task = TaskRecord(
             tid=entry["tid"],
             queue=name,
             payload=entry["payload"],
-            priority=entry.get("priority", 0),
+            priority=priority,
             seq=self.order,
             requires=tuple(sorted(entry.get("requires", {}).items())),
             max_attempts=entry.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
@@ -191,6 +196,8 @@ class TaskQueues(TaskState):
             status=DELAYED,
             ready_at=now + delay,
             principal=entry.get("principal", ""),
+            # Aged from the time the put makes it ready (a delay is not waiting).
+            rank=task_rank(priority, now + delay, entry.get("aging")),
         )
         self.tasks[task.tid] = task
         self._hold(task)
@@ -421,6 +428,7 @@ class TaskQueues(TaskState):
                     status=task.status,
                 )
             del queue.dead[tid]
+            self._tally(queue, "retries")
             task.failures = 0
             task.dead_reason = ""
             task.deadline_at = 0  # a retried task gets a fresh budget and no deadline
@@ -440,8 +448,15 @@ class TaskQueues(TaskState):
     # -------------------------------------------------------------- internals
 
     def _best_ready(self, queue: QueueState, caps: dict[str, str]) -> TaskRecord | None:
-        """Take the best ready task ``caps`` satisfies (highest priority, then oldest
-        put) off its heap, or None."""
+        """Take the best ready task ``caps`` satisfies (smallest rank, then oldest
+        put) off its heap, or None.
+
+        Aging costs the claim nothing: a task's rank (``task_rank``) is ``ready time -
+        priority * step``, fixed at the put, so "priority raised by one level per step
+        of waiting" is an order that never changes while tasks wait, and the heaps
+        stay valid: O(requirement sets + log n) per claim, as without aging. (An
+        effective priority recomputed at each claim would need a rescan of every
+        ready task, or a re-keyed heap, per claim.)"""
         best: tuple[int, int, str] | None = None
         best_heap: list[tuple[int, int, str]] | None = None
         for requires, heap in list(queue.ready.items()):
@@ -489,7 +504,11 @@ class TaskQueues(TaskState):
                 self._start(host, task, aid, entry, waiter.session, waiter.principal)
                 return
         heap = queue.ready.setdefault(task.requires, [])
-        heapq.heappush(heap, (-task.priority, task.seq, task.tid))
+        heapq.heappush(heap, (task.rank, task.seq, task.tid))
+        # Waiting since now (for the metrics: the first item waited longest).
+        task.ready_at = host.now
+        queue.ready_since.pop(task.tid, None)
+        queue.ready_since[task.tid] = host.now
         if len(heap) > 64 and len(heap) > 4 * max(1, queue.counts.get(READY, 0)):
             queue.ready[task.requires] = [i for i in heap if not self._stale_ready(i)]
             heapq.heapify(queue.ready[task.requires])
@@ -527,9 +546,11 @@ class TaskQueues(TaskState):
         """Hand ``task`` to a worker: a new attempt, token = the new revision."""
         queue = self._queue(task.queue)
         self._move(queue, task.status, CLAIMED)
+        queue.ready_since.pop(task.tid, None)
         task.status = CLAIMED
         task.attempts += 1
         queue.claims_total += 1
+        self.totals["claims"] += 1
         ttl: int = entry.get("ttl", task.ttl_ms)
         session = host.lease_sessions.get(sid) if sid else None
         now = host.now
@@ -591,6 +612,8 @@ class TaskQueues(TaskState):
         task.failures += 1
         now = host.now
         queue = self._queue(task.queue)
+        if kind == "task_expire":
+            self._tally(queue, "expiries")
         if task.failures >= task.max_attempts:
             self._kill(task, f"failed {task.failures} of {task.max_attempts} attempts")
         elif task.deadline_at and task.deadline_at <= now:
@@ -604,6 +627,7 @@ class TaskQueues(TaskState):
                 half = base // 2
                 drawn = _jitter(self.seed, task.tid, attempt.number)
                 delay = base - half + half * drawn // 1_000_000
+            self._tally(queue, "retries")
             self._move(queue, task.status, DELAYED)
             task.status = DELAYED
             task.ready_at = now + delay
@@ -618,6 +642,8 @@ class TaskQueues(TaskState):
     def _kill(self, task: TaskRecord, why: str) -> None:
         queue = self._queue(task.queue)
         self._move(queue, task.status, DEAD)
+        queue.ready_since.pop(task.tid, None)
+        self._tally(queue, "dead_letters")
         task.status = DEAD
         task.dead_reason = why
         queue.dead[task.tid] = None

@@ -19,7 +19,9 @@ from .state import StoreState
 
 #: Bump when the snapshot layout changes; ``restore`` refuses other versions.
 #: 5: task queues (``tasks``, core/queue.py); a layout 4 snapshot has none.
-#: 6: shared budgets (``budgets``, core/budget.py); a layout 5 snapshot has none.
+#: 6: shared budgets (``budgets``, core/budget.py); a task's rank (priority aging) ends
+#:    its row, a queue's tallies end its row, and the queues' ``totals``. A layout 5
+#:    snapshot loads with no budgets, strict ranks and zero tallies.
 SNAPSHOT_VERSION = 6
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
@@ -28,7 +30,9 @@ SNAPSHOT_VERSION = 6
 #: docs/membership.md "Rolling upgrades").
 #: 2: leaders answer keep-alives from memory and log them later (``extend``); the
 #: first entry of a new term extends every live lease and session by its TTL.
-ENTRY_FORMAT = 2
+#: 3: a task put carries the aging step (``aging``), which orders claims (docs/queues.md,
+#: "Order"); a member that ignored it would hand out other tasks than the rest.
+ENTRY_FORMAT = 3
 
 
 def entry_format(entry: Any) -> int | None:

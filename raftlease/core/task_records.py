@@ -52,6 +52,18 @@ MAX_WAITING_CLAIMS = 10_000
 #: Attempt history kept per task (newest): every counted attempt of a task fits,
 #: releases beyond it are forgotten first.
 MAX_HISTORY = 2 * MAX_ATTEMPTS
+#: Priority aging (docs/queues.md, "Order"): the largest aging step a put may carry
+#: (log-time milliseconds of waiting worth one priority level): one day.
+MAX_AGING_MS = 24 * 3600 * 1000
+#: The step of strict priority (no aging): about 139 years of waiting per level, far
+#: more than any difference of two ready times, so priority always decides first.
+STRICT_AGING_MS = 2**42
+
+#: The counters each queue (and the whole store) keeps of its tasks' events, besides
+#: ``claims_total``: completions, attempts that expired (TTL, no progress, or their
+#: lease session ended), tasks scheduled for another attempt (after a failed or
+#: expired attempt, or a dead letter's ``retry``) and moves to the dead-letter list.
+TALLIES = ("completions", "expiries", "retries", "dead_letters")
 
 #: Task states.
 READY, DELAYED, CLAIMED, COMPLETED, DEAD = "ready", "delayed", "claimed", "completed", "dead"
@@ -134,6 +146,9 @@ class TaskRecord:
     finished_at: int = 0
     dead_reason: str = ""
     principal: str = ""
+    #: The task's place among ready tasks, a static heap key (``task_rank``): set at
+    #: the put, kept through releases and retries, so a task keeps its place.
+    rank: int = 0
 
     def to_plain(self) -> list[Any]:
         return [
@@ -160,13 +175,36 @@ class TaskRecord:
             self.finished_at,
             self.dead_reason,
             self.principal,
+            self.rank,
         ]
 
     @classmethod
     def from_plain(cls, row: list[Any]) -> TaskRecord:
         task = cls(*row)
         task.requires = tuple((str(k), str(v)) for k, v in row[5])
+        if len(row) < 24:
+            # A layout-5 row (before aging): its task was put by an entry without an
+            # aging stamp, ranked by strict priority then put order, as it was.
+            task.rank = task_rank(task.priority, 0, None)
         return task
+
+
+def task_rank(priority: int, ready_at: int, aging: int | None) -> int:
+    """The static heap key of a ready task (smaller is claimed first; ties go to the
+    earlier put): ``ready_at - priority * step``, where ``ready_at`` is the log time the
+    put made it ready (the put, or the end of its ``delay``) and ``step`` the aging
+    step stamped into the put (ms of waiting worth one priority level; 0: no aging,
+    the strict step). So a task's effective priority rises by one level per step it
+    has been ready, without the key ever changing: every task ready later than
+    ``ready_at + (p' - p) * step`` ranks behind a task of priority ``p``, whatever its
+    priority ``p'``, and the claim path keeps its heaps (no rescan per claim).
+
+    ``aging`` None is an entry written before aging (no stamp): ``-priority *
+    STRICT_AGING_MS``, exactly the strict order ``(-priority, put order)`` of that
+    build, so an old log replays to the same claims."""
+    if aging is None:
+        return -priority * STRICT_AGING_MS
+    return ready_at - priority * (aging if aging > 0 else STRICT_AGING_MS)
 
 
 @dataclass(slots=True)
@@ -200,9 +238,9 @@ class ClaimWaiter:
 
 @dataclass(slots=True)
 class QueueState:
-    """One named queue: ready tasks by requirement set (a heap of ``(-priority, seq,
-    tid)`` each, stale items skipped), waiting claims in arrival order, dead-letter
-    list in death order, dedup keys, and counters."""
+    """One named queue: ready tasks by requirement set (a heap of ``(rank, seq, tid)``
+    each, stale items skipped; ``task_rank``), waiting claims in arrival order,
+    dead-letter list in death order, dedup keys, and counters."""
 
     name: str
     ready: dict[tuple[tuple[str, str], ...], list[tuple[int, int, str]]] = field(
@@ -214,6 +252,14 @@ class QueueState:
     counts: dict[str, int] = field(default_factory=dict)
     #: Attempts started in this queue (claims granted), ever.
     claims_total: int = 0
+    #: ``TALLIES`` of this queue, since it was last created (in the snapshot).
+    tally: dict[str, int] = field(default_factory=dict)
+    #: Derived (rebuilt on restore, not in the snapshot), for the metrics: its tasks
+    #: that are not completed (ready, delayed, claimed, dead), and its ready tasks in
+    #: the order they became ready, with that log time (``TaskRecord.ready_at``), so
+    #: the first item is the one that has waited longest (O(1) at a scrape).
+    depth: int = 0
+    ready_since: dict[str, int] = field(default_factory=dict)
 
     def empty(self) -> bool:
         return not self.claimers and not any(self.counts.values())
@@ -274,6 +320,7 @@ _INT_FIELDS: tuple[tuple[str, int, int], ...] = (
     ("max_completed", 1, 2**31),  # stamped by the leader (max_completed_tasks)
     ("tasks_quota", 1, 2**31),  # stamped by the leader (max_tasks_per_principal)
     ("queues_quota", 1, 2**31),  # stamped by the leader (max_queues_per_principal)
+    ("aging", 0, MAX_AGING_MS),  # stamped by the leader (task_priority_aging)
 )
 
 

@@ -13,12 +13,16 @@ from .task_records import (
     DEAD,
     DELAYED,
     READY,
+    TALLIES,
     Attempt,
     ClaimWaiter,
     Host,
     QueueState,
     TaskRecord,
 )
+
+#: Task states that count as open (not completed): a queue's depth.
+OPEN_STATES = frozenset({READY, DELAYED, CLAIMED, DEAD})
 
 
 class TaskState:
@@ -67,6 +71,13 @@ class TaskState:
         self.completed = 0
         #: The current entry's leader-drawn seed (for backoff jitter). Not state.
         self.seed = 0
+        #: ``claims`` and the ``TALLIES`` of every queue, since the cluster began
+        #: (in the snapshot: a queue's own counters restart when it is forgotten,
+        #: these never do). Read by the metrics.
+        self.totals: dict[str, int] = dict.fromkeys(("claims", *TALLIES), 0)
+        #: Tasks by state across all queues (derived from the records), for the
+        #: metrics: the part of the queues a scrape does not show one by one.
+        self.by_state: dict[str, int] = {}
 
     # ------------------------------------------------------------- bookkeeping
 
@@ -167,13 +178,31 @@ class TaskState:
             heapq.heappop(heap)
         return self.tasks[heap[0][2]] if heap else None
 
-    @staticmethod
-    def _move(queue: QueueState, old: str | None, new: str | None) -> None:
+    def _move(self, queue: QueueState, old: str | None, new: str | None) -> None:
         counts = queue.counts
+        totals = self.by_state
         if old is not None:
             counts[old] = counts.get(old, 0) - 1
+            totals[old] = totals.get(old, 0) - 1
+            queue.depth -= old in OPEN_STATES
         if new is not None:
             counts[new] = counts.get(new, 0) + 1
+            totals[new] = totals.get(new, 0) + 1
+            queue.depth += new in OPEN_STATES
+
+    def _tally(self, queue: QueueState, kind: str) -> None:
+        """Count one of ``TALLIES`` for ``queue`` and for the whole store."""
+        queue.tally[kind] = queue.tally.get(kind, 0) + 1
+        self.totals[kind] += 1
+
+    def oldest_ready(self, queue: QueueState) -> int | None:
+        """The log time at which the ready task of ``queue`` that has waited longest
+        became ready, or None. O(1). Safe from another thread while ``apply`` runs
+        (a scrape): a change of the dict under it answers None for this once."""
+        try:
+            return next(iter(queue.ready_since.values()), None)
+        except RuntimeError:  # the dict changed during the look-up
+            return None
 
     # ------------------------------------------------------------------ reads
 
@@ -308,9 +337,13 @@ class TaskState:
     # -------------------------------------------------------------- snapshots
 
     def to_plain(self) -> dict[str, Any]:
-        queues = [[q.name, q.claims_total, sorted(q.dedup.items())] for q in self.queues.values()]
+        queues = [
+            [q.name, q.claims_total, sorted(q.dedup.items()), _pairs(q.tally)]
+            for q in self.queues.values()
+        ]
         return {
             "order": self.order,
+            "totals": _pairs(self.totals),
             "queues": queues,
             "tasks": [t.to_plain() for t in self.tasks.values()],
             "attempts": [a.to_plain() for a in self.attempts.values()],
@@ -325,8 +358,17 @@ class TaskState:
         """Rebuild from ``to_plain`` output (the heaps and counters are derived)."""
         tq = cls()
         tq.order = data["order"]
-        for name, claims_total, dedup in data["queues"]:
-            tq.queues[name] = QueueState(name, claims_total=claims_total, dedup=dict(dedup))
+        for row in data["queues"]:
+            name, claims_total, dedup = row[:3]
+            # Layout 5 had no tallies (the counters start at 0 on upgrade).
+            tally = dict(row[3]) if len(row) > 3 else {}
+            tq.queues[name] = QueueState(
+                name, claims_total=claims_total, dedup=dict(dedup), tally=tally
+            )
+        if "totals" in data:
+            tq.totals.update(dict(data["totals"]))
+        else:  # layout 5: the claims the queues still count; the rest start at 0
+            tq.totals["claims"] = sum(q.claims_total for q in tq.queues.values())
         for row in data["tasks"]:
             task = TaskRecord.from_plain(row)
             tq.tasks[task.tid] = task
@@ -338,7 +380,7 @@ class TaskState:
                 tq.completed += 1
             if task.status == READY:
                 heap = queue.ready.setdefault(task.requires, [])
-                heap.append((-task.priority, task.seq, task.tid))
+                heap.append((task.rank, task.seq, task.tid))
             elif task.status == DELAYED:
                 tq._delayed.append((task.ready_at, task.seq, task.tid))
             elif task.status == COMPLETED:
@@ -366,8 +408,18 @@ class TaskState:
             tq.by_session[sid] = dict.fromkeys(aids)
         for heap in [*(h for q in tq.queues.values() for h in q.ready.values())]:
             heapq.heapify(heap)
+        # Ready tasks in the order they became ready (``ready_at`` is that time).
+        ready = [t for t in tq.tasks.values() if t.status == READY]
+        for task in sorted(ready, key=lambda t: (t.ready_at, t.seq)):
+            tq.queues[task.queue].ready_since[task.tid] = task.ready_at
         heapq.heapify(tq._delayed)
         for pairs in (tq._drops, tq._deadlines, tq._expiries, tq._claim_deadlines):
             heapq.heapify(pairs)
         heapq.heapify(tq._completed)
         return tq
+
+
+def _pairs(counts: dict[str, int]) -> list[list[Any]]:
+    """A counter dict as sorted ``[name, count]`` rows (lists, as msgpack reads them
+    back, so a restored store writes the same plain data)."""
+    return [[name, count] for name, count in sorted(counts.items())]

@@ -36,10 +36,15 @@ def draw_task_ids(config: NodeConfig, op: str, entry: dict[str, Any]) -> None:
     names a principal (authenticated), that principal's quotas (``tasks_quota``:
     ``max_tasks_per_principal``, ``queues_quota``: ``max_queues_per_principal``); a
     completion carries the count bound on retained completed tasks
-    (``max_completed_tasks``). The state machine decides them all. Raises nothing."""
+    (``max_completed_tasks``), and a put the aging step of its queue's order
+    (``task_priority_aging``, in ms; docs/queues.md). The state machine decides them
+    all. Raises nothing."""
     if op == "task_put":
         entry["tid"] = secrets.token_hex(12)
         entry["quota"] = min(config.max_queue_tasks, 2**31)
+        # Always stamped (a client's value never survives): the order of claims must
+        # not depend on a replica's own config.
+        entry["aging"] = round(config.task_priority_aging * 1000)
         # Stamped here, not read from config by the state machine: every replica must
         # decide with the same numbers, whatever its own config file says.
         if entry.get("principal"):

@@ -110,7 +110,8 @@ def status_code(reply: bytes) -> int | None:
 
 @pytest.fixture(scope="module")
 def admin_shared() -> Iterator[LocalCluster]:
-    c = admin_cluster()
+    # Two queues shown one by one: the queue-metrics test shows the rest summed.
+    c = admin_cluster(metrics_max_queues=2)
     try:
         c.start()
         yield c
@@ -259,6 +260,75 @@ def test_metrics_parse_and_move_with_grants_renewals_expiries_and_refusals(
     for node in cluster.nodes:
         text = get(admin_of(cluster, node.id), "/metrics")[2].decode()
         assert "metrics/a" not in text and "agent-a" not in text
+
+
+@pytest.mark.timeout(60)
+def test_queue_metrics_by_state_with_counters_and_bounded_labels(
+    shared_admin: LocalCluster,
+) -> None:
+    """Task-queue metrics (docs/operations.md, "Task queues"): depths by state, the
+    oldest ready task's wait and the event counters, the same on every node (read from
+    the replicated state); beyond metrics_max_queues (2 here) a queue has no series of
+    its own and is summed under queue="_other"."""
+    cluster = shared_admin
+    with cluster.client() as c:
+        main = c.queue("qm-main")
+        # Their priorities make the claims below take them in this order.
+        done_id = main.put("a", priority=3)
+        dead_id = main.put("b", priority=2, max_attempts=1)
+        late_id = main.put("c", priority=1, max_attempts=3, backoff=60.0)
+        main.put("d", priority=0)  # stays ready
+        first = main.claim(worker="w1", lease_ttl=30.0)
+        assert first is not None and first.task_id == done_id
+        first.complete("ok")
+        second = main.claim(worker="w1", lease_ttl=30.0)
+        assert second is not None and second.task_id == dead_id
+        second.fail("boom")  # its only attempt: dead-lettered
+        third = main.claim(worker="w1", lease_ttl=0.2)  # no heartbeats: it expires
+        assert third is not None and third.task_id == late_id
+        for name, count in (("qm-side-1", 2), ("qm-side-2", 1)):
+            for i in range(count):
+                c.queue(name).put(i)
+
+    def label(queue: str, state: str) -> str:
+        return f'raftlease_queue_tasks{{queue="{queue}",state="{state}"}}'
+
+    expected = {
+        label("qm-main", "ready"): 1,
+        label("qm-main", "delayed"): 1,  # the expired attempt's backoff (60 s)
+        label("qm-main", "claimed"): 0,
+        label("qm-main", "dead"): 1,
+        label("qm-main", "completed"): 1,
+        label("qm-side-1", "ready"): 2,
+        'raftlease_queue_claims_total{queue="qm-main"}': 3,
+        'raftlease_queue_completions_total{queue="qm-main"}': 1,
+        'raftlease_queue_expiries_total{queue="qm-main"}': 1,
+        'raftlease_queue_retries_total{queue="qm-main"}': 1,
+        'raftlease_queue_dead_letters_total{queue="qm-main"}': 1,
+        'raftlease_queue_waiting_claims{queue="qm-main"}': 0,
+    }
+
+    def settled() -> list[dict[str, float]] | None:
+        scrapes = [scrape(admin_of(cluster, n.id)) for n in cluster.nodes]
+        good = all(all(one.get(k) == v for k, v in expected.items()) for one in scrapes)
+        return scrapes if good else None
+
+    scrapes = wait_for(settled, timeout=20, what="every node's queue metrics")
+    for one in scrapes:
+        # The third queue (fewest open tasks) is only in "_other".
+        assert not any('queue="qm-side-2"' in name for name in one)
+        assert one[label("_other", "ready")] >= 1
+        assert one['raftlease_queue_oldest_ready_age_seconds{queue="qm-main"}'] >= 0
+        assert 'raftlease_queue_oldest_ready_age_seconds{queue="_other"}' not in one
+        # All queues, since the cluster began: at least this test's events.
+        for name, least in (
+            ("raftlease_task_claims_total", 3),
+            ("raftlease_task_completions_total", 1),
+            ("raftlease_task_expiries_total", 1),
+            ("raftlease_task_retries_total", 1),
+            ("raftlease_task_dead_letters_total", 1),
+        ):
+            assert one[name] >= least, name
 
 
 @pytest.mark.timeout(120)

@@ -202,6 +202,12 @@ def test_page_follows_holders_waiters_and_releases(
                 "return !!r && r.querySelector('.ready').textContent === '1'; }",
                 timeout=DOM_TIMEOUT_MS,
             )
+            # Its ready task's wait (log time), the /metrics age beside the depths.
+            oldest = page.evaluate(
+                "() => [...document.querySelectorAll('#queues tbody tr')]"
+                ".find(r => r.dataset.queue === 'view-jobs').querySelector('.oldest').textContent"
+            )
+            assert oldest.endswith(" s"), oldest
             _wait_cell(page, "view/in-session", "holder", "sess-owner")
             html = page.content()
             for secret in (held.lease_id, evil.lease_id, session.session_id):

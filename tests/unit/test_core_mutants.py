@@ -710,7 +710,7 @@ def test_a_fresh_store_snapshots_as_log_time_zero_term_zero_and_nothing_else() -
         "queue_order": 0,
         "waiters": [],
         "sessions": [],
-        "tasks": EMPTY_TASKS,
+        "tasks": EMPTY_TASKS_V6,
         "budgets": {"budgets": [], "outcomes": []},
     }
 
@@ -887,18 +887,29 @@ GOLDEN_V5 = {
 }
 
 
-#: Layout 6 adds the shared budgets (core/budget.py); a layout 5 snapshot restores
-#: with none.
+#: Layout 6 adds the shared budgets (core/budget.py) and the task queues' counters (the
+#: metrics'): no budgets and all counters 0 in a store without them. A layout 5 snapshot
+#: restores with none and with the counters at 0.
 EMPTY_BUDGETS: dict[str, Any] = {"budgets": [], "outcomes": []}
-RESTORED_V6 = {**RESTORED_V5, "v": 6, "budgets": EMPTY_BUDGETS}
-GOLDEN_V6 = {**GOLDEN_V5, "v": 6, "budgets": EMPTY_BUDGETS}
+EMPTY_TASKS_V6: dict[str, Any] = {
+    **EMPTY_TASKS,
+    "totals": [
+        ["claims", 0],
+        ["completions", 0],
+        ["dead_letters", 0],
+        ["expiries", 0],
+        ["retries", 0],
+    ],
+}
+RESTORED_V6 = {**RESTORED_V5, "v": 6, "tasks": EMPTY_TASKS_V6, "budgets": EMPTY_BUDGETS}
+GOLDEN_V6 = {**GOLDEN_V5, "v": 6, "tasks": EMPTY_TASKS_V6, "budgets": EMPTY_BUDGETS}
 
 
 def test_the_snapshot_layout_is_version_6_field_for_field() -> None:
     assert _golden_store().to_plain() == GOLDEN_V6
 
 
-def test_a_version_5_snapshot_restores_with_no_budgets() -> None:
+def test_a_version_5_snapshot_restores_with_no_budgets_and_zero_tallies() -> None:
     assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V5)).to_plain() == GOLDEN_V6
 
 
@@ -921,7 +932,7 @@ def test_a_version_3_snapshot_gets_a_ceiling_one_step_above_its_revision() -> No
     assert restored.to_plain() == {
         **GOLDEN_V3,
         "v": 6,
-        "tasks": EMPTY_TASKS,
+        "tasks": EMPTY_TASKS_V6,
         "budgets": EMPTY_BUDGETS,
         "leases": RESTORED_V5["leases"],
         "ceiling": GOLDEN_V3["revision"] + TOKEN_RESERVE_STEP,

@@ -272,9 +272,12 @@ class Dashboard:
 
     def _queues(self) -> tuple[list[dict[str, Any]], bool]:
         """Depth of each queue from this node's state (the first ``MAX_QUEUES`` by
-        name), and whether there are more: copies of small dicts (one step each under
-        the GIL), safe while the tick thread applies."""
-        queues = self.node.require_replica().store.tasks.queues
+        name), how long its oldest ready task has waited, and whether there are more
+        queues: copies of small dicts and single look-ups (one step each under the
+        GIL), safe while the tick thread applies."""
+        store = self.node.require_replica().store
+        tasks, now = store.tasks, store.now
+        queues = tasks.queues
         out = []
         names = sorted(list(queues))
         for name in names[:MAX_QUEUES]:
@@ -282,6 +285,7 @@ class Dashboard:
             if queue is None:
                 continue
             counts = dict(queue.counts)
+            since = tasks.oldest_ready(queue)
             out.append(
                 {
                     "queue": name,
@@ -290,6 +294,9 @@ class Dashboard:
                     "claimed": counts.get("claimed", 0),
                     "dead": counts.get("dead", 0),
                     "waiting_claims": len(queue.claimers),
+                    # Log-time ms the longest-waiting ready task has been ready (the
+                    # raftlease_queue_oldest_ready_age_seconds gauge), None without one.
+                    "oldest_ready_ms": None if since is None else max(0, now - since),
                 }
             )
         return out, len(names) > MAX_QUEUES

@@ -975,7 +975,8 @@ function renderQueues() {
     button.addEventListener("click", () => openQueue(q.queue));
     name.append(button);
     row.append(name, el("td", q.ready, "ready"), el("td", q.delayed),
-      el("td", q.claimed, "claimed"), el("td", q.dead, "dead"), el("td", q.waiting_claims));
+      el("td", q.claimed, "claimed"), el("td", q.dead, "dead"), el("td", q.waiting_claims),
+      el("td", q.oldest_ready_ms == null ? "" : seconds(q.oldest_ready_ms), "oldest"));
     body.append(row);
   }
 }
