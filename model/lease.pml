@@ -267,6 +267,8 @@ inline flush(L) {
     :: else
     fi
   }
+#else
+  skip   /* an inline may not be empty: with the planted bug, a promise is never written */
 #endif
 }
 
@@ -392,7 +394,8 @@ inline apply(op, k, c) {
    1. Dead vote promises (exact). prm is read only by an election, which needs two
       nodes below term MAXT (NEWTERM <= MAXT). When fewer than two are, no election
       can happen again and every prm is zeroed.
-   2. Idle clocks (a sound over-approximation; not with -DFAULTS). A clock on which
+   2. Idle clocks (a sound over-approximation; with -DFAULTS only once a clock has left
+      its band, for the others, which no longer can). A clock on which
       nothing is measured (no vote promise, no leader lease, no anchored log clock)
       forgets where in its band it is: dv = FREE stands for both ends, and the next
       time step says which one it was (move_clock). The drift bound is then assumed only
@@ -494,12 +497,16 @@ void canon_c(void)
         }
     }
   }
-#ifndef FAULTS
-  /* 2: an idle clock forgets where in its band it is */
+  /* 2: an idle clock forgets where in its band it is; with -DFAULTS only a clock that
+     can no longer leave its band (another one already did), since FREE stands for the
+     two ends of the band and a clock at its lower end could instead go out of it */
   for (n = 0; n < N; n++)
-    if (now.prm[n] == 0 && now.lrem[n] == 0 && !now.anc[n])
-      now.dv[n] = FREE;
+    if (now.prm[n] == 0 && now.lrem[n] == 0 && !now.anc[n]
+#ifdef FAULTS
+        && now.faulty != 0 && now.faulty != n + 1
 #endif
+       )
+      now.dv[n] = FREE;
   /* 3: nodes sorted by their key */
   canon_sort_nodes(0, 1); canon_sort_nodes(1, 2); canon_sort_nodes(0, 1);
   /* 4: clients sorted by their key */
