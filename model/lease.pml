@@ -93,6 +93,7 @@
 /* ------------------------------------------------------------------- state */
 byte dv[N];              /* clock deviation from real time, band [OFF, OFF+B] */
 #define OFF 2
+#define FREE 4           /* an idle clock: somewhere in the band, which is forgotten (canon) */
 bit  dalarm;             /* the drift monitor saw a clock leave the bound (latched) */
 byte faulty;             /* node+1 whose clock ran slow beyond the bound (FAULTS) */
 
@@ -266,6 +267,8 @@ inline flush(L) {
     :: else
     fi
   }
+#else
+  skip   /* an inline may not be empty: with the planted bug, a promise is never written */
 #endif
 }
 
@@ -383,6 +386,145 @@ inline apply(op, k, c) {
 /* Each action is one d_step: a guard, then a deterministic body. The parameters
    (nodes, keys, clients, clock moves) are spelled out as one option each below. */
 
+/* ------------------------------------------------------- state reductions */
+
+/* canon() ends every action. It maps the state to one representative of the states
+   that the properties cannot tell apart, so that SPIN stores one of them:
+
+   1. Dead vote promises (exact). prm is read only by an election, which needs two
+      nodes below term MAXT (NEWTERM <= MAXT). When fewer than two are, no election
+      can happen again and every prm is zeroed.
+   2. Idle clocks (a sound over-approximation; with -DFAULTS only once a clock has left
+      its band, for the others, which no longer can). A clock on which
+      nothing is measured (no vote promise, no leader lease, no anchored log clock)
+      forgets where in its band it is: dv = FREE stands for both ends, and the next
+      time step says which one it was (move_clock). The drift bound is then assumed only
+      over the intervals that something measures, which is all the protocol relies on;
+      a clock that jumps while idle is a behaviour added, none is removed.
+   3. Node symmetry (exact). Every action is spelled out for every node (and every
+      ordered pair), and the properties name no node, so permuting nodes maps runs to
+      runs. The nodes are sorted by a key that packs all of a node's own state and the
+      references to it (pby, faulty); equal keys mean equal nodes, so the sorted state is
+      one canonical representative of its orbit.
+   4. Client symmetry (exact), the same for the two clients: their validity, whether
+      they hold, wait for or (in the snapshot) held a key, and their task attempt.
+   5. Dead client validity (a sound over-approximation). cvr is read by P1, at a grant,
+      and by what a client sends. Once no grant can happen again (NOGRANT: the
+      acquisitions are used up and nobody waits, so no handoff either), P1 is never
+      checked again and cvr is zeroed; from then on the committed holder may renew,
+      release or ask for a keep-alive whatever it believes (SENDS, KEEP), which covers
+      every client that still believed it held the key (a client that believed so but
+      no longer holds it only sends what a TICK entry does to the state).
+   6. Dead leaders step down (exact up to stuttering). A leader without a leader lease
+      whose peers are all in higher terms can never again append (every append needs a
+      follower at or below its term) nor regain a lease, so its reads and keep-alives
+      are refused and its clock and promises are read by nobody (flush and read_allowed
+      read only their own node's promises). It steps down here; in the full model it
+      can do so at any time with a heartbeat (HB), and the only move this adds, its
+      candidacy, is a heartbeat to the voter followed by the same election there. */
+
+#define NOGRANT (rev >= MAXREV && wt[0] == 0 && wt[K - 1] == 0)
+
+/* canon() is C, compiled once: as a Promela inline it was expanded into each of the ~200
+   actions and pan.c took minutes to compile. It reads and writes the state vector (now). */
+c_code {
+/* a node's own state and the references to it, packed (every field within its width) */
+static int canon_nkey(int n)
+{
+  int key = now.term[n];
+  key = key * 2 + now.isL[n];
+  key = key * 4 + now.prm[n];
+  key = key * 4 + now.lrem[n];
+  key = key * 2 + now.anc[n];
+  key = key * 32 + now.alead[n];
+  key = key * 8 + now.dv[n];
+  key = key * 2 + now.stale[n];
+  key = key * 2 + (now.pby[0] == n + 1);
+  key = key * 2 + (now.pby[K - 1] == n + 1);
+  return key * 2 + (now.faulty == n + 1);
+}
+
+#define CANON_SWAP(f, x, y) do { uchar t_ = now.f[x]; now.f[x] = now.f[y]; now.f[y] = t_; } while (0)
+#define CANON_REMAP(v, x, y) \
+  do { if ((v) == (x) + 1) (v) = (y) + 1; else if ((v) == (y) + 1) (v) = (x) + 1; } while (0)
+
+static void canon_sort_nodes(int x, int y)
+{
+  int k;
+  if (canon_nkey(x) <= canon_nkey(y))
+    return;
+  CANON_SWAP(dv, x, y); CANON_SWAP(term, x, y); CANON_SWAP(isL, x, y);
+  CANON_SWAP(prm, x, y); CANON_SWAP(lrem, x, y); CANON_SWAP(anc, x, y);
+  CANON_SWAP(alead, x, y); CANON_SWAP(stale, x, y);
+  for (k = 0; k < K; k++)
+    CANON_REMAP(now.pby[k], x, y);
+  CANON_REMAP(now.faulty, x, y);
+}
+
+/* a client's state: validity, and whether it holds, waits for, held (snapshot) each key */
+static int canon_ckey(int c)
+{
+  int k, key = 0;
+  for (k = 0; k < K; k++) {
+    key = key * 8 + now.cvr[c * K + k];
+    key = key * 2 + (now.chold[k] == c + 1);
+    key = key * 2 + (now.wt[k] == c + 1);
+    key = key * 2 + (now.ohold[k] == c + 1);
+  }
+  return key * 4 + now.watt[c];
+}
+
+void canon_c(void)
+{
+  int n, k;
+  /* 5: no grant can happen again: client validity is dead */
+  if (now.rev >= MAXREV && now.wt[0] == 0 && now.wt[K - 1] == 0)
+    for (k = 0; k < C * K; k++)
+      now.cvr[k] = 0;
+  /* 1: no election can happen again: vote promises are dead */
+  if ((now.term[0] < MAXT) + (now.term[1] < MAXT) + (now.term[2] < MAXT) < 2)
+    for (n = 0; n < N; n++)
+      now.prm[n] = 0;
+  /* 6: a leader without a lease whose peers are all in higher terms steps down */
+  for (n = 0; n < N; n++) {
+    if (now.isL[n] && now.lrem[n] == 0 &&
+        (now.term[0] > now.term[n]) + (now.term[1] > now.term[n]) +
+        (now.term[2] > now.term[n]) == N - 1) {
+      now.isL[n] = 0; now.anc[n] = 0; now.alead[n] = 0;
+      for (k = 0; k < K; k++)
+        if (now.pby[k] == n + 1) {
+          now.prem[k] = 0; now.ptok[k] = 0; now.pby[k] = 0;
+        }
+    }
+  }
+  /* 2: an idle clock forgets where in its band it is; with -DFAULTS only a clock that
+     can no longer leave its band (another one already did), since FREE stands for the
+     two ends of the band and a clock at its lower end could instead go out of it */
+  for (n = 0; n < N; n++)
+    if (now.prm[n] == 0 && now.lrem[n] == 0 && !now.anc[n]
+#ifdef FAULTS
+        && now.faulty != 0 && now.faulty != n + 1
+#endif
+       )
+      now.dv[n] = FREE;
+  /* 3: nodes sorted by their key */
+  canon_sort_nodes(0, 1); canon_sort_nodes(1, 2); canon_sort_nodes(0, 1);
+  /* 4: clients sorted by their key */
+  if (canon_ckey(0) > canon_ckey(1)) {
+    for (k = 0; k < K; k++) {
+      uchar t = now.cvr[k]; now.cvr[k] = now.cvr[K + k]; now.cvr[K + k] = t;
+      CANON_REMAP(now.chold[k], 0, 1); CANON_REMAP(now.wt[k], 0, 1);
+      CANON_REMAP(now.ohold[k], 0, 1);
+    }
+    CANON_SWAP(watt, 0, 1);
+  }
+}
+}
+
+inline canon() {
+  c_code { canon_c(); }
+}
+
 /* ---- real time passes one step; clock n moves a units and stays in its band */
 #ifdef FAULTS
 /* one clock may run slow beyond the bound (from then on it never runs faster than
@@ -392,17 +534,23 @@ inline apply(op, k, c) {
 #define SLOW_OK(n, a) false
 #endif
 #define CLK_OK(n, a) ((a == 0 && dv[n] > OFF) || a == 1 || \
-                      (a == 2 && dv[n] < OFF + B && faulty != n + 1) || SLOW_OK(n, a))
+                      (a == 2 && (dv[n] < OFF + B || dv[n] == FREE) && faulty != n + 1) || \
+                      SLOW_OK(n, a))
 
 inline move_clock(n, a) {
   if
   :: dv[n] + a < OFF + 1 -> faulty = n + 1; dalarm = 1
   :: else
   fi;
-  dv[n] = dv[n] + a - 1;
   if
-  :: dv[n] < 1 -> dv[n] = 1   /* a slow clock's further loss changes nothing more */
-  :: else
+  :: dv[n] == FREE ->         /* it was at either end of the band: a move says which */
+     dv[n] = (a == 0 -> OFF : (a == 2 -> OFF + B : FREE))
+  :: else ->
+     dv[n] = dv[n] + a - 1;
+     if
+     :: dv[n] < 1 -> dv[n] = 1   /* a slow clock's further loss changes nothing more */
+     :: else
+     fi
   fi;
   prm[n] = MAX0(prm[n] - a);
   lrem[n] = MAX0(lrem[n] - a);
@@ -415,7 +563,7 @@ inline move_clock(n, a) {
 #define TIME(a0, a1, a2) \
   :: d_step { CLK_OK(0, a0) && CLK_OK(1, a1) && CLK_OK(2, a2) -> \
        move_clock(0, a0); move_clock(1, a1); move_clock(2, a2); \
-       for (j : 0 .. C*K-1) { cvr[j] = MAX0(cvr[j] - 1) }; j = 0 }
+       for (j : 0 .. C*K-1) { cvr[j] = MAX0(cvr[j] - 1) }; j = 0; canon() }
 
 /* ---- an election: candidate L wins with voter v (a majority of three). Both must be
    out of their vote promise (the candidate's own election timer is at least S). */
@@ -430,7 +578,7 @@ inline move_clock(n, a) {
        a = NEWTERM(L, v); \
        if :: isL[v] -> stepdown(v) :: else fi; \
        term[L] = a; term[v] = a; a = 0; j = 0; \
-       isL[L] = 1; lrem[L] = 0; anc[L] = 0; alead[L] = 0 }
+       isL[L] = 1; lrem[L] = 0; anc[L] = 0; alead[L] = 0; canon() }
 
 /* ---- a heartbeat from L to f, which learns what L has applied; a follower in a
    higher term makes L step down */
@@ -439,7 +587,7 @@ inline move_clock(n, a) {
        if \
        :: term[f] > term[L] -> term[L] = term[f]; stepdown(L) \
        :: else -> append(L, f); copy_view(f, L) \
-       fi; j = 0 }
+       fi; j = 0; canon() }
 
 /* ---- a client entry (or a tick) proposed by L, committed with f's append. The
    client sends at this instant (the stamp is taken when it is sent: the worst case
@@ -448,25 +596,25 @@ inline move_clock(n, a) {
    complete a task attempt. */
 #define SENDS(op, k, c) \
   (k < K) && (op == TICK || (op == ACQ && cvr[CV(c, k)] == 0 && rev < MAXREV) || \
-   ((op == REN || op == REL) && cvr[CV(c, k)] > 0) || \
+   ((op == REN || op == REL) && (cvr[CV(c, k)] > 0 || (NOGRANT && chold[k] == c + 1))) || \
    (TASKS_ON && op == CLAIM && watt[c] == 0 && tatt < MAXATT) || \
    (TASKS_ON && op == DONE && watt[c] != 0))
 #define COMMIT(L, f, op, k, c) \
   :: d_step { isL[L] && term[f] <= term[L] && SENDS(op, k, c) -> \
        append(L, f); stamp(L); commit(L, op, k, c); \
-       T = 0; d = 0; i = 0; j = 0; a = 0 }
+       T = 0; d = 0; i = 0; j = 0; a = 0; canon() }
 
 /* ---- a renewal answered from L's memory (keepalives = "memory"): L answers while
    lease reads are allowed, if the lease is live at the log time T it would stamp */
 #define KEEP(L, k, c) \
-  :: d_step { k < K && isL[L] && cvr[CV(c, k)] > 0 && VHOLD(L, k) == c + 1 -> \
+  :: d_step { k < K && isL[L] && (cvr[CV(c, k)] > 0 || NOGRANT) && VHOLD(L, k) == c + 1 -> \
        stamp(L); read_allowed(L); \
        if \
        :: ok && VREM(L, k) > alead[L] -> \
           prem[k] = MAX0(T + TTL); ptok[k] = VTOK(L, k); pby[k] = L + 1; \
           cvr[CV(c, k)] = VAL \
        :: else \
-       fi; T = 0; j = 0; ok = 0 }
+       fi; T = 0; j = 0; ok = 0; canon() }
 
 /* ---- a lease read of key k on L: what L answers (the holder at its stamp in its
    applied state) must be what the committed state answers at that log time (P3) */
@@ -479,17 +627,31 @@ inline move_clock(n, a) {
           nd = (chold[k] != 0 && crem[k] > MAX0(T) -> ctok[k] : 0); \
           assert(a == nd) /* P3 lease reads are linearizable */ \
        :: else \
-       fi; T = 0; j = 0; ok = 0; a = 0; nd = 0 }
+       fi; T = 0; j = 0; ok = 0; a = 0; nd = 0; canon() }
 
+/* Only the actions a configuration can take are generated (the second key's with -DK=2,
+   the task's with -DTASKS): pan.c is then a fraction of the size, and compiles in
+   seconds rather than a minute. The k < K guards above stay as a second line. */
+#if K == 2
+#define KEY2(x) x
+#else
+#define KEY2(x)
+#endif
+#ifdef TASKS
+#define TASKOPS(x) x
+#else
+#define TASKOPS(x)
+#endif
 #define COMMITS(L, f) \
-  COMMIT(L, f, TICK, 0, 0) \
-  COMMIT(L, f, ACQ, 0, 0) COMMIT(L, f, ACQ, 0, 1) COMMIT(L, f, ACQ, 1, 0) COMMIT(L, f, ACQ, 1, 1) \
-  COMMIT(L, f, REN, 0, 0) COMMIT(L, f, REN, 0, 1) COMMIT(L, f, REN, 1, 0) COMMIT(L, f, REN, 1, 1) \
-  COMMIT(L, f, REL, 0, 0) COMMIT(L, f, REL, 0, 1) COMMIT(L, f, REL, 1, 0) COMMIT(L, f, REL, 1, 1) \
-  COMMIT(L, f, CLAIM, 0, 0) COMMIT(L, f, CLAIM, 0, 1) COMMIT(L, f, DONE, 0, 0) COMMIT(L, f, DONE, 0, 1)
+  COMMIT(L, f, TICK, 0, 0) COMMIT(L, f, ACQ, 0, 0) COMMIT(L, f, ACQ, 0, 1) \
+  COMMIT(L, f, REN, 0, 0) COMMIT(L, f, REN, 0, 1) COMMIT(L, f, REL, 0, 0) COMMIT(L, f, REL, 0, 1) \
+  KEY2(COMMIT(L, f, ACQ, 1, 0) COMMIT(L, f, ACQ, 1, 1) COMMIT(L, f, REN, 1, 0) \
+       COMMIT(L, f, REN, 1, 1) COMMIT(L, f, REL, 1, 0) COMMIT(L, f, REL, 1, 1)) \
+  TASKOPS(COMMIT(L, f, CLAIM, 0, 0) COMMIT(L, f, CLAIM, 0, 1) COMMIT(L, f, DONE, 0, 0) \
+          COMMIT(L, f, DONE, 0, 1))
 #define PAIR(L, f) ELECT(L, f) HB(L, f) COMMITS(L, f)
 #define LEADER(L) \
-  KEEP(L, 0, 0) KEEP(L, 0, 1) KEEP(L, 1, 0) KEEP(L, 1, 1) READ(L, 0) READ(L, 1)
+  KEEP(L, 0, 0) KEEP(L, 0, 1) READ(L, 0) KEY2(KEEP(L, 1, 0) KEEP(L, 1, 1) READ(L, 1))
 
 init {
   d_step {
@@ -497,7 +659,12 @@ init {
     cterm = 1;
     isL[0] = 1;          /* node 0 leads term 1 and has applied an entry of it */
     prm[1] = S; prm[2] = S; lrem[0] = LL;
-    i = 0
+    i = 0;
+#ifndef FAULTS
+    for (i : 0 .. N-1) { dv[i] = FREE }   /* every clock starts anywhere in its band */
+    i = 0;
+#endif
+    canon()
   }
   do
   TIME(0,0,0) TIME(0,0,1) TIME(0,0,2) TIME(0,1,0) TIME(0,1,1) TIME(0,1,2)
