@@ -163,6 +163,8 @@ class Dispatcher:
         else:
             draw_task_ids(self.config, request.op, entry)  # task and attempt ids, queue quota
         result = await self._propose(entry)
+        if self._metrics is not None:
+            self._metrics.budgets.observe(request.op, entry, result)  # budget decisions
         if not result.get("ok"):
             code = str(result.get("code", "INTERNAL"))
             raise error_class(code)(str(result.get("message", code)), result.get("detail"))

@@ -31,6 +31,7 @@ from prometheus_client.metrics_core import Metric
 
 from raftlease.cli import main as cli_main
 from raftlease.config import NodeConfig
+from raftlease.core.budget import Budgets
 from raftlease.errors import CODES, ConfigError
 from raftlease.replication import Replica
 from raftlease.server import metrics as metrics_module
@@ -217,6 +218,7 @@ class FakeReplica:
             now=0,
             expired_total=0,
             term=1,
+            budgets=Budgets(),  # server/budget_metrics.py reads them
         )
         self.guard = FakeGuard()
 
