@@ -610,7 +610,12 @@ class Budgets:
                     return {"state": "waiting", "position": position, "deadline": waiter.deadline}
         outcome = self.outcomes.get(rid)
         if outcome is not None and outcome[0] == key and outcome[1] == "granted":
-            out: dict[str, Any] = {"state": "granted", "key": key, "amount": outcome[3]}
+            out: dict[str, Any] = {
+                "state": "granted",
+                "key": key,
+                "amount": outcome[3],
+                "granted_at": outcome[2],
+            }
             if outcome[4]:
                 out.update(reservation_id=rid, expires_at=outcome[4])
             return out
