@@ -78,6 +78,7 @@ from typing_extensions import TypedDict
 from ._version import __version__
 from .client.aio import AsyncClient
 from .client.aio_queue import AsyncTask
+from .client.budgets import Reservation
 from .errors import RaftLeaseError
 from .limits import (
     MAX_BUDGET_AMOUNT,
@@ -358,6 +359,27 @@ class SpendResult(TypedDict):
 
 
 @with_config(ConfigDict(extra="forbid"))
+class ReserveResult(TypedDict):
+    key: str
+    amount: Annotated[int, Field(description="The units reserved (drawn now).")]
+    reservation_id: Annotated[
+        str, Field(description="Pass it to settle_budget with the actual cost.")
+    ]
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class SettleResult(TypedDict):
+    key: str
+    reserved: Annotated[int, Field(description="The units that were reserved.")]
+    actual: Annotated[int, Field(description="The actual cost recorded.")]
+    level: Annotated[
+        float, Field(description="The budget's level right after (units; negative: debt).")
+    ]
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
 class CheckTokenResult(TypedDict):
     key: str
     token: int
@@ -532,6 +554,9 @@ class ClaimBook:
         self._opening = asyncio.Lock()
         #: Closing lease sessions given up as lost (see ``_collect_session_loss``).
         self._closing: set[asyncio.Task[None]] = set()
+        #: Budget reservations made by this session and not yet settled, by id: only
+        #: they can be settled here (a reservation id is a capability).
+        self.reservations: dict[str, Reservation] = {}
         #: The capacity each claim was made with (a Lease does not carry it).
         self._capacity: dict[str, int] = {}
         #: The least severe log level the client takes (``logging/setLevel``).
@@ -913,6 +938,56 @@ class ClaimBook:
         if done.level is not None:
             body["level"] = done.level
         return body
+
+    async def reserve_budget(
+        self, key: str, amount: int, wait: float, ttl: float
+    ) -> dict[str, Any]:
+        """Reserve an estimate of ``amount`` units of the budget ``key`` (drawn now,
+        waiting up to ``wait`` seconds as ``spend_budget``), kept by this session for
+        ``settle_budget``; not settled within ``ttl`` seconds it is settled at
+        ``amount``. A cancelled call withdraws the wait. Raises a tool error with the
+        cluster's code (BUDGET_EXHAUSTED, ...)."""
+        _check_key(key)
+        if isinstance(amount, bool) or not 1 <= amount <= MAX_BUDGET_AMOUNT:
+            raise _tool_error("INVALID_ARGUMENT", f"amount must be 1 to {MAX_BUDGET_AMOUNT}")
+        wait = _check_seconds("wait", wait, MAX_WAIT)
+        ttl = _check_seconds("ttl", ttl, MAX_WAIT)
+        if ttl < 1:
+            raise _tool_error("INVALID_ARGUMENT", f"ttl must be 1 to {MAX_WAIT:g} seconds")
+        try:
+            held = await self.client.reserve(key, amount, wait=wait, ttl=ttl)
+        except RaftLeaseError as exc:
+            raise _from_raftlease(exc) from None
+        self.reservations[held.reservation_id] = held
+        return {"key": key, "amount": held.amount, "reservation_id": held.reservation_id}
+
+    async def settle_budget(self, reservation_id: str, actual: int) -> dict[str, Any]:
+        """Record the ``actual`` cost of a reservation this session made: less than
+        reserved returns the difference, more draws the extra (into debt). Raises a
+        tool error RESERVATION_NOT_FOUND for an id this session does not hold (or one
+        settled at its TTL meanwhile), or the cluster's code."""
+        if isinstance(actual, bool) or not 0 <= actual <= MAX_BUDGET_AMOUNT:
+            raise _tool_error("INVALID_ARGUMENT", f"actual must be 0 to {MAX_BUDGET_AMOUNT}")
+        held = self.reservations.get(reservation_id)
+        if held is None:
+            raise _tool_error(
+                "RESERVATION_NOT_FOUND",
+                "this session holds no open reservation with that id (settled already, "
+                "or never made here)",
+            )
+        try:
+            done = await self.client.settle(held, actual)
+        except RaftLeaseError as exc:
+            if exc.code == "RESERVATION_NOT_FOUND":
+                self.reservations.pop(reservation_id, None)  # past its TTL: settled
+            raise _from_raftlease(exc) from None
+        self.reservations.pop(reservation_id, None)
+        return {
+            "key": done.key,
+            "reserved": done.reserved,
+            "actual": done.actual,
+            "level": done.level,
+        }
 
     async def check_token(self, key: str, token: int) -> dict[str, Any]:
         _check_key(key)
@@ -1370,6 +1445,75 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
         body = await book.spend_budget(key, amount, wait)
         return cast(SpendResult, await book.result(ctx, body))
 
+    async def reserve_budget(
+        key: BudgetKey,
+        amount: Annotated[
+            StrictInt,
+            Field(
+                ge=1,
+                le=MAX_BUDGET_AMOUNT,
+                description=(
+                    f"Whole units to reserve now (an estimate), 1 to {MAX_BUDGET_AMOUNT}."
+                ),
+            ),
+        ],
+        ctx: Context,
+        wait: Annotated[
+            StrictFloat,
+            Field(
+                ge=0,
+                le=MAX_WAIT,
+                allow_inf_nan=False,
+                description=(
+                    f"Seconds to wait in the budget's first-come queue, 0 to {MAX_WAIT:g} "
+                    "(default 0: answer BUDGET_EXHAUSTED at once, with retry_after)."
+                ),
+            ),
+        ] = 0.0,
+        ttl: Annotated[
+            StrictFloat,
+            Field(
+                ge=1,
+                le=MAX_WAIT,
+                allow_inf_nan=False,
+                description=(
+                    "Seconds until an unsettled reservation is settled at its amount "
+                    f"(1 to {MAX_WAIT:g}, default 300)."
+                ),
+            ),
+        ] = 300.0,
+    ) -> ReserveResult:
+        """Reserve an estimate of `amount` units of the shared budget `key` before a
+        call whose cost is known only afterwards (an LLM call's tokens); then call
+        settle_budget with the actual cost. Refused as spend_budget. Not idempotent."""
+        body = await book.reserve_budget(key, amount, wait, ttl)
+        return cast(ReserveResult, await book.result(ctx, body))
+
+    async def settle_budget(
+        reservation_id: Annotated[
+            StrictStr,
+            Field(
+                min_length=1,
+                max_length=MAX_ID_CHARS,
+                description="The reservation_id reserve_budget returned in this session.",
+            ),
+        ],
+        actual: Annotated[
+            StrictInt,
+            Field(
+                ge=0,
+                le=MAX_BUDGET_AMOUNT,
+                description=f"The actual cost in whole units, 0 to {MAX_BUDGET_AMOUNT}.",
+            ),
+        ],
+        ctx: Context,
+    ) -> SettleResult:
+        """Settle a reservation with its actual cost: less than reserved gives the
+        difference back to the budget, more draws the extra. RESERVATION_NOT_FOUND
+        once settled (or past its ttl, then settled at the reserved amount)."""
+        body = await book.settle_budget(reservation_id, actual)
+        return cast(SettleResult, await book.result(ctx, body))
+
     tools = [
         _strict_tool(claim, _hints("Claim a key", read_only=False)),
         _strict_tool(renew, _hints("Renew claims", read_only=False)),
@@ -1384,6 +1528,12 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
         _strict_tool(fail_task, _hints("Fail a task", read_only=False, destructive=True)),
         _strict_tool(
             spend_budget, _hints("Spend from a budget", read_only=False, idempotent=False)
+        ),
+        _strict_tool(
+            reserve_budget, _hints("Reserve from a budget", read_only=False, idempotent=False)
+        ),
+        _strict_tool(
+            settle_budget, _hints("Settle a reservation", read_only=False, idempotent=False)
         ),
     ]
     server = _Server(

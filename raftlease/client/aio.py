@@ -511,7 +511,14 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             self, "budget_spend", {"key": key, "amount": amount}, wait, timeout
         )
         level = result.get("level")
-        return Spend(key, int(result["amount"]), float(level) if level is not None else None)
+        # Granted at once: the answer's log time; after a wait: the grant's.
+        at = result.get("granted_at", result.get("now"))
+        return Spend(
+            key,
+            int(result["amount"]),
+            float(level) if level is not None else None,
+            int(at) if isinstance(at, int) else None,
+        )
 
     async def reserve(
         self,

@@ -75,11 +75,13 @@ class BudgetInfo:
 class Spend:
     """A granted spend: ``amount`` units drawn from ``key``; ``level`` the budget's
     level right after (None when it was granted after waiting: others may have
-    drawn in the same entry)."""
+    drawn in the same entry); ``granted_at_ms`` the log time of the entry that
+    granted it (None from a node too old to say)."""
 
     key: str
     amount: int
     level: float | None
+    granted_at_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

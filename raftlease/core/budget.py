@@ -132,6 +132,20 @@ def check_budget_args(op: str, entry: dict[str, Any]) -> str | None:
     return None
 
 
+def check_gate(entry: dict[str, Any]) -> str | None:
+    """Why a budget gate the leader stamped on an acquire or a claim is malformed, or
+    None: ``gate_budget`` (a budget key) and ``gate_cost`` (1 to MAX_BUDGET_AMOUNT),
+    both or neither."""
+    if ("gate_budget" in entry) != ("gate_cost" in entry):
+        return "'gate_budget' and 'gate_cost' come together"
+    if "gate_budget" in entry:
+        if not _str(entry["gate_budget"], MAX_KEY_BYTES):
+            return "'gate_budget' must be a non-empty string"
+        if not _int(entry["gate_cost"], 1, MAX_BUDGET_AMOUNT):
+            return f"'gate_cost' must be an integer from 1 to {MAX_BUDGET_AMOUNT}"
+    return None
+
+
 @dataclass(slots=True)
 class Pending:
     """A waiting spend or reserve (``ttl_ms`` > 0: a reserve, its reservation's TTL),
@@ -517,6 +531,59 @@ class Budgets:
             out["granted"] = True
         return out
 
+    # --------------------------------------------------------------- gates
+
+    def gate_refusal(self, entry: dict[str, Any], now: int) -> Result | None:
+        """Why a budget-gated acquire or claim cannot draw its cost now, or None.
+
+        The leader stamps ``gate_budget`` and ``gate_cost`` from the auth file
+        (server/auth.py, docs/budgets.md "Budget gates"); the caller asks this before
+        it grants, and calls ``gate_draw`` in the same entry only when it grants, so
+        a gated grant never happens without its draw and no draw without its grant.
+        Refusals are definite: a missing budget is ``BUDGET_NOT_FOUND``; a cost above
+        the capacity, spends waiting on the budget (nobody overtakes them) or a level
+        below the cost are ``QUOTA_EXCEEDED`` with the budget, the cost and
+        ``retry_after`` (log-time seconds until the refill covers it; None when it
+        never will or spends wait). Changes nothing but the refill up to ``now``."""
+        key = entry.get("gate_budget")
+        if key is None:
+            return None
+        cost: int = entry["gate_cost"]
+        budget = self.budgets.get(key)
+        if budget is None:
+            return error(
+                "BUDGET_NOT_FOUND",
+                f"no budget {key!r}, which the auth file gates this principal's grants on",
+                key=key,
+                budget=key,
+            )
+        budget.refill(now)
+        if not budget.waiters and budget.level >= cost * SCALE:
+            return None
+        ready = budget.ready_at(cost) if not budget.waiters and cost <= budget.capacity else None
+        why = (
+            f"{len(budget.waiters)} spend(s) wait on it"
+            if budget.waiters
+            else f"its level is {budget.level / SCALE:g} of {budget.capacity}"
+        )
+        return error(
+            "QUOTA_EXCEEDED",
+            f"budget {key!r} cannot cover the cost {cost} of this grant now: {why}",
+            budget=key,
+            cost=cost,
+            level=budget.level / SCALE,
+            capacity=budget.capacity,
+            waiting=len(budget.waiters),
+            retry_after=None if ready is None else (ready - now) / 1000,
+        )
+
+    def gate_draw(self, entry: dict[str, Any]) -> None:
+        """Draw a gated grant's cost (``gate_refusal`` returned None in this same
+        entry, so the level covers it). Nothing without a gate."""
+        key = entry.get("gate_budget")
+        if key is not None:
+            self.budgets[key].level -= entry["gate_cost"] * SCALE
+
     # --------------------------------------------------------------- reads
 
     def read(self, entry: dict[str, Any], now: int) -> Result:
@@ -543,7 +610,12 @@ class Budgets:
                     return {"state": "waiting", "position": position, "deadline": waiter.deadline}
         outcome = self.outcomes.get(rid)
         if outcome is not None and outcome[0] == key and outcome[1] == "granted":
-            out: dict[str, Any] = {"state": "granted", "key": key, "amount": outcome[3]}
+            out: dict[str, Any] = {
+                "state": "granted",
+                "key": key,
+                "amount": outcome[3],
+                "granted_at": outcome[2],
+            }
             if outcome[4]:
                 out.update(reservation_id=rid, expires_at=outcome[4])
             return out

@@ -24,7 +24,7 @@ from ..limits import (
 # within a priority); one constant, the table's.
 from ..operations import MAX_PRIORITY as MAX_PRIORITY
 from ..operations import TABLE, core_bounds, ops_reading, ops_with
-from .budget import BUDGET_MUTATING_OPS, BUDGET_READ_OPS
+from .budget import BUDGET_MUTATING_OPS, BUDGET_READ_OPS, check_gate
 
 #: Most requests one batch entry may carry.
 MAX_BATCH = 4096
@@ -135,6 +135,14 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
         return "'waiters_total' must be a positive integer"
     if "shaper" in entry and entry["shaper"] is not False:
         return "'shaper' must be false when present"
+    if "gate_budget" in entry or "gate_cost" in entry:
+        # A budget gate (docs/budgets.md): stamped by the leader on acquires and
+        # claims only, from the auth file.
+        if op not in ("acquire", "task_claim"):
+            return "a budget gate ('gate_budget', 'gate_cost') only goes with acquire or task_claim"
+        problem = check_gate(entry)
+        if problem is not None:
+            return problem
     if "principal" in entry and not valid_str(entry["principal"], MAX_OWNER_BYTES):
         return "'principal' must be a non-empty string"
     if "value" in entry and not (

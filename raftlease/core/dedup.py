@@ -25,7 +25,7 @@ MAX_PENDING_PER_CLIENT = 4096
 #: between a request and its retry): left out of the fingerprint.
 #: ``waiters_total``, ``max_completed``, ``tasks_quota``, ``queues_quota`` and ``aging``
 #: are node config, not the client's: a retry after a config change is still the same
-#: request.
+#: request. ``gate_budget`` and ``gate_cost`` come from the auth file, likewise.
 _STAMPED = frozenset(
     {
         "now",
@@ -39,6 +39,8 @@ _STAMPED = frozenset(
         "tasks_quota",
         "queues_quota",
         "aging",
+        "gate_budget",
+        "gate_cost",
     }
 )
 _DRAWN = {

@@ -273,13 +273,21 @@ class TaskQueues(TaskState):
                     "PERMISSION_DENIED", f"the lease session {sid!r} belongs to another principal"
                 )
         caps: dict[str, str] = entry.get("caps", {})
+        # A budget gate (docs/budgets.md) is checked before a task is taken off its
+        # heap, and its cost drawn only with the claim, in this entry.
+        refusal = host.budgets.gate_refusal(entry, host.now)
+        if refusal is not None:
+            return refusal
         queue = self.queues.get(name)
         task = self._best_ready(queue, caps) if queue is not None else None
         if task is not None:
+            host.budgets.gate_draw(entry)
             attempt = self._start(host, task, entry["aid"], entry, sid, principal)
             return self.claim_result(host, attempt)
         wait: int = entry.get("wait", 0)
-        if wait <= 0:
+        # A gated claim does not wait: a task handed to it later, in another entry,
+        # could find the budget empty.
+        if wait <= 0 or "gate_budget" in entry:
             return {"ok": True, "claimed": False, "queue": name, "now": host.now}
         queue = self._queue(name)
         if len(queue.claimers) >= MAX_WAITING_CLAIMS:

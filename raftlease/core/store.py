@@ -418,13 +418,25 @@ class LeaseStore(StoreState):
         first = not queue or priority > queue[0].priority
         if first and self.units_used(key) + units <= capacity:
             # Nobody waits ahead of it (the queue is empty, or it outranks the head)
-            # and the units fit: granted now.
+            # and the units fit: granted now, if its budget gate (if any) covers the
+            # cost, drawn in this same entry (never a grant without its draw).
+            refusal = self.budgets.gate_refusal(entry, self.now)
+            if refusal is not None:
+                return refusal
+            self.budgets.gate_draw(entry)
             self._fix_capacity(key, capacity)
             lease = self._grant(key, lease_id, entry["owner"], ttl, units, value, sid, principal)
             return self._lease_result(lease)
         wait: int = entry.get("wait", 0)
         if wait <= 0:
             return self._held_error(key, capacity, queue)
+        if "gate_budget" in entry:
+            # A gated acquire does not queue: its draw must be in the entry that
+            # grants it, and a later grant from the queue could find the budget
+            # empty (docs/budgets.md, "Budget gates"). Refused as without ``wait``.
+            held = self._held_error(key, capacity, queue)
+            held["detail"] = {**held.get("detail", {}), "gated": True}
+            return held
         wait_quota = entry.get("wait_quota")
         queued = self.waiting_by.get(principal, 0)
         if principal and wait_quota is not None and queued >= wait_quota:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..limits import (
     MAX_ID_CHARS,
@@ -26,6 +26,9 @@ from ..limits import (
 from ..operations import core_bounds
 from .checks import utf8_size, valid_int, valid_str
 from .records import LeaseSession
+
+if TYPE_CHECKING:
+    from .budget import Budgets
 
 # ---------------------------------------------------------------------- limits
 
@@ -77,6 +80,7 @@ class Host(Protocol):
     revision: int
     events: list[dict[str, Any]]
     lease_sessions: dict[str, LeaseSession]
+    budgets: Budgets
 
 
 # --------------------------------------------------------------------- records

@@ -48,6 +48,7 @@ DRAW = (
     result("position", "integer", "a queued spend's place in the queue (1: next)"),
     result("deadline", "integer", "log time a queued spend gives up (ms)"),
     result("state", "string", "over HTTP with wait: granted"),
+    result("granted_at", "integer", "over HTTP with wait: log time of the grant (ms)"),
     NOW,
 )
 
@@ -165,6 +166,7 @@ BUDGET_OPS: tuple[Operation, ...] = (
             result("state", "string", "granted, waiting or gone", True),
             result("key", "string", "the budget"),
             result("amount", "integer", "the amount granted"),
+            result("granted_at", "integer", "log time of the grant (ms)"),
             result("reservation_id", "string", "a granted reserve's id"),
             result("expires_at", "integer", "log time a granted reservation expires"),
             result("position", "integer", "a waiting spend's place in the queue"),

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, PermissionDeniedError, UnauthenticatedError
-from ..limits import MAX_CAPACITY
+from ..limits import MAX_BUDGET_AMOUNT, MAX_CAPACITY, MAX_KEY_BYTES
 from ..operations import BY_NAME
 from ..protocol import Request
 
@@ -110,11 +110,27 @@ def prefix_grants(prefix: str, key: str) -> bool:
 
 
 @dataclass(frozen=True)
+class BudgetGate:
+    """A budget that a principal's grants draw from (docs/budgets.md, "Budget
+    gates"): ``per_acquire`` units with each lease granted to it, ``per_claim`` with
+    each task claimed (0: that kind is not gated)."""
+
+    key: str
+    per_acquire: int = 0
+    per_claim: int = 0
+
+    def cost(self, op: str) -> int:
+        """What one ``op`` (``acquire`` or ``task_claim``) costs, 0 for not gated."""
+        return {"acquire": self.per_acquire, "task_claim": self.per_claim}.get(op, 0)
+
+
+@dataclass(frozen=True)
 class Role:
     name: str
     #: (prefix, actions) pairs.
     permissions: tuple[tuple[str, frozenset[str]], ...]
     max_priority: int = 0
+    budget: BudgetGate | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,16 @@ class Principal:
     name: str
     roles: tuple[Role, ...]
     token_sha256: str = ""
+    #: Its own ``budget``, else the one of its roles that names one (at most one
+    #: may: ``load_auth`` refuses two); None: its grants draw from no budget.
+    budget: BudgetGate | None = None
+
+    def gate(self, op: str) -> tuple[str, int] | None:
+        """The budget key and cost that ``op`` (``acquire``, ``task_claim``) must
+        draw for this principal, or None when it is not gated."""
+        if self.budget is None or self.budget.cost(op) <= 0:
+            return None
+        return self.budget.key, self.budget.cost(op)
 
     def allows(self, action: str, key: str, prefix_op: bool = False) -> bool:
         """``action`` on ``key``; with ``prefix_op``, ``key`` is the string prefix of a
@@ -287,7 +313,7 @@ def load_auth(path: Path) -> AuthPolicy:
         cap = spec.get("max_priority", 0)
         if not isinstance(cap, int) or isinstance(cap, bool) or not -1000 <= cap <= 1000:
             raise _fail(path, f"role {name!r}: max_priority must be an integer in -1000..1000")
-        roles[name] = Role(name, tuple(permissions), cap)
+        roles[name] = Role(name, tuple(permissions), cap, _load_gate(path, f"role {name!r}", spec))
     principals: dict[str, Principal] = {}
     for entry in raw.get("principals") or []:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
@@ -305,11 +331,53 @@ def load_auth(path: Path) -> AuthPolicy:
         unknown = [r for r in entry.get("roles", []) if r not in roles]
         if unknown:
             raise _fail(path, f"principal {name!r} names unknown roles {unknown}")
-        principals[name] = Principal(name, tuple(roles[r] for r in entry.get("roles", [])), digest)
+        mine = tuple(roles[r] for r in entry.get("roles", []))
+        gate = _load_gate(path, f"principal {name!r}", entry)
+        if gate is None:
+            gates = {role.budget for role in mine if role.budget is not None}
+            if len(gates) > 1:
+                raise _fail(
+                    path,
+                    f"principal {name!r}: its roles name {len(gates)} different budgets; "
+                    "give the principal its own budget",
+                )
+            gate = next(iter(gates), None)
+        principals[name] = Principal(name, mine, digest, gate)
     if not principals:
         raise _fail(path, "names no principals")
     keys, prefixes = _load_shapes(path, raw.get("shapes", []))
     return AuthPolicy(principals, keys, prefixes)
+
+
+def _load_gate(path: Path, where: str, spec: dict[str, Any]) -> BudgetGate | None:
+    """A role's or principal's ``budget = { key = "...", per_acquire = N, per_claim =
+    N }``, or None without one. Raises ``ConfigError`` naming the bad field."""
+    raw = spec.get("budget")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _fail(path, f"{where}: budget must be a table {{ key, per_acquire, per_claim }}")
+    unknown = sorted(set(raw) - {"key", "per_acquire", "per_claim"})
+    if unknown:
+        raise _fail(path, f"{where}: budget has unknown fields {unknown}")
+    key = raw.get("key")
+    if not isinstance(key, str) or not key or len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        raise _fail(path, f"{where}: budget key must be a non-empty string")
+    costs = []
+    for name in ("per_acquire", "per_claim"):
+        cost = raw.get(name, 0)
+        if (
+            not isinstance(cost, int)
+            or isinstance(cost, bool)
+            or not 0 <= cost <= MAX_BUDGET_AMOUNT
+        ):
+            raise _fail(
+                path, f"{where}: budget {name} must be an integer from 0 to {MAX_BUDGET_AMOUNT}"
+            )
+        costs.append(cost)
+    if not any(costs):
+        raise _fail(path, f"{where}: budget needs per_acquire or per_claim above 0")
+    return BudgetGate(key, costs[0], costs[1])
 
 
 def _load_shapes(path: Path, raw: Any) -> tuple[dict[str, int], tuple[tuple[str, int], ...]]:

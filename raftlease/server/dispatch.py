@@ -3,7 +3,8 @@
 What the leader adds before it proposes: the fencing of auth-file shapes, the quotas
 the state machine decides with (``max_leases_per_principal``, ``max_waiters_*``,
 ``max_sessions_per_principal``, ``max_queue_tasks``, ``max_tasks_per_principal``,
-``max_queues_per_principal``, ``max_completed_tasks``), the
+``max_queues_per_principal``, ``max_completed_tasks``), the budget gate of the auth
+file (``gate_budget``, ``gate_cost`` on acquires and claims), the
 principal and the client id, and the randomness (lease, session, task, attempt and
 spend ids: drawn here, never in the state machine). A ``renew`` or ``session_keepalive``
 may be answered from the leader's memory instead (``keepalive_in_memory``;
@@ -139,6 +140,16 @@ class Dispatcher:
                     entry["shaper"] = False
             elif request.op == "session_open":
                 entry["quota"] = self.config.max_sessions_per_principal
+        # A budget gate from the auth file (docs/budgets.md, "Budget gates"): stamped
+        # here, decided in the state machine with the grant. Never a client's value.
+        entry.pop("gate_budget", None)
+        entry.pop("gate_cost", None)
+        gate = None
+        if request.principal and auth is not None and request.op in ("acquire", "task_claim"):
+            who = auth.principals.get(request.principal)
+            gate = who.gate(request.op) if who is not None else None
+        if gate is not None:
+            entry["gate_budget"], entry["gate_cost"] = gate
         if request.cid is not None:
             entry["cid"] = request.cid
             entry["seq"] = request.seq
@@ -157,6 +168,8 @@ class Dispatcher:
         else:
             draw_task_ids(self.config, request.op, entry)  # task and attempt ids, queue quota
         result = await self._propose(entry)
+        if self._metrics is not None:
+            self._metrics.budgets.observe(request.op, entry, result)  # budget decisions
         if not result.get("ok"):
             code = str(result.get("code", "INTERNAL"))
             raise error_class(code)(str(result.get("message", code)), result.get("detail"))

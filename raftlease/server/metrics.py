@@ -62,6 +62,7 @@ from ..core.task_state import TaskState
 from ..errors import CODES
 from ..protocol import OPS
 from ..replication import Replica
+from .budget_metrics import BudgetMetrics
 
 #: Journal sync buckets (seconds): a page-cache sync takes tens of microseconds, an SSD's
 #: fdatasync a few hundred, a spinning disk's or a busy cloud volume's tens of ms.
@@ -218,6 +219,8 @@ class NodeMetrics:
             "heap_trim_interval seconds).",
             registry=registry,
         )
+        # Shared budgets (server/budget_metrics.py): their own module and block.
+        self.budgets = BudgetMetrics(registry, view.replica)
         self.keepalives_from_memory = Counter(
             "raftlease_keepalives_from_memory",
             "Lease renewals and session keep-alives this node answered from its memory as "

@@ -31,6 +31,7 @@ from prometheus_client.metrics_core import Metric
 
 from raftlease.cli import main as cli_main
 from raftlease.config import NodeConfig
+from raftlease.core.budget import Budgets
 from raftlease.core.queue import TaskQueues
 from raftlease.errors import CODES, ConfigError
 from raftlease.replication import Replica
@@ -219,6 +220,7 @@ class FakeReplica:
             expired_total=0,
             term=1,
             tasks=TaskQueues(),  # task-queue families are exported even without queues
+            budgets=Budgets(),  # server/budget_metrics.py reads them
         )
         self.guard = FakeGuard()
 

@@ -25,7 +25,7 @@ from raftlease.errors import (
 )
 from raftlease.testing import LocalCluster
 from raftlease.testing.cluster import wait_for
-from tests.integration.test_admin_http import admin_cluster, admin_of
+from tests.integration.test_admin_http import admin_cluster, admin_of, scrape
 from tests.unit.test_http_api import call
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -84,6 +84,7 @@ def test_spend_and_reserve_over_http(cluster: LocalCluster) -> None:
         api, "POST", "/v1/budgets/spend", {"key": "http/b", "amount": 2, "wait": 5}
     )
     assert status == 200 and waited["granted"] is True and waited["state"] == "granted"
+    assert isinstance(waited["granted_at"], int)  # the grant's log time (ms)
     status, held = call(
         api, "POST", "/v1/budgets/reserve", {"key": "http/b", "amount": 1, "wait": 5}
     )
@@ -104,6 +105,16 @@ def test_spend_and_reserve_over_http(cluster: LocalCluster) -> None:
     ):
         status, answer = call(api, "POST", "/v1/budgets/spend", bad)
         assert status == code and answer["error"]["definite"] is True, (bad, answer)
+    # The leader's /metrics: the budget's gauges and its decisions (docs/operations.md).
+    metrics = scrape(api)
+    assert metrics['raftlease_budget_capacity{budget="http/b"}'] == 4.0
+    assert metrics['raftlease_budget_refill_per_second{budget="http/b"}'] == 40.0
+    assert metrics['raftlease_budget_waiting{budget="http/b"}'] == 0.0
+    decided = 'raftlease_budget_decisions_total{budget="http/b",outcome="%s"}'
+    # Refused: BUDGET_EXHAUSTED and AMOUNT_OVER_CAPACITY; the waited spend and the
+    # reserve are queued or granted at once, as the refill has it by then.
+    granted, queued = metrics[decided % "granted"], metrics.get(decided % "queued", 0.0)
+    assert metrics[decided % "refused"] == 2 and granted >= 1 and granted + queued == 3
 
 
 def test_the_budget_commands(cluster: LocalCluster) -> None:

@@ -66,6 +66,8 @@ TOOLS = {
     "complete_task",
     "fail_task",
     "spend_budget",
+    "reserve_budget",
+    "settle_budget",
 }
 
 
@@ -611,6 +613,14 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("spend_budget", {"key": "mcp/strict/b", "amount": 1, "wait": 3601}, "wait"),
     ("spend_budget", {"key": "mcp/strict/b", "amount": 1, "owner": "x"}, "owner"),
     ("spend_budget", {"key": 5, "amount": 1}, "key"),
+    ("reserve_budget", {"key": "mcp/strict/b", "amount": 0}, "amount"),
+    ("reserve_budget", {"key": "mcp/strict/b", "amount": 1, "ttl": 0.5}, "ttl"),
+    ("reserve_budget", {"key": "mcp/strict/b", "amount": 1, "ttl": 3601}, "ttl"),
+    ("reserve_budget", {"key": "mcp/strict/b", "amount": 1, "owner": "x"}, "owner"),
+    ("settle_budget", {"reservation_id": "r", "actual": -1}, "actual"),
+    ("settle_budget", {"reservation_id": "r", "actual": "3"}, "actual"),
+    ("settle_budget", {"reservation_id": "", "actual": 1}, "reservation_id"),
+    ("settle_budget", {"reservation_id": "r", "actual": 1, "key": "k"}, "key"),
 ]
 
 
@@ -664,6 +674,17 @@ def test_every_tool_refuses_wrong_extra_and_out_of_range_arguments(shared: Local
             with pytest.raises(ToolFailed) as err:
                 await a.call("spend_budget", key="mcp/strict/b", amount=2)
             assert err.value.code == "BUDGET_EXHAUSTED"
+            # reserve_budget + settle_budget: an estimate drawn, the difference returned.
+            with shared.client() as c:
+                c.budget_set("mcp/strict/r", capacity=10, refill_per_s=0)
+            reserved = await a.call("reserve_budget", key="mcp/strict/r", amount=6)
+            assert reserved["amount"] == 6 and reserved["reservation_id"]
+            rid = reserved["reservation_id"]
+            done = await a.call("settle_budget", reservation_id=rid, actual=4)
+            assert done == {"key": "mcp/strict/r", "reserved": 6, "actual": 4, "level": 6.0}
+            with pytest.raises(ToolFailed) as err:
+                await a.call("settle_budget", reservation_id=rid, actual=4)
+            assert err.value.code == "RESERVATION_NOT_FOUND"
             # The session's own view is unchanged too: the claim and the task are held.
             mine = await a.call("list_claims")
             assert [(m["key"], m["token"], m["units"]) for m in mine["claims"]] == [
@@ -693,7 +714,12 @@ def test_tools_declare_hints_strict_inputs_and_typed_outputs(shared: LocalCluste
                 assert hints is not None and hints.title, name
                 assert hints.read_only_hint is (name in read_only), name
                 assert hints.destructive_hint is (name in destructive), name
-                each_call_acts = name in ("take_task", "spend_budget")
+                each_call_acts = name in (
+                    "take_task",
+                    "spend_budget",
+                    "reserve_budget",
+                    "settle_budget",
+                )
                 assert hints.idempotent_hint is (not each_call_acts), name
                 assert hints.open_world_hint is False, name
                 inputs = tool.input_schema
