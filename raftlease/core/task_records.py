@@ -253,7 +253,7 @@ class Tenant:
     ``FAIR_SCALE // weight`` per claim of one of its tasks), and its ready tasks by
     requirement set (a heap of ``(rank, seq, tid)`` each, stale items skipped;
     ``task_rank``). ``weight`` and ``vpass`` are in the snapshot; ``ready``, ``ready_n``
-    (its ready tasks in those heaps) and ``open`` (its tasks not completed: the tenant
+    (its ready tasks in those heaps) and ``held`` (its tasks not completed: the tenant
     is forgotten when none is left) are derived from the task records."""
 
     name: str
@@ -263,7 +263,7 @@ class Tenant:
         default_factory=dict
     )
     ready_n: int = 0
-    open: int = 0
+    held: int = 0
 
 
 @dataclass(slots=True)

@@ -120,7 +120,7 @@ class TaskState:
         tenant = tenants.get(task.tenant)
         if tenant is None:
             tenant = tenants[task.tenant] = Tenant(task.tenant)
-        tenant.open += 1
+        tenant.held += 1
         principal = task.principal
         if principal:
             self.held_by[principal] = self.held_by.get(principal, 0) + 1
@@ -135,8 +135,8 @@ class TaskState:
         self.open -= 1
         tenants = self.queues[task.queue].tenants
         tenant = tenants[task.tenant]
-        tenant.open -= 1
-        if not tenant.open:
+        tenant.held -= 1
+        if not tenant.held:
             del tenants[task.tenant]
         principal = task.principal
         if principal:
