@@ -95,7 +95,9 @@ def test_a_tenant_back_from_idling_gets_no_burst_of_claims() -> None:
     for i in range(10):
         ok(s.apply(put(2, f"b{i}", fairness_key="b")))
     order = [ok(s.apply(claim(3, f"y{k}")))["tid"][0] for k in range(10)]
-    assert order.count("b") in (5, 6) and "".join(order) in ("babababababa"[:10], "ababababab")
+    # b starts at the virtual time (a's 50th claim's start, one stride behind a): it
+    # goes first, then they alternate (a wins the ties: the smaller name).
+    assert "".join(order) == "bababababa"
 
 
 def test_a_tenant_whose_tasks_the_worker_cannot_run_does_not_block_the_others() -> None:
