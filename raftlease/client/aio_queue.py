@@ -86,7 +86,8 @@ class TaskInfo:
     """A task as ``get`` and ``dead`` show it (never an attempt id). ``status``:
     ready, delayed, claimed, completed or dead. ``attempts``: claims so far;
     ``failures``: the attempts counted against ``max_attempts``. ``worker``, ``token``
-    and ``progress`` describe the current attempt while claimed."""
+    and ``progress`` describe the current attempt while claimed. ``fairness_key``: its
+    tenant ("" the queue's default one; docs/queues.md, "Fair shares")."""
 
     task_id: str
     queue: str
@@ -101,6 +102,7 @@ class TaskInfo:
     result: Any = None
     dead_reason: str = ""
     dedup_key: str = ""
+    fairness_key: str = ""
     worker: str | None = None
     token: int | None = None
     progress: float | None = None
@@ -162,6 +164,7 @@ def task_info(data: dict[str, Any]) -> TaskInfo:
         result=decode_json(data.get("result")),
         dead_reason=str(data.get("dead_reason", "")),
         dedup_key=str(data.get("dedup_key", "")),
+        fairness_key=str(data.get("fairness_key", "")),
         worker=data.get("worker"),
         token=data.get("token"),
         progress=data.get("progress"),

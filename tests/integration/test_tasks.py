@@ -418,9 +418,12 @@ def _cli(shared: LocalCluster, *args: str, env: dict[str, str] | None = None) ->
 def test_the_cli_put_claim_complete_fail_stats_dead_retry(shared: LocalCluster) -> None:
     import json
 
-    code, out = _cli(shared, "put", "t-cli", '{"n": 1}', "--priority", "3", "--json")
+    put = ("put", "t-cli", '{"n": 1}', "--priority", "3", "--fairness-key", "team-a")
+    code, out = _cli(shared, *put, "--weight", "2", "--json")
     assert code == 0, out
     tid = json.loads(out)["task_id"]
+    with shared.client() as c:
+        assert c.queue("t-cli").get(tid).fairness_key == "team-a"
     code, out = _cli(shared, "claim", "t-cli", "--worker", "sh", "--lease-ttl", "60s", "--json")
     assert code == 0, out
     claimed = json.loads(out)
