@@ -37,6 +37,13 @@ MAX_TASK_REQUIRES = 16
 MAX_TASK_CAPABILITIES = 64
 MAX_TASK_CAP_BYTES = 128
 MAX_TASK_DEDUP_BYTES = 512
+#: Weighted fair shares (docs/queues.md, "Fair shares"): the longest fairness key (a
+#: tenant's name), the largest weight (a weight is 1..this), and the most tenants
+#: (distinct fairness keys with open tasks, the default one included) one queue holds:
+#: a put that would add one more is refused ``QUOTA_EXCEEDED``.
+MAX_FAIRNESS_KEY_BYTES = 128
+MAX_FAIRNESS_WEIGHT = 1000
+MAX_QUEUE_TENANTS = 1000
 #: Tasks one queue may hold (ready, delayed, claimed or dead; completed ones are
 #: bounded by their retention and by ``DEFAULT_COMPLETED_TASKS`` instead): the quota
 #: the node sends with each put.

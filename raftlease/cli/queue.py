@@ -114,6 +114,8 @@ _attempt_option = click.option(
 @click.option("--progress-timeout", type=TTL, default=None, help="Progress-aware expiry.")
 @click.option("--requires", multiple=True, metavar="NAME=VALUE", help="A needed capability.")
 @click.option("--deadline", type=DURATION, default=None, help="Dead-letter after this long.")
+@click.option("--fairness-key", default=None, help="Its tenant (fair shares between tenants).")
+@click.option("--weight", type=int, default=None, help="The tenant's weight from now on: 1..1000.")
 @client_options
 def put(
     name: str,
@@ -126,6 +128,8 @@ def put(
     progress_timeout: float | None,
     requires: tuple[str, ...],
     deadline: float | None,
+    fairness_key: str | None,
+    weight: int | None,
     endpoints: str,
     as_json: bool,
     timeout: float,
@@ -143,6 +147,8 @@ def put(
                 progress_timeout=progress_timeout,
                 requires=_labels(requires, "--requires") or None,
                 deadline=deadline,
+                fairness_key=fairness_key,
+                weight=weight,
                 timeout=timeout,
             )
     except RaftLeaseError as exc:

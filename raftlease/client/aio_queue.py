@@ -86,7 +86,8 @@ class TaskInfo:
     """A task as ``get`` and ``dead`` show it (never an attempt id). ``status``:
     ready, delayed, claimed, completed or dead. ``attempts``: claims so far;
     ``failures``: the attempts counted against ``max_attempts``. ``worker``, ``token``
-    and ``progress`` describe the current attempt while claimed."""
+    and ``progress`` describe the current attempt while claimed. ``fairness_key``: its
+    tenant ("" the queue's default one; docs/queues.md, "Fair shares")."""
 
     task_id: str
     queue: str
@@ -101,6 +102,7 @@ class TaskInfo:
     result: Any = None
     dead_reason: str = ""
     dedup_key: str = ""
+    fairness_key: str = ""
     worker: str | None = None
     token: int | None = None
     progress: float | None = None
@@ -162,6 +164,7 @@ def task_info(data: dict[str, Any]) -> TaskInfo:
         result=decode_json(data.get("result")),
         dead_reason=str(data.get("dead_reason", "")),
         dedup_key=str(data.get("dedup_key", "")),
+        fairness_key=str(data.get("fairness_key", "")),
         worker=data.get("worker"),
         token=data.get("token"),
         progress=data.get("progress"),
@@ -384,6 +387,8 @@ class AsyncQueue:
         deadline: float | None = None,
         retention: float | None = None,
         backoff: float | None = None,
+        fairness_key: str | None = None,
+        weight: int | None = None,
         timeout: float | None = None,
     ) -> str:
         """Put a task; returns its id. A put with the ``dedup_key`` of a task still
@@ -397,8 +402,13 @@ class AsyncQueue:
         ``requires`` capabilities a worker must offer; ``deadline`` seconds after
         which it is dead-lettered; ``retention`` seconds a finished task and its
         result are kept (default 3600); ``backoff`` the first retry's base delay
-        (default 1 s; it doubles per failure, up to 300 s, with jitter). Raises
-        ``QuotaExceededError`` when the queue is full, ``InvalidArgumentError``."""
+        (default 1 s; it doubles per failure, up to 300 s, with jitter).
+        ``fairness_key``: the tenant the task belongs to (at most 128 bytes; none: the
+        queue's default tenant); backlogged tenants share the claims in proportion to
+        their weights; ``weight`` (1..1000) sets the tenant's weight from this put on
+        (none: unchanged; a new tenant's is 1): docs/queues.md, "Fair shares". Raises
+        ``QuotaExceededError`` when the queue is full or already has 1,000 tenants,
+        ``InvalidArgumentError``."""
         if not_before is not None:
             delay = max(delay, not_before - time.time())
         args: dict[str, Any] = {
@@ -417,6 +427,8 @@ class AsyncQueue:
             "deadline": deadline,
             "retention": retention,
             "backoff": backoff,
+            "fairness_key": fairness_key,
+            "weight": weight,
         }
         args.update({k: v for k, v in optional.items() if v is not None})
         result = await self.client.call("task_put", args, mutating=True, timeout=timeout)

@@ -200,6 +200,8 @@ class Queue:
         deadline: float | None = None,
         retention: float | None = None,
         backoff: float | None = None,
+        fairness_key: str | None = None,
+        weight: int | None = None,
         timeout: float | None = None,
     ) -> str:
         """As ``AsyncQueue.put`` (the same options, spelled out so that type checkers
@@ -218,6 +220,8 @@ class Queue:
                 deadline=deadline,
                 retention=retention,
                 backoff=backoff,
+                fairness_key=fairness_key,
+                weight=weight,
                 timeout=timeout,
             )
         )

@@ -16,14 +16,20 @@ mixed with the task id and attempt number by BLAKE2b, so every replica computes 
 same delay.
 
 Claims: a claim offers the worker's ``caps`` (capabilities); a task's ``requires``
-must be a subset. The claimer gets the best task it can take: the smallest rank
-(``task_records.task_rank``: priority aged by the time the task has been ready, a
-static key computed at the put), then oldest put. A claim that finds nothing and has
-``wait`` joins the queue's waiting claims (in the state, so they survive a leader
-change); a task that becomes ready (put, released, backoff over, retried) goes in
-the same entry to the *first* waiting claim that can take it, skipping claims that
-cannot, so a task only a few workers can take is never stuck behind claims that will
-never take it.
+must be a subset. Fair shares decide between the queue's tenants (fairness keys; ""
+the default one): the claim goes to the backlogged tenant with the smallest pass
+(virtual time, advanced by ``FAIR_SCALE // weight`` per claim; ties by name) that has
+a task the worker can take; within it, the claimer gets the best such task: the
+smallest rank (``task_records.task_rank``: priority aged by the time the task has
+been ready, a static key computed at the put), then oldest put. A queue whose puts
+name no fairness key has only the default tenant: the order is the rank's alone.
+
+A claim that finds nothing and has ``wait`` joins the queue's waiting claims (in the
+state, so they survive a leader change); a task that becomes ready (put, released,
+backoff over, retried) goes in the same entry to the *first* waiting claim that can
+take it, skipping claims that cannot, so a task only a few workers can take is never
+stuck behind claims that will never take it (and the hand-over counts as its
+tenant's claim).
 
 Everything here is reached through ``LeaseStore.apply`` (store.py dispatches the
 ``task_*`` ops to ``TaskQueues``). docs/queues.md gives the semantics and the safety
@@ -36,7 +42,7 @@ import hashlib
 import heapq
 from typing import Any
 
-from ..limits import DEFAULT_COMPLETED_TASKS, DEFAULT_QUEUE_TASKS
+from ..limits import DEFAULT_COMPLETED_TASKS, DEFAULT_QUEUE_TASKS, MAX_QUEUE_TENANTS
 from .checks import TASK_MUTATING_OPS
 from .records import LeaseSession, Result, error
 from .task_records import (
@@ -48,6 +54,7 @@ from .task_records import (
     DEFAULT_RETENTION_MS,
     DEFAULT_TASK_TTL_MS,
     DELAYED,
+    FAIR_SCALE,
     MAX_BACKOFF_MS,
     MAX_HISTORY,
     MAX_PAYLOAD_BYTES,
@@ -59,6 +66,7 @@ from .task_records import (
     Host,
     QueueState,
     TaskRecord,
+    Tenant,
     check_task_args,
     task_rank,
 )
@@ -172,6 +180,21 @@ class TaskQueues(TaskState):
         refused = self._principal_quotas(name, entry)
         if refused is not None:
             return refused
+        tenant_name: str = entry.get("fairness_key", "")
+        if (
+            queue is not None
+            and tenant_name not in queue.tenants
+            and len(queue.tenants) >= MAX_QUEUE_TENANTS
+        ):
+            return error(
+                "QUOTA_EXCEEDED",
+                f"queue {name!r} already has {len(queue.tenants)} fairness keys with "
+                f"tasks that are not completed; at most {MAX_QUEUE_TENANTS}",
+                queue=name,
+                tenants=len(queue.tenants),
+                quota=MAX_QUEUE_TENANTS,
+                setting="max_queue_tenants",
+            )
         queue = self._queue(name)
         self.order += 1
         now = host.now
@@ -198,9 +221,14 @@ class TaskQueues(TaskState):
             principal=entry.get("principal", ""),
             # Aged from the time the put makes it ready (a delay is not waiting).
             rank=task_rank(priority, now + delay, entry.get("aging")),
+            tenant=tenant_name,
         )
         self.tasks[task.tid] = task
         self._hold(task)
+        if "weight" in entry:
+            # The latest put that names a weight sets its tenant's; later claims of
+            # the tenant advance its pass by the new stride.
+            queue.tenants[tenant_name].weight = entry["weight"]
         if dedup_key:
             queue.dedup[dedup_key] = task.tid
         if task.deadline_at:
@@ -456,22 +484,50 @@ class TaskQueues(TaskState):
     # -------------------------------------------------------------- internals
 
     def _best_ready(self, queue: QueueState, caps: dict[str, str]) -> TaskRecord | None:
-        """Take the best ready task ``caps`` satisfies (smallest rank, then oldest
-        put) off its heap, or None.
+        """Take the task a claim offering ``caps`` gets off its heap, or None: of the
+        backlogged tenants, the one with the smallest ``(pass, name)`` that has a task
+        ``caps`` satisfies; of its tasks, the best such one (smallest rank, then oldest
+        put; ``_tenant_best``). A tenant whose tasks the worker cannot take is skipped
+        (it keeps its pass and its place), so it never blocks the others.
 
-        Aging costs the claim nothing: a task's rank (``task_rank``) is ``ready time -
-        priority * step``, fixed at the put, so "priority raised by one level per step
-        of waiting" is an order that never changes while tasks wait, and the heaps
-        stay valid: O(requirement sets + log n) per claim, as without aging. (An
-        effective priority recomputed at each claim would need a rescan of every
-        ready task, or a re-keyed heap, per claim.)"""
+        Cost: O(log tenants + the chosen tenant's requirement sets) per claim, plus
+        O(log tenants + requirement sets) per tenant skipped (only a claim whose
+        capabilities exclude some tenants' tasks skips any). Aging costs nothing: a
+        task's rank is ``ready time - priority * step``, fixed at the put, so the heaps
+        stay valid (no rescan of the ready tasks per claim)."""
+        turns = queue.turns
+        aside: list[tuple[int, str]] = []
+        seen: set[str] = set()
+        found: TaskRecord | None = None
+        while turns:
+            item = heapq.heappop(turns)
+            tenant = queue.tenants.get(item[1])
+            if (
+                tenant is None
+                or tenant.ready_n == 0
+                or tenant.vpass != item[0]
+                or tenant.name in seen  # a duplicate of a live item already taken
+            ):
+                continue  # stale: its pass moved on, or it has no ready task left
+            seen.add(tenant.name)
+            found = self._tenant_best(tenant, caps)
+            if found is not None:
+                break  # its new turn is pushed by ``_charge`` (if it has more)
+            aside.append(item)
+        for item in aside:
+            heapq.heappush(turns, item)
+        return found
+
+    def _tenant_best(self, tenant: Tenant, caps: dict[str, str]) -> TaskRecord | None:
+        """Take ``tenant``'s best ready task ``caps`` satisfies (smallest rank, then
+        oldest put) off its heap, or None. O(requirement sets + log n)."""
         best: tuple[int, int, str] | None = None
         best_heap: list[tuple[int, int, str]] | None = None
-        for requires, heap in list(queue.ready.items()):
+        for requires, heap in list(tenant.ready.items()):
             while heap and self._stale_ready(heap[0]):
                 heapq.heappop(heap)
             if not heap:
-                del queue.ready[requires]
+                del tenant.ready[requires]
                 continue
             if not all(caps.get(k) == v for k, v in requires):
                 continue
@@ -480,7 +536,30 @@ class TaskQueues(TaskState):
         if best is None or best_heap is None:
             return None
         heapq.heappop(best_heap)
+        tenant.ready_n -= 1
         return self.tasks[best[2]]
+
+    def _charge(self, queue: QueueState, task: TaskRecord) -> None:
+        """A claim of ``task`` (from the heaps or handed to a waiting claim) is its
+        tenant's turn: the turn starts at ``max(its pass, the queue's virtual time)``
+        (a tenant back from idling gets no credit for the idle time), the queue's
+        virtual time moves to that start, and the tenant's pass to start + ``FAIR_SCALE
+        // weight``, where its next turn is queued if it has more ready tasks."""
+        tenant = queue.tenants[task.tenant]
+        start = max(tenant.vpass, queue.vtime)
+        queue.vtime = start
+        tenant.vpass = start + FAIR_SCALE // tenant.weight
+        if tenant.ready_n:
+            self._push_turn(queue, tenant)
+
+    def _push_turn(self, queue: QueueState, tenant: Tenant) -> None:
+        """Queue ``tenant``'s turn at its pass; rebuild the heap of turns when stale
+        items outnumber the tenants 4 to 1 (memory only: the order is unchanged)."""
+        turns = queue.turns
+        heapq.heappush(turns, (tenant.vpass, tenant.name))
+        if len(turns) > 64 and len(turns) > 4 * len(queue.tenants):
+            queue.turns = [(t.vpass, t.name) for t in queue.tenants.values() if t.ready_n]
+            heapq.heapify(queue.turns)
 
     def _stale_ready(self, item: tuple[int, int, str]) -> bool:
         """Whether a ready-heap item no longer stands for a ready task: its task left
@@ -511,15 +590,22 @@ class TaskQueues(TaskState):
                     entry["ttl"] = waiter.ttl_ms
                 self._start(host, task, aid, entry, waiter.session, waiter.principal)
                 return
-        heap = queue.ready.setdefault(task.requires, [])
+        tenant = queue.tenants[task.tenant]
+        if tenant.ready_n == 0:
+            # Backlogged again: it starts at the queue's virtual time if its own pass
+            # is behind (idling earns no burst of claims).
+            tenant.vpass = max(tenant.vpass, queue.vtime)
+            self._push_turn(queue, tenant)
+        tenant.ready_n += 1
+        heap = tenant.ready.setdefault(task.requires, [])
         heapq.heappush(heap, (task.rank, task.seq, task.tid))
         # Waiting since now (for the metrics: the first item waited longest).
         task.ready_at = host.now
         queue.ready_since.pop(task.tid, None)
         queue.ready_since[task.tid] = host.now
         if len(heap) > 64 and len(heap) > 4 * max(1, queue.counts.get(READY, 0)):
-            queue.ready[task.requires] = [i for i in heap if not self._stale_ready(i)]
-            heapq.heapify(queue.ready[task.requires])
+            tenant.ready[task.requires] = [i for i in heap if not self._stale_ready(i)]
+            heapq.heapify(tenant.ready[task.requires])
 
     def _drop_claim(self, host: Host, waiter: ClaimWaiter, reason: str) -> None:
         del self.claims[waiter.aid]
@@ -553,6 +639,7 @@ class TaskQueues(TaskState):
     ) -> Attempt:
         """Hand ``task`` to a worker: a new attempt, token = the new revision."""
         queue = self._queue(task.queue)
+        self._charge(queue, task)
         self._move(queue, task.status, CLAIMED)
         queue.ready_since.pop(task.tid, None)
         task.status = CLAIMED
@@ -649,6 +736,8 @@ class TaskQueues(TaskState):
 
     def _kill(self, task: TaskRecord, why: str) -> None:
         queue = self._queue(task.queue)
+        if task.status == READY:  # its heap item goes stale
+            queue.tenants[task.tenant].ready_n -= 1
         self._move(queue, task.status, DEAD)
         queue.ready_since.pop(task.tid, None)
         self._tally(queue, "dead_letters")

@@ -22,7 +22,11 @@ from .state import StoreState
 #: 6: shared budgets (``budgets``, core/budget.py); a task's rank (priority aging) ends
 #:    its row, a queue's tallies end its row, and the queues' ``totals``. A layout 5
 #:    snapshot loads with no budgets, strict ranks and zero tallies.
-SNAPSHOT_VERSION = 6
+#: 7: fair shares (docs/queues.md, "Fair shares"): a task's fairness key ends its row,
+#:    a queue's virtual time and its tenants' ``[name, weight, pass]`` end its row. A
+#:    layout 6 (or older) snapshot loads with every task in the default tenant "",
+#:    weight 1, pass 0: the order it had.
+SNAPSHOT_VERSION = 7
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
 #: build that changes what an entry means writes a higher ``fv``, and nodes that
@@ -32,7 +36,10 @@ SNAPSHOT_VERSION = 6
 #: first entry of a new term extends every live lease and session by its TTL.
 #: 3: a task put carries the aging step (``aging``), which orders claims (docs/queues.md,
 #: "Order"); a member that ignored it would hand out other tasks than the rest.
-ENTRY_FORMAT = 3
+#: 4: a task put may carry a fairness key and a weight (``fairness_key``, ``weight``),
+#: which decide between tenants (docs/queues.md, "Fair shares"); a member that ignored
+#: them would hand out other tasks than the rest.
+ENTRY_FORMAT = 4
 
 
 def entry_format(entry: Any) -> int | None:
@@ -78,15 +85,15 @@ def _capacity_rows(store: StoreState) -> list[list[Any]]:
 
 def restore(store: StoreState, data: dict[str, Any]) -> None:
     """Fill a fresh ``store`` from ``to_plain`` output (this layout version or versions
-    2 to 5, which it upgrades). Raises ``ValueError`` on any other version."""
+    2 to 6, which it upgrades). Raises ``ValueError`` on any other version."""
     version = data.get("v")
     if isinstance(version, int) and not isinstance(version, bool) and version > SNAPSHOT_VERSION:
         raise ValueError(
             f"snapshot version {version} is newer than this build understands "
             f"(up to {SNAPSHOT_VERSION}): it was written by a newer raftlease; upgrade this node"
         )
-    if version not in (2, 3, 4, 5, SNAPSHOT_VERSION):
-        raise ValueError(f"snapshot version {version!r} is not 2, 3, 4, 5 or {SNAPSHOT_VERSION}")
+    if version not in (2, 3, 4, 5, 6, SNAPSHOT_VERSION):
+        raise ValueError(f"snapshot version {version!r} is not 2, 3, 4, 5, 6 or {SNAPSHOT_VERSION}")
     if "ceiling" not in data:
         # Layouts 2 and 3 had no token ceiling: reserve one step from the revision
         # (the next new term jumps past it anyway).

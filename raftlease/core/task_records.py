@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..limits import (
+    MAX_FAIRNESS_KEY_BYTES,
+    MAX_FAIRNESS_WEIGHT,
     MAX_ID_CHARS,
     MAX_OWNER_BYTES,
     MAX_QUEUE_NAME_BYTES,
@@ -61,6 +63,10 @@ MAX_AGING_MS = 24 * 3600 * 1000
 #: The step of strict priority (no aging): about 139 years of waiting per level, far
 #: more than any difference of two ready times, so priority always decides first.
 STRICT_AGING_MS = 2**42
+#: Fair shares (docs/queues.md, "Fair shares"): a claim advances its tenant's pass by
+#: ``FAIR_SCALE // weight``. Integers, so every replica computes the same passes; the
+#: rounding (at most 1 part in 10^6 / 1000 of a share) is the same everywhere.
+FAIR_SCALE = 1_000_000
 
 #: The counters each queue (and the whole store) keeps of its tasks' events, besides
 #: ``claims_total``: completions, attempts that expired (TTL, no progress, or their
@@ -153,6 +159,9 @@ class TaskRecord:
     #: The task's place among ready tasks, a static heap key (``task_rank``): set at
     #: the put, kept through releases and retries, so a task keeps its place.
     rank: int = 0
+    #: Its fairness key (tenant; "" the default tenant): fair shares decide between
+    #: tenants, ``rank`` within one.
+    tenant: str = ""
 
     def to_plain(self) -> list[Any]:
         return [
@@ -180,6 +189,7 @@ class TaskRecord:
             self.dead_reason,
             self.principal,
             self.rank,
+            self.tenant,
         ]
 
     @classmethod
@@ -241,15 +251,38 @@ class ClaimWaiter:
 
 
 @dataclass(slots=True)
-class QueueState:
-    """One named queue: ready tasks by requirement set (a heap of ``(rank, seq, tid)``
-    each, stale items skipped; ``task_rank``), waiting claims in arrival order,
-    dead-letter list in death order, dedup keys, and counters."""
+class Tenant:
+    """One fairness key of a queue (docs/queues.md, "Fair shares"): its weight (set by
+    the latest put that gave one), its *pass* (virtual time: advanced by
+    ``FAIR_SCALE // weight`` per claim of one of its tasks), and its ready tasks by
+    requirement set (a heap of ``(rank, seq, tid)`` each, stale items skipped;
+    ``task_rank``). ``weight`` and ``vpass`` are in the snapshot; ``ready``, ``ready_n``
+    (its ready tasks in those heaps) and ``held`` (its tasks not completed: the tenant
+    is forgotten when none is left) are derived from the task records."""
 
     name: str
+    weight: int = 1
+    vpass: int = 0
     ready: dict[tuple[tuple[str, str], ...], list[tuple[int, int, str]]] = field(
         default_factory=dict
     )
+    ready_n: int = 0
+    held: int = 0
+
+
+@dataclass(slots=True)
+class QueueState:
+    """One named queue: its tenants (``Tenant``: each with its ready heaps) and the
+    heap of backlogged tenants by ``(pass, name)`` (stale items skipped), waiting
+    claims in arrival order, dead-letter list in death order, dedup keys, and
+    counters. ``vtime`` is the queue's virtual time: the pass at which the latest
+    claim started, where a tenant that becomes backlogged again starts (if its own
+    pass is lower), so idling earns no credit."""
+
+    name: str
+    tenants: dict[str, Tenant] = field(default_factory=dict)
+    turns: list[tuple[int, str]] = field(default_factory=list)
+    vtime: int = 0
     claimers: dict[str, None] = field(default_factory=dict)
     dead: dict[str, None] = field(default_factory=dict)
     dedup: dict[str, str] = field(default_factory=dict)
@@ -325,6 +358,7 @@ _INT_FIELDS: tuple[tuple[str, int, int], ...] = (
     ("tasks_quota", 1, 2**31),  # stamped by the leader (max_tasks_per_principal)
     ("queues_quota", 1, 2**31),  # stamped by the leader (max_queues_per_principal)
     ("aging", 0, MAX_AGING_MS),  # stamped by the leader (task_priority_aging)
+    ("weight", 1, MAX_FAIRNESS_WEIGHT),
 )
 
 
@@ -355,6 +389,11 @@ def check_task_args(op: str, entry: dict[str, Any]) -> str | None:
             return f"'dedup_key' must be a non-empty string of at most {MAX_DEDUP_BYTES} bytes"
         if "requires" in entry and not _valid_map(entry["requires"], MAX_REQUIRES):
             return f"'requires' must map at most {MAX_REQUIRES} names to strings"
+        if "fairness_key" in entry and not valid_str(entry["fairness_key"], MAX_FAIRNESS_KEY_BYTES):
+            return (
+                f"'fairness_key' must be a non-empty string of at most "
+                f"{MAX_FAIRNESS_KEY_BYTES} bytes"
+            )
     if op == "task_claim":
         if not valid_str(entry.get("worker"), MAX_OWNER_BYTES):
             return "'worker' must be a non-empty string"

@@ -19,6 +19,7 @@ from .task_records import (
     Host,
     QueueState,
     TaskRecord,
+    Tenant,
 )
 
 #: Task states that count as open (not completed): a queue's depth.
@@ -112,8 +113,14 @@ class TaskState:
 
     def _hold(self, task: TaskRecord) -> None:
         """``task`` is open (put, or restored not completed): count it, and toward
-        the quotas of the principal that put it (an unauthenticated put has none)."""
+        the quotas of the principal that put it (an unauthenticated put has none),
+        and in its tenant (created with weight 1 if new; its queue exists)."""
         self.open += 1
+        tenants = self.queues[task.queue].tenants
+        tenant = tenants.get(task.tenant)
+        if tenant is None:
+            tenant = tenants[task.tenant] = Tenant(task.tenant)
+        tenant.held += 1
         principal = task.principal
         if principal:
             self.held_by[principal] = self.held_by.get(principal, 0) + 1
@@ -122,8 +129,15 @@ class TaskState:
 
     def _unhold(self, task: TaskRecord) -> None:
         """``task`` is no longer open (completed, or a dead one purged): its slot in
-        its principal's quotas is free again."""
+        its principal's quotas is free again, and a tenant left with no open task is
+        forgotten (weight and pass: it comes back with weight 1 at the queue's virtual
+        time, so the tenants a queue holds stay as few as its open tasks)."""
         self.open -= 1
+        tenants = self.queues[task.queue].tenants
+        tenant = tenants[task.tenant]
+        tenant.held -= 1
+        if not tenant.held:
+            del tenants[task.tenant]
         principal = task.principal
         if principal:
             left = self.held_by[principal] - 1
@@ -271,6 +285,8 @@ class TaskState:
             info["deadline_at"] = task.deadline_at
         if task.dedup_key:
             info["dedup_key"] = task.dedup_key
+        if task.tenant:
+            info["fairness_key"] = task.tenant
         if task.status == COMPLETED:
             info["result"] = task.result
             info["finished_at"] = task.finished_at
@@ -316,7 +332,7 @@ class TaskState:
         counts = queue.counts if queue is not None else {}
         oldest = None
         if queue is not None:
-            for heap in queue.ready.values():
+            for heap in (h for t in queue.tenants.values() for h in t.ready.values()):
                 for item in heap:
                     task = self.tasks.get(item[2])
                     if task is not None and task.status == READY:
@@ -338,7 +354,14 @@ class TaskState:
 
     def to_plain(self) -> dict[str, Any]:
         queues = [
-            [q.name, q.claims_total, sorted(q.dedup.items()), _pairs(q.tally)]
+            [
+                q.name,
+                q.claims_total,
+                sorted(q.dedup.items()),
+                _pairs(q.tally),
+                q.vtime,
+                [[t.name, t.weight, t.vpass] for _, t in sorted(q.tenants.items())],
+            ]
             for q in self.queues.values()
         ]
         return {
@@ -362,9 +385,15 @@ class TaskState:
             name, claims_total, dedup = row[:3]
             # Layout 5 had no tallies (the counters start at 0 on upgrade).
             tally = dict(row[3]) if len(row) > 3 else {}
-            tq.queues[name] = QueueState(
+            queue = tq.queues[name] = QueueState(
                 name, claims_total=claims_total, dedup=dict(dedup), tally=tally
             )
+            # Layout 7: the virtual time and the tenants' weights and passes; before
+            # it, every task is the default tenant's, at weight 1 and pass 0.
+            if len(row) > 4:
+                queue.vtime = row[4]
+                for tenant_name, weight, vpass in row[5]:
+                    queue.tenants[tenant_name] = Tenant(tenant_name, weight, vpass)
         if "totals" in data:
             tq.totals.update(dict(data["totals"]))
         else:  # layout 5: the claims the queues still count; the rest start at 0
@@ -379,7 +408,9 @@ class TaskState:
             else:
                 tq.completed += 1
             if task.status == READY:
-                heap = queue.ready.setdefault(task.requires, [])
+                tenant = queue.tenants[task.tenant]
+                tenant.ready_n += 1
+                heap = tenant.ready.setdefault(task.requires, [])
                 heap.append((task.rank, task.seq, task.tid))
             elif task.status == DELAYED:
                 tq._delayed.append((task.ready_at, task.seq, task.tid))
@@ -406,8 +437,12 @@ class TaskState:
             tq._queue(waiter.queue).claimers[waiter.aid] = None
         for sid, aids in data["by_session"]:
             tq.by_session[sid] = dict.fromkeys(aids)
-        for heap in [*(h for q in tq.queues.values() for h in q.ready.values())]:
-            heapq.heapify(heap)
+        for queue in tq.queues.values():
+            for tenant in queue.tenants.values():
+                for heap in tenant.ready.values():
+                    heapq.heapify(heap)
+            queue.turns = [(t.vpass, t.name) for t in queue.tenants.values() if t.ready_n]
+            heapq.heapify(queue.turns)
         # Ready tasks in the order they became ready (``ready_at`` is that time).
         ready = [t for t in tq.tasks.values() if t.status == READY]
         for task in sorted(ready, key=lambda t: (t.ready_at, t.seq)):

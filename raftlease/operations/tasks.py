@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from ..limits import (
     MAX_DEAD_LIST,
+    MAX_FAIRNESS_KEY_BYTES,
+    MAX_FAIRNESS_WEIGHT,
     MAX_ID_CHARS,
     MAX_TASK_ATTEMPTS,
     MAX_TASK_BACKOFF_MS,
@@ -95,6 +97,11 @@ TASK_OPS: tuple[Operation, ...] = (
                   arg="ttl", low=LimitRef("min_ttl"), high=LimitRef("max_ttl")),
             Field("progress_timeout", "seconds", "seconds without progress before an "
                   "attempt is stalled", low=LimitRef("min_ttl"), high=LimitRef("max_ttl")),
+            Field("fairness_key", "string", "the tenant it belongs to: backlogged tenants "
+                  "share claims by weight (default: the queue's default tenant)",
+                  high=MAX_FAIRNESS_KEY_BYTES),
+            Field("weight", "integer", "its tenant's weight from now on (default: "
+                  "unchanged; a new tenant's is 1)", low=1, high=MAX_FAIRNESS_WEIGHT),
         ),
         (
             TID,

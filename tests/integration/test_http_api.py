@@ -354,8 +354,11 @@ def test_queue_resources(cluster: LocalCluster) -> None:
     if "task_put" not in OPS:
         pytest.skip("this build has no task queues")
     api = follower_api(cluster)
-    status, put = call(api, "POST", "/v1/queues/put", {"queue": "q1", "payload": "job-1"})
+    body = {"queue": "q1", "payload": "job-1", "fairness_key": "team-a", "weight": 2}
+    status, put = call(api, "POST", "/v1/queues/put", body)
     assert status == 200 and put["task_id"]
+    status, bad = call(api, "POST", "/v1/queues/put", {**body, "weight": 0})
+    assert status == 400 and "weight" in str(bad), bad  # nothing put: the claim gets job-1
     claim = {"queue": "q1", "worker": "w", "lease_ttl": 10}
     status, claimed = call(api, "POST", "/v1/queues/claim", claim)
     assert status == 200 and claimed["claimed"] is True and claimed["task_id"] == put["task_id"]

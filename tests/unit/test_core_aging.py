@@ -194,6 +194,7 @@ def test_the_settings_refuse_values_out_of_range(name: str, value: Any) -> None:
 
 
 def test_the_formats_are_the_documented_ones() -> None:
-    """docs/membership.md ("Rolling upgrades") names them: entry format 3 (puts carry
-    the aging step), snapshot layout 6 (task ranks, the queues' counters)."""
-    assert ENTRY_FORMAT == 3 and SNAPSHOT_VERSION == 6
+    """docs/membership.md ("Rolling upgrades") names them: entry format 4 (puts carry
+    the aging step, format 3, and fairness keys and weights, format 4), snapshot layout
+    7 (task ranks and the queues' counters, layout 6; fair shares, layout 7)."""
+    assert ENTRY_FORMAT == 4 and SNAPSHOT_VERSION == 7

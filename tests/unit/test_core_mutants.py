@@ -697,7 +697,7 @@ def test_a_waiter_is_granted_when_the_waiter_ahead_of_it_leaves_not_one_behind_i
 
 def test_a_fresh_store_snapshots_as_log_time_zero_term_zero_and_nothing_else() -> None:
     assert LeaseStore().to_plain() == {
-        "v": 6,
+        "v": 7,
         "now": 0,
         "term": 0,
         "revision": 0,
@@ -903,21 +903,30 @@ EMPTY_TASKS_V6: dict[str, Any] = {
 }
 RESTORED_V6 = {**RESTORED_V5, "v": 6, "tasks": EMPTY_TASKS_V6, "budgets": EMPTY_BUDGETS}
 GOLDEN_V6 = {**GOLDEN_V5, "v": 6, "tasks": EMPTY_TASKS_V6, "budgets": EMPTY_BUDGETS}
+#: Layout 7 adds fair shares (a task's fairness key, a queue's virtual time and
+#: tenants): the golden store has no tasks, so only the version differs
+#: (tests/unit/test_core_fair.py has the golden rows of queues and tasks).
+RESTORED_V7 = {**RESTORED_V6, "v": 7}
+GOLDEN_V7 = {**GOLDEN_V6, "v": 7}
 
 
-def test_the_snapshot_layout_is_version_6_field_for_field() -> None:
-    assert _golden_store().to_plain() == GOLDEN_V6
+def test_the_snapshot_layout_is_version_7_field_for_field() -> None:
+    assert _golden_store().to_plain() == GOLDEN_V7
+
+
+def test_a_version_6_snapshot_restores_to_the_same_store() -> None:
+    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V6)).to_plain() == GOLDEN_V7
 
 
 def test_a_version_5_snapshot_restores_with_no_budgets_and_zero_tallies() -> None:
-    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V5)).to_plain() == GOLDEN_V6
+    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V5)).to_plain() == GOLDEN_V7
 
 
 def test_a_version_4_snapshot_restores_to_the_same_store() -> None:
     restored = LeaseStore.from_plain(copy.deepcopy(GOLDEN_V4))
-    assert restored.to_plain() == RESTORED_V6
+    assert restored.to_plain() == RESTORED_V7
     assert restored.leases["P1"].slots == (0, 1)
-    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V6)).to_plain() == GOLDEN_V6
+    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V7)).to_plain() == GOLDEN_V7
     # And it goes on exactly as the store that wrote it: the next waiter is order 3.
     live = _golden_store()
     later = acquire(400, "W3", owner="eve", wait=100, cid="c4", term=2)
@@ -931,7 +940,7 @@ def test_a_version_3_snapshot_gets_a_ceiling_one_step_above_its_revision() -> No
     restored = LeaseStore.from_plain(copy.deepcopy(GOLDEN_V3))
     assert restored.to_plain() == {
         **GOLDEN_V3,
-        "v": 6,
+        "v": 7,
         "tasks": EMPTY_TASKS_V6,
         "budgets": EMPTY_BUDGETS,
         "leases": RESTORED_V5["leases"],
@@ -1018,7 +1027,7 @@ def test_stale_ready_items_stay_within_64_or_4_per_ready_task(count: int) -> Non
     largest = 0
     for n in range(300):
         ok(s.apply(put(2 * n, f"dies{n}", deadline=1)))
-        heap = s.tasks.queues["q"].ready[()]
+        heap = s.tasks.queues["q"].tenants[""].ready[()]
         largest = max(largest, len(heap))
         assert largest <= max(64, 4 * (count + 1)), n
         ok(s.apply(tick(2 * n + 1)))
