@@ -242,7 +242,8 @@ class LeaseStore(StoreState):
             lid = entry["lid"]
             if lid in self.leases or lid in self.waiting or lid in self.lease_sessions:
                 return "lease id already in use"
-            if any(many_lease_id(lid, i) in self.leases for i in range(len(entry["keys"]))):
+            derived = [many_lease_id(lid, i) for i in range(len(entry["keys"]))]
+            if any(one in self.leases or one in self.waiting for one in derived):
                 return "lease id already in use"
         if op == "transfer" and (
             entry["new_lid"] in self.leases or entry["new_lid"] in self.waiting

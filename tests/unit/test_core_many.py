@@ -206,6 +206,18 @@ def test_a_reused_set_id_is_refused() -> None:
     assert store.apply(many(4, ["b"], lid="M9", seq=2))["code"] == "BAD_REQUEST"
 
 
+def test_a_retried_set_is_answered_from_the_dedup_table_not_applied_twice() -> None:
+    store = LeaseStore()
+    first = store.apply(many(1, ["a", "b"], lid="M1"))
+    revision = store.revision
+    # A retry after a lost answer: same client id and seq, a fresh lease id drawn.
+    again = store.apply(many(2, ["a", "b"], lid="M2"))
+    assert again == first and store.revision == revision
+    assert "M2" not in store.lease_sessions
+    forged = store.apply(many(3, ["a", "c"], lid="M3"))  # another request, same seq
+    assert forged["code"] == "BAD_REQUEST" and store.revision == revision
+
+
 def test_a_set_survives_a_snapshot() -> None:
     store = LeaseStore()
     store.apply(many(1, ["a", "b"]))
