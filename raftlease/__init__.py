@@ -49,7 +49,7 @@ if TYPE_CHECKING:
         UnauthenticatedError,
         UnavailableError,
     )
-    from .models import Leader
+    from .models import Leader, LeaseSet
     from .recipes import (
         AsyncElection,
         AsyncHeldLock,
@@ -84,6 +84,7 @@ _EXPORTS = {
         "client",
     ),
     "Leader": "models",
+    "LeaseSet": "models",
     **dict.fromkeys(
         (
             "AsyncElection",
@@ -143,6 +144,7 @@ __all__ = [
     "Lease",
     "LeaseHeldError",
     "LeaseNotFoundError",
+    "LeaseSet",
     "LeaseTimeoutError",
     "NotLeaderError",
     "NotOwnerError",

@@ -20,6 +20,9 @@ TOKEN_RESERVE_STEP = 1 << 24
 #: Most leases and queued acquires one lease session may carry (a keep-alive renews
 #: every attached lease in one entry).
 MAX_SESSION_LEASES = 10_000
+#: Most keys one ``acquire_many`` takes at once: its grant is one log entry with one
+#: revision per key, and its refusal names every busy key, so both stay small.
+MAX_MANY_KEYS = 16
 #: Leased task queues (core/queue.py): the largest payload and result (UTF-8 bytes of
 #: the JSON text the clients send), far below PySyncObj's 64 KiB ``transmission``
 #: threshold (docs/pysyncobj.md trap 5); the longest error text one failure records;

@@ -98,6 +98,45 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseSet:
+    """Several keys this client holds together, taken by ``acquire_many`` in one log
+    entry (all or none).
+
+    The set lives as one lease session whose id is ``lease_id`` (a secret, like a
+    lease id): ``renew_many`` keeps every key alive in one request, ``release_many``
+    ends every key in one log entry, and if neither comes in time all keys expire in
+    the same entry. ``leases`` holds one ``Lease`` per key, in the order asked, each
+    with its own fencing token and lease id (``release`` of one of them ends that key
+    alone). ``valid_until`` is on this process's ``time.monotonic()`` clock, computed
+    like a lease's."""
+
+    lease_id: str
+    owner: str
+    ttl: float
+    valid_until: float
+    expires_at_ms: int
+    leases: tuple[Lease, ...]
+
+    @property
+    def tokens(self) -> dict[str, int]:
+        """Each key's fencing token."""
+        return {lease.key: lease.token for lease in self.leases}
+
+    @property
+    def keys(self) -> list[str]:
+        return [lease.key for lease in self.leases]
+
+    @property
+    def remaining(self) -> float:
+        """Seconds this client may still trust the set (0 when no longer valid)."""
+        return max(0.0, self.valid_until - time.monotonic())
+
+    @property
+    def valid(self) -> bool:
+        return time.monotonic() < self.valid_until
+
+
+@dataclass(frozen=True, slots=True)
 class Holder:
     """Who holds a key, as seen by the cluster at read time. No lease id."""
 

@@ -293,6 +293,45 @@ def _address(message: Mapping[str, Any], name: str, max_bytes: int) -> str:
     return addr
 
 
+def _keyset(
+    message: Mapping[str, Any], name: str, max_key: int, most: int, capacity: int
+) -> list[list[Any]]:
+    """A set of keys: a list of distinct keys (one unit each) or a map of key to
+    units (1 to ``capacity``), 1 to ``most`` of them; ``[key, units]`` pairs out."""
+    value = message.get(name)
+    if isinstance(value, list):
+        pairs: list[tuple[Any, Any]] = [(key, 1) for key in value]
+    elif isinstance(value, dict):
+        pairs = list(value.items())
+    else:
+        raise BadRequestError(
+            f"field {name!r} must be a list of keys or a map of key to units, "
+            f"not {type(value).__name__}"
+        )
+    if not 0 < len(pairs) <= most:
+        raise InvalidArgumentError(f"field {name!r} must hold 1 to {most} keys, not {len(pairs)}")
+    out: list[list[Any]] = []
+    seen: set[str] = set()
+    for key, units in pairs:
+        if not isinstance(key, str):
+            raise BadRequestError(f"field {name!r}: keys must be strings")
+        if not key or _utf8_len(key, name) > max_key:
+            raise InvalidArgumentError(
+                f"field {name!r}: keys must be non-empty and at most {max_key} bytes"
+            )
+        if not isinstance(units, int) or isinstance(units, bool):
+            raise BadRequestError(f"field {name!r}: units must be integers")
+        if not 1 <= units <= capacity:
+            raise InvalidArgumentError(
+                f"field {name!r}: units must be from 1 to the capacity {capacity}, got {units}"
+            )
+        if key in seen:
+            raise InvalidArgumentError(f"field {name!r} names {key!r} twice")
+        seen.add(key)
+        out.append([key, units])
+    return out
+
+
 def _read(spec: Field, message: Mapping[str, Any], limits: Limits, args: Mapping[str, Any]) -> Any:
     """The value of one field as the core takes it (``spec.kind`` says how it is read).
     Raises ``BadRequestError`` (absent, wrong type) or ``InvalidArgumentError`` (out
@@ -322,6 +361,8 @@ def _read(spec: Field, message: Mapping[str, Any], limits: Limits, args: Mapping
         return _prefix(message, name, high)
     if kind == "number":
         return _number(message, name, low, high)
+    if kind == "keyset":
+        return _keyset(message, name, low, high, args.get("capacity", 1))
     return _address(message, name, high)
 
 

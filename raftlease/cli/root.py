@@ -67,6 +67,8 @@ for command in (
     node.node,
     up.up,
     lease.acquire,
+    lease.acquire_many,
+    lease.release_many,
     lease.renew,
     lease.release,
     lease.holder,

@@ -18,7 +18,7 @@ import asyncio
 import itertools
 import ssl
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -34,6 +34,7 @@ from ..models import (
     Attachable,
     Holder,
     Lease,
+    LeaseSet,
     Queued,
     Read,
     SessionInfo,
@@ -324,6 +325,107 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         if not result.get("queued"):
             return self._lease(result, sent, session=session)
         return await self._await_grant(key, result["lease_id"], sent + wait, session)
+
+    async def acquire_many(
+        self,
+        keys: Sequence[str] | Mapping[str, int],
+        *,
+        owner: str | None = None,
+        ttl: float,
+        priority: int = 0,
+        capacity: int = 1,
+        timeout: float | None = None,
+    ) -> LeaseSet:
+        """Take every key of ``keys`` for ``owner`` for ``ttl`` seconds, or none of
+        them, in one log entry: a list of keys (one unit each), or a map of key to
+        units of a shared key of ``capacity`` (every key of the set has that
+        capacity). At most ``MAX_MANY_KEYS`` (16) distinct keys.
+
+        Never waits: if any key is held, or promised to acquires queued on it,
+        raises ``LeaseHeldError`` (definite; its detail's ``keys`` names the busy
+        ones) and nothing was taken. An unknown outcome (``TimeoutError``,
+        ``ConnectionLostError``) is retried under the same request id by the call
+        layer until the cluster answers or ``timeout`` passes, so it is applied at
+        most once. Other errors: ``CapacityMismatchError``, ``QuotaExceededError``,
+        ``PermissionDeniedError`` (write on every key needed), ``InvalidArgumentError``
+        / ``BadRequestError`` for a malformed set (empty, duplicates, too many keys).
+        Keep the set alive with ``renew_many`` and give it back with ``release_many``.
+        Cancelling the call cancels the wait for the answer, not the request: the
+        set may have been granted and then expires after ``ttl``."""
+        if owner is None:
+            owner = default_owner()
+        if not owner:
+            raise InvalidArgumentError("owner is required")
+        wire: list[str] | dict[str, int] = dict(keys) if isinstance(keys, Mapping) else list(keys)
+        args: dict[str, Any] = {"keys": wire, "owner": owner, "ttl": ttl}
+        if priority:
+            args["priority"] = priority
+        if capacity != 1:
+            args["capacity"] = capacity
+        sent = time.monotonic()
+        result = await self.call("acquire_many", args, mutating=True, timeout=timeout)
+        return self._lease_set(result, sent)
+
+    def _lease_set(self, result: dict[str, Any], sent: float) -> LeaseSet:
+        ttl = result["ttl"] / 1000.0
+        remaining = (int(result["expires_at"]) - int(result["now"])) / 1000.0
+        valid_until = self.valid_until(sent, min(ttl, remaining))
+        leases = tuple(
+            Lease(
+                key=one["key"],
+                owner=result["owner"],
+                token=int(one["token"]),
+                ttl=ttl,
+                lease_id=one["lease_id"],
+                valid_until=valid_until,
+                expires_at_ms=int(result["expires_at"]),
+                units=int(one.get("units", 1)),
+                unit_indices=tuple(int(i) for i in one.get("unit_indices", ())),
+            )
+            for one in result["leases"]
+        )
+        return LeaseSet(
+            lease_id=result["lease_id"],
+            owner=result["owner"],
+            ttl=ttl,
+            valid_until=valid_until,
+            expires_at_ms=int(result["expires_at"]),
+            leases=leases,
+        )
+
+    async def renew_many(self, lease_set: LeaseSet, *, timeout: float | None = None) -> LeaseSet:
+        """Extend every key of ``lease_set`` by its TTL from now, in one request (a
+        keep-alive of the set's lease session). Raises ``SessionNotFoundError`` if the
+        set already expired or was released (every key is then gone)."""
+        sent = time.monotonic()
+        result = await self.call(
+            "session_keepalive",
+            {"session_id": lease_set.lease_id},
+            mutating=True,
+            timeout=timeout,
+        )
+        ttl = result["ttl"] / 1000.0
+        remaining = (int(result["expires_at"]) - int(result["now"])) / 1000.0
+        until = self.valid_until(sent, min(ttl, remaining))
+        expires = int(result["expires_at"])
+        return replace(
+            lease_set,
+            valid_until=until,
+            expires_at_ms=expires,
+            leases=tuple(
+                replace(lease, valid_until=until, expires_at_ms=expires)
+                for lease in lease_set.leases
+            ),
+        )
+
+    async def release_many(self, lease_set: LeaseSet, *, timeout: float | None = None) -> int:
+        """End every key of ``lease_set`` still held, in one log entry; returns how
+        many were released. Raises ``SessionNotFoundError`` if the set already
+        expired or was released."""
+        result = await self.call(
+            "session_close", {"session_id": lease_set.lease_id}, mutating=True, timeout=timeout
+        )
+        return int(result["released"])
 
     async def _withdraw_unknown(self, args: dict[str, Any], pin: Pin, timeout: float) -> None:
         """Withdraw an acquire whose outcome is unknown: its answer (the cached one if

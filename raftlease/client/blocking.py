@@ -12,11 +12,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..errors import ConnectionLostError, InvalidArgumentError, UnavailableError
-from ..models import Attachable, Holder, Lease, Queued, Read, SessionInfo, WatchEvent
+from ..models import Attachable, Holder, Lease, LeaseSet, Queued, Read, SessionInfo, WatchEvent
 from ..recipes.election import Election
 from ..recipes.locks import HeldLock
 from ..recipes.sessions import Session
@@ -282,6 +282,32 @@ class Client(SharedKeyLocks[HeldLock]):
 
         # A waiting acquire long-polls on the loop (AsyncClient._await_grant).
         return self._run(make()) if wait > 0 else self._direct(make)
+
+    def acquire_many(
+        self,
+        keys: Sequence[str] | Mapping[str, int],
+        *,
+        owner: str | None = None,
+        ttl: float,
+        priority: int = 0,
+        capacity: int = 1,
+        timeout: float | None = None,
+    ) -> LeaseSet:
+        """Every key of ``keys`` or none, in one log entry (see
+        ``AsyncClient.acquire_many``). Blocks the calling thread until answered."""
+        return self._direct(
+            lambda: self._async.acquire_many(
+                keys, owner=owner, ttl=ttl, priority=priority, capacity=capacity, timeout=timeout
+            )
+        )
+
+    def renew_many(self, lease_set: LeaseSet, *, timeout: float | None = None) -> LeaseSet:
+        """One keep-alive for every key of the set (see ``AsyncClient.renew_many``)."""
+        return self._direct(lambda: self._async.renew_many(lease_set, timeout=timeout))
+
+    def release_many(self, lease_set: LeaseSet, *, timeout: float | None = None) -> int:
+        """End every key of the set in one entry (see ``AsyncClient.release_many``)."""
+        return self._direct(lambda: self._async.release_many(lease_set, timeout=timeout))
 
     def proclaim(self, lease: Lease, value: str, *, timeout: float | None = None) -> Lease:
         return self._run(self._async.proclaim(lease, value, timeout=timeout))

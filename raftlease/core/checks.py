@@ -15,6 +15,7 @@ from ..limits import (
     MAX_ID_CHARS,
     MAX_KEY_BYTES,
     MAX_LIST,
+    MAX_MANY_KEYS,
     MAX_OWNER_BYTES,
     MAX_TTL_MS,
     MAX_VALUE_BYTES,
@@ -38,6 +39,9 @@ LEASE_OPS = ops_with("key_write") & _MUTATING
 
 SESSION_OPS = ops_with("session")
 
+#: Operations on a set of keys (``acquire_many``): write on every key of the set.
+MANY_OPS = ops_with("keys_write") & _MUTATING
+
 
 #: Operators' operations (``admin`` permission with auth): ``revoke`` ends the leases
 #: on a key (all, or the one named by ``lid`` or ``token``) and wakes its waiters.
@@ -54,7 +58,9 @@ TASK_OPS = TASK_MUTATING_OPS | TASK_READ_OPS
 
 #: Every mutating operation of the table: each carries ``cid``, ``seq``, ``ack``.
 #: Shared budgets (core/budget.py, issue 42) keep their own lists there.
-MUTATING_OPS = LEASE_OPS | SESSION_OPS | ADMIN_OPS | TASK_MUTATING_OPS | BUDGET_MUTATING_OPS
+MUTATING_OPS = (
+    LEASE_OPS | MANY_OPS | SESSION_OPS | ADMIN_OPS | TASK_MUTATING_OPS | BUDGET_MUTATING_OPS
+)
 assert MUTATING_OPS == _MUTATING, "a mutating operation the state machine does not know"
 
 
@@ -123,10 +129,16 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
             return "'lid' must be a non-empty string"
     if op in SESSION_OPS and not valid_str(entry.get("sid"), MAX_ID_CHARS):
         return "'sid' must be a non-empty string"
-    if op in ("acquire", "transfer", "session_open") and not valid_str(
+    if op in ("acquire", "acquire_many", "transfer", "session_open") and not valid_str(
         entry.get("owner"), MAX_OWNER_BYTES
     ):
         return "'owner' must be a non-empty string"
+    if op == "acquire_many":
+        problem = check_many(entry)
+        if problem is not None:
+            return problem
+    if "session_quota" in entry and not valid_int(entry["session_quota"], 1, 2**31):
+        return "'session_quota' must be a positive integer"
     if "quota" in entry and not valid_int(entry["quota"], 1, 2**31):
         return "'quota' must be a positive integer"
     if "wait_quota" in entry and not valid_int(entry["wait_quota"], 1, 2**31):
@@ -232,4 +244,35 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
             return "'prefix' must be a string"
         if not valid_int(entry.get("limit", 1000), 1, MAX_LIST):
             return "'limit' must be an integer from 1 to 100000"
+    return None
+
+
+def check_many(entry: dict[str, Any]) -> str | None:
+    """Why an ``acquire_many`` entry is malformed, or None: a set of 1 to
+    ``MAX_MANY_KEYS`` distinct keys as ``[key, units]`` pairs, units within the
+    capacity; a lease id (the set's, also its lease session's id), a TTL, a priority."""
+    if not valid_str(entry.get("lid"), MAX_ID_CHARS):
+        return "'lid' must be a non-empty string"
+    if not valid_int(entry.get("ttl"), 1, MAX_TTL_MS):
+        return "'ttl' must be a positive integer of milliseconds"
+    if not valid_int(entry.get("priority", 0), *_PRIORITY):
+        return f"'priority' must be an integer from {_PRIORITY[0]} to {_PRIORITY[1]}"
+    capacity = entry.get("capacity", 1)
+    if not valid_int(capacity, *_CAPACITY):
+        return f"'capacity' must be an integer from {_CAPACITY[0]} to {_CAPACITY[1]}"
+    items = entry.get("keys")
+    if not isinstance(items, list) or not 0 < len(items) <= MAX_MANY_KEYS:
+        return f"'keys' must be a list of 1 to {MAX_MANY_KEYS} [key, units] pairs"
+    seen: set[str] = set()
+    for item in items:
+        if not (
+            isinstance(item, list)
+            and len(item) == 2
+            and valid_str(item[0], MAX_KEY_BYTES)
+            and valid_int(item[1], 1, capacity)
+        ):
+            return "'keys' must hold [key, units] pairs, units from 1 to the capacity"
+        if item[0] in seen:
+            return f"'keys' names {item[0]!r} twice"
+        seen.add(item[0])
     return None

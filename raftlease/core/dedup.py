@@ -45,6 +45,7 @@ _STAMPED = frozenset(
 )
 _DRAWN = {
     "acquire": "lid",
+    "acquire_many": "lid",
     "transfer": "new_lid",
     "session_open": "sid",
     "task_put": "tid",

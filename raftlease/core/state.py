@@ -75,6 +75,10 @@ class StoreState:
         #: What the last ``apply`` changed, for the server (wake long-polls, watches).
         #: Not part of the state: rebuilt by every apply, never snapshotted.
         self.events: list[dict[str, Any]] = []
+        #: Bumped before and after every ``apply`` (odd while one runs): lets a read on
+        #: another thread know it saw no half-applied entry. Not state, never
+        #: snapshotted.
+        self.apply_seq: int = 0
         #: Leased task queues (core/queue.py).
         self.tasks = TaskQueues()
         #: Shared budgets (core/budget.py).

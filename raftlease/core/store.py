@@ -60,6 +60,12 @@ from .records import ClientRecord, LeaseRecord, LeaseSession, Result, Waiter, er
 from .state import StoreState
 
 
+def many_lease_id(lid: str, index: int) -> str:
+    """The lease id of key ``index`` (0-based, in request order) of the set ``lid``
+    taken by ``acquire_many``: derived, so the entry carries one drawn id."""
+    return f"{lid}/{index}"
+
+
 def _not_yours(what: str, name: str) -> Result:
     """Another principal's lease, queued acquire or lease session: its id alone is not
     enough (docs/security.md)."""
@@ -86,9 +92,16 @@ class LeaseStore(StoreState):
         result is ``{"ok": True, "results": [...]}`` in the same order.
         """
         self.events = []
-        if isinstance(entry, dict) and entry.get("op") == "batch":
-            return self._apply_batch(entry)
-        return self._apply_one(entry)
+        # Odd while an entry is being applied (a seqlock): a read on another thread
+        # (a leader-lease read) that saw it odd, or changed, may have seen part of one
+        # entry (part of a set of keys) and reads again or through the log instead.
+        self.apply_seq += 1
+        try:
+            if isinstance(entry, dict) and entry.get("op") == "batch":
+                return self._apply_batch(entry)
+            return self._apply_one(entry)
+        finally:
+            self.apply_seq += 1
 
     def _apply_batch(self, batch: dict[str, Any]) -> Result:
         entries = batch.get("entries")
@@ -225,6 +238,13 @@ class LeaseStore(StoreState):
         queued, or due to expire in this very entry) is a bug or forged."""
         if op == "acquire" and (entry["lid"] in self.leases or entry["lid"] in self.waiting):
             return "lease id already in use"
+        if op == "acquire_many":
+            lid = entry["lid"]
+            if lid in self.leases or lid in self.waiting or lid in self.lease_sessions:
+                return "lease id already in use"
+            derived = [many_lease_id(lid, i) for i in range(len(entry["keys"]))]
+            if any(one in self.leases or one in self.waiting for one in derived):
+                return "lease id already in use"
         if op == "transfer" and (
             entry["new_lid"] in self.leases or entry["new_lid"] in self.waiting
         ):
@@ -489,6 +509,113 @@ class LeaseStore(StoreState):
             "position": position + 1,
             "deadline": waiter.deadline,
             "now": self.now,
+        }
+
+    def _acquire_many(self, entry: dict[str, Any]) -> Result:
+        """Take every key of ``keys`` (``[key, units]`` pairs) or none, in this entry.
+
+        Each key is checked exactly as a single acquire that does not wait: the
+        capacity it is in use with, who may fix a shared key's shape, and whether it
+        is free for this request (no queue ahead of it, or it outranks the head, and
+        its units fit). Every check runs before anything changes, so a refusal leaves
+        the state as it was and a grant takes all keys in this one entry: no read or
+        watch between two entries sees part of the set.
+
+        The set lives as a lease session whose id is the set's lease id ``lid``: one
+        keep-alive (``session_keepalive``) for every key, one release of all of them
+        (``session_close``), and one expiry that ends all of them in one entry. Each
+        key gets its own lease (id ``lid/<index>``, returned to the grantee only) and
+        its own fencing token, one revision apart in the order the keys were given;
+        releasing one key with its own lease id is allowed and ends that key alone.
+        It never queues (docs/usage.md, "Several keys at once")."""
+        lid: str = entry["lid"]
+        items: list[list[Any]] = entry["keys"]
+        capacity: int = entry.get("capacity", 1)
+        principal: str = entry.get("principal", "")
+        priority: int = entry.get("priority", 0)
+        quota = entry.get("quota")
+        held = self.held_by.get(principal, 0)
+        if principal and quota is not None and held + len(items) > quota:
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{principal} holds or waits for {held} leases; {len(items)} more would pass "
+                f"its quota of {quota}",
+            )
+        session_quota = entry.get("session_quota")
+        sessions = self.sessions_by.get(principal, 0)
+        if principal and session_quota is not None and sessions >= session_quota:
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{principal} has {sessions} lease sessions (a set of keys is one); its "
+                f"quota is {session_quota}",
+            )
+        if self.revision + self.token_headroom() + len(items) > self.ceiling:
+            # One revision per key on top of the headroom every request has.
+            return error(
+                "UNAVAILABLE",
+                f"fencing tokens are reserved up to {self.ceiling}; waiting for the "
+                "leader to reserve more",
+            )
+        busy: list[str] = []
+        for key, units in items:
+            known = self.known_capacity(key)
+            if known is not None and known != capacity:
+                return error(
+                    "CAPACITY_MISMATCH",
+                    f"{key!r} is in use with capacity {known}, not {capacity}",
+                    capacity=known,
+                    key=key,
+                )
+            if known is None and capacity > 1 and entry.get("shaper") is False:
+                return error(
+                    "PERMISSION_DENIED",
+                    f"{principal} may not fix the capacity of {key!r} (needs the shape "
+                    "permission on it); it has no holder or waiter yet",
+                    key=key,
+                )
+            queue = self.queues.get(key)
+            first = not queue or priority > queue[0].priority
+            if not (first and self.units_used(key) + units <= capacity):
+                busy.append(key)
+        if busy:
+            # All or nothing: one busy key refuses the set, and nothing was taken.
+            return error(
+                "LEASE_HELD",
+                f"{len(busy)} of the {len(items)} keys are held or promised to queued "
+                f"acquires: {', '.join(repr(k) for k in busy)}; none was taken",
+                keys=busy,
+            )
+        ttl: int = entry["ttl"]
+        session = LeaseSession(
+            session_id=lid,
+            owner=entry["owner"],
+            ttl_ms=ttl,
+            expires_at=self.now + ttl,
+            leases={},
+            waiters={},
+            principal=principal,
+        )
+        self.lease_sessions[lid] = session
+        self._count(self.sessions_by, principal, 1)
+        heapq.heappush(self._session_deadlines, (session.expires_at, lid))
+        granted: list[dict[str, Any]] = []
+        for index, (key, units) in enumerate(items):
+            self._fix_capacity(key, capacity)
+            lease = self._grant(
+                key, many_lease_id(lid, index), entry["owner"], ttl, units, "", lid, principal
+            )
+            one: dict[str, Any] = {"key": key, "token": lease.token, "lease_id": lease.lease_id}
+            granted.append(self._extras(lease, one, grantee=False))
+        return {
+            "ok": True,
+            "lease_id": lid,
+            "session": lid,
+            "owner": session.owner,
+            "ttl": ttl,
+            "expires_at": session.expires_at,
+            "leases": granted,
+            "now": self.now,
+            "revision": self.revision,
         }
 
     def _fix_capacity(self, key: str, capacity: int) -> None:
@@ -884,6 +1011,7 @@ class LeaseStore(StoreState):
 
     _MUTATIONS: ClassVar[dict[str, Callable[[LeaseStore, dict[str, Any]], Result]]] = {
         "acquire": _acquire,
+        "acquire_many": _acquire_many,
         "renew": _renew,
         "release": _release,
         "transfer": _transfer,

@@ -3,7 +3,7 @@ sessions, revocation, and the reads of holders, waiters, sessions and fencing to
 
 from __future__ import annotations
 
-from ..limits import MAX_CAPACITY, MAX_ID_CHARS, MAX_VALUE_BYTES
+from ..limits import MAX_CAPACITY, MAX_ID_CHARS, MAX_MANY_KEYS, MAX_VALUE_BYTES
 from .schema import (
     CONSISTENCY,
     KEY,
@@ -89,6 +89,50 @@ LEASE_OPS: tuple[Operation, ...] = (
             ("POST", "/v1/elections/campaign", "Campaign (long-poll until elected)", "elections",
              "lease"),
         ),
+    ),
+    operation(
+        "acquire_many",
+        True,
+        "keys_write",
+        "take leases on several keys, all or none, in one log entry (never queues)",
+        (
+            OWNER,
+            Field(
+                "ttl",
+                "ttl",
+                "seconds the set lives without a keep-alive of its session",
+                required=True,
+                low=LimitRef("min_ttl"),
+                high=LimitRef("max_ttl"),
+            ),
+            PRIORITY,
+            Field(
+                "capacity",
+                "integer",
+                "every key's capacity (shared keys: semaphores, pools)",
+                low=1,
+                high=MAX_CAPACITY,
+            ),
+            Field(
+                "keys",
+                "keyset",
+                f"1 to {MAX_MANY_KEYS} distinct keys: a list, or a map of key to units",
+                required=True,
+                low=LimitRef("max_key_bytes"),
+                high=MAX_MANY_KEYS,
+            ),
+        ),
+        (
+            result("lease_id", "string", "the set's id, also its lease session's", True),
+            result("session", "string", "the lease session the set lives by", True),
+            result("owner", "string", "the holder's label", True),
+            result("ttl", "integer", "its TTL (ms)", True),
+            result("expires_at", "integer", "log time it expires (ms)", True),
+            result("leases", "array", "one lease per key: key, token, lease_id, units", True),
+            NOW,
+            REVISION,
+        ),
+        (("POST", "/v1/leases/acquire-many", "Acquire several keys, all or none", LEASES),),
     ),
     operation(
         "renew",

@@ -55,7 +55,9 @@ class Limits:
 #: ``value`` a lease's published value (the same, with its own message); ``labels`` a
 #: map of at most ``high`` non-empty names to strings; ``progress`` a finite number;
 #: ``enum`` one of ``choices``; ``prefix`` a key prefix (may be empty); ``address``
-#: host:port; ``number`` a finite number in ``low..high`` (a budget's refill rate).
+#: host:port; ``number`` a finite number in ``low..high`` (a budget's refill rate);
+#: ``keyset`` a set of 1 to ``high`` distinct keys, a list of keys or a map of key to
+#: units (1 to the ``capacity`` field), handed on as ``[key, units]`` pairs.
 Kind = Literal[
     "string",
     "integer",
@@ -69,6 +71,7 @@ Kind = Literal[
     "prefix",
     "address",
     "number",
+    "keyset",
 ]
 
 #: When an optional field is read: ``not_none`` when the message holds it with a
@@ -405,6 +408,7 @@ Permission = Literal[
     "read_all",
     "key_read",
     "key_write",
+    "keys_write",
     "key_admin",
     "queue_read",
     "queue_write",
@@ -422,6 +426,7 @@ PERMISSIONS: dict[Permission, str] = {
     "read_all": "read on the whole key space",
     "key_read": "read on a prefix of the key (or of the prefix asked)",
     "key_write": "write on a prefix of the key",
+    "keys_write": "write on a prefix of every key of the set",
     "key_admin": "admin on a prefix of the key",
     "queue_read": "read on the key queue:<name>",
     "queue_write": "write on the key queue:<name>",

@@ -250,6 +250,21 @@ class AuthPolicy:
                     {"principal": principal.name, "action": action, "key": target},
                 )
             return
+        if permission == "keys_write":
+            # A set of keys (acquire_many): write on every one, or none is taken.
+            for pair in args["keys"]:
+                if not principal.allows("write", str(pair[0])):
+                    raise PermissionDeniedError(
+                        f"{principal.name} may not write {pair[0]!r} ({op})",
+                        {"principal": principal.name, "action": "write", "key": pair[0]},
+                    )
+            priority = args.get("priority", 0)
+            if priority > principal.max_priority:
+                raise PermissionDeniedError(
+                    f"{principal.name} may ask for priority up to {principal.max_priority}, "
+                    f"not {priority}"
+                )
+            return
         if permission in ("key_read", "key_write", "key_admin"):
             action = {"key_read": "read", "key_write": "write", "key_admin": "admin"}[permission]
             query = "key" not in args and "prefix" in args

@@ -138,6 +138,26 @@ class Dispatcher:
                     and (shaper is None or not shaper.may_shape(key))
                 ):
                     entry["shaper"] = False
+            elif request.op == "acquire_many":
+                # The set counts as that many leases and as one lease session.
+                entry["quota"] = self.config.max_leases_per_principal
+                entry["session_quota"] = self.config.max_sessions_per_principal
+                capacity = request.args.get("capacity", 1)
+                shaper = auth.principals.get(request.principal) if auth else None
+                for key, _units in request.args["keys"]:
+                    pinned = auth.pinned_capacity(key) if auth else None
+                    if pinned is not None and capacity != pinned:
+                        raise CapacityMismatchError(
+                            f"{key!r} is pinned to capacity {pinned} by the auth file, "
+                            f"not {capacity}",
+                            {"key": key, "capacity": pinned, "pinned": True},
+                        )
+                    if (
+                        capacity > 1
+                        and pinned is None
+                        and (shaper is None or not shaper.may_shape(key))
+                    ):
+                        entry["shaper"] = False
             elif request.op == "session_open":
                 entry["quota"] = self.config.max_sessions_per_principal
         # A budget gate from the auth file (docs/budgets.md, "Budget gates"): stamped
@@ -155,7 +175,7 @@ class Dispatcher:
             entry["seq"] = request.seq
             entry["ack"] = request.ack
         # Randomness is drawn here, never inside the state machine.
-        if request.op == "acquire":
+        if request.op in ("acquire", "acquire_many"):
             entry["lid"] = secrets.token_hex(16)
         elif request.op == "transfer":
             entry["new_lid"] = secrets.token_hex(16)

@@ -490,11 +490,16 @@ class NodeServer:
         if consistency == "stale":
             if metrics is not None:
                 metrics.observe_read("stale")
-            return self.reads.local_read(request, "stale")
+            stale = self.reads.local_read(request, "stale")
+            assert stale is not None  # a stale read raises rather than answer None
+            return stale
         if consistency == "linearizable" and self.reads.lease_read_allowed():
-            if metrics is not None:
-                metrics.observe_read("lease")
-            return self.reads.local_read(request, "lease")
+            answer = self.reads.local_read(request, "lease")
+            if answer is not None:
+                if metrics is not None:
+                    metrics.observe_read("lease")
+                return answer
+            # It overlapped entries being applied every time: through the log.
         if consistency is not None and metrics is not None:
             metrics.observe_read("log")
         return await self.dispatch.write(request, consistency)

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..config import NodeConfig
 from ..core import LeaseStore, Result
-from ..errors import error_class
+from ..errors import UnavailableError, error_class
 from ..protocol import Request
 from ..replication import Replica
 from .keepalive import LAG_SLACK_MS, MemoryKeepalives
@@ -38,6 +38,10 @@ from .slots import Slots
 FINAL = ("completed", "dead")
 
 #: The long-polls: each holds a slot of ``PollSlots`` while it waits on this node.
+#: How many times a local read is tried while entries are being applied under it
+#: (``Reads.local_read``): each try is a few dict reads, an entry's apply about as short.
+LOCAL_READ_TRIES = 8
+
 LONG_POLL_OPS = frozenset({"await_lease", "await_claim", "await_task", "await_spend"})
 
 
@@ -135,13 +139,33 @@ class Reads:
             return not keep.lagging(stamp + LAG_SLACK_MS)
         return True
 
-    def local_read(self, request: Request, mode: str) -> dict[str, Any]:
+    def local_read(self, request: Request, mode: str) -> dict[str, Any] | None:
         """Answer a read from this node's state. ``lease``: the leader, at the log
         time it would stamp now (so a lease past its expiry reads as gone exactly as a
         read through the log would). ``stale``: any node, at its last applied log
         time, labelled with its applied index and how long since it heard from a
-        leader."""
+        leader.
+
+        The apply thread may be applying an entry meanwhile; a read that overlapped
+        one (``store.apply_seq`` odd or changed) could show part of it (some keys of
+        an ``acquire_many`` and not the others), so it is read again, up to
+        ``LOCAL_READ_TRIES`` times. Then None for ``lease`` (the caller reads through
+        the log instead); ``UnavailableError`` (definite, retried by the clients) for
+        ``stale``. Event loop; never blocks."""
         replica = self._require_replica()
+        store = replica.store
+        for _ in range(LOCAL_READ_TRIES):
+            before = store.apply_seq
+            if before % 2:
+                continue
+            out = self._local_read_once(request, mode, replica)
+            if store.apply_seq == before:
+                return out
+        if mode == "lease":
+            return None
+        raise UnavailableError("the state changed under every try of this read; retry it")
+
+    def _local_read_once(self, request: Request, mode: str, replica: Replica) -> dict[str, Any]:
         store = replica.store
         if mode == "lease":
             now = self.log_clock.stamp(replica.term(), store.now)

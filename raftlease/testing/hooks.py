@@ -48,6 +48,8 @@ PLANTED_BUGS: dict[str, str] = {
     "its holder was told it lives longer",
     "no_term_extension": "a new leader's first entry does not extend the live leases, so "
     "keep-alives the deposed leader answered from memory are forgotten",
+    "partial_many_grant": "an acquire_many takes the free keys of its set and leaves out "
+    "the busy ones, answering success, instead of refusing the whole set",
     "skip_pre_vote": "a node runs for election without asking for pre-votes, so a member "
     "that was cut off raises its term and, once it rejoins, deposes a healthy leader",
 }

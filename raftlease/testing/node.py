@@ -14,7 +14,8 @@ import argparse
 import logging
 import math
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from ..clock import AdjustableClock
 from ..config import NodeConfig, load_toml
@@ -76,6 +77,25 @@ class ForgetfulStore(LeaseStore):
         if record is not None:
             record.results.pop(entry["seq"], None)
         return super()._apply_mutation(op, entry)
+
+
+class PartialSetStore(LeaseStore):
+    """Planted bug ``partial_many_grant``: an ``acquire_many`` takes the free keys of
+    its set and leaves out the busy ones (answering success), instead of refusing the
+    whole set: readers see an agent holding part of its set. Tick thread, like the
+    store."""
+
+    def _acquire_many(self, entry: dict[str, Any]) -> dict[str, Any]:
+        free = [pair for pair in entry["keys"] if self.holder(pair[0]) is None]
+        if free:
+            entry = {**entry, "keys": free}
+        return super()._acquire_many(entry)
+
+    # The dispatch table holds the functions themselves: point it at the override.
+    _MUTATIONS: ClassVar[dict[str, Callable[[LeaseStore, dict[str, Any]], dict[str, Any]]]] = {
+        **LeaseStore._MUTATIONS,
+        "acquire_many": _acquire_many,  # type: ignore[dict-item]
+    }
 
 
 class ShortMemoryStore(LeaseStore):
@@ -173,6 +193,7 @@ STORES: dict[str, type[LeaseStore]] = {
     "skip_dedup": ForgetfulStore,
     "accept_stale_attempt": StaleAcceptingStore,
     "no_term_extension": ShortMemoryStore,
+    "partial_many_grant": PartialSetStore,
 }
 
 

@@ -57,6 +57,8 @@ def _schemas(route_op: str) -> tuple[dict[str, Any], list[str]]:
 
 def schema_accepts(schema: dict[str, Any], value: Any) -> bool:
     """The subset of JSON Schema the document uses."""
+    if "oneOf" in schema:  # a set of keys (acquire_many): a list, or a map to units
+        return sum(schema_accepts(one, value) for one in schema["oneOf"]) == 1
     kind = schema.get("type")
     if isinstance(kind, list):  # [kind, "null"]: an optional field's null is its absence
         if value is None:
@@ -79,6 +81,23 @@ def schema_accepts(schema: dict[str, Any], value: Any) -> bool:
         if kind == "integer" and not isinstance(value, int):
             return False
         return bool(schema["minimum"] <= value <= schema["maximum"])
+    if kind == "array":
+        return (
+            isinstance(value, list)
+            and schema["minItems"] <= len(value) <= schema["maxItems"]
+            and len(set(map(repr, value))) == len(value)
+            and all(schema_accepts(schema["items"], item) for item in value)
+        )
+    if kind == "object" and "propertyNames" in schema and "minProperties" in schema:
+        return (
+            isinstance(value, dict)
+            and schema["minProperties"] <= len(value) <= schema["maxProperties"]
+            and all(
+                schema_accepts(schema["propertyNames"], k)
+                and schema_accepts({"type": "integer", "minimum": 1, "maximum": 1}, v)
+                for k, v in value.items()
+            )
+        )
     if kind == "object":
         return (
             isinstance(value, dict)
@@ -89,6 +108,8 @@ def schema_accepts(schema: dict[str, Any], value: Any) -> bool:
 
 
 def valid_value(schema: dict[str, Any]) -> Any:
+    if "oneOf" in schema:  # a set of keys
+        return ["a", "b"]
     kind = schema["type"]
     kind = kind[0] if isinstance(kind, list) else kind
     if kind == "string":
@@ -102,6 +123,27 @@ def valid_value(schema: dict[str, Any]) -> Any:
 
 def probes(schema: dict[str, Any]) -> list[Any]:
     """Values on both sides of each limit, and of wrong types."""
+    if "oneOf" in schema:  # a set of keys: counts, duplicates, units, key sizes
+        most, size = schema["oneOf"][0]["maxItems"], schema["x-max-utf8-bytes"]
+        return [
+            [],
+            {},
+            ["a"],
+            {"a": 1},
+            {"a": 2},
+            {"a": 0},
+            {"a": "1"},
+            ["a", "a"],
+            ["", "b"],
+            ["k" * size],
+            ["k" * (size + 1)],
+            [f"k{i}" for i in range(most)],
+            [f"k{i}" for i in range(most + 1)],
+            [1],
+            "a",
+            3,
+            True,
+        ]
     kind = schema["type"]
     kind = kind[0] if isinstance(kind, list) else kind
     wrong: list[Any] = [None, True, [], {"a": "b"}, "12", 3, 2.5]
@@ -164,7 +206,7 @@ def test_every_http_operation_is_documented_with_its_fields() -> None:
             assert not accepted(message), (op, name)
         # Every documented field is read by parse_request: a wrong type is refused.
         for name in props:
-            message = {**base_message(op), name: ["not", "a", "scalar"]}
+            message = {**base_message(op), name: [["not", "a", "scalar"]]}
             assert not accepted(message), f"{op} ignores its documented field {name!r}"
 
 

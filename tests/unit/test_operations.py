@@ -52,6 +52,8 @@ def valid(spec: Field) -> Any:
         return spec.choices[-1]
     if spec.kind == "labels":
         return {"gpu": "a100"}
+    if spec.kind == "keyset":
+        return ["a", "b"]
     if spec.kind == "integer":
         return max(low, min(1, high))
     if spec.kind == "progress":
@@ -136,7 +138,7 @@ def test_parse_request_reads_every_field_of_the_table(op: Operation) -> None:
     lists (the old regex test read protocol.py's source for this)."""
     for spec in op.fields:
         msg = message(op, spec.wire)
-        msg[spec.wire] = ["not", "a", "scalar"]
+        msg[spec.wire] = [["not", "a", "scalar"]]
         with pytest.raises(RaftLeaseError):
             parse_request(msg, LIMITS)
 
@@ -215,7 +217,7 @@ def _entry(request: Request, now: int) -> dict[str, Any]:
     entry.update(op=request.op, now=now)
     if request.cid is not None:
         entry.update(cid=request.cid, seq=request.seq, ack=request.ack)
-    draws = {"acquire": "lid", "transfer": "new_lid", "session_open": "sid"}
+    draws = {"acquire": "lid", "acquire_many": "lid", "transfer": "new_lid", "session_open": "sid"}
     draws |= {"task_put": "tid", "task_claim": "aid"}
     draws |= {"budget_spend": "rid", "budget_reserve": "rid"}
     if request.op in draws:

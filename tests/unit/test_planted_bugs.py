@@ -16,6 +16,7 @@ functions returning a list of violations.
 | ``skip_dedup`` | dedup table | ``retry_applied_twice`` |
 | ``unwritten_keepalives`` | keep-alives from memory reach the log | ``early_grants`` |
 | ``no_term_extension`` | a new term extends every lease | ``early_grants`` |
+| ``partial_many_grant`` | a set of keys all or none | ``check_entry`` (test_core_many.py) |
 
 The chaos suite's own runs catch the other two (``CHAOS_COVERED``, in
 tests/chaos/test_chaos.py): ``fast_log_clock`` (the log clock) and ``unsynced_acks`` (no
@@ -55,6 +56,7 @@ from raftlease.testing.node import (
     DriftBlindGuard,
     EagerElectionTransport,
     ForgetfulStore,
+    PartialSetStore,
     PromiselessGuard,
     RawFollowerLogTransport,
     ShortMemoryStore,
@@ -84,6 +86,7 @@ COVERED = (
     "accept_stale_attempt",
     "unwritten_keepalives",
     "no_term_extension",
+    "partial_many_grant",
 )
 
 #: Planted bugs caught by chaos-suite runs, and the test of tests/chaos/test_chaos.py that
@@ -247,6 +250,7 @@ PLANTED_FIELDS: dict[str, dict[str, Any]] = {
     "accept_stale_attempt": {"store_class": StaleAcceptingStore},
     "unwritten_keepalives": {"proposer_class": UnwritingProposer},
     "no_term_extension": {"store_class": ShortMemoryStore},
+    "partial_many_grant": {"store_class": PartialSetStore},
 }
 
 HOOK_FIELDS = (
@@ -312,6 +316,20 @@ def test_store_answers_a_retry_from_the_dedup_table(build: str) -> None:
         assert violations == []
     else:
         assert violations != [], "the planted store answered the retry from the table"
+
+
+@pytest.mark.parametrize("build", ["honest", "partial_many_grant"])
+def test_a_set_of_keys_is_granted_whole_or_not_at_all(build: str) -> None:
+    """The state machine alone: the seeded workload of tests/unit/test_core_many.py,
+    whose check after every entry reports a set granted in part."""
+    from tests.unit.test_core_many import run_workload
+
+    store = build_hooks("" if build == "honest" else build).store_class()
+    violations = [v for v in run_workload(store, 1) if "granted" in v]
+    if build == "honest":
+        assert violations == []
+    else:
+        assert violations != [], "the planted store granted no set in part"
 
 
 def _task_entry(op: str, now: int, seq: int, **fields: Any) -> dict[str, Any]:

@@ -364,6 +364,8 @@ def good(op: str) -> dict[str, Any]:
         base["key"] = "k"
     if op == "acquire":
         base.update(owner="o", ttl=1.0)
+    if op == "acquire_many":  # issue 40: several keys, all or none
+        base.update(owner="o", ttl=1.0, keys=["a", "b"])
     if op in ("transfer", "session_open"):
         base["owner"] = "o2"
     if op in ("renew", "release", "transfer", "await_lease", "proclaim"):
@@ -650,6 +652,34 @@ BAD_CASES += [
     ("await-sid-missing", "await_spend", "spend_id", MISSING, BadRequestError, "'spend_id'"),
     ("await-timeout-missing", "await_spend", "timeout", MISSING, BadRequestError, "'timeout'"),
     ("await-timeout-huge", "await_spend", "timeout", 1e9, InvalidArgumentError, "timeout"),
+]  # fmt: skip
+# Issue 40: acquire_many's set of keys, refused field by field, every way it can be.
+BAD_CASES += [
+    ("many-keys-missing", "acquire_many", "keys", MISSING, BadRequestError, "'keys'"),
+    ("many-keys-str", "acquire_many", "keys", "a", BadRequestError, "'keys'"),
+    ("many-keys-int", "acquire_many", "keys", 3, BadRequestError, "'keys'"),
+    ("many-keys-empty", "acquire_many", "keys", [], InvalidArgumentError, "'keys'"),
+    ("many-keys-empty-map", "acquire_many", "keys", {}, InvalidArgumentError, "'keys'"),
+    ("many-keys-too-many", "acquire_many", "keys", [f"k{i}" for i in range(17)],
+     InvalidArgumentError, "1 to 16 keys"),
+    ("many-keys-dup", "acquire_many", "keys", ["a", "a"], InvalidArgumentError, "twice"),
+    ("many-keys-int-key", "acquire_many", "keys", ["a", 3], BadRequestError, "'keys'"),
+    ("many-keys-empty-key", "acquire_many", "keys", ["a", ""], InvalidArgumentError, "'keys'"),
+    ("many-keys-long-key", "acquire_many", "keys", ["k" * 600], InvalidArgumentError, "'keys'"),
+    ("many-keys-units-str", "acquire_many", "keys", {"a": "1"}, BadRequestError, "'keys'"),
+    ("many-keys-units-bool", "acquire_many", "keys", {"a": True}, BadRequestError, "'keys'"),
+    ("many-keys-units-zero", "acquire_many", "keys", {"a": 0}, InvalidArgumentError, "'keys'"),
+    ("many-keys-units-over", "acquire_many", "keys", {"a": 2}, InvalidArgumentError,
+     "capacity 1"),
+    ("many-owner-missing", "acquire_many", "owner", MISSING, BadRequestError, "'owner'"),
+    ("many-owner-int", "acquire_many", "owner", 5, BadRequestError, "'owner'"),
+    ("many-ttl-missing", "acquire_many", "ttl", MISSING, BadRequestError, "'ttl'"),
+    ("many-ttl-zero", "acquire_many", "ttl", 0, InvalidArgumentError, "ttl"),
+    ("many-ttl-str", "acquire_many", "ttl", "1", BadRequestError, "'ttl'"),
+    ("many-priority-huge", "acquire_many", "priority", 10**6, InvalidArgumentError, "'priority'"),
+    ("many-priority-float", "acquire_many", "priority", 1.5, BadRequestError, "'priority'"),
+    ("many-capacity-zero", "acquire_many", "capacity", 0, InvalidArgumentError, "'capacity'"),
+    ("many-capacity-str", "acquire_many", "capacity", "2", BadRequestError, "'capacity'"),
 ]  # fmt: skip
 for _op in sorted(op for op, mutating in OPS.items() if mutating):
     BAD_CASES += [

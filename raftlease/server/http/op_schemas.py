@@ -17,7 +17,8 @@ from ...operations.tasks import ATTEMPT_ROW, TASK_VIEW
 #: How each field kind of the table is described over HTTP: ``key`` (a non-empty
 #: string of at most ``high`` UTF-8 bytes), ``text`` (a string that may be empty),
 #: ``integer``/``number`` (``low``..``high``; a number of seconds for durations),
-#: ``enum``, ``labels`` (a map of names to strings).
+#: ``enum``, ``labels`` (a map of names to strings), ``keyset`` (1 to ``high`` keys of
+#: at most ``low`` bytes: a list, or a map of key to units).
 _HTTP_KIND = {
     "string": "key",
     "address": "key",
@@ -31,6 +32,7 @@ _HTTP_KIND = {
     "number": "number",
     "enum": "enum",
     "labels": "labels",
+    "keyset": "keyset",
 }
 
 

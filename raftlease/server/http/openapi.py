@@ -73,6 +73,33 @@ def _schema(spec: Field) -> dict[str, Any]:
         out = {"type": "number", "minimum": spec.low, "maximum": spec.high}
     elif spec.kind == "enum":
         out = {"type": "string", "enum": list(spec.choices), "default": spec.choices[0]}
+    elif spec.kind == "keyset":
+        # A list of distinct keys, or a map of key to units (at most the capacity).
+        key = {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": int(spec.low),
+            "x-max-utf8-bytes": int(spec.low),
+        }
+        out = {
+            "oneOf": [
+                {
+                    "type": "array",
+                    "items": key,
+                    "minItems": 1,
+                    "maxItems": int(spec.high),
+                    "uniqueItems": True,
+                },
+                {
+                    "type": "object",
+                    "minProperties": 1,
+                    "maxProperties": int(spec.high),
+                    "propertyNames": key,
+                    "additionalProperties": {"type": "integer", "minimum": 1},
+                },
+            ],
+            "x-max-utf8-bytes": int(spec.low),
+        }
     else:  # labels: non-empty names to strings, each at most MAX_TASK_CAP_BYTES
         cap = MAX_TASK_CAP_BYTES
         out = {
@@ -86,7 +113,7 @@ def _schema(spec: Field) -> dict[str, Any]:
         out["description"] = spec.doc
     if "x-max-utf8-bytes" in out:
         # JSON Schema's maxLength counts characters; the server counts UTF-8 bytes.
-        what = "names and values are each" if spec.kind == "labels" else ""
+        what = {"labels": "names and values are each", "keyset": "keys are each"}.get(spec.kind, "")
         note = (
             f"{what} at most {out['x-max-utf8-bytes']} bytes of UTF-8 (the server counts "
             "bytes; maxLength, in characters, is only an upper bound)"

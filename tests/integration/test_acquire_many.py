@@ -1,0 +1,92 @@
+"""``acquire_many`` on a real 3-node cluster (issue 40): the blocking and asyncio
+clients, the HTTP route and the CLI take several keys all or none, keep them alive
+with one keep-alive and release them in one entry. The state machine's rules (and
+the checks that catch a broken build) are in tests/unit/test_core_many.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from raftlease import AsyncClient
+from raftlease.cli import main as cli_main
+from raftlease.errors import InvalidArgumentError, LeaseHeldError, SessionNotFoundError
+from raftlease.testing import LocalCluster
+from tests.integration.test_admin_http import admin_cluster, admin_of
+from tests.unit.test_http_api import call
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    c = admin_cluster(3)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+        c.close()
+
+
+def test_all_or_none_through_both_clients(cluster: LocalCluster) -> None:
+    with cluster.client() as c:
+        single = c.acquire("many/b", owner="bob", ttl=30.0)
+        with pytest.raises(LeaseHeldError) as refused:
+            c.acquire_many(["many/a", "many/b", "many/c"], owner="alice", ttl=30.0)
+        assert refused.value.definite and refused.value.detail["keys"] == ["many/b"]
+        assert c.holder("many/a") is None and c.holder("many/c") is None  # nothing taken
+        c.release(single)
+        taken = c.acquire_many(["many/a", "many/b", "many/c"], owner="alice", ttl=30.0)
+        assert taken.keys == ["many/a", "many/b", "many/c"]
+        tokens = [lease.token for lease in taken.leases]
+        assert tokens == sorted(tokens) and tokens[0] > single.token
+        assert {k: c.holder(k).owner for k in taken.keys} == dict.fromkeys(taken.keys, "alice")  # type: ignore[union-attr]
+        kept = c.renew_many(taken)
+        assert kept.expires_at_ms >= taken.expires_at_ms and kept.valid
+        c.release(taken.leases[2])  # one key alone
+        assert c.holder("many/c") is None and c.holder("many/a") is not None
+        assert c.release_many(taken) == 2
+        assert all(c.holder(k) is None for k in taken.keys)
+        with pytest.raises(SessionNotFoundError):
+            c.release_many(taken)
+        with pytest.raises(InvalidArgumentError):
+            c.acquire_many(["many/a", "many/a"], owner="alice", ttl=30.0)
+
+    async def asynchronous() -> None:
+        async with AsyncClient(cluster.endpoints) as a:
+            pool = await a.acquire_many({"many/gpu": 2, "many/disk": 1}, ttl=30.0, capacity=4)
+            assert [lease.units for lease in pool.leases] == [2, 1]
+            assert await a.release_many(pool) == 2
+
+    asyncio.run(asynchronous())
+
+
+def test_the_http_route_and_the_cli(cluster: LocalCluster) -> None:
+    api = admin_of(cluster, cluster.leader_id())
+    body: dict[str, Any] = {"keys": ["http/a", "http/b"], "owner": "web", "ttl": 30}
+    status, got = call(api, "POST", "/v1/leases/acquire-many", body)
+    assert status == 200 and [one["key"] for one in got["leases"]] == ["http/a", "http/b"]
+    status, refused = call(api, "POST", "/v1/leases/acquire-many", body)
+    assert status == 409 and refused["error"]["code"] == "LEASE_HELD"
+    for bad in ({**body, "keys": []}, {**body, "keys": ["x", "x"]}, {**body, "keys": 3}):
+        status, answer = call(api, "POST", "/v1/leases/acquire-many", bad)
+        assert status == 400 and answer["error"]["definite"] is True, (bad, answer)
+    status, _ = call(api, "POST", "/v1/sessions/close", {"session_id": got["lease_id"]})
+    assert status == 200
+
+    runner = CliRunner()
+    where = ["--endpoints", ",".join(cluster.endpoints), "-o", "json"]
+    out = runner.invoke(cli_main, ["acquire-many", "cli/a", "cli/b", "--ttl", "30s", *where])
+    assert out.exit_code == 0, out.output
+    taken = json.loads(out.output.strip().splitlines()[-1])
+    assert [one["key"] for one in taken["leases"]] == ["cli/a", "cli/b"]
+    again = runner.invoke(cli_main, ["acquire-many", "cli/b", "cli/c", "--ttl", "30s", *where])
+    assert again.exit_code == 1
+    out = runner.invoke(cli_main, ["release-many", taken["lease_id"], *where])
+    assert out.exit_code == 0 and json.loads(out.output.strip())["released"] == 2
