@@ -106,7 +106,21 @@ class BudgetMetrics:
             registry=registry,
         )
         self._seen: set[str] = set()
+        #: The same counts as plain ints by budget (the first ``MAX_BUDGET_SERIES`` seen)
+        #: for the dashboard: reading them back from a prometheus Counter needs its
+        #: private fields.
+        self._counts: dict[str, dict[str, int]] = {}
         registry.register(BudgetCollector(replica))
+
+    def counts(self, key: str) -> dict[str, int] | None:
+        """The decisions this node made as leader for budget ``key``, by outcome
+        (``OUTCOMES``, zeros included), or None when they are counted under
+        ``BUDGET_OTHER`` (more than ``MAX_BUDGET_SERIES`` budgets seen), so not known
+        one by one. Event loop (as ``observe``); never blocks or raises."""
+        counted = self._counts.get(key)
+        if counted is None and len(self._seen) >= MAX_BUDGET_SERIES:
+            return None
+        return {outcome: (counted or {}).get(outcome, 0) for outcome in OUTCOMES}
 
     def observe(self, op: str, entry: dict[str, Any], result: dict[str, Any]) -> None:
         """Event loop, after the result of a proposed entry arrives (the leader's
@@ -142,3 +156,6 @@ class BudgetMetrics:
             else:
                 self._seen.add(key)
         self.decisions.labels(key, outcome).inc()
+        if key != BUDGET_OTHER:
+            per_key = self._counts.setdefault(key, {})
+            per_key[outcome] = per_key.get(outcome, 0) + 1

@@ -173,6 +173,11 @@ def test_queue_task_view_and_dead_letter_retry(
 ) -> None:
     page, errors = _open(views_browser, views_cluster)
     with views_cluster.client() as c:
+        # A budget for the Budgets table (checked at the end: the 2 s refresh shows it
+        # meanwhile, so it adds no wait of its own).
+        c.budget_set("views/llm", capacity=20, refill_per_s=0)
+        c.spend("views/llm", 7)
+        reservation = c.reserve("views/llm", 3, ttl=60.0)
         q = c.queue("views-jobs")
         q.put({"n": 1})
         task = q.claim(worker="worker-7", lease_ttl=60.0)
@@ -185,7 +190,9 @@ def test_queue_task_view_and_dead_letter_retry(
         page.wait_for_function(
             "() => { const r = [...document.querySelectorAll('#queues tbody tr')]"
             ".find(r => r.dataset.queue === 'views-jobs'); "
-            "return !!r && r.querySelector('.dead').textContent === '1'; }",
+            "return !!r && r.querySelector('.dead').textContent === '1' && "
+            "r.querySelector('.claims').textContent === '2' && "
+            "r.querySelector('.dead-letters').textContent === '1'; }",
             timeout=DOM_TIMEOUT_MS,
         )
         page.click("#queues tbody tr[data-queue='views-jobs'] button.queue-open")
@@ -229,7 +236,23 @@ def test_queue_task_view_and_dead_letter_retry(
             timeout=DOM_TIMEOUT_MS,
         )
         assert "not dead" in page.inner_text("#qv-retry")
+        retries = "#queues tbody tr[data-queue='views-jobs'] .retries"
+        page.wait_for_function(
+            "sel => document.querySelector(sel).textContent === '1'",
+            arg=retries,
+            timeout=DOM_TIMEOUT_MS,
+        )
         task.complete()
+        # The budget, from the follower's state; its decision counts are the leader's,
+        # and the page says so. The reservation id (a capability) never reaches it.
+        budget = "#budgets tbody tr[data-budget='views/llm']"
+        page.wait_for_selector(budget, timeout=DOM_TIMEOUT_MS)
+        assert page.inner_text(f"{budget} .level-text") == "10 of 20"
+        assert page.inner_text(f"{budget} .reservations") == "1"
+        assert page.inner_text(f"{budget} .waiting") == "0"
+        assert "not the leader" in page.inner_text("#budgets-note")
+        assert reservation.reservation_id not in page.content()
+        c.settle(reservation, 3)
     assert errors == []
     page.close()
 

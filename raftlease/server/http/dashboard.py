@@ -20,7 +20,13 @@ Routes (GET or HEAD):
   session carries ``ref``, a label that names it on this page only (a keyed hash of its
   id with a secret of this process: never the id, a capability), and ``keys``, the keys
   held through it (null when this node does not know the session yet), from this node's
-  own state;
+  own state. Each queue carries its depths and its claims, completions, expiries,
+  retries and dead letters since it was created (``raftlease_queue_*_total``). It also
+  carries ``budgets`` (the first ``MAX_BUDGETS`` by key, ``budgets_more`` the count
+  of the rest): each budget's level, capacity, refill per second, waiting spends and
+  open reservations from this node's state, and ``decisions``, the grants and
+  refusals this node made as leader (``BudgetMetrics.counts``; null when not known one
+  by one), with ``budget_decisions_leader`` saying whether this node leads now;
 * ``/ui/api/key?key=K&key=...``: the holders and waiters of up to ``MAX_KEYS_ASKED``
   keys (the page asks after grants and other changes: events carry no TTL);
 * ``/ui/api/queue?queue=Q``: one queue's task view: its open tasks (ready, delayed,
@@ -51,15 +57,16 @@ members' admin origins, cors.py).
 Reads run as the HTTP API runs them (``HttpApi.run``): through ``parse_request``,
 the permission check and, where this node cannot answer, forwarded to the leader;
 linearizable, so remaining times are the leader's. The periodic ``/ui/api/live``
-reads the wait queues and queue depths from this node's own state instead, labelled with
+reads the wait queues, queue depths and budgets from this node's own state instead, labelled with
 its applied index: one request per key every 2 s would load the leader for nothing
 (waiters are shown by position, not by time left), and ``task_stats`` costs a log entry
 per queue.
 
 Security: with an ``auth_file``, every ``/ui/api/`` route needs a bearer token of a
 principal with ``admin`` (as ``/status``): 401 without a known token, 403 without the
-permission. Nothing returned carries a lease, session or attempt id (the reads used
-never reveal them; a session is named by ``ref``).
+permission. Nothing returned carries a lease, session or attempt id, nor a budget's
+spend or reservation id (a reservation id settles it: a capability); the reads used
+never reveal them, a session is named by ``ref`` and a budget by counts only.
 
 Threads: the node's event loop only; handlers wait on reads without blocking it.
 Raises nothing: errors are JSON answers (``http_api.error_response``).
@@ -79,13 +86,17 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ...core.budget import SCALE
 from ...errors import BadRequestError, RaftLeaseError, UnavailableError
+from ..metrics import QUEUE_COUNTERS
 from .cors import admin_origin
 from .parts import error_response, json_response, refusal
 
 if TYPE_CHECKING:
+    from ...core.budget import Budget
     from ...replication import Replica
     from ..auth import AuthPolicy
+    from ..budget_metrics import BudgetMetrics
     from .cors import MemberOrigins
     from .http_api import HttpApi
 
@@ -106,12 +117,16 @@ MAX_KEYS_ASKED = 50
 MAX_LEASES = 5000
 MAX_SESSIONS = 1000
 MAX_QUEUES = 200
+#: Most budgets one answer lists (the first by key; ``budgets_more`` counts the rest).
+#: Budgets are defined by operators, so few; the cap keeps a page bounded anyway.
+MAX_BUDGETS = 50
 #: The caps above by the names ``truncated`` uses (the page shows them).
 LIMITS = {
     "leases": MAX_LEASES,
     "waiter_keys": MAX_WAITER_KEYS,
     "sessions": MAX_SESSIONS,
     "queues": MAX_QUEUES,
+    "budgets": MAX_BUDGETS,
 }
 #: Most open tasks and dead letters one queue view lists, and keys per session.
 MAX_TASKS = 200
@@ -253,28 +268,39 @@ class Dashboard:
         listed = sessions.get("sessions", [])
         self._session_keys(listed[:MAX_SESSIONS])
         queues, more_queues = self._queues()
+        replica = self.node.require_replica()
+        metrics = getattr(self.node, "metrics", None)  # None without an admin address
+        budgets, more_budgets = budget_rows(store, getattr(metrics, "budgets", None), MAX_BUDGETS)
         # Which lists stop at their cap (``LIMITS``): the page says so rather than let
         # an operator take the first 1000 sessions for all of them.
         cut = {
             "waiter_keys": len(every_key) > MAX_WAITER_KEYS,
             "sessions": len(listed) > MAX_SESSIONS,
             "queues": more_queues,
+            "budgets": more_budgets > 0,
         }
         return {
             "node": self.node.config.node_id,
-            "applied_index": self.node.require_replica().last_applied(),
+            "applied_index": replica.last_applied(),
             "waiters": waiters,
             "sessions": listed[:MAX_SESSIONS],
             "queues": queues,
+            "budgets": budgets,
+            "budgets_more": more_budgets,
+            # The decision counters are the leader's (budget_metrics.py): the page says
+            # so when this node does not lead, rather than show its counts as the total.
+            "budget_decisions_leader": replica.is_leader(),
             "limits": LIMITS,
             "truncated": [name for name, more in cut.items() if more],
         }
 
     def _queues(self) -> tuple[list[dict[str, Any]], bool]:
         """Depth of each queue from this node's state (the first ``MAX_QUEUES`` by
-        name), how long its oldest ready task has waited, and whether there are more
-        queues: copies of small dicts and single look-ups (one step each under the
-        GIL), safe while the tick thread applies."""
+        name), how long its oldest ready task has waited, its event counters (the
+        ``raftlease_queue_*_total`` metrics' values: claims, completions, expiries,
+        retries, dead letters) and whether there are more queues: copies of small dicts
+        and single look-ups (one step each under the GIL), safe while the tick thread
+        applies."""
         store = self.node.require_replica().store
         tasks, now = store.tasks, store.now
         queues = tasks.queues
@@ -285,7 +311,13 @@ class Dashboard:
             if queue is None:
                 continue
             counts = dict(queue.counts)
+            tally = dict(queue.tally)
             since = tasks.oldest_ready(queue)
+            # The same values as metrics.queue_families: claims are counted apart.
+            totals = {
+                key: queue.claims_total if key == "claims" else tally.get(key, 0)
+                for key in QUEUE_COUNTERS
+            }
             out.append(
                 {
                     "queue": name,
@@ -297,6 +329,7 @@ class Dashboard:
                     # Log-time ms the longest-waiting ready task has been ready (the
                     # raftlease_queue_oldest_ready_age_seconds gauge), None without one.
                     "oldest_ready_ms": None if since is None else max(0, now - since),
+                    **totals,
                 }
             )
         return out, len(names) > MAX_QUEUES
@@ -543,6 +576,39 @@ def _dashboard_url(status: dict[str, Any], scheme: str) -> str | None:
     without one); a wildcard host is replaced by its client address's host."""
     origin = admin_origin(status, scheme)
     return None if origin is None else origin + "/ui/"
+
+
+def budget_rows(
+    store: Any, metrics: BudgetMetrics | None, limit: int = MAX_BUDGETS
+) -> tuple[list[dict[str, Any]], int]:
+    """The dashboard's budget rows from ``store`` (a ``LeaseStore``): the first
+    ``limit`` budgets by key, each with its level at the last applied entry's log time
+    (as ``budget_get`` computes it), capacity, refill per second, waiting spends and
+    open reservations (counts only: a spend or reservation id is a capability and never
+    leaves), and ``decisions`` (``BudgetMetrics.counts``, null without metrics or when
+    not known one by one); and how many budgets are not listed.
+
+    Threads: the event loop while the tick thread applies: it copies the dict of
+    budgets and reads scalars and sizes (one step each under the GIL; a level read
+    while its budget changes may be one entry old). Never blocks or raises."""
+    budgets: dict[str, Budget] = dict(store.budgets.budgets)  # the tick thread may add one
+    now = store.now
+    keys = sorted(budgets)
+    rows = []
+    for key in keys[:limit]:
+        budget = budgets[key]
+        rows.append(
+            {
+                "key": key,
+                "level": budget.level_at(now) / SCALE,
+                "capacity": budget.capacity,
+                "refill_per_s": budget.rate / 1000,
+                "waiting": len(budget.waiters),
+                "reservations": len(budget.reservations),
+                "decisions": None if metrics is None else metrics.counts(key),
+            }
+        )
+    return rows, max(0, len(keys) - limit)
 
 
 def _task_row(info: dict[str, Any], attempt: Any, now: int) -> dict[str, Any]:

@@ -54,6 +54,7 @@ const view = {
   keys: new Map(),        // key -> {holders: Map(token -> holder), capacity, waiters: []}
   sessions: [],           // {owner, ttl, remaining, leases, waiters, expiresAt}
   queues: [],
+  budgets: { rows: [], more: 0, leader: false },  // from /ui/api/live
   nodes: [],
   revision: 0,
   // {key, owner, token, start, end|null, seeded, sessionRef} on performance.now();
@@ -223,6 +224,9 @@ function loadLive(live, sentAt) {
   view.sessions = live.sessions.map((s) => ({ ...s, expiresAt: sentAt + s.remaining }));
   view.sessionOwners = new Map(view.sessions.filter((s) => s.ref).map((s) => [s.ref, s.owner]));
   view.queues = live.queues;
+  view.budgets = {
+    rows: live.budgets || [], more: live.budgets_more || 0, leader: !!live.budget_decisions_leader,
+  };
   view.dataAt = performance.now();
   view.dataNode = live.node;
   $("served").textContent = "applied index " + live.applied_index;
@@ -236,6 +240,7 @@ const TRUNCATED_NAMES = {
   waiter_keys: "keys with waiters",
   sessions: "sessions",
   queues: "queues",
+  budgets: "budgets",
 };
 function showTruncated(live) {
   if (!Array.isArray(live.truncated) || !live.limits) return;
@@ -356,6 +361,7 @@ async function refreshLive() {
   renderKeys();
   renderSessions();
   renderQueues();
+  renderBudgets();
   refreshQueue();
 }
 
@@ -976,7 +982,51 @@ function renderQueues() {
     name.append(button);
     row.append(name, el("td", q.ready, "ready"), el("td", q.delayed),
       el("td", q.claimed, "claimed"), el("td", q.dead, "dead"), el("td", q.waiting_claims),
-      el("td", q.oldest_ready_ms == null ? "" : seconds(q.oldest_ready_ms), "oldest"));
+      el("td", q.oldest_ready_ms == null ? "" : seconds(q.oldest_ready_ms), "oldest"),
+      el("td", q.claims, "claims"), el("td", q.completions, "completions"),
+      el("td", q.expiries, "expiries"), el("td", q.retries, "retries"),
+      el("td", q.dead_letters, "dead-letters"));
+    body.append(row);
+  }
+}
+
+// A budget's units: at most 3 decimals (a level refills in micro-units).
+function units(n) {
+  return String(Math.round(n * 1000) / 1000);
+}
+
+// Budgets, rebuilt only when a row changed. The decision counts are the leader's
+// (counted as it decides): a follower's cover only its own terms as leader, so the
+// note says so there.
+function renderBudgets() {
+  const b = view.budgets;
+  const body = $("budgets").tBodies[0];
+  $("no-budgets").hidden = b.rows.length > 0;
+  const note = $("budgets-note");
+  note.hidden = b.leader || b.rows.length === 0;
+  note.textContent = b.leader ? "" : "Granted, queued and refused are counted by the leader " +
+    "as it decides: this node is not the leader, so they cover only its own time as leader " +
+    "(open the leader's page for the current counts).";
+  $("budgets-more").textContent = b.more > 0 ? "and " + b.more + " more not shown" : "";
+  if (unchanged(body, JSON.stringify([b.rows, b.more, b.leader]))) return;
+  body.replaceChildren();
+  for (const r of b.rows) {
+    const row = el("tr");
+    row.dataset.budget = r.key;
+    const level = el("td", null, "level");
+    // A meter, not a styled div: no inline style (the page's CSP), and it clamps a debt
+    // (a negative level) to empty by itself.
+    const bar = el("meter");
+    bar.min = 0;
+    bar.max = r.capacity;
+    bar.value = Math.max(0, r.level);
+    level.append(el("span", units(r.level) + " of " + r.capacity, "level-text"), bar);
+    const d = r.decisions;
+    const count = (a, b2) => (d ? d[a] + (b2 ? d[b2] : 0) : "-");
+    row.append(el("td", r.key, "budget"), level, el("td", units(r.refill_per_s), "refill"),
+      el("td", r.waiting, "waiting"), el("td", r.reservations, "reservations"),
+      el("td", count("granted", "gate_granted"), "granted"), el("td", count("queued"), "queued"),
+      el("td", count("refused", "gate_refused"), "refused"));
     body.append(row);
   }
 }
@@ -1240,6 +1290,7 @@ function renderAll() {
   renderKeys();
   renderSessions();
   renderQueues();
+  renderBudgets();
   renderTimeline();
   $("revision").textContent = "revision " + view.revision;
 }
