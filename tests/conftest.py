@@ -202,7 +202,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-        if os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/") in SERIAL_FILES:
+        path = getattr(item, "path", None)
+        if path and os.path.relpath(path, _TESTS).replace(os.sep, "/") in SERIAL_FILES:
             item.add_marker(pytest.mark.serial)
 
 
