@@ -213,11 +213,26 @@ class LocalCluster:
     # ---------------------------------------------------------- processes
 
     def start(self, wait: bool = True, timeout: float = 30.0) -> LocalCluster:
+        """Start every node; with ``wait``, return once a leader is agreed on and every
+        node still running answers (and agrees on it)."""
         for node in self.nodes:
             self.start_node(node.id)
         if wait:
+            deadline = time.monotonic() + timeout
             self.wait_for_leader(timeout)
+            # A leader needs only a majority: on a loaded machine the last node may not
+            # listen yet (a test that asked it at once was refused its connection).
+            wait_for(
+                self._every_running_node_answers,
+                max(deadline - time.monotonic(), 5.0),
+                "every running node answering, with the agreed leader",
+            )
         return self
+
+    def _every_running_node_answers(self) -> bool:
+        reachable = {s.get("client") for s in self.statuses() if s.get("reachable")}
+        running = [n.client for n in self.nodes if self.is_running(n.id)]
+        return all(c in reachable for c in running) and self.leader() is not None
 
     def start_node(self, node_id: str) -> subprocess.Popen[bytes]:
         if node_id in self.procs and self.procs[node_id].poll() is None:
