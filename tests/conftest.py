@@ -146,13 +146,68 @@ def starts_a_node(args: object) -> bool:
 CLUSTER_FIXTURES = frozenset({"cluster", "shared", "shared_cluster", "cluster_factory"})
 
 
+#: Files whose tests run ``serial``: scripts/test runs the rest on two pytest-xdist
+#: workers at once (``-m "not serial"``), then these alone, one at a time, as before.
+#: A file is here when its tests measure time or memory, need a quiet machine to make
+#: their point, or touch something shared by the whole machine. A new file of that kind
+#: belongs here; when in doubt, here (CONTRIBUTING.md, "Running things").
+SERIAL_FILES: dict[str, str] = {
+    # The chaos suite: real runs judged on elections and heals within deadlines, a
+    # planted-bug build that must fail, and a run stopped by signals, its processes
+    # found by scanning /proc.
+    "chaos/test_chaos.py": "chaos runs: timing of faults and heals, planted bug",
+    "chaos/test_chaos_interrupt.py": "signals a chaos run, scans /proc for its nodes",
+    # The benchmark: its clusters, etcd and ZooKeeper anchors and scale phase load the
+    # machine on purpose; test_bench_scale.py counts processes in /proc.
+    "integration/test_bench.py": "benchmark: loads both cores",
+    "integration/test_bench_anchors.py": "benchmark anchors: etcd, ZooKeeper, their own ports",
+    "integration/test_bench_scale.py": "benchmark scale phase: loads both cores, scans /proc",
+    # Planted bugs must be caught: a detection that depends on a race lost under load
+    # would fail the honest build or pass the planted one.
+    "integration/test_planted_bugs.py": "planted-bug detection",
+    "integration/test_durability.py": "planted build, recovery wait measured in seconds",
+    "integration/test_partitions.py": "partitions and a planted build (skip_pre_vote)",
+    # Leader leases, clock drift and elections against the clock.
+    "integration/test_leader_lease.py": "leader-lease reads, pauses and clock drift",
+    "integration/test_failover_early.py": "failover timing: election at the promise end",
+    "integration/test_memory_keepalives.py": "answers from memory only while the lease holds",
+    # Descriptors and memory of real node processes.
+    "integration/test_fd_exhaustion.py": "prlimit on a node, fills its descriptors",
+    "integration/test_memory_bounds.py": "RSS of nodes under steady load",
+    "integration/test_output_backpressure.py": "node memory and other clients' latency",
+    # (its RSS measurement runs only by hand, RAFTLEASE_BENCH_SNAPSHOT): the restored
+    # lease must have more time left than at the save, counted from the new cluster's
+    # start, a few seconds on a loaded machine.
+    "integration/test_backup.py": "restored TTL compared with the time left at the save",
+    "integration/test_peer_tls_cluster.py": "RSS of the leader during a flood",
+    "integration/test_security_caps.py": "RSS after 2,000 connections, connection limits",
+    # The hosts harness: network namespaces, bridges, mounts, CI=true behaviour.
+    "integration/test_testing_hosts.py": "network namespaces (hosts harness)",
+    "integration/test_multi_host.py": "network namespaces, systemd RestartSec timing",
+    "integration/test_deploy_run.py": "network namespaces (compose, kubernetes as hosts)",
+    # Chromium: a heavy process of its own, DOM conditions within deadlines.
+    "integration/test_dashboard_browser.py": "chromium",
+    "integration/test_dashboard_views.py": "chromium",
+    "integration/test_dashboard_truth.py": "chromium, SIGSTOPped nodes, badge deadlines",
+}
+
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses a cluster fixture ``integration`` before ``-m``
-    selects (tryfirst: pytest's own deselection runs in this hook too)."""
+    """Mark every test that uses a cluster fixture ``integration``, and every test of
+    ``SERIAL_FILES`` ``serial``, before ``-m`` selects (tryfirst: pytest's own
+    deselection runs in this hook too)."""
+    missing = [f for f in SERIAL_FILES if not os.path.isfile(os.path.join(_TESTS, f))]
+    if missing:  # a renamed file would silently run in parallel
+        raise pytest.UsageError(f"tests/conftest.py SERIAL_FILES names no file: {missing}")
     for item in items:
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+        path = getattr(item, "path", None)
+        if path and os.path.relpath(path, _TESTS).replace(os.sep, "/") in SERIAL_FILES:
+            item.add_marker(pytest.mark.serial)
 
 
 #: The test being set up or run when it is not marked ``integration`` (else None).

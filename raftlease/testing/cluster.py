@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,9 +47,36 @@ TEST_SETTINGS: dict[str, Any] = {
     "min_ttl": 0.2,
 }
 
-#: Ports for test clusters are drawn below the ephemeral range (32768+) so that
+#: All the ports test clusters may use: below the ephemeral range (32768+) so that
 #: outgoing connections' source ports never collide with a node's listening port.
-PORT_RANGE = (20000, 32000)
+FULL_PORT_RANGE = (20000, 32000)
+
+
+def worker_port_range(
+    full: tuple[int, int] = FULL_PORT_RANGE, environ: Mapping[str, str] = os.environ
+) -> tuple[int, int]:
+    """This process's share of ``full``. Under pytest-xdist (scripts/test runs two
+    workers) each worker gets its own slice, by ``PYTEST_XDIST_WORKER`` (gw0, gw1, ...)
+    and ``PYTEST_XDIST_WORKER_COUNT``: a port is probed free and bound only seconds
+    later, so two workers drawing from one range could both pick the same free block.
+    Processes a test starts inherit the variables and stay in its slice too (the chaos
+    harness, jepsen-style/run.py). Outside xdist: the whole range."""
+    worker, count = (
+        environ.get("PYTEST_XDIST_WORKER", ""),
+        environ.get("PYTEST_XDIST_WORKER_COUNT", ""),
+    )
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
+        return full
+    index, workers = int(worker[2:]), int(count)
+    if not 0 <= index < workers:
+        return full
+    low, high = full
+    size = (high - low) // workers
+    return (low + index * size, low + (index + 1) * size)
+
+
+#: The ports this process's test clusters are drawn from (``worker_port_range``).
+PORT_RANGE = worker_port_range()
 
 
 def wait_for(
@@ -186,11 +213,26 @@ class LocalCluster:
     # ---------------------------------------------------------- processes
 
     def start(self, wait: bool = True, timeout: float = 30.0) -> LocalCluster:
+        """Start every node; with ``wait``, return once a leader is agreed on and every
+        node still running answers (and agrees on it)."""
         for node in self.nodes:
             self.start_node(node.id)
         if wait:
+            deadline = time.monotonic() + timeout
             self.wait_for_leader(timeout)
+            # A leader needs only a majority: on a loaded machine the last node may not
+            # listen yet (a test that asked it at once was refused its connection).
+            wait_for(
+                self._every_running_node_answers,
+                max(deadline - time.monotonic(), 5.0),
+                "every running node answering, with the agreed leader",
+            )
         return self
+
+    def _every_running_node_answers(self) -> bool:
+        reachable = {s.get("client") for s in self.statuses() if s.get("reachable")}
+        running = [n.client for n in self.nodes if self.is_running(n.id)]
+        return all(c in reachable for c in running) and self.leader() is not None
 
     def start_node(self, node_id: str) -> subprocess.Popen[bytes]:
         if node_id in self.procs and self.procs[node_id].poll() is None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from raftlease.testing import wait_for
-from tests.conftest import pytest_collection_modifyitems, starts_a_node
+from tests.conftest import SERIAL_FILES, pytest_collection_modifyitems, starts_a_node
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -98,3 +98,13 @@ def test_every_test_file_lives_in_a_folder_of_its_kind() -> None:
     )
     stray = sorted(p.name for p in tests.glob("test_*.py"))
     assert not stray, f"test files outside the kind folders: {stray}"
+
+
+def test_a_test_of_a_serial_file_is_marked_serial() -> None:
+    """scripts/test runs the tests marked ``serial`` alone, after the others."""
+    tests = Path(__file__).resolve().parents[1]
+    serial, other = _Item([]), _Item([])
+    serial.path = tests / next(iter(SERIAL_FILES))  # type: ignore[attr-defined]
+    other.path = Path(__file__)  # type: ignore[attr-defined]
+    pytest_collection_modifyitems([serial, other])  # type: ignore[list-item]
+    assert (serial.markers, other.markers) == (["serial"], [])

@@ -16,7 +16,7 @@ import pytest
 from raftlease.config import NodeAddress
 from raftlease.errors import InvalidArgumentError, NotLeaderError, RaftLeaseError
 from raftlease.testing import LocalCluster
-from raftlease.testing.cluster import port_free, wait_for
+from raftlease.testing.cluster import PORT_RANGE, port_free, wait_for
 from tests.integration.test_cluster import raw_request
 
 pytestmark = pytest.mark.integration
@@ -50,7 +50,9 @@ def new_node_that_dials(cluster: LocalCluster, node_id: str) -> NodeAddress:
     """A node to add whose raft address is above every member's: PySyncObj's greater
     address dials, so it is the one that connects, and is refused until it is added."""
     top = max(int(n.raft.rpartition(":")[2]) for n in cluster.nodes)
-    base = next(p for p in range(top + 1, 31900) if port_free(p) and port_free(p + 100))
+    # Within this process's ports (PORT_RANGE: a pytest-xdist worker's own slice).
+    high = PORT_RANGE[1] - 100
+    base = next(p for p in range(top + 1, high) if port_free(p) and port_free(p + 100))
     return cluster.new_node(node_id, client_port=base)
 
 
