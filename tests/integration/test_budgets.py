@@ -25,7 +25,7 @@ from raftlease.errors import (
 )
 from raftlease.testing import LocalCluster
 from raftlease.testing.cluster import wait_for
-from tests.integration.test_admin_http import admin_cluster, admin_of, scrape
+from tests.integration.test_admin_http import admin_cluster, admin_of, promtool_check, scrape
 from tests.unit.test_http_api import call
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -107,6 +107,7 @@ def test_spend_and_reserve_over_http(cluster: LocalCluster) -> None:
         assert status == code and answer["error"]["definite"] is True, (bad, answer)
     # The leader's /metrics: the budget's gauges and its decisions (docs/operations.md).
     metrics = scrape(api)
+    promtool_check(api)  # the budget families pass Prometheus's own lint
     assert metrics['raftlease_budget_capacity{budget="http/b"}'] == 4.0
     assert metrics['raftlease_budget_refill_per_second{budget="http/b"}'] == 40.0
     assert metrics['raftlease_budget_waiting{budget="http/b"}'] == 0.0
