@@ -310,8 +310,9 @@ def test_without_fairness_keys_grants_are_in_the_old_order(seed: int) -> None:
 def test_random_fair_histories_keep_capacity_tokens_and_replay_from_a_snapshot(
     seed: int,
 ) -> None:
-    """Units never exceed the capacity, tokens grow, and a replica restored from a
-    snapshot at any point decides exactly as the one that lived through it."""
+    """Units never exceed the capacity, tokens grow, the fair-share bookkeeping
+    matches the queue, and a replica restored from a snapshot at any point decides
+    exactly as the one that lived through it."""
     rng = random.Random(1000 + seed)
     history = random_history(rng, fair=True)
     cut = rng.randrange(len(history))
@@ -324,6 +325,9 @@ def test_random_fair_histories_keep_capacity_tokens_and_replay_from_a_snapshot(
         for key, capacity in (("k", 1), ("p", 5)):
             used = sum(x.units for x in live.leases.values() if x.key == key)
             assert used <= capacity
+        for key, shares in live.fair.items():  # the tenants' counts are the queue's
+            waiting = Counter(w.tenant for w in live.queues[key])
+            assert {n: t.waiting for n, t in shares.tenants.items() if t.waiting} == waiting
         if restored is not None:
             assert restored.apply(entry) == result
         if i == cut:
