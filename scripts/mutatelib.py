@@ -91,7 +91,8 @@ CORE = ROOT / "raftlease" / "core"
 #: Priority aging (task_records.task_rank) and the queues' counters the metrics read
 #: have their own files, test_core_aging.py and test_queue_metrics.py (2026-12-06);
 #: fair shares between tenants (queue.py ``_best_ready``/``_charge``) test_core_fair.py
-#: (2026-12-07).
+#: (2026-12-07); fair shares between tenants waiting on a key (store.py
+#: ``_next_waiter``/``_charge``) test_core_fair_waiters.py (2026-12-07).
 #: test_core_memory.py is left out: it measures memory with tracemalloc, not behaviour.
 DEFAULT_TESTS = (
     "tests/unit/test_core_mutants.py",
@@ -99,6 +100,7 @@ DEFAULT_TESTS = (
     "tests/unit/test_core_tasks.py",
     "tests/unit/test_core_aging.py",
     "tests/unit/test_core_fair.py",
+    "tests/unit/test_core_fair_waiters.py",
     "tests/unit/test_queue_metrics.py",
     "tests/unit/test_core_queue.py",
     "tests/unit/test_core_budgets.py",

@@ -68,6 +68,10 @@ def _holder_dict(holder: Holder) -> dict[str, Any]:
 @click.option("--capacity", type=int, default=1, show_default=True, help="Shared key's size.")
 @click.option("--units", type=int, default=1, show_default=True, help="Units this lease takes.")
 @click.option("--value", default=None, help="A value to publish with the lease.")
+@click.option(
+    "--fairness-key", default=None, help="Its tenant while it waits (fair shares between tenants)."
+)
+@click.option("--weight", type=int, default=None, help="The tenant's weight on KEY: 1..1000.")
 @client_options
 def acquire(
     key: str,
@@ -77,6 +81,8 @@ def acquire(
     capacity: int,
     units: int,
     value: str | None,
+    fairness_key: str | None,
+    weight: int | None,
     endpoints: str,
     as_json: bool,
     timeout: float,
@@ -84,9 +90,17 @@ def acquire(
     """Acquire KEY; prints the lease id needed to renew or release it.
 
     A shared key (a semaphore or pool) takes --capacity and --units; everyone using
-    the key must give the same capacity."""
+    the key must give the same capacity. With --wait, --fairness-key names the
+    tenant it waits for: backlogged tenants share the grants by --weight."""
     options: dict[str, Any] = dict(
-        owner=owner, ttl=ttl, wait=wait, capacity=capacity, units=units, value=value
+        owner=owner,
+        ttl=ttl,
+        wait=wait,
+        capacity=capacity,
+        units=units,
+        value=value,
+        fairness_key=fairness_key,
+        weight=weight,
     )
     try:
         with connect(endpoints) as c:

@@ -258,6 +258,8 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         value: str | None = None,
         session: Attachable | None = None,
         timeout: float | None = None,
+        fairness_key: str | None = None,
+        weight: int | None = None,
     ) -> Lease:
         """Take ``key`` for ``owner`` for ``ttl`` seconds, or for as long as the lease
         ``session`` lives (then ``owner`` defaults to the session's and ``ttl`` must
@@ -281,6 +283,14 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         ``CapacityMismatchError``), ``units`` how many this lease takes. ``value`` is
         published with the lease (see ``election``). An acquire attached to a session
         that ends while it waits raises ``SessionNotFoundError``.
+
+        Fair shares (docs/design.md §4d): ``fairness_key`` names the tenant this
+        acquire waits for (default: the key's default tenant) and ``weight`` (1 to
+        1000) that tenant's weight on this key from now on. When units free up, the
+        backlogged tenants share the grants by weight; within a tenant the order is
+        priority, then arrival. Refused ``QuotaExceededError`` when 1,000 tenants
+        already wait on the key; a node of an older build answers
+        ``InvalidArgumentError``/bad request for the fields.
         """
         if session is not None:
             if ttl is not None:
@@ -306,6 +316,10 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             args.update(capacity=capacity, units=units)
         if value is not None:
             args["value"] = value
+        if fairness_key is not None:
+            args["fairness_key"] = fairness_key
+        if weight is not None:
+            args["weight"] = weight
         if wait <= 0:
             result = await self.call("acquire", args, mutating=True, timeout=timeout)
             return self._lease(result, sent, session=session)

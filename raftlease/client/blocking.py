@@ -265,6 +265,8 @@ class Client(SharedKeyLocks[HeldLock]):
         value: str | None = None,
         session: Attachable | None = None,
         timeout: float | None = None,
+        fairness_key: str | None = None,
+        weight: int | None = None,
     ) -> Lease:
         def make() -> Coroutine[Any, Any, Lease]:
             return self._async.acquire(
@@ -278,6 +280,8 @@ class Client(SharedKeyLocks[HeldLock]):
                 value=value,
                 session=session,
                 timeout=timeout,
+                fairness_key=fairness_key,
+                weight=weight,
             )
 
         # A waiting acquire long-polls on the loop (AsyncClient._await_grant).

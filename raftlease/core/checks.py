@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..limits import (
+    MAX_FAIRNESS_KEY_BYTES,
+    MAX_FAIRNESS_WEIGHT,
     MAX_ID_CHARS,
     MAX_KEY_BYTES,
     MAX_LIST,
@@ -179,6 +181,15 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
             return f"'capacity' must be an integer from {_CAPACITY[0]} to {_CAPACITY[1]}"
         if not valid_int(entry.get("units", 1), 1, capacity):
             return "'units' must be an integer from 1 to the key's capacity"
+        # Fair shares between tenants waiting on the key (docs/design.md §4d).
+        tenant = entry.get("fairness_key", "-")
+        if not valid_str(tenant, MAX_FAIRNESS_KEY_BYTES):
+            return (
+                f"'fairness_key' must be a non-empty string of at most "
+                f"{MAX_FAIRNESS_KEY_BYTES} bytes"
+            )
+        if "weight" in entry and not valid_int(entry["weight"], 1, MAX_FAIRNESS_WEIGHT):
+            return f"'weight' must be an integer from 1 to {MAX_FAIRNESS_WEIGHT}"
     elif op == "transfer":
         if not valid_str(entry.get("new_lid"), MAX_ID_CHARS):
             return "'new_lid' must be a non-empty string"

@@ -75,6 +75,8 @@ class Waiter:
     value: str = ""
     session: str = ""
     principal: str = ""
+    #: Its fairness key (docs/design.md §4d): "" is the default tenant.
+    tenant: str = ""
 
     def rank(self) -> tuple[int, int]:
         return (-self.priority, self.order)
@@ -92,7 +94,29 @@ class Waiter:
             self.value,
             self.session,
         ]
+        if self.tenant:  # layout 8: the fairness key ends the row (after the principal)
+            return [*plain, self.principal, self.tenant]
         return [*plain, self.principal] if self.principal else plain
+
+
+@dataclass(slots=True)
+class Share:
+    """One tenant's standing on one key's wait queue (docs/design.md §4d): its
+    weight, its pass (stride scheduling) and how many of its acquires wait."""
+
+    weight: int = 1
+    vpass: int = 0
+    waiting: int = 0
+
+
+@dataclass(slots=True)
+class KeyShares:
+    """The fair-share state of one key's wait queue, kept while the queue has a
+    waiter that named a fairness key or a weight: the queue's virtual time and its
+    tenants (backlogged ones, and idle ones whose pass is still ahead of it)."""
+
+    vtime: int = 0
+    tenants: dict[str, Share] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

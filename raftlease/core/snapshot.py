@@ -14,7 +14,7 @@ from ..limits import TOKEN_RESERVE_STEP
 from .budget import Budgets
 from .dedup import ClientTable
 from .queue import TaskQueues
-from .records import LeaseRecord, LeaseSession, Waiter
+from .records import KeyShares, LeaseRecord, LeaseSession, Share, Waiter
 from .state import StoreState
 
 #: Bump when the snapshot layout changes; ``restore`` refuses other versions.
@@ -26,7 +26,11 @@ from .state import StoreState
 #:    a queue's virtual time and its tenants' ``[name, weight, pass]`` end its row. A
 #:    layout 6 (or older) snapshot loads with every task in the default tenant "",
 #:    weight 1, pass 0: the order it had.
-SNAPSHOT_VERSION = 7
+#: 8: fair shares on wait queues (docs/design.md §4d): a waiter's fairness key ends its
+#:    row (after its principal, "" if none), and ``fair`` lists each key's
+#:    ``[key, virtual time, [[tenant, weight, pass], ...]]``. A layout 7 (or older)
+#:    snapshot loads with no fair shares: every queue in rank order, as it was.
+SNAPSHOT_VERSION = 8
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
 #: build that changes what an entry means writes a higher ``fv``, and nodes that
@@ -39,7 +43,10 @@ SNAPSHOT_VERSION = 7
 #: 4: a task put may carry a fairness key and a weight (``fairness_key``, ``weight``),
 #: which decide between tenants (docs/queues.md, "Fair shares"); a member that ignored
 #: them would hand out other tasks than the rest.
-ENTRY_FORMAT = 4
+#: 5: an acquire may carry a fairness key and a weight (``fairness_key``, ``weight``),
+#: which decide between tenants waiting on a key (docs/design.md §4d); a member that
+#: ignored them would grant other waiters than the rest.
+ENTRY_FORMAT = 5
 
 
 def entry_format(entry: Any) -> int | None:
@@ -70,6 +77,10 @@ def to_plain(store: StoreState) -> dict[str, Any]:
         "sessions": store.clients.to_plain(),
         "tasks": store.tasks.to_plain(),
         "budgets": store.budgets.to_plain(),
+        "fair": [
+            [key, shares.vtime, [[n, t.weight, t.vpass] for n, t in sorted(shares.tenants.items())]]
+            for key, shares in sorted(store.fair.items())
+        ],
     }
 
 
@@ -85,15 +96,17 @@ def _capacity_rows(store: StoreState) -> list[list[Any]]:
 
 def restore(store: StoreState, data: dict[str, Any]) -> None:
     """Fill a fresh ``store`` from ``to_plain`` output (this layout version or versions
-    2 to 6, which it upgrades). Raises ``ValueError`` on any other version."""
+    2 to 7, which it upgrades). Raises ``ValueError`` on any other version."""
     version = data.get("v")
     if isinstance(version, int) and not isinstance(version, bool) and version > SNAPSHOT_VERSION:
         raise ValueError(
             f"snapshot version {version} is newer than this build understands "
             f"(up to {SNAPSHOT_VERSION}): it was written by a newer raftlease; upgrade this node"
         )
-    if version not in (2, 3, 4, 5, 6, SNAPSHOT_VERSION):
-        raise ValueError(f"snapshot version {version!r} is not 2, 3, 4, 5, 6 or {SNAPSHOT_VERSION}")
+    if version not in (2, 3, 4, 5, 6, 7, SNAPSHOT_VERSION):
+        raise ValueError(
+            f"snapshot version {version!r} is not 2, 3, 4, 5, 6, 7 or {SNAPSHOT_VERSION}"
+        )
     if "ceiling" not in data:
         # Layouts 2 and 3 had no token ceiling: reserve one step from the revision
         # (the next new term jumps past it anyway).
@@ -168,6 +181,14 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         store.tasks = TaskQueues.from_plain(data["tasks"])
     if "budgets" in data:  # layouts before 6 had no budgets
         store.budgets = Budgets.from_plain(data["budgets"])
+    for key, vtime, tenants in data.get("fair", ()):  # layouts before 8 had none
+        shares = store.fair[key] = KeyShares(vtime)
+        for name, weight, vpass in tenants:
+            shares.tenants[name] = Share(weight, vpass)
+    for waiter in store.waiting.values():  # how many each tenant has waiting
+        fair = store.fair.get(waiter.key)
+        if fair is not None:
+            fair.tenants.setdefault(waiter.tenant, Share()).waiting += 1
 
 
 def for_new_cluster(data: dict[str, Any], token_jump: int) -> dict[str, Any]:

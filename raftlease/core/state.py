@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from .budget import Budgets
 from .dedup import ClientTable
 from .queue import TaskQueues
-from .records import MAX_INDEXED_CAPACITY, LeaseRecord, LeaseSession, Result, Waiter
+from .records import MAX_INDEXED_CAPACITY, KeyShares, LeaseRecord, LeaseSession, Result, Waiter
 
 T = TypeVar("T", str, int)
 
@@ -66,6 +66,10 @@ class StoreState:
         self.waiting: dict[str, Waiter] = {}
         self._wait_deadlines: list[tuple[int, str]] = []
         self.queue_order: int = 0
+        #: key -> its wait queue's fair shares (docs/design.md §4d): only while the
+        #: queue has a waiter that named a fairness key or weight; without it the
+        #: queue is served in rank order alone, exactly as before fair shares.
+        self.fair: dict[str, KeyShares] = {}
         #: principal -> its live leases plus queued acquires, and its lease sessions
         #: (for quotas; authenticated principals only). Rebuilt on restore.
         self.held_by: dict[str, int] = {}

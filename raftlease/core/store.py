@@ -41,7 +41,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ..limits import MAX_SESSION_LEASES, TOKEN_RESERVE_STEP
+from ..limits import MAX_QUEUE_TENANTS, MAX_SESSION_LEASES, TOKEN_RESERVE_STEP
 from . import snapshot
 from .budget import BUDGET_MUTATING_OPS, BUDGET_OPS, BUDGET_READ_OPS, check_budget_args
 from .checks import (
@@ -56,8 +56,18 @@ from .checks import (
 )
 from .dedup import fingerprint, fingerprint_of, remember
 from .queue import check_task_args
-from .records import ClientRecord, LeaseRecord, LeaseSession, Result, Waiter, error
+from .records import (
+    ClientRecord,
+    KeyShares,
+    LeaseRecord,
+    LeaseSession,
+    Result,
+    Share,
+    Waiter,
+    error,
+)
 from .state import StoreState
+from .task_records import FAIR_SCALE
 
 
 def many_lease_id(lid: str, index: int) -> str:
@@ -435,7 +445,14 @@ class LeaseStore(StoreState):
         value: str = entry.get("value", "")
         queue = self.queues.get(key)
         priority: int = entry.get("priority", 0)
-        first = not queue or priority > queue[0].priority
+        tenant: str = entry.get("fairness_key", "")
+        fair = "fairness_key" in entry or "weight" in entry
+        if queue and (fair or key in self.fair):
+            # Fair shares in play: granted now only if it would be the next chosen
+            # (its tenant's turn and its tenant's head) and fits (§4d).
+            first = self._would_be_next(key, queue, tenant, priority)
+        else:
+            first = not queue or priority > queue[0].priority
         if first and self.units_used(key) + units <= capacity:
             # Nobody waits ahead of it (the queue is empty, or it outranks the head)
             # and the units fit: granted now, if its budget gate (if any) covers the
@@ -445,6 +462,15 @@ class LeaseStore(StoreState):
                 return refusal
             self.budgets.gate_draw(entry)
             self._fix_capacity(key, capacity)
+            shares = self.fair.get(key)
+            if queue and shares is not None:
+                # It overtakes waiting tenants on its tenant's turn: charged as a
+                # grant from the queue (an empty queue has nobody to be fair to).
+                share = shares.tenants.get(tenant) or Share()
+                if "weight" in entry:
+                    share.weight = entry["weight"]
+                shares.tenants[tenant] = share
+                self._charge(shares, tenant)
             lease = self._grant(key, lease_id, entry["owner"], ttl, units, value, sid, principal)
             return self._lease_result(lease)
         wait: int = entry.get("wait", 0)
@@ -476,7 +502,31 @@ class LeaseStore(StoreState):
                 f"{waiters_total} may be (max_waiters_total)",
                 quota=waiters_total,
             )
+        shares = self.fair.get(key)
+        if (
+            shares is not None
+            and tenant not in shares.tenants
+            and len(shares.tenants) >= MAX_QUEUE_TENANTS
+        ):
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{key!r} already has {len(shares.tenants)} fairness keys waiting; at most "
+                f"{MAX_QUEUE_TENANTS}",
+                quota=MAX_QUEUE_TENANTS,
+            )
         self._fix_capacity(key, capacity)
+        if fair and shares is None:
+            # The first waiter with a fairness key or weight: those queued before it
+            # are the default tenant's (weight 1, at the virtual time 0).
+            shares = self.fair[key] = KeyShares()
+            if queue:
+                self._join(shares, "").waiting = len(queue)
+        if shares is not None:
+            share = self._join(shares, tenant)
+            share.waiting += 1
+            if "weight" in entry:
+                # The latest queued acquire that names a weight sets its tenant's.
+                share.weight = entry["weight"]
         self.queue_order += 1
         waiter = Waiter(
             key=key,
@@ -490,6 +540,7 @@ class LeaseStore(StoreState):
             value=value,
             session=sid,
             principal=principal,
+            tenant=tenant,
         )
         queue = self.queues.setdefault(key, [])
         position = bisect.bisect_right([w.rank() for w in queue], waiter.rank())
@@ -710,7 +761,10 @@ class LeaseStore(StoreState):
         queue = self.queues.get(key)
         capacity = self.capacity_of(key)
         while queue:
-            waiter = queue[0]
+            # The next turn: the queue's head, or with fair shares the head of the
+            # tenant with the smallest pass. Head-of-line per key: if its units do
+            # not fit, nobody else is granted until they do (no starvation).
+            waiter = self._next_waiter(key, queue)
             session = self.lease_sessions.get(waiter.session) if waiter.session else None
             if waiter.session and session is None:
                 # Its session ended in this entry: never grant it.
@@ -723,7 +777,11 @@ class LeaseStore(StoreState):
                 continue
             if self.units_used(key) + waiter.units > capacity:
                 break
-            queue.pop(0)
+            queue.remove(waiter)
+            shares = self.fair.get(key)
+            if shares is not None:
+                self._charge(shares, waiter.tenant)
+                self._leave(shares, waiter.tenant)
             del self.waiting[waiter.lease_id]
             self._count(self.held_by, waiter.principal, -1)
             self._count(self.waiting_by, waiter.principal, -1)
@@ -741,14 +799,94 @@ class LeaseStore(StoreState):
             )
         if not queue:
             self.queues.pop(key, None)
+            # Nobody waits: nobody to be fair to; the next backlog starts afresh.
+            self.fair.pop(key, None)
             if key not in self.holders:
                 self.capacity.pop(key, None)
                 self.used.pop(key, None)
 
+    # ------------------------------------------------------------ fair shares (§4d)
+
+    @staticmethod
+    def _join(shares: KeyShares, tenant: str) -> Share:
+        """``tenant``'s share on a key (a new one: weight 1, pass 0, which counts
+        as the virtual time: a tenant backlogged again starts at ``max(its pass,
+        the virtual time)``)."""
+        share = shares.tenants.get(tenant)
+        if share is None:
+            share = shares.tenants[tenant] = Share()
+        return share
+
+    @staticmethod
+    def _start(shares: KeyShares, tenant: str) -> tuple[int, str]:
+        """Where ``tenant``'s next turn starts, and its name (ties by name)."""
+        share = shares.tenants.get(tenant)
+        return (max(share.vpass if share is not None else 0, shares.vtime), tenant)
+
+    def _next_waiter(self, key: str, queue: list[Waiter]) -> Waiter:
+        """Whose turn it is on ``key``'s non-empty queue: its head (rank order)
+        without fair shares; with them, the head (rank order) of the backlogged
+        tenant with the smallest ``(max(pass, virtual time), name)``."""
+        shares = self.fair.get(key)
+        if shares is None:
+            return queue[0]
+        heads: dict[str, Waiter] = {}
+        for waiter in queue:  # sorted by rank: a tenant's first is its head
+            heads.setdefault(waiter.tenant, waiter)
+        return heads[min(heads, key=lambda tenant: self._start(shares, tenant))]
+
+    def _would_be_next(self, key: str, queue: list[Waiter], tenant: str, priority: int) -> bool:
+        """Would an acquire of ``tenant`` at ``priority`` be next on ``key``'s
+        non-empty queue if it queued? Its tenant's head only if it outranks the
+        tenant's head (equal priority queues behind), and its tenant's turn."""
+        shares = self.fair.get(key) or KeyShares()
+        heads: dict[str, Waiter] = {}
+        for waiter in queue:
+            heads.setdefault(waiter.tenant, waiter)
+        own = heads.get(tenant)
+        if own is not None and priority <= own.priority:
+            return False
+        if key not in self.fair:
+            # Only default-tenant waiters so far, all tied at the virtual time 0:
+            # "" wins the tie by name over any named tenant (and it outranks "'s head).
+            return tenant == ""
+        turns = {name: self._start(shares, name) for name in heads}
+        turns[tenant] = self._start(shares, tenant)
+        return min(turns.values())[1] == tenant
+
+    @staticmethod
+    def _charge(shares: KeyShares, tenant: str) -> None:
+        """``tenant`` is granted on its turn: the virtual time moves to the turn's
+        start and its pass to start + ``FAIR_SCALE // weight``. Idle tenants whose
+        pass the virtual time caught up with are forgotten (they would start at it)."""
+        share = shares.tenants[tenant]
+        start = max(share.vpass, shares.vtime)
+        shares.vtime = start
+        share.vpass = start + FAIR_SCALE // share.weight
+        for name in [n for n, s in shares.tenants.items() if not s.waiting]:
+            if shares.tenants[name].vpass <= shares.vtime:
+                del shares.tenants[name]
+
+    @staticmethod
+    def _leave(shares: KeyShares, tenant: str) -> None:
+        """One of ``tenant``'s waiters left the queue (granted or dequeued)."""
+        share = shares.tenants.get(tenant)
+        if share is None:
+            return
+        share.waiting -= 1
+        if not share.waiting and share.vpass <= shares.vtime:
+            del shares.tenants[tenant]
+
     def _dequeue(self, waiter: Waiter, reason: str, grant_next: bool = True) -> None:
         queue = self.queues.get(waiter.key, [])
-        head = bool(queue) and queue[0] is waiter
+        shares = self.fair.get(waiter.key)
+        # The head: whose turn it is (with fair shares, the chosen tenant's head).
+        head = bool(queue) and self._next_waiter(waiter.key, queue) is waiter
         queue.remove(waiter)
+        if shares is not None:
+            self._leave(shares, waiter.tenant)
+            if not queue:
+                self.fair.pop(waiter.key, None)
         del self.waiting[waiter.lease_id]
         self._count(self.held_by, waiter.principal, -1)
         self._count(self.waiting_by, waiter.principal, -1)

@@ -3,7 +3,14 @@ sessions, revocation, and the reads of holders, waiters, sessions and fencing to
 
 from __future__ import annotations
 
-from ..limits import MAX_CAPACITY, MAX_ID_CHARS, MAX_MANY_KEYS, MAX_VALUE_BYTES
+from ..limits import (
+    MAX_CAPACITY,
+    MAX_FAIRNESS_KEY_BYTES,
+    MAX_FAIRNESS_WEIGHT,
+    MAX_ID_CHARS,
+    MAX_MANY_KEYS,
+    MAX_VALUE_BYTES,
+)
 from .schema import (
     CONSISTENCY,
     KEY,
@@ -73,6 +80,21 @@ LEASE_OPS: tuple[Operation, ...] = (
                 "units to take, at most capacity",
                 low=1,
                 high=ArgRef("capacity", default=1, cap=MAX_CAPACITY),
+            ),
+            Field(
+                "fairness_key",
+                "string",
+                "the tenant a queued acquire belongs to: backlogged tenants share the "
+                "key's grants by weight (default: the key's default tenant)",
+                high=MAX_FAIRNESS_KEY_BYTES,
+            ),
+            Field(
+                "weight",
+                "integer",
+                "its tenant's weight on this key from now on (default: unchanged; a new "
+                "tenant's is 1)",
+                low=1,
+                high=MAX_FAIRNESS_WEIGHT,
             ),
         ),
         (

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -94,3 +96,34 @@ def test_the_http_api_shows_the_units() -> None:
     finally:
         cluster.stop()
         cluster.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_fair_shares_decide_the_next_waiter_on_a_real_cluster(shared: LocalCluster) -> None:
+    """Fair shares between tenants waiting on a key (docs/design.md §4d): queued
+    a1, a2 (tenant "a") then b1 ("b"); rank order alone would grant a1, a2, b1, fair
+    shares grant a1 (tie by name), then b1 ("a" was charged), then a2."""
+    key = "fair/sem"
+    order: list[str] = []
+    with shared.client() as c:
+        holder = c.acquire(key, owner="h", ttl=10.0)
+
+        def wait_turn(name: str, tenant: str) -> None:
+            lease = c.acquire(key, owner=name, ttl=10.0, wait=20.0, fairness_key=tenant)
+            order.append(name)
+            c.release(lease)
+
+        threads = []
+        for queued, (name, tenant) in enumerate((("a1", "a"), ("a2", "a"), ("b1", "b")), 1):
+            thread = threading.Thread(target=wait_turn, args=(name, tenant), daemon=True)
+            thread.start()
+            threads.append(thread)
+            deadline = time.monotonic() + 10.0
+            while len(c.waiters(key)) < queued:  # queued in this order
+                assert time.monotonic() < deadline, "the acquire did not queue"
+                time.sleep(0.02)
+        c.release(holder)
+        for thread in threads:
+            thread.join(20.0)
+    assert order == ["a1", "b1", "a2"]

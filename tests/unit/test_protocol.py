@@ -595,6 +595,13 @@ BAD_CASES += [
     ("put-weight-zero", "task_put", "weight", 0, InvalidArgumentError, "'weight'"),
     ("put-weight-huge", "task_put", "weight", 10**9, InvalidArgumentError, "'weight'"),
     ("put-weight-neg", "task_put", "weight", -3, InvalidArgumentError, "'weight'"),
+    # Fair shares on the waiters of a key (docs/design.md §4d): the acquire's fields.
+    ("acq-fair-int", "acquire", "fairness_key", 7, BadRequestError, "'fairness_key'"),
+    ("acq-fair-empty", "acquire", "fairness_key", "", InvalidArgumentError, "'fairness_key'"),
+    ("acq-fair-long", "acquire", "fairness_key", "t" * 129, InvalidArgumentError, "fairness_key"),
+    ("acq-weight-zero", "acquire", "weight", 0, InvalidArgumentError, "'weight'"),
+    ("acq-weight-huge", "acquire", "weight", 10**9, InvalidArgumentError, "'weight'"),
+    ("acq-weight-str", "acquire", "weight", "3", BadRequestError, "'weight'"),
     ("put-weight-float", "task_put", "weight", 1.5, BadRequestError, "'weight'"),
     ("put-weight-bool", "task_put", "weight", True, BadRequestError, "'weight'"),
     ("put-weight-str", "task_put", "weight", "3", BadRequestError, "'weight'"),
