@@ -154,16 +154,19 @@ async def _withdraw_unknown(
         await _cancel(client, str(result["key"]), str(rid), left)
 
 
-async def _cancel(client: AsyncClient, key: str, rid: str, timeout: float) -> None:
-    await client.call(
+async def _cancel(client: AsyncClient, key: str, rid: str, timeout: float) -> dict[str, Any]:
+    """Withdraw a spend or reservation: the cluster's answer (``granted`` true with
+    the ``amount`` and ``granted_at`` when a plain spend was granted before it)."""
+    return await client.call(
         "budget_cancel", {"key": key, "spend_id": rid}, mutating=True, timeout=timeout
     )
 
 
 async def _await_spend(client: AsyncClient, key: str, rid: str, until: float) -> dict[str, Any]:
     """Long-poll the leader until our queued spend is granted or gone; withdraw it
-    on the way out unless granted (a reservation granted meanwhile is handed back)."""
-    granted = False
+    on the way out unless granted (a reservation granted meanwhile is handed back;
+    a plain spend granted between the last poll and the withdrawal is answered as
+    granted: it stays spent, so the caller must not be told it was refused)."""
     reason = "wait over"
     try:
         while (left := until - time.monotonic()) > 0:
@@ -177,14 +180,24 @@ async def _await_spend(client: AsyncClient, key: str, rid: str, until: float) ->
                 timeout=hold + client.attempt_timeout,
             )
             if status["state"] == "granted":
-                granted = True
                 return status
             if status["state"] == "gone":
                 reason = str(status.get("reason", "gone"))
                 break
-    finally:
-        if not granted:
-            await client._withdraw_until(lambda t: _cancel(client, key, rid, t), until)
+    except BaseException:
+        await client._withdraw_until(lambda t: _cancel(client, key, rid, t), until)
+        raise
+    answers: list[dict[str, Any]] = []
+
+    async def cancel(timeout: float) -> None:
+        answers.append(await _cancel(client, key, rid, timeout))
+
+    await client._withdraw_until(cancel, until)
+    if answers and answers[-1].get("granted"):
+        granted: dict[str, Any] = {
+            f: answers[-1][f] for f in ("amount", "granted_at") if f in answers[-1]
+        }
+        return {**granted, "state": "granted", "key": key}
     raise BudgetExhaustedError(
         f"budget {key!r} did not grant the spend within the wait ({reason})",
         {"key": key, "reason": reason},

@@ -528,7 +528,9 @@ class Budgets:
             return out
         outcome = self.outcomes.get(rid)
         if outcome is not None and outcome[0] == budget.key and outcome[1] == "granted":
-            out["granted"] = True
+            # Granted before the cancel: the caller must learn it was spent (its
+            # amount and when), not that it was refused.
+            out.update(granted=True, amount=outcome[3], granted_at=outcome[2])
         return out
 
     # --------------------------------------------------------------- gates

@@ -8,8 +8,10 @@ The unit half (the state machine) is tests/unit/test_core_budgets.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from raftlease.cli import main as cli_main
+from raftlease.client import budgets
+from raftlease.client.aio import AsyncClient
 from raftlease.errors import (
     AmountOverCapacityError,
     BudgetExhaustedError,
@@ -186,6 +190,39 @@ def test_two_concurrent_spenders_never_get_more_than_the_budget(cluster: LocalCl
     assert sum(granted) == 30, granted
     with cluster.client() as c:
         assert c.budget_get("race/b").level == 0.0
+
+
+def test_a_spend_granted_after_the_last_poll_is_answered_as_granted(
+    cluster: LocalCluster,
+) -> None:
+    """The wait ends between a grant and the client's next poll: the withdrawal
+    finds the spend granted, and the caller is told it was spent (it stays spent),
+    never refused. (The HTTP front's withdrawal reads the same cancel answer.)"""
+    with cluster.client() as c:
+        c.budget_set("late/b", capacity=1, refill_per_s=20)
+
+    async def queued_then_granted(client: AsyncClient) -> str:
+        """A spend queued on the empty budget, then granted by the refill."""
+        await client.spend("late/b", 1, wait=5.0)  # empty it: the next one queues
+        answer = await client.call(
+            "budget_spend", {"key": "late/b", "amount": 1, "wait": 5.0}, mutating=True
+        )
+        assert answer.get("queued"), answer
+        rid = str(answer["spend_id"])
+        status = await client.call(
+            "await_spend", {"key": "late/b", "spend_id": rid, "timeout": 5.0}, mutating=False
+        )
+        assert status["state"] == "granted", status
+        return rid
+
+    async def through_the_client() -> dict[str, Any]:
+        async with AsyncClient(cluster.endpoints) as client:
+            rid = await queued_then_granted(client)
+            # The wait is over before the first poll: only the withdrawal runs.
+            return await budgets._await_spend(client, "late/b", rid, time.monotonic())
+
+    answer = asyncio.run(through_the_client())
+    assert answer["state"] == "granted" and answer["amount"] == 1, answer
 
 
 def test_decisions_survive_a_leader_kill(cluster: LocalCluster) -> None:

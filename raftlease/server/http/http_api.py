@@ -37,7 +37,7 @@ import json
 import logging
 import re
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -122,7 +122,7 @@ class HttpApi:
         )
         self.sequencer = Sequencer(node.config.node_id)
         self._openapi: bytes | None = None
-        self._tasks: set[asyncio.Future[None]] = set()
+        self._tasks: set[asyncio.Future[object]] = set()
         #: Open long-lived requests: their caller and how to end them (``revoke``).
         self._streams: dict[object, tuple[Caller, Callable[[], None]]] = {}
 
@@ -441,6 +441,39 @@ class HttpApi:
 
     # ---------------------------------------------------------- long-polls
 
+    async def _poll(
+        self,
+        request: web.BaseRequest,
+        fields: dict[str, Any],
+        op: str,
+        args: dict[str, Any],
+        caller: Caller,
+        *,
+        done: tuple[str, ...],
+        withdraw: Callable[[], Awaitable[object]],
+    ) -> dict[str, Any]:
+        """Run the long-poll ``op`` in slices of at most ``POLL_SLICE`` until its
+        answer's state is one of ``done``, the client went away or the request's
+        ``wait`` passed; the last answer (``{}`` when none). Runs on the event loop.
+        When a poll fails or the request is cancelled, ``withdraw()`` runs in a task
+        of its own (which that cancellation cannot stop: a queued request must not
+        stay queued, nor a grant nobody will receive stay held) and the error is
+        raised again."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + float(fields.get("wait") or 0.0)
+        status: dict[str, Any] = {}
+        try:
+            while (left := until - loop.time()) > 0 and not gone(request):
+                status = await self.run(op, {**args, "timeout": min(left, POLL_SLICE)}, caller)
+                if status.get("state") in done:
+                    break
+        except BaseException:
+            task = asyncio.ensure_future(withdraw())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            raise
+        return status
+
     async def _await_grant(
         self,
         request: web.BaseRequest,
@@ -450,28 +483,19 @@ class HttpApi:
     ) -> dict[str, Any]:
         """An acquire with ``wait`` joined the key's queue: poll (in slices) until
         granted (its answer), gone or ``wait`` passed (withdrawn: LEASE_HELD)."""
-        loop = asyncio.get_running_loop()
         key, lid = str(queued["key"]), str(queued["lease_id"])
-        until = loop.time() + float(fields.get("wait") or 0.0)
-        try:
-            while (left := until - loop.time()) > 0 and not gone(request):
-                status = await self.run(
-                    "await_lease",
-                    {"key": key, "lease_id": lid, "timeout": min(left, POLL_SLICE)},
-                    caller,
-                )
-                if status.get("state") == "held":
-                    remaining = (int(status["expires_at"]) - int(status["now"])) / 1000.0
-                    return {**status, "key": key, "lease_id": lid, "remaining": remaining}
-                if status.get("state") == "gone":
-                    break
-        except BaseException:
-            # Cancelled, or the poll failed: leave the queue (or drop a grant nobody
-            # will receive) in a task of its own, which cancellation cannot stop.
-            task = asyncio.ensure_future(self._withdraw(key, lid, caller))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            raise
+        status = await self._poll(
+            request,
+            fields,
+            "await_lease",
+            {"key": key, "lease_id": lid},
+            caller,
+            done=("held", "gone"),
+            withdraw=lambda: self._withdraw(key, lid, caller),
+        )
+        if status.get("state") == "held":
+            remaining = (int(status["expires_at"]) - int(status["now"])) / 1000.0
+            return {**status, "key": key, "lease_id": lid, "remaining": remaining}
         await self._withdraw(key, lid, caller)
         raise LeaseHeldError(f"{key!r} was not granted within the wait", {"key": key})
 
@@ -490,26 +514,29 @@ class HttpApi:
         caller: Caller,
     ) -> dict[str, Any]:
         """A claim with ``wait`` is waiting: poll until it is granted (its answer)
-        or gone; then cancel what is left of it."""
-        loop = asyncio.get_running_loop()
+        or gone; then cancel what is left of it (in a task of its own when the
+        request is cancelled: a claim granted meanwhile is given back)."""
         queue, aid = str(fields.get("queue")), str(queued.get("aid"))
-        until = loop.time() + float(fields.get("wait") or 0.0)
-        status: dict[str, Any] = queued
-        while (left := until - loop.time()) > 0 and not gone(request):
-            status = await self.run(
-                "await_claim",
-                {"queue": queue, "attempt_id": aid, "timeout": min(left, POLL_SLICE)},
-                caller,
-            )
-            if status.get("state") != "waiting":
-                break
+        status = await self._poll(
+            request,
+            fields,
+            "await_claim",
+            {"queue": queue, "attempt_id": aid},
+            caller,
+            done=("claimed", "gone"),
+            withdraw=lambda: self._cancel_claim(queue, aid, caller),
+        )
         if status.get("state") == "claimed":
             return status
+        await self._cancel_claim(queue, aid, caller)
+        return {"claimed": False, "queue": queue, "state": status.get("state", "gone")}
+
+    async def _cancel_claim(self, queue: str, aid: str, caller: Caller) -> None:
+        """Withdraw a waiting claim (or give back a task claimed meanwhile)."""
         try:
             await self.run("task_claim_cancel", {"queue": queue, "attempt_id": aid}, caller)
         except RaftLeaseError as exc:
             log.debug("cancelling a waiting claim on %r: %s", queue, exc.code)
-        return {"claimed": False, "queue": queue, "state": status.get("state", "gone")}
 
     async def _await_spend(
         self,
@@ -523,39 +550,39 @@ class HttpApi:
         (withdrawn: BUDGET_EXHAUSTED). On the way out unless granted it is withdrawn,
         in a task of its own when cancelled (a reservation granted meanwhile is
         handed back; a plain spend granted meanwhile stays spent)."""
-        loop = asyncio.get_running_loop()
         key, rid = str(queued["key"]), str(queued["spend_id"])
-        until = loop.time() + float(fields.get("wait") or 0.0)
-        status: dict[str, Any] = {}
-        try:
-            while (left := until - loop.time()) > 0 and not gone(request):
-                status = await self.run(
-                    "await_spend",
-                    {"key": key, "spend_id": rid, "timeout": min(left, POLL_SLICE)},
-                    caller,
-                )
-                if status.get("state") == "granted":
-                    return {**status, "granted": True, "key": key, "spend_id": rid}
-                if status.get("state") == "gone":
-                    break
-        except BaseException:
-            task = asyncio.ensure_future(self._cancel_spend(key, rid, caller))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            raise
-        await self._cancel_spend(key, rid, caller)
+        status = await self._poll(
+            request,
+            fields,
+            "await_spend",
+            {"key": key, "spend_id": rid},
+            caller,
+            done=("granted", "gone"),
+            withdraw=lambda: self._cancel_spend(key, rid, caller),
+        )
+        if status.get("state") == "granted":
+            return {**status, "granted": True, "key": key, "spend_id": rid}
+        cancelled = await self._cancel_spend(key, rid, caller)
+        if cancelled.get("granted"):  # granted after the last poll: it stays spent
+            granted: dict[str, Any] = {
+                f: cancelled[f] for f in ("amount", "granted_at") if f in cancelled
+            }
+            return {**granted, "state": "granted", "granted": True, "key": key, "spend_id": rid}
         raise BudgetExhaustedError(
             f"budget {key!r} did not grant {queued.get('amount')} within the wait "
             f"({status.get('reason', 'wait over')})",
             {"key": key, "reason": status.get("reason", "expired")},
         )
 
-    async def _cancel_spend(self, key: str, rid: str, caller: Caller) -> None:
-        """Withdraw a queued spend (or hand back a reservation granted meanwhile)."""
+    async def _cancel_spend(self, key: str, rid: str, caller: Caller) -> dict[str, Any]:
+        """Withdraw a queued spend (or hand back a reservation granted meanwhile):
+        the cancel's answer (``granted`` when a plain spend was granted before it),
+        ``{}`` when it failed."""
         try:
-            await self.run("budget_cancel", {"key": key, "spend_id": rid}, caller)
+            return await self.run("budget_cancel", {"key": key, "spend_id": rid}, caller)
         except RaftLeaseError as exc:
             log.debug("withdrawing a queued spend of %r: %s", key, exc.code)
+            return {}
 
     # -------------------------------------------------------------- watch
 
