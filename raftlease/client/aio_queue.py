@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,6 +34,7 @@ from ..errors import (
 )
 from ..models import Attachable
 from ..recipes.keepalive import KeepAliveState, LostCallback
+from .caller import Caller
 from .transport import Pin, unknown_outcome
 
 #: What a context-managed task does when its block ends without an exception and
@@ -41,26 +42,12 @@ from .transport import Pin, unknown_outcome
 ON_EXIT = ("release", "complete")
 
 
-class TaskCaller(Protocol):
-    """What the queue needs of the client (``AsyncClient`` is one)."""
-
-    @property
-    def attempt_timeout(self) -> float: ...
+class TaskCaller(Caller, Protocol):
+    """What the queue needs of the client (``AsyncClient`` is one): a ``Caller``
+    that also knows its deadline and how long a lease sent at ``sent`` is safe."""
 
     @property
     def deadline(self) -> float: ...
-
-    async def call(
-        self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None = None
-    ) -> dict[str, Any]: ...
-
-    async def _call_pinned(
-        self, op: str, args: dict[str, Any], pin: Pin, timeout: float | None = None
-    ) -> dict[str, Any]: ...
-
-    async def _withdraw_until(
-        self, send: Callable[[float], Awaitable[object]], until: float
-    ) -> bool: ...
 
     def valid_until(self, sent: float, seconds: float) -> float: ...
 

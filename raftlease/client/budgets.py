@@ -13,32 +13,15 @@ meanwhile stays spent (the budget errs toward under-use, never over).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import BudgetExhaustedError
+from .caller import Caller
 from .transport import Pin, unknown_outcome
 
-
-class AsyncClient(Protocol):
-    """What the spend with a wait needs of ``client.aio.AsyncClient`` (a protocol, so
-    this module does not import the client that imports it)."""
-
-    @property
-    def attempt_timeout(self) -> float: ...
-
-    async def call(
-        self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None = None
-    ) -> dict[str, Any]: ...
-
-    async def _call_pinned(
-        self, op: str, args: dict[str, Any], pin: Pin, timeout: float | None = None
-    ) -> dict[str, Any]: ...
-
-    async def _withdraw_until(
-        self, send: Callable[[float], Awaitable[object]], until: float
-    ) -> bool: ...
+#: The client as this module uses it (``client.aio.AsyncClient`` is one).
+AsyncClient = Caller
 
 
 @dataclass(frozen=True, slots=True)
