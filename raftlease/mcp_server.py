@@ -489,6 +489,18 @@ def _check_seconds(name: str, value: float, high: float) -> float:
     return float(value)
 
 
+def _check_units(name: str, value: int, low: int) -> int:
+    """A whole number of budget units from ``low`` to ``MAX_BUDGET_AMOUNT`` (the
+    schema says so too; this holds for callers that skip it)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not low <= value <= MAX_BUDGET_AMOUNT
+    ):
+        raise _tool_error("INVALID_ARGUMENT", f"{name} must be {low} to {MAX_BUDGET_AMOUNT}")
+    return value
+
+
 def _check_bytes(name: str, value: str, most: int) -> str:
     """The byte limits the schema cannot state (its maxLength counts characters)."""
     try:
@@ -927,8 +939,7 @@ class ClaimBook:
         waiting up to ``wait`` seconds in its FIFO queue; a cancelled call withdraws
         the wait. Raises a tool error with the cluster's code (BUDGET_EXHAUSTED, ...)."""
         _check_key(key)
-        if isinstance(amount, bool) or not 1 <= amount <= MAX_BUDGET_AMOUNT:
-            raise _tool_error("INVALID_ARGUMENT", f"amount must be 1 to {MAX_BUDGET_AMOUNT}")
+        _check_units("amount", amount, 1)
         wait = _check_seconds("wait", wait, MAX_WAIT)
         try:
             done = await self.client.spend(key, amount, wait=wait)
@@ -948,8 +959,7 @@ class ClaimBook:
         ``amount``. A cancelled call withdraws the wait. Raises a tool error with the
         cluster's code (BUDGET_EXHAUSTED, ...)."""
         _check_key(key)
-        if isinstance(amount, bool) or not 1 <= amount <= MAX_BUDGET_AMOUNT:
-            raise _tool_error("INVALID_ARGUMENT", f"amount must be 1 to {MAX_BUDGET_AMOUNT}")
+        _check_units("amount", amount, 1)
         wait = _check_seconds("wait", wait, MAX_WAIT)
         ttl = _check_seconds("ttl", ttl, MAX_WAIT)
         if ttl < 1:
@@ -966,8 +976,7 @@ class ClaimBook:
         reserved returns the difference, more draws the extra (into debt). Raises a
         tool error RESERVATION_NOT_FOUND for an id this session does not hold (or one
         settled at its TTL meanwhile), or the cluster's code."""
-        if isinstance(actual, bool) or not 0 <= actual <= MAX_BUDGET_AMOUNT:
-            raise _tool_error("INVALID_ARGUMENT", f"actual must be 0 to {MAX_BUDGET_AMOUNT}")
+        _check_units("actual", actual, 0)
         held = self.reservations.get(reservation_id)
         if held is None:
             raise _tool_error(

@@ -13,15 +13,18 @@ SIGTERM during ``--wait`` withdraw the queued spend (exit 130/143).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ..errors import RaftLeaseError
-from .common import DURATION, TTL, client_options, connect, exit_error, run_wait, safe
+from .common import DURATION, TTL, client_options, run_wait, safe, with_client
 
 if TYPE_CHECKING:  # a node process imports the CLI: it must not load the client
+    from ..client import Client as BlockingClient
     from ..client.budgets import BudgetInfo
+
+T = TypeVar("T")
 
 
 def _info_dict(info: BudgetInfo) -> dict[str, Any]:
@@ -45,6 +48,13 @@ def _info_text(info: BudgetInfo) -> str:
     )
 
 
+def _draw(
+    c: BlockingClient, coro: Coroutine[Any, Any, T], key: str, wait: float, timeout: float
+) -> T:
+    """Run a spend or reserve: with a wait, SIGINT/SIGTERM withdraw it (run_wait)."""
+    return run_wait(c, coro, f"budget {key}", timeout) if wait else c.portal.run(coro)
+
+
 def _echo(as_json: bool, data: dict[str, Any], human: str) -> None:
     click.echo(json.dumps({"ok": True, **data}) if as_json else human)
 
@@ -66,11 +76,11 @@ def set_(
     key: str, capacity: int, refill: float, endpoints: str, as_json: bool, timeout: float
 ) -> None:
     """Define budget KEY, or change its capacity and refill (a new one starts full)."""
-    try:
-        with connect(endpoints) as c:
-            info = c.budget_set(key, capacity=capacity, refill_per_s=refill, timeout=timeout)
-    except RaftLeaseError as exc:
-        exit_error(exc, as_json)
+    info = with_client(
+        endpoints,
+        as_json,
+        lambda c: c.budget_set(key, capacity=capacity, refill_per_s=refill, timeout=timeout),
+    )
     _echo(as_json, {"budget": _info_dict(info)}, _info_text(info))
 
 
@@ -79,11 +89,7 @@ def set_(
 @client_options
 def get(key: str, endpoints: str, as_json: bool, timeout: float) -> None:
     """Show budget KEY: level, capacity, refill, waiting spends, reservations."""
-    try:
-        with connect(endpoints) as c:
-            info = c.budget_get(key, timeout=timeout)
-    except RaftLeaseError as exc:
-        exit_error(exc, as_json)
+    info = with_client(endpoints, as_json, lambda c: c.budget_get(key, timeout=timeout))
     _echo(as_json, {"budget": _info_dict(info)}, _info_text(info))
 
 
@@ -92,11 +98,7 @@ def get(key: str, endpoints: str, as_json: bool, timeout: float) -> None:
 @client_options
 def delete(key: str, endpoints: str, as_json: bool, timeout: float) -> None:
     """Delete budget KEY (its waiting spends end, its reservations are dropped)."""
-    try:
-        with connect(endpoints) as c:
-            c.budget_delete(key, timeout=timeout)
-    except RaftLeaseError as exc:
-        exit_error(exc, as_json)
+    with_client(endpoints, as_json, lambda c: c.budget_delete(key, timeout=timeout))
     _echo(as_json, {"key": key, "deleted": True}, f"deleted budget {safe(key)}")
 
 
@@ -109,12 +111,13 @@ def spend(
     key: str, amount: int, wait: float, endpoints: str, as_json: bool, timeout: float
 ) -> None:
     """Draw AMOUNT units from budget KEY (exit 1 with BUDGET_EXHAUSTED if not granted)."""
-    try:
-        with connect(endpoints) as c:
-            coro = c.aio.spend(key, amount, wait=wait, timeout=timeout)
-            done = run_wait(c, coro, f"budget {key}", timeout) if wait else c.portal.run(coro)
-    except RaftLeaseError as exc:
-        exit_error(exc, as_json)
+    done = with_client(
+        endpoints,
+        as_json,
+        lambda c: _draw(
+            c, c.aio.spend(key, amount, wait=wait, timeout=timeout), key, wait, timeout
+        ),
+    )
     data = {"key": key, "granted": True, "amount": done.amount, "level": done.level}
     _echo(as_json, data, f"spent {done.amount} from {safe(key)}")
 
@@ -135,12 +138,13 @@ def reserve(
     timeout: float,
 ) -> None:
     """Reserve AMOUNT units of budget KEY; prints the reservation id to settle with."""
-    try:
-        with connect(endpoints) as c:
-            coro = c.aio.reserve(key, amount, wait=wait, ttl=ttl, timeout=timeout)
-            held = run_wait(c, coro, f"budget {key}", timeout) if wait else c.portal.run(coro)
-    except RaftLeaseError as exc:
-        exit_error(exc, as_json)
+    held = with_client(
+        endpoints,
+        as_json,
+        lambda c: _draw(
+            c, c.aio.reserve(key, amount, wait=wait, ttl=ttl, timeout=timeout), key, wait, timeout
+        ),
+    )
     data = {
         "key": key,
         "granted": True,
@@ -170,11 +174,9 @@ def settle(
 ) -> None:
     """Settle a reservation of budget KEY with the ACTUAL cost in units."""
     args = {"key": key, "reservation_id": reservation_id, "actual": actual}
-    try:
-        with connect(endpoints) as c:
-            result = c.call("budget_settle", args, mutating=True, timeout=timeout)
-    except RaftLeaseError as exc:
-        exit_error(exc, as_json)
+    result = with_client(
+        endpoints, as_json, lambda c: c.call("budget_settle", args, mutating=True, timeout=timeout)
+    )
     data = {k: result[k] for k in ("key", "reserved", "actual", "level")}
     _echo(
         as_json,

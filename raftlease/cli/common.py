@@ -329,6 +329,20 @@ def connect(endpoints: Sequence[str] | str, **options: Any) -> BlockingClient:
     return Client(endpoints, token=token, tls=tls, **options)
 
 
+def with_client(
+    endpoints: Sequence[str] | str, as_json: bool, use: Callable[[BlockingClient], T]
+) -> T:
+    """``use(client)`` on a client from ``connect``, closed after; a cluster error is
+    reported and exits (``exit_error``: 1 definite, 3 unknown outcome). Blocks the
+    calling thread. Raises ``SystemExit`` on an error, ``click.UsageError``
+    (credentials)."""
+    try:
+        with connect(endpoints) as client:
+            return use(client)
+    except RaftLeaseError as exc:
+        exit_error(exc, as_json)
+
+
 # ----------------------------------------------------------------- output
 
 
