@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from raftlease.testing import LocalCluster
-from tests.integration.test_admin_http import admin_cluster
+# Re-exported: the dashboard tests take their cluster from here with the browser.
+from tests.integration.test_admin_http import running_admin_cluster as running_admin_cluster
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # scripts/test installs chromium (as root) and the dev extra Playwright: in CI a missing one
@@ -41,14 +41,3 @@ def headless_chromium() -> Iterator[Any]:
             yield b
         finally:
             b.close()
-
-
-def running_admin_cluster(count: int = 3) -> Iterator[LocalCluster]:
-    """A started cluster whose nodes serve admin endpoints, for a fixture to yield;
-    stopped after."""
-    c = admin_cluster(count)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.close()

@@ -17,7 +17,7 @@ from raftlease import AsyncClient
 from raftlease.cli import main as cli_main
 from raftlease.errors import InvalidArgumentError, LeaseHeldError, SessionNotFoundError
 from raftlease.testing import LocalCluster
-from tests.integration.test_admin_http import admin_cluster, admin_of
+from tests.integration.test_admin_http import admin_of, running_admin_cluster
 from tests.unit.test_http_api import call
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -25,13 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    c = admin_cluster(3)
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
-        c.close()
+    yield from running_admin_cluster(3)
 
 
 def test_all_or_none_through_both_clients(cluster: LocalCluster) -> None:

@@ -54,6 +54,18 @@ def admin_cluster(
     )
 
 
+def running_admin_cluster(count: int = 3) -> Iterator[LocalCluster]:
+    """A started ``admin_cluster`` for a (module) fixture to ``yield from``; stopped
+    and closed after."""
+    c = admin_cluster(count)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        c.close()
+
+
 def admin_of(cluster: LocalCluster, node_id: str) -> str:
     return str(cluster.node_settings[node_id]["admin_address"])
 

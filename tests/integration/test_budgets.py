@@ -29,7 +29,12 @@ from raftlease.errors import (
 )
 from raftlease.testing import LocalCluster
 from raftlease.testing.cluster import wait_for
-from tests.integration.test_admin_http import admin_cluster, admin_of, promtool_check, scrape
+from tests.integration.test_admin_http import (
+    admin_of,
+    promtool_check,
+    running_admin_cluster,
+    scrape,
+)
 from tests.unit.test_http_api import call
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -37,13 +42,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    c = admin_cluster(3)
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
-        c.close()
+    yield from running_admin_cluster(3)
 
 
 def test_spend_wait_reserve_and_settle_through_the_client(cluster: LocalCluster) -> None:
