@@ -45,6 +45,7 @@ import replay  # noqa: E402
 import secure  # noqa: E402
 import soak  # noqa: E402
 import timeline  # noqa: E402
+import trace_checker  # noqa: E402
 from cancel_workload import CancelConfig, Canceller  # noqa: E402
 from proc_client import ClientProcess  # noqa: E402
 from proxy import ProxyNet  # noqa: E402
@@ -158,8 +159,9 @@ def run(args: argparse.Namespace) -> int:
         settings["compaction_min_entries"] = soak.COMPACTION_MIN_ENTRIES
     # The nodes run the test build (raftlease.testing.node): clock control for the
     # clock faults, shadows of what reached stable storage for the power-loss fault
-    # (record_synced), and the planted bug of a self-test run.
-    hooks: dict[str, Any] = {"clock_control": True, "record_synced": True}
+    # (record_synced), the trace of the model's events that trace_checker.py validates
+    # (trace), and the planted bug of a self-test run.
+    hooks: dict[str, Any] = {"clock_control": True, "record_synced": True, "trace": True}
     if args.planted_bug:
         hooks["planted_bug"] = args.planted_bug
     cluster = LocalCluster(
@@ -425,6 +427,7 @@ def run(args: argparse.Namespace) -> int:
         # A checker that crashes decided nothing: a harness failure, not a verdict.
         traceback.print_exc()
         return 3
+    _check_trace(results, cluster)
     results["seed"] = seed
     results["profile"] = args.profile
     results["planted_bug"] = args.planted_bug or ""
@@ -526,6 +529,27 @@ def _summary(results: dict[str, Any], out: Path) -> None:
         print(*soak.summary_lines(results["soak"]), sep="\n")
     resources = f"   resources (soak): {results['soak']['valid']}" if "soak" in results else ""
     print(f"VERDICT: {results['valid']}{resources}   ({results['wall_seconds']} s)   {out}")
+
+
+def _check_trace(results: dict[str, Any], cluster: LocalCluster) -> None:
+    """Add the nodes' traces, validated against the model's rules (trace_checker.py),
+    to ``results`` as the checker ``trace``, and fold its verdict into the run's. A
+    checker that crashes is a problem (unknown), never a pass."""
+    try:
+        found = trace_checker.check_dir(cluster.data_dir, [n.id for n in cluster.nodes])
+    except Exception as exc:
+        traceback.print_exc()
+        found = {
+            "valid": "unknown",
+            "violation_count": 0,
+            "violations": [],
+            "unknown": [f"trace check failed: {type(exc).__name__}: {exc}"],
+        }
+    results["checkers"]["trace"] = found
+    if found["valid"] is False:
+        results["valid"] = False
+    elif found["valid"] == "unknown" and results["valid"] is True:
+        results["valid"] = "unknown"
 
 
 def _replay(cluster: LocalCluster, final: dict[str, Any]) -> dict[str, Any]:

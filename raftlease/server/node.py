@@ -79,7 +79,8 @@ class ServerHooks:
     no operation outside the protocol's table.
 
     ``clock``: the node's clock (an adjustable one for clock faults); ``log_clock_rate``:
-    how fast the leader's log time runs against it (1.0 is correct); ``guard_class``:
+    how fast the leader's log time runs against it (1.0 is correct); ``log_clock_class``:
+    the log clock (a test build's traces its stamps, testing/trace.py); ``guard_class``:
     the leader-lease bookkeeping; ``control_ops``: extra operations by name, handled
     before protocol validation (each validates its own fields); ``reads_class``: the
     reads answered from memory, with their read barrier; ``proposer_class``: the
@@ -94,6 +95,7 @@ class ServerHooks:
 
     clock: Clock | None = None
     log_clock_rate: float = 1.0
+    log_clock_class: type[LogClock] = LogClock
     guard_class: type[LeaseGuard] = LeaseGuard
     control_ops: Mapping[str, ControlOp] = field(default_factory=dict)
     reads_class: type[Reads] = Reads
@@ -124,7 +126,7 @@ class NodeServer:
             config = config.with_changes(durability=self.hooks.durability)
         self.config = config
         self.clock: Clock = self.hooks.clock or SystemClock()
-        self.log_clock = LogClock(self.clock, rate=self.hooks.log_clock_rate)
+        self.log_clock = self.hooks.log_clock_class(self.clock, rate=self.hooks.log_clock_rate)
         self.limits = Limits(
             max_key_bytes=config.max_key_bytes,
             max_owner_bytes=config.max_owner_bytes,

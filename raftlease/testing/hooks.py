@@ -14,6 +14,9 @@ Hooks (a dict, as ``LocalCluster(hooks=...)`` takes it):
 * ``plain_peers: True``: no TLS between the members (the benchmark's baseline for
   what peer TLS costs; ``LocalCluster`` then issues no certificates). Every node of
   the cluster must run so: a plain node and a TLS node cannot talk;
+* ``trace: True``: the node traces the events the SPIN model speaks of (its log
+  clock's stamps, its lease-read decisions) to ``<data_dir>/trace.jsonl``
+  (``raftlease.testing.trace``), which jepsen-style/trace_checker.py validates;
 * ``planted_bug: NAME``: a deliberately broken build the test suite must catch
   (``PLANTED_BUGS``; jepsen-style/README.md lists which checker catches each, and
   tests/unit/test_planted_bugs.py and tests/integration/test_planted_bugs.py run each
@@ -54,7 +57,7 @@ PLANTED_BUGS: dict[str, str] = {
     "that was cut off raises its term and, once it rejoins, deposes a healthy leader",
 }
 
-HOOK_KEYS = ("clock_control", "planted_bug", "record_synced", "plain_peers")
+HOOK_KEYS = ("clock_control", "planted_bug", "record_synced", "plain_peers", "trace")
 
 
 def hook_arguments(hooks: dict[str, Any]) -> list[str]:
@@ -75,4 +78,6 @@ def hook_arguments(hooks: dict[str, Any]) -> list[str]:
         args.append("--record-synced")
     if hooks.get("plain_peers"):
         args.append("--plain-peers")
+    if hooks.get("trace"):
+        args.append("--trace")
     return args

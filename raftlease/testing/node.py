@@ -1,5 +1,5 @@
 """The test build of a node: ``python -m raftlease.testing.node --config FILE
-[--clock-control] [--record-synced] [--planted-bug NAME] [--parent-pid PID]``.
+[--clock-control] [--record-synced] [--planted-bug NAME] [--trace] [--parent-pid PID]``.
 
 It runs the same ``NodeServer`` as ``raftlease node``, with test hooks injected
 (``raftlease.server.ServerHooks``): an adjustable clock and the ``test_clock`` control
@@ -25,11 +25,13 @@ from ..errors import BadRequestError, ConfigError, InvalidArgumentError
 from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder
 from ..server import ServerHooks, run_node
 from ..server.keepalive import MemoryKeepalives
+from ..server.log_clock import LogClock
 from ..server.logs import setup_logging
 from ..server.node import unclean_stop_wait
 from ..server.proposer import Proposer
 from ..server.reads import Reads
 from .hooks import PLANTED_BUGS
+from .trace import TRACE_FILE, TraceLog, traced_log_clock, traced_reads
 
 log = logging.getLogger("raftlease.testing")
 
@@ -202,8 +204,11 @@ def build_hooks(
     clock: bool = True,
     record_synced: bool = False,
     plain_peers: bool = False,
+    trace: TraceLog | None = None,
 ) -> ServerHooks:
-    """The hooks of a test node. Raises ``ValueError`` for an unknown planted bug."""
+    """The hooks of a test node; with ``trace``, its log clock's stamps and its
+    lease-read decisions are traced there (testing/trace.py). Raises ``ValueError`` for
+    an unknown planted bug."""
     if planted_bug and planted_bug not in PLANTED_BUGS:
         raise ValueError(f"unknown planted bug {planted_bug!r}; known: {sorted(PLANTED_BUGS)}")
     adjustable = AdjustableClock() if clock or planted_bug else None
@@ -211,12 +216,14 @@ def build_hooks(
         "skip_vote_promise": PromiselessGuard,
         "ignore_drift_alarm": DriftBlindGuard,
     }
+    reads: type[Reads] = BarrierlessReads if planted_bug == "skip_read_barrier" else Reads
     return ServerHooks(
         clock=adjustable,
         log_clock_rate=FAST_LOG_CLOCK_RATE if planted_bug == "fast_log_clock" else 1.0,
+        log_clock_class=traced_log_clock(trace) if trace is not None else LogClock,
         guard_class=guards.get(planted_bug, LeaseGuard),
         control_ops={"test_clock": clock_control(adjustable)} if adjustable else {},
-        reads_class=BarrierlessReads if planted_bug == "skip_read_barrier" else Reads,
+        reads_class=traced_reads(reads, trace) if trace is not None else reads,
         proposer_class=UnwritingProposer if planted_bug == "unwritten_keepalives" else Proposer,
         transport_class=_transport(planted_bug, plain_peers),
         store_class=STORES.get(planted_bug, LeaseStore),
@@ -256,6 +263,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--plain-peers", action="store_true", help="no TLS between members (benchmark baseline)"
     )
+    parser.add_argument(
+        "--trace", action="store_true", help=f"trace the model's events to DATA_DIR/{TRACE_FILE}"
+    )
     parser.add_argument("--log-level", default="INFO")
     # As `raftlease node --parent-pid` (hidden there too): stop once PID is gone.
     parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
@@ -265,7 +275,10 @@ def main(argv: list[str] | None = None) -> None:
         config = load_toml(args.config)
     except ConfigError as exc:
         parser.error(f"invalid configuration: {exc.message}")
-    hooks = build_hooks(args.planted_bug, args.clock_control, args.record_synced, args.plain_peers)
+    trace = TraceLog(config.data_dir / TRACE_FILE, config.node_id) if args.trace else None
+    hooks = build_hooks(
+        args.planted_bug, args.clock_control, args.record_synced, args.plain_peers, trace
+    )
     if args.planted_bug:
         log.warning(
             "TEST BUILD with planted bug %s: %s", args.planted_bug, PLANTED_BUGS[args.planted_bug]
@@ -277,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
                 ("clock control", args.clock_control),
                 ("recording synced files", args.record_synced),
                 ("plain peers (no TLS between members)", args.plain_peers),
+                ("tracing the model's events", args.trace),
             )
             if flag
         ]

@@ -998,6 +998,11 @@ def test_ci_profile_passes_on_the_correct_build(tmp_path: Path) -> None:
     # Every heal had its recovery measured, and every fault kind of the profile ran.
     assert stats["heals"] == stats["heals_measured"] == stats["faults"] >= len(nemesis.KINDS)
     assert set(stats["fault_kinds_executed"]) == set(nemesis.KINDS), stats
+    # Every node's trace of the model's events (issue 43) was validated against the
+    # model's rules: stamps and lease reads from every node, none cut short.
+    trace = results["checkers"]["trace"]
+    assert not trace["missing"] and not trace["truncated"], trace
+    assert trace["stats"]["stamp"] > 1000 and trace["stats"]["lease_read"] > 100, trace
     # The replicas were compared whole, every node rebuilt from its own data.
     replicas = results["checkers"]["replicas"]["stats"]
     assert replicas["replayed"] == 5 and replicas["index"], replicas
@@ -1069,6 +1074,11 @@ def test_planted_bug_fast_log_clock_is_caught(tmp_path: Path) -> None:
     assert code == 1, output
     failed = {n for n, r in results["checkers"].items() if r["valid"] is False}
     assert failed & {"mutual_exclusion", "fencing"}, output
+    # Trace validation (trace_checker.py, issue 43) catches it from inside the node,
+    # on every stamp of a leader: log time runs 3x its clock (the model's RATE is 1).
+    trace = results["checkers"]["trace"]
+    assert trace["valid"] is False, trace
+    assert {v["rule"] for v in trace["violations"]} == {"stamp_rate"}, trace["violations"][:3]
 
 
 #: The safety checkers a forgotten acknowledged grant fails: two owners at once, a

@@ -67,6 +67,31 @@ def test_the_model_verifies_and_the_planted_bugs_are_refuted_full() -> None:
     assert len(names) == 7
 
 
+TRAIL = CHECK.parent / "trail.py"
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        pytest.param([], marks=pytest.mark.skipif(not FULL, reason="RAFTLEASE_MODEL_FULL=1")),
+        pytest.param(["FAST_LOG_CLOCK"], marks=pytest.mark.skipif(FULL, reason="all run")),
+    ],
+)
+def test_the_committed_trails_are_the_models_counterexamples(names: list[str]) -> None:
+    """model/trails/ (replayed on real nodes by tests/integration/test_model_trails.py)
+    is what model/trail.py finds now: a change of the model that changes a
+    counterexample must update the trail it replays. The default run regenerates the
+    shortest one (a few seconds); RAFTLEASE_MODEL_FULL=1 all seven."""
+    tools()
+    done = subprocess.run(
+        [sys.executable, str(TRAIL), "--check", *names],
+        capture_output=True,
+        text=True,
+        timeout=600 if FULL else 60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_a_failed_search_fails_the_check(tmp_path: Path) -> None:
     """Self-check of the parser: pan's summary of an incomplete or failed search is not
     read as a verification."""

@@ -1,0 +1,156 @@
+"""Trace validation's rules (jepsen-style/trace_checker.py, issue 43), each shown to
+fail on a trace that breaks it and to pass on one that does not; and the test build's
+trace (raftlease/testing/trace.py) read back by the checker."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raftlease.clock import AdjustableClock
+from raftlease.testing.trace import TRACE_FILE, TraceLog, traced_log_clock
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "jepsen-style"))
+import trace_checker
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def stamp(
+    term: int, applied: int, value: int, m0: float, m1: float | None = None
+) -> dict[str, Any]:
+    return {
+        "ev": "stamp",
+        "term": term,
+        "applied": applied,
+        "stamp": value,
+        "m0": m0,
+        "m1": m1 or m0,
+    }
+
+
+def view(term: int = 2, **changes: Any) -> dict[str, Any]:
+    base = {
+        "term": term,
+        "applied_term": term,
+        "leader_term": term,
+        "lease_until": 10.0,
+        "mono": 5.0,
+        "alarm": False,
+        "size": 3,
+    }
+    return {**base, **changes}
+
+
+def read(before: dict[str, Any] | None, after: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"ev": "lease_read", "before": before, "after": after if after is not None else before}
+
+
+START = {"ev": "start", "node": "n1", "pid": 1}
+
+
+def rules(traces: dict[str, list[dict[str, Any]]]) -> set[str]:
+    return {v["rule"] for v in trace_checker.check_events(traces)["violations"]}
+
+
+def test_an_honest_trace_passes() -> None:
+    events = [
+        START,
+        stamp(2, 1000, 1000, 1.0),  # anchored at the applied log time
+        stamp(2, 1000, 1500, 1.5),  # 500 ms of clock, 500 ms of log time
+        stamp(2, 3000, 3000, 1.6),  # re-anchored: applied log time passed the projection
+        read(view()),
+        stamp(3, 3000, 3000, 2.0),  # a new term anchors again
+        read(view(3)),
+    ]
+    result = trace_checker.check_events({"n1": events, "n2": [START, read(view(4))]})
+    assert result["valid"] is True, result["violations"]
+    assert result["stats"]["stamp"] == 4 and result["stats"]["lease_read"] == 3
+
+
+def test_stamp_rate_catches_log_time_faster_than_the_clock() -> None:
+    """The planted fast_log_clock: 3 ms of log time per ms of the node's clock."""
+    events = [START, stamp(2, 1000, 1000, 1.0), stamp(2, 1000, 1300, 1.1)]
+    assert rules({"n1": events}) == {"stamp_rate"}
+    # The same move over 300 ms of clock is the model's rate.
+    assert rules({"n1": [START, stamp(2, 1000, 1000, 1.0), stamp(2, 1000, 1300, 1.3)]}) == set()
+
+
+def test_stamps_monotone_and_not_behind_applied() -> None:
+    back = [START, stamp(2, 1000, 1500, 1.0), stamp(2, 1000, 1400, 1.1)]
+    assert rules({"n1": back}) == {"stamps_monotone"}
+    behind = [START, stamp(2, 2000, 1500, 1.0)]
+    assert rules({"n1": behind}) == {"stamp_not_behind_applied"}
+
+
+def test_terms_monotone_per_process() -> None:
+    assert rules({"n1": [START, stamp(3, 0, 0, 1.0), stamp(2, 0, 0, 1.1)]}) == {"terms_monotone"}
+    # A restart begins a new process (the term is read afresh; still never lower in
+    # Raft, but the checker judges each process on its own).
+    assert rules({"n1": [START, stamp(3, 0, 0, 1.0), START, stamp(2, 0, 0, 0.1)]}) == set()
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"lease_until": 4.0}, "leader lease ended"),
+        ({"lease_until": None}, "leader lease ended"),
+        ({"alarm": True}, "drift alarm"),  # the planted ignore_drift_alarm
+        ({"applied_term": 1}, "read barrier"),  # the planted skip_read_barrier
+        ({"leader_term": 1}, "leader lease of term 1"),
+    ],
+)
+def test_lease_reads_need_the_models_read_allowed(changes: dict[str, Any], why: str) -> None:
+    result = trace_checker.check_events({"n1": [START, read(view(**changes))]})
+    assert result["valid"] is False
+    assert [v["rule"] for v in result["violations"]] == ["lease_read_allowed"]
+    assert why in result["violations"][0]["detail"]
+    # One snapshot of the two holding is enough: the guard changed around the decision.
+    assert rules({"n1": [START, read(view(**changes), view())]}) == set()
+    assert rules({"n1": [START, read(view(), view(**changes))]}) == set()
+
+
+def test_one_leader_lease_per_term() -> None:
+    """Two nodes serving lease reads in one term: the planted skip_vote_promise's
+    deposed leader, if it kept its term."""
+    assert rules({"n1": [START, read(view(5))], "n2": [START, read(view(5))]}) == {
+        "one_lease_per_term"
+    }
+    assert rules({"n1": [START, read(view(5))], "n2": [START, read(view(6))]}) == set()
+
+
+def test_no_events_or_a_truncated_trace_is_unknown(tmp_path: Path) -> None:
+    assert trace_checker.check_events({"n1": [START]})["valid"] == "unknown"
+    cut = [START, stamp(2, 0, 0, 1.0), {"ev": "truncated"}]
+    assert trace_checker.check_events({"n1": cut})["valid"] == "unknown"
+    assert trace_checker.check_dir(tmp_path, ["n1"])["valid"] == "unknown"
+
+
+def test_the_test_builds_trace_is_read_back(tmp_path: Path) -> None:
+    """The traced log clock writes what the checker reads (a torn last line, as a
+    kill leaves it, is dropped, and the restarted node's trace goes on after it); a
+    clock that runs 3x is caught."""
+    node_dir = tmp_path / "n1"
+    node_dir.mkdir()
+    log = TraceLog(node_dir / TRACE_FILE, "n1")
+    clock = AdjustableClock()
+    honest = traced_log_clock(log)(clock)
+    first = honest.stamp(2, 1000)
+    clock.jump(0.5)
+    assert honest.stamp(2, first) >= first + 500
+    with (node_dir / TRACE_FILE).open("a") as f:
+        f.write('{"ev":"sta')
+    result = trace_checker.check_dir(tmp_path, ["n1"])
+    assert result["valid"] is True and result["stats"]["stamp"] == 2, result
+    # A restart after a kill mid-line: the new process's start is still read.
+    log = TraceLog(node_dir / TRACE_FILE, "n1")
+    fast = traced_log_clock(log)(clock, rate=3.0)
+    fast.stamp(3, 5000)
+    clock.jump(0.5)
+    fast.stamp(3, 5000)
+    result = trace_checker.check_dir(tmp_path, ["n1"])
+    assert {v["rule"] for v in result["violations"]} == {"stamp_rate"}, result
+    assert result["stats"]["start"] == 2 and result["stats"]["stamp"] == 4, result

@@ -1,0 +1,78 @@
+"""The SPIN model's counterexamples, replayed on real nodes (issue 43).
+
+Each planted-bug variant of model/lease.pml that SPIN refutes leaves its shortest
+counterexample in model/trails/ (model/trail.py); raftlease.testing.trails maps its
+steps to client calls, waits and a leader kill on a real cluster. Replayed on the
+matching planted build it must break the same property; on the honest build it must
+not. The variants whose trails read from a deposed or barely elected leader are not
+replayed here (``unsupported``): their hand-written scenarios are in
+tests/integration/test_planted_bugs.py (model/README.md lists which)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from raftlease.testing import LocalCluster
+from raftlease.testing.hooks import PLANTED_BUGS
+from raftlease.testing.trails import TRAILS, load, replay, unsupported
+
+pytestmark = pytest.mark.timeout(60)
+
+#: The variants replayed, with the model unit of time (seconds) each is replayed at:
+#: 0.3 s (a 1.8 s TTL) where no election is in the trail, 0.4 s for the keep-alive
+#: (it must reach the leader within 2 units, before the logged expiry, on a loaded
+#: machine); 0.8 s where the leader is
+#: killed, so that the logged expiry (6 units, 4.8 s) plus an election (log time stands
+#: still from the last tick to the new leader's first entry) still falls inside the
+#: holder's validity (the renewal at 4 units plus 5, 7.9 s), where the planted build
+#: grants: 2.4 s inside it on this machine, with the election taking 0.5 s.
+REPLAYED = {
+    "FAST_LOG_CLOCK": 0.3,
+    "UNWRITTEN_KEEPALIVES": 0.4,
+    "ACCEPT_STALE_ATTEMPT": 0.3,
+    "NO_TERM_EXTENSION": 0.8,
+}
+#: The trails that kill a node; the others replay on the honest build on one shared
+#: cluster (their keys and queues are named after the variant).
+ELECTS = {"NO_TERM_EXTENSION"}
+#: Not replayed: their counterexamples read on a deposed or barely elected leader.
+NOT_REPLAYED = {"SKIP_VOTE_PROMISE", "SKIP_READ_BARRIER", "IGNORE_DRIFT_ALARM"}
+
+
+def test_every_trail_is_replayed_or_says_why_not() -> None:
+    """Every variant has a trail, a planted build of that name, and is replayed here
+    or refused by ``unsupported`` (which the README's list must match)."""
+    variants = {p.stem for p in TRAILS.glob("*.trail")}
+    assert variants == set(REPLAYED) | NOT_REPLAYED
+    for name in variants:
+        assert name.lower() in PLANTED_BUGS, name
+        trail = load(name)
+        assert trail.breaks in {"P1", "P3", "P5"} and trail.steps, trail
+        assert (unsupported(trail) is None) == (name in REPLAYED), (name, unsupported(trail))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("build", ["honest", "planted"])
+@pytest.mark.parametrize("variant", sorted(REPLAYED))
+def test_a_counterexample_fails_on_its_planted_build_only(
+    request: pytest.FixtureRequest, variant: str, build: str
+) -> None:
+    """The trail breaks its property (P1 or P5, as in the model) on the planted build
+    and no property on the honest one."""
+    trail = load(variant)
+    assert any(s.kind == "ELECT" for s in trail.steps) == (variant in ELECTS)
+    if build == "honest" and variant not in ELECTS:
+        cluster: LocalCluster = request.getfixturevalue("shared")
+    else:
+        factory: Callable[..., LocalCluster] = request.getfixturevalue("cluster_factory")
+        hooks = {"clock_control": True} if build == "honest" else {"planted_bug": variant.lower()}
+        cluster = factory(hooks=hooks)
+    seen = replay(trail, cluster, REPLAYED[variant])
+    story = "\n".join(seen.log)
+    if build == "honest":
+        assert seen.violations == [], (seen.violations, story)
+    else:
+        assert seen.violations, f"the planted build broke no property:\n{story}"
+        assert all(v.startswith(trail.breaks) for v in seen.violations), seen.violations
