@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import (
     ConnectionLostError,
+    DeadlockError,
     InvalidArgumentError,
     LeaseHeldError,
     RaftLeaseError,
@@ -458,7 +459,10 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
     async def _await_grant(
         self, key: str, lease_id: str, until: float, session: Attachable | None
     ) -> Lease:
-        """Long-poll the leader until our queued acquire is granted or gone."""
+        """Long-poll the leader until our queued acquire is granted or gone. Raises
+        ``DeadlockError`` if it left its queue to break a deadlock (nothing to
+        withdraw then), ``LeaseHeldError`` when the wait ran out."""
+        refused: dict[str, Any] | None = None
         try:
             while (left := until - time.monotonic()) > 0:
                 sent = time.monotonic()
@@ -474,6 +478,9 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
                 if status["state"] == "held":
                     remaining = (status["expires_at"] - status["now"]) / 1000.0
                     return self._lease(status, sent, remaining=remaining, session=session)
+                if status["state"] == "refused":
+                    refused = status
+                    break
                 if status["state"] == "gone":
                     if session is not None:
                         # Dropped at its deadline, or because its session ended? A
@@ -488,6 +495,12 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         except BaseException:
             await self._withdraw(key, lease_id, until)
             raise
+        if refused is not None:
+            # The cluster took it out of the queue itself (docs/design.md §4e).
+            raise DeadlockError(
+                str(refused.get("message", "deadlock")),
+                {"key": key, "cycle": refused.get("cycle", [])},
+            )
         await self._withdraw(key, lease_id, until)
         raise LeaseHeldError(f"{key!r} was not granted within the wait", {"key": key})
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from .budget import Budgets
+from .deadlock import Refusals, WaitIndex
 from .dedup import ClientTable
 from .queue import TaskQueues
 from .records import MAX_INDEXED_CAPACITY, KeyShares, LeaseRecord, LeaseSession, Result, Waiter
@@ -76,6 +77,15 @@ class StoreState:
         self.sessions_by: dict[str, int] = {}
         #: principal -> its queued acquires alone (the waiter quota). Rebuilt on restore.
         self.waiting_by: dict[str, int] = {}
+        #: Deadlock detection (core/deadlock.py): agent -> its queued acquires (derived
+        #: from the queues, rebuilt on restore), and the queued acquires refused
+        #: ``DEADLOCK`` after they queued, kept for their long-polls (snapshotted).
+        self.wait_index = WaitIndex()
+        self.deadlock_refusals = Refusals()
+        # Not state: set per request by ``apply`` (format 6 entries detect deadlocks)
+        # and the grants of that request to check for cycles (core/deadlock.py).
+        self._detect: bool = False
+        self._grants_to_check: list[str] = []
         #: What the last ``apply`` changed, for the server (wake long-polls, watches).
         #: Not part of the state: rebuilt by every apply, never snapshotted.
         self.events: list[dict[str, Any]] = []
@@ -314,6 +324,9 @@ class StoreState:
             queue = list(self.queues.get(key, ()))
             position = next((i for i, w in enumerate(queue) if w is waiter), len(queue)) + 1
             return {"state": "waiting", "position": position, "deadline": waiter.deadline}
+        refused = self.deadlock_refusals.status(key, lease_id, at)
+        if refused is not None:  # left its queue to break a deadlock (core/deadlock.py)
+            return refused
         return {"state": "gone"}
 
     def list_waiters(self, key: str, limit: int = 1000, now: int | None = None) -> dict[str, Any]:

@@ -54,6 +54,8 @@ from .checks import (
     check_args,
     valid_int,
 )
+from .deadlock import Wait as WaitEdge
+from .deadlock import agent_of, find_path, refusal, youngest
 from .dedup import fingerprint, fingerprint_of, remember
 from .queue import check_task_args
 from .records import (
@@ -109,7 +111,7 @@ class LeaseStore(StoreState):
         try:
             if isinstance(entry, dict) and entry.get("op") == "batch":
                 return self._apply_batch(entry)
-            return self._apply_one(entry)
+            return self._apply_entry(entry)
         finally:
             self.apply_seq += 1
 
@@ -127,8 +129,20 @@ class LeaseStore(StoreState):
             if not isinstance(sub, dict) or sub.get("op") == "batch":
                 results.append(error("BAD_REQUEST", "a batch holds request maps only"))
             else:
-                results.append(self._apply_one({**sub, **stamp}))
+                results.append(self._apply_entry({**sub, **stamp}))
         return {"ok": True, "results": results}
+
+    def _apply_entry(self, entry: Any) -> Result:
+        """One request (an entry, or one of a batch's), then the deadlock checks of
+        the grants it made (core/deadlock.py): in this same entry, before anyone
+        reads the state after it."""
+        self._grants_to_check = []
+        # Format 6 and later detect deadlocks; an older entry is replayed as written.
+        self._detect = isinstance(entry, dict) and valid_int(entry.get("fv", 1), 6, 2**31)
+        result = self._apply_one(entry)
+        if self._grants_to_check:
+            self._resolve_deadlocks()
+        return result
 
     def _apply_one(self, entry: Any) -> Result:
         if not isinstance(entry, dict):
@@ -514,6 +528,11 @@ class LeaseStore(StoreState):
                 f"{MAX_QUEUE_TENANTS}",
                 quota=MAX_QUEUE_TENANTS,
             )
+        if self._detect:
+            # The last check: a refusal here leaves everything as it was.
+            deadlock = self._closes_cycle(principal, entry["owner"], key, lease_id)
+            if deadlock is not None:
+                return deadlock
         self._fix_capacity(key, capacity)
         if fair and shares is None:
             # The first waiter with a fairness key or weight: those queued before it
@@ -546,6 +565,7 @@ class LeaseStore(StoreState):
         position = bisect.bisect_right([w.rank() for w in queue], waiter.rank())
         queue.insert(position, waiter)
         self.waiting[lease_id] = waiter
+        self.wait_index.add(waiter)
         self._count(self.held_by, principal, 1)
         self._count(self.waiting_by, principal, 1)
         if session is not None:
@@ -736,6 +756,10 @@ class LeaseStore(StoreState):
         heapq.heappush(self._deadlines, (lease.expires_at, lease_id))
         self._count(self.held_by, principal, 1)
         self._event("grant", lease)
+        if self._detect and self.queues.get(key):
+            # Others wait for this key: each now waits for this holder too, which
+            # may close a cycle through it (checked at the end of the entry).
+            self._grants_to_check.append(lease_id)
         return lease
 
     def _end_lease(self, lease: LeaseRecord, kind: str, grant_next: bool = True) -> None:
@@ -783,6 +807,7 @@ class LeaseStore(StoreState):
                 self._charge(shares, waiter.tenant)
                 self._leave(shares, waiter.tenant)
             del self.waiting[waiter.lease_id]
+            self.wait_index.remove(waiter)
             self._count(self.held_by, waiter.principal, -1)
             self._count(self.waiting_by, waiter.principal, -1)
             if session is not None:
@@ -804,6 +829,59 @@ class LeaseStore(StoreState):
             if key not in self.holders:
                 self.capacity.pop(key, None)
                 self.used.pop(key, None)
+
+    # ------------------------------------------------------ deadlocks (§4e)
+
+    def _closes_cycle(self, principal: str, owner: str, key: str, lease_id: str) -> Result | None:
+        """Would a queued acquire of ``owner`` (of ``principal``) on ``key`` close a
+        cycle in the waits-for graph (a path from a holder of ``key`` back to it)?
+        The ``DEADLOCK`` refusal naming the cycle if so (it would be the cycle's
+        youngest waiter), else None. Changes nothing."""
+        agent = (principal, owner)
+        holders = sorted(self.holders_of(key), key=lambda lease: lease.token)
+        starts = [agent_of(lease) for lease in holders if agent_of(lease) != agent]
+        if not starts:
+            return None
+        found = find_path(self, starts, {agent})
+        if found is None:
+            return None
+        path, start, _ = found
+        held = next(lease for lease in holders if agent_of(lease) == start)
+        closing = WaitEdge(owner, key, held.owner, self.queue_order + 1, lease_id)
+        cycle = [closing, *path]
+        return refusal(cycle, closing)
+
+    def _resolve_deadlocks(self) -> None:
+        """After an entry: for each lease it granted on a key others still wait for,
+        refuse the youngest waiter of every cycle through the new holder (it leaves
+        its queue, reason ``deadlock``; its long-poll answers ``DEADLOCK``). A
+        refusal may grant others (its queue's next), which are checked in turn: each
+        round removes a waiter, so this ends."""
+        pending = self._grants_to_check
+        index = 0
+        while index < len(pending):
+            lease = self.leases.get(pending[index])
+            index += 1
+            while lease is not None and lease.lease_id in self.leases:
+                holder = agent_of(lease)
+                queue = self.queues.get(lease.key) or []
+                goals = {agent_of(w) for w in queue} - {holder}
+                found = find_path(self, [holder], goals) if goals else None
+                if found is None:
+                    break
+                path, _, reached = found
+                waiter = min((w for w in queue if agent_of(w) == reached), key=lambda w: w.order)
+                closing = WaitEdge(
+                    waiter.owner, lease.key, lease.owner, waiter.order, waiter.lease_id
+                )
+                cycle = [closing, *path]
+                refused = youngest(cycle)
+                victim = self.waiting[refused.lease_id]
+                self.deadlock_refusals.add(
+                    victim.lease_id, victim.key, victim.deadline, refusal(cycle, refused), self.now
+                )
+                self._dequeue(victim, "deadlock")
+        self._grants_to_check = []
 
     # ------------------------------------------------------------ fair shares (§4d)
 
@@ -888,6 +966,7 @@ class LeaseStore(StoreState):
             if not queue:
                 self.fair.pop(waiter.key, None)
         del self.waiting[waiter.lease_id]
+        self.wait_index.remove(waiter)
         self._count(self.held_by, waiter.principal, -1)
         self._count(self.waiting_by, waiter.principal, -1)
         if waiter.session:

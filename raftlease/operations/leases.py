@@ -362,10 +362,17 @@ LEASE_OPS: tuple[Operation, ...] = (
         "long-poll a queued acquire until it is granted, gone, or the timeout passes",
         (KEY, LEASE_ID, POLL_TIMEOUT),
         (
-            result("state", "string", "held, waiting or gone", True),
+            result("state", "string", "held, waiting, refused or gone", True),
             *(ResultField(f.name, f.type, f.doc, False, f.items) for f in LEASE),
             result("position", "integer", "place in the key's queue (waiting)"),
             result("deadline", "integer", "log time the queued acquire gives up (waiting)"),
+            result("reason", "string", "why it left its queue: DEADLOCK (refused)"),
+            result("message", "string", "the refusal in words (refused)"),
+            result(
+                "cycle",
+                "array:object",
+                "the cycle it closed: owner, waits_for, held_by (refused)",
+            ),
         ),
     ),
 )  # fmt: skip

@@ -45,6 +45,7 @@ from aiohttp import web
 from ...errors import (
     BadRequestError,
     BudgetExhaustedError,
+    DeadlockError,
     FrameTooLargeError,
     InternalError,
     LeaseHeldError,
@@ -463,6 +464,12 @@ class HttpApi:
                 if status.get("state") == "held":
                     remaining = (int(status["expires_at"]) - int(status["now"])) / 1000.0
                     return {**status, "key": key, "lease_id": lid, "remaining": remaining}
+                if status.get("state") == "refused":
+                    # Out of the queue to break a deadlock (docs/design.md §4e).
+                    raise DeadlockError(
+                        str(status.get("message", "deadlock")),
+                        {"key": key, "cycle": status.get("cycle", [])},
+                    )
                 if status.get("state") == "gone":
                     break
         except BaseException:

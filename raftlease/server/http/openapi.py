@@ -39,6 +39,7 @@ STATUS: dict[str, int] = {
     "LEASE_HELD": 409,
     "NOT_OWNER": 409,
     "CAPACITY_MISMATCH": 409,
+    "DEADLOCK": 409,
     "STALE_ATTEMPT": 409,
     "TASK_DEAD": 409,
     "AMOUNT_OVER_CAPACITY": 409,
