@@ -347,6 +347,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         *,
         owner: str | None = None,
         ttl: float,
+        wait: float = 0.0,
         priority: int = 0,
         capacity: int = 1,
         timeout: float | None = None,
@@ -356,17 +357,28 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         units of a shared key of ``capacity`` (every key of the set has that
         capacity). At most ``MAX_MANY_KEYS`` (16) distinct keys.
 
-        Never waits: if any key is held, or promised to acquires queued on it,
-        raises ``LeaseHeldError`` (definite; its detail's ``keys`` names the busy
-        ones) and nothing was taken. An unknown outcome (``TimeoutError``,
-        ``ConnectionLostError``) is retried under the same request id by the call
-        layer until the cluster answers or ``timeout`` passes, so it is applied at
-        most once. Other errors: ``CapacityMismatchError``, ``QuotaExceededError``,
-        ``PermissionDeniedError`` (write on every key needed), ``InvalidArgumentError``
-        / ``BadRequestError`` for a malformed set (empty, duplicates, too many keys).
-        Keep the set alive with ``renew_many`` and give it back with ``release_many``.
-        Cancelling the call cancels the wait for the answer, not the request: the
-        set may have been granted and then expires after ``ttl``."""
+        With ``wait=0`` (default) never waits: if any key is held, or promised to
+        acquires queued on it, raises ``LeaseHeldError`` (definite; its detail's
+        ``keys`` names the busy ones) and nothing was taken. With ``wait > 0`` the set
+        queues as one waiter on every key (higher ``priority`` first, then arrival;
+        it keeps its place at the head of each key until all are free for it) and the
+        call blocks until every key is granted, in one log entry, or ``wait`` seconds
+        pass (then it is withdrawn and ``LeaseHeldError`` is raised). Raises
+        ``DeadlockError`` (definite) if queueing would close a cycle of waits, or if a
+        later grant closes one and the set is the cycle's youngest waiter (it left
+        every queue). Cancelling a waiting call, or an unknown outcome while it
+        queues, withdraws the set (retried until answered, as ``acquire``); a set
+        granted meanwhile is released.
+
+        Without ``wait`` an unknown outcome (``TimeoutError``, ``ConnectionLostError``)
+        is retried under the same request id by the call layer until the cluster
+        answers or ``timeout`` passes, so it is applied at most once. Other errors:
+        ``CapacityMismatchError``, ``QuotaExceededError``, ``PermissionDeniedError``
+        (write on every key needed), ``InvalidArgumentError`` / ``BadRequestError``
+        for a malformed set (empty, duplicates, too many keys). Keep the set alive
+        with ``renew_many`` and give it back with ``release_many``. Cancelling a call
+        without ``wait`` cancels the wait for the answer, not the request: the set may
+        have been granted and then expires after ``ttl``."""
         if owner is None:
             owner = default_owner()
         if not owner:
@@ -378,8 +390,84 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         if capacity != 1:
             args["capacity"] = capacity
         sent = time.monotonic()
-        result = await self.call("acquire_many", args, mutating=True, timeout=timeout)
-        return self._lease_set(result, sent)
+        if wait <= 0:
+            result = await self.call("acquire_many", args, mutating=True, timeout=timeout)
+            return self._lease_set(result, sent)
+        args["wait"] = wait
+        pin = Pin()
+        try:
+            result = await self._call_pinned("acquire_many", args, pin, timeout)
+        except BaseException as exc:
+            if unknown_outcome(exc):
+                # It may have queued (or been granted): the same request again under
+                # the same (cid, seq) tells its set id; then withdraw it.
+                async def withdraw(budget: float) -> None:
+                    until = time.monotonic() + budget
+                    again = await self._call_pinned("acquire_many", args, pin, budget)
+                    left = max(until - time.monotonic(), self.attempt_timeout)
+                    await self._close_set(str(again["lease_id"]), left)
+
+                await self._withdraw_until(withdraw, sent + wait)
+            raise
+        finally:
+            pin.end()
+        if not result.get("queued"):
+            return self._lease_set(result, sent)
+        return await self._await_set(result, sent + wait)
+
+    async def _close_set(self, lid: str, timeout: float) -> None:
+        """Withdraw a waiting set, or release it if it was granted meanwhile (one
+        ``session_close`` does both). Raises what the call raises; ``_withdraw_until``
+        takes a definite refusal (the set already gone) as an answer."""
+        await self.call("session_close", {"session_id": lid}, mutating=True, timeout=timeout)
+
+    async def _await_set(self, queued: dict[str, Any], until: float) -> LeaseSet:
+        """Long-poll the leader (on the set's first key) until our waiting set is
+        granted (every key at once), refused or gone."""
+        lid = str(queued["lease_id"])
+        key = str(queued["keys"][0])
+        first = f"{lid}/0"
+        refused: dict[str, Any] | None = None
+        try:
+            while (left := until - time.monotonic()) > 0:
+                sent = time.monotonic()
+                hold = min(left, self.attempt_timeout / 2)
+                status = await self.call(
+                    "await_lease",
+                    {"key": key, "lease_id": first, "timeout": hold},
+                    mutating=False,
+                    timeout=hold + self.attempt_timeout,
+                )
+                if status["state"] == "held":
+                    return self._lease_set(
+                        {
+                            "lease_id": lid,
+                            "owner": status["owner"],
+                            "ttl": status["ttl"],
+                            "expires_at": status["expires_at"],
+                            "now": status["now"],
+                            "leases": status.get("set", []),
+                        },
+                        sent,
+                    )
+                if status["state"] == "refused":
+                    refused = status
+                    break
+                if status["state"] == "gone":
+                    break
+        except BaseException:
+            await self._withdraw_until(lambda t: self._close_set(lid, t), until)
+            raise
+        if refused is not None:
+            raise DeadlockError(
+                str(refused.get("message", "deadlock")),
+                {"key": key, "cycle": refused.get("cycle", [])},
+            )
+        await self._withdraw_until(lambda t: self._close_set(lid, t), until)
+        keys = ", ".join(repr(k) for k in queued["keys"])
+        raise LeaseHeldError(
+            f"the set {keys} was not granted within the wait", {"keys": queued["keys"]}
+        )
 
     def _lease_set(self, result: dict[str, Any], sent: float) -> LeaseSet:
         ttl = result["ttl"] / 1000.0

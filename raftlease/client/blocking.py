@@ -293,17 +293,28 @@ class Client(SharedKeyLocks[HeldLock]):
         *,
         owner: str | None = None,
         ttl: float,
+        wait: float = 0.0,
         priority: int = 0,
         capacity: int = 1,
         timeout: float | None = None,
     ) -> LeaseSet:
         """Every key of ``keys`` or none, in one log entry (see
-        ``AsyncClient.acquire_many``). Blocks the calling thread until answered."""
-        return self._direct(
-            lambda: self._async.acquire_many(
-                keys, owner=owner, ttl=ttl, priority=priority, capacity=capacity, timeout=timeout
+        ``AsyncClient.acquire_many``). Blocks the calling thread until answered (with
+        ``wait``, until granted or the wait is over)."""
+
+        def make() -> Coroutine[Any, Any, LeaseSet]:
+            return self._async.acquire_many(
+                keys,
+                owner=owner,
+                ttl=ttl,
+                wait=wait,
+                priority=priority,
+                capacity=capacity,
+                timeout=timeout,
             )
-        )
+
+        # A waiting set long-polls on the loop (AsyncClient._await_set).
+        return self._run(make()) if wait > 0 else self._direct(make)
 
     def renew_many(self, lease_set: LeaseSet, *, timeout: float | None = None) -> LeaseSet:
         """One keep-alive for every key of the set (see ``AsyncClient.renew_many``)."""

@@ -266,6 +266,8 @@ def check_many(entry: dict[str, Any]) -> str | None:
         return "'lid' must be a non-empty string"
     if not valid_int(entry.get("ttl"), 1, MAX_TTL_MS):
         return "'ttl' must be a positive integer of milliseconds"
+    if not valid_int(entry.get("wait", 0), 0, MAX_TTL_MS):
+        return "'wait' must be a non-negative integer of milliseconds"
     if not valid_int(entry.get("priority", 0), *_PRIORITY):
         return f"'priority' must be an integer from {_PRIORITY[0]} to {_PRIORITY[1]}"
     capacity = entry.get("capacity", 1)

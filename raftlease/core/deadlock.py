@@ -3,27 +3,31 @@
 The waits-for graph is derived from the replicated state, never stored: its nodes are
 *agents*, a ``(principal, owner)`` pair (the owner name a client gives, within its
 authenticated principal: two principals never share an agent), and there is an edge
-``a -> b`` for each queued acquire of ``a`` on a key that ``b`` holds (a live lease).
-An agent waiting on a key it holds itself adds no edge (several processes may share
-an owner name; a pool's units may be held by the same owner). Only holders make edges,
-not the waiters queued ahead: a waiter ahead that is granted later becomes a holder
-then, and that grant is checked.
+``a -> b`` for each queued acquire of ``a`` on a key that ``b`` holds (a live lease),
+and for each queued acquire of ``a`` behind a waiting set of ``b`` on a key (a waiting
+set keeps its place at the head of each of its keys' queues until all are free for
+it, so what queues behind it waits for it). An agent waiting on a key it holds itself
+adds no edge (several processes may share an owner name; a pool's units may be held
+by the same owner). Single-key waiters ahead make no edge: one that is granted later
+becomes a holder then, and that grant is checked.
 
 The graph changes in exactly two ways that can close a cycle, and both are checked in
 the entry that makes the change:
 
-* an acquire is about to queue: is there a path from a holder of its key back to its
-  agent? If so the acquire is refused ``DEADLOCK`` and does not queue (it is the
-  youngest waiter of the cycle: every other one queued before it);
+* an acquire (or a set of keys) is about to queue: is there a path from a holder of
+  one of its keys, or a set queued ahead of it, back to its agent (or, for a set, to
+  an agent queued behind it)? If so it is refused ``DEADLOCK`` and does not queue (it
+  is the youngest waiter of the cycle: every other one queued before it);
 * a lease is granted on a key others wait for (a grant from the queue, a direct grant
   with a higher priority, a transfer): is there a path from the new holder back to
   the agent of one of those waiters? If so the youngest waiter of the cycle (the
-  highest queue order) leaves its queue, and its long-poll learns ``DEADLOCK``.
+  highest queue order) leaves its queue (a set: every key's), and its long-poll
+  learns ``DEADLOCK``.
 
 Every search is breadth-first (the shortest cycle is named), in a canonical order
-(waiters by queue order, holders by token) so every replica, restored from a
-snapshot or not, finds the same cycle; and examines at most ``MAX_DEADLOCK_SEARCH``
-edges (``raftlease.limits``).
+(waiters by queue order, holders by token, queues in rank order) so every replica,
+restored from a snapshot or not, finds the same cycle; and examines at most
+``MAX_DEADLOCK_SEARCH`` edges and queue places (``raftlease.limits``).
 """
 
 from __future__ import annotations
@@ -54,9 +58,18 @@ class Wait:
     holder: str
     order: int
     lease_id: str
+    #: ``holder`` does not hold ``key`` yet: it is a waiting set queued ahead, to which
+    #: the key is promised (a set holds its place at the head of each key's queue).
+    ahead: bool = False
 
-    def named(self) -> dict[str, str]:
+    @classmethod
+    def of(cls, waiter: Waiter, holder: str, ahead: bool = False) -> Wait:
+        return cls(waiter.owner, waiter.key, holder, waiter.order, waiter.lease_id, ahead)
+
+    def named(self) -> dict[str, Any]:
         """The edge as the refusal names it: owners and keys, never a lease id."""
+        if self.ahead:
+            return {"owner": self.owner, "waits_for": self.key, "queued_behind": self.holder}
         return {"owner": self.owner, "waits_for": self.key, "held_by": self.holder}
 
 
@@ -79,19 +92,39 @@ class WaitIndex:
                 del self.by_agent[agent]
 
 
-def _edges(state: Any, agent: Agent) -> list[tuple[Waiter, LeaseRecord]]:
-    """``agent``'s out-edges in canonical order: its waiters by queue order, each
-    key's holders by token."""
+class _Budget:
+    """Edges and queue places a search may still examine (``MAX_DEADLOCK_SEARCH``)."""
+
+    def __init__(self) -> None:
+        self.left = MAX_DEADLOCK_SEARCH
+
+    def spend(self, count: int = 1) -> bool:
+        self.left -= count
+        return self.left >= 0
+
+
+def _edges(state: Any, agent: Agent, budget: _Budget) -> list[tuple[Wait, Agent]] | None:
+    """``agent``'s out-edges in canonical order (its waiters by queue order; for each,
+    its key's holders by token, then the waiting sets queued ahead of it on the key,
+    in queue order) with their targets; None when the budget ran out."""
     waits = state.wait_index.by_agent.get(agent)
     if not waits:
         return []
-    out: list[tuple[Waiter, LeaseRecord]] = []
+    out: list[tuple[Wait, Agent]] = []
     for lease_id in sorted(waits, key=waits.__getitem__):
         waiter: Waiter = state.waiting[lease_id]
         holders: list[LeaseRecord] = state.holders_of(waiter.key)
         for lease in sorted(holders, key=lambda held: held.token):
-            if agent_of(lease) != agent:
-                out.append((waiter, lease))
+            target = agent_of(lease)
+            if target != agent:
+                out.append((Wait.of(waiter, lease.owner), target))
+        for ahead in state.queues.get(waiter.key, ()):
+            if not budget.spend():
+                return None
+            if ahead is waiter:
+                break
+            if ahead.group and agent_of(ahead) != agent:
+                out.append((Wait.of(waiter, ahead.owner, True), agent_of(ahead)))
     return out
 
 
@@ -101,24 +134,24 @@ def find_path(
     """The shortest path (breadth first) from one of ``starts`` to one of ``goals``
     (none of them a start) in the waits-for graph of ``state`` (a ``StoreState``):
     its edges in order, the start it leaves and the goal it reaches. None if there is
-    none, or none within ``MAX_DEADLOCK_SEARCH`` edges examined."""
+    none, or none within ``MAX_DEADLOCK_SEARCH`` edges and queue places examined."""
     parent: dict[Agent, tuple[Wait, Agent] | None] = {}
     frontier: deque[Agent] = deque()
     for start in starts:
         if start not in parent:
             parent[start] = None
             frontier.append(start)
-    examined = 0
+    budget = _Budget()
     while frontier:
         agent = frontier.popleft()
-        for waiter, lease in _edges(state, agent):
-            examined += 1
-            if examined > MAX_DEADLOCK_SEARCH:
+        edges = _edges(state, agent, budget)
+        if edges is None:
+            return None
+        for edge, target in edges:
+            if not budget.spend():
                 return None
-            target = agent_of(lease)
             if target in parent:
                 continue
-            edge = Wait(waiter.owner, waiter.key, lease.owner, waiter.order, waiter.lease_id)
             parent[target] = (edge, agent)
             if target in goals:
                 path: list[Wait] = []
@@ -136,7 +169,11 @@ def find_path(
 
 def describe(cycle: list[Wait]) -> str:
     """The cycle in words: "'a' waits for 'k2' held by 'b', ..." (owners and keys)."""
-    return ", ".join(f"{w.owner!r} waits for {w.key!r} held by {w.holder!r}" for w in cycle)
+    return ", ".join(
+        f"{w.owner!r} waits for {w.key!r} "
+        + (f"promised to {w.holder!r}" if w.ahead else f"held by {w.holder!r}")
+        for w in cycle
+    )
 
 
 def refusal(cycle: list[Wait], refused: Wait) -> Result:

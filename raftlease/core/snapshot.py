@@ -33,8 +33,9 @@ from .state import StoreState
 #:    snapshot loads with no fair shares: every queue in rank order, as it was.
 #: 9: deadlock detection (docs/design.md §4e): ``deadlock_refusals`` lists the queued
 #:    acquires refused DEADLOCK after they queued, ``[lease id, key, deadline,
-#:    outcome]``, kept for their long-polls. A layout 8 (or older) snapshot loads
-#:    with none.
+#:    outcome]``, kept for their long-polls; a waiter of a waiting set of keys ends
+#:    its row with the set's id (after its fairness key). A layout 8 (or older)
+#:    snapshot loads with no refusals and no waiting sets.
 SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
@@ -169,6 +170,8 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         store.queues.setdefault(waiter.key, []).append(waiter)
         store.waiting[waiter.lease_id] = waiter
         store.wait_index.add(waiter)
+        if waiter.group:  # one key of a waiting set (layout 9)
+            store.waiting_sets[waiter.group] = store.waiting_sets.get(waiter.group, 0) + 1
         if waiter.session:
             store.lease_sessions[waiter.session].waiters[waiter.lease_id] = None
     for session in store.lease_sessions.values():

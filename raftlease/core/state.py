@@ -81,6 +81,10 @@ class StoreState:
         #: from the queues, rebuilt on restore), and the queued acquires refused
         #: ``DEADLOCK`` after they queued, kept for their long-polls (snapshotted).
         self.wait_index = WaitIndex()
+        #: Waiting sets of keys (``acquire_many`` with ``wait``): the set's lease id ->
+        #: how many keys it waits for (one waiter each, ``<id>/<index>``). Derived from
+        #: the waiters (their ``group``), rebuilt on restore.
+        self.waiting_sets: dict[str, int] = {}
         self.deadlock_refusals = Refusals()
         # Not state: set per request by ``apply`` (format 6 entries detect deadlocks)
         # and the grants of that request to check for cycles (core/deadlock.py).
@@ -318,7 +322,14 @@ class StoreState:
         at = self.now if now is None else now
         lease = self.leases.get(lease_id)
         if lease is not None and lease.key == key and lease.expires_at > at:
-            return {"state": "held", **self._lease_result(lease), "now": at}
+            held = {"state": "held", **self._lease_result(lease), "now": at}
+            session = self.lease_sessions.get(lease.session) if lease.session else None
+            if session is not None and lease_id.startswith(f"{lease.session}/"):
+                # One key of a set (``acquire_many``): the grantee learns all of them
+                # (lease ids derived from the set's, which it knows).
+                members = [self.leases.get(lid) for lid in list(session.leases)]
+                held["set"] = [self._set_member(one) for one in members if one is not None]
+            return held
         waiter = self.waiting.get(lease_id)
         if waiter is not None and waiter.key == key and waiter.deadline > at:
             queue = list(self.queues.get(key, ()))
@@ -328,6 +339,18 @@ class StoreState:
         if refused is not None:  # left its queue to break a deadlock (core/deadlock.py)
             return refused
         return {"state": "gone"}
+
+    @staticmethod
+    def _set_member(lease: LeaseRecord) -> dict[str, Any]:
+        one: dict[str, Any] = {
+            "key": lease.key,
+            "token": lease.token,
+            "lease_id": lease.lease_id,
+            "units": lease.units,
+        }
+        if lease.slots:
+            one["unit_indices"] = list(lease.slots)
+        return one
 
     def list_waiters(self, key: str, limit: int = 1000, now: int | None = None) -> dict[str, Any]:
         """The wait queue of ``key`` in grant order (position 1 is next), at most

@@ -54,8 +54,8 @@ from .checks import (
     check_args,
     valid_int,
 )
+from .deadlock import Agent, agent_of, find_path, refusal, youngest
 from .deadlock import Wait as WaitEdge
-from .deadlock import agent_of, find_path, refusal, youngest
 from .dedup import fingerprint, fingerprint_of, remember
 from .queue import check_task_args
 from .records import (
@@ -530,7 +530,7 @@ class LeaseStore(StoreState):
             )
         if self._detect:
             # The last check: a refusal here leaves everything as it was.
-            deadlock = self._closes_cycle(principal, entry["owner"], key, lease_id)
+            deadlock = self._closes_cycle(principal, entry["owner"], [key], priority, lease_id)
             if deadlock is not None:
                 return deadlock
         self._fix_capacity(key, capacity)
@@ -648,6 +648,8 @@ class LeaseStore(StoreState):
             first = not queue or priority > queue[0].priority
             if not (first and self.units_used(key) + units <= capacity):
                 busy.append(key)
+        if busy and entry.get("wait", 0) > 0:
+            return self._queue_set(entry, items, busy)
         if busy:
             # All or nothing: one busy key refuses the set, and nothing was taken.
             return error(
@@ -656,10 +658,35 @@ class LeaseStore(StoreState):
                 f"acquires: {', '.join(repr(k) for k in busy)}; none was taken",
                 keys=busy,
             )
-        ttl: int = entry["ttl"]
+        for key, _units in items:
+            self._fix_capacity(key, capacity)
+        session = self._grant_set(lid, entry["owner"], entry["ttl"], principal, items)
+        return {
+            "ok": True,
+            "lease_id": lid,
+            "session": lid,
+            "owner": session.owner,
+            "ttl": session.ttl_ms,
+            "expires_at": session.expires_at,
+            "leases": [
+                self._extras(
+                    self.leases[lease_id], self._set_member(self.leases[lease_id]), grantee=False
+                )
+                for lease_id in session.leases
+            ],
+            "now": self.now,
+            "revision": self.revision,
+        }
+
+    def _grant_set(
+        self, lid: str, owner: str, ttl: int, principal: str, items: list[list[Any]]
+    ) -> LeaseSession:
+        """Grant every key of a set (``[key, units]`` pairs, capacities fixed, every
+        key free for it) in this entry: its lease session ``lid``, then one lease per
+        key (``lid/<index>``), tokens one revision apart in the order given."""
         session = LeaseSession(
             session_id=lid,
-            owner=entry["owner"],
+            owner=owner,
             ttl_ms=ttl,
             expires_at=self.now + ttl,
             leases={},
@@ -669,25 +696,130 @@ class LeaseStore(StoreState):
         self.lease_sessions[lid] = session
         self._count(self.sessions_by, principal, 1)
         heapq.heappush(self._session_deadlines, (session.expires_at, lid))
-        granted: list[dict[str, Any]] = []
+        for index, (key, units) in enumerate(items):
+            self._grant(key, many_lease_id(lid, index), owner, ttl, units, "", lid, principal)
+        return session
+
+    def _queue_set(self, entry: dict[str, Any], items: list[list[Any]], busy: list[str]) -> Result:
+        """An ``acquire_many`` with ``wait`` that is not free now: one waiter on every
+        key of the set (``lid/<index>``, one queue order for all, so two sets are in
+        the same order on every key they share), granted together, in one entry,
+        when each is the next on its key and its units fit (``_grant_set_if_ready``).
+        Until then each holds its place: once at the head of a key, nobody behind it
+        there is granted (no starvation of a set by single-key acquires; they are
+        served in arrival order per key, docs/design.md §4c). Refused (nothing
+        changed) by the waiter quotas or ``DEADLOCK``."""
+        lid: str = entry["lid"]
+        owner: str = entry["owner"]
+        principal: str = entry.get("principal", "")
+        priority: int = entry.get("priority", 0)
+        capacity: int = entry.get("capacity", 1)
+        count = len(items)
+        wait_quota = entry.get("wait_quota")
+        queued = self.waiting_by.get(principal, 0)
+        if principal and wait_quota is not None and queued + count > wait_quota:
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{principal} has {queued} queued acquires; {count} more would pass its "
+                f"quota of {wait_quota}",
+                quota=wait_quota,
+            )
+        waiters_total = entry.get("waiters_total")
+        if waiters_total is not None and len(self.waiting) + count > waiters_total:
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{len(self.waiting)} acquires are queued on this cluster; at most "
+                f"{waiters_total} may be (max_waiters_total)",
+                quota=waiters_total,
+            )
+        if self._detect:
+            keys = [key for key, _units in items]
+            deadlock = self._closes_cycle(principal, owner, keys, priority, lid, True)
+            if deadlock is not None:
+                return deadlock
+        order = self.queue_order = self.queue_order + 1
+        deadline = self.now + entry["wait"]
+        positions: list[int] = []
         for index, (key, units) in enumerate(items):
             self._fix_capacity(key, capacity)
-            lease = self._grant(
-                key, many_lease_id(lid, index), entry["owner"], ttl, units, "", lid, principal
+            shares = self.fair.get(key)
+            if shares is not None:  # a set waits in the key's default tenant
+                self._join(shares, "").waiting += 1
+            waiter = Waiter(
+                key=key,
+                lease_id=many_lease_id(lid, index),
+                owner=owner,
+                ttl_ms=entry["ttl"],
+                priority=priority,
+                order=order,
+                deadline=deadline,
+                units=units,
+                principal=principal,
+                group=lid,
             )
-            one: dict[str, Any] = {"key": key, "token": lease.token, "lease_id": lease.lease_id}
-            granted.append(self._extras(lease, one, grantee=False))
+            queue = self.queues.setdefault(key, [])
+            position = bisect.bisect_right([w.rank() for w in queue], waiter.rank())
+            queue.insert(position, waiter)
+            positions.append(position + 1)
+            self.waiting[waiter.lease_id] = waiter
+            self.wait_index.add(waiter)
+            self._count(self.held_by, principal, 1)
+            self._count(self.waiting_by, principal, 1)
+            heapq.heappush(self._wait_deadlines, (deadline, waiter.lease_id))
+        self.waiting_sets[lid] = count
         return {
             "ok": True,
+            "queued": True,
             "lease_id": lid,
-            "session": lid,
-            "owner": session.owner,
-            "ttl": ttl,
-            "expires_at": session.expires_at,
-            "leases": granted,
+            "owner": owner,
+            "keys": [key for key, _units in items],
+            "positions": positions,
+            "busy": busy,
+            "deadline": deadline,
             "now": self.now,
-            "revision": self.revision,
         }
+
+    def _set_waiters(self, lid: str) -> list[Waiter]:
+        """The waiters of the waiting set ``lid`` still queued, in key order."""
+        count = self.waiting_sets.get(lid, 0)
+        found = (self.waiting.get(many_lease_id(lid, index)) for index in range(count))
+        return [waiter for waiter in found if waiter is not None]
+
+    def _grant_set_if_ready(self, lid: str) -> bool:
+        """Grant the waiting set ``lid`` if every one of its waiters is the next on its
+        key (``_next_waiter``), within its wait, and its units fit: all its keys in
+        this entry, and the queues of its other keys are served on (their head
+        left). False (nothing changed) if not."""
+        count = self.waiting_sets.get(lid, 0)
+        members = self._set_waiters(lid)
+        if not members or len(members) != count:
+            return False
+        for waiter in members:
+            queue = self.queues.get(waiter.key)
+            if not queue or self._next_waiter(waiter.key, queue) is not waiter:
+                return False
+            if waiter.deadline <= self.now:
+                return False
+            if self.units_used(waiter.key) + waiter.units > self.capacity_of(waiter.key):
+                return False
+        del self.waiting_sets[lid]
+        for waiter in members:
+            self.queues[waiter.key].remove(waiter)
+            shares = self.fair.get(waiter.key)
+            if shares is not None:
+                self._charge(shares, waiter.tenant)
+                self._leave(shares, waiter.tenant)
+            del self.waiting[waiter.lease_id]
+            self.wait_index.remove(waiter)
+            self._count(self.held_by, waiter.principal, -1)
+            self._count(self.waiting_by, waiter.principal, -1)
+        first = members[0]
+        items = [[waiter.key, waiter.units] for waiter in members]
+        self._grant_set(lid, first.owner, first.ttl_ms, first.principal, items)
+        for waiter in members:
+            # Its place at the head of each key is free: those behind may fit now.
+            self._grant_next(waiter.key)
+        return True
 
     def _fix_capacity(self, key: str, capacity: int) -> None:
         """Record the capacity of a key about to get a holder or waiter: above 1
@@ -799,6 +931,13 @@ class LeaseStore(StoreState):
                 # ``_advance``: never grant it.
                 self._dequeue(waiter, "deadline", grant_next=False)
                 continue
+            if waiter.group:
+                # One key of a waiting set: granted with all the others or not at all;
+                # until then it keeps the head (head-of-line, as a waiter whose units
+                # do not fit).
+                if not self._grant_set_if_ready(waiter.group):
+                    break
+                continue
             if self.units_used(key) + waiter.units > capacity:
                 break
             queue.remove(waiter)
@@ -832,24 +971,55 @@ class LeaseStore(StoreState):
 
     # ------------------------------------------------------ deadlocks (§4e)
 
-    def _closes_cycle(self, principal: str, owner: str, key: str, lease_id: str) -> Result | None:
-        """Would a queued acquire of ``owner`` (of ``principal``) on ``key`` close a
-        cycle in the waits-for graph (a path from a holder of ``key`` back to it)?
-        The ``DEADLOCK`` refusal naming the cycle if so (it would be the cycle's
-        youngest waiter), else None. Changes nothing."""
+    def _closes_cycle(
+        self,
+        principal: str,
+        owner: str,
+        keys: list[str],
+        priority: int,
+        lease_id: str,
+        is_set: bool = False,
+    ) -> Result | None:
+        """Would an acquire of ``owner`` (of ``principal``) queued on ``keys`` (one key,
+        or a set's) at ``priority`` close a cycle in the waits-for graph: a path from
+        a holder of one of its keys, or a waiting set queued ahead of it there, back
+        to its agent, or (a set) to an agent queued behind it? The ``DEADLOCK``
+        refusal naming the cycle if so (it would be the cycle's youngest waiter),
+        else None. Changes nothing."""
         agent = (principal, owner)
-        holders = sorted(self.holders_of(key), key=lambda lease: lease.token)
-        starts = [agent_of(lease) for lease in holders if agent_of(lease) != agent]
+        order = self.queue_order + 1
+        rank = (-priority, order)
+        starts: dict[Agent, WaitEdge] = {}  # agent -> the new acquire's edge to it
+        behind: dict[Agent, WaitEdge] = {}  # (a set) agent queued behind -> its edge
+        for key in keys:
+            for lease in sorted(self.holders_of(key), key=lambda held: held.token):
+                if agent_of(lease) != agent:
+                    edge = WaitEdge(owner, key, lease.owner, order, lease_id)
+                    starts.setdefault(agent_of(lease), edge)
+            for waiter in self.queues.get(key, ()):
+                other = agent_of(waiter)
+                if other == agent:
+                    continue
+                if waiter.rank() <= rank:  # ahead of it (it queues after equal ranks)
+                    if waiter.group:
+                        edge = WaitEdge(owner, key, waiter.owner, order, lease_id, True)
+                        starts.setdefault(other, edge)
+                elif is_set:
+                    behind.setdefault(other, WaitEdge.of(waiter, owner, True))
         if not starts:
             return None
-        found = find_path(self, starts, {agent})
-        if found is None:
-            return None
-        path, start, _ = found
-        held = next(lease for lease in holders if agent_of(lease) == start)
-        closing = WaitEdge(owner, key, held.owner, self.queue_order + 1, lease_id)
-        cycle = [closing, *path]
-        return refusal(cycle, closing)
+        both = [one for one in starts if one in behind]
+        if both:
+            cycle = [starts[both[0]], behind[both[0]]]
+        else:
+            found = find_path(self, list(starts), {agent, *behind})
+            if found is None:
+                return None
+            path, start, goal = found
+            cycle = [starts[start], *path]
+            if goal != agent:
+                cycle.append(behind[goal])
+        return refusal(cycle, cycle[0])
 
     def _resolve_deadlocks(self) -> None:
         """After an entry: for each lease it granted on a key others still wait for,
@@ -877,9 +1047,12 @@ class LeaseStore(StoreState):
                 cycle = [closing, *path]
                 refused = youngest(cycle)
                 victim = self.waiting[refused.lease_id]
-                self.deadlock_refusals.add(
-                    victim.lease_id, victim.key, victim.deadline, refusal(cycle, refused), self.now
-                )
+                outcome = refusal(cycle, refused)
+                # A waiting set leaves whole: each of its keys' long-polls learns it.
+                for one in self._set_waiters(victim.group) if victim.group else [victim]:
+                    self.deadlock_refusals.add(
+                        one.lease_id, one.key, one.deadline, outcome, self.now
+                    )
                 self._dequeue(victim, "deadlock")
         self._grants_to_check = []
 
@@ -976,6 +1149,13 @@ class LeaseStore(StoreState):
         self.events.append(
             {"type": "dequeue", "key": waiter.key, "lease_id": waiter.lease_id, "reason": reason}
         )
+        count = self.waiting_sets.pop(waiter.group, 0) if waiter.group else 0
+        for index in range(count):
+            # One key of a waiting set left (its deadline, a cancel, a deadlock): the
+            # whole set leaves, every key in this entry, and those keys' queues move on.
+            other = self.waiting.get(many_lease_id(waiter.group, index))
+            if other is not None:
+                self._dequeue(other, reason)
         if grant_next and (head or not queue):
             # The head left: those behind it may fit now (a reader behind a writer
             # whose deadline passed), and a key with nothing left is forgotten.
@@ -1160,6 +1340,13 @@ class LeaseStore(StoreState):
 
     def _session_close(self, entry: dict[str, Any]) -> Result:
         session = self.lease_sessions.get(entry["sid"])
+        if session is None and entry["sid"] in self.waiting_sets:
+            # A waiting set of keys (not granted yet): it leaves every queue.
+            members = self._set_waiters(entry["sid"])
+            if members[0].principal != entry.get("principal", ""):
+                return _not_yours("waiting set of keys", entry["sid"])
+            self._dequeue(members[0], "cancelled")
+            return {"ok": True, "session_id": entry["sid"], "released": 0, "cancelled": True}
         if session is None:
             return self._no_session(entry["sid"])
         if session.principal != entry.get("principal", ""):

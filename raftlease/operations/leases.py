@@ -116,7 +116,8 @@ LEASE_OPS: tuple[Operation, ...] = (
         "acquire_many",
         True,
         "keys_write",
-        "take leases on several keys, all or none, in one log entry (never queues)",
+        "take leases on several keys, all or none, in one log entry; with wait, queue as "
+        "one waiter on every key",
         (
             OWNER,
             Field(
@@ -127,6 +128,7 @@ LEASE_OPS: tuple[Operation, ...] = (
                 low=LimitRef("min_ttl"),
                 high=LimitRef("max_ttl"),
             ),
+            WAIT,
             PRIORITY,
             Field(
                 "capacity",
@@ -146,15 +148,24 @@ LEASE_OPS: tuple[Operation, ...] = (
         ),
         (
             result("lease_id", "string", "the set's id, also its lease session's", True),
-            result("session", "string", "the lease session the set lives by", True),
+            result("session", "string", "the lease session the set lives by"),
             result("owner", "string", "the holder's label", True),
-            result("ttl", "integer", "its TTL (ms)", True),
-            result("expires_at", "integer", "log time it expires (ms)", True),
-            result("leases", "array", "one lease per key: key, token, lease_id, units", True),
+            result("ttl", "integer", "its TTL (ms)"),
+            result("expires_at", "integer", "log time it expires (ms)"),
+            result("leases", "array", "one lease per key: key, token, lease_id, units"),
             NOW,
-            REVISION,
+            result("revision", "integer", "the store's revision after it"),
+            result("queued", "boolean", "true: not granted yet, queued on every key (wait)"),
+            result("keys", "array:string", "the set's keys, in order (queued)"),
+            result("positions", "array:integer", "its place in each key's queue (queued)"),
+            result("busy", "array:string", "the keys not free for it when it queued"),
+            result("deadline", "integer", "log time the waiting set gives up (ms)"),
+            result("state", "string", "held (an HTTP long-poll's answer)"),
         ),
-        (("POST", "/v1/leases/acquire-many", "Acquire several keys, all or none", LEASES),),
+        (
+            ("POST", "/v1/leases/acquire-many", "Acquire several keys, all or none (wait: "
+             "long-poll)", LEASES, "set"),
+        ),
     ),
     operation(
         "renew",

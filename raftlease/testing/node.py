@@ -104,7 +104,13 @@ class DeadlockBlindStore(LeaseStore):
     wait or a TTL runs out. Tick thread, like the store."""
 
     def _closes_cycle(
-        self, principal: str, owner: str, key: str, lease_id: str
+        self,
+        principal: str,
+        owner: str,
+        keys: list[str],
+        priority: int,
+        lease_id: str,
+        is_set: bool = False,
     ) -> dict[str, Any] | None:
         return None
 

@@ -240,6 +240,8 @@ class HttpApi:
             result = await self.run(route.op, fields, caller, key)
             if route.poll == "lease" and result.get("queued"):
                 result = await self._await_grant(request, fields, result, caller)
+            elif route.poll == "set" and result.get("queued"):
+                result = await self._await_set(request, fields, result, caller)
             elif route.poll == "claim" and result.get("queued"):
                 result = await self._await_claim(request, fields, result, caller)
             elif route.poll == "budget" and result.get("queued"):
@@ -481,6 +483,62 @@ class HttpApi:
             raise
         await self._withdraw(key, lid, caller)
         raise LeaseHeldError(f"{key!r} was not granted within the wait", {"key": key})
+
+    async def _await_set(
+        self,
+        request: web.BaseRequest,
+        fields: dict[str, Any],
+        queued: dict[str, Any],
+        caller: Caller,
+    ) -> dict[str, Any]:
+        """An ``acquire_many`` with ``wait`` queued on every key: poll its first key
+        (in slices) until the set is granted (the set's answer), refused (DEADLOCK),
+        gone or ``wait`` passed (withdrawn: LEASE_HELD). Withdrawing closes the set,
+        which also releases it if it was granted meanwhile."""
+        loop = asyncio.get_running_loop()
+        lid, keys = str(queued["lease_id"]), [str(k) for k in queued["keys"]]
+        until = loop.time() + float(fields.get("wait") or 0.0)
+        try:
+            while (left := until - loop.time()) > 0 and not gone(request):
+                status = await self.run(
+                    "await_lease",
+                    {"key": keys[0], "lease_id": f"{lid}/0", "timeout": min(left, POLL_SLICE)},
+                    caller,
+                )
+                if status.get("state") == "held":
+                    return {
+                        "state": "held",
+                        "lease_id": lid,
+                        "session": lid,
+                        "owner": status["owner"],
+                        "ttl": status["ttl"],
+                        "expires_at": status["expires_at"],
+                        "leases": status.get("set", []),
+                        "now": status["now"],
+                    }
+                if status.get("state") == "refused":
+                    raise DeadlockError(
+                        str(status.get("message", "deadlock")),
+                        {"key": status.get("key", keys[0]), "cycle": status.get("cycle", [])},
+                    )
+                if status.get("state") == "gone":
+                    break
+        except DeadlockError:
+            raise
+        except BaseException:
+            task = asyncio.ensure_future(self._withdraw_set(lid, caller))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            raise
+        await self._withdraw_set(lid, caller)
+        raise LeaseHeldError("the set was not granted within the wait", {"keys": keys})
+
+    async def _withdraw_set(self, lid: str, caller: Caller) -> None:
+        """Leave every queue, or release the set if it was granted meanwhile."""
+        try:
+            await self.run("session_close", {"session_id": lid}, caller)
+        except RaftLeaseError as exc:
+            log.debug("withdrawing a waiting set: %s", exc.code)
 
     async def _withdraw(self, key: str, lid: str, caller: Caller) -> None:
         """Leave the queue, or release the lease if it was granted meanwhile."""

@@ -96,7 +96,12 @@ def _schema(spec: Field) -> dict[str, Any]:
                     "minProperties": 1,
                     "maxProperties": int(spec.high),
                     "propertyNames": key,
-                    "additionalProperties": {"type": "integer", "minimum": 1},
+                    # Units of each key: at most the body's capacity (1 when absent).
+                    "additionalProperties": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "x-maximum-field": "capacity",
+                    },
                 },
             ],
             "x-max-utf8-bytes": int(spec.low),
