@@ -224,6 +224,8 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         renewed by the request sent at ``sent``, less for a lease attached to a session
         that was last kept alive before it)."""
         ttl = result["ttl"] / 1000.0
+        asked = result.get("yield_requested")
+        asked = asked if isinstance(asked, dict) else None
         if remaining is None and isinstance(result.get("now"), int):
             remaining = (int(result["expires_at"]) - int(result["now"])) / 1000.0
         window = ttl if remaining is None else min(ttl, remaining)
@@ -239,6 +241,8 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             value=str(result.get("value", "")),
             session=session,
             unit_indices=tuple(int(i) for i in result.get("unit_indices", ())),
+            yield_deadline_ms=int(asked["deadline"]) if asked else None,
+            yield_by=str(asked.get("by", "")) if asked else "",
         )
 
     def valid_until(self, sent: float, seconds: float) -> float:
@@ -603,6 +607,36 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
 
         await self._withdraw_until(send, until)
 
+    async def request_yield(
+        self,
+        key: str,
+        *,
+        deadline: float,
+        priority: int = 0,
+        owner: str | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Ask the holders of ``key`` to yield it within ``deadline`` seconds (log
+        time; cooperative preemption, docs/usage.md): the holders granted at a
+        priority below ``priority`` (with auth, at most your role's ``max_priority``;
+        an ``admin`` on the key asks every holder). Each learns it in its next
+        keep-alive answer (``Lease.yield_deadline_ms``, a lock's
+        ``on_yield_requested``) and may checkpoint and release; at the deadline the
+        cluster ends the lease itself and grants the key's next waiter in the same
+        log entry, with a new fencing token. Returns how many holders were asked. A
+        second request keeps the earlier deadline. Raises ``LeaseNotFoundError`` if
+        nobody holds the key, ``PermissionDeniedError`` without the ``preempt`` (or
+        ``admin``) permission on the key, or when every holder was granted at
+        ``priority`` or above (definite: nobody was asked). Retried under one
+        request id on an unknown outcome (applied at most once)."""
+        args: dict[str, Any] = {"key": key, "deadline": deadline}
+        if priority:
+            args["priority"] = priority
+        if owner:
+            args["owner"] = owner
+        result = await self.call("request_yield", args, mutating=True, timeout=timeout)
+        return int(result["asked"])
+
     async def transfer(
         self, lease: Lease, *, owner: str, ttl: float | None = None, timeout: float | None = None
     ) -> Lease:
@@ -659,13 +693,21 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         ttl: float,
         on_lost: Callable[[str], None] | None = None,
         on_jeopardy: Callable[[str], None] | None = None,
+        on_yield_requested: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> AsyncSession:
         """A lease session: ``async with client.session(owner=..., ttl=10) as s:``.
         Leases acquired with ``session=s`` (or ``s.acquire``/``s.lock``) are kept
         alive by its one keep-alive and released when it ends. ``owner`` defaults to
         ``hostname:pid`` (a label, not a credential: the session id proves it). See
         ``raftlease.recipes.sessions``."""
-        return AsyncSession(self, owner=owner, ttl=ttl, on_lost=on_lost, on_jeopardy=on_jeopardy)
+        return AsyncSession(
+            self,
+            owner=owner,
+            ttl=ttl,
+            on_lost=on_lost,
+            on_jeopardy=on_jeopardy,
+            on_yield_requested=on_yield_requested,
+        )
 
     def election(self, name: str) -> AsyncElection:
         """Leader election on key ``name``: campaign, leader, observe, proclaim,
@@ -795,6 +837,9 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             ttl=renewed.ttl,
             valid_until=renewed.valid_until,
             expires_at_ms=renewed.expires_at_ms,
+            # A yield request reaches the holder in this answer (request_yield).
+            yield_deadline_ms=renewed.yield_deadline_ms,
+            yield_by=renewed.yield_by,
         )
 
     async def release(self, lease: Lease, *, timeout: float | None = None) -> None:

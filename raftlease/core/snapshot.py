@@ -14,6 +14,7 @@ from ..limits import TOKEN_RESERVE_STEP
 from .budget import Budgets
 from .deadlock import Refusals
 from .dedup import ClientTable
+from .preempt import Preemption
 from .queue import TaskQueues
 from .records import KeyShares, LeaseRecord, LeaseSession, Share, Waiter
 from .state import StoreState
@@ -34,8 +35,10 @@ from .state import StoreState
 #: 9: deadlock detection (docs/design.md §4e): ``deadlock_refusals`` lists the queued
 #:    acquires refused DEADLOCK after they queued, ``[lease id, key, deadline,
 #:    outcome]``, kept for their long-polls; a waiter of a waiting set of keys ends
-#:    its row with the set's id (after its fairness key). A layout 8 (or older)
-#:    snapshot loads with no refusals and no waiting sets.
+#:    its row with the set's id (after its fairness key); cooperative preemption
+#:    (§4f): ``preempt`` holds the grant priorities (``[lease id, priority]``, not 0)
+#:    and the yield requests (``[lease id, deadline, by]``). A layout 8 (or older)
+#:    snapshot loads with none of them.
 SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
@@ -91,6 +94,7 @@ def to_plain(store: StoreState) -> dict[str, Any]:
             for key, shares in sorted(store.fair.items())
         ],
         "deadlock_refusals": store.deadlock_refusals.to_plain(),
+        "preempt": store.preempt.to_plain(),
     }
 
 
@@ -200,6 +204,8 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
             shares.tenants[name] = Share(weight, vpass)
     # Layouts before 9 had no deadlock detection, so no refusals.
     store.deadlock_refusals = Refusals.from_plain(data.get("deadlock_refusals", ()))
+    # Layouts before 9 had no grant priorities and no yield requests.
+    store.preempt = Preemption.from_plain(data.get("preempt", {}))
     for waiter in store.waiting.values():  # how many each tenant has waiting
         fair = store.fair.get(waiter.key)
         if fair is not None:

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from .budget import Budgets
 from .deadlock import Refusals, WaitIndex
 from .dedup import ClientTable
+from .preempt import Preemption
 from .queue import TaskQueues
 from .records import MAX_INDEXED_CAPACITY, KeyShares, LeaseRecord, LeaseSession, Result, Waiter
 
@@ -86,6 +87,8 @@ class StoreState:
         #: the waiters (their ``group``), rebuilt on restore.
         self.waiting_sets: dict[str, int] = {}
         self.deadlock_refusals = Refusals()
+        #: Cooperative preemption (core/preempt.py): grant priorities, yield requests.
+        self.preempt = Preemption()
         # Not state: set per request by ``apply`` (format 6 entries detect deadlocks)
         # and the grants of that request to check for cycles (core/deadlock.py).
         self._detect: bool = False
@@ -223,6 +226,9 @@ class StoreState:
             "now": self.now,
             "revision": self.revision,
         }
+        asked = self.preempt.request_of(lease.lease_id)
+        if asked is not None:  # the holder learns it from this answer (§4f)
+            result["yield_requested"] = asked
         return self._extras(lease, result)
 
     def renewal_answer(self, lease: LeaseRecord, until: int, now: int) -> dict[str, Any]:
@@ -419,4 +425,7 @@ class StoreState:
         budgets = self.budgets.next_deadline()  # waits, reservations, refills due
         if budgets is not None:
             heads.append(budgets)
+        yields = self.preempt.next_deadline()  # yield requests' deadlines
+        if yields is not None:
+            heads.append(yields)
         return min(heads) if heads else None

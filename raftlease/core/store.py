@@ -307,6 +307,13 @@ class LeaseStore(StoreState):
             if lease is not None and lease.expires_at == expires_at:
                 self.expired_total += 1
                 self._end_lease(lease, "expire")
+        for lease_id in self.preempt.due(self.now):
+            # A yield request's deadline passed and the holder did not release: the
+            # cluster ends the lease itself, and its key's next waiter is granted in
+            # this same entry (a new lease id and a new token).
+            lease = self.leases.get(lease_id)
+            if lease is not None:
+                self._end_lease(lease, "preempt")
         waits = self._wait_deadlines
         while waits and waits[0][0] <= self.now:
             deadline, lease_id = heapq.heappop(waits)
@@ -486,6 +493,7 @@ class LeaseStore(StoreState):
                 shares.tenants[tenant] = share
                 self._charge(shares, tenant)
             lease = self._grant(key, lease_id, entry["owner"], ttl, units, value, sid, principal)
+            self.preempt.granted(lease_id, priority)
             return self._lease_result(lease)
         wait: int = entry.get("wait", 0)
         if wait <= 0:
@@ -660,7 +668,7 @@ class LeaseStore(StoreState):
             )
         for key, _units in items:
             self._fix_capacity(key, capacity)
-        session = self._grant_set(lid, entry["owner"], entry["ttl"], principal, items)
+        session = self._grant_set(lid, entry["owner"], entry["ttl"], principal, items, priority)
         return {
             "ok": True,
             "lease_id": lid,
@@ -679,7 +687,13 @@ class LeaseStore(StoreState):
         }
 
     def _grant_set(
-        self, lid: str, owner: str, ttl: int, principal: str, items: list[list[Any]]
+        self,
+        lid: str,
+        owner: str,
+        ttl: int,
+        principal: str,
+        items: list[list[Any]],
+        priority: int = 0,
     ) -> LeaseSession:
         """Grant every key of a set (``[key, units]`` pairs, capacities fixed, every
         key free for it) in this entry: its lease session ``lid``, then one lease per
@@ -698,6 +712,7 @@ class LeaseStore(StoreState):
         heapq.heappush(self._session_deadlines, (session.expires_at, lid))
         for index, (key, units) in enumerate(items):
             self._grant(key, many_lease_id(lid, index), owner, ttl, units, "", lid, principal)
+            self.preempt.granted(many_lease_id(lid, index), priority)
         return session
 
     def _queue_set(self, entry: dict[str, Any], items: list[list[Any]], busy: list[str]) -> Result:
@@ -815,7 +830,7 @@ class LeaseStore(StoreState):
             self._count(self.waiting_by, waiter.principal, -1)
         first = members[0]
         items = [[waiter.key, waiter.units] for waiter in members]
-        self._grant_set(lid, first.owner, first.ttl_ms, first.principal, items)
+        self._grant_set(lid, first.owner, first.ttl_ms, first.principal, items, first.priority)
         for waiter in members:
             # Its place at the head of each key is free: those behind may fit now.
             self._grant_next(waiter.key)
@@ -899,6 +914,7 @@ class LeaseStore(StoreState):
         record the change, and hand freed units to the queue."""
         key = lease.key
         del self.leases[lease.lease_id]
+        self.preempt.forget(lease.lease_id)
         self._count(self.held_by, lease.principal, -1)
         self._remove_holder(lease)
         if lease.session:
@@ -961,6 +977,7 @@ class LeaseStore(StoreState):
                 waiter.session,
                 waiter.principal,
             )
+            self.preempt.granted(waiter.lease_id, waiter.priority)
         if not queue:
             self.queues.pop(key, None)
             # Nobody waits: nobody to be fair to; the next backlog starts afresh.
@@ -1240,6 +1257,7 @@ class LeaseStore(StoreState):
         lease = self._owned(entry)
         if not isinstance(lease, LeaseRecord):
             return lease
+        standing = self.preempt.priority_of(lease.lease_id)
         self._end_lease(lease, "transfer", grant_next=False)
         ttl = entry.get("ttl") or lease.ttl_ms
         new = self._grant(
@@ -1252,6 +1270,8 @@ class LeaseStore(StoreState):
             principal=lease.principal,
             slots=lease.slots,
         )
+        # The new holder keeps the old one's standing against preemption.
+        self.preempt.granted(new.lease_id, standing)
         return self._lease_result(new)
 
     def _proclaim(self, entry: dict[str, Any]) -> Result:
@@ -1288,6 +1308,48 @@ class LeaseStore(StoreState):
             "key": key,
             "revoked": len(holders),
             "tokens": [lease.token for lease in holders],
+            "revision": self.revision,
+        }
+
+    def _request_yield(self, entry: dict[str, Any]) -> Result:
+        """Ask the holders of ``key`` to yield by ``deadline`` ms of log time from now
+        (cooperative preemption, docs/design.md §4f): those granted at a priority
+        below the asker's ``priority``, or every holder when the leader stamped
+        ``override`` (an admin). Each learns it in its next keep-alive answer; at the
+        deadline ``_advance`` ends the lease unless it was released. A second
+        request keeps the earlier deadline. ``PERMISSION_DENIED`` when no holder is
+        below the asker's priority, ``LEASE_NOT_FOUND`` when nobody holds the key;
+        both change nothing. Who may ask is the node's check (the ``preempt``
+        permission, or ``admin``, on the key)."""
+        key: str = entry["key"]
+        holders = sorted(self.holders_of(key), key=lambda lease: lease.token)
+        if not holders:
+            return error("LEASE_NOT_FOUND", f"nobody holds {key!r}", key=key)
+        priority: int = entry.get("priority", 0)
+        if not entry.get("override"):
+            holders = [h for h in holders if self.preempt.priority_of(h.lease_id) < priority]
+        if not holders:
+            return error(
+                "PERMISSION_DENIED",
+                f"every holder of {key!r} was granted at priority {priority} or above; "
+                "asking one to yield needs a higher priority (or admin)",
+                key=key,
+            )
+        deadline = self.now + entry["deadline"]
+        by: str = entry.get("owner", "") or entry.get("principal", "")
+        # A holder asked before keeps the earlier deadline: the answer says which holds.
+        deadline = min([self.preempt.ask(lease.lease_id, deadline, by) for lease in holders])
+        self.revision += 1
+        self.events.append(
+            {"type": "yield_requested", "key": key, "deadline": deadline, "by": by,
+             "tokens": [lease.token for lease in holders], "revision": self.revision}
+        )  # fmt: skip
+        return {
+            "ok": True,
+            "key": key,
+            "asked": len(holders),
+            "tokens": [lease.token for lease in holders],
+            "deadline": deadline,
             "revision": self.revision,
         }
 
@@ -1384,7 +1446,7 @@ class LeaseStore(StoreState):
         )
 
     def _session_result(self, session: LeaseSession) -> Result:
-        return {
+        out: Result = {
             "ok": True,
             "session_id": session.session_id,
             "ttl": session.ttl_ms,
@@ -1392,6 +1454,15 @@ class LeaseStore(StoreState):
             "leases": len(session.leases),
             "now": self.now,
         }
+        asked = []
+        for lease_id in list(session.leases):
+            request = self.preempt.request_of(lease_id)
+            lease = self.leases.get(lease_id)
+            if request is not None and lease is not None:
+                asked.append({"key": lease.key, "token": lease.token, **request})
+        if asked:  # the holder learns it from this keep-alive answer (§4f)
+            out["yield_requested"] = asked
+        return out
 
     def keepalive_answer(self, session: LeaseSession, until: int, now: int) -> dict[str, Any]:
         """What a ``session_keepalive`` answers, for one the leader answered from memory
@@ -1421,6 +1492,7 @@ class LeaseStore(StoreState):
         "transfer": _transfer,
         "proclaim": _proclaim,
         "revoke": _revoke,
+        "request_yield": _request_yield,
         "session_open": _session_open,
         "session_keepalive": _session_keepalive,
         "session_close": _session_close,

@@ -19,6 +19,7 @@ from .schema import (
     LEASE_ID_OR_TOKEN,
     LEASES,
     LIMIT,
+    MAX_PRIORITY,
     NOW,
     OWNER,
     POLL_TIMEOUT,
@@ -252,6 +253,11 @@ LEASE_OPS: tuple[Operation, ...] = (
             result("expires_at", "integer", "log time it expires (ms)", True),
             result("leases", "integer", "leases attached to it", True),
             NOW,
+            result(
+                "yield_requested",
+                "array:object",
+                "attached leases whose holder is asked to yield: key, token, deadline, by",
+            ),
         ),
         (("POST", "/v1/sessions/keepalive", "Keep a session alive", SESSIONS),),
     ),
@@ -285,6 +291,48 @@ LEASE_OPS: tuple[Operation, ...] = (
             result("tokens", "array:integer", "their fencing tokens", True),
             REVISION,
         ),
+    ),
+    operation(
+        "request_yield",
+        True,
+        "key_preempt",
+        "ask the holders of a key to yield it by a deadline (cooperative preemption): "
+        "they learn it on their next keep-alive answer, and at the deadline the cluster "
+        "ends their leases itself and grants the next waiter",
+        (
+            KEY,
+            Field(
+                "deadline",
+                "seconds",
+                "seconds of log time from now until the cluster ends the leases itself",
+                required=True,
+                low=0.0,
+                high=LimitRef("max_ttl"),
+            ),
+            Field(
+                "owner",
+                "string",
+                "the asker's label, shown to the holders",
+                high=LimitRef("max_owner_bytes"),
+            ),
+            Field(
+                "priority",
+                "integer",
+                "the asker's priority: only holders granted at a lower one are asked "
+                "(an admin asks every holder)",
+                low=-MAX_PRIORITY,
+                high=MAX_PRIORITY,
+            ),
+        ),
+        (
+            result("key", "string", "the key", True),
+            result("asked", "integer", "holders asked to yield", True),
+            result("tokens", "array:integer", "their fencing tokens", True),
+            result("deadline", "integer", "log time their leases end unless released (ms)", True),
+            REVISION,
+        ),
+        (("POST", "/v1/leases/request-yield", "Ask a key's holders to yield by a deadline",
+          LEASES),),
     ),
     operation(
         "holder",

@@ -163,6 +163,11 @@ class Dispatcher:
                         entry["shaper"] = False
             elif request.op == "session_open":
                 entry["quota"] = self.config.max_sessions_per_principal
+            elif request.op == "request_yield" and auth is not None:
+                # An admin on the key asks every holder, whatever its priority (§4f).
+                who = auth.principals.get(request.principal)
+                if who is not None and who.allows("admin", str(request.args["key"])):
+                    entry["override"] = True
         # A budget gate from the auth file (docs/budgets.md, "Budget gates"): stamped
         # here, decided in the state machine with the grant. Never a client's value.
         entry.pop("gate_budget", None)

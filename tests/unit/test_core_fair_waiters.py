@@ -186,7 +186,7 @@ def test_layout_7_snapshot_loads_without_fair_shares() -> None:
     store.apply(acquire(2, "w1"))
     plain = store.to_plain()
     assert plain["v"] == SNAPSHOT_VERSION
-    old = {k: v for k, v in plain.items() if k not in ("fair", "deadlock_refusals")}
+    old = {k: v for k, v in plain.items() if k not in ("fair", "deadlock_refusals", "preempt")}
     old["v"] = 7
     restored = LeaseStore.from_plain(old)
     assert restored.to_plain() == plain

@@ -714,6 +714,7 @@ def test_a_fresh_store_snapshots_as_log_time_zero_term_zero_and_nothing_else() -
         "budgets": {"budgets": [], "outcomes": []},
         "fair": [],
         "deadlock_refusals": [],
+        "preempt": {"priorities": [], "requests": []},
     }
 
 
@@ -915,9 +916,11 @@ GOLDEN_V7 = {**GOLDEN_V6, "v": 7}
 #: ``fair`` differ (tests/unit/test_core_fair_waiters.py has rows with fair shares).
 RESTORED_V8 = {**RESTORED_V7, "v": 8, "fair": []}
 GOLDEN_V8 = {**GOLDEN_V7, "v": 8, "fair": []}
-#: Layout 9 adds the deadlock refusals kept for long-polls (none in the golden history).
-RESTORED_V9 = {**RESTORED_V8, "v": 9, "deadlock_refusals": []}
-GOLDEN_V9 = {**GOLDEN_V8, "v": 9, "deadlock_refusals": []}
+#: Layout 9 adds the deadlock refusals kept for long-polls and the preemption tables
+#: (grant priorities, yield requests): none in the golden history.
+_V9 = {"deadlock_refusals": [], "preempt": {"priorities": [], "requests": []}}
+RESTORED_V9 = {**RESTORED_V8, "v": 9, **_V9}
+GOLDEN_V9 = {**GOLDEN_V8, "v": 9, **_V9}
 
 
 def test_the_snapshot_layout_is_version_9_field_for_field() -> None:
@@ -960,7 +963,7 @@ def test_a_version_3_snapshot_gets_a_ceiling_one_step_above_its_revision() -> No
         **GOLDEN_V3,
         "v": 9,
         "fair": [],
-        "deadlock_refusals": [],
+        **_V9,
         "tasks": EMPTY_TASKS_V6,
         "budgets": EMPTY_BUDGETS,
         "leases": RESTORED_V5["leases"],
