@@ -606,7 +606,8 @@ class LeaseStore(StoreState):
         key gets its own lease (id ``lid/<index>``, returned to the grantee only) and
         its own fencing token, one revision apart in the order the keys were given;
         releasing one key with its own lease id is allowed and ends that key alone.
-        It never queues (docs/usage.md, "Several keys at once")."""
+        Without ``wait`` a busy set is refused; with it, it queues as one waiter on
+        every key (``_queue_set``; docs/usage.md, "Several keys at once")."""
         lid: str = entry["lid"]
         items: list[list[Any]] = entry["keys"]
         capacity: int = entry.get("capacity", 1)

@@ -38,7 +38,8 @@ from .keepalive import KeepAliveState, LostCallback
 from .locks import AsyncHeldLock, HeldLock
 
 #: Called with the attached leases whose holder is asked to yield (``request_yield``):
-#: ``[{"key", "token", "deadline", "by"}, ...]``, each request once. ``AsyncSession``:
+#: ``[{"key", "token", "deadline", "by", "now"}, ...]`` (``now``: the keep-alive
+#: answer's log time, ms, like ``deadline``), each request once. ``AsyncSession``:
 #: from its keep-alive task; ``Session``: on a thread of its own.
 YieldListCallback = Callable[[list[dict[str, Any]]], None]
 
@@ -116,7 +117,8 @@ class AsyncSession(KeepAliveState):
             # reported once per request, from this keep-alive's answer.
             self._yields_told.update((int(a["token"]), int(a["deadline"])) for a in new)
             if self._on_yield is not None:
-                self._on_yield(new)
+                # With the answer's log time, so the deadline reads as time left.
+                self._on_yield([{**a, "now": result.get("now")} for a in new])
 
     async def stop_keepalive(self) -> None:
         """Stop the background keep-alive (the session then expires after its TTL,
