@@ -102,6 +102,8 @@ DEFAULT_TESTS = (
     "tests/unit/test_core_fair.py",
     "tests/unit/test_core_fair_waiters.py",
     "tests/unit/test_core_deadlock.py",
+    "tests/unit/test_core_many_wait.py",
+    "tests/unit/test_core_preempt.py",
     "tests/unit/test_queue_metrics.py",
     "tests/unit/test_core_queue.py",
     "tests/unit/test_core_budgets.py",
