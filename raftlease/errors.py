@@ -77,6 +77,23 @@ class LeaseNotFoundError(RaftLeaseError):
     definite = True
 
 
+class DeadlockError(RaftLeaseError):
+    """A queued acquire would close (or closed) a cycle of agents each holding a key
+    the next waits for (docs/design.md §4e): it was refused (if it was already
+    queued, it left its queue), and it is the youngest waiter of the cycle. Nothing
+    the caller holds was released: release something, or retry later. ``detail``
+    has ``key`` and ``cycle``: ``[{"owner", "waits_for", "held_by"}, ...]`` (owners
+    and keys, never lease ids)."""
+
+    code = "DEADLOCK"
+    definite = True
+
+    @property
+    def cycle(self) -> list[dict[str, str]]:
+        value = self.detail.get("cycle")
+        return list(value) if isinstance(value, list) else []
+
+
 class ClientExpiredError(RaftLeaseError):
     """The client id is unknown to the cluster although the client has had requests
     acknowledged under it before: its dedup record was evicted after inactivity, so a
@@ -307,6 +324,7 @@ _REGISTRY: dict[str, type[RaftLeaseError]] = {
         LeaseHeldError,
         NotOwnerError,
         LeaseNotFoundError,
+        DeadlockError,
         SessionExpiredError,
         TooManyPendingError,
         SessionNotFoundError,

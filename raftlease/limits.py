@@ -74,3 +74,13 @@ MAX_BUDGET_REFILL = 10**9
 MAX_BUDGETS = 10_000
 MAX_BUDGET_PENDING = 10_000
 BUDGET_OUTCOME_MS = 60_000
+#: Deadlock detection (core/deadlock.py, docs/design.md §4e): the most waits-for edges
+#: (a queued acquire and one holder of its key) one search examines. An entry runs one
+#: search per acquire that queues and one per grant on a key others wait for, so the
+#: detector costs at most this much per such event; a cycle that a search cannot reach
+#: within it is not detected (its waiters leave at their wait deadline, as before).
+MAX_DEADLOCK_SEARCH = 4096
+#: Queued acquires refused ``DEADLOCK`` after they queued (a grant closed the cycle)
+#: whose outcome the cluster keeps for their long-poll (until their wait deadline, at
+#: most this many: the oldest is forgotten first; its client then sees it gone).
+MAX_DEADLOCK_REFUSALS = 1024

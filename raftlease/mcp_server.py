@@ -35,6 +35,7 @@ hints and a typed output schema; the text content carries the same object.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -85,6 +86,7 @@ from .limits import (
     MAX_CAPACITY,
     MAX_ID_CHARS,
     MAX_KEY_BYTES,
+    MAX_MANY_KEYS,
     MAX_QUEUE_NAME_BYTES,
     MAX_TASK_BACKOFF_MS,
     MAX_TASK_CAP_BYTES,
@@ -93,7 +95,8 @@ from .limits import (
     MAX_TASK_RESULT_BYTES,
     MAX_VALUE_BYTES,
 )
-from .models import Holder, Lease
+from .models import Holder, Lease, LeaseSet
+from .operations import MAX_PRIORITY
 from .recipes.sessions import AsyncSession
 
 log = logging.getLogger("raftlease.mcp")
@@ -272,6 +275,44 @@ class RenewResult(TypedDict):
     claims: NotRequired[
         Annotated[list[ClaimView], Field(description="Without key: each claim still held.")]
     ]
+    yield_requested: NotRequired[_YieldRequested]
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class YieldRequest(TypedDict):
+    key: str
+    token: Annotated[int, Field(description="The asked claim's fencing token.")]
+    seconds_left: Annotated[
+        float, Field(description="About how long until the cluster ends the claim itself.")
+    ]
+    by: Annotated[str, Field(description="Who asked (their label).")]
+
+
+_YieldRequested = Annotated[
+    list[YieldRequest],
+    Field(
+        description=(
+            "Claims someone with a higher priority asks this session to give up: finish "
+            "or checkpoint and release them before seconds_left runs out, when the "
+            "cluster ends them itself."
+        )
+    ),
+]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ClaimManyResult(TypedDict):
+    """Every key of the set, claimed together (all or none)."""
+
+    claims: Annotated[list[ClaimView], Field(description="One claim per key, in order.")]
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class RequestYieldResult(TypedDict):
+    key: str
+    asked: Annotated[int, Field(description="Holders asked to yield.")]
     lost_claims: NotRequired[_LostClaims]
 
 
@@ -344,6 +385,7 @@ class ListClaimsResult(TypedDict):
     leases: NotRequired[
         Annotated[list[LeaseView], Field(description="Every live lease under prefix.")]
     ]
+    yield_requested: NotRequired[_YieldRequested]
     lost_claims: NotRequired[_LostClaims]
 
 
@@ -573,6 +615,12 @@ class ClaimBook:
         self._capacity: dict[str, int] = {}
         #: The least severe log level the client takes (``logging/setLevel``).
         self.log_level = "debug"
+        #: Sets of keys claimed together (``claim_many``), by the set's id: the set
+        #: and the task keeping it alive (its own lease session's keep-alive).
+        self.sets: dict[str, tuple[LeaseSet, asyncio.Task[None]]] = {}
+        #: Yield requests learnt from keep-alive answers, by the asked claim's token:
+        #: (key, deadline on this host's monotonic clock, asker).
+        self._yields: dict[int, tuple[str, float, str]] = {}
 
     def set_log_level(self, level: str) -> None:
         self.log_level = level
@@ -585,7 +633,9 @@ class ClaimBook:
             self._collect_session_loss()
             if self.session is None:
                 session = self.client.session(
-                    owner=self.options.owner, ttl=self.options.session_ttl
+                    owner=self.options.owner,
+                    ttl=self.options.session_ttl,
+                    on_yield_requested=self._asked_to_yield,
                 )
                 try:
                     await session.open()
@@ -627,6 +677,31 @@ class ClaimBook:
         )
         log.warning("task %s (token %d) lost: %s", task_id, task.token, reason)
 
+    def _asked_to_yield(self, requests: list[dict[str, Any]]) -> None:
+        """The lease session's keep-alive answer names claims asked to yield
+        (``request_yield``): kept for the next ``renew``/``list_claims`` answer."""
+        for one in requests:
+            # Log-time ms until the deadline as of the keep-alive answer, counted on
+            # our clock from now: an estimate (the cluster's deadline is what counts).
+            now = one.get("now")
+            deadline = int(one["deadline"])
+            left = (deadline - int(now)) / 1000.0 if isinstance(now, int) else 0.0
+            self._yields[int(one["token"])] = (
+                str(one["key"]),
+                time.monotonic() + left,
+                str(one.get("by", "")),
+            )
+
+    def _yield_views(self) -> list[dict[str, Any]]:
+        """The yield requests of claims still held, with the seconds left."""
+        now = time.monotonic()
+        held = {lease.token: key for key, lease in self.claims.items()}
+        return [
+            {"key": key, "token": token, "seconds_left": round(max(0.0, at - now), 3), "by": by}
+            for token, (key, at, by) in sorted(self._yields.items())
+            if held.get(token) == key
+        ]
+
     async def close(self) -> None:
         """End of the MCP session: close the lease session (releasing every claim at
         once and giving every taken task back; if the cluster cannot be reached they
@@ -634,7 +709,12 @@ class ClaimBook:
         session, self.session = self.session, None
         self.claims.clear()
         self.tasks.clear()
+        sets, self.sets = list(self.sets.values()), {}
         try:
+            for lease_set, keeper in sets:
+                keeper.cancel()
+                with contextlib.suppress(RaftLeaseError):
+                    await self.client.release_many(lease_set, timeout=5.0)
             if session is not None:
                 await session.close()
             if self._closing:
@@ -767,13 +847,14 @@ class ClaimBook:
             lease = self.claims.get(name)
             if lease is not None and await self._verify(name, lease):
                 views.append(self._claim_view(lease))
+        asked = [y for y in self._yield_views() if key is None or y["key"] == key]
         if key is not None:
             if not views:
                 raise _tool_error(
                     "LEASE_NOT_FOUND", f"the claim of {key!r} was lost: stop using it"
                 )
-            return views[0]
-        return {"claims": views}
+            return {**views[0], **({"yield_requested": asked} if asked else {})}
+        return {"claims": views, **({"yield_requested": asked} if asked else {})}
 
     async def release(self, key: str) -> dict[str, Any]:
         _check_key(key)
@@ -848,7 +929,83 @@ class ClaimBook:
         body: dict[str, Any] = {"claims": views}
         if self.session is not None:
             body["session_valid_for"] = round(self.session.remaining, 3)
+        asked = self._yield_views()
+        if asked:
+            body["yield_requested"] = asked
         return body
+
+    async def claim_many(self, keys: list[str], wait: float) -> dict[str, Any]:
+        """Claim every key of ``keys`` together, all or none (``acquire_many``, waiting
+        up to ``wait`` as one waiter on every key); the set lives by a lease session
+        of its own, kept alive here, and its keys are claims like any other."""
+        for key in keys:
+            _check_key(key)
+        wait = _check_seconds("wait", wait, MAX_WAIT)
+        self._collect_session_loss()
+        held = [key for key in keys if key in self.claims or key in self._claiming]
+        if held:
+            raise _tool_error(
+                "INVALID_ARGUMENT",
+                f"this session already holds (or is claiming) {held}: release them first",
+            )
+        self._claiming.update(keys)
+        try:
+            try:
+                lease_set = await self.client.acquire_many(
+                    keys, owner=self.options.owner, ttl=self.options.session_ttl, wait=wait
+                )
+            except RaftLeaseError as exc:
+                raise _from_raftlease(exc) from None
+            for lease in lease_set.leases:
+                self.claims[lease.key] = lease
+                self._capacity[lease.key] = 1
+            keeper = asyncio.get_running_loop().create_task(self._keep_set(lease_set.lease_id))
+            self.sets[lease_set.lease_id] = (lease_set, keeper)
+            return {"claims": [self._claim_view(lease) for lease in lease_set.leases]}
+        finally:
+            self._claiming.difference_update(keys)
+
+    async def _keep_set(self, lid: str) -> None:
+        """Keep a claimed set alive (``renew_many`` every ttl / 3) while any of its
+        keys is still claimed here; then close it. A set gone on the cluster loses
+        its claims (reported once, as any lost claim)."""
+        while True:
+            lease_set, _task = self.sets[lid]
+            await asyncio.sleep(max(0.05, lease_set.ttl / 3))
+            mine = [k for k in lease_set.keys if self.claims.get(k) in lease_set.leases]
+            if not mine:
+                with contextlib.suppress(RaftLeaseError):
+                    await self.client.release_many(lease_set, timeout=5.0)
+                self.sets.pop(lid, None)
+                return
+            try:
+                kept = await self.client.renew_many(lease_set)
+            except RaftLeaseError as exc:
+                if exc.definite:
+                    for key in mine:
+                        lease = self.claims.get(key)
+                        if lease is not None:
+                            self._lose(key, lease, f"its set is gone ({exc.code})")
+                    self.sets.pop(lid, None)
+                    return
+                continue
+            for lease in kept.leases:
+                if lease.key in mine:
+                    self.claims[lease.key] = lease
+            self.sets[lid] = (kept, self.sets[lid][1])
+
+    async def request_yield(self, key: str, deadline: float, priority: int) -> dict[str, Any]:
+        """Ask the holders of ``key`` below ``priority`` to yield within ``deadline``
+        seconds (``request_yield``); needs the preempt (or admin) permission."""
+        _check_key(key)
+        deadline = _check_seconds("deadline", deadline, MAX_WAIT)
+        try:
+            asked = await self.client.request_yield(
+                key, deadline=deadline, priority=priority, owner=self.options.owner
+            )
+        except RaftLeaseError as exc:
+            raise _from_raftlease(exc) from None
+        return {"key": key, "asked": asked}
 
     # ------------------------------------------------------------- queues
 
@@ -1032,6 +1189,7 @@ _EXPECTED = {
     "dict_type": "an object mapping names to strings",
     "bool_type": "true or false",
     "finite_number": "a finite number",
+    "list_type": "a list",
 }
 _RANGE_ERRORS = frozenset({"greater_than_equal", "less_than_equal", "greater_than", "less_than"})
 
@@ -1093,6 +1251,9 @@ def _refusal(tool: str, schema: dict[str, Any], error: Mapping[str, Any]) -> str
     if kind == "too_long":
         most = error.get("ctx", {}).get("max_length")
         return f"{where} has too many entries: at most {most}."
+    if kind == "too_short":
+        least = error.get("ctx", {}).get("min_length")
+        return f"{where} has too few entries: at least {least}."
     if kind == "string_pattern_mismatch":
         return f"{where} must not contain the NUL character."
     if kind in _EXPECTED:
@@ -1523,8 +1684,68 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
         body = await book.settle_budget(reservation_id, actual)
         return cast(SettleResult, await book.result(ctx, body))
 
+    async def claim_many(
+        keys: Annotated[
+            list[Key],
+            Field(
+                min_length=1,
+                max_length=MAX_MANY_KEYS,
+                description=f"1 to {MAX_MANY_KEYS} distinct keys to claim together.",
+            ),
+        ],
+        ctx: Context,
+        wait: ClaimWait = 0.0,
+    ) -> ClaimManyResult:
+        """Claim several keys at once, all or none, in one step on the cluster: never
+        part of them (so two agents taking the same keys in different orders cannot
+        deadlock). With `wait`, waits as one waiter on every key until all are free
+        for it. Each key becomes a claim of this session (its own fencing `token`);
+        release them one by one or with release_all. Errors: LEASE_HELD (detail
+        `keys`: the busy ones) when not all are free within `wait`; DEADLOCK if
+        waiting would close a cycle of waits."""
+        if len(set(keys)) != len(keys):
+            raise _tool_error("INVALID_ARGUMENT", "keys must be distinct")
+        body = await book.claim_many(list(keys), wait)
+        return cast(ClaimManyResult, await book.result(ctx, body))
+
+    async def request_yield(
+        key: Key,
+        deadline: Annotated[
+            StrictFloat,
+            Field(
+                ge=0,
+                le=MAX_WAIT,
+                allow_inf_nan=False,
+                description=(
+                    f"Seconds, 0 to {MAX_WAIT:g}, the holders get to give `key` up before "
+                    "the cluster ends their claims itself and grants the next waiter."
+                ),
+            ),
+        ],
+        ctx: Context,
+        priority: Annotated[
+            StrictInt,
+            Field(
+                ge=-MAX_PRIORITY,
+                le=MAX_PRIORITY,
+                description="Your priority: only holders granted below it are asked.",
+            ),
+        ] = 0,
+    ) -> RequestYieldResult:
+        """Ask the holders of `key` to give it up within `deadline` seconds (they see
+        it in their next keep-alive answer; at the deadline the cluster ends their
+        claims and grants the next waiter, e.g. your own waiting claim). Needs the
+        preempt (or admin) permission on the key with auth, and a `priority` above
+        the holders'. Errors: PERMISSION_DENIED, LEASE_NOT_FOUND (nobody holds it)."""
+        body = await book.request_yield(key, deadline, priority)
+        return cast(RequestYieldResult, await book.result(ctx, body))
+
     tools = [
         _strict_tool(claim, _hints("Claim a key", read_only=False)),
+        _strict_tool(claim_many, _hints("Claim several keys together", read_only=False)),
+        _strict_tool(
+            request_yield, _hints("Ask holders to yield a key", read_only=False, idempotent=False)
+        ),
         _strict_tool(renew, _hints("Renew claims", read_only=False)),
         _strict_tool(release, _hints("Release a claim", read_only=False, destructive=True)),
         _strict_tool(release_all, _hints("Release every claim", read_only=False, destructive=True)),

@@ -76,6 +76,12 @@ class Lease:
     #: The units it holds on a pool or semaphore (capacity 2 to 1024): their indices,
     #: the lowest free at grant (a GPU pool's device numbers); () otherwise.
     unit_indices: tuple[int, ...] = ()
+    #: Someone asked this holder to yield (``request_yield``, docs/usage.md): the log
+    #: time (ms, comparable with ``expires_at_ms``) at which the cluster ends the lease
+    #: itself unless it is released first, as of the last answer; None if nobody asked.
+    yield_deadline_ms: int | None = None
+    #: Who asked (the asker's label), "" if nobody did.
+    yield_by: str = ""
 
     @property
     def trusted_until(self) -> float:

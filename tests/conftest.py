@@ -166,6 +166,8 @@ SERIAL_FILES: dict[str, str] = {
     # would fail the honest build or pass the planted one.
     "integration/test_planted_bugs.py": "planted-bug detection",
     "integration/test_model_trails.py": "SPIN counterexamples on planted builds, timed",
+    "integration/test_deadlock.py": "planted build (skip_deadlock_detection)",
+    "integration/test_preempt.py": "timing: a yield learnt in a keep-alive, ended at its deadline",
     "integration/test_durability.py": "planted build, recovery wait measured in seconds",
     "integration/test_partitions.py": "partitions and a planted build (skip_pre_vote)",
     # Leader leases, clock drift and elections against the clock.

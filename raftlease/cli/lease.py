@@ -304,20 +304,29 @@ def _set_shell(lease_id: str) -> LeaseSet:
 @click.argument("keys", nargs=-1, required=True)
 @owner_option
 @click.option("--ttl", type=TTL, required=True, help="Time to live of the set (30s, 5m, 1.5).")
+@click.option(
+    "--wait",
+    type=DURATION,
+    default=0.0,
+    help="Wait, queued on every key, until all are free, up to this long (5m).",
+)
 @click.option("--capacity", type=int, default=1, show_default=True, help="Every key's size.")
 @client_options
 def acquire_many(
     keys: tuple[str, ...],
     owner: str,
     ttl: float,
+    wait: float,
     capacity: int,
     endpoints: str,
     as_json: bool,
     timeout: float,
 ) -> None:
     """Acquire every one of KEYS or none, in one log entry (at most 16); prints the
-    set's id, needed to release the set (``release-many``). Never waits: exits 1 if any
-    key is held. A KEY written key=N takes N units of a shared key of --capacity."""
+    set's id, needed to release the set (``release-many``). Without --wait exits 1 at
+    once if any key is held; with it, waits until every key is free for the set (exit 1
+    when the wait runs out, or DEADLOCK). A KEY written key=N takes N units of a shared
+    key of --capacity."""
     wanted: dict[str, int] = {}
     for item in keys:
         name, sep, units = item.rpartition("=")
@@ -331,6 +340,7 @@ def acquire_many(
                 wanted,
                 owner=owner,
                 ttl=ttl,
+                wait=wait,
                 capacity=capacity,
                 timeout=timeout,
             )

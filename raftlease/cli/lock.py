@@ -33,6 +33,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -68,10 +69,12 @@ EXIT_NOT_FOUND = 127
 POLL_INTERVAL = 0.05
 
 
-def child_env(key: str, lease: Lease) -> dict[str, str]:
+def child_env(key: str, lease: Lease, yield_file: str | None = None) -> dict[str, str]:
     """The command's environment: ours, plus the lease's key, fencing token and id.
     ``RAFTLEASE_TOKEN`` is the CLI's bearer-token variable too: the caller's bearer
-    token (if any) moves to ``RAFTLEASE_AUTH_TOKEN``, which the CLI prefers."""
+    token (if any) moves to ``RAFTLEASE_AUTH_TOKEN``, which the CLI prefers.
+    ``RAFTLEASE_YIELD_FILE`` (``lock`` only): a file, empty until someone asks the
+    holder to yield (``request_yield``), then one line per request."""
     env = dict(os.environ)
     auth = env.get("RAFTLEASE_AUTH_TOKEN", env.get("RAFTLEASE_TOKEN", ""))
     env.update(
@@ -80,6 +83,8 @@ def child_env(key: str, lease: Lease) -> dict[str, str]:
         RAFTLEASE_LEASE_ID=lease.lease_id,
         RAFTLEASE_AUTH_TOKEN=auth,
     )
+    if yield_file is not None:
+        env["RAFTLEASE_YIELD_FILE"] = yield_file
     return env
 
 
@@ -148,10 +153,12 @@ class Supervisor:
         lost: Callable[[], str | None],
         box: SignalBox,
         valid_for: Callable[[], float] = lambda: math.inf,
+        asked: Callable[[], None] = lambda: None,
     ) -> int:
         """Wait for the command; returns its exit status. ``valid_for``: seconds of
         ownership left on this host's clock (the SIGKILL of a stop for a lost lease
-        comes no later than that)."""
+        comes no later than that). ``asked``: tells the command of a yield request
+        learnt since the last call (``LeaseKeeper.tell_yield``)."""
         assert self.proc is not None
         while True:
             try:
@@ -159,6 +166,7 @@ class Supervisor:
                 break
             except subprocess.TimeoutExpired:
                 pass
+            asked()
             signum = box.take()
             if signum is not None:
                 self._stop(signum)  # forwarded as is: SIGINT stays SIGINT
@@ -195,6 +203,8 @@ class LeaseKeeper:
         self.grace = grace
         self.state = KeepAliveState(f"lock {lease.key}", lease.ttl, noun="lease")
         self.state.renewed(lease.trusted_until)
+        #: The yield deadline last told to the command (once per request).
+        self._yield_told: int | None = None
         self._stop = threading.Event()
         self._lost = threading.Event()
         self._thread = threading.Thread(
@@ -208,6 +218,28 @@ class LeaseKeeper:
     def _renew(self, timeout: float) -> None:
         self.lease = self.client.renew(self.lease, timeout=timeout)
         self.state.renewed(self.lease.trusted_until)
+
+    def tell_yield(self, supervisor: Supervisor, path: str, signum: int | None) -> None:
+        """Main thread, from the supervisor's loop: a yield request learnt in a renewal
+        answer and not told yet is appended to ``path`` (``RAFTLEASE_YIELD_FILE``:
+        one line, ``deadline_ms=<log time> seconds_left=<s> by=<asker>``), then
+        ``signum`` (``--yield-signal``, if any) goes to the command's group."""
+        lease = self.lease
+        deadline = lease.yield_deadline_ms
+        if deadline is None or deadline == self._yield_told:
+            return
+        self._yield_told = deadline
+        left = max(0.0, (deadline - lease.expires_at_ms) / 1000.0 + lease.remaining)
+        line = f"deadline_ms={deadline} seconds_left={left:.3f} by={lease.yield_by}\n"
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(line)
+        click.echo(
+            f"raftlease: {safe(lease.yield_by)} asks this holder of {safe(lease.key)} to "
+            f"yield within about {left:.1f} s (then the cluster ends the lease)",
+            err=True,
+        )
+        if signum is not None and supervisor.proc is not None:
+            supervisor._signal_group(signum)
 
     def lost(self) -> str | None:
         state = self.state
@@ -269,6 +301,13 @@ def _common(func: Any) -> Any:
     show_default=True,
     help="How long to wait in the key's queue (5m); 0: fail at once if held.",
 )
+@click.option(
+    "--yield-signal",
+    type=click.Choice(["", "USR1", "USR2", "INT", "TERM", "HUP"]),
+    default="",
+    help="Also send this signal to the command when someone asks the holder to yield "
+    "(request_yield); RAFTLEASE_YIELD_FILE gets a line either way.",
+)
 @owner_option
 @_common
 def lock(
@@ -278,6 +317,7 @@ def lock(
     wait: float,
     owner: str,
     grace: float,
+    yield_signal: str,
     endpoints: str,
     timeout: float,
 ) -> None:
@@ -303,15 +343,25 @@ def lock(
         if lease is None:  # a signal while waiting: the queued acquire was withdrawn
             sys.exit(128 + (box.take() or signal.SIGINT))
         keeper = LeaseKeeper(c, lease, grace)
+        handle, yield_file = tempfile.mkstemp(prefix="raftlease-yield-")
+        os.close(handle)
+        signum = getattr(signal, f"SIG{yield_signal}") if yield_signal else None
         try:
-            supervisor = Supervisor(command, child_env(key, lease), grace)
+            supervisor = Supervisor(command, child_env(key, lease, yield_file), grace)
             status = supervisor.start()
             if status is None:
-                status = supervisor.run(keeper.lost, box, keeper.valid_for)
+                status = supervisor.run(
+                    keeper.lost,
+                    box,
+                    keeper.valid_for,
+                    lambda: keeper.tell_yield(supervisor, yield_file, signum),
+                )
                 if supervisor.lost_reason is not None:
                     status = EXIT_LEASE_LOST
         finally:
             keeper.release()
+            with contextlib.suppress(OSError):
+                os.unlink(yield_file)
     sys.exit(status)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import (
     ConnectionLostError,
+    DeadlockError,
     InvalidArgumentError,
     LeaseHeldError,
     RaftLeaseError,
@@ -223,6 +224,8 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         renewed by the request sent at ``sent``, less for a lease attached to a session
         that was last kept alive before it)."""
         ttl = result["ttl"] / 1000.0
+        asked = result.get("yield_requested")
+        asked = asked if isinstance(asked, dict) else None
         if remaining is None and isinstance(result.get("now"), int):
             remaining = (int(result["expires_at"]) - int(result["now"])) / 1000.0
         window = ttl if remaining is None else min(ttl, remaining)
@@ -238,6 +241,8 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             value=str(result.get("value", "")),
             session=session,
             unit_indices=tuple(int(i) for i in result.get("unit_indices", ())),
+            yield_deadline_ms=int(asked["deadline"]) if asked else None,
+            yield_by=str(asked.get("by", "")) if asked else "",
         )
 
     def valid_until(self, sent: float, seconds: float) -> float:
@@ -346,6 +351,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         *,
         owner: str | None = None,
         ttl: float,
+        wait: float = 0.0,
         priority: int = 0,
         capacity: int = 1,
         timeout: float | None = None,
@@ -355,17 +361,28 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         units of a shared key of ``capacity`` (every key of the set has that
         capacity). At most ``MAX_MANY_KEYS`` (16) distinct keys.
 
-        Never waits: if any key is held, or promised to acquires queued on it,
-        raises ``LeaseHeldError`` (definite; its detail's ``keys`` names the busy
-        ones) and nothing was taken. An unknown outcome (``TimeoutError``,
-        ``ConnectionLostError``) is retried under the same request id by the call
-        layer until the cluster answers or ``timeout`` passes, so it is applied at
-        most once. Other errors: ``CapacityMismatchError``, ``QuotaExceededError``,
-        ``PermissionDeniedError`` (write on every key needed), ``InvalidArgumentError``
-        / ``BadRequestError`` for a malformed set (empty, duplicates, too many keys).
-        Keep the set alive with ``renew_many`` and give it back with ``release_many``.
-        Cancelling the call cancels the wait for the answer, not the request: the
-        set may have been granted and then expires after ``ttl``."""
+        With ``wait=0`` (default) never waits: if any key is held, or promised to
+        acquires queued on it, raises ``LeaseHeldError`` (definite; its detail's
+        ``keys`` names the busy ones) and nothing was taken. With ``wait > 0`` the set
+        queues as one waiter on every key (higher ``priority`` first, then arrival;
+        it keeps its place at the head of each key until all are free for it) and the
+        call blocks until every key is granted, in one log entry, or ``wait`` seconds
+        pass (then it is withdrawn and ``LeaseHeldError`` is raised). Raises
+        ``DeadlockError`` (definite) if queueing would close a cycle of waits, or if a
+        later grant closes one and the set is the cycle's youngest waiter (it left
+        every queue). Cancelling a waiting call, or an unknown outcome while it
+        queues, withdraws the set (retried until answered, as ``acquire``); a set
+        granted meanwhile is released.
+
+        Without ``wait`` an unknown outcome (``TimeoutError``, ``ConnectionLostError``)
+        is retried under the same request id by the call layer until the cluster
+        answers or ``timeout`` passes, so it is applied at most once. Other errors:
+        ``CapacityMismatchError``, ``QuotaExceededError``, ``PermissionDeniedError``
+        (write on every key needed), ``InvalidArgumentError`` / ``BadRequestError``
+        for a malformed set (empty, duplicates, too many keys). Keep the set alive
+        with ``renew_many`` and give it back with ``release_many``. Cancelling a call
+        without ``wait`` cancels the wait for the answer, not the request: the set may
+        have been granted and then expires after ``ttl``."""
         if owner is None:
             owner = default_owner()
         if not owner:
@@ -377,8 +394,84 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         if capacity != 1:
             args["capacity"] = capacity
         sent = time.monotonic()
-        result = await self.call("acquire_many", args, mutating=True, timeout=timeout)
-        return self._lease_set(result, sent)
+        if wait <= 0:
+            result = await self.call("acquire_many", args, mutating=True, timeout=timeout)
+            return self._lease_set(result, sent)
+        args["wait"] = wait
+        pin = Pin()
+        try:
+            result = await self._call_pinned("acquire_many", args, pin, timeout)
+        except BaseException as exc:
+            if unknown_outcome(exc):
+                # It may have queued (or been granted): the same request again under
+                # the same (cid, seq) tells its set id; then withdraw it.
+                async def withdraw(budget: float) -> None:
+                    until = time.monotonic() + budget
+                    again = await self._call_pinned("acquire_many", args, pin, budget)
+                    left = max(until - time.monotonic(), self.attempt_timeout)
+                    await self._close_set(str(again["lease_id"]), left)
+
+                await self._withdraw_until(withdraw, sent + wait)
+            raise
+        finally:
+            pin.end()
+        if not result.get("queued"):
+            return self._lease_set(result, sent)
+        return await self._await_set(result, sent + wait)
+
+    async def _close_set(self, lid: str, timeout: float) -> None:
+        """Withdraw a waiting set, or release it if it was granted meanwhile (one
+        ``session_close`` does both). Raises what the call raises; ``_withdraw_until``
+        takes a definite refusal (the set already gone) as an answer."""
+        await self.call("session_close", {"session_id": lid}, mutating=True, timeout=timeout)
+
+    async def _await_set(self, queued: dict[str, Any], until: float) -> LeaseSet:
+        """Long-poll the leader (on the set's first key) until our waiting set is
+        granted (every key at once), refused or gone."""
+        lid = str(queued["lease_id"])
+        key = str(queued["keys"][0])
+        first = f"{lid}/0"
+        refused: dict[str, Any] | None = None
+        try:
+            while (left := until - time.monotonic()) > 0:
+                sent = time.monotonic()
+                hold = min(left, self.attempt_timeout / 2)
+                status = await self.call(
+                    "await_lease",
+                    {"key": key, "lease_id": first, "timeout": hold},
+                    mutating=False,
+                    timeout=hold + self.attempt_timeout,
+                )
+                if status["state"] == "held":
+                    return self._lease_set(
+                        {
+                            "lease_id": lid,
+                            "owner": status["owner"],
+                            "ttl": status["ttl"],
+                            "expires_at": status["expires_at"],
+                            "now": status["now"],
+                            "leases": status.get("set", []),
+                        },
+                        sent,
+                    )
+                if status["state"] == "refused":
+                    refused = status
+                    break
+                if status["state"] == "gone":
+                    break
+        except BaseException:
+            await self._withdraw_until(lambda t: self._close_set(lid, t), until)
+            raise
+        if refused is not None:
+            raise DeadlockError(
+                str(refused.get("message", "deadlock")),
+                {"key": key, "cycle": refused.get("cycle", [])},
+            )
+        await self._withdraw_until(lambda t: self._close_set(lid, t), until)
+        keys = ", ".join(repr(k) for k in queued["keys"])
+        raise LeaseHeldError(
+            f"the set {keys} was not granted within the wait", {"keys": queued["keys"]}
+        )
 
     def _lease_set(self, result: dict[str, Any], sent: float) -> LeaseSet:
         ttl = result["ttl"] / 1000.0
@@ -458,7 +551,10 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
     async def _await_grant(
         self, key: str, lease_id: str, until: float, session: Attachable | None
     ) -> Lease:
-        """Long-poll the leader until our queued acquire is granted or gone."""
+        """Long-poll the leader until our queued acquire is granted or gone. Raises
+        ``DeadlockError`` if it left its queue to break a deadlock (nothing to
+        withdraw then), ``LeaseHeldError`` when the wait ran out."""
+        refused: dict[str, Any] | None = None
         try:
             while (left := until - time.monotonic()) > 0:
                 sent = time.monotonic()
@@ -474,6 +570,9 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
                 if status["state"] == "held":
                     remaining = (status["expires_at"] - status["now"]) / 1000.0
                     return self._lease(status, sent, remaining=remaining, session=session)
+                if status["state"] == "refused":
+                    refused = status
+                    break
                 if status["state"] == "gone":
                     if session is not None:
                         # Dropped at its deadline, or because its session ended? A
@@ -488,6 +587,12 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         except BaseException:
             await self._withdraw(key, lease_id, until)
             raise
+        if refused is not None:
+            # The cluster took it out of the queue itself (docs/design.md §4e).
+            raise DeadlockError(
+                str(refused.get("message", "deadlock")),
+                {"key": key, "cycle": refused.get("cycle", [])},
+            )
         await self._withdraw(key, lease_id, until)
         raise LeaseHeldError(f"{key!r} was not granted within the wait", {"key": key})
 
@@ -501,6 +606,36 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             )
 
         await self._withdraw_until(send, until)
+
+    async def request_yield(
+        self,
+        key: str,
+        *,
+        deadline: float,
+        priority: int = 0,
+        owner: str | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Ask the holders of ``key`` to yield it within ``deadline`` seconds (log
+        time; cooperative preemption, docs/usage.md): the holders granted at a
+        priority below ``priority`` (with auth, at most your role's ``max_priority``;
+        an ``admin`` on the key asks every holder). Each learns it in its next
+        keep-alive answer (``Lease.yield_deadline_ms``, a lock's
+        ``on_yield_requested``) and may checkpoint and release; at the deadline the
+        cluster ends the lease itself and grants the key's next waiter in the same
+        log entry, with a new fencing token. Returns how many holders were asked. A
+        second request keeps the earlier deadline. Raises ``LeaseNotFoundError`` if
+        nobody holds the key, ``PermissionDeniedError`` without the ``preempt`` (or
+        ``admin``) permission on the key, or when every holder was granted at
+        ``priority`` or above (definite: nobody was asked). Retried under one
+        request id on an unknown outcome (applied at most once)."""
+        args: dict[str, Any] = {"key": key, "deadline": deadline}
+        if priority:
+            args["priority"] = priority
+        if owner:
+            args["owner"] = owner
+        result = await self.call("request_yield", args, mutating=True, timeout=timeout)
+        return int(result["asked"])
 
     async def transfer(
         self, lease: Lease, *, owner: str, ttl: float | None = None, timeout: float | None = None
@@ -558,13 +693,21 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         ttl: float,
         on_lost: Callable[[str], None] | None = None,
         on_jeopardy: Callable[[str], None] | None = None,
+        on_yield_requested: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> AsyncSession:
         """A lease session: ``async with client.session(owner=..., ttl=10) as s:``.
         Leases acquired with ``session=s`` (or ``s.acquire``/``s.lock``) are kept
         alive by its one keep-alive and released when it ends. ``owner`` defaults to
         ``hostname:pid`` (a label, not a credential: the session id proves it). See
         ``raftlease.recipes.sessions``."""
-        return AsyncSession(self, owner=owner, ttl=ttl, on_lost=on_lost, on_jeopardy=on_jeopardy)
+        return AsyncSession(
+            self,
+            owner=owner,
+            ttl=ttl,
+            on_lost=on_lost,
+            on_jeopardy=on_jeopardy,
+            on_yield_requested=on_yield_requested,
+        )
 
     def election(self, name: str) -> AsyncElection:
         """Leader election on key ``name``: campaign, leader, observe, proclaim,
@@ -694,6 +837,9 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             ttl=renewed.ttl,
             valid_until=renewed.valid_until,
             expires_at_ms=renewed.expires_at_ms,
+            # A yield request reaches the holder in this answer (request_yield).
+            yield_deadline_ms=renewed.yield_deadline_ms,
+            yield_by=renewed.yield_by,
         )
 
     async def release(self, lease: Lease, *, timeout: float | None = None) -> None:

@@ -293,17 +293,28 @@ class Client(SharedKeyLocks[HeldLock]):
         *,
         owner: str | None = None,
         ttl: float,
+        wait: float = 0.0,
         priority: int = 0,
         capacity: int = 1,
         timeout: float | None = None,
     ) -> LeaseSet:
         """Every key of ``keys`` or none, in one log entry (see
-        ``AsyncClient.acquire_many``). Blocks the calling thread until answered."""
-        return self._direct(
-            lambda: self._async.acquire_many(
-                keys, owner=owner, ttl=ttl, priority=priority, capacity=capacity, timeout=timeout
+        ``AsyncClient.acquire_many``). Blocks the calling thread until answered (with
+        ``wait``, until granted or the wait is over)."""
+
+        def make() -> Coroutine[Any, Any, LeaseSet]:
+            return self._async.acquire_many(
+                keys,
+                owner=owner,
+                ttl=ttl,
+                wait=wait,
+                priority=priority,
+                capacity=capacity,
+                timeout=timeout,
             )
-        )
+
+        # A waiting set long-polls on the loop (AsyncClient._await_set).
+        return self._run(make()) if wait > 0 else self._direct(make)
 
     def renew_many(self, lease_set: LeaseSet, *, timeout: float | None = None) -> LeaseSet:
         """One keep-alive for every key of the set (see ``AsyncClient.renew_many``)."""
@@ -315,6 +326,23 @@ class Client(SharedKeyLocks[HeldLock]):
 
     def proclaim(self, lease: Lease, value: str, *, timeout: float | None = None) -> Lease:
         return self._run(self._async.proclaim(lease, value, timeout=timeout))
+
+    def request_yield(
+        self,
+        key: str,
+        *,
+        deadline: float,
+        priority: int = 0,
+        owner: str | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Ask the holders of ``key`` to yield within ``deadline`` seconds (see
+        ``AsyncClient.request_yield``). Blocks the calling thread until answered."""
+        return self._direct(
+            lambda: self._async.request_yield(
+                key, deadline=deadline, priority=priority, owner=owner, timeout=timeout
+            )
+        )
 
     def transfer(
         self, lease: Lease, *, owner: str, ttl: float | None = None, timeout: float | None = None
@@ -348,10 +376,18 @@ class Client(SharedKeyLocks[HeldLock]):
         ttl: float,
         on_lost: Callable[[str], None] | None = None,
         on_jeopardy: Callable[[str], None] | None = None,
+        on_yield_requested: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> Session:
         """``with client.session(owner=..., ttl=10) as s:`` (see ``AsyncClient.session``;
         ``owner`` defaults to ``hostname:pid``, a label, not a credential)."""
-        return Session(self, owner=owner, ttl=ttl, on_lost=on_lost, on_jeopardy=on_jeopardy)
+        return Session(
+            self,
+            owner=owner,
+            ttl=ttl,
+            on_lost=on_lost,
+            on_jeopardy=on_jeopardy,
+            on_yield_requested=on_yield_requested,
+        )
 
     def election(self, name: str) -> Election:
         return Election(self, name)

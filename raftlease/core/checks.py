@@ -49,6 +49,10 @@ MANY_OPS = ops_with("keys_write") & _MUTATING
 #: on a key (all, or the one named by ``lid`` or ``token``) and wakes its waiters.
 ADMIN_OPS = ops_with("key_admin") & _MUTATING
 
+#: Cooperative preemption (``request_yield``, core/preempt.py): the ``preempt``
+#: permission (or ``admin``) on the key with auth.
+PREEMPT_OPS = ops_with("key_preempt") & _MUTATING
+
 
 #: Leased task queues (core/queue.py, issue 12): mutations (the table's mutating
 #: operations on a queue), and reads through the log (``task_claim_status`` is the
@@ -61,7 +65,13 @@ TASK_OPS = TASK_MUTATING_OPS | TASK_READ_OPS
 #: Every mutating operation of the table: each carries ``cid``, ``seq``, ``ack``.
 #: Shared budgets (core/budget.py, issue 42) keep their own lists there.
 MUTATING_OPS = (
-    LEASE_OPS | MANY_OPS | SESSION_OPS | ADMIN_OPS | TASK_MUTATING_OPS | BUDGET_MUTATING_OPS
+    LEASE_OPS
+    | MANY_OPS
+    | SESSION_OPS
+    | ADMIN_OPS
+    | PREEMPT_OPS
+    | TASK_MUTATING_OPS
+    | BUDGET_MUTATING_OPS
 )
 assert MUTATING_OPS == _MUTATING, "a mutating operation the state machine does not know"
 
@@ -228,6 +238,15 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
             return "give 'lid' or 'token', not both"
         if op == "waiters" and not valid_int(entry.get("limit", 1000), 1, MAX_LIST):
             return "'limit' must be an integer from 1 to 100000"
+    elif op == "request_yield":
+        if not valid_str(entry.get("key"), MAX_KEY_BYTES):
+            return "'key' must be a non-empty string"
+        if not valid_int(entry.get("deadline"), 0, MAX_TTL_MS):
+            return "'deadline' must be a non-negative integer of milliseconds"
+        if not valid_int(entry.get("priority", 0), *_PRIORITY):
+            return f"'priority' must be an integer from {_PRIORITY[0]} to {_PRIORITY[1]}"
+        if "override" in entry and entry["override"] is not True:
+            return "'override' must be true when present"
     elif op == "sessions":
         if not valid_int(entry.get("limit", 1000), 1, MAX_LIST):
             return "'limit' must be an integer from 1 to 100000"
@@ -266,6 +285,8 @@ def check_many(entry: dict[str, Any]) -> str | None:
         return "'lid' must be a non-empty string"
     if not valid_int(entry.get("ttl"), 1, MAX_TTL_MS):
         return "'ttl' must be a positive integer of milliseconds"
+    if not valid_int(entry.get("wait", 0), 0, MAX_TTL_MS):
+        return "'wait' must be a non-negative integer of milliseconds"
     if not valid_int(entry.get("priority", 0), *_PRIORITY):
         return f"'priority' must be an integer from {_PRIORITY[0]} to {_PRIORITY[1]}"
     capacity = entry.get("capacity", 1)

@@ -77,6 +77,9 @@ class Waiter:
     principal: str = ""
     #: Its fairness key (docs/design.md §4d): "" is the default tenant.
     tenant: str = ""
+    #: The waiting set of keys (``acquire_many`` with ``wait``) it is one key of: the
+    #: set's lease id ("" for a single acquire). Its lease id is ``<group>/<index>``.
+    group: str = ""
 
     def rank(self) -> tuple[int, int]:
         return (-self.priority, self.order)
@@ -94,6 +97,8 @@ class Waiter:
             self.value,
             self.session,
         ]
+        if self.group:  # layout 9: a waiting set's id ends the row (after the tenant)
+            return [*plain, self.principal, self.tenant, self.group]
         if self.tenant:  # layout 8: the fairness key ends the row (after the principal)
             return [*plain, self.principal, self.tenant]
         return [*plain, self.principal] if self.principal else plain

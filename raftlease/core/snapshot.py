@@ -12,7 +12,9 @@ from typing import Any
 
 from ..limits import TOKEN_RESERVE_STEP
 from .budget import Budgets
+from .deadlock import Refusals
 from .dedup import ClientTable
+from .preempt import Preemption
 from .queue import TaskQueues
 from .records import KeyShares, LeaseRecord, LeaseSession, Share, Waiter
 from .state import StoreState
@@ -30,7 +32,14 @@ from .state import StoreState
 #:    row (after its principal, "" if none), and ``fair`` lists each key's
 #:    ``[key, virtual time, [[tenant, weight, pass], ...]]``. A layout 7 (or older)
 #:    snapshot loads with no fair shares: every queue in rank order, as it was.
-SNAPSHOT_VERSION = 8
+#: 9: deadlock detection (docs/design.md §4e): ``deadlock_refusals`` lists the queued
+#:    acquires refused DEADLOCK after they queued, ``[lease id, key, deadline,
+#:    outcome]``, kept for their long-polls; a waiter of a waiting set of keys ends
+#:    its row with the set's id (after its fairness key); cooperative preemption
+#:    (§4f): ``preempt`` holds the grant priorities (``[lease id, priority]``, not 0)
+#:    and the yield requests (``[lease id, deadline, by]``). A layout 8 (or older)
+#:    snapshot loads with none of them.
+SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
 #: build that changes what an entry means writes a higher ``fv``, and nodes that
@@ -46,7 +55,10 @@ SNAPSHOT_VERSION = 8
 #: 5: an acquire may carry a fairness key and a weight (``fairness_key``, ``weight``),
 #: which decide between tenants waiting on a key (docs/design.md §4d); a member that
 #: ignored them would grant other waiters than the rest.
-ENTRY_FORMAT = 5
+#: 6: deadlock detection (docs/design.md §4e): an acquire that would close a cycle of
+#: waits is refused DEADLOCK, and a grant that closes one refuses the cycle's youngest
+#: waiter; a member that ignored it would keep waiters the rest refused.
+ENTRY_FORMAT = 6
 
 
 def entry_format(entry: Any) -> int | None:
@@ -81,6 +93,8 @@ def to_plain(store: StoreState) -> dict[str, Any]:
             [key, shares.vtime, [[n, t.weight, t.vpass] for n, t in sorted(shares.tenants.items())]]
             for key, shares in sorted(store.fair.items())
         ],
+        "deadlock_refusals": store.deadlock_refusals.to_plain(),
+        "preempt": store.preempt.to_plain(),
     }
 
 
@@ -96,16 +110,16 @@ def _capacity_rows(store: StoreState) -> list[list[Any]]:
 
 def restore(store: StoreState, data: dict[str, Any]) -> None:
     """Fill a fresh ``store`` from ``to_plain`` output (this layout version or versions
-    2 to 7, which it upgrades). Raises ``ValueError`` on any other version."""
+    2 to 8, which it upgrades). Raises ``ValueError`` on any other version."""
     version = data.get("v")
     if isinstance(version, int) and not isinstance(version, bool) and version > SNAPSHOT_VERSION:
         raise ValueError(
             f"snapshot version {version} is newer than this build understands "
             f"(up to {SNAPSHOT_VERSION}): it was written by a newer raftlease; upgrade this node"
         )
-    if version not in (2, 3, 4, 5, 6, 7, SNAPSHOT_VERSION):
+    if version not in (2, 3, 4, 5, 6, 7, 8, SNAPSHOT_VERSION):
         raise ValueError(
-            f"snapshot version {version!r} is not 2, 3, 4, 5, 6, 7 or {SNAPSHOT_VERSION}"
+            f"snapshot version {version!r} is not 2, 3, 4, 5, 6, 7, 8 or {SNAPSHOT_VERSION}"
         )
     if "ceiling" not in data:
         # Layouts 2 and 3 had no token ceiling: reserve one step from the revision
@@ -159,6 +173,9 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         waiter = Waiter(*plain)
         store.queues.setdefault(waiter.key, []).append(waiter)
         store.waiting[waiter.lease_id] = waiter
+        store.wait_index.add(waiter)
+        if waiter.group:  # one key of a waiting set (layout 9)
+            store.waiting_sets[waiter.group] = store.waiting_sets.get(waiter.group, 0) + 1
         if waiter.session:
             store.lease_sessions[waiter.session].waiters[waiter.lease_id] = None
     for session in store.lease_sessions.values():
@@ -185,6 +202,10 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         shares = store.fair[key] = KeyShares(vtime)
         for name, weight, vpass in tenants:
             shares.tenants[name] = Share(weight, vpass)
+    # Layouts before 9 had no deadlock detection, so no refusals.
+    store.deadlock_refusals = Refusals.from_plain(data.get("deadlock_refusals", ()))
+    # Layouts before 9 had no grant priorities and no yield requests.
+    store.preempt = Preemption.from_plain(data.get("preempt", {}))
     for waiter in store.waiting.values():  # how many each tenant has waiting
         fair = store.fair.get(waiter.key)
         if fair is not None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from .budget import Budgets
+from .deadlock import Refusals, WaitIndex
 from .dedup import ClientTable
+from .preempt import Preemption
 from .queue import TaskQueues
 from .records import MAX_INDEXED_CAPACITY, KeyShares, LeaseRecord, LeaseSession, Result, Waiter
 
@@ -76,6 +78,21 @@ class StoreState:
         self.sessions_by: dict[str, int] = {}
         #: principal -> its queued acquires alone (the waiter quota). Rebuilt on restore.
         self.waiting_by: dict[str, int] = {}
+        #: Deadlock detection (core/deadlock.py): agent -> its queued acquires (derived
+        #: from the queues, rebuilt on restore), and the queued acquires refused
+        #: ``DEADLOCK`` after they queued, kept for their long-polls (snapshotted).
+        self.wait_index = WaitIndex()
+        #: Waiting sets of keys (``acquire_many`` with ``wait``): the set's lease id ->
+        #: how many keys it waits for (one waiter each, ``<id>/<index>``). Derived from
+        #: the waiters (their ``group``), rebuilt on restore.
+        self.waiting_sets: dict[str, int] = {}
+        self.deadlock_refusals = Refusals()
+        #: Cooperative preemption (core/preempt.py): grant priorities, yield requests.
+        self.preempt = Preemption()
+        # Not state: set per request by ``apply`` (format 6 entries detect deadlocks)
+        # and the grants of that request to check for cycles (core/deadlock.py).
+        self._detect: bool = False
+        self._grants_to_check: list[str] = []
         #: What the last ``apply`` changed, for the server (wake long-polls, watches).
         #: Not part of the state: rebuilt by every apply, never snapshotted.
         self.events: list[dict[str, Any]] = []
@@ -209,6 +226,9 @@ class StoreState:
             "now": self.now,
             "revision": self.revision,
         }
+        asked = self.preempt.request_of(lease.lease_id)
+        if asked is not None:  # the holder learns it from this answer (§4f)
+            result["yield_requested"] = asked
         return self._extras(lease, result)
 
     def renewal_answer(self, lease: LeaseRecord, until: int, now: int) -> dict[str, Any]:
@@ -308,13 +328,35 @@ class StoreState:
         at = self.now if now is None else now
         lease = self.leases.get(lease_id)
         if lease is not None and lease.key == key and lease.expires_at > at:
-            return {"state": "held", **self._lease_result(lease), "now": at}
+            held = {"state": "held", **self._lease_result(lease), "now": at}
+            session = self.lease_sessions.get(lease.session) if lease.session else None
+            if session is not None and lease_id.startswith(f"{lease.session}/"):
+                # One key of a set (``acquire_many``): the grantee learns all of them
+                # (lease ids derived from the set's, which it knows).
+                members = [self.leases.get(lid) for lid in list(session.leases)]
+                held["set"] = [self._set_member(one) for one in members if one is not None]
+            return held
         waiter = self.waiting.get(lease_id)
         if waiter is not None and waiter.key == key and waiter.deadline > at:
             queue = list(self.queues.get(key, ()))
             position = next((i for i, w in enumerate(queue) if w is waiter), len(queue)) + 1
             return {"state": "waiting", "position": position, "deadline": waiter.deadline}
+        refused = self.deadlock_refusals.status(key, lease_id, at)
+        if refused is not None:  # left its queue to break a deadlock (core/deadlock.py)
+            return refused
         return {"state": "gone"}
+
+    @staticmethod
+    def _set_member(lease: LeaseRecord) -> dict[str, Any]:
+        one: dict[str, Any] = {
+            "key": lease.key,
+            "token": lease.token,
+            "lease_id": lease.lease_id,
+            "units": lease.units,
+        }
+        if lease.slots:
+            one["unit_indices"] = list(lease.slots)
+        return one
 
     def list_waiters(self, key: str, limit: int = 1000, now: int | None = None) -> dict[str, Any]:
         """The wait queue of ``key`` in grant order (position 1 is next), at most
@@ -383,4 +425,7 @@ class StoreState:
         budgets = self.budgets.next_deadline()  # waits, reservations, refills due
         if budgets is not None:
             heads.append(budgets)
+        yields = self.preempt.next_deadline()  # yield requests' deadlines
+        if yields is not None:
+            heads.append(yields)
         return min(heads) if heads else None

@@ -54,6 +54,8 @@ from .checks import (
     check_args,
     valid_int,
 )
+from .deadlock import Agent, agent_of, find_path, refusal, youngest
+from .deadlock import Wait as WaitEdge
 from .dedup import fingerprint, fingerprint_of, remember
 from .queue import check_task_args
 from .records import (
@@ -109,7 +111,7 @@ class LeaseStore(StoreState):
         try:
             if isinstance(entry, dict) and entry.get("op") == "batch":
                 return self._apply_batch(entry)
-            return self._apply_one(entry)
+            return self._apply_entry(entry)
         finally:
             self.apply_seq += 1
 
@@ -127,8 +129,20 @@ class LeaseStore(StoreState):
             if not isinstance(sub, dict) or sub.get("op") == "batch":
                 results.append(error("BAD_REQUEST", "a batch holds request maps only"))
             else:
-                results.append(self._apply_one({**sub, **stamp}))
+                results.append(self._apply_entry({**sub, **stamp}))
         return {"ok": True, "results": results}
+
+    def _apply_entry(self, entry: Any) -> Result:
+        """One request (an entry, or one of a batch's), then the deadlock checks of
+        the grants it made (core/deadlock.py): in this same entry, before anyone
+        reads the state after it."""
+        self._grants_to_check = []
+        # Format 6 and later detect deadlocks; an older entry is replayed as written.
+        self._detect = isinstance(entry, dict) and valid_int(entry.get("fv", 1), 6, 2**31)
+        result = self._apply_one(entry)
+        if self._grants_to_check:
+            self._resolve_deadlocks()
+        return result
 
     def _apply_one(self, entry: Any) -> Result:
         if not isinstance(entry, dict):
@@ -293,6 +307,13 @@ class LeaseStore(StoreState):
             if lease is not None and lease.expires_at == expires_at:
                 self.expired_total += 1
                 self._end_lease(lease, "expire")
+        for lease_id in self.preempt.due(self.now):
+            # A yield request's deadline passed and the holder did not release: the
+            # cluster ends the lease itself, and its key's next waiter is granted in
+            # this same entry (a new lease id and a new token).
+            lease = self.leases.get(lease_id)
+            if lease is not None:
+                self._end_lease(lease, "preempt")
         waits = self._wait_deadlines
         while waits and waits[0][0] <= self.now:
             deadline, lease_id = heapq.heappop(waits)
@@ -472,6 +493,7 @@ class LeaseStore(StoreState):
                 shares.tenants[tenant] = share
                 self._charge(shares, tenant)
             lease = self._grant(key, lease_id, entry["owner"], ttl, units, value, sid, principal)
+            self.preempt.granted(lease_id, priority)
             return self._lease_result(lease)
         wait: int = entry.get("wait", 0)
         if wait <= 0:
@@ -514,6 +536,11 @@ class LeaseStore(StoreState):
                 f"{MAX_QUEUE_TENANTS}",
                 quota=MAX_QUEUE_TENANTS,
             )
+        if self._detect:
+            # The last check: a refusal here leaves everything as it was.
+            deadlock = self._closes_cycle(principal, entry["owner"], [key], priority, lease_id)
+            if deadlock is not None:
+                return deadlock
         self._fix_capacity(key, capacity)
         if fair and shares is None:
             # The first waiter with a fairness key or weight: those queued before it
@@ -546,6 +573,7 @@ class LeaseStore(StoreState):
         position = bisect.bisect_right([w.rank() for w in queue], waiter.rank())
         queue.insert(position, waiter)
         self.waiting[lease_id] = waiter
+        self.wait_index.add(waiter)
         self._count(self.held_by, principal, 1)
         self._count(self.waiting_by, principal, 1)
         if session is not None:
@@ -578,7 +606,8 @@ class LeaseStore(StoreState):
         key gets its own lease (id ``lid/<index>``, returned to the grantee only) and
         its own fencing token, one revision apart in the order the keys were given;
         releasing one key with its own lease id is allowed and ends that key alone.
-        It never queues (docs/usage.md, "Several keys at once")."""
+        Without ``wait`` a busy set is refused; with it, it queues as one waiter on
+        every key (``_queue_set``; docs/usage.md, "Several keys at once")."""
         lid: str = entry["lid"]
         items: list[list[Any]] = entry["keys"]
         capacity: int = entry.get("capacity", 1)
@@ -628,6 +657,8 @@ class LeaseStore(StoreState):
             first = not queue or priority > queue[0].priority
             if not (first and self.units_used(key) + units <= capacity):
                 busy.append(key)
+        if busy and entry.get("wait", 0) > 0:
+            return self._queue_set(entry, items, busy)
         if busy:
             # All or nothing: one busy key refuses the set, and nothing was taken.
             return error(
@@ -636,10 +667,41 @@ class LeaseStore(StoreState):
                 f"acquires: {', '.join(repr(k) for k in busy)}; none was taken",
                 keys=busy,
             )
-        ttl: int = entry["ttl"]
+        for key, _units in items:
+            self._fix_capacity(key, capacity)
+        session = self._grant_set(lid, entry["owner"], entry["ttl"], principal, items, priority)
+        return {
+            "ok": True,
+            "lease_id": lid,
+            "session": lid,
+            "owner": session.owner,
+            "ttl": session.ttl_ms,
+            "expires_at": session.expires_at,
+            "leases": [
+                self._extras(
+                    self.leases[lease_id], self._set_member(self.leases[lease_id]), grantee=False
+                )
+                for lease_id in session.leases
+            ],
+            "now": self.now,
+            "revision": self.revision,
+        }
+
+    def _grant_set(
+        self,
+        lid: str,
+        owner: str,
+        ttl: int,
+        principal: str,
+        items: list[list[Any]],
+        priority: int = 0,
+    ) -> LeaseSession:
+        """Grant every key of a set (``[key, units]`` pairs, capacities fixed, every
+        key free for it) in this entry: its lease session ``lid``, then one lease per
+        key (``lid/<index>``), tokens one revision apart in the order given."""
         session = LeaseSession(
             session_id=lid,
-            owner=entry["owner"],
+            owner=owner,
             ttl_ms=ttl,
             expires_at=self.now + ttl,
             leases={},
@@ -649,25 +711,131 @@ class LeaseStore(StoreState):
         self.lease_sessions[lid] = session
         self._count(self.sessions_by, principal, 1)
         heapq.heappush(self._session_deadlines, (session.expires_at, lid))
-        granted: list[dict[str, Any]] = []
+        for index, (key, units) in enumerate(items):
+            self._grant(key, many_lease_id(lid, index), owner, ttl, units, "", lid, principal)
+            self.preempt.granted(many_lease_id(lid, index), priority)
+        return session
+
+    def _queue_set(self, entry: dict[str, Any], items: list[list[Any]], busy: list[str]) -> Result:
+        """An ``acquire_many`` with ``wait`` that is not free now: one waiter on every
+        key of the set (``lid/<index>``, one queue order for all, so two sets are in
+        the same order on every key they share), granted together, in one entry,
+        when each is the next on its key and its units fit (``_grant_set_if_ready``).
+        Until then each holds its place: once at the head of a key, nobody behind it
+        there is granted (no starvation of a set by single-key acquires; they are
+        served in arrival order per key, docs/design.md §4c). Refused (nothing
+        changed) by the waiter quotas or ``DEADLOCK``."""
+        lid: str = entry["lid"]
+        owner: str = entry["owner"]
+        principal: str = entry.get("principal", "")
+        priority: int = entry.get("priority", 0)
+        capacity: int = entry.get("capacity", 1)
+        count = len(items)
+        wait_quota = entry.get("wait_quota")
+        queued = self.waiting_by.get(principal, 0)
+        if principal and wait_quota is not None and queued + count > wait_quota:
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{principal} has {queued} queued acquires; {count} more would pass its "
+                f"quota of {wait_quota}",
+                quota=wait_quota,
+            )
+        waiters_total = entry.get("waiters_total")
+        if waiters_total is not None and len(self.waiting) + count > waiters_total:
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{len(self.waiting)} acquires are queued on this cluster; at most "
+                f"{waiters_total} may be (max_waiters_total)",
+                quota=waiters_total,
+            )
+        if self._detect:
+            keys = [key for key, _units in items]
+            deadlock = self._closes_cycle(principal, owner, keys, priority, lid, True)
+            if deadlock is not None:
+                return deadlock
+        order = self.queue_order = self.queue_order + 1
+        deadline = self.now + entry["wait"]
+        positions: list[int] = []
         for index, (key, units) in enumerate(items):
             self._fix_capacity(key, capacity)
-            lease = self._grant(
-                key, many_lease_id(lid, index), entry["owner"], ttl, units, "", lid, principal
+            shares = self.fair.get(key)
+            if shares is not None:  # a set waits in the key's default tenant
+                self._join(shares, "").waiting += 1
+            waiter = Waiter(
+                key=key,
+                lease_id=many_lease_id(lid, index),
+                owner=owner,
+                ttl_ms=entry["ttl"],
+                priority=priority,
+                order=order,
+                deadline=deadline,
+                units=units,
+                principal=principal,
+                group=lid,
             )
-            one: dict[str, Any] = {"key": key, "token": lease.token, "lease_id": lease.lease_id}
-            granted.append(self._extras(lease, one, grantee=False))
+            queue = self.queues.setdefault(key, [])
+            position = bisect.bisect_right([w.rank() for w in queue], waiter.rank())
+            queue.insert(position, waiter)
+            positions.append(position + 1)
+            self.waiting[waiter.lease_id] = waiter
+            self.wait_index.add(waiter)
+            self._count(self.held_by, principal, 1)
+            self._count(self.waiting_by, principal, 1)
+            heapq.heappush(self._wait_deadlines, (deadline, waiter.lease_id))
+        self.waiting_sets[lid] = count
         return {
             "ok": True,
+            "queued": True,
             "lease_id": lid,
-            "session": lid,
-            "owner": session.owner,
-            "ttl": ttl,
-            "expires_at": session.expires_at,
-            "leases": granted,
+            "owner": owner,
+            "keys": [key for key, _units in items],
+            "positions": positions,
+            "busy": busy,
+            "deadline": deadline,
             "now": self.now,
-            "revision": self.revision,
         }
+
+    def _set_waiters(self, lid: str) -> list[Waiter]:
+        """The waiters of the waiting set ``lid`` still queued, in key order."""
+        count = self.waiting_sets.get(lid, 0)
+        found = (self.waiting.get(many_lease_id(lid, index)) for index in range(count))
+        return [waiter for waiter in found if waiter is not None]
+
+    def _grant_set_if_ready(self, lid: str) -> bool:
+        """Grant the waiting set ``lid`` if every one of its waiters is the next on its
+        key (``_next_waiter``), within its wait, and its units fit: all its keys in
+        this entry, and the queues of its other keys are served on (their head
+        left). False (nothing changed) if not."""
+        count = self.waiting_sets.get(lid, 0)
+        members = self._set_waiters(lid)
+        if not members or len(members) != count:
+            return False
+        for waiter in members:
+            queue = self.queues.get(waiter.key)
+            if not queue or self._next_waiter(waiter.key, queue) is not waiter:
+                return False
+            if waiter.deadline <= self.now:
+                return False
+            if self.units_used(waiter.key) + waiter.units > self.capacity_of(waiter.key):
+                return False
+        del self.waiting_sets[lid]
+        for waiter in members:
+            self.queues[waiter.key].remove(waiter)
+            shares = self.fair.get(waiter.key)
+            if shares is not None:
+                self._charge(shares, waiter.tenant)
+                self._leave(shares, waiter.tenant)
+            del self.waiting[waiter.lease_id]
+            self.wait_index.remove(waiter)
+            self._count(self.held_by, waiter.principal, -1)
+            self._count(self.waiting_by, waiter.principal, -1)
+        first = members[0]
+        items = [[waiter.key, waiter.units] for waiter in members]
+        self._grant_set(lid, first.owner, first.ttl_ms, first.principal, items, first.priority)
+        for waiter in members:
+            # Its place at the head of each key is free: those behind may fit now.
+            self._grant_next(waiter.key)
+        return True
 
     def _fix_capacity(self, key: str, capacity: int) -> None:
         """Record the capacity of a key about to get a holder or waiter: above 1
@@ -736,6 +904,10 @@ class LeaseStore(StoreState):
         heapq.heappush(self._deadlines, (lease.expires_at, lease_id))
         self._count(self.held_by, principal, 1)
         self._event("grant", lease)
+        if self._detect and self.queues.get(key):
+            # Others wait for this key: each now waits for this holder too, which
+            # may close a cycle through it (checked at the end of the entry).
+            self._grants_to_check.append(lease_id)
         return lease
 
     def _end_lease(self, lease: LeaseRecord, kind: str, grant_next: bool = True) -> None:
@@ -743,6 +915,7 @@ class LeaseStore(StoreState):
         record the change, and hand freed units to the queue."""
         key = lease.key
         del self.leases[lease.lease_id]
+        self.preempt.forget(lease.lease_id)
         self._count(self.held_by, lease.principal, -1)
         self._remove_holder(lease)
         if lease.session:
@@ -775,6 +948,13 @@ class LeaseStore(StoreState):
                 # ``_advance``: never grant it.
                 self._dequeue(waiter, "deadline", grant_next=False)
                 continue
+            if waiter.group:
+                # One key of a waiting set: granted with all the others or not at all;
+                # until then it keeps the head (head-of-line, as a waiter whose units
+                # do not fit).
+                if not self._grant_set_if_ready(waiter.group):
+                    break
+                continue
             if self.units_used(key) + waiter.units > capacity:
                 break
             queue.remove(waiter)
@@ -783,6 +963,7 @@ class LeaseStore(StoreState):
                 self._charge(shares, waiter.tenant)
                 self._leave(shares, waiter.tenant)
             del self.waiting[waiter.lease_id]
+            self.wait_index.remove(waiter)
             self._count(self.held_by, waiter.principal, -1)
             self._count(self.waiting_by, waiter.principal, -1)
             if session is not None:
@@ -797,6 +978,7 @@ class LeaseStore(StoreState):
                 waiter.session,
                 waiter.principal,
             )
+            self.preempt.granted(waiter.lease_id, waiter.priority)
         if not queue:
             self.queues.pop(key, None)
             # Nobody waits: nobody to be fair to; the next backlog starts afresh.
@@ -804,6 +986,93 @@ class LeaseStore(StoreState):
             if key not in self.holders:
                 self.capacity.pop(key, None)
                 self.used.pop(key, None)
+
+    # ------------------------------------------------------ deadlocks (§4e)
+
+    def _closes_cycle(
+        self,
+        principal: str,
+        owner: str,
+        keys: list[str],
+        priority: int,
+        lease_id: str,
+        is_set: bool = False,
+    ) -> Result | None:
+        """Would an acquire of ``owner`` (of ``principal``) queued on ``keys`` (one key,
+        or a set's) at ``priority`` close a cycle in the waits-for graph: a path from
+        a holder of one of its keys, or a waiting set queued ahead of it there, back
+        to its agent, or (a set) to an agent queued behind it? The ``DEADLOCK``
+        refusal naming the cycle if so (it would be the cycle's youngest waiter),
+        else None. Changes nothing."""
+        agent = (principal, owner)
+        order = self.queue_order + 1
+        rank = (-priority, order)
+        starts: dict[Agent, WaitEdge] = {}  # agent -> the new acquire's edge to it
+        behind: dict[Agent, WaitEdge] = {}  # (a set) agent queued behind -> its edge
+        for key in keys:
+            for lease in sorted(self.holders_of(key), key=lambda held: held.token):
+                if agent_of(lease) != agent:
+                    edge = WaitEdge(owner, key, lease.owner, order, lease_id)
+                    starts.setdefault(agent_of(lease), edge)
+            for waiter in self.queues.get(key, ()):
+                other = agent_of(waiter)
+                if other == agent:
+                    continue
+                if waiter.rank() <= rank:  # ahead of it (it queues after equal ranks)
+                    if waiter.group:
+                        edge = WaitEdge(owner, key, waiter.owner, order, lease_id, True)
+                        starts.setdefault(other, edge)
+                elif is_set:
+                    behind.setdefault(other, WaitEdge.of(waiter, owner, True))
+        if not starts:
+            return None
+        both = [one for one in starts if one in behind]
+        if both:
+            cycle = [starts[both[0]], behind[both[0]]]
+        else:
+            found = find_path(self, list(starts), {agent, *behind})
+            if found is None:
+                return None
+            path, start, goal = found
+            cycle = [starts[start], *path]
+            if goal != agent:
+                cycle.append(behind[goal])
+        return refusal(cycle, cycle[0])
+
+    def _resolve_deadlocks(self) -> None:
+        """After an entry: for each lease it granted on a key others still wait for,
+        refuse the youngest waiter of every cycle through the new holder (it leaves
+        its queue, reason ``deadlock``; its long-poll answers ``DEADLOCK``). A
+        refusal may grant others (its queue's next), which are checked in turn: each
+        round removes a waiter, so this ends."""
+        pending = self._grants_to_check
+        index = 0
+        while index < len(pending):
+            lease = self.leases.get(pending[index])
+            index += 1
+            while lease is not None and lease.lease_id in self.leases:
+                holder = agent_of(lease)
+                queue = self.queues.get(lease.key) or []
+                goals = {agent_of(w) for w in queue} - {holder}
+                found = find_path(self, [holder], goals) if goals else None
+                if found is None:
+                    break
+                path, _, reached = found
+                waiter = min((w for w in queue if agent_of(w) == reached), key=lambda w: w.order)
+                closing = WaitEdge(
+                    waiter.owner, lease.key, lease.owner, waiter.order, waiter.lease_id
+                )
+                cycle = [closing, *path]
+                refused = youngest(cycle)
+                victim = self.waiting[refused.lease_id]
+                outcome = refusal(cycle, refused)
+                # A waiting set leaves whole: each of its keys' long-polls learns it.
+                for one in self._set_waiters(victim.group) if victim.group else [victim]:
+                    self.deadlock_refusals.add(
+                        one.lease_id, one.key, one.deadline, outcome, self.now
+                    )
+                self._dequeue(victim, "deadlock")
+        self._grants_to_check = []
 
     # ------------------------------------------------------------ fair shares (§4d)
 
@@ -888,6 +1157,7 @@ class LeaseStore(StoreState):
             if not queue:
                 self.fair.pop(waiter.key, None)
         del self.waiting[waiter.lease_id]
+        self.wait_index.remove(waiter)
         self._count(self.held_by, waiter.principal, -1)
         self._count(self.waiting_by, waiter.principal, -1)
         if waiter.session:
@@ -897,6 +1167,13 @@ class LeaseStore(StoreState):
         self.events.append(
             {"type": "dequeue", "key": waiter.key, "lease_id": waiter.lease_id, "reason": reason}
         )
+        count = self.waiting_sets.pop(waiter.group, 0) if waiter.group else 0
+        for index in range(count):
+            # One key of a waiting set left (its deadline, a cancel, a deadlock): the
+            # whole set leaves, every key in this entry, and those keys' queues move on.
+            other = self.waiting.get(many_lease_id(waiter.group, index))
+            if other is not None:
+                self._dequeue(other, reason)
         if grant_next and (head or not queue):
             # The head left: those behind it may fit now (a reader behind a writer
             # whose deadline passed), and a key with nothing left is forgotten.
@@ -981,6 +1258,7 @@ class LeaseStore(StoreState):
         lease = self._owned(entry)
         if not isinstance(lease, LeaseRecord):
             return lease
+        standing = self.preempt.priority_of(lease.lease_id)
         self._end_lease(lease, "transfer", grant_next=False)
         ttl = entry.get("ttl") or lease.ttl_ms
         new = self._grant(
@@ -993,6 +1271,8 @@ class LeaseStore(StoreState):
             principal=lease.principal,
             slots=lease.slots,
         )
+        # The new holder keeps the old one's standing against preemption.
+        self.preempt.granted(new.lease_id, standing)
         return self._lease_result(new)
 
     def _proclaim(self, entry: dict[str, Any]) -> Result:
@@ -1029,6 +1309,48 @@ class LeaseStore(StoreState):
             "key": key,
             "revoked": len(holders),
             "tokens": [lease.token for lease in holders],
+            "revision": self.revision,
+        }
+
+    def _request_yield(self, entry: dict[str, Any]) -> Result:
+        """Ask the holders of ``key`` to yield by ``deadline`` ms of log time from now
+        (cooperative preemption, docs/design.md §4f): those granted at a priority
+        below the asker's ``priority``, or every holder when the leader stamped
+        ``override`` (an admin). Each learns it in its next keep-alive answer; at the
+        deadline ``_advance`` ends the lease unless it was released. A second
+        request keeps the earlier deadline. ``PERMISSION_DENIED`` when no holder is
+        below the asker's priority, ``LEASE_NOT_FOUND`` when nobody holds the key;
+        both change nothing. Who may ask is the node's check (the ``preempt``
+        permission, or ``admin``, on the key)."""
+        key: str = entry["key"]
+        holders = sorted(self.holders_of(key), key=lambda lease: lease.token)
+        if not holders:
+            return error("LEASE_NOT_FOUND", f"nobody holds {key!r}", key=key)
+        priority: int = entry.get("priority", 0)
+        if not entry.get("override"):
+            holders = [h for h in holders if self.preempt.priority_of(h.lease_id) < priority]
+        if not holders:
+            return error(
+                "PERMISSION_DENIED",
+                f"every holder of {key!r} was granted at priority {priority} or above; "
+                "asking one to yield needs a higher priority (or admin)",
+                key=key,
+            )
+        deadline = self.now + entry["deadline"]
+        by: str = entry.get("owner", "") or entry.get("principal", "")
+        # A holder asked before keeps the earlier deadline: the answer says which holds.
+        deadline = min([self.preempt.ask(lease.lease_id, deadline, by) for lease in holders])
+        self.revision += 1
+        self.events.append(
+            {"type": "yield_requested", "key": key, "deadline": deadline, "by": by,
+             "tokens": [lease.token for lease in holders], "revision": self.revision}
+        )  # fmt: skip
+        return {
+            "ok": True,
+            "key": key,
+            "asked": len(holders),
+            "tokens": [lease.token for lease in holders],
+            "deadline": deadline,
             "revision": self.revision,
         }
 
@@ -1081,6 +1403,13 @@ class LeaseStore(StoreState):
 
     def _session_close(self, entry: dict[str, Any]) -> Result:
         session = self.lease_sessions.get(entry["sid"])
+        if session is None and entry["sid"] in self.waiting_sets:
+            # A waiting set of keys (not granted yet): it leaves every queue.
+            members = self._set_waiters(entry["sid"])
+            if members[0].principal != entry.get("principal", ""):
+                return _not_yours("waiting set of keys", entry["sid"])
+            self._dequeue(members[0], "cancelled")
+            return {"ok": True, "session_id": entry["sid"], "released": 0, "cancelled": True}
         if session is None:
             return self._no_session(entry["sid"])
         if session.principal != entry.get("principal", ""):
@@ -1118,7 +1447,7 @@ class LeaseStore(StoreState):
         )
 
     def _session_result(self, session: LeaseSession) -> Result:
-        return {
+        out: Result = {
             "ok": True,
             "session_id": session.session_id,
             "ttl": session.ttl_ms,
@@ -1126,6 +1455,15 @@ class LeaseStore(StoreState):
             "leases": len(session.leases),
             "now": self.now,
         }
+        asked = []
+        for lease_id in list(session.leases):
+            request = self.preempt.request_of(lease_id)
+            lease = self.leases.get(lease_id)
+            if request is not None and lease is not None:
+                asked.append({"key": lease.key, "token": lease.token, **request})
+        if asked:  # the holder learns it from this keep-alive answer (§4f)
+            out["yield_requested"] = asked
+        return out
 
     def keepalive_answer(self, session: LeaseSession, until: int, now: int) -> dict[str, Any]:
         """What a ``session_keepalive`` answers, for one the leader answered from memory
@@ -1155,6 +1493,7 @@ class LeaseStore(StoreState):
         "transfer": _transfer,
         "proclaim": _proclaim,
         "revoke": _revoke,
+        "request_yield": _request_yield,
         "session_open": _session_open,
         "session_keepalive": _session_keepalive,
         "session_close": _session_close,

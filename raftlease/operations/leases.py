@@ -19,6 +19,7 @@ from .schema import (
     LEASE_ID_OR_TOKEN,
     LEASES,
     LIMIT,
+    MAX_PRIORITY,
     NOW,
     OWNER,
     POLL_TIMEOUT,
@@ -116,7 +117,8 @@ LEASE_OPS: tuple[Operation, ...] = (
         "acquire_many",
         True,
         "keys_write",
-        "take leases on several keys, all or none, in one log entry (never queues)",
+        "take leases on several keys, all or none, in one log entry; with wait, queue as "
+        "one waiter on every key",
         (
             OWNER,
             Field(
@@ -127,6 +129,7 @@ LEASE_OPS: tuple[Operation, ...] = (
                 low=LimitRef("min_ttl"),
                 high=LimitRef("max_ttl"),
             ),
+            WAIT,
             PRIORITY,
             Field(
                 "capacity",
@@ -146,15 +149,24 @@ LEASE_OPS: tuple[Operation, ...] = (
         ),
         (
             result("lease_id", "string", "the set's id, also its lease session's", True),
-            result("session", "string", "the lease session the set lives by", True),
+            result("session", "string", "the lease session the set lives by"),
             result("owner", "string", "the holder's label", True),
-            result("ttl", "integer", "its TTL (ms)", True),
-            result("expires_at", "integer", "log time it expires (ms)", True),
-            result("leases", "array", "one lease per key: key, token, lease_id, units", True),
+            result("ttl", "integer", "its TTL (ms)"),
+            result("expires_at", "integer", "log time it expires (ms)"),
+            result("leases", "array", "one lease per key: key, token, lease_id, units"),
             NOW,
-            REVISION,
+            result("revision", "integer", "the store's revision after it"),
+            result("queued", "boolean", "true: not granted yet, queued on every key (wait)"),
+            result("keys", "array:string", "the set's keys, in order (queued)"),
+            result("positions", "array:integer", "its place in each key's queue (queued)"),
+            result("busy", "array:string", "the keys not free for it when it queued"),
+            result("deadline", "integer", "log time the waiting set gives up (ms)"),
+            result("state", "string", "held (an HTTP long-poll's answer)"),
         ),
-        (("POST", "/v1/leases/acquire-many", "Acquire several keys, all or none", LEASES),),
+        (
+            ("POST", "/v1/leases/acquire-many", "Acquire several keys, all or none (wait: "
+             "long-poll)", LEASES, "set"),
+        ),
     ),
     operation(
         "renew",
@@ -241,6 +253,11 @@ LEASE_OPS: tuple[Operation, ...] = (
             result("expires_at", "integer", "log time it expires (ms)", True),
             result("leases", "integer", "leases attached to it", True),
             NOW,
+            result(
+                "yield_requested",
+                "array:object",
+                "attached leases whose holder is asked to yield: key, token, deadline, by",
+            ),
         ),
         (("POST", "/v1/sessions/keepalive", "Keep a session alive", SESSIONS),),
     ),
@@ -274,6 +291,48 @@ LEASE_OPS: tuple[Operation, ...] = (
             result("tokens", "array:integer", "their fencing tokens", True),
             REVISION,
         ),
+    ),
+    operation(
+        "request_yield",
+        True,
+        "key_preempt",
+        "ask the holders of a key to yield it by a deadline (cooperative preemption): "
+        "they learn it on their next keep-alive answer, and at the deadline the cluster "
+        "ends their leases itself and grants the next waiter",
+        (
+            KEY,
+            Field(
+                "deadline",
+                "seconds",
+                "seconds of log time from now until the cluster ends the leases itself",
+                required=True,
+                low=0.0,
+                high=LimitRef("max_ttl"),
+            ),
+            Field(
+                "owner",
+                "string",
+                "the asker's label, shown to the holders",
+                high=LimitRef("max_owner_bytes"),
+            ),
+            Field(
+                "priority",
+                "integer",
+                "the asker's priority: only holders granted at a lower one are asked "
+                "(an admin asks every holder)",
+                low=-MAX_PRIORITY,
+                high=MAX_PRIORITY,
+            ),
+        ),
+        (
+            result("key", "string", "the key", True),
+            result("asked", "integer", "holders asked to yield", True),
+            result("tokens", "array:integer", "their fencing tokens", True),
+            result("deadline", "integer", "log time their leases end unless released (ms)", True),
+            REVISION,
+        ),
+        (("POST", "/v1/leases/request-yield", "Ask a key's holders to yield by a deadline",
+          LEASES),),
     ),
     operation(
         "holder",
@@ -362,10 +421,17 @@ LEASE_OPS: tuple[Operation, ...] = (
         "long-poll a queued acquire until it is granted, gone, or the timeout passes",
         (KEY, LEASE_ID, POLL_TIMEOUT),
         (
-            result("state", "string", "held, waiting or gone", True),
+            result("state", "string", "held, waiting, refused or gone", True),
             *(ResultField(f.name, f.type, f.doc, False, f.items) for f in LEASE),
             result("position", "integer", "place in the key's queue (waiting)"),
             result("deadline", "integer", "log time the queued acquire gives up (waiting)"),
+            result("reason", "string", "why it left its queue: DEADLOCK (refused)"),
+            result("message", "string", "the refusal in words (refused)"),
+            result(
+                "cycle",
+                "array:object",
+                "the cycle it closed: owner, waits_for, held_by (refused)",
+            ),
         ),
     ),
 )  # fmt: skip

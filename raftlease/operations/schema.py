@@ -373,6 +373,12 @@ LEASE = (
     result("unit_indices", "array:integer", "which units of the key it holds"),
     result("value", "string", "the value it publishes"),
     result("session", "string", "the lease session it is attached to"),
+    result(
+        "yield_requested",
+        "object",
+        "someone asked the holder to yield (request_yield): deadline (log time, ms) and "
+        "by; at the deadline the cluster ends the lease",
+    ),
 )
 #: What every read with a consistency mode adds.
 READ = (
@@ -410,6 +416,7 @@ Permission = Literal[
     "key_write",
     "keys_write",
     "key_admin",
+    "key_preempt",
     "queue_read",
     "queue_write",
     "budget_read",
@@ -428,6 +435,7 @@ PERMISSIONS: dict[Permission, str] = {
     "key_write": "write on a prefix of the key",
     "keys_write": "write on a prefix of every key of the set",
     "key_admin": "admin on a prefix of the key",
+    "key_preempt": "preempt or admin on a prefix of the key",
     "queue_read": "read on the key queue:<name>",
     "queue_write": "write on the key queue:<name>",
     "budget_read": "read on the key budget:<key>",

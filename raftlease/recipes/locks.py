@@ -13,6 +13,9 @@ Renewal runs every ``ttl / 3``. A failed renewal sets ``jeopardy`` (and logs a
 warning) while the lease is still valid on the client's clock; once it is not, or the
 cluster says the lease is gone, ``lost`` is set and logged as an error, renewal stops,
 and exit does not release. ``on_lost`` is called once, from the renewal thread/task.
+``on_yield_requested(lease)`` is called (from the same thread/task) once per
+``request_yield`` the holder learns of in a renewal answer: checkpoint and leave the
+block before ``lease.yield_deadline_ms``, when the cluster ends the lease itself.
 
 The same holders serve shared keys (``capacity``/``units``: semaphores, read/write
 locks, pools; see ``Client.semaphore``, ``read_lock``, ``write_lock``, ``pool``) and
@@ -24,12 +27,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import InvalidArgumentError, RaftLeaseError
 from ..models import AsyncLeaseClient, Lease, LeaseClient
 from .keepalive import KeepAliveState, LostCallback
+
+log = logging.getLogger(__name__)
+
+#: Called (from the renewal thread or task) with the lease whose holder is asked to
+#: yield (``Lease.yield_deadline_ms``, ``Lease.yield_by``), once per request.
+YieldCallback = Callable[[Lease], None]
 
 
 class _WithLost(Protocol):
@@ -41,7 +52,13 @@ class _WithLost(Protocol):
 class _HeldState(KeepAliveState):
     """What both lock flavours share: the acquire arguments and the current lease."""
 
-    def __init__(self, key: str, on_lost: LostCallback | None, acquire: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        key: str,
+        on_lost: LostCallback | None,
+        acquire: dict[str, Any],
+        on_yield_requested: YieldCallback | None = None,
+    ) -> None:
         if acquire.get("session") is not None and on_lost is not None:
             raise InvalidArgumentError(
                 "a lock attached to a session is lost exactly when its session is: give "
@@ -52,6 +69,9 @@ class _HeldState(KeepAliveState):
         #: Keyword arguments of ``acquire`` (owner, ttl or session, wait, capacity...).
         self._acquire_args = acquire
         self.lease: Lease | None = None
+        self._on_yield = on_yield_requested
+        #: The yield deadline already reported (``on_yield_requested`` once per request).
+        self._yield_seen: int | None = None
 
     @property
     def attached(self) -> bool:
@@ -83,9 +103,29 @@ class _HeldState(KeepAliveState):
             return 0.0
         return self.lease.remaining
 
+    @property
+    def yield_requested(self) -> bool:
+        """Someone asked this holder to yield (``request_yield``): checkpoint and
+        leave the block before ``lease.yield_deadline_ms`` (log time), when the
+        cluster ends the lease itself."""
+        return self.lease is not None and self.lease.yield_deadline_ms is not None
+
     def _held(self, lease: Lease) -> None:
         self.lease = lease
         self.renewed(lease.trusted_until)
+        deadline = lease.yield_deadline_ms
+        if deadline is not None and deadline != self._yield_seen:
+            # Learnt from this keep-alive answer: tell the holder once per request.
+            self._yield_seen = deadline
+            log.warning(
+                "%s: %r asks this holder to yield by log time %d ms",
+                self.what, lease.yield_by, deadline,
+            )  # fmt: skip
+            if self._on_yield is not None:
+                try:
+                    self._on_yield(lease)
+                except Exception:  # a callback's bug must not stop the renewals
+                    log.exception("%s: on_yield_requested raised", self.what)
 
 
 class HeldLock(_HeldState):
@@ -98,10 +138,11 @@ class HeldLock(_HeldState):
         key: str,
         *,
         on_lost: LostCallback | None = None,
+        on_yield_requested: YieldCallback | None = None,
         **acquire: Any,
     ) -> None:
         """``acquire``: keyword arguments of ``Client.acquire``."""
-        super().__init__(key, on_lost, acquire)
+        super().__init__(key, on_lost, acquire, on_yield_requested)
         self._client = client
         session: _WithLost | None = acquire.get("session")
         #: Set when the lock is lost (for an attached lock: when its session is).
@@ -144,10 +185,11 @@ class AsyncHeldLock(_HeldState):
         key: str,
         *,
         on_lost: LostCallback | None = None,
+        on_yield_requested: YieldCallback | None = None,
         **acquire: Any,
     ) -> None:
         """``acquire``: keyword arguments of ``AsyncClient.acquire``."""
-        super().__init__(key, on_lost, acquire)
+        super().__init__(key, on_lost, acquire, on_yield_requested)
         self._client = client
         session: _WithLost | None = acquire.get("session")
         #: Set when the lock is lost (for an attached lock: when its session is).

@@ -37,6 +37,12 @@ from ..models import AsyncLeaseClient, Lease, LeaseClient, default_owner
 from .keepalive import KeepAliveState, LostCallback
 from .locks import AsyncHeldLock, HeldLock
 
+#: Called with the attached leases whose holder is asked to yield (``request_yield``):
+#: ``[{"key", "token", "deadline", "by", "now"}, ...]`` (``now``: the keep-alive
+#: answer's log time, ms, like ``deadline``), each request once. ``AsyncSession``:
+#: from its keep-alive task; ``Session``: on a thread of its own.
+YieldListCallback = Callable[[list[dict[str, Any]]], None]
+
 
 class AsyncSession(KeepAliveState):
     """A lease session kept alive by an asyncio task. Open it with ``async with`` (or
@@ -50,6 +56,7 @@ class AsyncSession(KeepAliveState):
         ttl: float,
         on_lost: LostCallback | None = None,
         on_jeopardy: LostCallback | None = None,
+        on_yield_requested: YieldListCallback | None = None,
     ) -> None:
         if owner is None:
             owner = default_owner()  # a label, not a credential
@@ -65,6 +72,9 @@ class AsyncSession(KeepAliveState):
         self._task: asyncio.Task[None] | None = None
         #: Cancels our registration with the client's ``on_close`` (while open).
         self._unregister: Callable[[], None] | None = None
+        self._on_yield = on_yield_requested
+        #: (token, deadline) of the yield requests already reported.
+        self._yields_told: set[tuple[int, int]] = set()
 
     @property
     def owner(self) -> str:
@@ -100,6 +110,15 @@ class AsyncSession(KeepAliveState):
             "session_keepalive", {"session_id": self.session_id}, mutating=True, timeout=timeout
         )
         self.renewed(self._client.valid_until(sent, result["ttl"] / 1000.0))
+        asked = [a for a in result.get("yield_requested", ()) if isinstance(a, dict)]
+        new = [a for a in asked if (int(a["token"]), int(a["deadline"])) not in self._yields_told]
+        if new:
+            # Someone asks the holder of attached leases to yield (request_yield):
+            # reported once per request, from this keep-alive's answer.
+            self._yields_told.update((int(a["token"]), int(a["deadline"])) for a in new)
+            if self._on_yield is not None:
+                # With the answer's log time, so the deadline reads as time left.
+                self._on_yield([{**a, "now": result.get("now")} for a in new])
 
     async def stop_keepalive(self) -> None:
         """Stop the background keep-alive (the session then expires after its TTL,
@@ -159,6 +178,7 @@ class Session:
         ttl: float,
         on_lost: LostCallback | None = None,
         on_jeopardy: LostCallback | None = None,
+        on_yield_requested: YieldListCallback | None = None,
     ) -> None:
         self._client = client
         self.lost = threading.Event()
@@ -172,9 +192,23 @@ class Session:
         def jeopardy(reason: str) -> None:
             _in_thread(on_jeopardy, reason)
 
+        def asked(requests: list[dict[str, Any]]) -> None:
+            if on_yield_requested is not None:
+                threading.Thread(
+                    target=on_yield_requested,
+                    args=(requests,),
+                    name="raftlease-session-callback",
+                    daemon=True,
+                ).start()
+
         async def make() -> AsyncSession:
             return AsyncSession(
-                client.aio, owner=owner, ttl=ttl, on_lost=lost, on_jeopardy=jeopardy
+                client.aio,
+                owner=owner,
+                ttl=ttl,
+                on_lost=lost,
+                on_jeopardy=jeopardy,
+                on_yield_requested=asked,
             )
 
         self._async = client.portal.run(make())

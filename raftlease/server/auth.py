@@ -26,7 +26,9 @@ renew, release, transfer, proclaim; lease sessions need write on some prefix),
 ``admin`` (``revoke`` on the key's prefix; ``snapshot``, the membership operations and
 control operations on the whole key space), ``shape`` (with ``write``: be the first to
 acquire a shared key, fixing its capacity; ``admin`` implies it; decided in the state
-machine from a flag the leader stamps, since only it knows whether the key has a shape).
+machine from a flag the leader stamps, since only it knows whether the key has a shape),
+``preempt`` (``request_yield``: ask the key's holders granted below the asker's priority
+to yield by a deadline; ``admin`` implies it and asks every holder).
 A prefix operation (``leases``, ``watch``) needs the permission on a prefix that
 contains the one asked.
 
@@ -64,7 +66,7 @@ from ..limits import MAX_BUDGET_AMOUNT, MAX_CAPACITY, MAX_KEY_BYTES
 from ..operations import BY_NAME
 from ..protocol import Request
 
-ACTIONS = frozenset({"read", "write", "admin", "shape"})
+ACTIONS = frozenset({"read", "write", "admin", "shape", "preempt"})
 #: Task queues (docs/queues.md): read or write on the key ``queue:<name>`` (so a
 #: prefix ``queue:rollouts`` grants one queue, ``queue:`` every queue). Which
 #: operation needs which permission is in the operations table (``operations.TABLE``).
@@ -276,6 +278,23 @@ class AuthPolicy:
                 )
             priority = args.get("priority", 0)
             if op == "acquire" and priority > principal.max_priority:
+                raise PermissionDeniedError(
+                    f"{principal.name} may ask for priority up to {principal.max_priority}, "
+                    f"not {priority}"
+                )
+            return
+        if permission == "key_preempt":
+            # Cooperative preemption (request_yield): ``preempt`` or ``admin`` on the
+            # key; without it no principal can reach another's lease this way.
+            key = str(args["key"])
+            if not (principal.allows("preempt", key) or principal.allows("admin", key)):
+                raise PermissionDeniedError(
+                    f"{principal.name} may not ask the holders of {key!r} to yield "
+                    f"({op}; needs preempt or admin on it)",
+                    {"principal": principal.name, "action": "preempt", "key": key},
+                )
+            priority = args.get("priority", 0)
+            if priority > principal.max_priority:
                 raise PermissionDeniedError(
                     f"{principal.name} may ask for priority up to {principal.max_priority}, "
                     f"not {priority}"

@@ -107,9 +107,10 @@ class Dispatcher:
         self._require_leader()
         entry: dict[str, Any] = {k: v for k, v in request.args.items() if k != "consistency"}
         entry["op"] = request.op
-        if request.op == "acquire":
+        if request.op in ("acquire", "acquire_many"):
             # Everyone's queued acquires together, with or without authentication
-            # (core/store.py decides, only when this acquire would queue).
+            # (core/store.py decides, only when this acquire would queue; a waiting
+            # set counts one per key).
             entry["waiters_total"] = self.config.max_waiters_total
         if request.principal:
             # Bound to the lease or session it makes, and part of the dedup
@@ -139,9 +140,11 @@ class Dispatcher:
                 ):
                     entry["shaper"] = False
             elif request.op == "acquire_many":
-                # The set counts as that many leases and as one lease session.
+                # The set counts as that many leases and as one lease session, and a
+                # waiting set as that many queued acquires.
                 entry["quota"] = self.config.max_leases_per_principal
                 entry["session_quota"] = self.config.max_sessions_per_principal
+                entry["wait_quota"] = self.config.max_waiters_per_principal
                 capacity = request.args.get("capacity", 1)
                 shaper = auth.principals.get(request.principal) if auth else None
                 for key, _units in request.args["keys"]:
@@ -160,6 +163,11 @@ class Dispatcher:
                         entry["shaper"] = False
             elif request.op == "session_open":
                 entry["quota"] = self.config.max_sessions_per_principal
+            elif request.op == "request_yield" and auth is not None:
+                # An admin on the key asks every holder, whatever its priority (§4f).
+                who = auth.principals.get(request.principal)
+                if who is not None and who.allows("admin", str(request.args["key"])):
+                    entry["override"] = True
         # A budget gate from the auth file (docs/budgets.md, "Budget gates"): stamped
         # here, decided in the state machine with the grant. Never a client's value.
         entry.pop("gate_budget", None)

@@ -53,6 +53,9 @@ PLANTED_BUGS: dict[str, str] = {
     "keep-alives the deposed leader answered from memory are forgotten",
     "partial_many_grant": "an acquire_many takes the free keys of its set and leaves out "
     "the busy ones, answering success, instead of refusing the whole set",
+    "skip_deadlock_detection": "the state machine never looks for cycles of waits: an "
+    "acquire that closes one queues, and the agents of the cycle wait on each other "
+    "until their waits or leases run out",
     "skip_pre_vote": "a node runs for election without asking for pre-votes, so a member "
     "that was cut off raises its term and, once it rejoins, deposes a healthy leader",
 }

@@ -100,6 +100,26 @@ class PartialSetStore(LeaseStore):
     }
 
 
+class DeadlockBlindStore(LeaseStore):
+    """Planted bug ``skip_deadlock_detection``: no cycle of waits is ever looked for,
+    so an acquire that closes one queues and its agents wait on each other until a
+    wait or a TTL runs out. Tick thread, like the store."""
+
+    def _closes_cycle(
+        self,
+        principal: str,
+        owner: str,
+        keys: list[str],
+        priority: int,
+        lease_id: str,
+        is_set: bool = False,
+    ) -> dict[str, Any] | None:
+        return None
+
+    def _resolve_deadlocks(self) -> None:
+        self._grants_to_check = []
+
+
 class ShortMemoryStore(LeaseStore):
     """Planted bug ``no_term_extension``: the first entry of a new term extends no
     lease, so a keep-alive the deposed leader answered from memory, and had not yet
@@ -196,6 +216,7 @@ STORES: dict[str, type[LeaseStore]] = {
     "accept_stale_attempt": StaleAcceptingStore,
     "no_term_extension": ShortMemoryStore,
     "partial_many_grant": PartialSetStore,
+    "skip_deadlock_detection": DeadlockBlindStore,
 }
 
 

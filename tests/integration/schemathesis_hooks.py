@@ -8,7 +8,8 @@ in extensions beside the nearest schema it can give:
   ``maxLength`` counts characters (and is given as the same number, an upper bound);
 * ``x-maximum-field``: a bound taken from another field of the same body (an acquire's
   ``units`` is at most its ``capacity``; the document gives the field's absence as an
-  ``if``/``then``);
+  ``if``/``then``; the units of each key of ``acquire_many``'s map are at most its
+  ``capacity``, 1 when absent);
 * ``x-integer-bits``: every integer of a body, nested ones in fields the server
   ignores too, is within 64 bits (the document's fields have their own bounds).
 
@@ -81,6 +82,22 @@ def _wide_integer(value: Any) -> bool:
     return False
 
 
+def _map_over_bound(value: dict[Any, Any], schema: dict[str, Any], body: dict[str, Any]) -> bool:
+    """A map field (a set of keys and their units) one of whose values is above the
+    ``x-maximum-field`` of its schema's map branch (``capacity``: 1 when absent)."""
+    for branch in schema.get("oneOf", []):
+        values = branch.get("additionalProperties") if isinstance(branch, dict) else None
+        other = values.get("x-maximum-field") if isinstance(values, dict) else None
+        if not other:
+            continue
+        bound = body.get(other, 1)
+        if isinstance(bound, int | float) and any(
+            isinstance(v, int | float) and v > bound for v in value.values()
+        ):
+            return True
+    return False
+
+
 @schemathesis.hook
 def filter_body(ctx: Any, body: Any) -> bool:
     if not isinstance(body, dict):
@@ -93,6 +110,8 @@ def filter_body(ctx: Any, body: Any) -> bool:
         if not isinstance(schema, dict) or name not in body:
             continue
         if _too_long(body[name], schema):
+            return False
+        if isinstance(body[name], dict) and _map_over_bound(body[name], schema, body):
             return False
         other = schema.get("x-maximum-field")
         value, bound = body[name], body.get(other, None) if other else None

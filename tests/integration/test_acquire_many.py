@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from raftlease import AsyncClient
+from raftlease import AsyncClient, DeadlockError, Lease
 from raftlease.cli import main as cli_main
 from raftlease.errors import InvalidArgumentError, LeaseHeldError, SessionNotFoundError
-from raftlease.testing import LocalCluster
+from raftlease.testing import LocalCluster, wait_for
 from tests.integration.test_admin_http import admin_of, running_admin_cluster
 from tests.unit.test_http_api import call
 
@@ -84,3 +85,90 @@ def test_the_http_route_and_the_cli(cluster: LocalCluster) -> None:
     assert again.exit_code == 1
     out = runner.invoke(cli_main, ["release-many", taken["lease_id"], *where])
     assert out.exit_code == 0 and json.loads(out.output.strip())["released"] == 2
+
+
+def test_a_set_waits_on_every_key_and_is_granted_whole(cluster: LocalCluster) -> None:
+    """{A, B} held by x; y waits for {B, A} (blocking client, a thread); x's release
+    hands both keys to y in one entry. Then the same through the asyncio client, a set
+    refused DEADLOCK, the HTTP route and the CLI with a wait."""
+    with cluster.client() as c:
+        first = c.acquire_many(["w/a", "w/b"], owner="x", ttl=30.0)
+        got: dict[str, Any] = {}
+        waiter = threading.Thread(
+            target=lambda: got.setdefault(
+                "y", c.acquire_many(["w/b", "w/a"], owner="y", ttl=30.0, wait=20.0)
+            )
+        )
+        waiter.start()
+        wait_for(lambda: len(c.waiters("w/a")) == 1, 10, "the set queued on w/a")
+        assert [q.owner for q in c.waiters("w/b")] == ["y"]
+        assert c.holder("w/a").owner == "x"  # type: ignore[union-attr]
+        c.release_many(first)
+        waiter.join(timeout=20)
+        taken = got["y"]
+        assert taken.keys == ["w/b", "w/a"] and taken.valid
+        assert min(lease.token for lease in taken.leases) > max(one.token for one in first.leases)
+        assert {c.holder(k).owner for k in taken.keys} == {"y"}  # type: ignore[union-attr]
+        # A set that would wait for someone who waits for it: DEADLOCK, at once.
+        mine = c.acquire("w/c", owner="y", ttl=30.0)
+        other = c.acquire("w/d", owner="z", ttl=30.0)
+        blocked = threading.Thread(
+            target=lambda: got.setdefault(
+                "z", _caught(lambda: c.acquire("w/c", owner="z", ttl=30.0, wait=20.0))
+            )
+        )
+        blocked.start()
+        wait_for(lambda: len(c.waiters("w/c")) == 1, 10, "z queued on w/c")
+        with pytest.raises(DeadlockError) as refused:
+            c.acquire_many(["w/d", "w/e"], owner="y", ttl=30.0, wait=20.0)
+        assert refused.value.definite and {s["owner"] for s in refused.value.cycle} == {"y", "z"}
+        c.release(mine)
+        blocked.join(timeout=20)
+        assert isinstance(got["z"], Lease)
+        for lease in (got["z"], other):
+            c.release(lease)
+        c.release_many(taken)
+
+    async def asynchronous() -> None:
+        async with AsyncClient(cluster.endpoints) as a:
+            held = await a.acquire("w/f", owner="h", ttl=30.0)
+            pending = asyncio.ensure_future(
+                a.acquire_many(["w/f", "w/g"], owner="s", ttl=30.0, wait=20.0)
+            )
+            while not await a.waiters("w/g"):
+                await asyncio.sleep(0.02)
+            assert await a.holder("w/g") is None  # promised to the set, not held
+            await a.release(held)
+            taken = await pending
+            assert taken.keys == ["w/f", "w/g"]
+            await a.release_many(taken)
+            with pytest.raises(LeaseHeldError):  # the wait runs out: withdrawn
+                blocker = await a.acquire("w/h", owner="h", ttl=30.0)
+                await a.acquire_many(["w/h", "w/i"], owner="s", ttl=30.0, wait=0.3)
+            assert await a.waiters("w/i") == []
+            await a.release(blocker)
+
+    asyncio.run(asynchronous())
+
+    api = admin_of(cluster, cluster.leader_id())
+    body: dict[str, Any] = {"keys": ["hw/a", "hw/b"], "owner": "web", "ttl": 30, "wait": 5}
+    status, got_http = call(api, "POST", "/v1/leases/acquire-many", body)
+    assert status == 200 and [one["key"] for one in got_http["leases"]] == ["hw/a", "hw/b"]
+    status, refused_http = call(api, "POST", "/v1/leases/acquire-many", {**body, "wait": 0.3})
+    assert status == 409 and refused_http["error"]["code"] == "LEASE_HELD"
+    call(api, "POST", "/v1/sessions/close", {"session_id": got_http["lease_id"]})
+    runner = CliRunner()
+    where = ["--endpoints", ",".join(cluster.endpoints), "-o", "json"]
+    out = runner.invoke(
+        cli_main, ["acquire-many", "cw/a", "cw/b", "--ttl", "30s", "--wait", "5s", *where]
+    )
+    assert out.exit_code == 0, out.output
+    taken_cli = json.loads(out.output.strip().splitlines()[-1])
+    runner.invoke(cli_main, ["release-many", taken_cli["lease_id"], *where])
+
+
+def _caught(call_it: Any) -> Any:
+    try:
+        return call_it()
+    except Exception as exc:
+        return exc

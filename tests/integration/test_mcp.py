@@ -55,6 +55,8 @@ SESSION_TTL = 3.0
 
 TOOLS = {
     "claim",
+    "claim_many",
+    "request_yield",
     "renew",
     "release",
     "release_all",
@@ -568,6 +570,13 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("claim", {"key": "mcp/strict/new", "units": 1.5}, "units"),
     ("claim", {"key": "mcp/strict/new", "value": "é" * 3000}, "value"),  # 6000 bytes
     ("claim", {"key": "mcp/strict/\x00"}, "key"),
+    ("claim_many", {"keys": []}, "keys"),
+    ("claim_many", {"keys": "mcp/strict/a"}, "keys"),
+    ("claim_many", {"keys": ["mcp/strict/a"], "wait": -1}, "wait"),
+    ("claim_many", {"keys": ["mcp/strict/a"], "ttl": 30}, "ttl"),
+    ("request_yield", {"key": HELD}, "deadline"),
+    ("request_yield", {"key": HELD, "deadline": -1}, "deadline"),
+    ("request_yield", {"key": HELD, "deadline": 5, "priority": 10**6}, "priority"),
     ("renew", {"key": 5}, "key"),
     ("renew", {"key": HELD, "ttl": 30}, "ttl"),
     ("renew", {"key": ""}, "key"),
@@ -715,6 +724,7 @@ def test_tools_declare_hints_strict_inputs_and_typed_outputs(shared: LocalCluste
                 assert hints.read_only_hint is (name in read_only), name
                 assert hints.destructive_hint is (name in destructive), name
                 each_call_acts = name in (
+                    "request_yield",
                     "take_task",
                     "spend_budget",
                     "reserve_budget",
@@ -853,3 +863,56 @@ def test_errors_never_show_the_model_a_lease_session_or_lease_id() -> None:
         assert sid not in text and lid not in text, text
         assert json.loads(text)["code"] == exc.code
     assert json.loads(str(_from_raftlease(held)))["detail"] == {"owner": "b"}
+
+
+@pytest.mark.timeout(120)
+def test_claim_many_takes_a_set_whole_and_request_yield_reaches_a_claim(
+    shared: LocalCluster,
+) -> None:
+    """Issue 40: claim_many takes every key or none (LEASE_HELD naming the busy ones),
+    the set's keys are claims of the session (kept alive, released one by one); a
+    request_yield from another agent reaches the holder's next renew answer."""
+
+    async def main() -> None:
+        async with agent(shared, "mcp-many") as a, agent(shared, "mcp-boss") as boss:
+            got = await a.call("claim_many", keys=["mcp/many/a", "mcp/many/b"])
+            assert [c["key"] for c in got["claims"]] == ["mcp/many/a", "mcp/many/b"]
+            assert all(c["owner"] == "mcp-many" and c["token"] > 0 for c in got["claims"])
+            with pytest.raises(ToolFailed) as busy:
+                await boss.call("claim_many", keys=["mcp/many/b", "mcp/many/c"])
+            assert busy.value.code == "LEASE_HELD"
+            assert busy.value.body["detail"]["keys"] == ["mcp/many/b"]
+            asked = await boss.call("request_yield", key="mcp/many/a", deadline=60.0, priority=1)
+            assert asked == {"key": "mcp/many/a", "asked": 1}
+            mine = await a.call("list_claims")
+            assert sorted(c["key"] for c in mine["claims"]) == ["mcp/many/a", "mcp/many/b"]
+            await a.call("release", key="mcp/many/a")
+            await a.call("release", key="mcp/many/b")
+            again = await boss.call("claim_many", keys=["mcp/many/b", "mcp/many/c"], wait=5.0)
+            assert len(again["claims"]) == 2
+
+    run(main())
+
+
+@pytest.mark.timeout(120)
+def test_a_yield_request_shows_in_the_holders_renew(shared: LocalCluster) -> None:
+    async def main() -> None:
+        async with agent(shared, "mcp-holder") as a:
+            held = await a.call("claim", key="mcp/yield/k")
+            with shared.client() as c:
+                assert c.request_yield("mcp/yield/k", deadline=60.0, priority=1) == 1
+
+            async def told() -> dict[str, Any]:
+                for _ in range(100):
+                    body = await a.call("renew", key="mcp/yield/k")
+                    if body.get("yield_requested"):
+                        return body
+                    await asyncio.sleep(0.1)
+                raise AssertionError("no yield_requested in renew")
+
+            body = await told()
+            request = body["yield_requested"][0]
+            assert request["key"] == "mcp/yield/k" and request["token"] == held["token"]
+            assert 0 < request["seconds_left"] <= 60.0
+
+    run(main())

@@ -17,6 +17,7 @@ functions returning a list of violations.
 | ``unwritten_keepalives`` | keep-alives from memory reach the log | ``early_grants`` |
 | ``no_term_extension`` | a new term extends every lease | ``early_grants`` |
 | ``partial_many_grant`` | a set of keys all or none | ``check_entry`` (test_core_many.py) |
+| ``skip_deadlock_detection`` | deadlock detection | ``cycles`` (test_core_deadlock.py) |
 
 The chaos suite's own runs catch the other two (``CHAOS_COVERED``, in
 tests/chaos/test_chaos.py): ``fast_log_clock`` (the log clock) and ``unsynced_acks`` (no
@@ -53,6 +54,7 @@ from raftlease.server.reads import Reads
 from raftlease.testing import PLANTED_BUGS, hook_arguments
 from raftlease.testing.node import (
     BarrierlessReads,
+    DeadlockBlindStore,
     DriftBlindGuard,
     EagerElectionTransport,
     ForgetfulStore,
@@ -87,6 +89,7 @@ COVERED = (
     "unwritten_keepalives",
     "no_term_extension",
     "partial_many_grant",
+    "skip_deadlock_detection",
 )
 
 #: Planted bugs caught by chaos-suite runs, and the test of tests/chaos/test_chaos.py that
@@ -251,6 +254,7 @@ PLANTED_FIELDS: dict[str, dict[str, Any]] = {
     "unwritten_keepalives": {"proposer_class": UnwritingProposer},
     "no_term_extension": {"store_class": ShortMemoryStore},
     "partial_many_grant": {"store_class": PartialSetStore},
+    "skip_deadlock_detection": {"store_class": DeadlockBlindStore},
 }
 
 HOOK_FIELDS = (
@@ -330,6 +334,20 @@ def test_a_set_of_keys_is_granted_whole_or_not_at_all(build: str) -> None:
         assert violations == []
     else:
         assert violations != [], "the planted store granted no set in part"
+
+
+@pytest.mark.parametrize("build", ["honest", "skip_deadlock_detection"])
+def test_no_cycle_of_waits_outlives_the_entry_that_closes_it(build: str) -> None:
+    """The state machine alone: the seeded workload of tests/unit/test_core_deadlock.py,
+    whose check after every entry reports a cycle left in the waits-for graph."""
+    from tests.unit.test_core_deadlock import run_workload
+
+    store = build_hooks("" if build == "honest" else build).store_class()
+    violations = [v for v in run_workload(store, 1) if "cycle left" in v]
+    if build == "honest":
+        assert violations == []
+    else:
+        assert violations != [], "the planted store left no cycle"
 
 
 def _task_entry(op: str, now: int, seq: int, **fields: Any) -> dict[str, Any]:

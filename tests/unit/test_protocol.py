@@ -380,6 +380,8 @@ def good(op: str) -> dict[str, Any]:
         base["token"] = 3
     if op == "await_lease":
         base["timeout"] = 1.0
+    if op == "request_yield":  # issue 40: cooperative preemption
+        base["deadline"] = 5.0
     if op in TASK_OPS:  # issue 12: task queues
         base["queue"] = "q"
         if op in _TASK_ID_OPS:
@@ -687,6 +689,18 @@ BAD_CASES += [
     ("many-priority-float", "acquire_many", "priority", 1.5, BadRequestError, "'priority'"),
     ("many-capacity-zero", "acquire_many", "capacity", 0, InvalidArgumentError, "'capacity'"),
     ("many-capacity-str", "acquire_many", "capacity", "2", BadRequestError, "'capacity'"),
+    ("many-wait-negative", "acquire_many", "wait", -1, InvalidArgumentError, "wait -1 s"),
+    ("many-wait-str", "acquire_many", "wait", "1", BadRequestError, "'wait'"),
+    ("yield-key-missing", "request_yield", "key", MISSING, BadRequestError, "'key'"),
+    ("yield-key-empty", "request_yield", "key", "", InvalidArgumentError, "'key'"),
+    ("yield-deadline-missing", "request_yield", "deadline", MISSING, BadRequestError,
+     "'deadline'"),
+    ("yield-deadline-negative", "request_yield", "deadline", -1, InvalidArgumentError,
+     "deadline -1 s"),
+    ("yield-deadline-str", "request_yield", "deadline", "5", BadRequestError, "'deadline'"),
+    ("yield-priority-huge", "request_yield", "priority", 10**6, InvalidArgumentError,
+     "'priority'"),
+    ("yield-owner-int", "request_yield", "owner", 3, BadRequestError, "'owner'"),
 ]  # fmt: skip
 for _op in sorted(op for op, mutating in OPS.items() if mutating):
     BAD_CASES += [

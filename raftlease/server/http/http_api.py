@@ -45,6 +45,7 @@ from aiohttp import web
 from ...errors import (
     BadRequestError,
     BudgetExhaustedError,
+    DeadlockError,
     FrameTooLargeError,
     InternalError,
     LeaseHeldError,
@@ -239,6 +240,8 @@ class HttpApi:
             result = await self.run(route.op, fields, caller, key)
             if route.poll == "lease" and result.get("queued"):
                 result = await self._await_grant(request, fields, result, caller)
+            elif route.poll == "set" and result.get("queued"):
+                result = await self._await_set(request, fields, result, caller)
             elif route.poll == "claim" and result.get("queued"):
                 result = await self._await_claim(request, fields, result, caller)
             elif route.poll == "budget" and result.get("queued"):
@@ -490,14 +493,67 @@ class HttpApi:
             "await_lease",
             {"key": key, "lease_id": lid},
             caller,
-            done=("held", "gone"),
+            done=("held", "gone", "refused"),
             withdraw=lambda: self._withdraw(key, lid, caller),
         )
         if status.get("state") == "held":
             remaining = (int(status["expires_at"]) - int(status["now"])) / 1000.0
             return {**status, "key": key, "lease_id": lid, "remaining": remaining}
+        if status.get("state") == "refused":
+            # Out of the queue to break a deadlock (docs/design.md §4e).
+            raise DeadlockError(
+                str(status.get("message", "deadlock")),
+                {"key": key, "cycle": status.get("cycle", [])},
+            )
         await self._withdraw(key, lid, caller)
         raise LeaseHeldError(f"{key!r} was not granted within the wait", {"key": key})
+
+    async def _await_set(
+        self,
+        request: web.BaseRequest,
+        fields: dict[str, Any],
+        queued: dict[str, Any],
+        caller: Caller,
+    ) -> dict[str, Any]:
+        """An ``acquire_many`` with ``wait`` queued on every key: poll its first key
+        (in slices) until the set is granted (the set's answer), refused (DEADLOCK),
+        gone or ``wait`` passed (withdrawn: LEASE_HELD). Withdrawing closes the set,
+        which also releases it if it was granted meanwhile."""
+        lid, keys = str(queued["lease_id"]), [str(k) for k in queued["keys"]]
+        status = await self._poll(
+            request,
+            fields,
+            "await_lease",
+            {"key": keys[0], "lease_id": f"{lid}/0"},
+            caller,
+            done=("held", "gone", "refused"),
+            withdraw=lambda: self._withdraw_set(lid, caller),
+        )
+        if status.get("state") == "held":
+            return {
+                "state": "held",
+                "lease_id": lid,
+                "session": lid,
+                "owner": status["owner"],
+                "ttl": status["ttl"],
+                "expires_at": status["expires_at"],
+                "leases": status.get("set", []),
+                "now": status["now"],
+            }
+        if status.get("state") == "refused":  # out of every queue (docs/design.md §4e)
+            raise DeadlockError(
+                str(status.get("message", "deadlock")),
+                {"key": status.get("key", keys[0]), "cycle": status.get("cycle", [])},
+            )
+        await self._withdraw_set(lid, caller)
+        raise LeaseHeldError("the set was not granted within the wait", {"keys": keys})
+
+    async def _withdraw_set(self, lid: str, caller: Caller) -> None:
+        """Leave every queue, or release the set if it was granted meanwhile."""
+        try:
+            await self.run("session_close", {"session_id": lid}, caller)
+        except RaftLeaseError as exc:
+            log.debug("withdrawing a waiting set: %s", exc.code)
 
     async def _withdraw(self, key: str, lid: str, caller: Caller) -> None:
         """Leave the queue, or release the lease if it was granted meanwhile."""

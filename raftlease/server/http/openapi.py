@@ -39,6 +39,7 @@ STATUS: dict[str, int] = {
     "LEASE_HELD": 409,
     "NOT_OWNER": 409,
     "CAPACITY_MISMATCH": 409,
+    "DEADLOCK": 409,
     "STALE_ATTEMPT": 409,
     "TASK_DEAD": 409,
     "AMOUNT_OVER_CAPACITY": 409,
@@ -95,7 +96,12 @@ def _schema(spec: Field) -> dict[str, Any]:
                     "minProperties": 1,
                     "maxProperties": int(spec.high),
                     "propertyNames": key,
-                    "additionalProperties": {"type": "integer", "minimum": 1},
+                    # Units of each key: at most the body's capacity (1 when absent).
+                    "additionalProperties": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "x-maximum-field": "capacity",
+                    },
                 },
             ],
             "x-max-utf8-bytes": int(spec.low),
