@@ -40,6 +40,11 @@ MAX_TASK_REQUIRES = 16
 MAX_TASK_CAPABILITIES = 64
 MAX_TASK_CAP_BYTES = 128
 MAX_TASK_DEDUP_BYTES = 512
+#: Task checkpoints (docs/queues.md, "Checkpoints"): the most bytes one heartbeat's
+#: ``checkpoint`` may carry, and their base64 text on the wire and in the log (JSON
+#: and HTTP carry no bytes). Only the latest checkpoint of a task is kept.
+MAX_TASK_CHECKPOINT_BYTES = 8 * 1024
+MAX_TASK_CHECKPOINT_TEXT = 4 * ((MAX_TASK_CHECKPOINT_BYTES + 2) // 3)
 #: Weighted fair shares (docs/queues.md, "Fair shares"): the longest fairness key (a
 #: tenant's name), the largest weight (a weight is 1..this), and the most tenants
 #: (distinct fairness keys with open tasks, the default one included) one queue holds:

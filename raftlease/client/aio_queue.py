@@ -17,6 +17,8 @@ cluster answers or the wait would have ended (a task granted meanwhile is given 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
 import time
@@ -32,6 +34,7 @@ from ..errors import (
     TaskNotFoundError,
     TimeoutError_,
 )
+from ..limits import MAX_TASK_CHECKPOINT_BYTES
 from ..models import Attachable
 from ..recipes.keepalive import KeepAliveState, LostCallback
 from .transport import Pin, unknown_outcome
@@ -106,6 +109,10 @@ class TaskInfo:
     worker: str | None = None
     token: int | None = None
     progress: float | None = None
+    #: The latest checkpoint a heartbeat carried (bytes; None: none) and the number
+    #: of the attempt that wrote it (docs/queues.md, "Checkpoints").
+    checkpoint: bytes | None = None
+    checkpoint_attempt: int = 0
 
     @property
     def errors(self) -> list[str]:
@@ -149,6 +156,30 @@ def decode_json(text: Any) -> Any:
         return text
 
 
+def encode_checkpoint(checkpoint: bytes) -> str:
+    """The wire text of a checkpoint (base64: JSON and HTTP carry no bytes); raises
+    ``InvalidArgumentError`` for a value that is not bytes or is over the limit."""
+    if not isinstance(checkpoint, bytes | bytearray | memoryview):
+        raise InvalidArgumentError(f"a checkpoint must be bytes, not {type(checkpoint).__name__}")
+    raw = bytes(checkpoint)
+    if len(raw) > MAX_TASK_CHECKPOINT_BYTES:
+        raise InvalidArgumentError(
+            f"a checkpoint is at most {MAX_TASK_CHECKPOINT_BYTES} bytes, not {len(raw)}"
+        )
+    return base64.b64encode(raw).decode("ascii")
+
+
+def decode_checkpoint(text: Any) -> bytes | None:
+    """The bytes of a checkpoint's wire text (None when there is none; the state
+    machine accepts only strict base64, so this never fails on what it kept)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError):
+        return None
+
+
 def task_info(data: dict[str, Any]) -> TaskInfo:
     return TaskInfo(
         task_id=str(data["tid"]),
@@ -168,6 +199,8 @@ def task_info(data: dict[str, Any]) -> TaskInfo:
         worker=data.get("worker"),
         token=data.get("token"),
         progress=data.get("progress"),
+        checkpoint=decode_checkpoint(data.get("checkpoint")),
+        checkpoint_attempt=int(data.get("checkpoint_attempt", 0)),
     )
 
 
@@ -191,7 +224,9 @@ class AsyncTask:
     (the attempt's fencing token: hand it to whatever the work writes to),
     ``lease_id`` (the attempt id; secret), ``attempt`` (1 for the first claim),
     ``valid_until`` (this process's ``time.monotonic()``: the attempt is trusted until
-    then, counted from the claim's send like a lease).
+    then, counted from the claim's send like a lease), ``checkpoint`` (the bytes an
+    earlier attempt's latest heartbeat saved, None if none: start from there) and
+    ``checkpoint_attempt`` (the number of the attempt that saved it).
 
     ``async with task:`` heartbeats every ``ttl / 3`` in an asyncio task; an exception
     out of the block fails the attempt (its text is the error), a block that ends
@@ -224,6 +259,8 @@ class AsyncTask:
         self.worker = str(result["worker"])
         self.ttl = int(result["ttl"]) / 1000.0
         self.session = str(result.get("session", ""))
+        self.checkpoint: bytes | None = decode_checkpoint(result.get("checkpoint"))
+        self.checkpoint_attempt = int(result.get("checkpoint_attempt") or 0)
         self.on_exit = on_exit
         #: With a progress timeout, a heartbeat extends only that far past the last
         #: progress: the background heartbeats (which carry none) run often enough to
@@ -280,15 +317,25 @@ class AsyncTask:
         self.lost.set()
 
     async def heartbeat(
-        self, progress: float | None = None, *, timeout: float | None = None
+        self,
+        progress: float | None = None,
+        *,
+        checkpoint: bytes | None = None,
+        timeout: float | None = None,
     ) -> None:
         """Extend the attempt by its TTL and record ``progress`` (a number; with a
         ``progress_timeout``, only heartbeats within that long of the last increase
-        extend). Raises ``StaleAttemptError`` once the attempt is not current."""
+        extend) and ``checkpoint`` (at most 8 KiB of bytes, replicated: the task keeps
+        the latest and hands it to the next attempt's claim; docs/queues.md,
+        "Checkpoints"). Once this returns, the checkpoint is committed. Raises
+        ``StaleAttemptError`` once the attempt is not current (the checkpoint was not
+        kept), ``InvalidArgumentError`` for a checkpoint over the limit."""
         sent = time.monotonic()
         args: dict[str, Any] = self._ids()
         if progress is not None:
             args["progress"] = progress
+        if checkpoint is not None:
+            args["checkpoint"] = encode_checkpoint(checkpoint)
         try:
             result = await self._client.call("task_heartbeat", args, mutating=True, timeout=timeout)
         except (StaleAttemptError, TaskNotFoundError) as exc:

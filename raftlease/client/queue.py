@@ -117,10 +117,27 @@ class Task:
         if self.aio.lost.is_set():
             self.lost.set()
 
-    def heartbeat(self, progress: float | None = None, *, timeout: float | None = None) -> None:
-        """As ``AsyncTask.heartbeat`` (raises ``StaleAttemptError``)."""
+    @property
+    def checkpoint(self) -> bytes | None:
+        """The bytes an earlier attempt's latest heartbeat saved (None: none)."""
+        return self.aio.checkpoint
+
+    @property
+    def checkpoint_attempt(self) -> int:
+        """The number of the attempt that saved ``checkpoint`` (0: none)."""
+        return self.aio.checkpoint_attempt
+
+    def heartbeat(
+        self,
+        progress: float | None = None,
+        *,
+        checkpoint: bytes | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """As ``AsyncTask.heartbeat`` (raises ``StaleAttemptError``); blocks until
+        the heartbeat, and its checkpoint, are committed."""
         try:
-            self._portal.run(self.aio.heartbeat(progress, timeout=timeout))
+            self._portal.run(self.aio.heartbeat(progress, checkpoint=checkpoint, timeout=timeout))
         finally:
             self._lost_check()
 

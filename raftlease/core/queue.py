@@ -427,6 +427,12 @@ class TaskQueues(TaskState):
         if progress is not None and (attempt.progress is None or progress > attempt.progress):
             attempt.progress = progress
             attempt.progress_at = now
+        checkpoint = entry.get("checkpoint")
+        if checkpoint is not None:
+            # Kept on the task, not the attempt: it outlives this attempt and is
+            # handed to the next claim (only the current attempt gets this far).
+            task.checkpoint = checkpoint
+            task.checkpoint_attempt = attempt.number
         stalled = False
         if attempt.session:
             target = attempt.expires_at  # lives by its session's keep-alive

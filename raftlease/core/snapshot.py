@@ -30,7 +30,12 @@ from .state import StoreState
 #:    row (after its principal, "" if none), and ``fair`` lists each key's
 #:    ``[key, virtual time, [[tenant, weight, pass], ...]]``. A layout 7 (or older)
 #:    snapshot loads with no fair shares: every queue in rank order, as it was.
-SNAPSHOT_VERSION = 8
+#: 9: task checkpoints (docs/queues.md, "Checkpoints"): a task's row ends with its
+#:    latest checkpoint (base64 text or nil) and the number of the attempt that wrote
+#:    it. A layout 8 (or older) row loads with no checkpoint. (Issue 41; other
+#:    branches may bump to 9 for their own fields: each loads with ``.get``/length
+#:    checks, so the merged layout is the union.)
+SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
 #: build that changes what an entry means writes a higher ``fv``, and nodes that
@@ -46,7 +51,10 @@ SNAPSHOT_VERSION = 8
 #: 5: an acquire may carry a fairness key and a weight (``fairness_key``, ``weight``),
 #: which decide between tenants waiting on a key (docs/design.md §4d); a member that
 #: ignored them would grant other waiters than the rest.
-ENTRY_FORMAT = 5
+#: 6: a task heartbeat may carry a checkpoint (``checkpoint``), handed to the next
+#: attempt's claim (docs/queues.md, "Checkpoints"); a member that ignored it would
+#: answer claims differently from the rest. (Issue 41.)
+ENTRY_FORMAT = 6
 
 
 def entry_format(entry: Any) -> int | None:
@@ -96,16 +104,16 @@ def _capacity_rows(store: StoreState) -> list[list[Any]]:
 
 def restore(store: StoreState, data: dict[str, Any]) -> None:
     """Fill a fresh ``store`` from ``to_plain`` output (this layout version or versions
-    2 to 7, which it upgrades). Raises ``ValueError`` on any other version."""
+    2 to 8, which it upgrades). Raises ``ValueError`` on any other version."""
     version = data.get("v")
     if isinstance(version, int) and not isinstance(version, bool) and version > SNAPSHOT_VERSION:
         raise ValueError(
             f"snapshot version {version} is newer than this build understands "
             f"(up to {SNAPSHOT_VERSION}): it was written by a newer raftlease; upgrade this node"
         )
-    if version not in (2, 3, 4, 5, 6, 7, SNAPSHOT_VERSION):
+    if version not in (2, 3, 4, 5, 6, 7, 8, SNAPSHOT_VERSION):
         raise ValueError(
-            f"snapshot version {version!r} is not 2, 3, 4, 5, 6, 7 or {SNAPSHOT_VERSION}"
+            f"snapshot version {version!r} is not 2, 3, 4, 5, 6, 7, 8 or {SNAPSHOT_VERSION}"
         )
     if "ceiling" not in data:
         # Layouts 2 and 3 had no token ceiling: reserve one step from the revision

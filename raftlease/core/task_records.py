@@ -3,6 +3,7 @@ applies the operations). Pure: no I/O, no clock, no randomness."""
 
 from __future__ import annotations
 
+import binascii
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -17,6 +18,7 @@ from ..limits import (
     MAX_TASK_BACKOFF_MS,
     MAX_TASK_CAP_BYTES,
     MAX_TASK_CAPABILITIES,
+    MAX_TASK_CHECKPOINT_TEXT,
     MAX_TASK_DEDUP_BYTES,
     MAX_TASK_DELAY_MS,
     MAX_TASK_ERROR_BYTES,
@@ -162,6 +164,12 @@ class TaskRecord:
     #: Its fairness key (tenant; "" the default tenant): fair shares decide between
     #: tenants, ``rank`` within one.
     tenant: str = ""
+    #: The latest checkpoint a heartbeat carried (base64 text of at most
+    #: ``MAX_TASK_CHECKPOINT_BYTES`` bytes; None: none yet) and the number of the
+    #: attempt that wrote it: handed to every later claim, shown by ``get``/``dead``
+    #: (layout 9; older rows load with none).
+    checkpoint: str | None = None
+    checkpoint_attempt: int = 0
 
     def to_plain(self) -> list[Any]:
         return [
@@ -190,6 +198,8 @@ class TaskRecord:
             self.principal,
             self.rank,
             self.tenant,
+            self.checkpoint,
+            self.checkpoint_attempt,
         ]
 
     @classmethod
@@ -316,6 +326,19 @@ def _valid_map(value: Any, most: int) -> bool:
     )
 
 
+def valid_checkpoint(value: Any) -> bool:
+    """Whether ``value`` is a checkpoint's text: strict base64 (padded, no newlines)
+    of at most ``MAX_TASK_CHECKPOINT_TEXT`` characters, so every client can decode
+    what another wrote."""
+    if not isinstance(value, str) or len(value) > MAX_TASK_CHECKPOINT_TEXT:
+        return False
+    try:
+        binascii.a2b_base64(value.encode("ascii"), strict_mode=True)
+    except (ValueError, UnicodeEncodeError):
+        return False
+    return True
+
+
 def _valid_progress(value: Any) -> bool:
     if isinstance(value, bool):
         return False
@@ -406,6 +429,12 @@ def check_task_args(op: str, entry: dict[str, Any]) -> str | None:
                 return "'ttl' must be absent: an attached claim lives as long as its session"
     if op == "task_heartbeat" and "progress" in entry and not _valid_progress(entry["progress"]):
         return "'progress' must be a finite number"
+    if (
+        op == "task_heartbeat"
+        and "checkpoint" in entry
+        and not valid_checkpoint(entry["checkpoint"])
+    ):
+        return f"'checkpoint' must be base64 text of at most {MAX_TASK_CHECKPOINT_TEXT} characters"
     if op == "task_complete" and "result" in entry:
         result = entry["result"]
         if not isinstance(result, str) or utf8_size(result) > MAX_RESULT_BYTES:

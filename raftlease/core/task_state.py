@@ -245,7 +245,7 @@ class TaskState:
 
     @staticmethod
     def _claim_view(task: TaskRecord, attempt: Attempt) -> dict[str, Any]:
-        return {
+        view: dict[str, Any] = {
             "claimed": True,
             "queue": task.queue,
             "tid": task.tid,
@@ -259,6 +259,11 @@ class TaskState:
             "progress_timeout": task.progress_timeout_ms,
             "session": attempt.session,
         }
+        if task.checkpoint is not None:
+            # The latest checkpoint of an earlier attempt: where this one starts.
+            view["checkpoint"] = task.checkpoint
+            view["checkpoint_attempt"] = task.checkpoint_attempt
+        return view
 
     def task_info(self, queue: str, tid: str, now: int) -> dict[str, Any] | None:
         """A task as anyone with read access sees it (never an attempt id), or None.
@@ -292,6 +297,9 @@ class TaskState:
             info["finished_at"] = task.finished_at
         if task.status == DEAD:
             info["dead_reason"] = task.dead_reason
+        if task.checkpoint is not None:
+            info["checkpoint"] = task.checkpoint
+            info["checkpoint_attempt"] = task.checkpoint_attempt
         attempt = self.attempts.get(self.current.get(tid, ""))
         if attempt is not None:
             info["worker"] = attempt.worker

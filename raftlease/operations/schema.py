@@ -396,6 +396,8 @@ CLAIM = (
     result("progress_timeout", "integer", "ms without progress before it is stalled (0: none)"),
     result("session", "string", "the lease session it lives by (empty: none)"),
     result("deadline", "integer", "log time a waiting claim gives up (ms)"),
+    result("checkpoint", "string", "the latest checkpoint of an earlier attempt (base64)"),
+    result("checkpoint_attempt", "integer", "the number of the attempt that wrote it"),
 )
 MEMBERS = result("members", "array", "the members after the change", True)
 

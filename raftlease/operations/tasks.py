@@ -11,6 +11,7 @@ from ..limits import (
     MAX_TASK_ATTEMPTS,
     MAX_TASK_BACKOFF_MS,
     MAX_TASK_CAPABILITIES,
+    MAX_TASK_CHECKPOINT_TEXT,
     MAX_TASK_DEDUP_BYTES,
     MAX_TASK_ERROR_BYTES,
     MAX_TASK_PAYLOAD_BYTES,
@@ -159,6 +160,9 @@ TASK_OPS: tuple[Operation, ...] = (
             ATTEMPT_ID,
             Field("progress", "progress", "a progress figure (higher is further)",
                   low=-(2**62), high=2**62),
+            Field("checkpoint", "text", "the work's state so far (base64 of at most 8 KiB): "
+                  "kept on the task and handed to the next attempt's claim",
+                  high=MAX_TASK_CHECKPOINT_TEXT),
         ),
         (
             TID,
