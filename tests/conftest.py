@@ -165,6 +165,7 @@ SERIAL_FILES: dict[str, str] = {
     # Planted bugs must be caught: a detection that depends on a race lost under load
     # would fail the honest build or pass the planted one.
     "integration/test_planted_bugs.py": "planted-bug detection",
+    "integration/test_effect_proof.py": "effect proof: planted build, kills a leader",
     "integration/test_durability.py": "planted build, recovery wait measured in seconds",
     "integration/test_partitions.py": "partitions and a planted build (skip_pre_vote)",
     # Leader leases, clock drift and elections against the clock.

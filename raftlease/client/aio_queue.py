@@ -37,6 +37,7 @@ from ..errors import (
 from ..limits import MAX_TASK_CHECKPOINT_BYTES
 from ..models import Attachable
 from ..recipes.keepalive import KeepAliveState, LostCallback
+from .effects import AsyncEffect, Reconcile, effect_call
 from .transport import Pin, unknown_outcome
 
 #: What a context-managed task does when its block ends without an exception and
@@ -113,6 +114,10 @@ class TaskInfo:
     #: of the attempt that wrote it (docs/queues.md, "Checkpoints").
     checkpoint: bytes | None = None
     checkpoint_attempt: int = 0
+    #: The effect journal (docs/queues.md, "Effects"), in the order begun: each a dict
+    #: with ``effect``, ``state`` (begun, committed), ``token``, ``attempt``, ``key``
+    #: and ``result`` (the JSON value committed, None before).
+    effects: tuple[dict[str, Any], ...] = ()
 
     @property
     def errors(self) -> list[str]:
@@ -201,6 +206,9 @@ def task_info(data: dict[str, Any]) -> TaskInfo:
         progress=data.get("progress"),
         checkpoint=decode_checkpoint(data.get("checkpoint")),
         checkpoint_attempt=int(data.get("checkpoint_attempt", 0)),
+        effects=tuple(
+            {**row, "result": decode_json(row.get("result"))} for row in data.get("effects", [])
+        ),
     )
 
 
@@ -342,6 +350,32 @@ class AsyncTask:
             self._gone(exc)
             raise
         self._set_validity(result, sent)
+
+    def effect(
+        self,
+        effect_id: str,
+        *,
+        idempotency_key: str | None = None,
+        reconcile: Reconcile | None = None,
+        timeout: float | None = None,
+    ) -> AsyncEffect:
+        """An external effect of this attempt, for ``async with`` (client/effects.py;
+        docs/queues.md, "Effects"): entering records the intent in the log before the
+        call, ``commit`` the result after; a later attempt finds it committed (skip
+        the call) or in progress (``reconcile(prior_token, key)`` decides)."""
+        return AsyncEffect(
+            self,
+            effect_id,
+            idempotency_key=idempotency_key,
+            reconcile=reconcile,
+            timeout=timeout,
+        )
+
+    async def _effect_call(
+        self, op: str, args: dict[str, Any], timeout: float | None
+    ) -> dict[str, Any]:
+        call = self._client.call(op, {**self._ids(), **args}, mutating=True, timeout=timeout)
+        return await effect_call(lambda: call, self._gone)
 
     async def complete(self, result: Any = None, *, timeout: float | None = None) -> None:
         """Finish the task with ``result`` (a JSON value; the producer's

@@ -25,6 +25,7 @@ from ..errors import RaftLeaseError
 from ..models import Attachable, BlockingPortal
 from ..recipes.keepalive import LostCallback
 from .aio_queue import AsyncQueue, AsyncTask, QueueStats, TaskCaller, TaskInfo
+from .effects import Effect, Reconcile
 
 
 class PortalClient(Protocol):
@@ -140,6 +141,21 @@ class Task:
             self._portal.run(self.aio.heartbeat(progress, checkpoint=checkpoint, timeout=timeout))
         finally:
             self._lost_check()
+
+    def effect(
+        self,
+        effect_id: str,
+        *,
+        idempotency_key: str | None = None,
+        reconcile: Reconcile | None = None,
+        timeout: float | None = None,
+    ) -> Effect:
+        """As ``AsyncTask.effect``, for ``with``: entering begins the effect (blocks
+        for one replicated write; the reconcile hook runs in this thread)."""
+        aio = self.aio.effect(
+            effect_id, idempotency_key=idempotency_key, reconcile=reconcile, timeout=timeout
+        )
+        return Effect(self._portal, aio)
 
     def complete(self, result: Any = None, *, timeout: float | None = None) -> None:
         """As ``AsyncTask.complete`` (raises ``StaleAttemptError``)."""

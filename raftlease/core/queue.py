@@ -43,6 +43,7 @@ import heapq
 from typing import Any
 
 from ..limits import DEFAULT_COMPLETED_TASKS, DEFAULT_QUEUE_TASKS, MAX_QUEUE_TENANTS
+from . import effects
 from .checks import TASK_MUTATING_OPS
 from .records import LeaseSession, Result, error
 from .task_records import (
@@ -127,6 +128,10 @@ class TaskQueues(TaskState):
         task = self.tasks[attempt.tid]
         if op == "task_heartbeat":
             return self._heartbeat(host, task, attempt, entry)
+        if op == "task_effect_begin":
+            return self._effect_begin(task, attempt, entry)
+        if op == "task_effect_commit":
+            return effects.commit(task, attempt, entry)
         if op == "task_complete":
             self._end_attempt(host, attempt, "completed", "")
             task.result = entry.get("result", "")
@@ -154,6 +159,11 @@ class TaskQueues(TaskState):
             "ready_at": task.ready_at if task.status == DELAYED else None,
             "revision": host.revision,
         }
+
+    def _effect_begin(self, task: TaskRecord, attempt: Attempt, entry: dict[str, Any]) -> Result:
+        """The journal's begin (core/effects.py); a method so a planted build can
+        skip the check of what earlier attempts left."""
+        return effects.begin(task, attempt, entry)
 
     def _put(self, host: Host, entry: dict[str, Any]) -> Result:
         name: str = entry["queue"]
@@ -894,11 +904,21 @@ class TaskQueues(TaskState):
         self.by_session.pop(sid, None)
 
 
+def check_queue_args(op: str, entry: dict[str, Any]) -> str | None:
+    """Why a ``task_*`` entry is malformed, or None: the task checks, then the
+    effect journal's (core/effects.py) for its two operations."""
+    problem = check_task_args(op, entry)
+    if problem is None and op in effects.EFFECT_OPS:
+        problem = effects.check_effect_args(op, entry)
+    return problem
+
+
 __all__ = [
     "DEFAULT_QUEUE_TASKS",
     "MAX_PAYLOAD_BYTES",
     "MAX_RESULT_BYTES",
     "TASK_MUTATING_OPS",
     "TaskQueues",
+    "check_queue_args",
     "check_task_args",
 ]

@@ -30,9 +30,10 @@ from .state import StoreState
 #:    row (after its principal, "" if none), and ``fair`` lists each key's
 #:    ``[key, virtual time, [[tenant, weight, pass], ...]]``. A layout 7 (or older)
 #:    snapshot loads with no fair shares: every queue in rank order, as it was.
-#: 9: task checkpoints (docs/queues.md, "Checkpoints"): a task's row ends with its
-#:    latest checkpoint (base64 text or nil) and the number of the attempt that wrote
-#:    it. A layout 8 (or older) row loads with no checkpoint. (Issue 41; other
+#: 9: task checkpoints and effect journals (docs/queues.md, "Checkpoints", "Effects"):
+#:    a task's row ends with its latest checkpoint (base64 text or nil), the number of
+#:    the attempt that wrote it, and its effect rows ``[effect id, state, token,
+#:    attempt, key, result]``. A layout 8 (or older) row loads with none of them. (Issue 41; other
 #:    branches may bump to 9 for their own fields: each loads with ``.get``/length
 #:    checks, so the merged layout is the union.)
 SNAPSHOT_VERSION = 9
@@ -52,8 +53,10 @@ SNAPSHOT_VERSION = 9
 #: which decide between tenants waiting on a key (docs/design.md §4d); a member that
 #: ignored them would grant other waiters than the rest.
 #: 6: a task heartbeat may carry a checkpoint (``checkpoint``), handed to the next
-#: attempt's claim (docs/queues.md, "Checkpoints"); a member that ignored it would
-#: answer claims differently from the rest. (Issue 41.)
+#: attempt's claim (docs/queues.md, "Checkpoints"), and ``task_effect_begin`` /
+#: ``task_effect_commit`` entries keep a task's effect journal ("Effects"); a member
+#: that ignored them would answer claims and effects differently from the rest.
+#: (Issue 41.)
 ENTRY_FORMAT = 6
 
 

@@ -55,7 +55,7 @@ from .checks import (
     valid_int,
 )
 from .dedup import fingerprint, fingerprint_of, remember
-from .queue import check_task_args
+from .queue import check_queue_args
 from .records import (
     ClientRecord,
     KeyShares,
@@ -146,7 +146,7 @@ class LeaseStore(StoreState):
             return error("BAD_REQUEST", "entry format 'fv' must be a positive integer")
         problem = check_args(op, entry)
         if problem is None and op in TASK_OPS:
-            problem = check_task_args(op, entry)
+            problem = check_queue_args(op, entry)
         if problem is None and op in BUDGET_OPS:
             problem = check_budget_args(op, entry)
         if problem is not None:

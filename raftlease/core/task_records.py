@@ -170,6 +170,9 @@ class TaskRecord:
     #: (layout 9; older rows load with none).
     checkpoint: str | None = None
     checkpoint_attempt: int = 0
+    #: The effect journal (core/effects.py): effect id -> ``[effect id, state, token,
+    #: attempt number, idempotency key, result]``, in the order begun (layout 9).
+    effects: dict[str, list[Any]] = field(default_factory=dict)
 
     def to_plain(self) -> list[Any]:
         return [
@@ -200,12 +203,15 @@ class TaskRecord:
             self.tenant,
             self.checkpoint,
             self.checkpoint_attempt,
+            [list(row) for row in self.effects.values()],
         ]
 
     @classmethod
     def from_plain(cls, row: list[Any]) -> TaskRecord:
         task = cls(*row)
         task.requires = tuple((str(k), str(v)) for k, v in row[5])
+        # Layout 9 ends with the effect journal's rows; older rows have none.
+        task.effects = {r[0]: list(r) for r in row[27]} if len(row) > 27 else {}
         if len(row) < 24:
             # A layout-5 row (before aging): its task was put by an entry without an
             # aging stamp, ranked by strict priority then put order, as it was.
@@ -357,6 +363,8 @@ _TID_OPS = frozenset(
         "task_release",
         "task_retry",
         "task_purge",
+        "task_effect_begin",
+        "task_effect_commit",
     }
 )
 
@@ -399,6 +407,8 @@ def check_task_args(op: str, entry: dict[str, Any]) -> str | None:
         "task_release",
         "task_claim_cancel",
         "task_claim_status",
+        "task_effect_begin",
+        "task_effect_commit",
     ) and not valid_str(entry.get("aid"), MAX_ID_CHARS):
         return "'aid' must be a non-empty string"
     for name, low, high in _INT_FIELDS:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 from typing import Any, Self
 
+from .effects import effect_view
 from .records import Result, error
 from .task_records import (
     CLAIMED,
@@ -300,6 +301,8 @@ class TaskState:
         if task.checkpoint is not None:
             info["checkpoint"] = task.checkpoint
             info["checkpoint_attempt"] = task.checkpoint_attempt
+        if task.effects:
+            info["effects"] = [effect_view(row) for row in list(task.effects.values())]
         attempt = self.attempts.get(self.current.get(tid, ""))
         if attempt is not None:
             info["worker"] = attempt.worker

@@ -50,6 +50,8 @@ PLANTED_BUGS: dict[str, str] = {
     "keep-alives the deposed leader answered from memory are forgotten",
     "partial_many_grant": "an acquire_many takes the free keys of its set and leaves out "
     "the busy ones, answering success, instead of refusing the whole set",
+    "skip_effect_check": "a task effect's begin ignores the journal (an earlier attempt's "
+    "intent or commit) and answers new: a retried task makes an external call again",
     "skip_pre_vote": "a node runs for election without asking for pre-votes, so a member "
     "that was cut off raises its term and, once it rejoins, deposes a healthy leader",
 }

@@ -1,6 +1,7 @@
 """Task checkpoints on real nodes (issue 41; docs/queues.md, "Checkpoints"): a worker
 SIGKILLed at 60 % of a checkpointed task, and the next attempt starts from its
-checkpoint; the dead-letter view shows the last one.
+checkpoint; the dead-letter view shows the last one. And the effect journal on the
+async client ("Effects").
 
 Waits are on conditions with deadlines; what is asserted exactly is the checkpoint
 handed over and the work done from it.
@@ -89,3 +90,52 @@ def test_the_dead_letter_view_shows_the_last_checkpoint(shared: LocalCluster) ->
         dead = q.dead()
         assert [d.task_id for d in dead] == [tid]
         assert dead[0].checkpoint == b"\x00\xffhalf" and dead[0].checkpoint_attempt == 1
+
+
+def test_effects_on_the_async_client_skip_a_committed_effect_and_refuse_a_zombie(
+    shared: LocalCluster,
+) -> None:
+    """The async form of the effect journal (the blocking form runs in
+    tests/integration/test_effect_proof.py): a later attempt finds an effect committed
+    (skip) or in progress (the reconcile hook gets the old token and key); the
+    earlier attempt's commit is refused."""
+    import asyncio
+
+    from raftlease import AsyncClient, StaleAttemptError
+
+    async def scenario() -> None:
+        async with AsyncClient(shared.endpoints) as c:
+            q = c.queue("t-effects-async")
+            await q.put("x", max_attempts=3, backoff=0.0, lease_ttl=0.6)
+            first = await q.claim(worker="w1")
+            assert first is not None
+            async with first.effect("mail", idempotency_key="m-1") as mail:
+                assert mail.state == "new" and mail.key == "m-1"
+                await mail.commit({"sent": 1})
+            async with first.effect("charge") as charge:
+                assert charge.state == "new"  # the call is made; the worker then stalls
+            second = None
+            while second is None:  # the first attempt expires (no heartbeats)
+                second = await q.claim(worker="w2", wait=5.0, lease_ttl=30.0)
+            seen: list[tuple[int, str]] = []
+
+            async def reconcile(token: int, key: str) -> dict[str, int]:
+                seen.append((token, key))
+                return {"charged": 1}  # the provider shows the call was made
+
+            async with second.effect("mail") as mail_again:
+                assert mail_again.done and mail_again.result == {"sent": 1}
+            async with second.effect("charge", reconcile=reconcile) as charge_again:
+                assert charge_again.state == "committed" and charge_again.reconciled
+                assert charge_again.prior_token == first.token
+            assert seen == [(first.token, f"{first.task_id}:charge")]
+            with pytest.raises(StaleAttemptError):
+                await charge.commit({"charged": 2})
+            await second.complete("done")
+            info = await q.get(second.task_id)
+            assert [(e["effect"], e["state"], e["result"]) for e in info.effects] == [
+                ("mail", "committed", {"sent": 1}),
+                ("charge", "committed", {"charged": 1}),
+            ]
+
+    asyncio.run(scenario())

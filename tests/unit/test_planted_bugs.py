@@ -17,6 +17,7 @@ functions returning a list of violations.
 | ``unwritten_keepalives`` | keep-alives from memory reach the log | ``early_grants`` |
 | ``no_term_extension`` | a new term extends every lease | ``early_grants`` |
 | ``partial_many_grant`` | a set of keys all or none | ``check_entry`` (test_core_many.py) |
+| ``skip_effect_check`` | a begin reads the effect journal | ``queue_checker.check_effects`` |
 
 The chaos suite's own runs catch the other two (``CHAOS_COVERED``, in
 tests/chaos/test_chaos.py): ``fast_log_clock`` (the log clock) and ``unsynced_acks`` (no
@@ -55,6 +56,7 @@ from raftlease.testing.node import (
     BarrierlessReads,
     DriftBlindGuard,
     EagerElectionTransport,
+    EffectBlindStore,
     ForgetfulStore,
     PartialSetStore,
     PromiselessGuard,
@@ -87,6 +89,7 @@ COVERED = (
     "unwritten_keepalives",
     "no_term_extension",
     "partial_many_grant",
+    "skip_effect_check",
 )
 
 #: Planted bugs caught by chaos-suite runs, and the test of tests/chaos/test_chaos.py that
@@ -251,6 +254,7 @@ PLANTED_FIELDS: dict[str, dict[str, Any]] = {
     "unwritten_keepalives": {"proposer_class": UnwritingProposer},
     "no_term_extension": {"store_class": ShortMemoryStore},
     "partial_many_grant": {"store_class": PartialSetStore},
+    "skip_effect_check": {"store_class": EffectBlindStore},
 }
 
 HOOK_FIELDS = (
@@ -424,3 +428,62 @@ def test_checks_report_hand_made_violations() -> None:
     assert len(applied_entries_truncated({"n1": f"x CRITICAL {TRUNCATION} from 5\n"})) == 1
     assert retry_applied_twice({"ok": True}, {"ok": True}, 1) == []
     assert len(retry_applied_twice({"ok": True}, {"ok": False}, 2)) == 2
+
+
+@pytest.mark.parametrize("build", ["honest", "skip_effect_check"])
+def test_an_effect_made_before_a_crash_is_not_made_again(build: str) -> None:
+    """The state machine alone, with a counting provider: an attempt begins an effect,
+    makes the call and dies before its commit; the next attempt begins the same effect
+    and calls the provider only if the journal says it must. The effect checker of
+    the queue suite (``check_effects``) judges the calls (the integration half, with
+    real processes, is tests/integration/test_effect_proof.py)."""
+    from queue_checker import check_effects
+
+    store = build_hooks("" if build == "honest" else build).store_class()
+    calls: list[int] = []
+    base = {"queue": "q", "ack": 1, "term": 1}
+
+    def mut(op: str, now: int, seq: int, **fields: Any) -> dict[str, Any]:
+        return store.apply({"op": op, "now": now, "cid": f"c{seq}", "seq": 1, **base, **fields})
+
+    assert mut("task_put", 0, 1, tid="T", payload="{}", ttl=1000, backoff=0)["ok"]
+    first = mut("task_claim", 10, 2, aid="A1", worker="w1")["token"]
+    assert mut("task_effect_begin", 20, 3, tid="T", aid="A1", effect="charge")["state"] == "new"
+    calls.append(first)  # the call is made; the worker dies before its commit
+    second = mut("task_claim", 2000, 4, aid="A2", worker="w2")["token"]
+    began = mut("task_effect_begin", 2010, 5, tid="T", aid="A2", effect="charge")
+    if began["state"] == "new":
+        calls.append(second)  # nothing recorded: the call is made again
+    assert mut("task_effect_commit", 2020, 6, tid="T", aid="A2", effect="charge")["ok"]
+    zombie = mut("task_effect_commit", 2030, 7, tid="T", aid="A1", effect="charge")
+    assert mut("task_complete", 2040, 8, tid="T", aid="A2")["ok"]
+    events: list[dict[str, Any]] = [{"f": "effect.apply", "effect": "charge", "token": t}
+                                    for t in calls]  # fmt: skip
+    events.append({"f": "effect.commit", "effect": "charge", "token": second, "type": "ok",
+                   "newest": second})  # fmt: skip
+    events.append({"f": "effect.commit", "effect": "charge", "token": first,
+                   "type": "ok" if zombie["ok"] else "fail", "error": zombie.get("code"),
+                   "newest": second})  # fmt: skip
+    events.append({"f": "effect.final", "effect": "charge", "status": "completed"})
+    verdict = check_effects(events)
+    if build == "honest":
+        assert began["state"] == "in_progress" and began["prior_token"] == first
+        assert verdict["valid"] is True, verdict
+        assert verdict["stats"]["zombie_commits_refused"] == 1
+    else:
+        assert verdict["valid"] is False
+        assert [v["kind"] for v in verdict["violations"]] == ["applied_twice"]
+
+
+def test_the_effect_checker_sees_an_accepted_zombie_commit_and_a_lost_effect() -> None:
+    from queue_checker import check_effects
+
+    verdict = check_effects(
+        [
+            {"f": "effect.commit", "effect": "e", "token": 3, "type": "ok", "newest": 9},
+            {"f": "effect.final", "effect": "e", "status": "completed"},
+        ]
+    )
+    kinds = sorted(v["kind"] for v in verdict["violations"])
+    assert kinds == ["never_applied", "zombie_commit_accepted"]
+    assert check_effects([])["valid"] == "unknown"
