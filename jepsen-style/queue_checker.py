@@ -64,6 +64,9 @@ makes it ``unknown``, never a pass, and so does a run with nothing to judge:
 * ``queue_effects`` (``check_effects``, over the effect proof's events, not a chaos
   history: scripts/effect_proof): every external effect is made exactly once, and no
   commit from an attempt older than the task's newest is accepted.
+* ``queue_dependencies`` (``check_dependencies``, over a task graph's events: the
+  DAG tests): each child's claim token is above every parent's completion revision,
+  and no task is completed twice.
 * ``queue_dead_letter``: every task in the dead-letter list (or read as ``dead``)
   used all its attempts (and no more than the history can account for) or passed the
   deadline its put gave it, and was put by someone.
@@ -965,6 +968,66 @@ def check_effects(events: Iterable[Event]) -> dict[str, Any]:
             "applied_once": sum(1 for eid in finals if applied.get(eid, 0) == 1),
             "applications": sum(applied.values()),
             "zombie_commits_refused": zombies_refused,
+        }
+    )
+
+
+# ------------------------------------------------------------------ dependencies
+
+
+def check_dependencies(events: Iterable[Event]) -> dict[str, Any]:
+    """``queue_dependencies`` (issue 41; docs/queues.md, "Dependencies"): every edge of
+    a task graph is respected. ``events``: ``dag.put`` (``task``, ``after``: its
+    parents), ``dag.claim`` (``task``, ``token``: an ok claim), ``dag.complete``
+    (``task``, ``revision``: an accepted completion's revision).
+
+    Violations: a claim of a task whose token is not above the completion revision of
+    every parent, or whose parent was never completed (``claimed_before_parent``); a
+    task completed twice (``completed_twice``). Nothing put, or an event missing a
+    field, is ``unknown``."""
+    verdict = _Verdict()
+    parents: dict[str, list[str]] = {}
+    completed: dict[str, int] = {}
+    claims: list[tuple[str, int]] = []
+    for event in events:
+        kind, task = event.get("f"), event.get("task")
+        if kind not in ("dag.put", "dag.claim", "dag.complete"):
+            continue
+        if not isinstance(task, str):
+            verdict.cannot(f"{kind} without task", event=event)
+            continue
+        if kind == "dag.put":
+            after = event.get("after")
+            if not isinstance(after, list):
+                verdict.cannot("dag.put without after", event=event)
+                continue
+            parents[task] = [str(p) for p in after]
+            continue
+        number = event.get("token" if kind == "dag.claim" else "revision")
+        if not _is_int(number):
+            verdict.cannot(f"{kind} without its number", event=event)
+            continue
+        if kind == "dag.claim":
+            claims.append((task, number))
+        elif task in completed:
+            verdict.bad("completed_twice", task=task)
+        else:
+            completed[task] = number
+    for task, token in claims:
+        for parent in parents.get(task, ()):
+            done = completed.get(parent)
+            if done is None or token <= done:
+                verdict.bad(
+                    "claimed_before_parent", task=task, token=token, parent=parent, completed=done
+                )
+    if not parents:
+        verdict.cannot("no dag.put event: nothing to judge")
+    return verdict.result(
+        {
+            "tasks": len(parents),
+            "edges": sum(len(p) for p in parents.values()),
+            "claims": len(claims),
+            "completed": len(completed),
         }
     )
 

@@ -53,6 +53,9 @@ MAX_TASK_EFFECTS = 32
 MAX_EFFECT_ID_BYTES = 256
 MAX_EFFECT_KEY_BYTES = 256
 MAX_EFFECT_RESULT_BYTES = 1024
+#: Task dependencies (docs/queues.md, "Dependencies"): the most parents one put may
+#: name (``after``); a child's claim carries their results (at most 16 x 16 KiB).
+MAX_TASK_PARENTS = 16
 #: Weighted fair shares (docs/queues.md, "Fair shares"): the longest fairness key (a
 #: tenant's name), the largest weight (a weight is 1..this), and the most tenants
 #: (distinct fairness keys with open tasks, the default one included) one queue holds:

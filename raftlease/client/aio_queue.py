@@ -22,7 +22,7 @@ import binascii
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -118,6 +118,10 @@ class TaskInfo:
     #: with ``effect``, ``state`` (begun, committed), ``token``, ``attempt``, ``key``
     #: and ``result`` (the JSON value committed, None before).
     effects: tuple[dict[str, Any], ...] = ()
+    #: Task dependencies (docs/queues.md, "Dependencies"): the ids it runs after, and
+    #: those not completed yet (it waits while any is left).
+    after: tuple[str, ...] = ()
+    waiting_on: tuple[str, ...] = ()
 
     @property
     def errors(self) -> list[str]:
@@ -209,6 +213,8 @@ def task_info(data: dict[str, Any]) -> TaskInfo:
         effects=tuple(
             {**row, "result": decode_json(row.get("result"))} for row in data.get("effects", [])
         ),
+        after=tuple(data.get("after", ())),
+        waiting_on=tuple(data.get("waiting_on", ())),
     )
 
 
@@ -269,6 +275,11 @@ class AsyncTask:
         self.session = str(result.get("session", ""))
         self.checkpoint: bytes | None = decode_checkpoint(result.get("checkpoint"))
         self.checkpoint_attempt = int(result.get("checkpoint_attempt") or 0)
+        #: The ids it ran after, and their results (JSON values) still kept.
+        self.after: tuple[str, ...] = tuple(result.get("after", ()))
+        self.parent_results: dict[str, Any] = {
+            tid: decode_json(text) for tid, text in (result.get("parent_results") or {}).items()
+        }
         self.on_exit = on_exit
         #: With a progress timeout, a heartbeat extends only that far past the last
         #: progress: the background heartbeats (which carry none) run often enough to
@@ -470,6 +481,7 @@ class AsyncQueue:
         backoff: float | None = None,
         fairness_key: str | None = None,
         weight: int | None = None,
+        after: Sequence[str] | None = None,
         timeout: float | None = None,
     ) -> str:
         """Put a task; returns its id. A put with the ``dedup_key`` of a task still
@@ -487,9 +499,12 @@ class AsyncQueue:
         ``fairness_key``: the tenant the task belongs to (at most 128 bytes; none: the
         queue's default tenant); backlogged tenants share the claims in proportion to
         their weights; ``weight`` (1..1000) sets the tenant's weight from this put on
-        (none: unchanged; a new tenant's is 1): docs/queues.md, "Fair shares". Raises
-        ``QuotaExceededError`` when the queue is full or already has 1,000 tenants,
-        ``InvalidArgumentError``."""
+        (none: unchanged; a new tenant's is 1): docs/queues.md, "Fair shares".
+        ``after``: up to 16 task ids of this queue: the task is ready only once every
+        one is completed (its claim carries their results), dead if one dies
+        (docs/queues.md, "Dependencies"). Raises ``QuotaExceededError`` when the queue
+        is full or already has 1,000 tenants, ``TaskNotFoundError`` for an ``after``
+        id the queue does not hold, ``InvalidArgumentError``."""
         if not_before is not None:
             delay = max(delay, not_before - time.time())
         args: dict[str, Any] = {
@@ -510,6 +525,7 @@ class AsyncQueue:
             "backoff": backoff,
             "fairness_key": fairness_key,
             "weight": weight,
+            "after": list(after) if after else None,
         }
         args.update({k: v for k, v in optional.items() if v is not None})
         result = await self.client.call("task_put", args, mutating=True, timeout=timeout)

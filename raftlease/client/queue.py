@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from ..errors import RaftLeaseError
@@ -117,6 +117,16 @@ class Task:
     def _lost_check(self) -> None:
         if self.aio.lost.is_set():
             self.lost.set()
+
+    @property
+    def after(self) -> tuple[str, ...]:
+        """The ids of the tasks it ran after (docs/queues.md, "Dependencies")."""
+        return self.aio.after
+
+    @property
+    def parent_results(self) -> dict[str, Any]:
+        """Their results (JSON values), by task id (those still kept)."""
+        return self.aio.parent_results
 
     @property
     def checkpoint(self) -> bytes | None:
@@ -235,6 +245,7 @@ class Queue:
         backoff: float | None = None,
         fairness_key: str | None = None,
         weight: int | None = None,
+        after: Sequence[str] | None = None,
         timeout: float | None = None,
     ) -> str:
         """As ``AsyncQueue.put`` (the same options, spelled out so that type checkers
@@ -255,6 +266,7 @@ class Queue:
                 backoff=backoff,
                 fairness_key=fairness_key,
                 weight=weight,
+                after=after,
                 timeout=timeout,
             )
         )

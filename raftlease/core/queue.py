@@ -43,7 +43,7 @@ import heapq
 from typing import Any
 
 from ..limits import DEFAULT_COMPLETED_TASKS, DEFAULT_QUEUE_TASKS, MAX_QUEUE_TENANTS
-from . import effects
+from . import deps, effects
 from .checks import TASK_MUTATING_OPS
 from .records import LeaseSession, Result, error
 from .task_records import (
@@ -138,13 +138,17 @@ class TaskQueues(TaskState):
             self._finish(host, task, COMPLETED)
             self._tally(self._queue(task.queue), "completions")
             self._event(host, "task_complete", task, worker=attempt.worker, token=attempt.token)
+            revision = host.revision  # the completion's own (children's claims follow)
+            # Its waiting children with no other pending parent become ready in this
+            # entry (or delayed until their own delay ends): after the completion.
+            self._release_children(host, task)
             # The bound counts this task too (it may be the oldest, with a tiny bound).
             self._bound_completed(entry.get("max_completed", DEFAULT_COMPLETED_TASKS))
             return {
                 "ok": True,
                 "tid": attempt.tid,
                 "token": attempt.token,
-                "revision": host.revision,
+                "revision": revision,
             }
         if op == "task_release":
             self._give_back(host, task, attempt)
@@ -164,6 +168,28 @@ class TaskQueues(TaskState):
         """The journal's begin (core/effects.py); a method so a planted build can
         skip the check of what earlier attempts left."""
         return effects.begin(task, attempt, entry)
+
+    def _link(self, task: TaskRecord, parents: list[str]) -> str:
+        """Record ``task``'s parents (core/deps.py); a method so a planted build can
+        ready a child early."""
+        return deps.link(self, task, parents)
+
+    def _release_children(self, host: Host, parent: TaskRecord) -> None:
+        """``parent`` completed: the children it held back go on (core/deps.py)."""
+        for child in deps.released_children(self, parent):
+            if child.status != DELAYED:
+                continue
+            if child.ready_at <= host.now:
+                self._make_ready(host, child)
+            else:
+                heapq.heappush(self._delayed, (child.ready_at, child.seq, child.tid))
+
+    def _kill_children(self, host: Host, parent: TaskRecord) -> None:
+        """``parent`` is dead: every task waiting on it dies too, with the reason."""
+        for child, why in deps.doomed_children(self, parent):
+            if child.status == DELAYED:
+                self._kill(child, why)
+                self._event(host, "task_dead", child)
 
     def _put(self, host: Host, entry: dict[str, Any]) -> Result:
         name: str = entry["queue"]
@@ -187,7 +213,7 @@ class TaskQueues(TaskState):
                 tasks=held,
                 quota=quota,
             )
-        refused = self._principal_quotas(name, entry)
+        refused = self._principal_quotas(name, entry) or deps.parents_refusal(self, entry)
         if refused is not None:
             return refused
         tenant_name: str = entry.get("fairness_key", "")
@@ -243,9 +269,19 @@ class TaskQueues(TaskState):
             queue.dedup[dedup_key] = task.tid
         if task.deadline_at:
             heapq.heappush(self._deadlines, (task.deadline_at, task.tid))
-        if delay > 0:
+        doomed = self._link(task, deps.parents(entry)) if "after" in entry else ""
+        if doomed:
+            # A dead parent: the child is dead at once, with the reason.
             self._move(queue, None, DELAYED)
-            heapq.heappush(self._delayed, (task.ready_at, task.seq, task.tid))
+            self._event(host, "task_put", task)
+            self._kill(task, doomed)
+            self._event(host, "task_dead", task)
+        elif delay > 0 or task.waiting_on:
+            # Waiting for its delay or its parents (a delayed item of a task that
+            # still waits on parents is skipped by ``advance``).
+            self._move(queue, None, DELAYED)
+            if delay > 0:
+                heapq.heappush(self._delayed, (task.ready_at, task.seq, task.tid))
             self._event(host, "task_put", task)
         else:
             # The put's event comes before the claim that may take it at once.
@@ -479,13 +515,24 @@ class TaskQueues(TaskState):
                     f"task {tid!r} is {task.status}, not dead: only a dead task is retried",
                     status=task.status,
                 )
+            blocked = deps.dead_parent(self, task)
+            if blocked:
+                return error(
+                    "INVALID_ARGUMENT",
+                    f"task {tid!r} runs after {blocked!r}, which is dead: retry that first",
+                    parent=blocked,
+                )
             del queue.dead[tid]
             self._tally(queue, "retries")
             task.failures = 0
             task.dead_reason = ""
             task.deadline_at = 0  # a retried task gets a fresh budget and no deadline
             self._event(host, "task_retry", task)
-            self._make_ready(host, task)
+            if deps.relink(self, task):  # parents not completed yet hold it again
+                self._move(queue, task.status, DELAYED)
+                task.status = DELAYED
+            else:
+                self._make_ready(host, task)
             return {"ok": True, "tid": tid, "status": task.status, "revision": host.revision}
         if task.status not in (DEAD, COMPLETED):
             return error(
@@ -747,6 +794,8 @@ class TaskQueues(TaskState):
         self._event(
             host, kind, task, worker=attempt.worker, token=attempt.token, number=attempt.number
         )
+        if task.status == DEAD:
+            self._kill_children(host, task)
         if task.status == DELAYED and task.ready_at <= now:
             self._make_ready(host, task)
 
@@ -827,7 +876,12 @@ class TaskQueues(TaskState):
         while delayed and delayed[0][0] <= now:
             ready_at, _, tid = heapq.heappop(delayed)
             task = self.tasks.get(tid)
-            if task is not None and task.status == DELAYED and task.ready_at == ready_at:
+            if (
+                task is not None
+                and task.status == DELAYED
+                and task.ready_at == ready_at
+                and not task.waiting_on  # still waits on a parent (core/deps.py)
+            ):
                 self._make_ready(host, task)
         waits = self._claim_deadlines
         while waits and waits[0][0] <= now:
@@ -872,6 +926,7 @@ class TaskQueues(TaskState):
             self._end_attempt(host, attempt, "deadline", "task deadline passed")
         self._kill(task, "deadline passed")
         self._event(host, "task_dead", task, worker=worker, token=token)
+        self._kill_children(host, task)
 
     def session_kept(self, host: Host, session: LeaseSession) -> None:
         """A keep-alive moved ``session``'s expiry: its attached attempts move with
@@ -910,6 +965,8 @@ def check_queue_args(op: str, entry: dict[str, Any]) -> str | None:
     problem = check_task_args(op, entry)
     if problem is None and op in effects.EFFECT_OPS:
         problem = effects.check_effect_args(op, entry)
+    if problem is None and op == "task_put":
+        problem = deps.check_after(entry)
     return problem
 
 

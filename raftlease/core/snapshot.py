@@ -32,8 +32,9 @@ from .state import StoreState
 #:    snapshot loads with no fair shares: every queue in rank order, as it was.
 #: 9: task checkpoints and effect journals (docs/queues.md, "Checkpoints", "Effects"):
 #:    a task's row ends with its latest checkpoint (base64 text or nil), the number of
-#:    the attempt that wrote it, and its effect rows ``[effect id, state, token,
-#:    attempt, key, result]``. A layout 8 (or older) row loads with none of them. (Issue 41; other
+#:    the attempt that wrote it, its effect rows ``[effect id, state, token,
+#:    attempt, key, result]``, and its dependencies ``after`` and ``waiting_on``
+#:    (docs/queues.md, "Dependencies"). A layout 8 (or older) row loads with none. (Issue 41; other
 #:    branches may bump to 9 for their own fields: each loads with ``.get``/length
 #:    checks, so the merged layout is the union.)
 SNAPSHOT_VERSION = 9
@@ -54,8 +55,9 @@ SNAPSHOT_VERSION = 9
 #: ignored them would grant other waiters than the rest.
 #: 6: a task heartbeat may carry a checkpoint (``checkpoint``), handed to the next
 #: attempt's claim (docs/queues.md, "Checkpoints"), and ``task_effect_begin`` /
-#: ``task_effect_commit`` entries keep a task's effect journal ("Effects"); a member
-#: that ignored them would answer claims and effects differently from the rest.
+#: ``task_effect_commit`` entries keep a task's effect journal ("Effects"), and a put
+#: may carry ``after`` ("Dependencies"); a member that ignored them would answer
+#: claims and effects differently from the rest.
 #: (Issue 41.)
 ENTRY_FORMAT = 6
 

@@ -173,6 +173,10 @@ class TaskRecord:
     #: The effect journal (core/effects.py): effect id -> ``[effect id, state, token,
     #: attempt number, idempotency key, result]``, in the order begun (layout 9).
     effects: dict[str, list[Any]] = field(default_factory=dict)
+    #: Task dependencies (core/deps.py): the parents named at the put, and those not
+    #: completed yet (the task waits, ``delayed``, while any is left; layout 9).
+    after: list[str] = field(default_factory=list)
+    waiting_on: list[str] = field(default_factory=list)
 
     def to_plain(self) -> list[Any]:
         return [
@@ -204,6 +208,8 @@ class TaskRecord:
             self.checkpoint,
             self.checkpoint_attempt,
             [list(row) for row in self.effects.values()],
+            list(self.after),
+            list(self.waiting_on),
         ]
 
     @classmethod
@@ -212,6 +218,8 @@ class TaskRecord:
         task.requires = tuple((str(k), str(v)) for k, v in row[5])
         # Layout 9 ends with the effect journal's rows; older rows have none.
         task.effects = {r[0]: list(r) for r in row[27]} if len(row) > 27 else {}
+        task.after = list(row[28]) if len(row) > 28 else []
+        task.waiting_on = list(row[29]) if len(row) > 29 else []
         if len(row) < 24:
             # A layout-5 row (before aging): its task was put by an entry without an
             # aging stamp, ranked by strict priority then put order, as it was.

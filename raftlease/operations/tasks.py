@@ -17,6 +17,7 @@ from ..limits import (
     MAX_TASK_CHECKPOINT_TEXT,
     MAX_TASK_DEDUP_BYTES,
     MAX_TASK_ERROR_BYTES,
+    MAX_TASK_PARENTS,
     MAX_TASK_PAYLOAD_BYTES,
     MAX_TASK_REQUIRES,
     MAX_TASK_RESULT_BYTES,
@@ -106,6 +107,9 @@ TASK_OPS: tuple[Operation, ...] = (
                   high=MAX_FAIRNESS_KEY_BYTES),
             Field("weight", "integer", "its tenant's weight from now on (default: "
                   "unchanged; a new tenant's is 1)", low=1, high=MAX_FAIRNESS_WEIGHT),
+            Field("after", "keyset", "task ids of the same queue it runs after: ready "
+                  "once every one is completed, dead if one dies", low=MAX_ID_CHARS,
+                  high=MAX_TASK_PARENTS, given="present"),
         ),
         (
             TID,

@@ -164,6 +164,31 @@ class EffectBlindStore(LeaseStore):
         return store
 
 
+class EarlyChildTasks(TaskQueues):
+    """Planted bug ``early_child``: a put's ``after`` is recorded but holds nothing
+    back: the child is ready at once, before its parents complete. Tick thread, like
+    the store."""
+
+    def _link(self, task: Any, parents: list[str]) -> str:
+        task.after = list(parents)
+        return ""
+
+
+class EarlyChildStore(LeaseStore):
+    """The store of ``early_child``: its task queues are ``EarlyChildTasks``, also
+    after a snapshot is loaded."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tasks = EarlyChildTasks()
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> LeaseStore:
+        store = super().from_plain(data)
+        store.tasks = EarlyChildTasks.from_plain(store.tasks.to_plain())
+        return store
+
+
 class BarrierlessReads(Reads):
     """Planted bug ``skip_read_barrier``: a new leader serves lease reads as soon as
     its leader lease is valid, before it has applied an entry of its own term."""
@@ -221,6 +246,7 @@ STORES: dict[str, type[LeaseStore]] = {
     "no_term_extension": ShortMemoryStore,
     "partial_many_grant": PartialSetStore,
     "skip_effect_check": EffectBlindStore,
+    "early_child": EarlyChildStore,
 }
 
 

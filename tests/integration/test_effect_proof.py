@@ -47,11 +47,13 @@ def test_every_effect_is_applied_once_and_the_planted_build_is_caught(
     verdict = report["queue_effects"]
     stats = verdict["stats"]
     if build == "honest":
-        assert report["runs"] == 24 and report["faults"] == {"kill": 8, "pause": 8, "leader": 8}
+        faults = report["faults"]
+        assert report["runs"] == 24 and sum(faults.values()) + report["unstarted"] == 24
+        assert min(faults.values()) >= 1, report  # every fault met at least one run
         assert report["leader_changes"] == 1 and stats["effects"] == 24, (report, err)
         assert code == 0 and report["passed"], (report, err)
         assert stats["applied_once"] == 24 and stats["applications"] == 24
-        assert stats["zombie_commits_refused"] == 8
+        assert stats["zombie_commits_refused"] == faults["pause"]
     else:
         assert report["runs"] == 8 and stats["effects"] == 8, (report, err)
         assert code == 1 and not report["passed"]

@@ -153,7 +153,7 @@ def test_the_journal_survives_a_snapshot_and_goes_on_as_the_live_store() -> None
     two_attempts(store)
     plain = store.to_plain()
     row = plain["tasks"]["tasks"][0]
-    assert row[-1] == [["charge", "begun", row[-1][0][2], 1, "idem-17", None]]
+    assert row[27] == [["charge", "begun", row[27][0][2], 1, "idem-17", None]]
     restored = LeaseStore.from_plain(copy.deepcopy(plain))
     assert restored.to_plain() == plain
     for entry in (begin(2200, "A2"), commit(2300, "A2"), read("task_get", 2400, tid="T")):

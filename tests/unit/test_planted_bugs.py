@@ -18,6 +18,7 @@ functions returning a list of violations.
 | ``no_term_extension`` | a new term extends every lease | ``early_grants`` |
 | ``partial_many_grant`` | a set of keys all or none | ``check_entry`` (test_core_many.py) |
 | ``skip_effect_check`` | a begin reads the effect journal | ``queue_checker.check_effects`` |
+| ``early_child`` | a child waits for its parents | ``queue_checker.check_dependencies`` |
 
 The chaos suite's own runs catch the other two (``CHAOS_COVERED``, in
 tests/chaos/test_chaos.py): ``fast_log_clock`` (the log clock) and ``unsynced_acks`` (no
@@ -56,6 +57,7 @@ from raftlease.testing.node import (
     BarrierlessReads,
     DriftBlindGuard,
     EagerElectionTransport,
+    EarlyChildStore,
     EffectBlindStore,
     ForgetfulStore,
     PartialSetStore,
@@ -90,6 +92,7 @@ COVERED = (
     "no_term_extension",
     "partial_many_grant",
     "skip_effect_check",
+    "early_child",
 )
 
 #: Planted bugs caught by chaos-suite runs, and the test of tests/chaos/test_chaos.py that
@@ -255,6 +258,7 @@ PLANTED_FIELDS: dict[str, dict[str, Any]] = {
     "no_term_extension": {"store_class": ShortMemoryStore},
     "partial_many_grant": {"store_class": PartialSetStore},
     "skip_effect_check": {"store_class": EffectBlindStore},
+    "early_child": {"store_class": EarlyChildStore},
 }
 
 HOOK_FIELDS = (
@@ -487,3 +491,22 @@ def test_the_effect_checker_sees_an_accepted_zombie_commit_and_a_lost_effect() -
     kinds = sorted(v["kind"] for v in verdict["violations"])
     assert kinds == ["never_applied", "zombie_commit_accepted"]
     assert check_effects([])["valid"] == "unknown"
+
+
+@pytest.mark.parametrize("build", ["honest", "early_child"])
+def test_a_child_is_claimed_only_after_every_parent_completed(build: str) -> None:
+    """The state machine alone: a 100-task random DAG worked by claims that crash a
+    third of the time (tests/unit/test_core_deps.py), its claims and completions fed
+    to the queue checker's dependency rule (``check_dependencies``)."""
+    from queue_checker import check_dependencies
+
+    from tests.unit.test_core_deps import dag_events
+
+    verdict = check_dependencies(dag_events(build_hooks("" if build == "honest" else build)
+                                            .store_class(), seed=1))  # fmt: skip
+    if build == "honest":
+        assert verdict["valid"] is True, verdict
+        assert verdict["stats"]["tasks"] == 100 and verdict["stats"]["edges"] > 100
+    else:
+        assert verdict["valid"] is False
+        assert {v["kind"] for v in verdict["violations"]} == {"claimed_before_parent"}

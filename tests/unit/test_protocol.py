@@ -633,6 +633,11 @@ BAD_CASES += [
     ("eff-result-big", "task_effect_commit", "result", "r" * 2000, InvalidArgumentError,
      "'result'"),
     ("eff-result-int", "task_effect_commit", "result", 5, BadRequestError, "'result'"),
+    ("put-after-str", "task_put", "after", "T1", BadRequestError, "'after'"),
+    ("put-after-empty", "task_put", "after", [], InvalidArgumentError, "'after'"),
+    ("put-after-twice", "task_put", "after", ["T", "T"], InvalidArgumentError, "'after'"),
+    ("put-after-many", "task_put", "after", [f"T{i}" for i in range(17)],
+     InvalidArgumentError, "'after'"),
 ]  # fmt: skip
 # Issue 42: shared budgets. Every budget op names its budget's key.
 for _op in sorted(op for op in OPS if op.startswith("budget_") or op == "await_spend"):
