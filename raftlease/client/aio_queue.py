@@ -179,14 +179,15 @@ def encode_checkpoint(checkpoint: bytes) -> str:
 
 
 def decode_checkpoint(text: Any) -> bytes | None:
-    """The bytes of a checkpoint's wire text (None when there is none; the state
-    machine accepts only strict base64, so this never fails on what it kept)."""
+    """The bytes of a checkpoint's wire text (None when there is none): base64, as
+    the clients send it; text another tool wrote that is not base64 is returned as
+    its UTF-8 bytes."""
     if not isinstance(text, str):
         return None
     try:
         return base64.b64decode(text.encode("ascii"), validate=True)
     except (binascii.Error, UnicodeEncodeError):
-        return None
+        return text.encode("utf-8", "surrogatepass")
 
 
 def task_info(data: dict[str, Any]) -> TaskInfo:

@@ -181,4 +181,3 @@ def rebuild(tq: TaskState) -> None:
     for task in tq.tasks.values():
         for tid in task.waiting_on:
             tq.children.setdefault(tid, []).append(task.tid)
-

@@ -511,14 +511,14 @@ class TaskQueues(TaskState):
         if op == "task_retry":
             if task.status != DEAD:
                 return error(
-                    "INVALID_ARGUMENT",
+                    "TASK_STATE",
                     f"task {tid!r} is {task.status}, not dead: only a dead task is retried",
                     status=task.status,
                 )
             blocked = deps.dead_parent(self, task)
             if blocked:
                 return error(
-                    "INVALID_ARGUMENT",
+                    "TASK_STATE",
                     f"task {tid!r} runs after {blocked!r}, which is dead: retry that first",
                     parent=blocked,
                 )

@@ -64,12 +64,11 @@ def test_the_dead_letter_view_shows_the_last_checkpoint() -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        "not base64!",
-        "YWJj\n",  # a newline: not strict
-        "YWJ",  # unpadded
         b64(b"x" * MAX_TASK_CHECKPOINT_BYTES) + "AAAA",  # over the limit
+        "\u00e9" * (MAX_TASK_CHECKPOINT_TEXT // 2 + 1),  # over it in UTF-8 bytes
         7,
         None,
+        b"raw",
     ],
 )
 def test_a_bad_checkpoint_is_refused_and_changes_nothing(bad: object) -> None:
@@ -82,6 +81,16 @@ def test_a_bad_checkpoint_is_refused_and_changes_nothing(bad: object) -> None:
     after = store.to_plain()
     # Only log time and the dedup table (the refused request's answer) moved.
     assert {**after, "now": 0, "sessions": None} == {**before, "now": 0, "sessions": None}
+
+
+def test_any_text_is_kept_as_it_came() -> None:
+    """The clients send base64; the state machine keeps any text (HTTP users may
+    write their own), and the clients read text that is not base64 as UTF-8."""
+    store = LeaseStore()
+    ok(store.apply(put(0, "T")))
+    ok(store.apply(claim(10, "A1")))
+    ok(store.apply(beat(20, "T", "A1", checkpoint="step 6 of 10")))
+    assert info(store, "T", 20)["checkpoint"] == "step 6 of 10"
 
 
 def test_the_largest_checkpoint_is_accepted() -> None:

@@ -83,7 +83,7 @@ def test_a_dead_parent_kills_its_children_and_theirs_with_the_reason() -> None:
     late = ok(store.apply(put(6, "L", after=after("Q", "P"))))
     assert late["status"] == "dead"
     # A dead child is retried only after its dead parent.
-    assert code(store.apply(mut("task_retry", 7, tid="C"))) == "INVALID_ARGUMENT"
+    assert code(store.apply(mut("task_retry", 7, tid="C"))) == "TASK_STATE"
     ok(store.apply(mut("task_retry", 8, tid="P")))
     retried = ok(store.apply(mut("task_retry", 9, tid="C")))
     assert retried["status"] == "delayed"  # P is not completed: C waits again
