@@ -61,6 +61,12 @@ makes it ``unknown``, never a pass, and so does a run with nothing to judge:
 * ``queue_exclusive``: no two attempts of one task are held at one instant.
 * ``queue_tokens``: per task, an attempt granted before another was asked for has the
   smaller token and the smaller attempt number; no token is handed out twice.
+* ``queue_effects`` (``check_effects``, over the effect proof's events, not a chaos
+  history: scripts/effect_proof): every external effect is made exactly once, and no
+  commit from an attempt older than the task's newest is accepted.
+* ``queue_dependencies`` (``check_dependencies``, over a task graph's events: the
+  DAG tests): each child's claim token is above every parent's completion revision,
+  and no task is completed twice.
 * ``queue_dead_letter``: every task in the dead-letter list (or read as ``dead``)
   used all its attempts (and no more than the history can account for) or passed the
   deadline its put gave it, and was put by someone.
@@ -894,6 +900,136 @@ def check_dead_letters(qops: list[QOp], params: QParams) -> dict[str, Any]:
         "by_reason": dict(sorted(by_reason.items())),
     }
     return verdict.result(stats)
+
+
+# ------------------------------------------------------------------ effects
+
+
+def check_effects(events: Iterable[Event]) -> dict[str, Any]:
+    """``queue_effects`` (issue 41; docs/queues.md, "Effects"): every external effect
+    is made exactly once. ``events`` (the effect proof's, scripts/effect_proof):
+
+    * ``effect.apply``: ``effect``, ``task``, ``token``: the provider made the effect
+      (a counting fake provider's own record: it happened, whatever the cluster says);
+    * ``effect.commit``: ``effect``, ``task``, ``token``, ``type`` (``ok``, ``fail``
+      definite, ``info`` unknown), ``error``, ``already`` (an ok commit of an effect
+      committed before), ``newest`` (the newest token of the task's attempts granted
+      before the commit was invoked);
+    * ``effect.final``: ``effect``, ``task``, ``status`` (the task's final state).
+
+    Violations: an effect made twice or more (``applied_twice``); an effect of a
+    completed task never made (``never_applied``); a commit accepted from an attempt
+    older than one granted before it was invoked (``zombie_commit_accepted``); two
+    first commits accepted for one effect (``committed_twice``). Nothing to judge, or
+    an event missing a field, is ``unknown``."""
+    verdict = _Verdict()
+    applied: dict[str, int] = defaultdict(int)
+    firsts: dict[str, int] = defaultdict(int)
+    finals: dict[str, str] = {}
+    zombies_refused = 0
+    for event in events:
+        kind = event.get("f")
+        eid = event.get("effect")
+        if kind not in ("effect.apply", "effect.commit", "effect.final"):
+            continue
+        if not isinstance(eid, str):
+            verdict.cannot(f"{kind} without effect", event=event)
+            continue
+        if kind == "effect.apply":
+            applied[eid] += 1
+        elif kind == "effect.final":
+            finals[eid] = str(event.get("status"))
+        else:
+            token, newest = event.get("token"), event.get("newest")
+            if not _is_int(token) or not _is_int(newest):
+                verdict.cannot("effect.commit without token or newest", event=event)
+                continue
+            if event.get("type") == "ok":
+                if token < newest:
+                    verdict.bad("zombie_commit_accepted", effect=eid, token=token, newest=newest)
+                if not event.get("already"):
+                    firsts[eid] += 1
+            elif token < newest and event.get("error") == "STALE_ATTEMPT":
+                zombies_refused += 1
+    for eid, count in applied.items():
+        if count > 1:
+            verdict.bad("applied_twice", effect=eid, times=count)
+    for eid, count in firsts.items():
+        if count > 1:
+            verdict.bad("committed_twice", effect=eid, times=count)
+    for eid, status in finals.items():
+        if status == "completed" and applied.get(eid, 0) == 0:
+            verdict.bad("never_applied", effect=eid)
+    if not finals:
+        verdict.cannot("no effect.final event: nothing to judge")
+    return verdict.result(
+        {
+            "effects": len(finals),
+            "applied_once": sum(1 for eid in finals if applied.get(eid, 0) == 1),
+            "applications": sum(applied.values()),
+            "zombie_commits_refused": zombies_refused,
+        }
+    )
+
+
+# ------------------------------------------------------------------ dependencies
+
+
+def check_dependencies(events: Iterable[Event]) -> dict[str, Any]:
+    """``queue_dependencies`` (issue 41; docs/queues.md, "Dependencies"): every edge of
+    a task graph is respected. ``events``: ``dag.put`` (``task``, ``after``: its
+    parents), ``dag.claim`` (``task``, ``token``: an ok claim), ``dag.complete``
+    (``task``, ``revision``: an accepted completion's revision).
+
+    Violations: a claim of a task whose token is not above the completion revision of
+    every parent, or whose parent was never completed (``claimed_before_parent``); a
+    task completed twice (``completed_twice``). Nothing put, or an event missing a
+    field, is ``unknown``."""
+    verdict = _Verdict()
+    parents: dict[str, list[str]] = {}
+    completed: dict[str, int] = {}
+    claims: list[tuple[str, int]] = []
+    for event in events:
+        kind, task = event.get("f"), event.get("task")
+        if kind not in ("dag.put", "dag.claim", "dag.complete"):
+            continue
+        if not isinstance(task, str):
+            verdict.cannot(f"{kind} without task", event=event)
+            continue
+        if kind == "dag.put":
+            after = event.get("after")
+            if not isinstance(after, list):
+                verdict.cannot("dag.put without after", event=event)
+                continue
+            parents[task] = [str(p) for p in after]
+            continue
+        number = event.get("token" if kind == "dag.claim" else "revision")
+        if not _is_int(number):
+            verdict.cannot(f"{kind} without its number", event=event)
+            continue
+        if kind == "dag.claim":
+            claims.append((task, number))
+        elif task in completed:
+            verdict.bad("completed_twice", task=task)
+        else:
+            completed[task] = number
+    for task, token in claims:
+        for parent in parents.get(task, ()):
+            done = completed.get(parent)
+            if done is None or token <= done:
+                verdict.bad(
+                    "claimed_before_parent", task=task, token=token, parent=parent, completed=done
+                )
+    if not parents:
+        verdict.cannot("no dag.put event: nothing to judge")
+    return verdict.result(
+        {
+            "tasks": len(parents),
+            "edges": sum(len(p) for p in parents.values()),
+            "claims": len(claims),
+            "completed": len(completed),
+        }
+    )
 
 
 # ------------------------------------------------------------------ all

@@ -225,6 +225,17 @@ class InvalidArgumentError(RaftLeaseError):
     definite = True
 
 
+class TaskStateError(InvalidArgumentError):
+    """A task is not in the state the operation needs: ``retry`` of a task that is
+    not dead, or of a dead task one of whose ``after`` parents is dead (retry that
+    first). A state conflict, not a malformed request (HTTP 409). Nothing was
+    applied. ``detail`` has ``status`` or ``parent``. A subclass of
+    ``InvalidArgumentError``, which this refusal was before issue 41."""
+
+    code = "TASK_STATE"
+    definite = True
+
+
 class FrameTooLargeError(RaftLeaseError):
     """A frame exceeded the maximum size; the server closes the connection."""
 
@@ -339,6 +350,7 @@ _REGISTRY: dict[str, type[RaftLeaseError]] = {
         ReservationNotFoundError,
         BadRequestError,
         InvalidArgumentError,
+        TaskStateError,
         FrameTooLargeError,
         NotLeaderError,
         UnavailableError,

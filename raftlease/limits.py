@@ -40,6 +40,22 @@ MAX_TASK_REQUIRES = 16
 MAX_TASK_CAPABILITIES = 64
 MAX_TASK_CAP_BYTES = 128
 MAX_TASK_DEDUP_BYTES = 512
+#: Task checkpoints (docs/queues.md, "Checkpoints"): the most bytes one heartbeat's
+#: ``checkpoint`` may carry, and their base64 text on the wire and in the log (JSON
+#: and HTTP carry no bytes). Only the latest checkpoint of a task is kept.
+MAX_TASK_CHECKPOINT_BYTES = 8 * 1024
+MAX_TASK_CHECKPOINT_TEXT = 4 * ((MAX_TASK_CHECKPOINT_BYTES + 2) // 3)
+#: The effect journal of a task (docs/queues.md, "Effects"): the most effects one task
+#: records (a ``task_effect_begin`` of a new one beyond it is ``QUOTA_EXCEEDED``), the
+#: longest effect id and idempotency key, and the largest result one commit keeps
+#: (JSON text): at most 32 * ~1.6 KB per task, in every replica and snapshot.
+MAX_TASK_EFFECTS = 32
+MAX_EFFECT_ID_BYTES = 256
+MAX_EFFECT_KEY_BYTES = 256
+MAX_EFFECT_RESULT_BYTES = 1024
+#: Task dependencies (docs/queues.md, "Dependencies"): the most parents one put may
+#: name (``after``); a child's claim carries their results (at most 16 x 16 KiB).
+MAX_TASK_PARENTS = 16
 #: Weighted fair shares (docs/queues.md, "Fair shares"): the longest fairness key (a
 #: tenant's name), the largest weight (a weight is 1..this), and the most tenants
 #: (distinct fairness keys with open tasks, the default one included) one queue holds:

@@ -17,10 +17,12 @@ cluster answers or the wait would have ended (a task granted meanwhile is given 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,9 +34,11 @@ from ..errors import (
     TaskNotFoundError,
     TimeoutError_,
 )
+from ..limits import MAX_TASK_CHECKPOINT_BYTES
 from ..models import Attachable
 from ..recipes.keepalive import KeepAliveState, LostCallback
 from .caller import Caller
+from .effects import AsyncEffect, Reconcile, effect_call
 from .transport import Pin, unknown_outcome
 
 #: What a context-managed task does when its block ends without an exception and
@@ -93,6 +97,18 @@ class TaskInfo:
     worker: str | None = None
     token: int | None = None
     progress: float | None = None
+    #: The latest checkpoint a heartbeat carried (bytes; None: none) and the number
+    #: of the attempt that wrote it (docs/queues.md, "Checkpoints").
+    checkpoint: bytes | None = None
+    checkpoint_attempt: int = 0
+    #: The effect journal (docs/queues.md, "Effects"), in the order begun: each a dict
+    #: with ``effect``, ``state`` (begun, committed), ``token``, ``attempt``, ``key``
+    #: and ``result`` (the JSON value committed, None before).
+    effects: tuple[dict[str, Any], ...] = ()
+    #: Task dependencies (docs/queues.md, "Dependencies"): the ids it runs after, and
+    #: those not completed yet (it waits while any is left).
+    after: tuple[str, ...] = ()
+    waiting_on: tuple[str, ...] = ()
 
     @property
     def errors(self) -> list[str]:
@@ -136,6 +152,31 @@ def decode_json(text: Any) -> Any:
         return text
 
 
+def encode_checkpoint(checkpoint: bytes) -> str:
+    """The wire text of a checkpoint (base64: JSON and HTTP carry no bytes); raises
+    ``InvalidArgumentError`` for a value that is not bytes or is over the limit."""
+    if not isinstance(checkpoint, bytes | bytearray | memoryview):
+        raise InvalidArgumentError(f"a checkpoint must be bytes, not {type(checkpoint).__name__}")
+    raw = bytes(checkpoint)
+    if len(raw) > MAX_TASK_CHECKPOINT_BYTES:
+        raise InvalidArgumentError(
+            f"a checkpoint is at most {MAX_TASK_CHECKPOINT_BYTES} bytes, not {len(raw)}"
+        )
+    return base64.b64encode(raw).decode("ascii")
+
+
+def decode_checkpoint(text: Any) -> bytes | None:
+    """The bytes of a checkpoint's wire text (None when there is none): base64, as
+    the clients send it; text another tool wrote that is not base64 is returned as
+    its UTF-8 bytes."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError):
+        return text.encode("utf-8", "surrogatepass")
+
+
 def task_info(data: dict[str, Any]) -> TaskInfo:
     return TaskInfo(
         task_id=str(data["tid"]),
@@ -155,6 +196,13 @@ def task_info(data: dict[str, Any]) -> TaskInfo:
         worker=data.get("worker"),
         token=data.get("token"),
         progress=data.get("progress"),
+        checkpoint=decode_checkpoint(data.get("checkpoint")),
+        checkpoint_attempt=int(data.get("checkpoint_attempt", 0)),
+        effects=tuple(
+            {**row, "result": decode_json(row.get("result"))} for row in data.get("effects", [])
+        ),
+        after=tuple(data.get("after", ())),
+        waiting_on=tuple(data.get("waiting_on", ())),
     )
 
 
@@ -178,7 +226,9 @@ class AsyncTask:
     (the attempt's fencing token: hand it to whatever the work writes to),
     ``lease_id`` (the attempt id; secret), ``attempt`` (1 for the first claim),
     ``valid_until`` (this process's ``time.monotonic()``: the attempt is trusted until
-    then, counted from the claim's send like a lease).
+    then, counted from the claim's send like a lease), ``checkpoint`` (the bytes an
+    earlier attempt's latest heartbeat saved, None if none: start from there) and
+    ``checkpoint_attempt`` (the number of the attempt that saved it).
 
     ``async with task:`` heartbeats every ``ttl / 3`` in an asyncio task; an exception
     out of the block fails the attempt (its text is the error), a block that ends
@@ -211,6 +261,13 @@ class AsyncTask:
         self.worker = str(result["worker"])
         self.ttl = int(result["ttl"]) / 1000.0
         self.session = str(result.get("session", ""))
+        self.checkpoint: bytes | None = decode_checkpoint(result.get("checkpoint"))
+        self.checkpoint_attempt = int(result.get("checkpoint_attempt") or 0)
+        #: The ids it ran after, and their results (JSON values) still kept.
+        self.after: tuple[str, ...] = tuple(result.get("after", ()))
+        self.parent_results: dict[str, Any] = {
+            tid: decode_json(text) for tid, text in (result.get("parent_results") or {}).items()
+        }
         self.on_exit = on_exit
         #: With a progress timeout, a heartbeat extends only that far past the last
         #: progress: the background heartbeats (which carry none) run often enough to
@@ -267,21 +324,57 @@ class AsyncTask:
         self.lost.set()
 
     async def heartbeat(
-        self, progress: float | None = None, *, timeout: float | None = None
+        self,
+        progress: float | None = None,
+        *,
+        checkpoint: bytes | None = None,
+        timeout: float | None = None,
     ) -> None:
         """Extend the attempt by its TTL and record ``progress`` (a number; with a
         ``progress_timeout``, only heartbeats within that long of the last increase
-        extend). Raises ``StaleAttemptError`` once the attempt is not current."""
+        extend) and ``checkpoint`` (at most 8 KiB of bytes, replicated: the task keeps
+        the latest and hands it to the next attempt's claim; docs/queues.md,
+        "Checkpoints"). Once this returns, the checkpoint is committed. Raises
+        ``StaleAttemptError`` once the attempt is not current (the checkpoint was not
+        kept), ``InvalidArgumentError`` for a checkpoint over the limit."""
         sent = time.monotonic()
         args: dict[str, Any] = self._ids()
         if progress is not None:
             args["progress"] = progress
+        if checkpoint is not None:
+            args["checkpoint"] = encode_checkpoint(checkpoint)
         try:
             result = await self._client.call("task_heartbeat", args, mutating=True, timeout=timeout)
         except (StaleAttemptError, TaskNotFoundError) as exc:
             self._gone(exc)
             raise
         self._set_validity(result, sent)
+
+    def effect(
+        self,
+        effect_id: str,
+        *,
+        idempotency_key: str | None = None,
+        reconcile: Reconcile | None = None,
+        timeout: float | None = None,
+    ) -> AsyncEffect:
+        """An external effect of this attempt, for ``async with`` (client/effects.py;
+        docs/queues.md, "Effects"): entering records the intent in the log before the
+        call, ``commit`` the result after; a later attempt finds it committed (skip
+        the call) or in progress (``reconcile(prior_token, key)`` decides)."""
+        return AsyncEffect(
+            self,
+            effect_id,
+            idempotency_key=idempotency_key,
+            reconcile=reconcile,
+            timeout=timeout,
+        )
+
+    async def _effect_call(
+        self, op: str, args: dict[str, Any], timeout: float | None
+    ) -> dict[str, Any]:
+        call = self._client.call(op, {**self._ids(), **args}, mutating=True, timeout=timeout)
+        return await effect_call(lambda: call, self._gone)
 
     async def complete(self, result: Any = None, *, timeout: float | None = None) -> None:
         """Finish the task with ``result`` (a JSON value; the producer's
@@ -376,6 +469,7 @@ class AsyncQueue:
         backoff: float | None = None,
         fairness_key: str | None = None,
         weight: int | None = None,
+        after: Sequence[str] | None = None,
         timeout: float | None = None,
     ) -> str:
         """Put a task; returns its id. A put with the ``dedup_key`` of a task still
@@ -393,9 +487,12 @@ class AsyncQueue:
         ``fairness_key``: the tenant the task belongs to (at most 128 bytes; none: the
         queue's default tenant); backlogged tenants share the claims in proportion to
         their weights; ``weight`` (1..1000) sets the tenant's weight from this put on
-        (none: unchanged; a new tenant's is 1): docs/queues.md, "Fair shares". Raises
-        ``QuotaExceededError`` when the queue is full or already has 1,000 tenants,
-        ``InvalidArgumentError``."""
+        (none: unchanged; a new tenant's is 1): docs/queues.md, "Fair shares".
+        ``after``: up to 16 task ids of this queue: the task is ready only once every
+        one is completed (its claim carries their results), dead if one dies
+        (docs/queues.md, "Dependencies"). Raises ``QuotaExceededError`` when the queue
+        is full or already has 1,000 tenants, ``TaskNotFoundError`` for an ``after``
+        id the queue does not hold, ``InvalidArgumentError``."""
         if not_before is not None:
             delay = max(delay, not_before - time.time())
         args: dict[str, Any] = {
@@ -416,6 +513,7 @@ class AsyncQueue:
             "backoff": backoff,
             "fairness_key": fairness_key,
             "weight": weight,
+            "after": list(after) if after else None,
         }
         args.update({k: v for k, v in optional.items() if v is not None})
         result = await self.client.call("task_put", args, mutating=True, timeout=timeout)

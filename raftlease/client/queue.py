@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from ..errors import RaftLeaseError
 from ..models import Attachable, BlockingPortal
 from ..recipes.keepalive import LostCallback
 from .aio_queue import AsyncQueue, AsyncTask, QueueStats, TaskCaller, TaskInfo
+from .effects import Effect, Reconcile
 
 
 class PortalClient(Protocol):
@@ -117,12 +118,54 @@ class Task:
         if self.aio.lost.is_set():
             self.lost.set()
 
-    def heartbeat(self, progress: float | None = None, *, timeout: float | None = None) -> None:
-        """As ``AsyncTask.heartbeat`` (raises ``StaleAttemptError``)."""
+    @property
+    def after(self) -> tuple[str, ...]:
+        """The ids of the tasks it ran after (docs/queues.md, "Dependencies")."""
+        return self.aio.after
+
+    @property
+    def parent_results(self) -> dict[str, Any]:
+        """Their results (JSON values), by task id (those still kept)."""
+        return self.aio.parent_results
+
+    @property
+    def checkpoint(self) -> bytes | None:
+        """The bytes an earlier attempt's latest heartbeat saved (None: none)."""
+        return self.aio.checkpoint
+
+    @property
+    def checkpoint_attempt(self) -> int:
+        """The number of the attempt that saved ``checkpoint`` (0: none)."""
+        return self.aio.checkpoint_attempt
+
+    def heartbeat(
+        self,
+        progress: float | None = None,
+        *,
+        checkpoint: bytes | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """As ``AsyncTask.heartbeat`` (raises ``StaleAttemptError``); blocks until
+        the heartbeat, and its checkpoint, are committed."""
         try:
-            self._portal.run(self.aio.heartbeat(progress, timeout=timeout))
+            self._portal.run(self.aio.heartbeat(progress, checkpoint=checkpoint, timeout=timeout))
         finally:
             self._lost_check()
+
+    def effect(
+        self,
+        effect_id: str,
+        *,
+        idempotency_key: str | None = None,
+        reconcile: Reconcile | None = None,
+        timeout: float | None = None,
+    ) -> Effect:
+        """As ``AsyncTask.effect``, for ``with``: entering begins the effect (blocks
+        for one replicated write; the reconcile hook runs in this thread)."""
+        aio = self.aio.effect(
+            effect_id, idempotency_key=idempotency_key, reconcile=reconcile, timeout=timeout
+        )
+        return Effect(self._portal, aio)
 
     def complete(self, result: Any = None, *, timeout: float | None = None) -> None:
         """As ``AsyncTask.complete`` (raises ``StaleAttemptError``)."""
@@ -202,6 +245,7 @@ class Queue:
         backoff: float | None = None,
         fairness_key: str | None = None,
         weight: int | None = None,
+        after: Sequence[str] | None = None,
         timeout: float | None = None,
     ) -> str:
         """As ``AsyncQueue.put`` (the same options, spelled out so that type checkers
@@ -222,6 +266,7 @@ class Queue:
                 backoff=backoff,
                 fairness_key=fairness_key,
                 weight=weight,
+                after=after,
                 timeout=timeout,
             )
         )

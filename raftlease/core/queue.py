@@ -43,6 +43,7 @@ import heapq
 from typing import Any
 
 from ..limits import DEFAULT_COMPLETED_TASKS, DEFAULT_QUEUE_TASKS, MAX_QUEUE_TENANTS
+from . import deps, effects
 from .checks import TASK_MUTATING_OPS
 from .records import LeaseSession, Result, error
 from .task_records import (
@@ -127,19 +128,27 @@ class TaskQueues(TaskState):
         task = self.tasks[attempt.tid]
         if op == "task_heartbeat":
             return self._heartbeat(host, task, attempt, entry)
+        if op == "task_effect_begin":
+            return self._effect_begin(task, attempt, entry)
+        if op == "task_effect_commit":
+            return effects.commit(task, attempt, entry)
         if op == "task_complete":
             self._end_attempt(host, attempt, "completed", "")
             task.result = entry.get("result", "")
             self._finish(host, task, COMPLETED)
             self._tally(self._queue(task.queue), "completions")
             self._event(host, "task_complete", task, worker=attempt.worker, token=attempt.token)
+            revision = host.revision  # the completion's own (children's claims follow)
+            # Its waiting children with no other pending parent become ready in this
+            # entry (or delayed until their own delay ends): after the completion.
+            self._release_children(host, task)
             # The bound counts this task too (it may be the oldest, with a tiny bound).
             self._bound_completed(entry.get("max_completed", DEFAULT_COMPLETED_TASKS))
             return {
                 "ok": True,
                 "tid": attempt.tid,
                 "token": attempt.token,
-                "revision": host.revision,
+                "revision": revision,
             }
         if op == "task_release":
             self._give_back(host, task, attempt)
@@ -154,6 +163,33 @@ class TaskQueues(TaskState):
             "ready_at": task.ready_at if task.status == DELAYED else None,
             "revision": host.revision,
         }
+
+    def _effect_begin(self, task: TaskRecord, attempt: Attempt, entry: dict[str, Any]) -> Result:
+        """The journal's begin (core/effects.py); a method so a planted build can
+        skip the check of what earlier attempts left."""
+        return effects.begin(task, attempt, entry)
+
+    def _link(self, task: TaskRecord, parents: list[str]) -> str:
+        """Record ``task``'s parents (core/deps.py); a method so a planted build can
+        ready a child early."""
+        return deps.link(self, task, parents)
+
+    def _release_children(self, host: Host, parent: TaskRecord) -> None:
+        """``parent`` completed: the children it held back go on (core/deps.py)."""
+        for child in deps.released_children(self, parent):
+            if child.status != DELAYED:
+                continue
+            if child.ready_at <= host.now:
+                self._make_ready(host, child)
+            else:
+                heapq.heappush(self._delayed, (child.ready_at, child.seq, child.tid))
+
+    def _kill_children(self, host: Host, parent: TaskRecord) -> None:
+        """``parent`` is dead: every task waiting on it dies too, with the reason."""
+        for child, why in deps.doomed_children(self, parent):
+            if child.status == DELAYED:
+                self._kill(child, why)
+                self._event(host, "task_dead", child)
 
     def _put(self, host: Host, entry: dict[str, Any]) -> Result:
         name: str = entry["queue"]
@@ -177,7 +213,7 @@ class TaskQueues(TaskState):
                 tasks=held,
                 quota=quota,
             )
-        refused = self._principal_quotas(name, entry)
+        refused = self._principal_quotas(name, entry) or deps.parents_refusal(self, entry)
         if refused is not None:
             return refused
         tenant_name: str = entry.get("fairness_key", "")
@@ -233,9 +269,19 @@ class TaskQueues(TaskState):
             queue.dedup[dedup_key] = task.tid
         if task.deadline_at:
             heapq.heappush(self._deadlines, (task.deadline_at, task.tid))
-        if delay > 0:
+        doomed = self._link(task, deps.parents(entry)) if "after" in entry else ""
+        if doomed:
+            # A dead parent: the child is dead at once, with the reason.
             self._move(queue, None, DELAYED)
-            heapq.heappush(self._delayed, (task.ready_at, task.seq, task.tid))
+            self._event(host, "task_put", task)
+            self._kill(task, doomed)
+            self._event(host, "task_dead", task)
+        elif delay > 0 or task.waiting_on:
+            # Waiting for its delay or its parents (a delayed item of a task that
+            # still waits on parents is skipped by ``advance``).
+            self._move(queue, None, DELAYED)
+            if delay > 0:
+                heapq.heappush(self._delayed, (task.ready_at, task.seq, task.tid))
             self._event(host, "task_put", task)
         else:
             # The put's event comes before the claim that may take it at once.
@@ -427,6 +473,12 @@ class TaskQueues(TaskState):
         if progress is not None and (attempt.progress is None or progress > attempt.progress):
             attempt.progress = progress
             attempt.progress_at = now
+        checkpoint = entry.get("checkpoint")
+        if checkpoint is not None:
+            # Kept on the task, not the attempt: it outlives this attempt and is
+            # handed to the next claim (only the current attempt gets this far).
+            task.checkpoint = checkpoint
+            task.checkpoint_attempt = attempt.number
         stalled = False
         if attempt.session:
             target = attempt.expires_at  # lives by its session's keep-alive
@@ -459,9 +511,16 @@ class TaskQueues(TaskState):
         if op == "task_retry":
             if task.status != DEAD:
                 return error(
-                    "INVALID_ARGUMENT",
+                    "TASK_STATE",
                     f"task {tid!r} is {task.status}, not dead: only a dead task is retried",
                     status=task.status,
+                )
+            blocked = deps.dead_parent(self, task)
+            if blocked:
+                return error(
+                    "TASK_STATE",
+                    f"task {tid!r} runs after {blocked!r}, which is dead: retry that first",
+                    parent=blocked,
                 )
             del queue.dead[tid]
             self._tally(queue, "retries")
@@ -469,7 +528,11 @@ class TaskQueues(TaskState):
             task.dead_reason = ""
             task.deadline_at = 0  # a retried task gets a fresh budget and no deadline
             self._event(host, "task_retry", task)
-            self._make_ready(host, task)
+            if deps.relink(self, task):  # parents not completed yet hold it again
+                self._move(queue, task.status, DELAYED)
+                task.status = DELAYED
+            else:
+                self._make_ready(host, task)
             return {"ok": True, "tid": tid, "status": task.status, "revision": host.revision}
         if task.status not in (DEAD, COMPLETED):
             return error(
@@ -731,6 +794,8 @@ class TaskQueues(TaskState):
         self._event(
             host, kind, task, worker=attempt.worker, token=attempt.token, number=attempt.number
         )
+        if task.status == DEAD:
+            self._kill_children(host, task)
         if task.status == DELAYED and task.ready_at <= now:
             self._make_ready(host, task)
 
@@ -811,7 +876,12 @@ class TaskQueues(TaskState):
         while delayed and delayed[0][0] <= now:
             ready_at, _, tid = heapq.heappop(delayed)
             task = self.tasks.get(tid)
-            if task is not None and task.status == DELAYED and task.ready_at == ready_at:
+            if (
+                task is not None
+                and task.status == DELAYED
+                and task.ready_at == ready_at
+                and not task.waiting_on  # still waits on a parent (core/deps.py)
+            ):
                 self._make_ready(host, task)
         waits = self._claim_deadlines
         while waits and waits[0][0] <= now:
@@ -856,6 +926,7 @@ class TaskQueues(TaskState):
             self._end_attempt(host, attempt, "deadline", "task deadline passed")
         self._kill(task, "deadline passed")
         self._event(host, "task_dead", task, worker=worker, token=token)
+        self._kill_children(host, task)
 
     def session_kept(self, host: Host, session: LeaseSession) -> None:
         """A keep-alive moved ``session``'s expiry: its attached attempts move with
@@ -888,11 +959,23 @@ class TaskQueues(TaskState):
         self.by_session.pop(sid, None)
 
 
+def check_queue_args(op: str, entry: dict[str, Any]) -> str | None:
+    """Why a ``task_*`` entry is malformed, or None: the task checks, then the
+    effect journal's (core/effects.py) for its two operations."""
+    problem = check_task_args(op, entry)
+    if problem is None and op in effects.EFFECT_OPS:
+        problem = effects.check_effect_args(op, entry)
+    if problem is None and op == "task_put":
+        problem = deps.check_after(entry)
+    return problem
+
+
 __all__ = [
     "DEFAULT_QUEUE_TASKS",
     "MAX_PAYLOAD_BYTES",
     "MAX_RESULT_BYTES",
     "TASK_MUTATING_OPS",
     "TaskQueues",
+    "check_queue_args",
     "check_task_args",
 ]

@@ -39,6 +39,11 @@ from .state import StoreState
 #:    (§4f): ``preempt`` holds the grant priorities (``[lease id, priority]``, not 0)
 #:    and the yield requests (``[lease id, deadline, by]``). A layout 8 (or older)
 #:    snapshot loads with none of them.
+#:    Also task checkpoints and effect journals (docs/queues.md, "Checkpoints", "Effects"):
+#:    a task's row ends with its latest checkpoint (base64 text or nil), the number of
+#:    the attempt that wrote it, its effect rows ``[effect id, state, token,
+#:    attempt, key, result]``, and its dependencies ``after`` and ``waiting_on``
+#:    (docs/queues.md, "Dependencies"). A layout 8 (or older) row loads with none.
 SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
@@ -58,6 +63,11 @@ SNAPSHOT_VERSION = 9
 #: 6: deadlock detection (docs/design.md §4e): an acquire that would close a cycle of
 #: waits is refused DEADLOCK, and a grant that closes one refuses the cycle's youngest
 #: waiter; a member that ignored it would keep waiters the rest refused.
+#: Also: a task heartbeat may carry a checkpoint (``checkpoint``), handed to the next
+#: attempt's claim (docs/queues.md, "Checkpoints"), and ``task_effect_begin`` /
+#: ``task_effect_commit`` entries keep a task's effect journal ("Effects"), and a put
+#: may carry ``after`` ("Dependencies"); a member that ignored them would answer
+#: claims and effects differently from the rest.
 ENTRY_FORMAT = 6
 
 

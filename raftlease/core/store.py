@@ -57,7 +57,7 @@ from .checks import (
 from .deadlock import Agent, agent_of, find_path, refusal, youngest
 from .deadlock import Wait as WaitEdge
 from .dedup import fingerprint, fingerprint_of, remember
-from .queue import check_task_args
+from .queue import check_queue_args
 from .records import (
     ClientRecord,
     KeyShares,
@@ -160,7 +160,7 @@ class LeaseStore(StoreState):
             return error("BAD_REQUEST", "entry format 'fv' must be a positive integer")
         problem = check_args(op, entry)
         if problem is None and op in TASK_OPS:
-            problem = check_task_args(op, entry)
+            problem = check_queue_args(op, entry)
         if problem is None and op in BUDGET_OPS:
             problem = check_budget_args(op, entry)
         if problem is not None:

@@ -17,6 +17,7 @@ from ..limits import (
     MAX_TASK_BACKOFF_MS,
     MAX_TASK_CAP_BYTES,
     MAX_TASK_CAPABILITIES,
+    MAX_TASK_CHECKPOINT_TEXT,
     MAX_TASK_DEDUP_BYTES,
     MAX_TASK_DELAY_MS,
     MAX_TASK_ERROR_BYTES,
@@ -162,6 +163,19 @@ class TaskRecord:
     #: Its fairness key (tenant; "" the default tenant): fair shares decide between
     #: tenants, ``rank`` within one.
     tenant: str = ""
+    #: The latest checkpoint a heartbeat carried (base64 text of at most
+    #: ``MAX_TASK_CHECKPOINT_BYTES`` bytes; None: none yet) and the number of the
+    #: attempt that wrote it: handed to every later claim, shown by ``get``/``dead``
+    #: (layout 9; older rows load with none).
+    checkpoint: str | None = None
+    checkpoint_attempt: int = 0
+    #: The effect journal (core/effects.py): effect id -> ``[effect id, state, token,
+    #: attempt number, idempotency key, result]``, in the order begun (layout 9).
+    effects: dict[str, list[Any]] = field(default_factory=dict)
+    #: Task dependencies (core/deps.py): the parents named at the put, and those not
+    #: completed yet (the task waits, ``delayed``, while any is left; layout 9).
+    after: list[str] = field(default_factory=list)
+    waiting_on: list[str] = field(default_factory=list)
 
     def to_plain(self) -> list[Any]:
         return [
@@ -190,12 +204,21 @@ class TaskRecord:
             self.principal,
             self.rank,
             self.tenant,
+            self.checkpoint,
+            self.checkpoint_attempt,
+            [list(row) for row in self.effects.values()],
+            list(self.after),
+            list(self.waiting_on),
         ]
 
     @classmethod
     def from_plain(cls, row: list[Any]) -> TaskRecord:
         task = cls(*row)
         task.requires = tuple((str(k), str(v)) for k, v in row[5])
+        # Layout 9 ends with the effect journal's rows; older rows have none.
+        task.effects = {r[0]: list(r) for r in row[27]} if len(row) > 27 else {}
+        task.after = list(row[28]) if len(row) > 28 else []
+        task.waiting_on = list(row[29]) if len(row) > 29 else []
         if len(row) < 24:
             # A layout-5 row (before aging): its task was put by an entry without an
             # aging stamp, ranked by strict priority then put order, as it was.
@@ -316,6 +339,14 @@ def _valid_map(value: Any, most: int) -> bool:
     )
 
 
+def valid_checkpoint(value: Any) -> bool:
+    """Whether ``value`` is a checkpoint's text: a string of at most
+    ``MAX_TASK_CHECKPOINT_TEXT`` UTF-8 bytes. The clients send base64 of the bytes
+    (JSON and HTTP carry no bytes) and read back what is not base64 as its UTF-8
+    bytes; the state machine keeps the text as it came."""
+    return isinstance(value, str) and utf8_size(value) <= MAX_TASK_CHECKPOINT_TEXT
+
+
 def _valid_progress(value: Any) -> bool:
     if isinstance(value, bool):
         return False
@@ -334,6 +365,8 @@ _TID_OPS = frozenset(
         "task_release",
         "task_retry",
         "task_purge",
+        "task_effect_begin",
+        "task_effect_commit",
     }
 )
 
@@ -376,6 +409,8 @@ def check_task_args(op: str, entry: dict[str, Any]) -> str | None:
         "task_release",
         "task_claim_cancel",
         "task_claim_status",
+        "task_effect_begin",
+        "task_effect_commit",
     ) and not valid_str(entry.get("aid"), MAX_ID_CHARS):
         return "'aid' must be a non-empty string"
     for name, low, high in _INT_FIELDS:
@@ -406,6 +441,12 @@ def check_task_args(op: str, entry: dict[str, Any]) -> str | None:
                 return "'ttl' must be absent: an attached claim lives as long as its session"
     if op == "task_heartbeat" and "progress" in entry and not _valid_progress(entry["progress"]):
         return "'progress' must be a finite number"
+    if (
+        op == "task_heartbeat"
+        and "checkpoint" in entry
+        and not valid_checkpoint(entry["checkpoint"])
+    ):
+        return f"'checkpoint' must be a string of at most {MAX_TASK_CHECKPOINT_TEXT} bytes"
     if op == "task_complete" and "result" in entry:
         result = entry["result"]
         if not isinstance(result, str) or utf8_size(result) > MAX_RESULT_BYTES:

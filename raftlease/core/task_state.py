@@ -6,6 +6,8 @@ from __future__ import annotations
 import heapq
 from typing import Any, Self
 
+from . import deps
+from .effects import effect_view
 from .records import Result, error
 from .task_records import (
     CLAIMED,
@@ -42,6 +44,9 @@ class TaskState:
         self.current: dict[str, str] = {}
         #: Lease session id -> attempt ids (live attempts and waiting claims) attached.
         self.by_session: dict[str, dict[str, None]] = {}
+        #: Task dependencies (core/deps.py): parent id -> ids of the tasks waiting on
+        #: it, in link order. Derived from the records (rebuilt on restore).
+        self.children: dict[str, list[str]] = {}
         #: Put order (FIFO within a priority) and claim arrival order.
         self.order = 0
         #: Tasks not completed (ready, delayed, claimed, dead): bounds the token
@@ -223,7 +228,15 @@ class TaskState:
     def claim_result(self, host: Host, attempt: Attempt) -> Result:
         """What the claimer receives: the task and its attempt (with the attempt id,
         a capability only the claimer sees)."""
-        return {"ok": True, **self._claim_view(self.tasks[attempt.tid], attempt), "now": host.now}
+        return {"ok": True, **self._full_view(self.tasks[attempt.tid], attempt), "now": host.now}
+
+    def _full_view(self, task: TaskRecord, attempt: Attempt) -> dict[str, Any]:
+        """``_claim_view`` and, for a task with parents, their results (deps.py)."""
+        view = self._claim_view(task, attempt)
+        if task.after:
+            view["after"] = list(task.after)
+            view["parent_results"] = deps.parent_results(self, task)
+        return view
 
     def claim_status(self, queue: str, aid: str, now: int) -> dict[str, Any]:
         """State of a claim, for whoever knows its attempt id: ``waiting``,
@@ -240,12 +253,12 @@ class TaskState:
             and task.queue == queue
             and attempt.expires_at > now
         ):
-            return {"state": "claimed", **self._claim_view(task, attempt), "now": now}
+            return {"state": "claimed", **self._full_view(task, attempt), "now": now}
         return {"state": "gone"}
 
     @staticmethod
     def _claim_view(task: TaskRecord, attempt: Attempt) -> dict[str, Any]:
-        return {
+        view: dict[str, Any] = {
             "claimed": True,
             "queue": task.queue,
             "tid": task.tid,
@@ -259,6 +272,11 @@ class TaskState:
             "progress_timeout": task.progress_timeout_ms,
             "session": attempt.session,
         }
+        if task.checkpoint is not None:
+            # The latest checkpoint of an earlier attempt: where this one starts.
+            view["checkpoint"] = task.checkpoint
+            view["checkpoint_attempt"] = task.checkpoint_attempt
+        return view
 
     def task_info(self, queue: str, tid: str, now: int) -> dict[str, Any] | None:
         """A task as anyone with read access sees it (never an attempt id), or None.
@@ -292,6 +310,14 @@ class TaskState:
             info["finished_at"] = task.finished_at
         if task.status == DEAD:
             info["dead_reason"] = task.dead_reason
+        if task.checkpoint is not None:
+            info["checkpoint"] = task.checkpoint
+            info["checkpoint_attempt"] = task.checkpoint_attempt
+        if task.after:
+            info["after"] = list(task.after)
+            info["waiting_on"] = list(task.waiting_on)
+        if task.effects:
+            info["effects"] = [effect_view(row) for row in list(task.effects.values())]
         attempt = self.attempts.get(self.current.get(tid, ""))
         if attempt is not None:
             info["worker"] = attempt.worker
@@ -451,6 +477,7 @@ class TaskState:
         for pairs in (tq._drops, tq._deadlines, tq._expiries, tq._claim_deadlines):
             heapq.heapify(pairs)
         heapq.heapify(tq._completed)
+        deps.rebuild(tq)
         return tq
 
 

@@ -402,6 +402,10 @@ CLAIM = (
     result("progress_timeout", "integer", "ms without progress before it is stalled (0: none)"),
     result("session", "string", "the lease session it lives by (empty: none)"),
     result("deadline", "integer", "log time a waiting claim gives up (ms)"),
+    result("checkpoint", "string", "the latest checkpoint of an earlier attempt (base64)"),
+    result("checkpoint_attempt", "integer", "the number of the attempt that wrote it"),
+    result("after", "array:string", "the task ids it ran after"),
+    result("parent_results", "object", "their results (JSON text), by task id"),
 )
 MEMBERS = result("members", "array", "the members after the change", True)
 

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 from ..limits import (
     MAX_DEAD_LIST,
+    MAX_EFFECT_ID_BYTES,
+    MAX_EFFECT_KEY_BYTES,
+    MAX_EFFECT_RESULT_BYTES,
     MAX_FAIRNESS_KEY_BYTES,
     MAX_FAIRNESS_WEIGHT,
     MAX_ID_CHARS,
     MAX_TASK_ATTEMPTS,
     MAX_TASK_BACKOFF_MS,
     MAX_TASK_CAPABILITIES,
+    MAX_TASK_CHECKPOINT_TEXT,
     MAX_TASK_DEDUP_BYTES,
     MAX_TASK_ERROR_BYTES,
+    MAX_TASK_PARENTS,
     MAX_TASK_PAYLOAD_BYTES,
     MAX_TASK_REQUIRES,
     MAX_TASK_RESULT_BYTES,
@@ -102,6 +107,9 @@ TASK_OPS: tuple[Operation, ...] = (
                   high=MAX_FAIRNESS_KEY_BYTES),
             Field("weight", "integer", "its tenant's weight from now on (default: "
                   "unchanged; a new tenant's is 1)", low=1, high=MAX_FAIRNESS_WEIGHT),
+            Field("after", "keyset", "task ids of the same queue it runs after: ready "
+                  "once every one is completed, dead if one dies", low=MAX_ID_CHARS,
+                  high=MAX_TASK_PARENTS, given="present"),
         ),
         (
             TID,
@@ -159,6 +167,9 @@ TASK_OPS: tuple[Operation, ...] = (
             ATTEMPT_ID,
             Field("progress", "progress", "a progress figure (higher is further)",
                   low=-(2**62), high=2**62),
+            Field("checkpoint", "text", "the work's state so far (base64 of at most 8 KiB): "
+                  "kept on the task and handed to the next attempt's claim",
+                  high=MAX_TASK_CHECKPOINT_TEXT),
         ),
         (
             TID,
@@ -213,6 +224,55 @@ TASK_OPS: tuple[Operation, ...] = (
         (QUEUE, TASK_ID, ATTEMPT_ID),
         (TID, REVISION),
         (("POST", "/v1/queues/release", "Give a claimed task back", QUEUES),),
+    ),
+    operation(
+        "task_effect_begin",
+        True,
+        "queue_write",
+        "record the intent of an external effect before making it; or learn that an "
+        "earlier attempt committed it, or began it (reconcile)",
+        (
+            QUEUE,
+            TASK_ID,
+            ATTEMPT_ID,
+            Field("effect", "string", "the effect's id, unique within the task",
+                  required=True, high=MAX_EFFECT_ID_BYTES),
+            Field("key", "string", "the idempotency key to hand the provider (default: "
+                  "task id:effect id); the first intent's is kept", high=MAX_EFFECT_KEY_BYTES),
+        ),
+        (
+            result("state", "string", "new (make the call), committed (skip it: result) "
+                   "or in_progress (an earlier attempt began it: reconcile)", True),
+            result("effect", "string", "the effect's id", True),
+            result("key", "string", "the idempotency key", True),
+            result("token", "integer", "the token that holds (or committed) the intent",
+                   True),
+            result("result", ("string", "null"), "the committed result (committed)"),
+            result("prior_token", "integer", "the earlier attempt's token (in_progress)"),
+            result("prior_attempt", "integer", "the earlier attempt's number (in_progress)"),
+        ),
+        (("POST", "/v1/queues/effect/begin", "Begin an external effect", QUEUES),),
+    ),
+    operation(
+        "task_effect_commit",
+        True,
+        "queue_write",
+        "mark an effect this attempt began as done, with its result",
+        (
+            QUEUE,
+            TASK_ID,
+            ATTEMPT_ID,
+            Field("effect", "string", "the effect's id", required=True,
+                  high=MAX_EFFECT_ID_BYTES),
+            Field("result", "text", "its result (JSON text)", high=MAX_EFFECT_RESULT_BYTES),
+        ),
+        (
+            result("effect", "string", "the effect's id", True),
+            result("already", "boolean", "true: it was committed before (result kept)", True),
+            result("token", "integer", "the token that committed it", True),
+            result("result", ("string", "null"), "the kept result", True),
+        ),
+        (("POST", "/v1/queues/effect/commit", "Commit an external effect", QUEUES),),
     ),
     operation(
         "task_retry",

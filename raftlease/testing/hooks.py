@@ -56,6 +56,10 @@ PLANTED_BUGS: dict[str, str] = {
     "skip_deadlock_detection": "the state machine never looks for cycles of waits: an "
     "acquire that closes one queues, and the agents of the cycle wait on each other "
     "until their waits or leases run out",
+    "skip_effect_check": "a task effect's begin ignores the journal (an earlier attempt's "
+    "intent or commit) and answers new: a retried task makes an external call again",
+    "early_child": "a task put with 'after' is ready at once, before its parents "
+    "complete: a child's claim comes before a parent's completion",
     "skip_pre_vote": "a node runs for election without asking for pre-votes, so a member "
     "that was cut off raises its term and, once it rejoins, deposes a healthy leader",
 }

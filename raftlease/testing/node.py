@@ -160,6 +160,57 @@ class StaleAcceptingStore(LeaseStore):
         return store
 
 
+class EffectBlindTasks(TaskQueues):
+    """Planted bug ``skip_effect_check``: an effect's begin never looks at what
+    earlier attempts left in the journal: every begin answers ``new`` and records a
+    fresh intent, so a retry makes an external call an earlier attempt already made
+    (or committed). Tick thread, like the store."""
+
+    def _effect_begin(self, task: Any, attempt: Any, entry: dict[str, Any]) -> Any:
+        task.effects.pop(entry["effect"], None)
+        return super()._effect_begin(task, attempt, entry)
+
+
+class EffectBlindStore(LeaseStore):
+    """The store of ``skip_effect_check``: its task queues are ``EffectBlindTasks``,
+    also after a snapshot is loaded."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tasks = EffectBlindTasks()
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> LeaseStore:
+        store = super().from_plain(data)
+        store.tasks = EffectBlindTasks.from_plain(store.tasks.to_plain())
+        return store
+
+
+class EarlyChildTasks(TaskQueues):
+    """Planted bug ``early_child``: a put's ``after`` is recorded but holds nothing
+    back: the child is ready at once, before its parents complete. Tick thread, like
+    the store."""
+
+    def _link(self, task: Any, parents: list[str]) -> str:
+        task.after = list(parents)
+        return ""
+
+
+class EarlyChildStore(LeaseStore):
+    """The store of ``early_child``: its task queues are ``EarlyChildTasks``, also
+    after a snapshot is loaded."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tasks = EarlyChildTasks()
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> LeaseStore:
+        store = super().from_plain(data)
+        store.tasks = EarlyChildTasks.from_plain(store.tasks.to_plain())
+        return store
+
+
 class BarrierlessReads(Reads):
     """Planted bug ``skip_read_barrier``: a new leader serves lease reads as soon as
     its leader lease is valid, before it has applied an entry of its own term."""
@@ -217,6 +268,8 @@ STORES: dict[str, type[LeaseStore]] = {
     "no_term_extension": ShortMemoryStore,
     "partial_many_grant": PartialSetStore,
     "skip_deadlock_detection": DeadlockBlindStore,
+    "skip_effect_check": EffectBlindStore,
+    "early_child": EarlyChildStore,
 }
 
 

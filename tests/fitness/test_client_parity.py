@@ -14,6 +14,7 @@ import pytest
 from raftlease.client.aio import AsyncClient
 from raftlease.client.aio_queue import AsyncQueue, AsyncTask
 from raftlease.client.blocking import Client
+from raftlease.client.effects import AsyncEffect, Effect
 from raftlease.client.queue import Queue, Task
 from raftlease.recipes.election import AsyncElection, Election
 from raftlease.recipes.keepalive import KeepAliveState
@@ -26,6 +27,7 @@ PAIRS: list[tuple[type[Any], type[Any]]] = [
     (AsyncClient, Client),
     (AsyncQueue, Queue),
     (AsyncTask, Task),
+    (AsyncEffect, Effect),
     (AsyncSession, Session),
     (AsyncElection, Election),
     (AsyncHeldLock, HeldLock),

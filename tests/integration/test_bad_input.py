@@ -778,7 +778,7 @@ def test_hostile_task_requests_leave_the_queue_unchanged(
                 {"op": "task_purge", "queue": name, "task_id": "nope"},
                 "TASK_NOT_FOUND",
             ),
-            ("retry not dead", {"op": "task_retry", **ids}, "INVALID_ARGUMENT"),
+            ("retry not dead", {"op": "task_retry", **ids}, "TASK_STATE"),
             ("purge claimed", {"op": "task_purge", **ids}, "INVALID_ARGUMENT"),
         ]
         conn = RawConnection(addresses(shared)["leader"])

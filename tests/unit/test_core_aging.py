@@ -198,5 +198,5 @@ def test_the_formats_are_the_documented_ones() -> None:
     the aging step, format 3, and fairness keys and weights, format 4; acquires carry
     fairness keys and weights, format 5; deadlock detection, format 6), snapshot layout
     9 (task ranks and the queues' counters, layout 6; fair shares, layout 7; fair
-    shares of wait queues, layout 8; deadlock refusals, layout 9)."""
+    shares of wait queues, layout 8; deadlock refusals and task checkpoints, layout 9)."""
     assert ENTRY_FORMAT == 6 and SNAPSHOT_VERSION == 9

@@ -289,7 +289,7 @@ def test_the_layout_7_rows_of_queues_and_tasks_field_for_field() -> None:
     assert tasks["queues"] == [["q", 1, [], [], 0, [["", 1, 1_000_000], ["a", 3, 0]]]]
     assert next(r for r in tasks["tasks"] if r[0] == "t1") == [
         "t1", "q", "{}", 0, 1, [], 3, 30000, 0, 1000, 3600000, 0, "", 0, "ready", 0, 0, 0,
-        [], None, 0, "", "", 0, "a",
+        [], None, 0, "", "", 0, "a", None, 0, [], [], [],  # layout 9: none of issue 41's
     ]  # fmt: skip
     assert LeaseStore.from_plain(copy.deepcopy(s.to_plain())).to_plain() == s.to_plain()
     assert ok(s.apply(claim(1, "y")))["tid"] == "t1"

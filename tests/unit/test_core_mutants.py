@@ -948,6 +948,7 @@ def test_a_version_4_snapshot_restores_to_the_same_store() -> None:
     assert restored.to_plain() == RESTORED_V9
     assert restored.leases["P1"].slots == (0, 1)
     assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V9)).to_plain() == GOLDEN_V9
+    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V8)).to_plain() == GOLDEN_V9
     # And it goes on exactly as the store that wrote it: the next waiter is order 3.
     live = _golden_store()
     later = acquire(400, "W3", owner="eve", wait=100, cid="c4", term=2)

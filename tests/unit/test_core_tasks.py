@@ -194,7 +194,7 @@ def test_retry_and_purge_of_a_dead_task() -> None:
     assert code(s.apply(mut("task_purge", 2, tid="nope"))) == "TASK_NOT_FOUND"
     ok(s.apply(mut("task_retry", 2, tid="T")))
     assert info(s, "T", 2)["status"] == "ready"
-    assert code(s.apply(mut("task_retry", 3, tid="T"))) == "INVALID_ARGUMENT"  # not dead
+    assert code(s.apply(mut("task_retry", 3, tid="T"))) == "TASK_STATE"  # not dead
     assert code(s.apply(mut("task_purge", 3, tid="T"))) == "INVALID_ARGUMENT"  # not dead
     ok(s.apply(claim(3, "A2")))
     ok(s.apply(fail(4, "T", "A2")))

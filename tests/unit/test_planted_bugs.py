@@ -18,6 +18,8 @@ functions returning a list of violations.
 | ``no_term_extension`` | a new term extends every lease | ``early_grants`` |
 | ``partial_many_grant`` | a set of keys all or none | ``check_entry`` (test_core_many.py) |
 | ``skip_deadlock_detection`` | deadlock detection | ``cycles`` (test_core_deadlock.py) |
+| ``skip_effect_check`` | a begin reads the effect journal | ``queue_checker.check_effects`` |
+| ``early_child`` | a child waits for its parents | ``queue_checker.check_dependencies`` |
 
 The chaos suite's own runs catch the other two (``CHAOS_COVERED``, in
 tests/chaos/test_chaos.py): ``fast_log_clock`` (the log clock) and ``unsynced_acks`` (no
@@ -57,6 +59,8 @@ from raftlease.testing.node import (
     DeadlockBlindStore,
     DriftBlindGuard,
     EagerElectionTransport,
+    EarlyChildStore,
+    EffectBlindStore,
     ForgetfulStore,
     PartialSetStore,
     PromiselessGuard,
@@ -90,6 +94,8 @@ COVERED = (
     "no_term_extension",
     "partial_many_grant",
     "skip_deadlock_detection",
+    "skip_effect_check",
+    "early_child",
 )
 
 #: Planted bugs caught by chaos-suite runs, and the test of tests/chaos/test_chaos.py that
@@ -255,6 +261,8 @@ PLANTED_FIELDS: dict[str, dict[str, Any]] = {
     "no_term_extension": {"store_class": ShortMemoryStore},
     "partial_many_grant": {"store_class": PartialSetStore},
     "skip_deadlock_detection": {"store_class": DeadlockBlindStore},
+    "skip_effect_check": {"store_class": EffectBlindStore},
+    "early_child": {"store_class": EarlyChildStore},
 }
 
 HOOK_FIELDS = (
@@ -442,3 +450,81 @@ def test_checks_report_hand_made_violations() -> None:
     assert len(applied_entries_truncated({"n1": f"x CRITICAL {TRUNCATION} from 5\n"})) == 1
     assert retry_applied_twice({"ok": True}, {"ok": True}, 1) == []
     assert len(retry_applied_twice({"ok": True}, {"ok": False}, 2)) == 2
+
+
+@pytest.mark.parametrize("build", ["honest", "skip_effect_check"])
+def test_an_effect_made_before_a_crash_is_not_made_again(build: str) -> None:
+    """The state machine alone, with a counting provider: an attempt begins an effect,
+    makes the call and dies before its commit; the next attempt begins the same effect
+    and calls the provider only if the journal says it must. The effect checker of
+    the queue suite (``check_effects``) judges the calls (the integration half, with
+    real processes, is tests/integration/test_effect_proof.py)."""
+    from queue_checker import check_effects
+
+    store = build_hooks("" if build == "honest" else build).store_class()
+    calls: list[int] = []
+    base = {"queue": "q", "ack": 1, "term": 1}
+
+    def mut(op: str, now: int, seq: int, **fields: Any) -> dict[str, Any]:
+        return store.apply({"op": op, "now": now, "cid": f"c{seq}", "seq": 1, **base, **fields})
+
+    assert mut("task_put", 0, 1, tid="T", payload="{}", ttl=1000, backoff=0)["ok"]
+    first = mut("task_claim", 10, 2, aid="A1", worker="w1")["token"]
+    assert mut("task_effect_begin", 20, 3, tid="T", aid="A1", effect="charge")["state"] == "new"
+    calls.append(first)  # the call is made; the worker dies before its commit
+    second = mut("task_claim", 2000, 4, aid="A2", worker="w2")["token"]
+    began = mut("task_effect_begin", 2010, 5, tid="T", aid="A2", effect="charge")
+    if began["state"] == "new":
+        calls.append(second)  # nothing recorded: the call is made again
+    assert mut("task_effect_commit", 2020, 6, tid="T", aid="A2", effect="charge")["ok"]
+    zombie = mut("task_effect_commit", 2030, 7, tid="T", aid="A1", effect="charge")
+    assert mut("task_complete", 2040, 8, tid="T", aid="A2")["ok"]
+    events: list[dict[str, Any]] = [{"f": "effect.apply", "effect": "charge", "token": t}
+                                    for t in calls]  # fmt: skip
+    events.append({"f": "effect.commit", "effect": "charge", "token": second, "type": "ok",
+                   "newest": second})  # fmt: skip
+    events.append({"f": "effect.commit", "effect": "charge", "token": first,
+                   "type": "ok" if zombie["ok"] else "fail", "error": zombie.get("code"),
+                   "newest": second})  # fmt: skip
+    events.append({"f": "effect.final", "effect": "charge", "status": "completed"})
+    verdict = check_effects(events)
+    if build == "honest":
+        assert began["state"] == "in_progress" and began["prior_token"] == first
+        assert verdict["valid"] is True, verdict
+        assert verdict["stats"]["zombie_commits_refused"] == 1
+    else:
+        assert verdict["valid"] is False
+        assert [v["kind"] for v in verdict["violations"]] == ["applied_twice"]
+
+
+def test_the_effect_checker_sees_an_accepted_zombie_commit_and_a_lost_effect() -> None:
+    from queue_checker import check_effects
+
+    verdict = check_effects(
+        [
+            {"f": "effect.commit", "effect": "e", "token": 3, "type": "ok", "newest": 9},
+            {"f": "effect.final", "effect": "e", "status": "completed"},
+        ]
+    )
+    kinds = sorted(v["kind"] for v in verdict["violations"])
+    assert kinds == ["never_applied", "zombie_commit_accepted"]
+    assert check_effects([])["valid"] == "unknown"
+
+
+@pytest.mark.parametrize("build", ["honest", "early_child"])
+def test_a_child_is_claimed_only_after_every_parent_completed(build: str) -> None:
+    """The state machine alone: a 100-task random DAG worked by claims that crash a
+    third of the time (tests/unit/test_core_deps.py), its claims and completions fed
+    to the queue checker's dependency rule (``check_dependencies``)."""
+    from queue_checker import check_dependencies
+
+    from tests.unit.test_core_deps import dag_events
+
+    verdict = check_dependencies(dag_events(build_hooks("" if build == "honest" else build)
+                                            .store_class(), seed=1))  # fmt: skip
+    if build == "honest":
+        assert verdict["valid"] is True, verdict
+        assert verdict["stats"]["tasks"] == 100 and verdict["stats"]["edges"] > 100
+    else:
+        assert verdict["valid"] is False
+        assert {v["kind"] for v in verdict["violations"]} == {"claimed_before_parent"}

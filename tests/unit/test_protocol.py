@@ -392,6 +392,8 @@ def good(op: str) -> dict[str, Any]:
             base["payload"] = "{}"
         if op == "task_claim":
             base["worker"] = "w"
+        if op in ("task_effect_begin", "task_effect_commit"):  # issue 41: effects
+            base["effect"] = "charge:1"
         if op in ("await_claim", "await_task"):
             base["timeout"] = 1.0
     if op.startswith("budget_") or op == "await_spend":  # issue 42: shared budgets
@@ -617,7 +619,28 @@ BAD_CASES += [
     ("fail-error-int", "task_fail", "error", 5, BadRequestError, "'error'"),
     ("fail-after-neg", "task_fail", "retry_after", -1, InvalidArgumentError, "retry_after"),
     ("dead-limit-zero", "task_dead", "limit", 0, InvalidArgumentError, "'limit'"),
-]
+    # Issue 41: checkpoints and the effect journal.
+    ("beat-cp-int", "task_heartbeat", "checkpoint", 5, BadRequestError, "'checkpoint'"),
+    ("beat-cp-big", "task_heartbeat", "checkpoint", "A" * 20000, InvalidArgumentError,
+     "'checkpoint'"),
+    ("eff-begin-missing", "task_effect_begin", "effect", MISSING, BadRequestError, "'effect'"),
+    ("eff-begin-empty", "task_effect_begin", "effect", "", InvalidArgumentError, "'effect'"),
+    ("eff-begin-long", "task_effect_begin", "effect", "e" * 300, InvalidArgumentError,
+     "'effect'"),
+    ("eff-key-int", "task_effect_begin", "key", 3, BadRequestError, "'key'"),
+    ("eff-key-long", "task_effect_begin", "key", "k" * 300, InvalidArgumentError, "'key'"),
+    ("eff-commit-missing", "task_effect_commit", "effect", MISSING, BadRequestError,
+     "'effect'"),
+    ("eff-commit-int", "task_effect_commit", "effect", 4, BadRequestError, "'effect'"),
+    ("eff-result-big", "task_effect_commit", "result", "r" * 2000, InvalidArgumentError,
+     "'result'"),
+    ("eff-result-int", "task_effect_commit", "result", 5, BadRequestError, "'result'"),
+    ("put-after-str", "task_put", "after", "T1", BadRequestError, "'after'"),
+    ("put-after-empty", "task_put", "after", [], InvalidArgumentError, "'after'"),
+    ("put-after-twice", "task_put", "after", ["T", "T"], InvalidArgumentError, "'after'"),
+    ("put-after-many", "task_put", "after", [f"T{i}" for i in range(17)],
+     InvalidArgumentError, "'after'"),
+]  # fmt: skip
 # Issue 42: shared budgets. Every budget op names its budget's key.
 for _op in sorted(op for op in OPS if op.startswith("budget_") or op == "await_spend"):
     BAD_CASES += [

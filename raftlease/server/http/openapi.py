@@ -42,6 +42,7 @@ STATUS: dict[str, int] = {
     "DEADLOCK": 409,
     "STALE_ATTEMPT": 409,
     "TASK_DEAD": 409,
+    "TASK_STATE": 409,
     "AMOUNT_OVER_CAPACITY": 409,
     "SESSION_EXPIRED": 410,
     "COMPACTED": 410,
