@@ -25,6 +25,19 @@ new one: the log clock and the terms start afresh):
   (the guard may change between a snapshot and the decision, never twice).
 * ``one_lease_per_term``: no two nodes hold a leader lease in the same term.
 
+Over the lease changes of applied entries (``lease`` events: grants, renewals, ends),
+merged from every node and every process into one log by index (a restarted node
+applies its journal again: the same changes at the same index):
+
+* ``replicas_agree``: every node (and every process of one node) that applied the
+  entry at a log index made the same changes at the same log time and revision.
+* ``tokens_monotone``: in log order, the fencing tokens granted on a key strictly
+  increase (and so never repeat).
+* ``grant_when_free``: a grant happens only when the key has room at the entry's log
+  time: the units of the leases live then (not ended, expiry after that time) plus
+  the grant's fit the key's capacity (1 for a lock).
+* ``expiry_not_early``: a lease expires no earlier than its expiry in log time.
+
 The model's other properties (mutual exclusion, fencing, linearizable reads, one
 completion) are checked on the history by checker.py; this one checks the steps that
 no client sees.
@@ -34,7 +47,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +80,7 @@ def check_events(traces: dict[str, Iterable[dict[str, Any]]]) -> dict[str, Any]:
     "unknown" when there is no event at all or a trace was truncated), the violations
     (the first ``MAX_REPORTED``), their count, and ``stats``: events per kind and
     violations per rule."""
+    traces = {node: list(events) for node, events in traces.items()}  # read twice
     violations: list[dict[str, Any]] = []
     counts: dict[str, int] = defaultdict(int)
     lease_terms: dict[int, set[str]] = defaultdict(set)
@@ -125,6 +139,7 @@ def check_events(traces: dict[str, Iterable[dict[str, Any]]]) -> dict[str, Any]:
     for t, nodes in sorted(lease_terms.items()):
         if len(nodes) > 1:
             bad("one_lease_per_term", ",".join(sorted(nodes)), f"term {t}", {"term": t})
+    _check_leases(traces, bad, counts)
     total = len(violations)
     valid: bool | str = total == 0
     if valid and (truncated or not any(counts.get(k) for k in ("stamp", "lease_read"))):
@@ -137,6 +152,89 @@ def check_events(traces: dict[str, Iterable[dict[str, Any]]]) -> dict[str, Any]:
         "truncated": truncated,
         "nodes": sorted(traces),
     }
+
+
+Bad = Callable[[str, str, str, dict[str, Any]], None]
+
+
+def _check_leases(
+    traces: dict[str, Iterable[dict[str, Any]]], bad: Bad, counts: dict[str, int]
+) -> None:
+    """The rules over applied lease changes (``lease`` events; ``traces`` must be
+    re-iterable, as lists are)."""
+    log: dict[int, tuple[str, dict[str, Any]]] = {}
+    disagree: set[int] = set()
+    for node, events in traces.items():
+        for event in events:
+            if event.get("ev") == "truncated":
+                break
+            if event.get("ev") != "lease":
+                continue
+            index = int(event["i"])
+            seen = log.get(index)
+            if seen is None:
+                log[index] = (node, event)
+                continue
+            other = seen[1]
+            same = (other["at"], other["rev"], other["ch"]) == (
+                event["at"],
+                event["rev"],
+                event["ch"],
+            )
+            if not same and index not in disagree:
+                disagree.add(index)
+                bad(
+                    "replicas_agree",
+                    f"{seen[0]},{node}",
+                    f"log index {index}: {other['ch']} at {other['at']} (rev {other['rev']}) "
+                    f"vs {event['ch']} at {event['at']} (rev {event['rev']})",
+                    event,
+                )
+    last_token: dict[str, int] = {}
+    # key -> lease hash -> [units, until]
+    live: dict[str, dict[str, list[Any]]] = defaultdict(dict)
+    for index in sorted(log):
+        node, event = log[index]
+        at = event["at"]
+        for kind, key, lease, token, owner, units, capacity, until in event["ch"]:
+            counts[f"lease:{kind}"] += 1
+            holders = live[key]
+            if kind == "grant":
+                if key in last_token and token <= last_token[key]:
+                    bad(
+                        "tokens_monotone",
+                        node,
+                        f"key {key!r}: token {token} after {last_token[key]} (index {index})",
+                        event,
+                    )
+                last_token[key] = max(token, last_token.get(key, token))
+                used = sum(u for u, end in holders.values() if end is None or end > at)
+                # A lease granted and ended in one entry (until None) took no room
+                # after it, and its recorded capacity may be the freed key's default.
+                if until is not None and used + units > capacity:
+                    bad(
+                        "grant_when_free",
+                        node,
+                        f"key {key!r}: {units} unit(s) to {owner!r} at log time {at} "
+                        f"(index {index}) while {used} of {capacity} are held",
+                        event,
+                    )
+                holders[lease] = [units, until]
+            elif kind == "renew":
+                if lease in holders:
+                    holders[lease][1] = until
+            else:
+                holders.pop(lease, None)
+                if kind == "expire" and until is not None and at < until:
+                    bad(
+                        "expiry_not_early",
+                        node,
+                        f"key {key!r}: lease expired at log time {at}, its expiry is "
+                        f"{until} (index {index})",
+                        event,
+                    )
+            if not holders:
+                live.pop(key, None)
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:

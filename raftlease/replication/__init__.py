@@ -21,6 +21,7 @@ from .leadership import LEASE_MARGIN, DriftMonitor, LeaseGuard
 from .replica import (
     SNAPSHOT_LOAD_FAILED,
     ApplyObserver,
+    ApplyTap,
     ProposeCallback,
     Replica,
     syncobj_conf,
@@ -34,6 +35,7 @@ __all__ = [
     "SNAPSHOT_LOAD_FAILED",
     "AppendPlan",
     "ApplyObserver",
+    "ApplyTap",
     "Conflict",
     "DriftMonitor",
     "DurableJournal",

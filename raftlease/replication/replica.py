@@ -20,7 +20,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
@@ -84,6 +84,19 @@ ApplyObserver = Callable[[dict[str, Any], Result], None]
 RestoreObserver = Callable[[int], None]
 
 
+class ApplyTap(Protocol):
+    """A test build's view around each applied entry (raftlease/testing/trace.py
+    traces the lease changes it makes). Production passes none, so it pays one
+    ``None`` test per entry. Both run on the tick thread, inside the replicated
+    method; an exception is logged and dropped (never out of the replicated method)."""
+
+    def before(self, store: LeaseStore) -> Any:
+        """Just before ``store`` applies an entry; returns what ``after`` compares."""
+
+    def after(self, index: int, store: LeaseStore, before: Any) -> None:
+        """Just after ``store`` applied the entry at log ``index``."""
+
+
 def _fail_reason_error(reason: int) -> RaftLeaseError:
     """Map a PySyncObj FAIL_REASON to our error (definite only where it is certain
     the entry was never appended to a leader's log)."""
@@ -125,8 +138,10 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
         observer: ApplyObserver | None,
         store_class: type[LeaseStore] = LeaseStore,
         on_restore: RestoreObserver | None = None,
+        tap: ApplyTap | None = None,
     ) -> None:
         super().__init__()
+        self.tap = tap
         self.store_class = store_class
         self.store = store_class()
         self.observer = observer
@@ -197,6 +212,12 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
             )
             self.halt(ENTRY_FORMAT_TOO_NEW)
             return {"ok": False, "code": "INTERNAL", "message": "entry format too new"}
+        tap, seen = self.tap, None
+        if tap is not None:
+            try:
+                seen = tap.before(self.store)
+            except Exception:
+                log.exception("apply tap raised")
         started = time.perf_counter()
         try:
             result = self.store.apply(entry)
@@ -204,6 +225,12 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
             log.exception("state machine raised on entry op=%r", entry.get("op"))
             return {"ok": False, "code": "INTERNAL", "message": "state machine error"}
         self.last_apply_seconds = time.perf_counter() - started
+        if tap is not None:
+            try:
+                # PySyncObj counts the entry applied only after this method returns.
+                tap.after(int(self._syncObj.raftLastApplied) + 1, self.store, seen)
+            except Exception:
+                log.exception("apply tap raised")
         if self.observer is not None:
             try:
                 self.observer(entry, result)
@@ -260,8 +287,10 @@ class Replica:
         store_class: type[LeaseStore] = LeaseStore,
         recorder: SyncRecorder | None = None,
         on_restore: RestoreObserver | None = None,
+        apply_tap: ApplyTap | None = None,
     ) -> None:
-        """``on_restore``: told (tick thread) the revision of each snapshot that
+        """``apply_tap``: a test build's view around each applied entry (``ApplyTap``).
+        ``on_restore``: told (tick thread) the revision of each snapshot that
         replaced the state. ``recorder``: a test build's record of what reached stable storage
         (durable.SyncRecorder). ``guard_class`` (the leader-lease bookkeeping),
         ``transport_class`` (the PySyncObj transport) and ``store_class`` (the state
@@ -321,7 +350,7 @@ class Replica:
         trim_torn_tail(config.journal_file, config.dump_file)
         repair_journal(config.journal_file, config.dump_file)
         clamp_commit_index(config.journal_file, config.dump_file, recorder)
-        self._consumer = _StoreConsumer(observer, store_class, on_restore)
+        self._consumer = _StoreConsumer(observer, store_class, on_restore, apply_tap)
         self._role = "follower"
         me = config.self_node
         conf = syncobj_conf(config)

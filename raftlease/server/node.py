@@ -37,7 +37,7 @@ from ..config import NodeConfig, bind_probe, parse_addr
 from ..core import LeaseStore, Result
 from ..errors import ConfigError, NotLeaderError, UnavailableError
 from ..protocol import Limits, Request
-from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder
+from ..replication import ApplyTap, LeaseGuard, LeaseTransport, Replica, SyncRecorder
 from . import membership_ops
 from .auth import AuthPolicy, load_auth
 from .backup import SnapshotExports
@@ -89,8 +89,10 @@ class ServerHooks:
     machine; ``recorder``: keeps what reached stable storage, for a simulated power
     loss; ``durability``: overrides the config's mode; ``restart_wait``: the seconds a node
     stays out of the cluster after a machine crash with ``durability = "none"``
-    (``unclean_stop_wait``). Planted bugs are injected doubles of these (a subclass, a
-    function); production code has no switch for any of them.
+    (``unclean_stop_wait``); ``apply_tap``: a view around each applied entry (a
+    test build's trace of lease changes, testing/trace.py). Planted bugs are
+    injected doubles of these (a subclass, a function); production code has no
+    switch for any of them.
     """
 
     clock: Clock | None = None
@@ -105,6 +107,7 @@ class ServerHooks:
     recorder: SyncRecorder | None = None
     durability: str | None = None
     restart_wait: Callable[[NodeConfig], float] = unclean_stop_wait
+    apply_tap: ApplyTap | None = None
 
 
 #: Seconds a starting node waits for the host names of its own addresses to resolve.
@@ -391,6 +394,7 @@ class NodeServer:
             store_class=self.hooks.store_class,
             recorder=self.hooks.recorder,
             on_restore=self._on_restored,
+            apply_tap=self.hooks.apply_tap,
         )
         if self.metrics is not None:
             self.replica.on_journal_sync(self.metrics.journal_sync_seconds.observe)

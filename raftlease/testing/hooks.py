@@ -15,7 +15,8 @@ Hooks (a dict, as ``LocalCluster(hooks=...)`` takes it):
   what peer TLS costs; ``LocalCluster`` then issues no certificates). Every node of
   the cluster must run so: a plain node and a TLS node cannot talk;
 * ``trace: True``: the node traces the events the SPIN model speaks of (its log
-  clock's stamps, its lease-read decisions) to ``<data_dir>/trace.jsonl``
+  clock's stamps, its lease-read decisions, the lease changes of each applied entry)
+  to ``<data_dir>/trace.jsonl``
   (``raftlease.testing.trace``), which jepsen-style/trace_checker.py validates;
 * ``planted_bug: NAME``: a deliberately broken build the test suite must catch
   (``PLANTED_BUGS``; jepsen-style/README.md lists which checker catches each, and

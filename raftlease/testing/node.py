@@ -31,7 +31,7 @@ from ..server.node import unclean_stop_wait
 from ..server.proposer import Proposer
 from ..server.reads import Reads
 from .hooks import PLANTED_BUGS
-from .trace import TRACE_FILE, TraceLog, traced_log_clock, traced_reads
+from .trace import TRACE_FILE, LeaseTap, TraceLog, traced_log_clock, traced_reads
 
 log = logging.getLogger("raftlease.testing")
 
@@ -280,9 +280,9 @@ def build_hooks(
     plain_peers: bool = False,
     trace: TraceLog | None = None,
 ) -> ServerHooks:
-    """The hooks of a test node; with ``trace``, its log clock's stamps and its
-    lease-read decisions are traced there (testing/trace.py). Raises ``ValueError`` for
-    an unknown planted bug."""
+    """The hooks of a test node; with ``trace``, its log clock's stamps, its
+    lease-read decisions and the lease changes of each applied entry are traced
+    there (testing/trace.py). Raises ``ValueError`` for an unknown planted bug."""
     if planted_bug and planted_bug not in PLANTED_BUGS:
         raise ValueError(f"unknown planted bug {planted_bug!r}; known: {sorted(PLANTED_BUGS)}")
     adjustable = AdjustableClock() if clock or planted_bug else None
@@ -304,6 +304,7 @@ def build_hooks(
         recorder=SyncRecorder() if record_synced or planted_bug == "unsynced_acks" else None,
         durability="none" if planted_bug == "unsynced_acks" else None,
         restart_wait=join_at_once if planted_bug == "unsynced_acks" else unclean_stop_wait,
+        apply_tap=LeaseTap(trace, trace.node) if trace is not None else None,
     )
 
 

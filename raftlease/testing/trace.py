@@ -20,6 +20,16 @@ Events (``ev``), each with the node's clock reading(s) in seconds:
   Raft term), ``applied_term`` (the term of its last applied entry), ``leader_term``,
   ``lease_until`` and ``mono`` (the guard's clock), ``alarm`` (drift alarm),
   ``size`` (cluster size).
+* ``lease``: an applied entry granted, renewed (moved the expiry of: a renewal, a
+  keep-alive's ``extend`` entry, a new term's extension), or ended (released, expired,
+  transferred, revoked, its session ended) leases (``LeaseTap``): ``i`` (the log
+  index), ``node``, ``at`` (the entry's log time, ms), ``rev`` (the store's revision
+  after it), and ``ch``, the changes in the order the store made them, each
+  ``[kind, key, lease, token, owner, units, capacity, until]``: ``kind`` is ``grant``,
+  ``renew`` or the end's kind (``release``, ``expire``, ...), ``lease`` a hash of the
+  lease id (the id itself proves ownership), ``until`` the expiry in log time (a
+  grant's or renewal's new one; an end's as it was before the entry; None for a lease
+  granted and ended in the same entry).
 
 Threads: events come from the event loop and the tick thread; one lock orders them,
 and a ``stamp`` is taken and written under it, so the file's order is the order of the
@@ -30,12 +40,14 @@ line and stops (the checker then says the trace is incomplete).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
 from pathlib import Path
 from typing import IO, Any
 
+from ..core import LeaseStore
 from ..replication import Replica
 from ..server.log_clock import LogClock
 from ..server.reads import Reads
@@ -50,6 +62,7 @@ class TraceLog:
     """One node's trace file (appended: a restarted node continues it)."""
 
     def __init__(self, path: Path, node: str) -> None:
+        self.node = node
         self.lock = threading.Lock()
         torn = False
         if path.exists() and path.stat().st_size > 0:
@@ -137,3 +150,71 @@ def traced_reads(base: type[Reads], trace: TraceLog) -> type[Reads]:
 
     TracedReads.__name__ = "Traced" + base.__name__
     return TracedReads
+
+
+#: The end kinds of a lease (``LeaseStore._end_lease``), as the store's events name them.
+END_KINDS = frozenset({"release", "expire", "transfer", "revoke"})
+
+
+def lease_hash(lease_id: str) -> str:
+    """A short hash standing for a lease id in the trace."""
+    return hashlib.sha256(lease_id.encode()).hexdigest()[:12]
+
+
+class LeaseTap:
+    """``ServerHooks.apply_tap`` of a traced node: around each applied entry (tick
+    thread, inside the replicated method), writes one ``lease`` event when the entry
+    granted, renewed or ended leases. ``before`` copies each live lease's expiry (a
+    test build's cost: linear in the live leases, per entry); the store is only read,
+    never changed."""
+
+    def __init__(self, trace: TraceLog, node: str) -> None:
+        self.trace = trace
+        self.node = node
+
+    def before(self, store: LeaseStore) -> dict[str, int]:
+        return {lid: lease.expires_at for lid, lease in store.leases.items()}
+
+    def after(self, index: int, store: LeaseStore, before: dict[str, int]) -> None:
+        changes: list[list[Any]] = []
+        for event in store.events:
+            kind, lid = event.get("type"), event.get("lease_id")
+            if not isinstance(lid, str) or (kind != "grant" and kind not in END_KINDS):
+                continue
+            key = event["key"]
+            if kind == "grant":
+                lease = store.leases.get(lid)
+                until = lease.expires_at if lease is not None else None
+            else:
+                until = before.get(lid)
+            changes.append(
+                [
+                    kind,
+                    key,
+                    lease_hash(lid),
+                    event["token"],
+                    event["owner"],
+                    event.get("units", 1),
+                    store.capacity_of(key),
+                    until,
+                ]
+            )
+        for lid, lease in store.leases.items():
+            old = before.get(lid)
+            if old is not None and lease.expires_at != old:
+                changes.append(
+                    [
+                        "renew",
+                        lease.key,
+                        lease_hash(lid),
+                        lease.token,
+                        lease.owner,
+                        lease.units,
+                        store.capacity_of(lease.key),
+                        lease.expires_at,
+                    ]
+                )
+        if changes:
+            self.trace.event(
+                "lease", i=index, node=self.node, at=store.now, rev=store.revision, ch=changes
+            )
