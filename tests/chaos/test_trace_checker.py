@@ -12,7 +12,7 @@ import pytest
 
 from raftlease.clock import AdjustableClock
 from raftlease.core import LeaseStore
-from raftlease.testing.trace import TRACE_FILE, LeaseTap, TraceLog, traced_log_clock
+from raftlease.testing.trace import END_KINDS, TRACE_FILE, LeaseTap, TraceLog, traced_log_clock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "jepsen-style"))
 import trace_checker
@@ -276,3 +276,17 @@ def test_the_apply_tap_traces_what_the_store_changed(tmp_path: Path) -> None:
     assert kinds == [["grant"], ["renew"], ["release", "grant"], ["expire"]]
     result = trace_checker.check_dir(tmp_path, ["n1"])
     assert result["valid"] is True, result
+
+
+def test_every_end_kind_of_the_store_is_traced() -> None:
+    """A lease end of a kind the tap does not know would vanish from the trace, and
+    the next grant on its key would look like a second holder: every literal kind
+    ``LeaseStore`` passes to ``_end_lease`` is in ``END_KINDS``."""
+    import re
+
+    import raftlease.core.store as store_module
+
+    source = Path(store_module.__file__).read_text()
+    kinds = set(re.findall(r'_end_lease\([^,]+, "([a-z_]+)"', source))
+    assert kinds >= {"expire", "release", "preempt"}, kinds
+    assert kinds <= END_KINDS, kinds - END_KINDS
