@@ -74,6 +74,7 @@ for command in (
     lease.holder,
     lease.leases,
     status.status,
+    status.cert_keys,
     admin.watch,
     admin.sessions,
     admin.waiters,

@@ -33,6 +33,7 @@ from ..errors import (
 from ..models import (
     Attachable,
     Holder,
+    HolderSigner,
     Lease,
     LeaseSet,
     Queued,
@@ -238,6 +239,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             value=str(result.get("value", "")),
             session=session,
             unit_indices=tuple(int(i) for i in result.get("unit_indices", ())),
+            certificate=str(result.get("certificate", "")),
         )
 
     def valid_until(self, sent: float, seconds: float) -> float:
@@ -260,6 +262,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         timeout: float | None = None,
         fairness_key: str | None = None,
         weight: int | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> Lease:
         """Take ``key`` for ``owner`` for ``ttl`` seconds, or for as long as the lease
         ``session`` lives (then ``owner`` defaults to the session's and ``ttl`` must
@@ -291,6 +294,13 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         priority, then arrival. Refused ``QuotaExceededError`` when 1,000 tenants
         already wait on the key; a node of an older build answers
         ``InvalidArgumentError``/bad request for the fields.
+
+        Lease certificates (docs/certificates.md): with ``holder_key`` (a
+        ``raftlease.verify.HolderKey`` this process made; only its public half is
+        sent) the lease carries a ``certificate`` a resource verifies offline, and
+        ``renew`` brings a fresh one. A grant after waiting in the queue asks for its
+        certificate with one renewal. ``certificate`` stays "" when the answering
+        leader could not sign (no valid leader lease); the next renewal retries.
         """
         if session is not None:
             if ttl is not None:
@@ -320,9 +330,11 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             args["fairness_key"] = fairness_key
         if weight is not None:
             args["weight"] = weight
+        if holder_key is not None:
+            args["holder_key"] = holder_key.public_hex()
         if wait <= 0:
             result = await self.call("acquire", args, mutating=True, timeout=timeout)
-            return self._lease(result, sent, session=session)
+            return replace(self._lease(result, sent, session=session), holder_key=holder_key)
         pin = Pin()
         try:
             result = await self._call_pinned("acquire", args, pin, timeout)
@@ -337,8 +349,13 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         finally:
             pin.end()
         if not result.get("queued"):
-            return self._lease(result, sent, session=session)
-        return await self._await_grant(key, result["lease_id"], sent + wait, session)
+            return replace(self._lease(result, sent, session=session), holder_key=holder_key)
+        granted = await self._await_grant(key, result["lease_id"], sent + wait, session)
+        if holder_key is None:
+            return granted
+        # The grant came with another request's entry (a release's handoff): one
+        # renewal brings its certificate.
+        return await self.renew(replace(granted, holder_key=holder_key), timeout=timeout)
 
     async def acquire_many(
         self,
@@ -682,11 +699,14 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
     ) -> Lease:
         """Extend ``lease`` by its TTL (or a new ``ttl``) from now. Raises
         ``LeaseNotFoundError`` if it already expired, ``NotOwnerError`` if the key is
-        held under another lease."""
+        held under another lease. A lease with a holder key gets a fresh
+        certificate (kept as it was when the answer carries none)."""
         sent = time.monotonic()
         args: dict[str, Any] = {"key": lease.key, "lease_id": lease.lease_id}
         if ttl is not None:
             args["ttl"] = ttl
+        if lease.holder_key is not None:
+            args["holder_key"] = lease.holder_key.public_hex()
         result = await self.call("renew", args, mutating=True, timeout=timeout)
         renewed = self._lease(result, sent)
         return replace(
@@ -694,6 +714,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             ttl=renewed.ttl,
             valid_until=renewed.valid_until,
             expires_at_ms=renewed.expires_at_ms,
+            certificate=renewed.certificate or lease.certificate,
         )
 
     async def release(self, lease: Lease, *, timeout: float | None = None) -> None:

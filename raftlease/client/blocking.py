@@ -16,7 +16,17 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mappin
 from typing import Any, TypeVar
 
 from ..errors import ConnectionLostError, InvalidArgumentError, UnavailableError
-from ..models import Attachable, Holder, Lease, LeaseSet, Queued, Read, SessionInfo, WatchEvent
+from ..models import (
+    Attachable,
+    Holder,
+    HolderSigner,
+    Lease,
+    LeaseSet,
+    Queued,
+    Read,
+    SessionInfo,
+    WatchEvent,
+)
 from ..recipes.election import Election
 from ..recipes.locks import HeldLock
 from ..recipes.sessions import Session
@@ -267,6 +277,7 @@ class Client(SharedKeyLocks[HeldLock]):
         timeout: float | None = None,
         fairness_key: str | None = None,
         weight: int | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> Lease:
         def make() -> Coroutine[Any, Any, Lease]:
             return self._async.acquire(
@@ -282,6 +293,7 @@ class Client(SharedKeyLocks[HeldLock]):
                 timeout=timeout,
                 fairness_key=fairness_key,
                 weight=weight,
+                holder_key=holder_key,
             )
 
         # A waiting acquire long-polls on the loop (AsyncClient._await_grant).

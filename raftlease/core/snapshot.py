@@ -12,6 +12,7 @@ from typing import Any
 
 from ..limits import TOKEN_RESERVE_STEP
 from .budget import Budgets
+from .certkeys import CertKeys
 from .dedup import ClientTable
 from .queue import TaskQueues
 from .records import KeyShares, LeaseRecord, LeaseSession, Share, Waiter
@@ -30,7 +31,10 @@ from .state import StoreState
 #:    row (after its principal, "" if none), and ``fair`` lists each key's
 #:    ``[key, virtual time, [[tenant, weight, pass], ...]]``. A layout 7 (or older)
 #:    snapshot loads with no fair shares: every queue in rank order, as it was.
-SNAPSHOT_VERSION = 8
+#: 9: lease certificate signing keys (``cert_keys``, core/certkeys.py; issue 39). A
+#:    layout 8 (or older) snapshot loads with none: the next certificate request
+#:    makes the first.
+SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
 #: build that changes what an entry means writes a higher ``fv``, and nodes that
@@ -46,7 +50,10 @@ SNAPSHOT_VERSION = 8
 #: 5: an acquire may carry a fairness key and a weight (``fairness_key``, ``weight``),
 #: which decide between tenants waiting on a key (docs/design.md §4d); a member that
 #: ignored them would grant other waiters than the rest.
-ENTRY_FORMAT = 5
+#: 6: the leader's ``certkey`` entry stores a lease certificate signing key
+#: (core/certkeys.py; issue 39); a member that did not know it would refuse it and
+#: sign with another key than the rest.
+ENTRY_FORMAT = 6
 
 
 def entry_format(entry: Any) -> int | None:
@@ -81,6 +88,7 @@ def to_plain(store: StoreState) -> dict[str, Any]:
             [key, shares.vtime, [[n, t.weight, t.vpass] for n, t in sorted(shares.tenants.items())]]
             for key, shares in sorted(store.fair.items())
         ],
+        "cert_keys": store.cert_keys.to_plain(),
     }
 
 
@@ -96,16 +104,16 @@ def _capacity_rows(store: StoreState) -> list[list[Any]]:
 
 def restore(store: StoreState, data: dict[str, Any]) -> None:
     """Fill a fresh ``store`` from ``to_plain`` output (this layout version or versions
-    2 to 7, which it upgrades). Raises ``ValueError`` on any other version."""
+    2 to 8, which it upgrades). Raises ``ValueError`` on any other version."""
     version = data.get("v")
     if isinstance(version, int) and not isinstance(version, bool) and version > SNAPSHOT_VERSION:
         raise ValueError(
             f"snapshot version {version} is newer than this build understands "
             f"(up to {SNAPSHOT_VERSION}): it was written by a newer raftlease; upgrade this node"
         )
-    if version not in (2, 3, 4, 5, 6, 7, SNAPSHOT_VERSION):
+    if version not in (2, 3, 4, 5, 6, 7, 8, SNAPSHOT_VERSION):
         raise ValueError(
-            f"snapshot version {version!r} is not 2, 3, 4, 5, 6, 7 or {SNAPSHOT_VERSION}"
+            f"snapshot version {version!r} is not 2, 3, 4, 5, 6, 7, 8 or {SNAPSHOT_VERSION}"
         )
     if "ceiling" not in data:
         # Layouts 2 and 3 had no token ceiling: reserve one step from the revision
@@ -185,6 +193,8 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         shares = store.fair[key] = KeyShares(vtime)
         for name, weight, vpass in tenants:
             shares.tenants[name] = Share(weight, vpass)
+    # Layouts before 9 had no certificate signing keys.
+    store.cert_keys = CertKeys.from_plain(data.get("cert_keys", ()))
     for waiter in store.waiting.values():  # how many each tenant has waiting
         fair = store.fair.get(waiter.key)
         if fair is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from .budget import Budgets
+from .certkeys import CertKeys
 from .dedup import ClientTable
 from .queue import TaskQueues
 from .records import MAX_INDEXED_CAPACITY, KeyShares, LeaseRecord, LeaseSession, Result, Waiter
@@ -87,6 +88,8 @@ class StoreState:
         self.tasks = TaskQueues()
         #: Shared budgets (core/budget.py).
         self.budgets = Budgets()
+        #: Lease certificate signing keys (core/certkeys.py, docs/certificates.md).
+        self.cert_keys = CertKeys()
         #: Memory, not state (never snapshotted; no answer depends on it): one object
         #: per distinct owner, principal and TTL among recent grants, shared by their
         #: leases (``share``).

@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 from ..limits import MAX_QUEUE_TENANTS, MAX_SESSION_LEASES, TOKEN_RESERVE_STEP
 from . import snapshot
 from .budget import BUDGET_MUTATING_OPS, BUDGET_OPS, BUDGET_READ_OPS, check_budget_args
+from .certkeys import check_certkey
 from .checks import (
     ALL_OPS,
     MAX_BATCH,
@@ -149,6 +150,8 @@ class LeaseStore(StoreState):
             problem = check_task_args(op, entry)
         if problem is None and op in BUDGET_OPS:
             problem = check_budget_args(op, entry)
+        if problem is None and op == "certkey":
+            problem = check_certkey(entry)
         if problem is not None:
             return error("BAD_REQUEST", problem)
 
@@ -207,6 +210,8 @@ class LeaseStore(StoreState):
 
         if op == "tick":
             return {"ok": True, "now": self.now}
+        if op == "certkey":
+            return self.cert_keys.apply(entry, self.now)
         if op == "reserve":
             return {"ok": True, "now": self.now, "ceiling": self.ceiling}
         if op == "holder":

@@ -103,6 +103,9 @@ class NodeStatus:
             **self._keepalive_counts(),
             "clock_rate": getattr(self.clock, "rate", 1.0),
             "token_ceiling": store.ceiling,
+            # The lease certificate verification keys, [kid, public hex], oldest
+            # first (docs/certificates.md; ``raftlease certs keys``).
+            "cert_keys": store.cert_keys.public_keys(),
             "client_tls": bool(self.config.tls_cert_file),
             "client_auth": self._auth() is not None,
             "insecure": self.config.insecure,

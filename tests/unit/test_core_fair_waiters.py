@@ -185,7 +185,7 @@ def test_layout_7_snapshot_loads_without_fair_shares() -> None:
     store.apply(acquire(1, "h"))
     store.apply(acquire(2, "w1"))
     plain = store.to_plain()
-    assert plain["v"] == SNAPSHOT_VERSION == 8
+    assert plain["v"] == SNAPSHOT_VERSION == 9
     old = {k: v for k, v in plain.items() if k != "fair"}
     old["v"] = 7
     restored = LeaseStore.from_plain(old)

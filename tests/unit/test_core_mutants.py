@@ -697,7 +697,7 @@ def test_a_waiter_is_granted_when_the_waiter_ahead_of_it_leaves_not_one_behind_i
 
 def test_a_fresh_store_snapshots_as_log_time_zero_term_zero_and_nothing_else() -> None:
     assert LeaseStore().to_plain() == {
-        "v": 8,
+        "v": 9,
         "now": 0,
         "term": 0,
         "revision": 0,
@@ -713,6 +713,7 @@ def test_a_fresh_store_snapshots_as_log_time_zero_term_zero_and_nothing_else() -
         "tasks": EMPTY_TASKS_V6,
         "budgets": {"budgets": [], "outcomes": []},
         "fair": [],
+        "cert_keys": [],
     }
 
 
@@ -914,29 +915,37 @@ GOLDEN_V7 = {**GOLDEN_V6, "v": 7}
 #: ``fair`` differ (tests/unit/test_core_fair_waiters.py has rows with fair shares).
 RESTORED_V8 = {**RESTORED_V7, "v": 8, "fair": []}
 GOLDEN_V8 = {**GOLDEN_V7, "v": 8, "fair": []}
+#: Layout 9 adds the lease certificate signing keys (``cert_keys``, core/certkeys.py):
+#: the golden store has none.
+RESTORED_V9 = {**RESTORED_V8, "v": 9, "cert_keys": []}
+GOLDEN_V9 = {**GOLDEN_V8, "v": 9, "cert_keys": []}
 
 
-def test_the_snapshot_layout_is_version_8_field_for_field() -> None:
-    assert _golden_store().to_plain() == GOLDEN_V8
+def test_the_snapshot_layout_is_version_9_field_for_field() -> None:
+    assert _golden_store().to_plain() == GOLDEN_V9
+
+
+def test_a_version_8_snapshot_restores_to_the_same_store() -> None:
+    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V8)).to_plain() == GOLDEN_V9
 
 
 def test_a_version_7_snapshot_restores_to_the_same_store() -> None:
-    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V7)).to_plain() == GOLDEN_V8
+    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V7)).to_plain() == GOLDEN_V9
 
 
 def test_a_version_6_snapshot_restores_to_the_same_store() -> None:
-    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V6)).to_plain() == GOLDEN_V8
+    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V6)).to_plain() == GOLDEN_V9
 
 
 def test_a_version_5_snapshot_restores_with_no_budgets_and_zero_tallies() -> None:
-    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V5)).to_plain() == GOLDEN_V8
+    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V5)).to_plain() == GOLDEN_V9
 
 
 def test_a_version_4_snapshot_restores_to_the_same_store() -> None:
     restored = LeaseStore.from_plain(copy.deepcopy(GOLDEN_V4))
-    assert restored.to_plain() == RESTORED_V8
+    assert restored.to_plain() == RESTORED_V9
     assert restored.leases["P1"].slots == (0, 1)
-    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V8)).to_plain() == GOLDEN_V8
+    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V8)).to_plain() == GOLDEN_V9
     # And it goes on exactly as the store that wrote it: the next waiter is order 3.
     live = _golden_store()
     later = acquire(400, "W3", owner="eve", wait=100, cid="c4", term=2)
@@ -950,8 +959,9 @@ def test_a_version_3_snapshot_gets_a_ceiling_one_step_above_its_revision() -> No
     restored = LeaseStore.from_plain(copy.deepcopy(GOLDEN_V3))
     assert restored.to_plain() == {
         **GOLDEN_V3,
-        "v": 8,
+        "v": 9,
         "fair": [],
+        "cert_keys": [],
         "tasks": EMPTY_TASKS_V6,
         "budgets": EMPTY_BUDGETS,
         "leases": RESTORED_V5["leases"],
