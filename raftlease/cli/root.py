@@ -13,6 +13,7 @@ import click
 from .._version import __version__
 from . import (
     admin,
+    audit,
     budget,
     certs,
     lease,
@@ -87,6 +88,7 @@ for command in (
     budget.budget,
     snapshot.snapshot,
     certs.certs,
+    audit.audit,
     top.top,
     mcp.mcp,
 ):

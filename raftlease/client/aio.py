@@ -937,6 +937,37 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         result: dict[str, Any] = response["result"]
         return result
 
+    async def audit(
+        self,
+        endpoint: str,
+        *,
+        key: str | None = None,
+        principal: str | None = None,
+        since: int = 0,
+        limit: int = 1000,
+        timeout: float = 10.0,
+    ) -> dict[str, Any]:
+        """Operators: the audit trail as the node at ``endpoint`` holds it
+        (docs/audit.md): ``{"records", "base", "head", "first", "applied_index",
+        "node"}``, records ``[seq, log time, type, key, token, owner, principal, by,
+        revision]`` oldest first, those of ``key`` / involving ``principal`` / from
+        ``since`` when given, at most ``limit`` (1 to 10,000). One node, no redirect,
+        no retry (compare nodes by asking each). Raises ``PermissionDeniedError``
+        without ``admin`` (with auth on), ``ConnectionLostError`` if unreachable."""
+        args: dict[str, Any] = {"limit": limit}
+        if key is not None:
+            args["key"] = key
+        if principal is not None:
+            args["principal"] = principal
+        if since:
+            args["since"] = since
+        conn = await self.transport.connection(endpoint, timeout)
+        response = await conn.request({"op": "audit", **args}, timeout)
+        if not response.get("ok"):
+            raise from_response(response)
+        result: dict[str, Any] = response["result"]
+        return result
+
     async def cluster_status(self, *, timeout: float = 2.0) -> list[dict[str, Any]]:
         """Status of every endpoint; unreachable ones are reported, not raised."""
 

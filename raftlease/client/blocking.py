@@ -503,5 +503,23 @@ class Client(SharedKeyLocks[HeldLock]):
         files again (admin). Blocks up to ``timeout``."""
         return self._run(self._async.reload(endpoint, timeout=timeout))
 
+    def audit(
+        self,
+        endpoint: str,
+        *,
+        key: str | None = None,
+        principal: str | None = None,
+        since: int = 0,
+        limit: int = 1000,
+        timeout: float = 10.0,
+    ) -> dict[str, Any]:
+        """``AsyncClient.audit``: the audit trail the node at ``endpoint`` holds
+        (admin). Blocks up to ``timeout``."""
+        return self._run(
+            self._async.audit(
+                endpoint, key=key, principal=principal, since=since, limit=limit, timeout=timeout
+            )
+        )
+
     def cluster_status(self, *, timeout: float = 2.0) -> list[dict[str, Any]]:
         return self._run(self._async.cluster_status(timeout=timeout))

@@ -11,6 +11,7 @@ import heapq
 from typing import Any
 
 from ..limits import TOKEN_RESERVE_STEP
+from .audit import AuditTrail
 from .budget import Budgets
 from .certkeys import CertKeys
 from .dedup import ClientTable
@@ -31,9 +32,9 @@ from .state import StoreState
 #:    row (after its principal, "" if none), and ``fair`` lists each key's
 #:    ``[key, virtual time, [[tenant, weight, pass], ...]]``. A layout 7 (or older)
 #:    snapshot loads with no fair shares: every queue in rank order, as it was.
-#: 9: lease certificate signing keys (``cert_keys``, core/certkeys.py; issue 39). A
-#:    layout 8 (or older) snapshot loads with none: the next certificate request
-#:    makes the first.
+#: 9: lease certificate signing keys (``cert_keys``, core/certkeys.py; issue 39) and
+#:    the audit trail (``audit``, core/audit.py). A layout 8 (or older) snapshot loads
+#:    with no keys (the next certificate request makes the first) and an empty trail.
 SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
@@ -89,6 +90,7 @@ def to_plain(store: StoreState) -> dict[str, Any]:
             for key, shares in sorted(store.fair.items())
         ],
         "cert_keys": store.cert_keys.to_plain(),
+        "audit": store.audit.to_plain(),
     }
 
 
@@ -195,6 +197,8 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
             shares.tenants[name] = Share(weight, vpass)
     # Layouts before 9 had no certificate signing keys.
     store.cert_keys = CertKeys.from_plain(data.get("cert_keys", ()))
+    # Layouts before 9 had no audit trail: it starts empty from the zero chain value.
+    store.audit = AuditTrail.from_plain(data.get("audit"))
     for waiter in store.waiting.values():  # how many each tenant has waiting
         fair = store.fair.get(waiter.key)
         if fair is not None:

@@ -155,6 +155,9 @@ class LeaseStore(StoreState):
         if problem is not None:
             return error("BAD_REQUEST", problem)
 
+        actor = entry.get("principal", "")
+        # Whose request this is, for the audit trail (a leader's own entry: "").
+        self.audit_actor = actor if isinstance(actor, str) else ""
         if term < self.term:
             # Stamped by a leader deposed since: its time stamp and its view are
             # stale, and applying a grant at our last log time could let the lease
@@ -908,6 +911,16 @@ class LeaseStore(StoreState):
             self._grant_next(waiter.key)
 
     def _event(self, kind: str, lease: LeaseRecord) -> None:
+        self.audit.add(
+            self.now,
+            kind,
+            lease.key,
+            lease.token,
+            lease.owner,
+            lease.principal,
+            self.audit_actor,
+            self.revision,
+        )
         event = {
             "type": kind,
             "key": lease.key,
