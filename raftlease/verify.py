@@ -12,7 +12,7 @@ challenge the resource draws (``Verifier.challenge``) together with the request.
 ``Verifier.check`` accepts a request only if all hold:
 
 * the certificate parses and names a cluster key the resource trusts (``keys``,
-  printed by ``raftlease certs keys``), and its signature verifies;
+  printed by ``raftlease cert-keys``), and its signature verifies;
 * it is for the key the resource guards (when the caller names one);
 * ``now + drift_allowance < not_after`` on the resource's own wall clock;
 * its token is at least the highest the verifier accepted for that key;
@@ -253,7 +253,7 @@ class Verifier:
     module docstring).
 
     ``keys``: the cluster's public keys, key id -> 32 raw bytes or 64 hex characters
-    (``raftlease certs keys`` prints them; ``load_keys`` reads that output).
+    (``raftlease cert-keys`` prints them; ``load_keys`` reads that output).
     ``drift_allowance``: seconds this resource's wall clock may run behind the
     signer's; a certificate is refused that long before its ``not_after``.
     ``clock``: seconds of Unix time (``time.time``; tests move it).
@@ -327,20 +327,8 @@ class Verifier:
             ) from None
         if key is not None and cert.key != key:
             raise CertificateError(f"certificate is for {cert.key!r}, not {key!r}", "WRONG_KEY")
-        now = self._clock()
-        if (now + self.drift_allowance) * 1000 >= cert.not_after_ms:
-            raise CertificateError("the certificate has expired", "CERT_EXPIRED")
-        with self._lock:
-            deadline = self._challenges.pop(challenge, None)
-        if deadline is None or deadline < now:
-            raise CertificateError(
-                "challenge not issued here, already used or too old", "UNKNOWN_CHALLENGE"
-            )
-        try:
-            holder = Ed25519PublicKey.from_public_bytes(cert.holder)
-            holder.verify(_unb64(proof), proof_message(certificate, challenge, message))
-        except (InvalidSignature, ValueError, TypeError, AttributeError):
-            raise CertificateError("the proof of possession does not verify", "BAD_PROOF") from None
+        self._check_expiry(cert)
+        self._check_proof(cert, proof, challenge, message)
         with self._lock:
             highest = self.highest.get(cert.key, 0)
             if cert.token < highest:
@@ -354,9 +342,29 @@ class Verifier:
                 self.highest.popitem(last=False)
         return Accepted(cert)
 
+    def _check_expiry(self, cert: Certificate) -> None:
+        """CERT_EXPIRED unless ``now + drift_allowance < not_after``."""
+        if (self._clock() + self.drift_allowance) * 1000 >= cert.not_after_ms:
+            raise CertificateError("the certificate has expired", "CERT_EXPIRED")
+
+    def _check_proof(self, cert: Certificate, proof: str, challenge: bytes, message: bytes) -> None:
+        """Spend ``challenge`` (UNKNOWN_CHALLENGE if not open), then BAD_PROOF unless
+        ``proof`` is the holder key's signature over certificate, challenge, message."""
+        with self._lock:
+            deadline = self._challenges.pop(challenge, None)
+        if deadline is None or deadline < self._clock():
+            raise CertificateError(
+                "challenge not issued here, already used or too old", "UNKNOWN_CHALLENGE"
+            )
+        try:
+            holder = Ed25519PublicKey.from_public_bytes(cert.holder)
+            holder.verify(_unb64(proof), proof_message(cert.text, challenge, message))
+        except (InvalidSignature, ValueError, TypeError, AttributeError):
+            raise CertificateError("the proof of possession does not verify", "BAD_PROOF") from None
+
 
 def load_keys(text: str) -> dict[int, str]:
-    """Keys from ``raftlease certs keys`` output: lines of ``<kid> <64 hex>`` (blank
+    """Keys from ``raftlease cert-keys`` output: lines of ``<kid> <64 hex>`` (blank
     lines and ``#`` comments skipped). Raises ``ValueError`` on any other line."""
     keys: dict[int, str] = {}
     for line in text.splitlines():

@@ -26,7 +26,8 @@ class VerifiedResource:
     a real resource checks the same way before its own write). ``data`` holds each
     key's last accepted value and token; ``accepted`` counts accepted writes.
 
-    ``keys``, ``drift_allowance``, ``clock``: as ``raftlease.verify.Verifier``."""
+    ``keys``, ``drift_allowance``, ``clock``: as ``raftlease.verify.Verifier``;
+    ``verifier``: one made already (then those three are not used)."""
 
     def __init__(
         self,
@@ -34,8 +35,9 @@ class VerifiedResource:
         *,
         drift_allowance: float = 0.5,
         clock: Callable[[], float] = time.time,
+        verifier: Verifier | None = None,
     ) -> None:
-        self.verifier = Verifier(keys, drift_allowance=drift_allowance, clock=clock)
+        self.verifier = verifier or Verifier(keys, drift_allowance=drift_allowance, clock=clock)
         self._lock = threading.Lock()
         self.data: dict[str, tuple[int, bytes]] = {}
         self.accepted = 0

@@ -104,7 +104,7 @@ class NodeStatus:
             "clock_rate": getattr(self.clock, "rate", 1.0),
             "token_ceiling": store.ceiling,
             # The lease certificate verification keys, [kid, public hex], oldest
-            # first (docs/certificates.md; ``raftlease certs keys``).
+            # first (docs/certificates.md; ``raftlease cert-keys``).
             "cert_keys": store.cert_keys.public_keys(),
             # The audit trail's chain value and next sequence number (docs/audit.md):
             # equal on every node at the same applied index.

@@ -353,3 +353,29 @@ def test_the_verified_resource_stores_only_the_holders_writes(cluster: Cluster) 
     with pytest.raises(CertificateError):  # another agent with the copied certificate
         resource.write("gpu-0", b"v3", cert, other.prove(cert, c, write_message("gpu-0", b"v3")), c)
     assert resource.data == {"gpu-0": (7, b"v1")} and resource.accepted == 1
+
+
+def test_the_planted_resources_accept_what_the_honest_one_refuses(cluster: Cluster) -> None:
+    """The resource bugs scripts/cert_proof must catch (raftlease.testing.hooks):
+    skip_proof takes a copied certificate from a thief, skip_expiry a late write."""
+    from raftlease.testing.hooks import RESOURCE_BUGS, planted_verifier
+
+    assert set(RESOURCE_BUGS) == {"skip_proof", "skip_expiry"}
+    holder, thief = HolderKey(), HolderKey()
+    now = [NOW]
+    options: dict[str, Any] = {"drift_allowance": 0.5, "clock": lambda: now[0]}
+    copied = cluster.issue(holder, token=5)
+    expired = cluster.issue(holder, token=6, not_after=NOW - 1)
+    honest = Verifier(cluster.public(), **options)
+    no_proof = planted_verifier("skip_proof", cluster.public(), **options)
+    no_expiry = planted_verifier("skip_expiry", cluster.public(), **options)
+    c = honest.challenge()
+    refused("BAD_PROOF", honest, copied, thief.prove(copied, c), c)
+    c = no_proof.challenge()
+    assert no_proof.check(copied, thief.prove(copied, c), c).certificate.token == 5
+    c = honest.challenge()
+    refused("CERT_EXPIRED", honest, expired, holder.prove(expired, c), c)
+    c = no_expiry.challenge()
+    assert no_expiry.check(expired, holder.prove(expired, c), c).certificate.token == 6
+    with pytest.raises(KeyError):
+        planted_verifier("nonsense", cluster.public())
