@@ -379,3 +379,113 @@ def test_the_planted_resources_accept_what_the_honest_one_refuses(cluster: Clust
     assert no_expiry.check(expired, holder.prove(expired, c), c).certificate.token == 6
     with pytest.raises(KeyError):
         planted_verifier("nonsense", cluster.public())
+
+
+# ------------------------------------------------------------------ the signer
+
+
+class FakeReplica:
+    def __init__(self, store: LeaseStore) -> None:
+        self.store = store
+        self.leading = True
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+    def term(self) -> int:
+        return 1
+
+
+class FakeLogClock:
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def stamp(self, term: int, applied_now: int) -> int:
+        return max(self.now, applied_now)
+
+
+def signer_for(store: LeaseStore, log_now: int, lease_ok: list[bool]) -> tuple[Any, FakeReplica]:
+    from types import SimpleNamespace
+
+    from raftlease.server.certs import CertSigner
+
+    replica = FakeReplica(store)
+
+    async def propose(entry: dict[str, Any]) -> dict[str, Any]:
+        return store.apply({**entry, "now": store.now, "term": 1})
+
+    config = SimpleNamespace(clock_drift=0.01, heartbeat_interval=0.05)
+    signer = CertSigner(
+        config,  # type: ignore[arg-type]
+        FakeLogClock(log_now),  # type: ignore[arg-type]
+        replica=lambda: replica,  # type: ignore[arg-type,return-value]
+        lease_read_allowed=lambda: lease_ok[0],
+        propose=propose,
+        wall=lambda: 1_000.0,
+    )
+    return signer, replica
+
+
+def test_the_signer_bounds_not_after_and_signs_only_a_live_lease() -> None:
+    """not_after = wall (read first) + (expires_at - log now) * (1 - drift) - one
+    heartbeat; no certificate without a valid leader lease, for a lease no longer live
+    (an answer replayed after its release), or past its end."""
+    import asyncio
+
+    store = LeaseStore()
+    lease_ok = [True]
+    signer, replica = signer_for(store, 400, lease_ok)
+    asyncio.run(signer.ensure_key())
+    assert store.cert_keys.current() is not None
+    store.apply(
+        {
+            "op": "acquire",
+            "now": 300,
+            "term": 1,
+            "key": "k",
+            "owner": "o",
+            "ttl": 10_000,
+            "lid": "L1",
+            "cid": "c1",
+            "seq": 1,
+            "ack": 1,
+            "principal": "agent",
+        }
+    )
+    answer = {"key": "k", "token": 1, "lease_id": "L1", "expires_at": 10_300, "now": 300}
+    holder = HolderKey()
+    text = signer.sign("acquire", holder.public_hex(), "agent", answer)
+    cert = parse(text)
+    # 1,000,000 ms + (10,300 - 400) * 0.99 - 50
+    assert cert.not_after_ms == 1_000_000 + 9_801 - 50
+    assert (cert.principal, cert.holder, cert.kid, cert.token) == ("agent", holder.public, 1, 1)
+    keys = {int(k): v for k, v in store.cert_keys.public_keys()}
+    v = Verifier(keys, clock=lambda: 1_000.0)
+    c = v.challenge()
+    v.check(text, holder.prove(text, c), c)
+
+    lease_ok[0] = False  # the leader lease lapsed: no certificate
+    assert signer.sign("acquire", holder.public_hex(), "agent", answer) is None
+    lease_ok[0] = True
+    replica.leading = False
+    assert signer.sign("acquire", holder.public_hex(), "agent", answer) is None
+    replica.leading = True
+    # A longer expiry in a replayed answer than the applied state has: the state wins.
+    longer = {**answer, "expires_at": 99_999}
+    assert parse(signer.sign("acquire", holder.public_hex(), "agent", longer)).not_after_ms == (
+        cert.not_after_ms
+    )
+    store.apply(
+        {
+            "op": "release",
+            "now": 500,
+            "term": 1,
+            "key": "k",
+            "lid": "L1",
+            "cid": "c1",
+            "seq": 2,
+            "ack": 2,
+            "principal": "agent",
+        }
+    )
+    assert signer.sign("acquire", holder.public_hex(), "agent", answer) is None  # released
