@@ -20,6 +20,10 @@ TOKEN_RESERVE_STEP = 1 << 24
 #: Most leases and queued acquires one lease session may carry (a keep-alive renews
 #: every attached lease in one entry).
 MAX_SESSION_LEASES = 10_000
+#: Audit records every node keeps (core/audit.py, docs/audit.md): the newest; older
+#: ones fold into the hash chain's base. About 410 bytes each with its chain value
+#: (tests/unit/test_core_memory.py: 4.1 MB full, with a key string of its own each).
+MAX_AUDIT_RECORDS = 10_000
 #: Most keys one ``acquire_many`` takes at once: its grant is one log entry with one
 #: revision per key, and its refusal names every busy key, so both stay small.
 MAX_MANY_KEYS = 16

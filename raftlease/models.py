@@ -48,6 +48,15 @@ class Attachable(Protocol):
     def valid_until(self) -> float: ...
 
 
+class HolderSigner(Protocol):
+    """A holder's key pair as the client uses it (``raftlease.verify.HolderKey``):
+    only the public half ever leaves the process."""
+
+    def public_hex(self) -> str: ...
+
+    def prove(self, certificate: str, challenge: bytes, message: bytes = b"") -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
     """A lease this client holds.
@@ -82,6 +91,19 @@ class Lease:
     yield_deadline_ms: int | None = None
     #: Who asked (the asker's label), "" if nobody did.
     yield_by: str = ""
+    #: The lease certificate (docs/certificates.md) when acquired with a holder key
+    #: and the answering leader could sign one; "" otherwise. Renewals replace it.
+    certificate: str = field(default="", compare=False, repr=False)
+    #: The holder key it was acquired with (``raftlease.verify.HolderKey``), if any.
+    holder_key: HolderSigner | None = field(default=None, compare=False, repr=False)
+
+    def prove(self, challenge: bytes, message: bytes = b"") -> str:
+        """A proof of possession of the holder key for one request to a resource:
+        ``(certificate, proof)`` is what the resource's ``raftlease.verify.Verifier``
+        checks. Raises ``ValueError`` without a holder key or a certificate."""
+        if self.holder_key is None or not self.certificate:
+            raise ValueError("this lease has no certificate (acquire it with holder_key=)")
+        return self.holder_key.prove(self.certificate, challenge, message)
 
     @property
     def trusted_until(self) -> float:

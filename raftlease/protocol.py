@@ -14,6 +14,7 @@ the server and the client feed bytes in and take frames out.
 from __future__ import annotations
 
 import math
+import re
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -339,7 +340,10 @@ def _read(spec: Field, message: Mapping[str, Any], limits: Limits, args: Mapping
     name, kind = spec.wire, spec.kind
     low, high = resolve(spec.low, limits, args), resolve(spec.high, limits, args)
     if kind == "string":
-        return _str_field(message, name, high)
+        text = _str_field(message, name, high)
+        if spec.pattern and re.fullmatch(spec.pattern, text) is None:
+            raise InvalidArgumentError(f"field {name!r} must match {spec.pattern}")
+        return text
     if kind == "integer":
         return _int_field(message, name, low, high)
     if kind == "seconds":

@@ -113,6 +113,9 @@ DEFAULT_TESTS = (
     "tests/unit/test_core_shared.py",
     "tests/unit/test_core_task_properties.py",
     "tests/unit/test_core_properties.py",
+    # core/audit.py and core/certkeys.py (issue 39), added after the last score.
+    "tests/unit/test_audit.py",
+    "tests/unit/test_certificates.py",
 )
 
 #: A comparison's replacements: the boundary moved, then the comparison negated.

@@ -193,6 +193,9 @@ SERIAL_FILES: dict[str, str] = {
     "integration/test_dashboard_browser.py": "chromium",
     "integration/test_dashboard_views.py": "chromium",
     "integration/test_dashboard_truth.py": "chromium, SIGSTOPped nodes, badge deadlines",
+    # Issue 39: the resource-side chaos checker times writes against certificate
+    # windows and runs a fault loop; its planted resource must fail.
+    "integration/test_cert_proof.py": "resource-side chaos: timing, faults, planted bug",
 }
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))

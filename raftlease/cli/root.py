@@ -13,6 +13,7 @@ import click
 from .._version import __version__
 from . import (
     admin,
+    audit,
     budget,
     certs,
     lease,
@@ -74,6 +75,7 @@ for command in (
     lease.holder,
     lease.leases,
     status.status,
+    status.cert_keys,
     admin.watch,
     admin.sessions,
     admin.waiters,
@@ -86,6 +88,7 @@ for command in (
     budget.budget,
     snapshot.snapshot,
     certs.certs,
+    audit.audit,
     top.top,
     mcp.mcp,
 ):

@@ -44,3 +44,27 @@ def status(endpoints: str, as_json: bool, timeout: float) -> None:
     leaders = {s.get("leader") for s in statuses if s.get("reachable")}
     if not any(s.get("reachable") for s in statuses) or None in leaders:
         sys.exit(1)
+
+
+@click.command("cert-keys")
+@client_options
+def cert_keys(endpoints: str, as_json: bool, timeout: float) -> None:
+    """Print the cluster's lease certificate verification keys (docs/certificates.md):
+    one ``<key id> <public key hex>`` line each, oldest first, as the leader (else the
+    first node that answers) reports them; a resource gives them to
+    ``raftlease.verify.Verifier`` (``load_keys`` reads this output). With an auth
+    file only an admin sees them. Exit 1 when no node answers or no key exists yet
+    (the first acquire with a holder key makes one)."""
+    with connect(endpoints) as c:
+        statuses = c.cluster_status(timeout=min(timeout, 3.0))
+    answered = [s for s in statuses if s.get("reachable") and "cert_keys" in s]
+    answered.sort(key=lambda s: s.get("role") != "leader")
+    keys = [[int(kid), str(pub)] for kid, pub in answered[0]["cert_keys"]] if answered else []
+    if as_json:
+        click.echo(json.dumps({"ok": bool(keys), "keys": keys}))
+    else:
+        for kid, pub in keys:
+            click.echo(f"{kid} {pub}")
+    if not keys:
+        click.echo("no lease certificate key yet (or no node answered)", err=True)
+        sys.exit(1)

@@ -34,6 +34,7 @@ from ..errors import (
 from ..models import (
     Attachable,
     Holder,
+    HolderSigner,
     Lease,
     LeaseSet,
     Queued,
@@ -243,6 +244,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             unit_indices=tuple(int(i) for i in result.get("unit_indices", ())),
             yield_deadline_ms=int(asked["deadline"]) if asked else None,
             yield_by=str(asked.get("by", "")) if asked else "",
+            certificate=str(result.get("certificate", "")),
         )
 
     def valid_until(self, sent: float, seconds: float) -> float:
@@ -265,6 +267,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         timeout: float | None = None,
         fairness_key: str | None = None,
         weight: int | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> Lease:
         """Take ``key`` for ``owner`` for ``ttl`` seconds, or for as long as the lease
         ``session`` lives (then ``owner`` defaults to the session's and ``ttl`` must
@@ -296,6 +299,13 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         priority, then arrival. Refused ``QuotaExceededError`` when 1,000 tenants
         already wait on the key; a node of an older build answers
         ``InvalidArgumentError``/bad request for the fields.
+
+        Lease certificates (docs/certificates.md): with ``holder_key`` (a
+        ``raftlease.verify.HolderKey`` this process made; only its public half is
+        sent) the lease carries a ``certificate`` a resource verifies offline, and
+        ``renew`` brings a fresh one. A grant after waiting in the queue asks for its
+        certificate with one renewal. ``certificate`` stays "" when the answering
+        leader could not sign (no valid leader lease); the next renewal retries.
         """
         if session is not None:
             if ttl is not None:
@@ -325,9 +335,11 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             args["fairness_key"] = fairness_key
         if weight is not None:
             args["weight"] = weight
+        if holder_key is not None:
+            args["holder_key"] = holder_key.public_hex()
         if wait <= 0:
             result = await self.call("acquire", args, mutating=True, timeout=timeout)
-            return self._lease(result, sent, session=session)
+            return replace(self._lease(result, sent, session=session), holder_key=holder_key)
         pin = Pin()
         try:
             result = await self._call_pinned("acquire", args, pin, timeout)
@@ -342,8 +354,13 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         finally:
             pin.end()
         if not result.get("queued"):
-            return self._lease(result, sent, session=session)
-        return await self._await_grant(key, result["lease_id"], sent + wait, session)
+            return replace(self._lease(result, sent, session=session), holder_key=holder_key)
+        granted = await self._await_grant(key, result["lease_id"], sent + wait, session)
+        if holder_key is None:
+            return granted
+        # The grant came with another request's entry (a release's handoff): one
+        # renewal brings its certificate.
+        return await self.renew(replace(granted, holder_key=holder_key), timeout=timeout)
 
     async def acquire_many(
         self,
@@ -825,11 +842,14 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
     ) -> Lease:
         """Extend ``lease`` by its TTL (or a new ``ttl``) from now. Raises
         ``LeaseNotFoundError`` if it already expired, ``NotOwnerError`` if the key is
-        held under another lease."""
+        held under another lease. A lease with a holder key gets a fresh
+        certificate (kept as it was when the answer carries none)."""
         sent = time.monotonic()
         args: dict[str, Any] = {"key": lease.key, "lease_id": lease.lease_id}
         if ttl is not None:
             args["ttl"] = ttl
+        if lease.holder_key is not None:
+            args["holder_key"] = lease.holder_key.public_hex()
         result = await self.call("renew", args, mutating=True, timeout=timeout)
         renewed = self._lease(result, sent)
         return replace(
@@ -840,6 +860,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             # A yield request reaches the holder in this answer (request_yield).
             yield_deadline_ms=renewed.yield_deadline_ms,
             yield_by=renewed.yield_by,
+            certificate=renewed.certificate or lease.certificate,
         )
 
     async def release(self, lease: Lease, *, timeout: float | None = None) -> None:
@@ -1057,6 +1078,37 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         connection (its token was removed)."""
         conn = await self.transport.connection(endpoint, timeout)
         response = await conn.request({"op": "reload"}, timeout)
+        if not response.get("ok"):
+            raise from_response(response)
+        result: dict[str, Any] = response["result"]
+        return result
+
+    async def audit(
+        self,
+        endpoint: str,
+        *,
+        key: str | None = None,
+        principal: str | None = None,
+        since: int = 0,
+        limit: int = 1000,
+        timeout: float = 10.0,
+    ) -> dict[str, Any]:
+        """Operators: the audit trail as the node at ``endpoint`` holds it
+        (docs/audit.md): ``{"records", "base", "head", "first", "applied_index",
+        "node"}``, records ``[seq, log time, type, key, token, owner, principal, by,
+        revision]`` oldest first, those of ``key`` / involving ``principal`` / from
+        ``since`` when given, at most ``limit`` (1 to 10,000). One node, no redirect,
+        no retry (compare nodes by asking each). Raises ``PermissionDeniedError``
+        without ``admin`` (with auth on), ``ConnectionLostError`` if unreachable."""
+        args: dict[str, Any] = {"limit": limit}
+        if key is not None:
+            args["key"] = key
+        if principal is not None:
+            args["principal"] = principal
+        if since:
+            args["since"] = since
+        conn = await self.transport.connection(endpoint, timeout)
+        response = await conn.request({"op": "audit", **args}, timeout)
         if not response.get("ok"):
             raise from_response(response)
         result: dict[str, Any] = response["result"]

@@ -16,7 +16,17 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mappin
 from typing import Any, TypeVar
 
 from ..errors import ConnectionLostError, InvalidArgumentError, UnavailableError
-from ..models import Attachable, Holder, Lease, LeaseSet, Queued, Read, SessionInfo, WatchEvent
+from ..models import (
+    Attachable,
+    Holder,
+    HolderSigner,
+    Lease,
+    LeaseSet,
+    Queued,
+    Read,
+    SessionInfo,
+    WatchEvent,
+)
 from ..recipes.election import Election
 from ..recipes.locks import HeldLock
 from ..recipes.sessions import Session
@@ -267,6 +277,7 @@ class Client(SharedKeyLocks[HeldLock]):
         timeout: float | None = None,
         fairness_key: str | None = None,
         weight: int | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> Lease:
         def make() -> Coroutine[Any, Any, Lease]:
             return self._async.acquire(
@@ -282,6 +293,7 @@ class Client(SharedKeyLocks[HeldLock]):
                 timeout=timeout,
                 fairness_key=fairness_key,
                 weight=weight,
+                holder_key=holder_key,
             )
 
         # A waiting acquire long-polls on the loop (AsyncClient._await_grant).
@@ -526,6 +538,24 @@ class Client(SharedKeyLocks[HeldLock]):
         """``AsyncClient.reload``: the node at ``endpoint`` reads its auth and TLS
         files again (admin). Blocks up to ``timeout``."""
         return self._run(self._async.reload(endpoint, timeout=timeout))
+
+    def audit(
+        self,
+        endpoint: str,
+        *,
+        key: str | None = None,
+        principal: str | None = None,
+        since: int = 0,
+        limit: int = 1000,
+        timeout: float = 10.0,
+    ) -> dict[str, Any]:
+        """``AsyncClient.audit``: the audit trail the node at ``endpoint`` holds
+        (admin). Blocks up to ``timeout``."""
+        return self._run(
+            self._async.audit(
+                endpoint, key=key, principal=principal, since=since, limit=limit, timeout=timeout
+            )
+        )
 
     def cluster_status(self, *, timeout: float = 2.0) -> list[dict[str, Any]]:
         return self._run(self._async.cluster_status(timeout=timeout))

@@ -94,8 +94,9 @@ _REVOKE_TOKEN = core_bounds("revoke", "token")
 
 #: Entries only a leader proposes (never accepted from a client): ``tick`` moves log
 #: time; ``reserve`` moves the fencing-token ceiling ahead; ``extend`` writes the
-#: keep-alives the leader answered from memory (server/keepalive.py) into the log.
-LEADER_OPS = frozenset({"tick", "reserve", "extend"})
+#: keep-alives the leader answered from memory (server/keepalive.py) into the log;
+#: ``certkey`` makes a new certificate signing key current (core/certkeys.py).
+LEADER_OPS = frozenset({"tick", "reserve", "extend", "certkey"})
 
 #: Most leases and sessions in one ``extend`` entry (about 45 bytes each, so an entry
 #: stays below the proposer's 32 KiB batch size).

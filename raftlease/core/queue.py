@@ -94,6 +94,16 @@ class TaskQueues(TaskState):
         status after the change, ``units`` the attempt number; ``lease_id`` (the
         attempt id) and ``tid`` are for the server's long-polls, never shown."""
         host.revision += 1
+        host.audit.add(
+            host.now,
+            kind,
+            f"queue:{task.queue}/{task.tid}",
+            extra.get("token", 0),
+            extra.get("worker", ""),
+            task.principal,
+            host.audit_actor,
+            host.revision,
+        )
         host.events.append(
             {
                 "type": kind,

@@ -11,7 +11,9 @@ import heapq
 from typing import Any
 
 from ..limits import TOKEN_RESERVE_STEP
+from .audit import AuditTrail
 from .budget import Budgets
+from .certkeys import CertKeys
 from .deadlock import Refusals
 from .dedup import ClientTable
 from .preempt import Preemption
@@ -44,6 +46,9 @@ from .state import StoreState
 #:    the attempt that wrote it, its effect rows ``[effect id, state, token,
 #:    attempt, key, result]``, and its dependencies ``after`` and ``waiting_on``
 #:    (docs/queues.md, "Dependencies"). A layout 8 (or older) row loads with none.
+#:    Also lease certificate signing keys (``cert_keys``, core/certkeys.py; issue 39) and
+#:    the audit trail (``audit``, core/audit.py). A layout 8 (or older) snapshot loads
+#:    with no keys (the next certificate request makes the first) and an empty trail.
 SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
@@ -68,6 +73,9 @@ SNAPSHOT_VERSION = 9
 #: ``task_effect_commit`` entries keep a task's effect journal ("Effects"), and a put
 #: may carry ``after`` ("Dependencies"); a member that ignored them would answer
 #: claims and effects differently from the rest.
+#: Also: the leader's ``certkey`` entry stores a lease certificate signing key
+#: (core/certkeys.py; issue 39); a member that did not know it would refuse it and
+#: sign with another key than the rest.
 ENTRY_FORMAT = 6
 
 
@@ -105,6 +113,8 @@ def to_plain(store: StoreState) -> dict[str, Any]:
         ],
         "deadlock_refusals": store.deadlock_refusals.to_plain(),
         "preempt": store.preempt.to_plain(),
+        "cert_keys": store.cert_keys.to_plain(),
+        "audit": store.audit.to_plain(),
     }
 
 
@@ -216,6 +226,10 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     store.deadlock_refusals = Refusals.from_plain(data.get("deadlock_refusals", ()))
     # Layouts before 9 had no grant priorities and no yield requests.
     store.preempt = Preemption.from_plain(data.get("preempt", {}))
+    # Layouts before 9 had no certificate signing keys.
+    store.cert_keys = CertKeys.from_plain(data.get("cert_keys", ()))
+    # Layouts before 9 had no audit trail: it starts empty from the zero chain value.
+    store.audit = AuditTrail.from_plain(data.get("audit"))
     for waiter in store.waiting.values():  # how many each tenant has waiting
         fair = store.fair.get(waiter.key)
         if fair is not None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from .audit import AuditTrail
 from .budget import Budgets
+from .certkeys import CertKeys
 from .deadlock import Refusals, WaitIndex
 from .dedup import ClientTable
 from .preempt import Preemption
@@ -104,6 +106,12 @@ class StoreState:
         self.tasks = TaskQueues()
         #: Shared budgets (core/budget.py).
         self.budgets = Budgets()
+        #: Lease certificate signing keys (core/certkeys.py, docs/certificates.md).
+        self.cert_keys = CertKeys()
+        #: Who owned what (core/audit.py, docs/audit.md), and the principal of the
+        #: entry being applied ("" for the leader's own entries).
+        self.audit = AuditTrail()
+        self.audit_actor = ""
         #: Memory, not state (never snapshotted; no answer depends on it): one object
         #: per distinct owner, principal and TTL among recent grants, shared by their
         #: leases (``share``).

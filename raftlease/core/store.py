@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 from ..limits import MAX_QUEUE_TENANTS, MAX_SESSION_LEASES, TOKEN_RESERVE_STEP
 from . import snapshot
 from .budget import BUDGET_MUTATING_OPS, BUDGET_OPS, BUDGET_READ_OPS, check_budget_args
+from .certkeys import check_certkey
 from .checks import (
     ALL_OPS,
     MAX_BATCH,
@@ -163,9 +164,14 @@ class LeaseStore(StoreState):
             problem = check_queue_args(op, entry)
         if problem is None and op in BUDGET_OPS:
             problem = check_budget_args(op, entry)
+        if problem is None and op == "certkey":
+            problem = check_certkey(entry)
         if problem is not None:
             return error("BAD_REQUEST", problem)
 
+        actor = entry.get("principal", "")
+        # Whose request this is, for the audit trail (a leader's own entry: "").
+        self.audit_actor = actor if isinstance(actor, str) else ""
         if term < self.term:
             # Stamped by a leader deposed since: its time stamp and its view are
             # stale, and applying a grant at our last log time could let the lease
@@ -221,6 +227,8 @@ class LeaseStore(StoreState):
 
         if op == "tick":
             return {"ok": True, "now": self.now}
+        if op == "certkey":
+            return self.cert_keys.apply(entry, self.now)
         if op == "reserve":
             return {"ok": True, "now": self.now, "ceiling": self.ceiling}
         if op == "holder":
@@ -1180,6 +1188,16 @@ class LeaseStore(StoreState):
             self._grant_next(waiter.key)
 
     def _event(self, kind: str, lease: LeaseRecord) -> None:
+        self.audit.add(
+            self.now,
+            kind,
+            lease.key,
+            lease.token,
+            lease.owner,
+            lease.principal,
+            self.audit_actor,
+            self.revision,
+        )
         event = {
             "type": kind,
             "key": lease.key,

@@ -31,6 +31,7 @@ from .checks import utf8_size, valid_int, valid_str
 from .records import LeaseSession
 
 if TYPE_CHECKING:
+    from .audit import AuditTrail
     from .budget import Budgets
 
 # ---------------------------------------------------------------------- limits
@@ -88,6 +89,9 @@ class Host(Protocol):
     events: list[dict[str, Any]]
     lease_sessions: dict[str, LeaseSession]
     budgets: Budgets
+    #: The audit trail (core/audit.py) and the principal of the entry being applied.
+    audit: AuditTrail
+    audit_actor: str
 
 
 # --------------------------------------------------------------------- records

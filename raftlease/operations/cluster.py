@@ -3,7 +3,7 @@ ping, authentication, snapshots, membership and reloads."""
 
 from __future__ import annotations
 
-from ..limits import MAX_ID_CHARS
+from ..limits import MAX_AUDIT_RECORDS, MAX_ID_CHARS, MAX_KEY_BYTES
 from .schema import (
     MAX_MEMBER_ID,
     MEMBER_ID_CHARS,
@@ -170,6 +170,30 @@ CLUSTER_OPS: tuple[Operation, ...] = (
             result("node", "string", "the node's id", True),
             result("reloaded", "boolean", "every file was taken", True),
             result("errors", "array:string", "why not", True),
+        ),
+    ),
+    operation(
+        "audit",
+        False,
+        "admin",
+        "the audit trail this node holds: who owned what (docs/audit.md)",
+        (
+            Field("key", "string", "only records of this key", high=MAX_KEY_BYTES),
+            Field("principal", "string", "only records this principal held or made",
+                  high=MAX_ID_CHARS),
+            Field("since", "integer", "only records from this sequence number", high=2**62),
+            Field("limit", "integer", "at most this many records", low=1,
+                  high=MAX_AUDIT_RECORDS),
+        ),
+        (
+            result("records", "array:array", "[seq, log time, type, key, token, owner, "
+                   "principal, by, revision], oldest first", True),
+            result("base", "string", "the chain value before the oldest record kept", True),
+            result("head", "string", "the chain value after the newest record", True),
+            result("first", "integer", "the oldest kept record's seq (next seq when none)",
+                   True),
+            result("applied_index", "integer", "this node's applied index", True),
+            result("node", "string", "this node's id", True),
         ),
     ),
 )  # fmt: skip

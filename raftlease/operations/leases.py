@@ -13,6 +13,7 @@ from ..limits import (
 )
 from .schema import (
     CONSISTENCY,
+    HOLDER_KEY,
     KEY,
     LEASE,
     LEASE_ID,
@@ -97,6 +98,7 @@ LEASE_OPS: tuple[Operation, ...] = (
                 low=1,
                 high=MAX_FAIRNESS_WEIGHT,
             ),
+            HOLDER_KEY,
         ),
         (
             *(ResultField(f.name, f.type, f.doc, f.always and f.name in QUEUED, f.items)
@@ -173,7 +175,7 @@ LEASE_OPS: tuple[Operation, ...] = (
         True,
         "key_write",
         "extend a held lease by its TTL (or a new one)",
-        (KEY, LEASE_ID, TTL),
+        (KEY, LEASE_ID, TTL, HOLDER_KEY),
         LEASE,
         (("POST", "/v1/leases/renew", "Renew a held lease", LEASES),),
     ),

@@ -134,6 +134,9 @@ class Field:
     choices: tuple[str, ...] = ()
     default: Any = None
     needs: str = ""
+    #: A ``string`` field's whole value must match this regular expression (the
+    #: OpenAPI ``pattern``; parse_request refuses anything else INVALID_ARGUMENT).
+    pattern: str = ""
 
     @property
     def core(self) -> str:
@@ -234,6 +237,17 @@ MEMBER_ID_CHARS = Rule(
     "member_id_chars",
     "a member id holds only letters, digits and - _ . : [ ]",
     _member_id_chars,
+)
+
+
+#: A lease certificate's holder key (docs/certificates.md): the public half only.
+HOLDER_KEY = Field(
+    "holder_key",
+    "string",
+    "the holder's Ed25519 public key (64 lowercase hex characters): the answer then "
+    "carries a lease certificate for it",
+    high=64,
+    pattern="^[0-9a-f]{64}$",
 )
 RAFT_NOT_CLIENT = Rule(
     "raft_not_client", "a member's raft and client addresses differ", _raft_not_client
@@ -378,6 +392,12 @@ LEASE = (
         "object",
         "someone asked the holder to yield (request_yield): deadline (log time, ms) and "
         "by; at the deadline the cluster ends the lease",
+    ),
+    result(
+        "certificate",
+        "string",
+        "the lease certificate for the request's holder_key "
+        "(docs/certificates.md; absent without one)",
     ),
 )
 #: What every read with a consistency mode adds.

@@ -25,6 +25,7 @@ from ..errors import CapacityMismatchError, error_class
 from ..protocol import Request
 from ..replication import Replica
 from .auth import AuthPolicy
+from .certs import CERTIFIED_OPS, CertSigner, check_holder_key
 from .keepalive import LEASE, SESSION
 from .log_clock import LogClock
 from .metrics import NodeMetrics
@@ -92,20 +93,37 @@ class Dispatcher:
         self._lease_read_allowed = lease_read_allowed
         self._propose = propose
         self._metrics = metrics
+        #: Lease certificates for requests that name a holder key (server/certs.py).
+        self.signer = CertSigner(
+            config,
+            log_clock,
+            replica=replica,
+            lease_read_allowed=lease_read_allowed,
+            propose=propose,
+        )
 
     async def write(self, request: Request, consistency: str | None) -> dict[str, Any]:
         """Execute a request through the log on the leader (a read with
         ``consistency`` too, labelled ``log``). Raises ``NotLeaderError``, the error
         the state machine's result names, or the proposer's."""
         auth = self._auth()
+        # A lease certificate's holder key (docs/certificates.md): not part of the
+        # entry (nothing replicated depends on it), only of the answer.
+        holder = request.args.get("holder_key") if request.op in CERTIFIED_OPS else None
+        if holder is not None:
+            check_holder_key(holder)
         if request.op in ("renew", "session_keepalive") and self.config.keepalives == "memory":
             answer = self.keepalive_in_memory(request)
             if answer is not None:
                 if self._metrics is not None:
                     self._metrics.keepalives_from_memory.inc()
-                return answer
+                return self._certified(request, holder, answer, from_memory=True)
         self._require_leader()
-        entry: dict[str, Any] = {k: v for k, v in request.args.items() if k != "consistency"}
+        if holder:
+            await self.signer.ensure_key()
+        entry: dict[str, Any] = {
+            k: v for k, v in request.args.items() if k not in ("consistency", "holder_key")
+        }
         entry["op"] = request.op
         if request.op in ("acquire", "acquire_many"):
             # Everyone's queued acquires together, with or without authentication
@@ -207,7 +225,25 @@ class Dispatcher:
         if consistency is not None:
             out["consistency"] = "log"
             out["served_by"] = self.config.node_id
-        return out
+        return self._certified(request, holder, out)
+
+    def _certified(
+        self,
+        request: Request,
+        holder: str | None,
+        answer: dict[str, Any],
+        from_memory: bool = False,
+    ) -> dict[str, Any]:
+        """``answer`` with its lease certificate when the request named a holder key
+        and the signer could sign one (server/certs.py); ``answer`` as it is otherwise."""
+        if not holder:
+            return answer
+        certificate = self.signer.sign(
+            request.op, holder, request.principal or "", answer, from_memory
+        )
+        if certificate is None:
+            return answer
+        return {**answer, "certificate": certificate}
 
     def keepalive_in_memory(self, request: Request) -> dict[str, Any] | None:
         """A ``renew`` of a plain lease or a ``session_keepalive``, neither changing the

@@ -18,6 +18,7 @@ from ..core import Result
 from ..errors import RaftLeaseError
 from ..limits import TOKEN_RESERVE_STEP
 from ..replication import Replica
+from .certs import key_entry, rotation_due
 from .heap import HeapTrimmer
 from .keepalive import MemoryKeepalives
 from .log_clock import LogClock
@@ -56,10 +57,13 @@ class Housekeeping:
         self._tick_in_flight = False
 
     async def expiry_loop(self) -> None:
-        """The leader's housekeeping entries (``tick``, ``reserve``), one at a time:
+        """The leader's housekeeping entries (``tick``, ``reserve``, ``certkey``), one
+        at a time:
 
         * a ``reserve`` when fewer than half a ``TOKEN_RESERVE_STEP`` of fencing
           tokens are left below the ceiling (core.store);
+        * a ``certkey`` when the lease certificate signing key, if there is one, is
+          older than ``CERT_KEY_ROTATION_MS`` (server/certs.py);
         * at once after an election: an entry of its own term, the barrier before it
           may serve lease reads;
         * when a lease is due, so expired leases are removed (and waiters woken, and
@@ -98,6 +102,17 @@ class Housekeeping:
                 continue
             now_mono = self.clock.monotonic()
             stamp = self.log_clock.stamp(term, replica.store.now)
+            if store.term == term and rotation_due(store.cert_keys, stamp):
+                # A new lease certificate signing key (server/certs.py): drawn here,
+                # stored through the log; the old one stays for verification.
+                self._tick_in_flight = True
+                try:
+                    await self._propose(key_entry(store.cert_keys))
+                except RaftLeaseError as exc:
+                    log.debug("certkey not applied: %s", exc)
+                finally:
+                    self._tick_in_flight = False
+                continue
             keep = self._keepalives()
             flush_at = keep.next_flush_at() if keep is not None else None
             needed = (

@@ -39,6 +39,7 @@ from ..errors import ConfigError, NotLeaderError, UnavailableError
 from ..protocol import Limits, Request
 from ..replication import ApplyTap, LeaseGuard, LeaseTransport, Replica, SyncRecorder
 from . import membership_ops
+from .audit import audit_answer
 from .auth import AuthPolicy, load_auth
 from .backup import SnapshotExports
 from .connections import ClientPort, ControlOp
@@ -469,6 +470,11 @@ class NodeServer:
             return {"node": self.config.node_id, "version": __version__}
         if request.op == "status":
             return self.status()
+        if request.op == "audit":
+            # This node's own copy (docs/audit.md): every replica holds the same
+            # records for the same applied index; compare nodes with it.
+            replica = self.require_replica()
+            return audit_answer(replica, request.args, self.config.node_id)
         if request.op == "reload":
             return self.security.reload_op()  # this node's files, not the cluster's state
         self._refuse_if_removed()

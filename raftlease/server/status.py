@@ -103,6 +103,13 @@ class NodeStatus:
             **self._keepalive_counts(),
             "clock_rate": getattr(self.clock, "rate", 1.0),
             "token_ceiling": store.ceiling,
+            # The lease certificate verification keys, [kid, public hex], oldest
+            # first (docs/certificates.md; ``raftlease cert-keys``).
+            "cert_keys": store.cert_keys.public_keys(),
+            # The audit trail's chain value and next sequence number (docs/audit.md):
+            # equal on every node at the same applied index.
+            "audit_head": store.audit.head,
+            "audit_seq": store.audit.seq,
             "client_tls": bool(self.config.tls_cert_file),
             "client_auth": self._auth() is not None,
             "insecure": self.config.insecure,

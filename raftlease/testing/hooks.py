@@ -89,3 +89,37 @@ def hook_arguments(hooks: dict[str, Any]) -> list[str]:
     if hooks.get("trace"):
         args.append("--trace")
     return args
+
+
+#: Planted bugs of the resource side (a resource's verifier, not a node): name -> what
+#: is broken. scripts/cert_proof (and tests/integration/test_cert_proof.py) must catch
+#: each (docs/certificates.md, "Under faults").
+RESOURCE_BUGS: dict[str, str] = {
+    "skip_proof": "the resource's verifier does not check the proof of possession: "
+    "anyone with a copy of a certificate writes as its holder",
+    "skip_expiry": "the resource's verifier does not check not_after: a paused holder "
+    "writes after its certificate ended",
+}
+
+
+def planted_verifier(name: str, keys: Any, **options: Any) -> Any:
+    """A ``raftlease.verify.Verifier`` with the resource bug ``name`` planted (a test
+    build of a resource; no production code path builds one). Raises ``KeyError`` for
+    an unknown name."""
+    from ..verify import Certificate, Verifier
+
+    if name not in RESOURCE_BUGS:
+        raise KeyError(f"unknown resource bug {name!r}; known: {sorted(RESOURCE_BUGS)}")
+
+    class Planted(Verifier):
+        def _check_expiry(self, cert: Certificate) -> None:
+            if name != "skip_expiry":
+                super()._check_expiry(cert)
+
+        def _check_proof(
+            self, cert: Certificate, proof: str, challenge: bytes, message: bytes
+        ) -> None:
+            if name != "skip_proof":
+                super()._check_proof(cert, proof, challenge, message)
+
+    return Planted(keys, **options)

@@ -37,16 +37,19 @@ ALLOWED: dict[str, set[str]] = {
     # The cluster's certificates (cryptography's x509 builder): below replication,
     # which checks peer certificates with it, and the commands that make them.
     "pki": {"errors"},
+    # Lease certificates a resource checks offline (issue 39): self-contained, so a
+    # resource embeds it alone; the server signs with it, the client proves with it.
+    "verify": set(),
     "core": {"limits", "errors", "operations"},
     "replication": GROUND | {"core", "pki"},
-    "server": GROUND | {"core", "replication"},
-    "recipes": {"errors", "models"},
+    "server": GROUND | {"core", "replication", "verify"},
+    "recipes": {"errors", "models", "verify"},
     "client": GROUND | {"recipes"},
-    "testing": GROUND | {"client", "server", "replication", "core", "pki"},
+    "testing": GROUND | {"client", "server", "replication", "core", "pki", "verify"},
     # The cli/ package: the commands drive the client, the recipes (lock's keep-alive),
     # the server (node, offline snapshots, the auth file), testing (up), pki (certs)
     # and the MCP server (mcp).
-    "cli": GROUND | {"client", "recipes", "server", "testing", "pki", "mcp_server"},
+    "cli": GROUND | {"client", "recipes", "server", "testing", "pki", "mcp_server", "verify"},
     # raftlease mcp: the MCP server is a client of the cluster (asyncio client, sessions).
     "mcp_server": GROUND | {"client", "recipes"},
     "__main__": {"cli"},
@@ -56,6 +59,7 @@ ALLOWED: dict[str, set[str]] = {
 #: Third-party packages each layer may import (the stdlib is always allowed).
 THIRD_PARTY: dict[str, set[str]] = {
     "pki": {"cryptography"},
+    "verify": {"cryptography", "msgpack"},
     # cryptography: which open peer connections a reload still admits (peer_tls.py).
     "replication": {"pysyncobj", "msgpack", "cryptography"},
     # aiohttp, prometheus_client: the admin endpoint and its metrics (server/admin.py);

@@ -196,7 +196,8 @@ def test_the_settings_refuse_values_out_of_range(name: str, value: Any) -> None:
 def test_the_formats_are_the_documented_ones() -> None:
     """docs/membership.md ("Rolling upgrades") names them: entry format 6 (puts carry
     the aging step, format 3, and fairness keys and weights, format 4; acquires carry
-    fairness keys and weights, format 5; deadlock detection, format 6), snapshot layout
-    9 (task ranks and the queues' counters, layout 6; fair shares, layout 7; fair
-    shares of wait queues, layout 8; deadlock refusals and task checkpoints, layout 9)."""
+    fairness keys and weights, format 5; deadlock detection, task checkpoints and
+    certificate signing keys, format 6), snapshot layout 9 (task ranks and the queues'
+    counters, layout 6; fair shares, layout 7; fair shares of wait queues, layout 8;
+    deadlock refusals, task checkpoints, signing keys and the audit trail, layout 9)."""
     assert ENTRY_FORMAT == 6 and SNAPSHOT_VERSION == 9

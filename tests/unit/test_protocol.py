@@ -545,6 +545,31 @@ for _op in ("revoke", "waiters"):
         (f"{_op}-key-int", _op, "key", 7, BadRequestError, "'key' must be a string, not int"),
     ]
 BAD_CASES += [
+    # Issue 39: lease certificates' holder key and the audit trail's reads.
+    (
+        "acquire-holder-key-upper",
+        "acquire",
+        "holder_key",
+        "AB" * 32,
+        InvalidArgumentError,
+        "holder_key",
+    ),
+    ("acquire-holder-key-int", "acquire", "holder_key", 5, BadRequestError, "holder_key"),
+    (
+        "renew-holder-key-short",
+        "renew",
+        "holder_key",
+        "ab" * 31,
+        InvalidArgumentError,
+        "holder_key",
+    ),
+    ("audit-key-int", "audit", "key", 5, BadRequestError, "'key'"),
+    ("audit-principal-int", "audit", "principal", 5, BadRequestError, "'principal'"),
+    ("audit-since-negative", "audit", "since", -1, InvalidArgumentError, "'since'"),
+    ("audit-limit-zero", "audit", "limit", 0, InvalidArgumentError, "'limit'"),
+    ("audit-limit-huge", "audit", "limit", 10**5, InvalidArgumentError, "'limit'"),
+]
+BAD_CASES += [
     ("revoke-lid-int", "revoke", "lease_id", 5, BadRequestError, "'lease_id'"),
     ("revoke-lid-empty", "revoke", "lease_id", "", InvalidArgumentError, "'lease_id'"),
     ("revoke-lid-long", "revoke", "lease_id", "L" * 129, InvalidArgumentError, "'lease_id'"),

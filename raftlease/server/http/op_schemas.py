@@ -51,6 +51,8 @@ class Field:
     #: Optional and read only when not null (``given="not_none"``): a JSON null is
     #: taken as the field's absence.
     nullable: bool = False
+    #: A regular expression the whole string must match ("" for none).
+    pattern: str = ""
 
 
 def all_routes() -> tuple[Route, ...]:
@@ -72,6 +74,7 @@ def op_fields(op: str, limits: Limits) -> list[Field]:
             spec.choices,
             spec.doc,
             not spec.required and spec.given == "not_none" and not spec.needs,
+            spec.pattern,
         )
         for spec in BY_NAME[op].fields
     ]

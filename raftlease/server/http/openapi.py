@@ -67,6 +67,8 @@ def _schema(spec: Field) -> dict[str, Any]:
     if spec.kind == "key":
         out = {"type": "string", "minLength": 1, "maxLength": int(spec.high)}
         out["x-max-utf8-bytes"] = int(spec.high)
+        if spec.pattern:
+            out["pattern"] = spec.pattern
     elif spec.kind == "text":
         out = {"type": "string", "maxLength": int(spec.high), "x-max-utf8-bytes": int(spec.high)}
     elif spec.kind == "integer":

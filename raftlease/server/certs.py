@@ -1,0 +1,167 @@
+"""Lease certificates on the node that answers a grant or renewal (docs/certificates.md).
+
+The state machine stays pure: it only stores the signing keys (core/certkeys.py). Here
+the leader draws a new key (``key_entry``) when it needs the first one or the current
+one is older than ``CERT_KEY_ROTATION_MS`` of log time, and signs the certificate of
+an answer it is about to send (``CertSigner.sign``): Ed25519 signatures are
+deterministic, so the answer depends only on the committed key and the answer.
+
+``not_after`` is what the client library trusts its own lease for (ARCHITECTURE §4),
+measured on this node: the wall clock read just before the log-time stamp ``L`` of
+the leader's log clock, plus ``(expires_at - L) * (1 - clock_drift)``, less one
+heartbeat interval. Log time runs no faster than the stamping leader's clock and a
+leader change never shortens a lease (docs/design.md), so with a valid leader lease
+(no other leader can exist) the cluster cannot grant the key to anyone else before
+``not_after`` on this node's wall clock, up to the drift bound. Without a valid
+leader lease the answer goes out without a certificate.
+
+Threads: the node's event loop only; nothing here blocks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from ..config import NodeConfig
+from ..core import Result
+from ..core.certkeys import CertKeys
+from ..errors import InvalidArgumentError
+from ..replication import Replica
+from ..verify import certificate_body, public_bytes, sign_certificate
+from .log_clock import LogClock
+
+#: The leader makes a new signing key when the current one is this old (log time).
+CERT_KEY_ROTATION_MS = 24 * 3600 * 1000
+
+_HEX = frozenset("0123456789abcdef")
+
+#: Operations whose answer carries a certificate when the request names a holder key.
+CERTIFIED_OPS = frozenset({"acquire", "renew"})
+
+
+def check_holder_key(value: Any) -> None:
+    """Raise ``InvalidArgumentError`` (definite, nothing proposed) unless ``value`` is
+    an Ed25519 public key as 64 lowercase hex characters. Every surface's request
+    reaches this check (the dispatcher), before anything is proposed."""
+    if not isinstance(value, str) or len(value) != 64 or not set(value) <= _HEX:
+        raise InvalidArgumentError(
+            "holder_key must be 64 lowercase hex characters (an Ed25519 public key)",
+            {"field": "holder_key"},
+        )
+
+
+def key_entry(keys: CertKeys) -> dict[str, Any]:
+    """A ``certkey`` entry with a freshly drawn key: randomness is drawn here, on the
+    leader, never in the state machine."""
+    private = Ed25519PrivateKey.generate()
+    seed = private.private_bytes_raw().hex()
+    return {
+        "op": "certkey",
+        "kid": keys.next_kid(),
+        "secret": seed,
+        "pub": public_bytes(private.public_key()).hex(),
+    }
+
+
+def rotation_due(keys: CertKeys, now: int) -> bool:
+    """The current key (if any) is older than ``CERT_KEY_ROTATION_MS`` of log time."""
+    row = keys.current()
+    return row is not None and now - int(row[3]) >= CERT_KEY_ROTATION_MS
+
+
+class CertSigner:
+    """Signs certificates with the committed current key (see the module docstring).
+    Owned by the ``Dispatcher``. Event loop only."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        log_clock: LogClock,
+        *,
+        replica: Callable[[], Replica | None],
+        lease_read_allowed: Callable[[], bool],
+        propose: Callable[[dict[str, Any]], Awaitable[Result]],
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.log_clock = log_clock
+        self._replica = replica
+        self._lease_read_allowed = lease_read_allowed
+        self._propose = propose
+        self._wall = wall
+        self._private: dict[int, Ed25519PrivateKey] = {}
+        #: Certificates signed since start (the node's metrics read it).
+        self.signed = 0
+
+    async def ensure_key(self) -> None:
+        """Before the first certificate: propose the first signing key. Raises what
+        the proposer raises (the request then fails, indeterminate, before its own
+        entry was proposed)."""
+        replica = self._replica()
+        if replica is not None and replica.store.cert_keys.current() is None:
+            await self._propose(key_entry(replica.store.cert_keys))
+
+    def sign(
+        self,
+        op: str,
+        holder_hex: str,
+        principal: str,
+        answer: dict[str, Any],
+        from_memory: bool = False,
+    ) -> str | None:
+        """The certificate for ``answer`` (a grant or renewal; ``principal``, the
+        requester's, is the lease's: only it may renew), or
+        None: no key yet, no valid leader lease, the lease no longer live in the
+        applied state (an answer replayed from the dedup table after a release), or
+        nothing left of it. ``from_memory``: a keep-alive answered from the leader's
+        memory, whose new expiry the applied state does not show yet."""
+        replica = self._replica()
+        if replica is None or not replica.is_leader() or not self._lease_read_allowed():
+            return None
+        if "token" not in answer or "expires_at" not in answer or answer.get("queued"):
+            return None
+        store = replica.store
+        row = store.cert_keys.current()
+        if row is None:
+            return None
+        lease = store.leases.get(str(answer.get("lease_id")))
+        if lease is None or lease.token != answer["token"] or lease.key != answer["key"]:
+            return None
+        expires_at = int(answer["expires_at"])
+        if not from_memory:
+            # The applied state is the truth: a replayed answer may be older than a
+            # renewal with a shorter TTL.
+            expires_at = min(expires_at, lease.expires_at)
+        kid = int(row[0])
+        private = self._private.get(kid)
+        if private is None:
+            private = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(row[1]))
+            self._private = {kid: private}  # the current key only: old ones never sign
+        wall_ms = int(self._wall() * 1000)  # read before the stamp: the earlier, the safer
+        log_now = self.log_clock.stamp(replica.term(), store.now)
+        remaining = expires_at - log_now
+        not_after = (
+            wall_ms
+            + int(remaining * (1 - self.config.clock_drift))
+            - int(self.config.heartbeat_interval * 1000)
+        )
+        if not_after <= wall_ms:
+            return None
+        body = certificate_body(
+            kid=kid,
+            key=str(answer["key"]),
+            token=int(answer["token"]),
+            principal=lease.principal,  # the grantee's, as the applied state says
+            units=int(answer.get("units", 1)),
+            unit_indices=[int(i) for i in answer.get("unit_indices", ())],
+            holder=bytes.fromhex(holder_hex),
+            not_after_ms=not_after,
+            issued_at_ms=wall_ms,
+            op=op,
+        )
+        self.signed += 1
+        return sign_certificate(private, body)

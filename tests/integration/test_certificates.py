@@ -1,0 +1,149 @@
+"""Lease certificates on a real cluster (issue 39, docs/certificates.md): a grant and
+its renewals (from the leader's memory and through the log) carry a certificate the
+resource verifies offline with the keys ``raftlease cert-keys`` prints; a reader that
+copies the token or the certificate is refused; a malformed holder key is refused
+before anything is proposed; every node holds the same keys. The pure half (the
+verifier's refusals, the ``certkey`` entry) is tests/unit/test_certificates.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from raftlease import InvalidArgumentError
+from raftlease.testing import LocalCluster, wait_for
+from raftlease.verify import CertificateError, HolderKey, Verifier, load_keys, parse
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def cluster_keys(cluster: LocalCluster) -> dict[int, str]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raftlease",
+            "cert-keys",
+            "--endpoints",
+            ",".join(cluster.endpoints),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return load_keys(out.stdout)
+
+
+def test_a_grant_and_its_renewals_carry_certificates_the_resource_verifies(
+    shared: LocalCluster,
+) -> None:
+    holder = HolderKey()
+    with shared.client() as c:
+        before = time.time()
+        lease = c.acquire("certs/gpu-0", owner="agent", ttl=5.0, holder_key=holder)
+        assert lease.certificate
+        cert = parse(lease.certificate)
+        assert (cert.key, cert.token, cert.holder, cert.op) == (
+            "certs/gpu-0",
+            lease.token,
+            holder.public,
+            "acquire",
+        )
+        # not_after: at most the TTL less the drift bound from when the node answered.
+        assert before * 1000 < cert.not_after_ms <= (time.time() + 5.0 * 0.99) * 1000
+        keys = cluster_keys(shared)
+        assert cert.kid in keys
+        resource = Verifier(keys)
+        challenge = resource.challenge()
+        resource.check(lease.certificate, lease.prove(challenge, b"w1"), challenge, b"w1")
+
+        # A reader sees the token, and even with the copied certificate it cannot
+        # write: it does not have the holder's private key.
+        reader = HolderKey()
+        seen = c.read("certs/gpu-0").holder
+        assert seen is not None and seen.token == lease.token
+        challenge = resource.challenge()
+        with pytest.raises(CertificateError) as refused:
+            resource.check(lease.certificate, reader.prove(lease.certificate, challenge), challenge)
+        assert refused.value.code == "BAD_PROOF"
+
+        # A keep-alive answered from the leader's memory, and a renewal with a new
+        # TTL (a log write), each bring a fresh certificate.
+        time.sleep(0.05)  # so the new not_after is measurably later (ms resolution)
+        renewed = c.renew(lease)
+        assert renewed.certificate != lease.certificate
+        assert parse(renewed.certificate).not_after_ms > cert.not_after_ms
+        assert parse(renewed.certificate).op == "renew"
+        longer = c.renew(renewed, ttl=8.0)
+        assert parse(longer.certificate).not_after_ms > parse(renewed.certificate).not_after_ms
+        challenge = resource.challenge()
+        resource.check(longer.certificate, longer.prove(challenge), challenge)
+        c.release(longer)
+
+        # Without a holder key, no certificate.
+        plain = c.acquire("certs/plain", owner="agent", ttl=5.0)
+        assert plain.certificate == ""
+        c.release(plain)
+
+
+def test_a_grant_after_waiting_gets_its_certificate_and_the_fence_holds(
+    shared: LocalCluster,
+) -> None:
+    first, second = HolderKey(), HolderKey()
+    with shared.client() as c:
+        held = c.acquire("certs/queue", owner="one", ttl=5.0, holder_key=first)
+        got: list[object] = []
+
+        def wait() -> None:
+            got.append(c.acquire("certs/queue", owner="two", ttl=5.0, wait=20.0, holder_key=second))
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        wait_for(lambda: c.waiters("certs/queue"), 10.0, "the acquire queued")
+        resource = Verifier(cluster_keys(shared))
+        challenge = resource.challenge()
+        resource.check(held.certificate, held.prove(challenge), challenge)
+        c.release(held)
+        waiter.join(30)
+        lease = got[0]
+        assert lease.certificate and parse(lease.certificate).holder == second.public  # type: ignore[attr-defined]
+        challenge = resource.challenge()
+        resource.check(lease.certificate, lease.prove(challenge), challenge)  # type: ignore[attr-defined]
+        # The first holder's certificate is still within its not_after, but the
+        # resource saw a newer token: refused.
+        challenge = resource.challenge()
+        with pytest.raises(CertificateError) as stale:
+            resource.check(held.certificate, held.prove(challenge), challenge)
+        assert stale.value.code == "STALE_TOKEN"
+        c.release(lease)  # type: ignore[arg-type]
+
+
+def test_a_malformed_holder_key_is_refused_and_nothing_is_granted(shared: LocalCluster) -> None:
+    class Bad:
+        def public_hex(self) -> str:
+            return "AB" * 32  # upper case: not the wire format
+
+        def prove(self, certificate: str, challenge: bytes, message: bytes = b"") -> str:
+            return ""
+
+    with shared.client() as c:
+        with pytest.raises(InvalidArgumentError):
+            c.acquire("certs/bad", owner="x", ttl=5.0, holder_key=Bad())
+        assert c.read("certs/bad").holder is None
+
+
+def test_every_node_holds_the_same_signing_keys(shared: LocalCluster) -> None:
+    with shared.client() as c:
+        c.release(c.acquire("certs/any", owner="x", ttl=5.0, holder_key=HolderKey()))
+
+    def same() -> list[list[object]] | None:
+        keys = [s.get("cert_keys") for s in shared.statuses()]
+        return keys[0] if len(keys) == 3 and keys[0] and all(k == keys[0] for k in keys) else None
+
+    keys = wait_for(same, 10.0, "every node applied the same certkey entries")
+    assert {int(kid) for kid, _ in keys} == set(cluster_keys(shared))

@@ -1,0 +1,168 @@
+"""The audit trail (issue 39, docs/audit.md), the pure half: which changes make records
+and with whom, the hash chain catching a changed or missing record, retention folding
+the oldest into the base, snapshots, and two replicas of one log agreeing. The
+integration half (every node, the CLI) is tests/integration/test_audit.py."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+import raftlease.core.audit as audit_module
+from raftlease.core import LeaseStore
+from raftlease.core.audit import ZERO, verify_chain
+from tests.unit.test_core_tasks import claim, done, put
+from tests.unit.test_core_tasks import ok as task_ok
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def acquire(now: int, lid: str, key: str = "k", principal: str = "", **more: Any) -> dict[str, Any]:
+    entry = {
+        "op": "acquire",
+        "now": now,
+        "term": 1,
+        "key": key,
+        "owner": f"o-{lid}",
+        "ttl": 1000,
+        "lid": lid,
+        **more,
+    }
+    if principal:
+        entry["principal"] = principal
+    return env(entry)
+
+
+_SEQ = iter(range(1, 10**9))
+
+
+def env(entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` with a dedup envelope of its own (a fresh client id each)."""
+    return {**entry, "term": 1, "cid": f"c{next(_SEQ)}", "seq": 1, "ack": 1}
+
+
+def kinds(store: LeaseStore) -> list[tuple[Any, ...]]:
+    """(type, key, token, owner, holder principal, by) of every kept record."""
+    return [tuple(r[2:8]) for r in store.audit.records]
+
+
+def test_lease_changes_are_recorded_with_holder_and_actor() -> None:
+    s = LeaseStore()
+    assert s.apply(acquire(10, "L1", principal="alice"))["ok"]
+    assert s.apply(env({"op": "renew", "now": 20, "key": "k", "lid": "L1", "principal": "alice"}))[
+        "ok"
+    ]
+    assert s.apply(
+        env({"op": "release", "now": 30, "key": "k", "lid": "L1", "principal": "alice"})
+    )["ok"]
+    assert s.apply(acquire(40, "L2", principal="bob"))["ok"]
+    assert s.apply(env({"op": "revoke", "now": 50, "key": "k", "principal": "admin"}))["ok"]
+    assert s.apply(acquire(60, "L3", principal="carol"))["ok"]
+    assert s.apply({"op": "tick", "now": 2000, "term": 1})["ok"]  # L3 expires
+    assert kinds(s) == [
+        ("grant", "k", 1, "o-L1", "alice", "alice"),
+        ("renew", "k", 1, "o-L1", "alice", "alice"),
+        ("release", "k", 1, "o-L1", "alice", "alice"),
+        ("grant", "k", 4, "o-L2", "bob", "bob"),
+        ("revoke", "k", 4, "o-L2", "bob", "admin"),
+        ("grant", "k", 6, "o-L3", "carol", "carol"),
+        ("expire", "k", 6, "o-L3", "carol", ""),
+    ]
+    seqs = [r[0] for r in s.audit.records]
+    assert seqs == list(range(1, 8))
+    assert [r[1] for r in s.audit.records] == [10, 20, 30, 40, 50, 60, 2000]
+    assert verify_chain(s.audit.base, list(s.audit.records), s.audit.head) is None
+
+
+def test_a_refused_request_makes_no_record() -> None:
+    s = LeaseStore()
+    s.apply(acquire(10, "L1"))
+    before = list(s.audit.records)
+    refused = s.apply(acquire(11, "L2"))
+    assert refused["ok"] is False and refused["code"] == "LEASE_HELD"
+    assert list(s.audit.records) == before
+
+
+def test_task_claims_and_completions_are_recorded_with_the_worker() -> None:
+    s = LeaseStore()
+    task_ok(s.apply({**put(10, "T1"), "term": 1}))
+    task_ok(s.apply({**claim(20, "A1", worker="w7"), "term": 1, "principal": "agent-7"}))
+    task_ok(s.apply({**done(30, "T1", "A1"), "term": 1, "principal": "agent-7"}))
+    records = [(r[2], r[3], r[5], r[7]) for r in s.audit.records]
+    assert records[0][:2] == ("task_put", "queue:q/T1")
+    assert ("task_claim", "queue:q/T1", "w7", "agent-7") in records
+    assert records[-1] == ("task_complete", "queue:q/T1", "w7", "agent-7")
+
+
+def test_a_changed_or_missing_record_breaks_the_chain() -> None:
+    s = LeaseStore()
+    for i in range(5):
+        s.apply(acquire(10 + i, f"L{i}", key=f"k{i}"))
+    records = [list(r) for r in s.audit.records]
+    assert verify_chain(ZERO, records, s.audit.head) is None
+    changed = copy.deepcopy(records)
+    changed[2][4] += 1  # a token
+    assert verify_chain(ZERO, changed, s.audit.head) is not None
+    renamed = copy.deepcopy(records)
+    renamed[3][5] = "mallory"
+    assert verify_chain(ZERO, renamed, s.audit.head) is not None
+    assert verify_chain(ZERO, records[:2] + records[3:], s.audit.head) == 2  # one dropped
+    assert verify_chain(ZERO, records[:-1], s.audit.head) == 4  # the newest dropped
+
+
+def test_retention_keeps_the_newest_and_folds_the_rest_into_the_base(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(audit_module, "MAX_AUDIT_RECORDS", 3)
+    s = LeaseStore()
+    for i in range(5):
+        s.apply(acquire(10 + i, f"L{i}", key=f"k{i}"))
+    assert [r[0] for r in s.audit.records] == [3, 4, 5]
+    assert s.audit.base != ZERO and s.audit.seq == 6
+    assert verify_chain(s.audit.base, list(s.audit.records), s.audit.head) is None
+    # The same history unbounded ends at the same head: trimming never changes it.
+    monkeypatch.setattr(audit_module, "MAX_AUDIT_RECORDS", 100)
+    full = LeaseStore()
+    for i in range(5):
+        full.apply(acquire(10 + i, f"L{i}", key=f"k{i}"))
+    assert full.audit.head == s.audit.head
+
+
+def test_the_trail_survives_a_snapshot_and_replicas_agree() -> None:
+    entries = [acquire(10 + i, f"L{i}", key=f"k{i % 2}", principal="p") for i in range(6)]
+    entries.append({"op": "tick", "now": 5000, "term": 1})
+    a, b = LeaseStore(), LeaseStore()
+    for entry in entries[:4]:
+        a.apply(copy.deepcopy(entry))
+        b.apply(copy.deepcopy(entry))
+    restored = LeaseStore.from_plain(copy.deepcopy(b.to_plain()))
+    for entry in entries[4:]:
+        a.apply(copy.deepcopy(entry))
+        restored.apply(copy.deepcopy(entry))
+    assert restored.to_plain()["audit"] == a.to_plain()["audit"]
+    assert restored.audit.head == a.audit.head
+
+
+def test_a_snapshot_with_a_tampered_record_does_not_carry_its_stored_head() -> None:
+    """Restoring recomputes the chain from the records: the stored head is not
+    trusted, so a changed record shows as a new head (nodes disagree: visible)."""
+    s = LeaseStore()
+    for i in range(3):
+        s.apply(acquire(10 + i, f"L{i}", key=f"k{i}"))
+    plain = copy.deepcopy(s.to_plain())
+    plain["audit"]["records"][1][5] = "mallory"
+    assert LeaseStore.from_plain(plain).audit.head != s.audit.head
+
+
+def test_select_filters_by_key_principal_and_since() -> None:
+    s = LeaseStore()
+    s.apply(acquire(10, "L1", key="a", principal="alice"))
+    s.apply(acquire(11, "L2", key="b", principal="bob"))
+    s.apply(env({"op": "revoke", "now": 12, "key": "a", "principal": "admin"}))
+    assert [r[0] for r in s.audit.select(key="a")] == [1, 3]
+    assert [r[0] for r in s.audit.select(principal="admin")] == [3]
+    assert [r[0] for r in s.audit.select(principal="alice")] == [1, 3]
+    assert [r[0] for r in s.audit.select(since=2)] == [2, 3]
+    assert [r[0] for r in s.audit.select(limit=1)] == [1]
