@@ -49,6 +49,12 @@ def test_an_ignored_yield_request_ends_the_lease_at_the_deadline(shared: LocalCl
             wait_for(lambda: held.lost.is_set(), 5, "the low holder sees its lease gone")
         assert learnt < 1.5, learnt
         assert 1.5 < granted < 6.0, granted
+        # In log time: the grant's entry is the first at or after the deadline, one
+        # housekeeping tick later (a heartbeat, 0.05 s here; loose for a loaded machine).
+        deadline_ms = asked[0].yield_deadline_ms
+        assert deadline_ms is not None
+        granted_at_ms = new.expires_at_ms - round(new.ttl * 1000)
+        assert 0 <= granted_at_ms - deadline_ms <= 1000, granted_at_ms - deadline_ms
         c.release(new)
 
 
