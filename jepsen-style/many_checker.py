@@ -7,6 +7,9 @@ Every attempt has an owner of its own, so a holder seen in a read is one attempt
 * **partial_visibility**: a read shows a set's owner holding a non-empty part of its set
   but not all of it (a set is granted, released and expires in one entry each, so a
   consistent read shows all of it or none);
+* **partial_watch**: the watcher (``watch_workload.py``, when it runs) was delivered
+  grants to a set's owner for a non-empty part of its set but not all of it, where every
+  revision around them was delivered (a stream's gap is not judged);
 * **mutual_exclusion**: two grants of one key (sets and singles alike) whose certain
   holding intervals overlap (from the grant's ``ok`` until its release is invoked or
   ``ttl * (1 - 2 rho)`` after its acquire was invoked), or a read showing two holders of a
@@ -28,7 +31,7 @@ Malformed events, or a history with no set granted or no read, make the verdict
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -233,6 +236,7 @@ def check_many(events: list[Event], params: ManyParams | None = None) -> dict[st
                     owner=owner,
                     read=op.inv["op"],
                 )
+    watched = _watch_partial(events, sets, violation)
     missed = _undetected(events, acquires, releases, p, last)
     violations += missed
     stats = {
@@ -240,6 +244,9 @@ def check_many(events: list[Event], params: ManyParams | None = None) -> dict[st
         "acquires": len(acquires),
         "reads": reads,
         "deadlocks_refused": deadlocks,
+        "sets_watched": watched,
+        # Violations per rule (the list below keeps the first 50 only).
+        "by_rule": dict(sorted(Counter(v["rule"] for v in violations).items())),
     }
     valid: bool | str = True
     if violations:
@@ -253,6 +260,36 @@ def check_many(events: list[Event], params: ManyParams | None = None) -> dict[st
         "unknown": bad[:20],
         "stats": stats,
     }
+
+
+def _watch_partial(events: list[Event], sets: dict[str, list[str]], violation: Any) -> int:
+    """Judge what the watcher was delivered (module docstring: partial_watch); returns
+    how many sets were judged."""
+    revisions: set[int] = set()
+    granted: dict[str, dict[str, int]] = defaultdict(dict)
+    for e in events:
+        if e.get("type") != "watch" or e.get("f") != "events":
+            continue
+        for w in e.get("events") or ():
+            if not isinstance(w, dict) or not isinstance(w.get("revision"), int):
+                continue
+            revisions.add(w["revision"])
+            if w.get("type") == "grant" and w.get("owner") in sets:
+                granted[str(w["owner"])][str(w.get("key"))] = w["revision"]
+    judged = 0
+    for owner, keys in granted.items():
+        want = sets[owner]
+        lo, hi = min(keys.values()) - len(want), max(keys.values()) + len(want)
+        if not all(r in revisions for r in range(max(lo, 1), hi + 1)):
+            continue
+        judged += 1
+        if set(keys) != set(want):
+            violation(
+                "partial_watch",
+                f"the watcher saw {owner} granted {sorted(keys)} of its set {sorted(want)}",
+                owner=owner,
+            )
+    return judged
 
 
 def _judge_cycle(op: _Op, acquires: list[_Op], violation: Any) -> None:
