@@ -95,6 +95,7 @@ from typing import Any, TypeGuard
 
 from cancel_checker import CANCEL_FS, check_withdrawn, has_cancels
 from linearizability import LOp, check_ops
+from many_checker import MANY_FS, check_many, has_many
 from queue_checker import QUEUE_FS, check_queues, has_queues
 from secure import check_security
 from watch_checker import check_watch, has_watches
@@ -350,7 +351,7 @@ def history_problems(events: list[Event], ops: list[Op]) -> list[dict[str, Any]]
             add("completion before its invocation", op=op_id)
     for op in ops:
         # queue ops: queue_checker; the cancelling clients' ops: cancel_checker
-        if op.f not in KNOWN_FS and op.f not in QUEUE_FS and op.f not in CANCEL_FS:
+        if op.f not in KNOWN_FS and op.f not in QUEUE_FS and op.f not in CANCEL_FS | MANY_FS:
             add("unknown operation", op=op.id, f=op.f)
             continue
         if op.f in ("renew", "release") and not _is_int(op.args.get("token")):
@@ -1654,7 +1655,8 @@ def check(
     # The lease checkers judge lease operations; queue operations (issue 12) go to
     # queue_checker, and count as progress for liveness.
     # The cancelling clients' waits (issue 37) go to cancel_checker, on keys of their own.
-    ops = [op for op in every_op if op.f not in QUEUE_FS and op.f not in CANCEL_FS]
+    # The set-taking agents (issue 40) go to many_checker, on keys of their own.
+    ops = [op for op in every_op if op.f not in QUEUE_FS and op.f not in CANCEL_FS | MANY_FS]
     shared = shared_keys(ops)
     results = {
         "history": check_history(events, every_op),
@@ -1678,6 +1680,10 @@ def check(
     if has_cancels(events):
         # No grant to a waiter whose client withdrew (cancel_checker.py, issue 37).
         results["withdrawn"] = check_withdrawn(events)
+    if has_many(events):
+        # Sets all-or-nothing, exclusion and tokens across sets and singles, no
+        # deadlock left standing (many_checker.py, issue 40).
+        results["many"] = check_many(events)
     verdicts = [r["valid"] for r in results.values()]
     valid: bool | str = True
     if any(v is False for v in verdicts):

@@ -2,7 +2,7 @@
 
     python jepsen-style/run.py --profile ci|long|smoke|soak [--minutes N] [--seed S]
                                [--out DIR] [--planted-bug fast_log_clock]
-                               [--secure | --insecure]
+                               [--secure | --insecure] [--many on|off]
 
 Starts ``--nodes`` node processes on 127.0.0.1 (``raftlease.testing.LocalCluster``,
 test hooks on, short timers) with a fault proxy on every node pair, runs ``--clients``
@@ -47,6 +47,7 @@ import soak  # noqa: E402
 import timeline  # noqa: E402
 import trace_checker  # noqa: E402
 from cancel_workload import CancelConfig, Canceller  # noqa: E402
+from many_workload import ManyAgents, ManyConfig  # noqa: E402
 from proc_client import ClientProcess  # noqa: E402
 from proxy import ProxyNet  # noqa: E402
 from queue_workload import Crasher, QueueConfig, QueueThreads, final_reads  # noqa: E402
@@ -188,6 +189,9 @@ def run(args: argparse.Namespace) -> int:
     wconfig = WatchConfig()
     # One client that waits for keys of its own and gives up (issue 37: cancel_checker.py).
     cconfig = CancelConfig()
+    # Agents taking sets of keys with acquire_many, and induced cycles of waits (issue
+    # 40: many_checker.py), with --many on.
+    mconfig = ManyConfig() if args.many == "on" else None
     t0 = time.monotonic()
     say = Progress(history, t0)
     history.append(
@@ -216,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
             "queues": qconfig.meta() if with_queue else {},
             "watch": wconfig.meta(),
             "cancel": cconfig.meta(),
+            "many": mconfig.meta() if mconfig is not None else {},
             "settings": settings,
             "schedule": [s.to_json() for s in specs],
         }
@@ -231,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
     crasher: Crasher | None = None
     watcher: WatchRecorder | None = None
     canceller: Canceller | None = None
+    many: ManyAgents | None = None
     status = 0
     deadline = t0 + budget
     try:
@@ -263,6 +269,22 @@ def run(args: argparse.Namespace) -> int:
         canceller = Canceller("x1", cancel_client, history.append, cconfig, seed + 17, stop)
         canceller.start()
         say(f"canceller: up to {cconfig.attempts} waits on {list(cconfig.keys)}, given up")
+        if mconfig is not None:
+
+            def many_client() -> AsyncClient:
+                return AsyncClient(
+                    endpoints,
+                    deadline=max(config.deadlines),
+                    attempt_timeout=config.attempt_timeout,
+                    **secure.client_options("many-agent"),
+                )
+
+            many = ManyAgents("s1", many_client, history.append, mconfig, seed + 19, stop)
+            many.start()
+            say(
+                f"many: {mconfig.agents} agents taking sets of {list(mconfig.keys)}, "
+                f"cycles induced on {list(mconfig.cycle_keys)}"
+            )
         if args.profile == "soak":
             monitor = soak.Monitor(
                 lambda: _node_processes(cluster), args.sample_every, deadline
@@ -366,6 +388,8 @@ def run(args: argparse.Namespace) -> int:
             watcher.join(timeout=15)
         if canceller is not None:
             canceller.join(timeout=30)
+        if many is not None:
+            many.join(timeout=30)
         if proc is not None:
             proc.stop()
         if queue_threads is not None:
@@ -407,6 +431,7 @@ def run(args: argparse.Namespace) -> int:
         *(crasher.errors if crasher else []),
         *(watcher.errors if watcher else []),
         *(canceller.errors if canceller else []),
+        *(many.errors if many else []),
     ]
     if errors:
         print("worker errors:", *errors, sep="\n  ")
@@ -607,6 +632,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", "on", "off"],
         default="auto",
         help="the task-queue workload beside the leases (auto: when the client has queues)",
+    )
+    parser.add_argument(
+        "--many",
+        choices=["on", "off"],
+        default="off",
+        help="agents taking sets of keys with acquire_many beside the leases (issue 40)",
     )
     parser.add_argument(
         "--sample-every",

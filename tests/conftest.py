@@ -157,6 +157,7 @@ SERIAL_FILES: dict[str, str] = {
     # found by scanning /proc.
     "chaos/test_chaos.py": "chaos runs: timing of faults and heals, planted bug",
     "chaos/test_chaos_interrupt.py": "signals a chaos run, scans /proc for its nodes",
+    "chaos/test_many_chaos.py": "chaos runs with key sets: planted build, fault timing",
     # The benchmark: its clusters, etcd and ZooKeeper anchors and scale phase load the
     # machine on purpose; test_bench_scale.py counts processes in /proc.
     "integration/test_bench.py": "benchmark: loads both cores",
