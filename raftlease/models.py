@@ -259,7 +259,12 @@ class AsyncLeaseClient(Protocol):
     ) -> Lease: ...
 
     async def renew(
-        self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
+        self,
+        lease: Lease,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        progress: float | None = None,
     ) -> Lease: ...
 
     async def release(self, lease: Lease, *, timeout: float | None = None) -> None: ...
@@ -322,7 +327,12 @@ class LeaseClient(Protocol):
     ) -> Lease: ...
 
     def renew(
-        self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
+        self,
+        lease: Lease,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        progress: float | None = None,
     ) -> Lease: ...
 
     def release(self, lease: Lease, *, timeout: float | None = None) -> None: ...

@@ -265,6 +265,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         timeout: float | None = None,
         fairness_key: str | None = None,
         weight: int | None = None,
+        progress_timeout: float | None = None,
     ) -> Lease:
         """Take ``key`` for ``owner`` for ``ttl`` seconds, or for as long as the lease
         ``session`` lives (then ``owner`` defaults to the session's and ``ttl`` must
@@ -296,6 +297,14 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         priority, then arrival. Refused ``QuotaExceededError`` when 1,000 tenants
         already wait on the key; a node of an older build answers
         ``InvalidArgumentError``/bad request for the fields.
+
+        Progress-aware (docs/design.md §4g): with ``progress_timeout`` (seconds) the
+        lease lives only while its holder makes progress: ``renew(progress=)`` with a
+        higher figure than the last restarts its clock, and a holder that renews
+        without progress for longer ends as ``stalled`` (a watch event; its next
+        ``renew`` raises ``LeaseNotFoundError``). Every renewal of such a lease is a
+        log write. A queued acquire's clock starts at its grant. Not with ``session``
+        (``BadRequestError``: a session's keep-alive carries no progress).
         """
         if session is not None:
             if ttl is not None:
@@ -325,6 +334,8 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             args["fairness_key"] = fairness_key
         if weight is not None:
             args["weight"] = weight
+        if progress_timeout is not None:
+            args["progress_timeout"] = progress_timeout
         if wait <= 0:
             result = await self.call("acquire", args, mutating=True, timeout=timeout)
             return self._lease(result, sent, session=session)
@@ -821,15 +832,27 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         )
 
     async def renew(
-        self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
+        self,
+        lease: Lease,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        progress: float | None = None,
     ) -> Lease:
         """Extend ``lease`` by its TTL (or a new ``ttl``) from now. Raises
-        ``LeaseNotFoundError`` if it already expired, ``NotOwnerError`` if the key is
-        held under another lease."""
+        ``LeaseNotFoundError`` if it already expired (or stalled), ``NotOwnerError`` if
+        the key is held under another lease.
+
+        ``progress``: a progress figure (higher is further). On a lease acquired with
+        ``progress_timeout``, a higher one than the last restarts its progress clock;
+        without one the lease is extended only up to its progress deadline (the
+        answer's ``valid_until`` says how long). Ignored on other leases."""
         sent = time.monotonic()
         args: dict[str, Any] = {"key": lease.key, "lease_id": lease.lease_id}
         if ttl is not None:
             args["ttl"] = ttl
+        if progress is not None:
+            args["progress"] = progress
         result = await self.call("renew", args, mutating=True, timeout=timeout)
         renewed = self._lease(result, sent)
         return replace(

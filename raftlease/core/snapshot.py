@@ -15,6 +15,7 @@ from .budget import Budgets
 from .deadlock import Refusals
 from .dedup import ClientTable
 from .preempt import Preemption
+from .progress import LeaseProgress
 from .queue import TaskQueues
 from .records import KeyShares, LeaseRecord, LeaseSession, Share, Waiter
 from .state import StoreState
@@ -44,6 +45,10 @@ from .state import StoreState
 #:    the attempt that wrote it, its effect rows ``[effect id, state, token,
 #:    attempt, key, result]``, and its dependencies ``after`` and ``waiting_on``
 #:    (docs/queues.md, "Dependencies"). A layout 8 (or older) row loads with none.
+#:    Also progress-aware plain leases (docs/design.md §4g): ``lease_progress`` holds
+#:    ``leases``, ``[lease id, progress_timeout ms, progress_at, progress or nil]``, and
+#:    ``pending``, ``[queued acquire's lease id, progress_timeout ms]``; a snapshot
+#:    without it loads with none.
 SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
@@ -68,6 +73,9 @@ SNAPSHOT_VERSION = 9
 #: ``task_effect_commit`` entries keep a task's effect journal ("Effects"), and a put
 #: may carry ``after`` ("Dependencies"); a member that ignored them would answer
 #: claims and effects differently from the rest.
+#: Also: an acquire may carry ``progress_timeout`` and a renew ``progress`` (progress-
+#: aware plain leases, docs/design.md §4g); a member that ignored them would end leases
+#: (``stalled``) at other times than the rest.
 ENTRY_FORMAT = 6
 
 
@@ -82,7 +90,7 @@ def entry_format(entry: Any) -> int | None:
 
 def to_plain(store: StoreState) -> dict[str, Any]:
     """Plain data (msgpack-able) describing the whole state."""
-    return {
+    out: dict[str, Any] = {
         "v": SNAPSHOT_VERSION,
         "now": store.now,
         "term": store.term,
@@ -106,6 +114,9 @@ def to_plain(store: StoreState) -> dict[str, Any]:
         "deadlock_refusals": store.deadlock_refusals.to_plain(),
         "preempt": store.preempt.to_plain(),
     }
+    if store.progress:  # written only when used: layout 9 without it loads alike
+        out["lease_progress"] = store.progress.to_plain()
+    return out
 
 
 def _capacity_rows(store: StoreState) -> list[list[Any]]:
@@ -216,6 +227,8 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     store.deadlock_refusals = Refusals.from_plain(data.get("deadlock_refusals", ()))
     # Layouts before 9 had no grant priorities and no yield requests.
     store.preempt = Preemption.from_plain(data.get("preempt", {}))
+    # Layouts before 9 (and 9 before progress-aware leases) had none.
+    store.progress = LeaseProgress.from_plain(data.get("lease_progress", {}))
     for waiter in store.waiting.values():  # how many each tenant has waiting
         fair = store.fair.get(waiter.key)
         if fair is not None:

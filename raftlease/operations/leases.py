@@ -97,6 +97,15 @@ LEASE_OPS: tuple[Operation, ...] = (
                 low=1,
                 high=MAX_FAIRNESS_WEIGHT,
             ),
+            Field(
+                "progress_timeout",
+                "seconds",
+                "seconds without progress (renew with a higher progress) before the "
+                "lease ends as stalled (a queued acquire's clock starts at its grant); "
+                "not with session",
+                low=LimitRef("min_ttl"),
+                high=LimitRef("max_ttl"),
+            ),
         ),
         (
             *(ResultField(f.name, f.type, f.doc, f.always and f.name in QUEUED, f.items)
@@ -173,7 +182,19 @@ LEASE_OPS: tuple[Operation, ...] = (
         True,
         "key_write",
         "extend a held lease by its TTL (or a new one)",
-        (KEY, LEASE_ID, TTL),
+        (
+            KEY,
+            LEASE_ID,
+            TTL,
+            Field(
+                "progress",
+                "progress",
+                "a progress figure (higher is further): on a lease acquired with "
+                "progress_timeout, a higher one than the last restarts its clock",
+                low=-(2**62),
+                high=2**62,
+            ),
+        ),
         LEASE,
         (("POST", "/v1/leases/renew", "Renew a held lease", LEASES),),
     ),

@@ -379,6 +379,14 @@ LEASE = (
         "someone asked the holder to yield (request_yield): deadline (log time, ms) and "
         "by; at the deadline the cluster ends the lease",
     ),
+    result(
+        "progress_timeout",
+        "integer",
+        "a progress-aware lease's progress_timeout (ms): it ends as stalled at "
+        "progress_at plus this",
+    ),
+    result("progress_at", "integer", "log time of its last progress (its grant before any)"),
+    result("progress", "number", "the last progress its holder reported"),
 )
 #: What every read with a consistency mode adds.
 READ = (

@@ -53,7 +53,7 @@ PUBLIC_FIELDS = ("type", "key", "owner", "token", "revision", "value", "units")
 OPTIONAL_FIELDS = ("unit_indices", "handoff")
 #: Events that end a lease; one is a ``handoff`` when the same log entry grants the
 #: key to another owner after it (``mark_handoffs``).
-ENDS = ("release", "expire", "revoke", "transfer")
+ENDS = ("release", "expire", "revoke", "transfer", "stalled")
 
 
 def mark_handoffs(events: list[dict[str, Any]]) -> None:

@@ -153,7 +153,7 @@ def traced_reads(base: type[Reads], trace: TraceLog) -> type[Reads]:
 
 
 #: The end kinds of a lease (``LeaseStore._end_lease``), as the store's events name them.
-END_KINDS = frozenset({"release", "expire", "transfer", "revoke", "preempt"})
+END_KINDS = frozenset({"release", "expire", "transfer", "revoke", "preempt", "stalled"})
 
 
 def lease_hash(lease_id: str) -> str:
