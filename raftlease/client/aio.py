@@ -304,7 +304,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         without progress for longer ends as ``stalled`` (a watch event; its next
         ``renew`` raises ``LeaseNotFoundError``). Every renewal of such a lease is a
         log write. A queued acquire's clock starts at its grant. Not with ``session``
-        (``BadRequestError``: a session's keep-alive carries no progress).
+        (``InvalidArgumentError``: a session's keep-alive carries no progress).
         """
         if session is not None:
             if ttl is not None:

@@ -25,6 +25,7 @@ from .schema import (
     POLL_TIMEOUT,
     PREFIX,
     PRIORITY,
+    PROGRESS_OR_SESSION,
     QUEUED,
     READ,
     REVISION,
@@ -106,6 +107,7 @@ LEASE_OPS: tuple[Operation, ...] = (
                 low=LimitRef("min_ttl"),
                 high=LimitRef("max_ttl"),
             ),
+            PROGRESS_OR_SESSION,
         ),
         (
             *(ResultField(f.name, f.type, f.doc, f.always and f.name in QUEUED, f.items)
