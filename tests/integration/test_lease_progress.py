@@ -65,6 +65,23 @@ def test_a_lease_renewed_without_progress_stalls_and_a_progressing_one_keeps_it(
             watch.close()
 
 
+def test_a_renewal_is_never_promised_past_the_progress_deadline(shared: LocalCluster) -> None:
+    """The safety half: a renewal answered from the leader's memory would promise
+    ``now + ttl`` while the log ends the lease at its progress deadline, and the key
+    could go to another before the holder's ``valid_until``. Every renewal of such a
+    lease goes through the log, whose answer is capped (docs/design.md §4g)."""
+    with shared.client() as c:
+        lease = c.acquire("progress/safe", owner="s", ttl=5.0, progress_timeout=4.0)
+        cap = lease.expires_at_ms  # the grant's log time + 4 s: below the TTL's 5 s
+        for _ in range(3):
+            renewed = c.renew(lease)  # no progress: never past the cap
+            assert renewed.expires_at_ms <= cap, (renewed.expires_at_ms, cap)
+            assert renewed.valid_until <= lease.valid_until + 0.5
+        moved = c.renew(lease, progress=1)  # progress: a later cap, still within 4 s
+        assert cap < moved.expires_at_ms
+        c.release(moved)
+
+
 def test_the_lock_recipe_reports_progress_and_loses_the_lock_when_it_stops(
     shared: LocalCluster,
 ) -> None:
