@@ -308,8 +308,10 @@ class LeaseStore(StoreState):
                 self.expired_total += 1
                 # A progress-aware lease whose holder reported no progress within its
                 # progress_timeout ends as ``stalled`` (§4g), in log time like any expiry.
-                stalled = self.progress.stalled(lease_id, self.now)
-                self._end_lease(lease, "stalled" if stalled else "expire")
+                if self.progress.stalled(lease_id, self.now):
+                    self._end_lease(lease, "stalled")
+                else:
+                    self._end_lease(lease, "expire")
         for lease_id in self.preempt.due(self.now):
             # A yield request's deadline passed and the holder did not release: the
             # cluster ends the lease itself, and its key's next waiter is granted in
