@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 import pytest
 from click.testing import CliRunner
@@ -20,6 +21,7 @@ from raftlease.cli.lock import EXIT_LEASE_LOST
 from raftlease.errors import LeaseNotFoundError, NotOwnerError
 from raftlease.testing import LocalCluster, wait_for
 from tests.integration.test_watch import Collector
+from tests.unit.test_planted_bugs import promised_past_progress
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -65,21 +67,35 @@ def test_a_lease_renewed_without_progress_stalls_and_a_progressing_one_keeps_it(
             watch.close()
 
 
+def promises(cluster: LocalCluster, key: str) -> tuple[int, list[int]]:
+    """A progress-aware lease (TTL 5 s, progress_timeout 4 s) renewed three times
+    without progress, then once with: its progress deadline (log time, ms) and the
+    expiries the renewals without progress promised."""
+    with cluster.client() as c:
+        lease = c.acquire(key, owner="s", ttl=5.0, progress_timeout=4.0)
+        cap = lease.expires_at_ms  # the grant's log time + 4 s: below the TTL's 5 s
+        promised = [c.renew(lease).expires_at_ms for _ in range(3)]
+        moved = c.renew(lease, progress=1)  # progress: a later deadline
+        assert cap < moved.expires_at_ms
+        c.release(moved)
+    return cap, promised
+
+
 def test_a_renewal_is_never_promised_past_the_progress_deadline(shared: LocalCluster) -> None:
     """The safety half: a renewal answered from the leader's memory would promise
     ``now + ttl`` while the log ends the lease at its progress deadline, and the key
     could go to another before the holder's ``valid_until``. Every renewal of such a
     lease goes through the log, whose answer is capped (docs/design.md §4g)."""
-    with shared.client() as c:
-        lease = c.acquire("progress/safe", owner="s", ttl=5.0, progress_timeout=4.0)
-        cap = lease.expires_at_ms  # the grant's log time + 4 s: below the TTL's 5 s
-        for _ in range(3):
-            renewed = c.renew(lease)  # no progress: never past the cap
-            assert renewed.expires_at_ms <= cap, (renewed.expires_at_ms, cap)
-            assert renewed.valid_until <= lease.valid_until + 0.5
-        moved = c.renew(lease, progress=1)  # progress: a later cap, still within 4 s
-        assert cap < moved.expires_at_ms
-        c.release(moved)
+    assert promised_past_progress(*promises(shared, "progress/safe")) == []
+
+
+def test_the_planted_progress_from_memory_build_is_caught(
+    cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    """``progress_from_memory`` (raftlease/testing/hooks.py): the leader answers those
+    renewals from memory; the same check reports their promises past the deadline."""
+    cluster = cluster_factory(hooks={"planted_bug": "progress_from_memory"})
+    assert promised_past_progress(*promises(cluster, "progress/planted")) != []
 
 
 def test_the_lock_recipe_reports_progress_and_loses_the_lock_when_it_stops(
