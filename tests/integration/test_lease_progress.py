@@ -4,8 +4,10 @@ A lease renewed on time but without progress past its ``progress_timeout`` ends
 (``stalled``: a watch event, the next renewal refused, the key free); one whose holder
 reports rising progress keeps it for several timeouts. The same through the lock
 recipe (``held.progress``) and ``raftlease lock --progress-timeout -- cmd`` (a command
-that stops touching ``$RAFTLEASE_PROGRESS_FILE`` is stopped, exit 125). The state
-machine's rules are in tests/unit/test_core_lease_progress.py."""
+that stops touching ``$RAFTLEASE_PROGRESS_FILE`` is stopped, exit 125). No renewal is
+promised past the progress deadline, and the planted ``progress_from_memory`` build,
+which would, is caught. The state machine's rules are in
+tests/unit/test_core_lease_progress.py."""
 
 from __future__ import annotations
 
