@@ -35,6 +35,7 @@ hints and a typed output schema; the text content carries the same object.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -91,6 +92,7 @@ from .limits import (
     MAX_TASK_BACKOFF_MS,
     MAX_TASK_CAP_BYTES,
     MAX_TASK_CAPABILITIES,
+    MAX_TASK_CHECKPOINT_BYTES,
     MAX_TASK_ERROR_BYTES,
     MAX_TASK_RESULT_BYTES,
     MAX_VALUE_BYTES,
@@ -443,6 +445,21 @@ class TakeTaskResult(TypedDict):
     attempt: NotRequired[Annotated[int, Field(description="Which attempt this is (1 first).")]]
     valid_for: NotRequired[_ValidFor]
     payload: NotRequired[Annotated[Any, Field(description="The task's payload, a JSON value.")]]
+    checkpoint: NotRequired[
+        Annotated[
+            str,
+            Field(
+                description="The checkpoint an earlier attempt saved with heartbeat (resume "
+                "from it), as UTF-8 text."
+            ),
+        ]
+    ]
+    checkpoint_base64: NotRequired[
+        Annotated[str, Field(description="That checkpoint, base64, when it is not UTF-8 text.")]
+    ]
+    checkpoint_attempt: NotRequired[
+        Annotated[int, Field(description="The attempt that saved the checkpoint.")]
+    ]
     lost_claims: NotRequired[_LostClaims]
 
 
@@ -1053,14 +1070,28 @@ class ClaimBook:
         if task is None:
             return {"queue": queue, "task": None}
         self.tasks[task.task_id] = task
-        return {**self._task_view(task), "payload": task.payload}
+        out = {**self._task_view(task), "payload": task.payload}
+        if task.checkpoint is not None:
+            # Handed on from the attempt that saved it (docs/queues.md, "Checkpoints").
+            try:
+                out["checkpoint"] = task.checkpoint.decode("utf-8")
+            except UnicodeDecodeError:
+                out["checkpoint_base64"] = base64.b64encode(task.checkpoint).decode("ascii")
+            out["checkpoint_attempt"] = task.checkpoint_attempt
+        return out
 
-    async def heartbeat(self, task_id: str, progress: float | None) -> dict[str, Any]:
+    async def heartbeat(
+        self, task_id: str, progress: float | None, checkpoint: str | None = None
+    ) -> dict[str, Any]:
         task = self._task(task_id)
         if progress is not None and not math.isfinite(progress):
             raise _tool_error("INVALID_ARGUMENT", "progress must be a finite number")
+        saved = None
+        if checkpoint is not None:
+            _check_bytes("checkpoint", checkpoint, MAX_TASK_CHECKPOINT_BYTES)
+            saved = checkpoint.encode("utf-8")
         try:
-            await task.heartbeat(progress)
+            await task.heartbeat(progress, checkpoint=saved)
         except RaftLeaseError as exc:
             if task.lost.is_set():
                 self._lose_task(task_id, task, f"no longer current ({exc.code})")
@@ -1533,11 +1564,22 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
             | None,
             Field(description="Progress to record with the task, any number (e.g. a fraction)."),
         ] = None,
+        checkpoint: Annotated[
+            Annotated[StrictStr, Field(max_length=MAX_TASK_CHECKPOINT_BYTES)] | None,
+            Field(
+                description="The work's state so far, as text (at most 8 KiB of UTF-8): "
+                "replicated, and handed to the next attempt's take_task if this one fails "
+                "or is lost."
+            ),
+        ] = None,
     ) -> TaskResult:
         """Report that a taken task is still being worked on (with optional
-        `progress`). Error STALE_ATTEMPT: the task was given to someone else (stop
-        working on it)."""
-        return cast(TaskResult, await book.result(ctx, await book.heartbeat(task_id, progress)))
+        `progress` and `checkpoint`: once this returns, the checkpoint is kept). Error
+        STALE_ATTEMPT: the task was given to someone else (stop working on it; the
+        checkpoint was not kept)."""
+        return cast(
+            TaskResult, await book.result(ctx, await book.heartbeat(task_id, progress, checkpoint))
+        )
 
     async def complete_task(
         task_id: TaskId,

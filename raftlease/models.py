@@ -30,6 +30,12 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+#: How a lease can end, as the store's events and watches name it (``LeaseStore._end_lease``;
+#: tests/chaos/test_trace_checker.py checks the store passes no other kind): released,
+#: expired, revoked by an admin, transferred, ended at a yield deadline (``preempt``,
+#: request_yield) or without progress (``stalled``, progress_timeout).
+LEASE_END_KINDS = frozenset({"release", "expire", "revoke", "transfer", "preempt", "stalled"})
+
 #: Capacity of a read/write lock key: a reader takes one unit, a writer all of them.
 RW_CAPACITY = 1_000_000
 
@@ -281,7 +287,12 @@ class AsyncLeaseClient(Protocol):
     ) -> Lease: ...
 
     async def renew(
-        self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
+        self,
+        lease: Lease,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        progress: float | None = None,
     ) -> Lease: ...
 
     async def release(self, lease: Lease, *, timeout: float | None = None) -> None: ...
@@ -344,7 +355,12 @@ class LeaseClient(Protocol):
     ) -> Lease: ...
 
     def renew(
-        self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
+        self,
+        lease: Lease,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        progress: float | None = None,
     ) -> Lease: ...
 
     def release(self, lease: Lease, *, timeout: float | None = None) -> None: ...

@@ -169,6 +169,7 @@ SERIAL_FILES: dict[str, str] = {
     "integration/test_model_trails.py": "SPIN counterexamples on planted builds, timed",
     "integration/test_deadlock.py": "planted build (skip_deadlock_detection)",
     "integration/test_preempt.py": "timing: a yield learnt in a keep-alive, ended at its deadline",
+    "integration/test_lease_progress.py": "timing: a lease stalls after its progress_timeout",
     "integration/test_effect_proof.py": "effect proof: planted build, kills a leader",
     "integration/test_durability.py": "planted build, recovery wait measured in seconds",
     "integration/test_partitions.py": "partitions and a planted build (skip_pre_vote)",

@@ -72,6 +72,12 @@ def _holder_dict(holder: Holder) -> dict[str, Any]:
     "--fairness-key", default=None, help="Its tenant while it waits (fair shares between tenants)."
 )
 @click.option("--weight", type=int, default=None, help="The tenant's weight on KEY: 1..1000.")
+@click.option(
+    "--progress-timeout",
+    type=DURATION,
+    default=None,
+    help="End the lease (stalled) when renewals bring no higher --progress for this long.",
+)
 @client_options
 def acquire(
     key: str,
@@ -83,6 +89,7 @@ def acquire(
     value: str | None,
     fairness_key: str | None,
     weight: int | None,
+    progress_timeout: float | None,
     endpoints: str,
     as_json: bool,
     timeout: float,
@@ -101,6 +108,7 @@ def acquire(
         value=value,
         fairness_key=fairness_key,
         weight=weight,
+        progress_timeout=progress_timeout,
     )
     try:
         with connect(endpoints) as c:
@@ -171,12 +179,19 @@ def _shell_lease(key: str, lease_id: str) -> Lease:
 @click.option(
     "--ttl", type=TTL, default=None, help="New TTL, e.g. 30s (default: keep the lease's)."
 )
+@click.option(
+    "--progress",
+    type=float,
+    default=None,
+    help="A progress figure (higher is further): keeps a --progress-timeout lease.",
+)
 @client_options
 def renew(
     key: str,
     lease_id: str | None,
     lease_id_file: Path | None,
     ttl: float | None,
+    progress: float | None,
     endpoints: str,
     as_json: bool,
     timeout: float,
@@ -186,7 +201,7 @@ def renew(
     secret = _lease_id(lease_id, lease_id_file)
     try:
         with connect(endpoints) as c:
-            lease = c.renew(_shell_lease(key, secret), ttl=ttl, timeout=timeout)
+            lease = c.renew(_shell_lease(key, secret), ttl=ttl, timeout=timeout, progress=progress)
     except RaftLeaseError as exc:
         exit_error(exc, as_json)
     if as_json:

@@ -17,6 +17,9 @@ What the command can rely on (docs/cli-lock.md):
 * SIGINT/SIGTERM sent to ``raftlease lock`` itself is forwarded to the group (SIGKILL
   follows after ``--grace``); a signal while still waiting for the key withdraws the
   queued acquire;
+* with ``--progress-timeout``, ``RAFTLEASE_PROGRESS_FILE`` names a file the command
+  writes or touches as its work advances; a command that leaves it alone that long
+  loses the lease (``stalled``) and is stopped (``ProgressFile``);
 * the lease is released on every exit path (unless the cluster already ended it).
 
 Exit status: the command's own (128 + N if signal N killed it), or one of ``EXIT_*``
@@ -69,12 +72,16 @@ EXIT_NOT_FOUND = 127
 POLL_INTERVAL = 0.05
 
 
-def child_env(key: str, lease: Lease, yield_file: str | None = None) -> dict[str, str]:
+def child_env(
+    key: str, lease: Lease, yield_file: str | None = None, progress_file: str | None = None
+) -> dict[str, str]:
     """The command's environment: ours, plus the lease's key, fencing token and id.
     ``RAFTLEASE_TOKEN`` is the CLI's bearer-token variable too: the caller's bearer
     token (if any) moves to ``RAFTLEASE_AUTH_TOKEN``, which the CLI prefers.
     ``RAFTLEASE_YIELD_FILE`` (``lock`` only): a file, empty until someone asks the
-    holder to yield (``request_yield``), then one line per request."""
+    holder to yield (``request_yield``), then one line per request.
+    ``RAFTLEASE_PROGRESS_FILE`` (``lock --progress-timeout`` only): a file the command
+    writes or touches whenever its work advances (``ProgressFile``)."""
     env = dict(os.environ)
     auth = env.get("RAFTLEASE_AUTH_TOKEN", env.get("RAFTLEASE_TOKEN", ""))
     env.update(
@@ -85,7 +92,33 @@ def child_env(key: str, lease: Lease, yield_file: str | None = None) -> dict[str
     )
     if yield_file is not None:
         env["RAFTLEASE_YIELD_FILE"] = yield_file
+    if progress_file is not None:
+        env["RAFTLEASE_PROGRESS_FILE"] = progress_file
     return env
+
+
+class ProgressFile:
+    """``lock --progress-timeout``: the command reports progress by writing to (or
+    touching) ``$RAFTLEASE_PROGRESS_FILE``; each renewal sends the file's modification
+    time (ns) as the progress figure once it moved from when the file was made, so
+    a command that stops touching it for ``--progress-timeout`` loses the lease
+    (``stalled``, docs/design.md §4g) and is stopped like any lost lease (exit 125).
+    Read from the keep-alive thread; a missing file reports nothing."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._made = self._mtime()
+
+    def _mtime(self) -> int | None:
+        try:
+            return os.stat(self.path).st_mtime_ns
+        except OSError:
+            return None
+
+    def figure(self) -> int | None:
+        """The progress figure to send (None: no progress reported yet)."""
+        mtime = self._mtime()
+        return None if mtime is None or mtime == self._made else mtime
 
 
 #: ``--timeout`` of ``lock`` and ``elect``: seconds each request to the cluster may
@@ -193,12 +226,15 @@ class LeaseKeeper:
     """Renews one lease every ``ttl / 3`` on a daemon thread (``KeepAliveState``) and
     says when the command must stop: ``lost()`` is a reason or None."""
 
-    def __init__(self, client: Any, lease: Lease, grace: float) -> None:
+    def __init__(
+        self, client: Any, lease: Lease, grace: float, progress: ProgressFile | None = None
+    ) -> None:
         # Here, not at the top: `raftlease node` loads this module and must not load
         # the recipes (tests/fitness/test_layers.py).
         from ..recipes.keepalive import KeepAliveState
 
         self.client = client
+        self.progress = progress
         self.lease = lease
         self.grace = grace
         self.state = KeepAliveState(f"lock {lease.key}", lease.ttl, noun="lease")
@@ -216,7 +252,8 @@ class LeaseKeeper:
         self._thread.start()
 
     def _renew(self, timeout: float) -> None:
-        self.lease = self.client.renew(self.lease, timeout=timeout)
+        figure = self.progress.figure() if self.progress is not None else None
+        self.lease = self.client.renew(self.lease, timeout=timeout, progress=figure)
         self.state.renewed(self.lease.trusted_until)
 
     def tell_yield(self, supervisor: Supervisor, path: str, signum: int | None) -> None:
@@ -308,6 +345,13 @@ def _common(func: Any) -> Any:
     help="Also send this signal to the command when someone asks the holder to yield "
     "(request_yield); RAFTLEASE_YIELD_FILE gets a line either way.",
 )
+@click.option(
+    "--progress-timeout",
+    type=DURATION,
+    default=None,
+    help="Lose the lease (stalled; the command is stopped) when the command has not "
+    "written or touched RAFTLEASE_PROGRESS_FILE for this long.",
+)
 @owner_option
 @_common
 def lock(
@@ -318,6 +362,7 @@ def lock(
     owner: str,
     grace: float,
     yield_signal: str,
+    progress_timeout: float | None,
     endpoints: str,
     timeout: float,
 ) -> None:
@@ -333,7 +378,14 @@ def lock(
     ):
         try:
             # --timeout bounds reaching the cluster; --wait, the time in the queue.
-            acquiring = c.aio.acquire(key, owner=owner, ttl=ttl, wait=wait, timeout=timeout)
+            acquiring = c.aio.acquire(
+                key,
+                owner=owner,
+                ttl=ttl,
+                wait=wait,
+                timeout=timeout,
+                progress_timeout=progress_timeout,
+            )
             lease = run_until_signal(c, acquiring, box)
         except LeaseHeldError as exc:
             click.echo(f"raftlease: {safe(key)} not acquired: {safe(exc.message)}", err=True)
@@ -342,12 +394,18 @@ def lock(
             unreachable(exc, timeout)
         if lease is None:  # a signal while waiting: the queued acquire was withdrawn
             sys.exit(128 + (box.take() or signal.SIGINT))
-        keeper = LeaseKeeper(c, lease, grace)
+        progress: ProgressFile | None = None
+        if progress_timeout is not None:
+            handle, progress_path = tempfile.mkstemp(prefix="raftlease-progress-")
+            os.close(handle)
+            progress = ProgressFile(progress_path)
+        keeper = LeaseKeeper(c, lease, grace, progress)
         handle, yield_file = tempfile.mkstemp(prefix="raftlease-yield-")
         os.close(handle)
         signum = getattr(signal, f"SIG{yield_signal}") if yield_signal else None
         try:
-            supervisor = Supervisor(command, child_env(key, lease, yield_file), grace)
+            env = child_env(key, lease, yield_file, progress.path if progress else None)
+            supervisor = Supervisor(command, env, grace)
             status = supervisor.start()
             if status is None:
                 status = supervisor.run(
@@ -362,6 +420,9 @@ def lock(
             keeper.release()
             with contextlib.suppress(OSError):
                 os.unlink(yield_file)
+            if progress is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(progress.path)
     sys.exit(status)
 
 

@@ -116,6 +116,13 @@ _attempt_option = click.option(
 @click.option("--deadline", type=DURATION, default=None, help="Dead-letter after this long.")
 @click.option("--fairness-key", default=None, help="Its tenant (fair shares between tenants).")
 @click.option("--weight", type=int, default=None, help="The tenant's weight from now on: 1..1000.")
+@click.option(
+    "--after",
+    multiple=True,
+    metavar="TASK_ID",
+    help="A parent task (repeatable): ready once every parent completed; a dead parent "
+    "makes it dead.",
+)
 @client_options
 def put(
     name: str,
@@ -130,11 +137,13 @@ def put(
     deadline: float | None,
     fairness_key: str | None,
     weight: int | None,
+    after: tuple[str, ...],
     endpoints: str,
     as_json: bool,
     timeout: float,
 ) -> None:
-    """Put PAYLOAD (JSON text) into queue NAME; prints the task id."""
+    """Put PAYLOAD (JSON text) into queue NAME; prints the task id. With --after, the
+    task waits for its parents (docs/queues.md, "Dependencies")."""
     try:
         with connect(endpoints) as c:
             tid = c.queue(name).put(
@@ -149,6 +158,7 @@ def put(
                 deadline=deadline,
                 fairness_key=fairness_key,
                 weight=weight,
+                after=list(after) or None,
                 timeout=timeout,
             )
     except RaftLeaseError as exc:

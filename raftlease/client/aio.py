@@ -268,6 +268,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         fairness_key: str | None = None,
         weight: int | None = None,
         holder_key: HolderSigner | None = None,
+        progress_timeout: float | None = None,
     ) -> Lease:
         """Take ``key`` for ``owner`` for ``ttl`` seconds, or for as long as the lease
         ``session`` lives (then ``owner`` defaults to the session's and ``ttl`` must
@@ -306,6 +307,14 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         ``renew`` brings a fresh one. A grant after waiting in the queue asks for its
         certificate with one renewal. ``certificate`` stays "" when the answering
         leader could not sign (no valid leader lease); the next renewal retries.
+
+        Progress-aware (docs/design.md §4g): with ``progress_timeout`` (seconds) the
+        lease lives only while its holder makes progress: ``renew(progress=)`` with a
+        higher figure than the last restarts its clock, and a holder that renews
+        without progress for longer ends as ``stalled`` (a watch event; its next
+        ``renew`` raises ``LeaseNotFoundError``). Every renewal of such a lease is a
+        log write. A queued acquire's clock starts at its grant. Not with ``session``
+        (``InvalidArgumentError``: a session's keep-alive carries no progress).
         """
         if session is not None:
             if ttl is not None:
@@ -337,6 +346,8 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             args["weight"] = weight
         if holder_key is not None:
             args["holder_key"] = holder_key.public_hex()
+        if progress_timeout is not None:
+            args["progress_timeout"] = progress_timeout
         if wait <= 0:
             result = await self.call("acquire", args, mutating=True, timeout=timeout)
             return replace(self._lease(result, sent, session=session), holder_key=holder_key)
@@ -838,18 +849,30 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         )
 
     async def renew(
-        self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
+        self,
+        lease: Lease,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        progress: float | None = None,
     ) -> Lease:
         """Extend ``lease`` by its TTL (or a new ``ttl``) from now. Raises
-        ``LeaseNotFoundError`` if it already expired, ``NotOwnerError`` if the key is
-        held under another lease. A lease with a holder key gets a fresh
-        certificate (kept as it was when the answer carries none)."""
+        ``LeaseNotFoundError`` if it already expired (or stalled), ``NotOwnerError`` if
+        the key is held under another lease. A lease with a holder key gets a fresh
+        certificate (kept as it was when the answer carries none).
+
+        ``progress``: a progress figure (higher is further). On a lease acquired with
+        ``progress_timeout``, a higher one than the last restarts its progress clock;
+        without one the lease is extended only up to its progress deadline (the
+        answer's ``valid_until`` says how long). Ignored on other leases."""
         sent = time.monotonic()
         args: dict[str, Any] = {"key": lease.key, "lease_id": lease.lease_id}
         if ttl is not None:
             args["ttl"] = ttl
         if lease.holder_key is not None:
             args["holder_key"] = lease.holder_key.public_hex()
+        if progress is not None:
+            args["progress"] = progress
         result = await self.call("renew", args, mutating=True, timeout=timeout)
         renewed = self._lease(result, sent)
         return replace(

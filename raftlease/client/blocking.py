@@ -278,6 +278,7 @@ class Client(SharedKeyLocks[HeldLock]):
         fairness_key: str | None = None,
         weight: int | None = None,
         holder_key: HolderSigner | None = None,
+        progress_timeout: float | None = None,
     ) -> Lease:
         def make() -> Coroutine[Any, Any, Lease]:
             return self._async.acquire(
@@ -294,6 +295,7 @@ class Client(SharedKeyLocks[HeldLock]):
                 fairness_key=fairness_key,
                 weight=weight,
                 holder_key=holder_key,
+                progress_timeout=progress_timeout,
             )
 
         # A waiting acquire long-polls on the loop (AsyncClient._await_grant).
@@ -458,9 +460,16 @@ class Client(SharedKeyLocks[HeldLock]):
         return self._run(self._async.settle(reservation, actual, timeout=timeout))
 
     def renew(
-        self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None
+        self,
+        lease: Lease,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        progress: float | None = None,
     ) -> Lease:
-        return self._direct(lambda: self._async.renew(lease, ttl=ttl, timeout=timeout))
+        return self._direct(
+            lambda: self._async.renew(lease, ttl=ttl, timeout=timeout, progress=progress)
+        )
 
     def release(self, lease: Lease, *, timeout: float | None = None) -> None:
         self._direct(lambda: self._async.release(lease, timeout=timeout))

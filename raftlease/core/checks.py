@@ -28,6 +28,7 @@ from ..limits import (
 from ..operations import MAX_PRIORITY as MAX_PRIORITY
 from ..operations import TABLE, core_bounds, ops_reading, ops_with
 from .budget import BUDGET_MUTATING_OPS, BUDGET_READ_OPS, check_gate
+from .progress import valid_progress
 
 #: Most requests one batch entry may carry.
 MAX_BATCH = 4096
@@ -201,6 +202,13 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
             )
         if "weight" in entry and not valid_int(entry["weight"], 1, MAX_FAIRNESS_WEIGHT):
             return f"'weight' must be an integer from 1 to {MAX_FAIRNESS_WEIGHT}"
+        if "progress_timeout" in entry:
+            # Progress-aware plain leases (docs/design.md §4g): not attached (a
+            # session's keep-alive is answered from memory, never with progress).
+            if not valid_int(entry["progress_timeout"], 1, MAX_TTL_MS):
+                return "'progress_timeout' must be a positive integer of milliseconds"
+            if "session" in entry:
+                return "'progress_timeout' is not for a lease attached to a session"
     elif op == "transfer":
         if not valid_str(entry.get("new_lid"), MAX_ID_CHARS):
             return "'new_lid' must be a non-empty string"
@@ -225,6 +233,8 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
         ttl = entry.get("ttl")
         if ttl is not None and not valid_int(ttl, 1, MAX_TTL_MS):
             return "'ttl' must be a positive integer of milliseconds or absent"
+        if "progress" in entry and not valid_progress(entry["progress"]):
+            return "'progress' must be a finite number (an integer within ±2**62)"
     elif op == "holder":
         if not valid_str(entry.get("key"), MAX_KEY_BYTES):
             return "'key' must be a non-empty string"

@@ -17,6 +17,7 @@ from .certkeys import CertKeys
 from .deadlock import Refusals
 from .dedup import ClientTable
 from .preempt import Preemption
+from .progress import LeaseProgress
 from .queue import TaskQueues
 from .records import KeyShares, LeaseRecord, LeaseSession, Share, Waiter
 from .state import StoreState
@@ -49,6 +50,10 @@ from .state import StoreState
 #:    Also lease certificate signing keys (``cert_keys``, core/certkeys.py; issue 39) and
 #:    the audit trail (``audit``, core/audit.py). A layout 8 (or older) snapshot loads
 #:    with no keys (the next certificate request makes the first) and an empty trail.
+#:    Also progress-aware plain leases (docs/design.md §4g): ``lease_progress`` holds
+#:    ``leases``, ``[lease id, progress_timeout ms, progress_at, progress or nil]``, and
+#:    ``pending``, ``[queued acquire's lease id, progress_timeout ms]``; a snapshot
+#:    without it loads with none.
 SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
@@ -76,6 +81,9 @@ SNAPSHOT_VERSION = 9
 #: Also: the leader's ``certkey`` entry stores a lease certificate signing key
 #: (core/certkeys.py; issue 39); a member that did not know it would refuse it and
 #: sign with another key than the rest.
+#: Also: an acquire may carry ``progress_timeout`` and a renew ``progress`` (progress-
+#: aware plain leases, docs/design.md §4g); a member that ignored them would end leases
+#: (``stalled``) at other times than the rest.
 ENTRY_FORMAT = 6
 
 
@@ -90,7 +98,7 @@ def entry_format(entry: Any) -> int | None:
 
 def to_plain(store: StoreState) -> dict[str, Any]:
     """Plain data (msgpack-able) describing the whole state."""
-    return {
+    out: dict[str, Any] = {
         "v": SNAPSHOT_VERSION,
         "now": store.now,
         "term": store.term,
@@ -116,6 +124,9 @@ def to_plain(store: StoreState) -> dict[str, Any]:
         "cert_keys": store.cert_keys.to_plain(),
         "audit": store.audit.to_plain(),
     }
+    if store.progress:  # written only when used: layout 9 without it loads alike
+        out["lease_progress"] = store.progress.to_plain()
+    return out
 
 
 def _capacity_rows(store: StoreState) -> list[list[Any]]:
@@ -230,6 +241,8 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     store.cert_keys = CertKeys.from_plain(data.get("cert_keys", ()))
     # Layouts before 9 had no audit trail: it starts empty from the zero chain value.
     store.audit = AuditTrail.from_plain(data.get("audit"))
+    # Layouts before 9 (and 9 before progress-aware leases) had none.
+    store.progress = LeaseProgress.from_plain(data.get("lease_progress", {}))
     for waiter in store.waiting.values():  # how many each tenant has waiting
         fair = store.fair.get(waiter.key)
         if fair is not None:

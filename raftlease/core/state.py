@@ -11,6 +11,7 @@ from .certkeys import CertKeys
 from .deadlock import Refusals, WaitIndex
 from .dedup import ClientTable
 from .preempt import Preemption
+from .progress import LeaseProgress
 from .queue import TaskQueues
 from .records import MAX_INDEXED_CAPACITY, KeyShares, LeaseRecord, LeaseSession, Result, Waiter
 
@@ -91,6 +92,8 @@ class StoreState:
         self.deadlock_refusals = Refusals()
         #: Cooperative preemption (core/preempt.py): grant priorities, yield requests.
         self.preempt = Preemption()
+        #: Progress-aware plain leases (core/progress.py, docs/design.md §4g).
+        self.progress = LeaseProgress()
         # Not state: set per request by ``apply`` (format 6 entries detect deadlocks)
         # and the grants of that request to check for cycles (core/deadlock.py).
         self._detect: bool = False
@@ -237,6 +240,9 @@ class StoreState:
         asked = self.preempt.request_of(lease.lease_id)
         if asked is not None:  # the holder learns it from this answer (§4f)
             result["yield_requested"] = asked
+        tracked = self.progress.info(lease.lease_id)
+        if tracked is not None:  # a progress-aware lease (§4g)
+            result.update(tracked)
         return self._extras(lease, result)
 
     def renewal_answer(self, lease: LeaseRecord, until: int, now: int) -> dict[str, Any]:

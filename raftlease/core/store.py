@@ -314,7 +314,12 @@ class LeaseStore(StoreState):
             lease = self.leases.get(lease_id)
             if lease is not None and lease.expires_at == expires_at:
                 self.expired_total += 1
-                self._end_lease(lease, "expire")
+                # A progress-aware lease whose holder reported no progress within its
+                # progress_timeout ends as ``stalled`` (§4g), in log time like any expiry.
+                if self.progress.stalled(lease_id, self.now):
+                    self._end_lease(lease, "stalled")
+                else:
+                    self._end_lease(lease, "expire")
         for lease_id in self.preempt.due(self.now):
             # A yield request's deadline passed and the holder did not release: the
             # cluster ends the lease itself, and its key's next waiter is granted in
@@ -348,6 +353,9 @@ class LeaseStore(StoreState):
         leader change, never less than it was promised)."""
         for lease in self.leases.values():
             until = base + lease.ttl_ms
+            cap = self.progress.cap(lease.lease_id)  # never past a progress deadline
+            if cap is not None and cap < until:
+                until = cap
             if not lease.session and until > lease.expires_at:
                 lease.expires_at = until
         for session in self.lease_sessions.values():
@@ -377,6 +385,9 @@ class LeaseStore(StoreState):
             # the holder has shortened since is cut to the new one (never below a
             # promise made under it, which is at most ``base + ttl``).
             until = min(promised, base + lease.ttl_ms)
+            cap = self.progress.cap(lease_id)  # never promised from memory (§4g)
+            if cap is not None and cap < until:
+                until = cap
             if until <= lease.expires_at:
                 continue
             self._extend(lease, until)
@@ -502,6 +513,7 @@ class LeaseStore(StoreState):
                 self._charge(shares, tenant)
             lease = self._grant(key, lease_id, entry["owner"], ttl, units, value, sid, principal)
             self.preempt.granted(lease_id, priority)
+            self._start_progress(lease, entry.get("progress_timeout"))
             return self._lease_result(lease)
         wait: int = entry.get("wait", 0)
         if wait <= 0:
@@ -582,6 +594,8 @@ class LeaseStore(StoreState):
         queue.insert(position, waiter)
         self.waiting[lease_id] = waiter
         self.wait_index.add(waiter)
+        if "progress_timeout" in entry:  # its clock starts when it is granted (§4g)
+            self.progress.pending[lease_id] = entry["progress_timeout"]
         self._count(self.held_by, principal, 1)
         self._count(self.waiting_by, principal, 1)
         if session is not None:
@@ -918,12 +932,22 @@ class LeaseStore(StoreState):
             self._grants_to_check.append(lease_id)
         return lease
 
+    def _start_progress(self, lease: LeaseRecord, timeout_ms: int | None) -> None:
+        """A lease just granted: if it (or its queued acquire) asked for a
+        ``progress_timeout``, its progress clock starts now and its expiry is capped at
+        ``now + timeout`` (docs/design.md §4g)."""
+        timeout = self.progress.granted(lease.lease_id, timeout_ms, self.now)
+        if timeout is not None and self.now + timeout < lease.expires_at:
+            lease.expires_at = self.now + timeout
+            heapq.heappush(self._deadlines, (lease.expires_at, lease.lease_id))
+
     def _end_lease(self, lease: LeaseRecord, kind: str, grant_next: bool = True) -> None:
         """Remove a live lease (released, expired, transferred, its session ended),
         record the change, and hand freed units to the queue."""
         key = lease.key
         del self.leases[lease.lease_id]
         self.preempt.forget(lease.lease_id)
+        self.progress.forget(lease.lease_id)
         self._count(self.held_by, lease.principal, -1)
         self._remove_holder(lease)
         if lease.session:
@@ -987,6 +1011,8 @@ class LeaseStore(StoreState):
                 waiter.principal,
             )
             self.preempt.granted(waiter.lease_id, waiter.priority)
+            if self.progress.pending:
+                self._start_progress(self.leases[waiter.lease_id], None)
         if not queue:
             self.queues.pop(key, None)
             # Nobody waits: nobody to be fair to; the next backlog starts afresh.
@@ -1166,6 +1192,7 @@ class LeaseStore(StoreState):
                 self.fair.pop(waiter.key, None)
         del self.waiting[waiter.lease_id]
         self.wait_index.remove(waiter)
+        self.progress.forget(waiter.lease_id)
         self._count(self.held_by, waiter.principal, -1)
         self._count(self.waiting_by, waiter.principal, -1)
         if waiter.session:
@@ -1247,7 +1274,17 @@ class LeaseStore(StoreState):
         ttl = entry.get("ttl")
         if ttl is not None:
             lease.ttl_ms = ttl
-        self._extend(lease, self.now + lease.ttl_ms)
+        until = self.now + lease.ttl_ms
+        if self.progress.tracked(lease.lease_id):
+            # Progress-aware (§4g): a higher ``progress`` restarts its clock; the lease
+            # is never extended past its progress deadline, nor shortened.
+            self.progress.report(lease.lease_id, entry.get("progress"), self.now)
+            cap = self.progress.cap(lease.lease_id)
+            if cap is not None and cap < until:
+                until = cap
+            if until <= lease.expires_at:
+                return self._lease_result(lease)
+        self._extend(lease, until)
         return self._lease_result(lease)
 
     def _extend(self, lease: LeaseRecord, expires_at: int) -> None:

@@ -26,6 +26,7 @@ from .schema import (
     POLL_TIMEOUT,
     PREFIX,
     PRIORITY,
+    PROGRESS_OR_SESSION,
     QUEUED,
     READ,
     REVISION,
@@ -99,6 +100,16 @@ LEASE_OPS: tuple[Operation, ...] = (
                 high=MAX_FAIRNESS_WEIGHT,
             ),
             HOLDER_KEY,
+            Field(
+                "progress_timeout",
+                "seconds",
+                "seconds without progress (renew with a higher progress) before the "
+                "lease ends as stalled (a queued acquire's clock starts at its grant); "
+                "not with session",
+                low=LimitRef("min_ttl"),
+                high=LimitRef("max_ttl"),
+            ),
+            PROGRESS_OR_SESSION,
         ),
         (
             *(ResultField(f.name, f.type, f.doc, f.always and f.name in QUEUED, f.items)
@@ -175,7 +186,20 @@ LEASE_OPS: tuple[Operation, ...] = (
         True,
         "key_write",
         "extend a held lease by its TTL (or a new one)",
-        (KEY, LEASE_ID, TTL, HOLDER_KEY),
+        (
+            KEY,
+            LEASE_ID,
+            TTL,
+            HOLDER_KEY,
+            Field(
+                "progress",
+                "progress",
+                "a progress figure (higher is further): on a lease acquired with "
+                "progress_timeout, a higher one than the last restarts its clock",
+                low=-(2**62),
+                high=2**62,
+            ),
+        ),
         LEASE,
         (("POST", "/v1/leases/renew", "Renew a held lease", LEASES),),
     ),

@@ -214,6 +214,21 @@ def _seq_not_below_ack(message: Mapping[str, Any], args: dict[str, Any]) -> None
         raise InvalidArgumentError(f"seq {args['seq']} is below ack {args['ack']}")
 
 
+def _progress_or_session(message: Mapping[str, Any], args: dict[str, Any]) -> None:
+    if _given(message, "session") and _given(message, "progress_timeout"):
+        raise InvalidArgumentError(
+            "give 'progress_timeout' or 'session', not both: an attached lease is kept "
+            "by its session's keep-alive, which carries no progress"
+        )
+
+
+PROGRESS_OR_SESSION = Rule(
+    "progress_or_session",
+    "an acquire gives progress_timeout or session, not both (an attached lease is kept by "
+    "its session's keep-alive, which carries no progress)",
+    _progress_or_session,
+    exclusive=("progress_timeout", "session"),
+)
 TTL_OR_SESSION = Rule(
     "ttl_or_session",
     "an acquire gives ttl or session, not both (an attached lease lives by its session)",
@@ -399,6 +414,14 @@ LEASE = (
         "the lease certificate for the request's holder_key "
         "(docs/certificates.md; absent without one)",
     ),
+    result(
+        "progress_timeout",
+        "integer",
+        "a progress-aware lease's progress_timeout (ms): it ends as stalled at "
+        "progress_at plus this",
+    ),
+    result("progress_at", "integer", "log time of its last progress (its grant before any)"),
+    result("progress", "number", "the last progress its holder reported"),
 )
 #: What every read with a consistency mode adds.
 READ = (

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Iterator
 
 from ..errors import InvalidArgumentError, RaftLeaseError
-from ..models import AsyncLeaseClient, Attachable, Leader, Lease, LeaseClient
+from ..models import LEASE_END_KINDS, AsyncLeaseClient, Attachable, Leader, Lease, LeaseClient
 
 #: How long a campaign waits for the lead by default (the longest a node allows).
 DEFAULT_CAMPAIGN_WAIT = 3600.0
@@ -103,7 +103,7 @@ class AsyncElection:
                 continue  # the watch is a prefix watch: "jobs" also matches "jobs-2"
             if event.type in ("grant", "proclaim"):
                 current = Leader(event.owner, event.value, event.token, event.revision)
-            elif event.type in ("release", "expire", "revoke"):
+            elif event.type in LEASE_END_KINDS and event.type != "transfer":
                 if event.type == "release" and event.handoff:
                     # A resignation that elects the next candidate in the same log
                     # entry (its grant follows): the lead was never vacant, so no

@@ -16,6 +16,8 @@ and exit does not release. ``on_lost`` is called once, from the renewal thread/t
 ``on_yield_requested(lease)`` is called (from the same thread/task) once per
 ``request_yield`` the holder learns of in a renewal answer: checkpoint and leave the
 block before ``lease.yield_deadline_ms``, when the cluster ends the lease itself.
+With ``progress_timeout=`` (an ``acquire`` option) call ``held.progress(figure)`` as
+work advances: a holder whose figure stops rising loses the lock (ends ``stalled``).
 
 The same holders serve shared keys (``capacity``/``units``: semaphores, read/write
 locks, pools; see ``Client.semaphore``, ``read_lock``, ``write_lock``, ``pool``) and
@@ -72,6 +74,16 @@ class _HeldState(KeepAliveState):
         self._on_yield = on_yield_requested
         #: The yield deadline already reported (``on_yield_requested`` once per request).
         self._yield_seen: int | None = None
+        #: The last figure given to ``progress`` (sent with every renewal from then on).
+        self._progress: float | None = None
+
+    def progress(self, figure: float) -> None:
+        """Report progress (higher is further) on a lock acquired with
+        ``progress_timeout``: the next renewal carries it (docs/design.md §4g), so a
+        holder that stops calling this with higher figures loses the lock (``stalled``)
+        about ``progress_timeout`` after the last higher one reached the cluster. Any
+        thread; never blocks."""
+        self._progress = figure
 
     @property
     def attached(self) -> bool:
@@ -164,7 +176,7 @@ class HeldLock(_HeldState):
 
     def _renew(self, timeout: float) -> None:
         assert self.lease is not None
-        self._held(self._client.renew(self.lease, timeout=timeout))
+        self._held(self._client.renew(self.lease, timeout=timeout, progress=self._progress))
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -204,7 +216,7 @@ class AsyncHeldLock(_HeldState):
 
     async def _renew(self, timeout: float) -> None:
         assert self.lease is not None
-        self._held(await self._client.renew(self.lease, timeout=timeout))
+        self._held(await self._client.renew(self.lease, timeout=timeout, progress=self._progress))
 
     async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:

@@ -249,8 +249,9 @@ class Dispatcher:
         """A ``renew`` of a plain lease or a ``session_keepalive``, neither changing the
         TTL, answered by the leader from memory (server/keepalive.py): the answer a log
         write would give, or None when it must go through the log instead (not the
-        leader, no valid leader lease, a new TTL, a lease in a session, or anything
-        but the plain success: the log then gives the exact error).
+        leader, no valid leader lease, a new TTL, a lease in a session, a
+        progress-aware lease or a renewal carrying ``progress``, or anything but the
+        plain success: the log then gives the exact error).
 
         Event loop; never blocks. Safe for the same reason as a lease read: while its
         leader lease is valid no other node can lead, and its state holds every
@@ -284,6 +285,10 @@ class Dispatcher:
                 or lease.session
                 or args.get("ttl", lease.ttl_ms) != lease.ttl_ms
                 or lease.expires_at <= now
+                # Progress-aware (docs/design.md §4g): progress counts only once it is
+                # in the log, and the stall is decided there: every renewal is logged.
+                or "progress" in args
+                or store.progress.tracked(lease.lease_id)
             ):
                 return None
             until = now + lease.ttl_ms

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CompactedError, UnavailableError
+from ..models import LEASE_END_KINDS
 from ..protocol import Request, encode_frame, error_response, ok_response
 from .slots import Slots
 
@@ -53,7 +54,7 @@ PUBLIC_FIELDS = ("type", "key", "owner", "token", "revision", "value", "units")
 OPTIONAL_FIELDS = ("unit_indices", "handoff")
 #: Events that end a lease; one is a ``handoff`` when the same log entry grants the
 #: key to another owner after it (``mark_handoffs``).
-ENDS = ("release", "expire", "revoke", "transfer")
+ENDS = LEASE_END_KINDS
 
 
 def mark_handoffs(events: list[dict[str, Any]]) -> None:

@@ -61,6 +61,9 @@ PLANTED_BUGS: dict[str, str] = {
     "intent or commit) and answers new: a retried task makes an external call again",
     "early_child": "a task put with 'after' is ready at once, before its parents "
     "complete: a child's claim comes before a parent's completion",
+    "progress_from_memory": "the leader answers renewals of a progress-aware lease from "
+    "memory: it promises now + ttl while the log ends the lease at its progress deadline, "
+    "so the key can go to another before the holder's valid_until",
     "skip_pre_vote": "a node runs for election without asking for pre-votes, so a member "
     "that was cut off raises its term and, once it rejoins, deposes a healthy leader",
 }

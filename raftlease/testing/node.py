@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from ..clock import AdjustableClock
 from ..config import NodeConfig, load_toml
 from ..core import LeaseStore
+from ..core.progress import LeaseProgress
 from ..core.queue import TaskQueues
 from ..errors import BadRequestError, ConfigError, InvalidArgumentError
 from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder
@@ -211,6 +212,30 @@ class EarlyChildStore(LeaseStore):
         return store
 
 
+class UntrackedProgress(LeaseProgress):
+    """Planted bug ``progress_from_memory``: the records work, but the leader's
+    keep-alive path is told no lease is progress-aware, so it answers their renewals
+    from memory (``now + ttl``, past the progress deadline the log holds)."""
+
+    def tracked(self, lease_id: str) -> bool:
+        return False
+
+
+class ProgressFromMemoryStore(LeaseStore):
+    """The store of ``progress_from_memory``: its progress records are
+    ``UntrackedProgress``, also after a snapshot is loaded."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.progress = UntrackedProgress()
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> LeaseStore:
+        store = super().from_plain(data)
+        store.progress = UntrackedProgress.from_plain(store.progress.to_plain())
+        return store
+
+
 class BarrierlessReads(Reads):
     """Planted bug ``skip_read_barrier``: a new leader serves lease reads as soon as
     its leader lease is valid, before it has applied an entry of its own term."""
@@ -270,6 +295,7 @@ STORES: dict[str, type[LeaseStore]] = {
     "skip_deadlock_detection": DeadlockBlindStore,
     "skip_effect_check": EffectBlindStore,
     "early_child": EarlyChildStore,
+    "progress_from_memory": ProgressFromMemoryStore,
 }
 
 

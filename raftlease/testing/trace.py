@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..core import LeaseStore
+from ..models import LEASE_END_KINDS
 from ..replication import Replica
 from ..server.log_clock import LogClock
 from ..server.reads import Reads
@@ -153,7 +154,7 @@ def traced_reads(base: type[Reads], trace: TraceLog) -> type[Reads]:
 
 
 #: The end kinds of a lease (``LeaseStore._end_lease``), as the store's events name them.
-END_KINDS = frozenset({"release", "expire", "transfer", "revoke", "preempt"})
+END_KINDS = LEASE_END_KINDS
 
 
 def lease_hash(lease_id: str) -> str:

@@ -64,6 +64,15 @@ def test_json_output_of_the_lease_queue_and_member_commands(shared: LocalCluster
     claim = run_cli("-o", "json", "queue", "claim", "cli-options-q", "--worker", "w", env=env)
     task = json.loads(claim.stdout)
     assert task["claimed"] and task["task_id"] == put["task_id"] and task["payload"] == {"n": 1}
+    # --after: the child waits for its parent (nothing to claim until it completed).
+    child = json.loads(
+        run_cli(
+            "-o", "json", "queue", "put", "cli-options-q", '{"n": 2}', "--after",
+            put["task_id"], env=env,
+        ).stdout
+    )  # fmt: skip
+    early = run_cli("-o", "json", "queue", "claim", "cli-options-q", "--worker", "w", env=env)
+    assert not json.loads(early.stdout)["claimed"], early.stdout
     attempt = {**env, "RAFTLEASE_ATTEMPT_ID": task["attempt_id"]}
     done = run_cli("queue", "complete", "cli-options-q", task["task_id"], "-o", "json", env=attempt)
     assert json.loads(done.stdout) == {
@@ -71,6 +80,10 @@ def test_json_output_of_the_lease_queue_and_member_commands(shared: LocalCluster
         "queue": "cli-options-q",
         "task_id": put["task_id"],
     }
+    late = run_cli(
+        "-o", "json", "queue", "claim", "cli-options-q", "--worker", "w", "--wait", "10", env=env
+    )
+    assert json.loads(late.stdout)["task_id"] == child["task_id"], late.stdout
 
     released = run_cli("-o", "json", "release", key, lease["lease_id"], env=env)
     assert json.loads(released.stdout) == {"ok": True, "key": key}

@@ -446,11 +446,15 @@ def test_queue_tools_take_heartbeat_complete_and_fail(shared: LocalCluster) -> N
                 assert err.value.code == "TASK_NOT_FOUND"
 
                 nxt = await a.call("take_task", queue="mcp-jobs")
-                assert nxt["task_id"] == second
+                assert nxt["task_id"] == second and "checkpoint" not in nxt
+                # A checkpoint saved with a heartbeat is handed to the next attempt.
+                await a.call("heartbeat", task_id=second, checkpoint="page 7 of 9 ✓")
                 failed = await a.call("fail_task", task_id=second, error="boom", retry_after=0.1)
                 assert failed["failed"] is True
                 again = await a.call("take_task", queue="mcp-jobs", wait=20)
                 assert again["task_id"] == second and again["token"] > nxt["token"]
+                assert again["checkpoint"] == "page 7 of 9 ✓"
+                assert again["checkpoint_attempt"] == nxt["attempt"]
                 assert (await a.call("take_task", queue="mcp-empty"))["task"] is None
             # The MCP session ended holding `second`: given back, not held forever.
 
@@ -609,6 +613,8 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("heartbeat", {"task_id": TASK, "progress": "half"}, "progress"),
     ("heartbeat", {"task_id": TASK, "progress": 0.5, "eta": 3}, "eta"),
     ("heartbeat", {"task_id": TASK, "progress": 1e300}, "progress"),
+    ("heartbeat", {"task_id": TASK, "checkpoint": 7}, "checkpoint"),
+    ("heartbeat", {"task_id": TASK, "checkpoint": "x" * 8193}, "checkpoint"),
     ("complete_task", {"task_id": 5}, "task_id"),
     ("complete_task", {"task_id": TASK, "result": 1, "status": "done"}, "status"),
     ("complete_task", {"task_id": "t" * 200}, "task_id"),

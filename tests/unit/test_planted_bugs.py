@@ -20,6 +20,7 @@ functions returning a list of violations.
 | ``skip_deadlock_detection`` | deadlock detection | ``cycles`` (test_core_deadlock.py) |
 | ``skip_effect_check`` | a begin reads the effect journal | ``queue_checker.check_effects`` |
 | ``early_child`` | a child waits for its parents | ``queue_checker.check_dependencies`` |
+| ``progress_from_memory`` | progress renewals go through the log | ``promised_past_progress`` |
 
 The chaos suite's own runs catch the other two (``CHAOS_COVERED``, in
 tests/chaos/test_chaos.py): ``fast_log_clock`` (the log clock) and ``unsynced_acks`` (no
@@ -63,6 +64,7 @@ from raftlease.testing.node import (
     EffectBlindStore,
     ForgetfulStore,
     PartialSetStore,
+    ProgressFromMemoryStore,
     PromiselessGuard,
     RawFollowerLogTransport,
     ShortMemoryStore,
@@ -96,6 +98,7 @@ COVERED = (
     "skip_deadlock_detection",
     "skip_effect_check",
     "early_child",
+    "progress_from_memory",
 )
 
 #: Planted bugs caught by chaos-suite runs, and the test of tests/chaos/test_chaos.py that
@@ -208,6 +211,18 @@ def retry_applied_twice(
     return violations
 
 
+def promised_past_progress(cap_ms: int, promised_ms: list[int]) -> list[str]:
+    """``progress_from_memory``: renewals without progress of a progress-aware lease
+    whose deadline (log time) is ``cap_ms`` must never promise an expiry past it (the
+    log ends the lease there; a later promise lets the holder act while another holds
+    the key)."""
+    return [
+        f"a renewal promised {p} ms, past the progress deadline {cap_ms}"
+        for p in promised_ms
+        if p > cap_ms
+    ]
+
+
 # ------------------------------------------------------ hooks: unit tests
 
 
@@ -263,6 +278,7 @@ PLANTED_FIELDS: dict[str, dict[str, Any]] = {
     "skip_deadlock_detection": {"store_class": DeadlockBlindStore},
     "skip_effect_check": {"store_class": EffectBlindStore},
     "early_child": {"store_class": EarlyChildStore},
+    "progress_from_memory": {"store_class": ProgressFromMemoryStore},
 }
 
 HOOK_FIELDS = (
