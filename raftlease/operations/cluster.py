@@ -195,5 +195,6 @@ CLUSTER_OPS: tuple[Operation, ...] = (
             result("applied_index", "integer", "this node's applied index", True),
             result("node", "string", "this node's id", True),
         ),
+        (("GET", "/v1/audit", "The audit trail this node holds (admin)", "cluster"),),
     ),
 )  # fmt: skip
