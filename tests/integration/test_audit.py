@@ -5,6 +5,7 @@ of the export changes. The pure half is tests/unit/test_audit.py."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,16 @@ def test_a_keys_history_is_the_same_on_every_node_and_verifies(
     assert shown.returncode == 0, shown.stderr
     assert [line.split()[2] for line in shown.stdout.splitlines()] == [e[0] for e in expected]
 
+    # Without KEY: every key's records from --since (docs/audit.md), at most --limit.
+    since = int(records[0][0])  # type: ignore[call-overload]
+    every = cli(shared, "audit", "show", "--since", str(since), "--json")
+    assert every.returncode == 0, every.stderr
+    rows = json.loads(every.stdout)["records"]
+    assert all(r[0] >= since for r in rows) and rows[0] == records[0]
+    assert {tuple(r) for r in records} <= {tuple(r) for r in rows}
+    two = cli(shared, "audit", "show", "--since", str(since), "--limit", "2", "--json")
+    assert json.loads(two.stdout)["records"] == rows[:2]
+
     exported = cli(shared, "audit", "export")
     assert exported.returncode == 0, exported.stderr
     path = tmp_path / "trail.jsonl"
@@ -99,7 +110,6 @@ def test_get_v1_audit_is_admin_only_and_filters(tmp_path: Path) -> None:
     """``GET /v1/audit`` (docs/http-api.md): the admin reads a key's grant with the
     agent's principal, filtered by key, principal, since and limit; the agent itself
     is refused 403 PERMISSION_DENIED (the trail names every principal's keys)."""
-    import json
     import ssl
     import urllib.request
 
