@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from ..limits import TOKEN_RESERVE_STEP
+from ..limits import MAX_AUDIT_REFUSALS, TOKEN_RESERVE_STEP
 from .audit import AuditTrail
 from .budget import Budgets
 from .certkeys import CertKeys
@@ -49,6 +49,8 @@ from .state import StoreState
 #:    Also lease certificate signing keys (``cert_keys``, core/certkeys.py; issue 39) and
 #:    the audit trail (``audit``, core/audit.py). A layout 8 (or older) snapshot loads
 #:    with no keys (the next certificate request makes the first) and an empty trail.
+#:    Also the refusal ring (``audit_refusals``, docs/audit.md "Refusals"), written only
+#:    once a refusal was recorded; a snapshot without it loads with an empty ring.
 SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
@@ -76,6 +78,9 @@ SNAPSHOT_VERSION = 9
 #: Also: the leader's ``certkey`` entry stores a lease certificate signing key
 #: (core/certkeys.py; issue 39); a member that did not know it would refuse it and
 #: sign with another key than the rest.
+#: Also: a mutation the state machine refuses NOT_OWNER, STALE_ATTEMPT or
+#: PERMISSION_DENIED adds a record to the audit refusal ring (docs/audit.md
+#: "Refusals"); a member that did not would hold another ring than the rest.
 ENTRY_FORMAT = 6
 
 
@@ -90,7 +95,7 @@ def entry_format(entry: Any) -> int | None:
 
 def to_plain(store: StoreState) -> dict[str, Any]:
     """Plain data (msgpack-able) describing the whole state."""
-    return {
+    plain: dict[str, Any] = {
         "v": SNAPSHOT_VERSION,
         "now": store.now,
         "term": store.term,
@@ -116,6 +121,11 @@ def to_plain(store: StoreState) -> dict[str, Any]:
         "cert_keys": store.cert_keys.to_plain(),
         "audit": store.audit.to_plain(),
     }
+    if store.audit_refusals.seq > 1:
+        # Written once a refusal was recorded, so a store that never refused keeps the
+        # layout 9 dict it had (and its golden tests).
+        plain["audit_refusals"] = store.audit_refusals.to_plain()
+    return plain
 
 
 def _capacity_rows(store: StoreState) -> list[list[Any]]:
@@ -230,6 +240,8 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     store.cert_keys = CertKeys.from_plain(data.get("cert_keys", ()))
     # Layouts before 9 had no audit trail: it starts empty from the zero chain value.
     store.audit = AuditTrail.from_plain(data.get("audit"))
+    # No refusal ring before it (or none recorded yet): it starts empty.
+    store.audit_refusals = AuditTrail.from_plain(data.get("audit_refusals"), MAX_AUDIT_REFUSALS)
     for waiter in store.waiting.values():  # how many each tenant has waiting
         fair = store.fair.get(waiter.key)
         if fair is not None:

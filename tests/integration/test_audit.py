@@ -111,6 +111,7 @@ def test_get_v1_audit_is_admin_only_and_filters(tmp_path: Path) -> None:
     agent's principal, filtered by key, principal, since and limit; the agent itself
     is refused 403 PERMISSION_DENIED (the trail names every principal's keys)."""
     import ssl
+    import urllib.error
     import urllib.request
 
     from raftlease.testing.certs import agent_role, secure_bundle
@@ -168,5 +169,23 @@ def test_get_v1_audit_is_admin_only_and_filters(tmp_path: Path) -> None:
         status, refused = audit("?key=gpu/0", agent)
         assert status == 403 and refused["error"]["code"] == "PERMISSION_DENIED"  # type: ignore[index]
         assert audit("?limit=0", admin)[0] == 400
+        # A refusal the state machine decides goes to the refusal ring, with who asked.
+        body = json.dumps({"key": "gpu/0", "lease_id": "not-the-lease"}).encode()
+        request = urllib.request.Request(
+            f"https://{addr}/v1/leases/release",
+            data=body,
+            method="POST",
+            headers={**agent, "Content-Type": "application/json"},
+        )
+        try:
+            urllib.request.urlopen(request, timeout=10, context=context)
+            raise AssertionError("a release under another lease id was accepted")
+        except urllib.error.HTTPError as err:
+            assert err.code == 409 and json.loads(err.read())["error"]["code"] == "NOT_OWNER"
+        status, ring = audit("?trail=refusals&key=gpu/0", admin)
+        assert status == 200
+        assert [(r[2], r[3], r[4], r[7]) for r in ring["records"]] == [  # type: ignore[union-attr]
+            ("not_owner", "gpu/0", first["token"], "agent-7")
+        ]
     finally:
         cluster.close()
