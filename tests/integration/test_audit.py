@@ -5,6 +5,7 @@ of the export changes. The pure half is tests/unit/test_audit.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from raftlease.errors import RaftLeaseError
 from raftlease.testing import LocalCluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -66,6 +68,19 @@ def test_a_keys_history_is_the_same_on_every_node_and_verifies(
     assert {tuple(r) for r in records} <= {tuple(r) for r in rows}
     two = cli(shared, "audit", "show", "--since", str(since), "--limit", "2", "--json")
     assert json.loads(two.stdout)["records"] == rows[:2]
+
+    # A release under a lease id that is not the holder's: the refusal ring has it.
+    with shared.client() as c:
+        held = c.acquire("audit/refused", owner="agent-c", ttl=30.0)
+        with pytest.raises(RaftLeaseError) as refused:
+            c.release(dataclasses.replace(held, lease_id="not-the-lease"))
+        assert refused.value.code == "NOT_OWNER"
+        c.release(held)
+    ring = cli(shared, "audit", "show", "audit/refused", "--refusals", "--json")
+    assert ring.returncode == 0, ring.stderr
+    assert [(r[2], r[4], r[5]) for r in json.loads(ring.stdout)["records"]] == [
+        ("not_owner", held.token, "agent-c")
+    ]
 
     exported = cli(shared, "audit", "export")
     assert exported.returncode == 0, exported.stderr
