@@ -24,6 +24,11 @@ MAX_SESSION_LEASES = 10_000
 #: ones fold into the hash chain's base. About 410 bytes each with its chain value
 #: (tests/unit/test_core_memory.py: 4.1 MB full, with a key string of its own each).
 MAX_AUDIT_RECORDS = 10_000
+#: Refusal records every node keeps (``NOT_OWNER``, ``STALE_ATTEMPT``,
+#: ``PERMISSION_DENIED`` decided by the state machine; docs/audit.md "Refusals"), in a
+#: ring of their own so a flood of refused requests never evicts ownership history:
+#: the newest are kept, about 410 bytes each (0.4 MB full).
+MAX_AUDIT_REFUSALS = 1_000
 #: Most keys one ``acquire_many`` takes at once: its grant is one log entry with one
 #: revision per key, and its refusal names every busy key, so both stay small.
 MAX_MANY_KEYS = 16

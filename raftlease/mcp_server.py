@@ -431,6 +431,25 @@ class CheckTokenResult(TypedDict):
     lost_claims: NotRequired[_LostClaims]
 
 
+@with_config(ConfigDict(extra="forbid"))
+class AuditResult(TypedDict):
+    records: Annotated[
+        list[list[int | str]],
+        Field(
+            description=(
+                "[seq, log time (ms), type, key, token, owner, principal, by, revision], "
+                "oldest first (docs/audit.md): `principal` holds the lease, `by` made the change."
+            )
+        ),
+    ]
+    base: Annotated[str, Field(description="The chain value before the oldest record kept.")]
+    head: Annotated[str, Field(description="The chain value after the newest record.")]
+    first: Annotated[int, Field(description="The oldest kept record's seq.")]
+    applied_index: Annotated[int, Field(description="The answering node's applied index.")]
+    node: Annotated[str, Field(description="The answering node's id.")]
+    lost_claims: NotRequired[_LostClaims]
+
+
 _AttemptToken = Annotated[int, Field(description="The attempt's fencing token.")]
 
 
@@ -1196,6 +1215,27 @@ class ClaimBook:
             raise _from_raftlease(exc) from None
         return {"key": key, "token": token, "current": current}
 
+    async def audit(
+        self, key: str | None, principal: str | None, since: int, limit: int
+    ) -> dict[str, Any]:
+        """The audit trail as the first endpoint that answers holds it (docs/audit.md),
+        filtered like ``Client.audit``. Needs ``admin`` with auth (the cluster answers
+        PERMISSION_DENIED otherwise); raises ``ToolError`` with the last node's error."""
+        if key is not None:
+            _check_key(key)
+        last: RaftLeaseError | None = None
+        for endpoint in self.options.endpoints:
+            try:
+                return await self.client.audit(
+                    endpoint, key=key, principal=principal, since=since, limit=limit
+                )
+            except RaftLeaseError as exc:
+                if exc.code in ("PERMISSION_DENIED", "UNAUTHENTICATED", "INVALID_ARGUMENT"):
+                    raise _from_raftlease(exc) from None  # the same on every node
+                last = exc
+        assert last is not None  # endpoints is never empty
+        raise _from_raftlease(last) from None
+
 
 async def _notify_lost(ctx: Context, lost: list[dict[str, Any]]) -> None:
     """A warning log message to the client (MCP logging: deprecated by the newest
@@ -1518,6 +1558,32 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
         nothing."""
         return cast(CheckTokenResult, await book.result(ctx, await book.check_token(key, token)))
 
+    async def audit(
+        ctx: Context,
+        key: Annotated[
+            Annotated[StrictStr, Field(min_length=1, max_length=MAX_KEY_BYTES)] | None,
+            Field(description=f"Only this key's records; at most {MAX_KEY_BYTES} UTF-8 bytes."),
+        ] = None,
+        principal: Annotated[
+            Annotated[StrictStr, Field(max_length=MAX_ID_CHARS)] | None,
+            Field(description="Only records this principal held or made (as `principal` or `by`)."),
+        ] = None,
+        since: Annotated[
+            StrictInt,
+            Field(ge=0, le=2**62, description="Only records from this sequence number (`seq`)."),
+        ] = 0,
+        limit: Annotated[
+            StrictInt,
+            Field(ge=1, le=MAX_LIST_LIMIT, description=f"Most records, 1 to {MAX_LIST_LIMIT}."),
+        ] = 100,
+    ) -> AuditResult:
+        """Who owned what: the cluster's audit trail (grants, releases, expiries,
+        transfers, revocations, task claims and completions, with the principals),
+        oldest first, as one node holds it. Needs the admin permission with auth
+        (PERMISSION_DENIED otherwise). Changes nothing."""
+        body = await book.audit(key, principal, since, limit)
+        return cast(AuditResult, await book.result(ctx, body))
+
     async def take_task(
         queue: Annotated[
             StrictStr,
@@ -1794,6 +1860,7 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
         _strict_tool(who_holds, _hints("Who holds a key", read_only=True)),
         _strict_tool(list_claims, _hints("List claims or leases", read_only=True)),
         _strict_tool(check_token, _hints("Check a fencing token", read_only=True)),
+        _strict_tool(audit, _hints("Read the audit trail", read_only=True)),
         _strict_tool(take_task, _hints("Take a task", read_only=False, idempotent=False)),
         _strict_tool(heartbeat, _hints("Heartbeat a task", read_only=False)),
         _strict_tool(complete_task, _hints("Complete a task", read_only=False, destructive=True)),

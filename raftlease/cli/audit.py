@@ -1,6 +1,6 @@
 """``raftlease audit``: the replicated audit trail (docs/audit.md).
 
-    raftlease audit show [KEY] [--principal P] [--since SEQ] [--limit N]
+    raftlease audit show [KEY] [--principal P] [--since SEQ] [--limit N] [--refusals]
     raftlease audit export > trail.jsonl        # one node's whole trail, JSON lines
     raftlease audit verify [FILE]               # the hash chain of FILE, or of every node
 
@@ -55,6 +55,11 @@ def audit() -> None:
 @click.option("--principal", default=None, help="Only records this principal held or made.")
 @click.option("--since", type=int, default=0, help="Only records from this sequence number.")
 @click.option(
+    "--refusals",
+    is_flag=True,
+    help="The refusal ring (NOT_OWNER, STALE_ATTEMPT, PERMISSION_DENIED) instead.",
+)
+@click.option(
     "--limit",
     type=click.IntRange(1, MAX_AUDIT_RECORDS),
     default=1000,
@@ -66,6 +71,7 @@ def audit_show(
     key: str | None,
     principal: str | None,
     since: int,
+    refusals: bool,
     limit: int,
     endpoints: str,
     as_json: bool,
@@ -75,7 +81,15 @@ def audit_show(
     time (ms), what happened, key, fencing token, owner, the holder's principal and
     the principal whose request did it ("-": the leader's own entry, e.g. expiry)."""
     try:
-        answer = _first(endpoints, timeout, key=key, principal=principal, since=since, limit=limit)
+        answer = _first(
+            endpoints,
+            timeout,
+            key=key,
+            principal=principal,
+            since=since,
+            limit=limit,
+            refusals=refusals,
+        )
     except RaftLeaseError as exc:
         exit_error(exc, as_json)
     if as_json:

@@ -1114,6 +1114,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         principal: str | None = None,
         since: int = 0,
         limit: int = 1000,
+        refusals: bool = False,
         timeout: float = 10.0,
     ) -> dict[str, Any]:
         """Operators: the audit trail as the node at ``endpoint`` holds it
@@ -1121,7 +1122,9 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         "node"}``, records ``[seq, log time, type, key, token, owner, principal, by,
         revision]`` oldest first, those of ``key`` / involving ``principal`` / from
         ``since`` when given, at most ``limit`` (1 to 10,000). One node, no redirect,
-        no retry (compare nodes by asking each). Raises ``PermissionDeniedError``
+        no retry (compare nodes by asking each). ``refusals``: the refusal ring instead
+        (NOT_OWNER, STALE_ATTEMPT, PERMISSION_DENIED decided by the state machine, its
+        own ``seq``, ``base`` and ``head``). Raises ``PermissionDeniedError``
         without ``admin`` (with auth on), ``ConnectionLostError`` if unreachable."""
         args: dict[str, Any] = {"limit": limit}
         if key is not None:
@@ -1130,6 +1133,8 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             args["principal"] = principal
         if since:
             args["since"] = since
+        if refusals:
+            args["trail"] = "refusals"
         conn = await self.transport.connection(endpoint, timeout)
         response = await conn.request({"op": "audit", **args}, timeout)
         if not response.get("ok"):

@@ -556,13 +556,20 @@ class Client(SharedKeyLocks[HeldLock]):
         principal: str | None = None,
         since: int = 0,
         limit: int = 1000,
+        refusals: bool = False,
         timeout: float = 10.0,
     ) -> dict[str, Any]:
         """``AsyncClient.audit``: the audit trail the node at ``endpoint`` holds
-        (admin). Blocks up to ``timeout``."""
+        (admin), or its refusal ring with ``refusals``. Blocks up to ``timeout``."""
         return self._run(
             self._async.audit(
-                endpoint, key=key, principal=principal, since=since, limit=limit, timeout=timeout
+                endpoint,
+                key=key,
+                principal=principal,
+                since=since,
+                limit=limit,
+                refusals=refusals,
+                timeout=timeout,
             )
         )
 

@@ -28,6 +28,10 @@ from typing import Any
 
 from ..limits import MAX_AUDIT_RECORDS
 
+#: Refusals the state machine decides that go to the refusal ring (``LeaseStore.
+#: audit_refusals``, docs/audit.md "Refusals"): someone acted on what was not theirs.
+REFUSAL_CODES = frozenset({"NOT_OWNER", "STALE_ATTEMPT", "PERMISSION_DENIED"})
+
 ZERO = "00" * 32
 
 #: The store's own event types that are ownership changes (watch types).
@@ -63,11 +67,14 @@ def verify_chain(base: str, records: list[list[Any]], head: str) -> int | None:
 
 class AuditTrail:
     """The kept records and their chain values, the chain's ``base`` and ``head``,
-    and the next ``seq``."""
+    and the next ``seq``. ``cap``: how many records are kept (the ownership trail's
+    ``MAX_AUDIT_RECORDS``, the refusal ring's ``MAX_AUDIT_REFUSALS``)."""
 
-    __slots__ = ("_base", "_hashes", "records", "seq")
+    __slots__ = ("_base", "_hashes", "cap", "records", "seq")
 
-    def __init__(self) -> None:
+    def __init__(self, cap: int | None = None) -> None:
+        #: None: ``MAX_AUDIT_RECORDS`` as the module holds it at each add.
+        self.cap = cap
         self.records: deque[list[Any]] = deque()
         #: The chain value after each kept record (so trimming costs no hash).
         self._hashes: deque[bytes] = deque()
@@ -97,7 +104,7 @@ class AuditTrail:
         self.seq += 1
         self._hashes.append(_step(self._hashes[-1] if self._hashes else self._base, record))
         self.records.append(record)
-        if len(self.records) > MAX_AUDIT_RECORDS:
+        if len(self.records) > (MAX_AUDIT_RECORDS if self.cap is None else self.cap):
             self.records.popleft()
             self._base = self._hashes.popleft()
 
@@ -142,10 +149,10 @@ class AuditTrail:
         }
 
     @classmethod
-    def from_plain(cls, data: Any) -> AuditTrail:
+    def from_plain(cls, data: Any, cap: int | None = None) -> AuditTrail:
         """A trail from ``to_plain`` output (None or empty: a new trail). The chain
         values are recomputed from ``base``; the stored ``head`` is not trusted."""
-        trail = cls()
+        trail = cls(cap)
         if data:
             trail._base = bytes.fromhex(data["base"])
             trail.seq = data["seq"]

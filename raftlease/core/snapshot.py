@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from ..limits import TOKEN_RESERVE_STEP
+from ..limits import MAX_AUDIT_REFUSALS, TOKEN_RESERVE_STEP
 from .audit import AuditTrail
 from .budget import Budgets
 from .certkeys import CertKeys
@@ -54,6 +54,8 @@ from .state import StoreState
 #:    ``leases``, ``[lease id, progress_timeout ms, progress_at, progress or nil]``, and
 #:    ``pending``, ``[queued acquire's lease id, progress_timeout ms]``; a snapshot
 #:    without it loads with none.
+#:    Also the refusal ring (``audit_refusals``, docs/audit.md "Refusals"), written only
+#:    once a refusal was recorded; a snapshot without it loads with an empty ring.
 SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
@@ -84,6 +86,9 @@ SNAPSHOT_VERSION = 9
 #: Also: an acquire may carry ``progress_timeout`` and a renew ``progress`` (progress-
 #: aware plain leases, docs/design.md §4g); a member that ignored them would end leases
 #: (``stalled``) at other times than the rest.
+#: Also: a mutation the state machine refuses NOT_OWNER, STALE_ATTEMPT or
+#: PERMISSION_DENIED adds a record to the audit refusal ring (docs/audit.md
+#: "Refusals"); a member that did not would hold another ring than the rest.
 ENTRY_FORMAT = 6
 
 
@@ -126,6 +131,10 @@ def to_plain(store: StoreState) -> dict[str, Any]:
     }
     if store.progress:  # written only when used: layout 9 without it loads alike
         out["lease_progress"] = store.progress.to_plain()
+    if store.audit_refusals.seq > 1:
+        # Written once a refusal was recorded, so a store that never refused keeps the
+        # layout 9 dict it had (and its golden tests).
+        out["audit_refusals"] = store.audit_refusals.to_plain()
     return out
 
 
@@ -243,6 +252,8 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     store.audit = AuditTrail.from_plain(data.get("audit"))
     # Layouts before 9 (and 9 before progress-aware leases) had none.
     store.progress = LeaseProgress.from_plain(data.get("lease_progress", {}))
+    # No refusal ring before it (or none recorded yet): it starts empty.
+    store.audit_refusals = AuditTrail.from_plain(data.get("audit_refusals"), MAX_AUDIT_REFUSALS)
     for waiter in store.waiting.values():  # how many each tenant has waiting
         fair = store.fair.get(waiter.key)
         if fair is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from ..limits import MAX_AUDIT_REFUSALS
 from .audit import AuditTrail
 from .budget import Budgets
 from .certkeys import CertKeys
@@ -115,6 +116,9 @@ class StoreState:
         #: entry being applied ("" for the leader's own entries).
         self.audit = AuditTrail()
         self.audit_actor = ""
+        #: Refusals the state machine decided (core/audit.py ``REFUSAL_CODES``), in a
+        #: bounded ring of their own: a flood of them never evicts ``audit`` records.
+        self.audit_refusals = AuditTrail(MAX_AUDIT_REFUSALS)
         #: Memory, not state (never snapshotted; no answer depends on it): one object
         #: per distinct owner, principal and TTL among recent grants, shared by their
         #: leases (``share``).

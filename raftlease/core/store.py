@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 
 from ..limits import MAX_QUEUE_TENANTS, MAX_SESSION_LEASES, TOKEN_RESERVE_STEP
 from . import snapshot
+from .audit import REFUSAL_CODES
 from .budget import BUDGET_MUTATING_OPS, BUDGET_OPS, BUDGET_READ_OPS, check_budget_args
 from .certkeys import check_certkey
 from .checks import (
@@ -428,7 +429,37 @@ class LeaseStore(StoreState):
         result = self._MUTATIONS[op](self, entry)
         record.results[seq] = result
         remember(record, seq, op, entry)
+        if not result.get("ok", True) and result.get("code") in REFUSAL_CODES:
+            # After the dedup table took the answer: a retry is answered from it
+            # above and records nothing again. The ring is bounded on its own.
+            self._audit_refusal(op, entry, result)
         return result
+
+    def _audit_refusal(self, op: str, entry: dict[str, Any], result: Result) -> None:
+        """One refusal record (docs/audit.md "Refusals"): the type is the code in lower
+        case, ``key`` the key (a task's ``queue:<name>/<tid>``), ``token`` and ``owner``
+        the current holder's when the answer names them, ``by`` the requester. Touches
+        only ``audit_refusals``: the refusal changes nothing else."""
+        detail = result.get("detail") or {}
+        key = entry.get("key")
+        keys = entry.get("keys")
+        if not isinstance(key, str) and isinstance(keys, (list, dict)):
+            key = ",".join(str(k) for k in keys)  # acquire_many: its (at most 16) keys
+        elif not isinstance(key, str):
+            queue, tid = entry.get("queue"), entry.get("tid")
+            key = f"queue:{queue}/{tid}" if isinstance(queue, str) and tid else ""
+        token = detail.get("token", detail.get("current_token", 0))
+        owner = detail.get("owner", "")
+        self.audit_refusals.add(
+            self.now,
+            str(result["code"]).lower(),
+            key,
+            token if isinstance(token, int) else 0,
+            owner if isinstance(owner, str) else "",
+            "",
+            self.audit_actor,
+            self.revision,
+        )
 
     def _forged_retry(self, op: str, entry: dict[str, Any]) -> bool:
         """Is ``entry`` another request under a ``(cid, seq)`` already answered? (A

@@ -184,6 +184,9 @@ CLUSTER_OPS: tuple[Operation, ...] = (
             Field("since", "integer", "only records from this sequence number", high=2**62),
             Field("limit", "integer", "at most this many records", low=1,
                   high=MAX_AUDIT_RECORDS),
+            Field("trail", "enum", "changes: ownership changes; refusals: the refusal "
+                  "ring (NOT_OWNER, STALE_ATTEMPT, PERMISSION_DENIED)",
+                  choices=("changes", "refusals"), default="changes"),
         ),
         (
             result("records", "array:array", "[seq, log time, type, key, token, owner, "
@@ -195,5 +198,6 @@ CLUSTER_OPS: tuple[Operation, ...] = (
             result("applied_index", "integer", "this node's applied index", True),
             result("node", "string", "this node's id", True),
         ),
+        (("GET", "/v1/audit", "The audit trail this node holds (admin)", "cluster"),),
     ),
 )  # fmt: skip

@@ -19,7 +19,7 @@ __all__ = ["audit_answer", "verify_chain"]
 
 def audit_answer(replica: Replica, args: dict[str, Any], node_id: str) -> dict[str, Any]:
     """The ``audit`` operation's answer from this node's state (docs/audit.md): the
-    records ``args`` select (``key``, ``principal``, ``since``, ``limit``), with the
+    records ``args`` select (``trail``, ``key``, ``principal``, ``since``, ``limit``), with the
     chain's ``base`` and ``head`` so a reader can verify them. Read between two
     applies (the store's ``apply_seq``), so records, base and head belong together;
     ``UnavailableError`` if every try overlapped one. Event loop; never blocks."""
@@ -28,7 +28,8 @@ def audit_answer(replica: Replica, args: dict[str, Any], node_id: str) -> dict[s
         before = store.apply_seq
         if before % 2:
             continue
-        trail = store.audit
+        # ``trail``: the ownership changes, or the refusal ring (docs/audit.md).
+        trail = store.audit_refusals if args.get("trail") == "refusals" else store.audit
         every = trail.select(since=0, limit=MAX_AUDIT_RECORDS)
         base, head, seq = trail.base, trail.head, trail.seq
         applied = replica.last_applied()

@@ -63,6 +63,7 @@ TOOLS = {
     "who_holds",
     "list_claims",
     "check_token",
+    "audit",
     "take_task",
     "heartbeat",
     "complete_task",
@@ -239,6 +240,18 @@ def test_claim_renew_release_and_reads(shared: LocalCluster) -> None:
             released = await a.call("release_all")
             assert released["released"] == ["mcp/basic", "mcp/basic-2"]
             assert (await a.call("list_claims"))["claims"] == []
+
+            # The audit trail (no auth here: anyone is admin) has every claim and
+            # release of the key, with this session's owner and the tokens.
+            trail = await a.call("audit", key="mcp/basic")
+            mine_now = [(r[2], r[4]) for r in trail["records"] if r[5] == "mcp-a"]
+            assert [m for m in mine_now if m[0] in ("grant", "release")] == [
+                ("grant", token),
+                ("release", token),
+                ("grant", later["token"]),
+                ("release", later["token"]),
+            ]
+            assert trail["node"] and len(trail["head"]) == 64
 
     run(main())
 
@@ -636,6 +649,10 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("settle_budget", {"reservation_id": "r", "actual": "3"}, "actual"),
     ("settle_budget", {"reservation_id": "", "actual": 1}, "reservation_id"),
     ("settle_budget", {"reservation_id": "r", "actual": 1, "key": "k"}, "key"),
+    ("audit", {"limit": 0}, "limit"),
+    ("audit", {"since": -1}, "since"),
+    ("audit", {"key": 5}, "key"),
+    ("audit", {"prefix": "x"}, "prefix"),
 ]
 
 
@@ -717,7 +734,7 @@ def test_every_tool_refuses_wrong_extra_and_out_of_range_arguments(shared: Local
 
 @pytest.mark.timeout(120)
 def test_tools_declare_hints_strict_inputs_and_typed_outputs(shared: LocalCluster) -> None:
-    read_only = {"who_holds", "list_claims", "check_token"}
+    read_only = {"who_holds", "list_claims", "check_token", "audit"}
     destructive = {"release", "release_all", "complete_task", "fail_task"}
 
     async def main() -> None:
@@ -840,6 +857,9 @@ def test_credentials_and_permissions_apply(
                 await a.call("who_holds", key="ops/y")
             assert err.value.code == "PERMISSION_DENIED"
             assert (await a.call("who_holds", key="gpu/0"))["holders"][0]["mine"] is True
+            with pytest.raises(ToolFailed) as err:
+                await a.call("audit", key="gpu/0")  # the trail is for admins only
+            assert err.value.code == "PERMISSION_DENIED"
         async with agent(cluster, "mcp-anonymous", RAFTLEASE_AUTH_TOKEN="", **tls) as a:
             with pytest.raises(ToolFailed) as err:
                 await a.call("claim", key="gpu/1")

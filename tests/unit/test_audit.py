@@ -166,3 +166,90 @@ def test_select_filters_by_key_principal_and_since() -> None:
     assert [r[0] for r in s.audit.select(principal="alice")] == [1, 3]
     assert [r[0] for r in s.audit.select(since=2)] == [2, 3]
     assert [r[0] for r in s.audit.select(limit=1)] == [1]
+
+
+# ------------------------------------------------------------------ refusals
+
+
+def refusals(store: LeaseStore) -> list[tuple[Any, ...]]:
+    """(type, key, token, owner, holder principal, by) of every kept refusal record."""
+    return [tuple(r[2:8]) for r in store.audit_refusals.records]
+
+
+def _refusing_log() -> list[dict[str, Any]]:
+    """alice holds k; bob renews and releases it under a lease id not his (NOT_OWNER);
+    a task's first attempt completes after it was given up (STALE_ATTEMPT)."""
+    return [
+        acquire(10, "L1", principal="alice", ttl=10**6),
+        env({"op": "renew", "now": 20, "key": "k", "lid": "L9", "principal": "bob"}),
+        env({"op": "release", "now": 30, "key": "k", "lid": "L9", "principal": "bob"}),
+        {**put(40, "T1"), "term": 1},
+        {**claim(50, "A1", worker="w7"), "term": 1, "principal": "agent-7"},
+        {**claim(40000, "A2", worker="w8"), "term": 1, "principal": "agent-8"},
+        {**done(40010, "T1", "A1"), "term": 1, "principal": "agent-7"},
+    ]
+
+
+def test_refusals_are_recorded_in_their_own_ring_and_change_nothing_else(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NOT_OWNER and STALE_ATTEMPT decided by the state machine are recorded with the
+    requester; with the ring hooked out, the same log gives the same state (the hook
+    touches nothing but the ring); a retry of a refused request records nothing."""
+    s = LeaseStore()
+    answers = [s.apply(copy.deepcopy(e)) for e in _refusing_log()]
+    assert [a.get("code") for a in answers] == [
+        None, "NOT_OWNER", "NOT_OWNER", None, None, None, "STALE_ATTEMPT"
+    ]  # fmt: skip
+    token = answers[0]["token"]
+    assert refusals(s) == [
+        ("not_owner", "k", token, "o-L1", "", "bob"),
+        ("not_owner", "k", token, "o-L1", "", "bob"),
+        ("stale_attempt", "queue:q/T1", answers[5].get("token", 0), "", "", "agent-7"),
+    ]
+    assert all(r[2] not in ("not_owner", "stale_attempt") for r in s.audit.records)
+    # The same refused entry again (a client's retry): answered from the dedup
+    # table, no second record.
+    again = {**_refusing_log()[1], "cid": "retry", "now": 40020}
+    assert s.apply(copy.deepcopy(again))["code"] == "NOT_OWNER"
+    assert s.apply(copy.deepcopy(again))["code"] == "NOT_OWNER"
+    assert len(s.audit_refusals.records) == 4  # the first of "retry" only
+
+    log = _refusing_log()
+    quiet = LeaseStore()
+    monkeypatch.setattr(LeaseStore, "_audit_refusal", lambda *_: None)
+    for e in log:
+        quiet.apply(copy.deepcopy(e))
+    monkeypatch.undo()
+    loud = LeaseStore()
+    for e in log:
+        loud.apply(copy.deepcopy(e))
+    assert len(loud.audit_refusals.records) == 3
+    assert "audit_refusals" not in quiet.to_plain()
+    assert {**loud.to_plain(), "audit_refusals": None} == {
+        **quiet.to_plain(),
+        "audit_refusals": None,
+    }
+
+
+def test_a_flood_of_refusals_never_evicts_ownership_history() -> None:
+    """The ring keeps the newest MAX_AUDIT_REFUSALS; the ownership trail is untouched,
+    and a snapshot carries the ring (its chain recomputed) and replicas agree."""
+    from raftlease.limits import MAX_AUDIT_REFUSALS
+
+    s = LeaseStore()
+    s.apply(acquire(10, "L1", principal="alice", ttl=10**7))
+    trail = [list(r) for r in s.audit.records]
+    for i in range(MAX_AUDIT_REFUSALS + 50):
+        refused = s.apply(
+            env({"op": "release", "now": 20 + i, "key": "k", "lid": "Lx", "principal": "eve"})
+        )
+        assert refused["code"] == "NOT_OWNER"
+    ring = s.audit_refusals
+    assert len(ring.records) == MAX_AUDIT_REFUSALS and ring.seq == MAX_AUDIT_REFUSALS + 51
+    assert ring.records[0][0] == 51
+    assert verify_chain(ring.base, [list(r) for r in ring.records], ring.head) is None
+    assert [list(r) for r in s.audit.records] == trail
+    restored = LeaseStore.from_plain(copy.deepcopy(s.to_plain()))
+    assert restored.audit_refusals.head == ring.head
+    assert restored.to_plain() == s.to_plain()

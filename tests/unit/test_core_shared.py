@@ -147,17 +147,21 @@ def roundtrip(s: LeaseStore) -> LeaseStore:
 
 def apply_refused(s: LeaseStore, entry: Entry) -> dict[str, Any]:
     """Apply a mutation that must be refused with a domain error and change nothing
-    but the bookkeeping every applied entry does: ``applied`` grows by one and the
-    client session caches the (error) result for retries. The entry is applied at
-    the store's log time, so that no expiry interferes."""
+    but the bookkeeping every applied entry does (and the audit refusal ring):
+    ``applied`` grows by one and the client session caches the (error) result for
+    retries. The entry is applied at the store's log time, so that no expiry
+    interferes."""
     entry = {**entry, "now": s.now}
     before = s.to_plain()
     result = s.apply(entry)
     assert result["ok"] is False, result
     after = s.to_plain()
     assert after["applied"] == before["applied"] + 1
-    assert {k: v for k, v in after.items() if k not in ("applied", "sessions")} == {
-        k: v for k, v in before.items() if k not in ("applied", "sessions")
+    # ... and the audit refusal ring, which records NOT_OWNER, STALE_ATTEMPT and
+    # PERMISSION_DENIED by design (docs/audit.md "Refusals").
+    kept = ("applied", "sessions", "audit_refusals")
+    assert {k: v for k, v in after.items() if k not in kept} == {
+        k: v for k, v in before.items() if k not in kept
     }
     assert s.clients[entry["cid"]].results[entry["seq"]] is result
     assert s.events == []

@@ -83,8 +83,11 @@ def test_state_machine_lets_only_a_shaper_fix_a_shared_keys_capacity() -> None:
     before = store.to_plain()
     refused = store.apply(_shared(2, "p", "pool", 8, shaper=False))
     assert refused["code"] == "PERMISSION_DENIED" and refused["detail"] == {"key": "pool"}
-    moved = ("sessions", "applied", "now")
+    # (and the audit refusal ring, which records it: docs/audit.md "Refusals")
+    moved = ("sessions", "applied", "now", "audit_refusals")
     after = store.to_plain()
+    assert after["audit_refusals"]["records"][-1][2:8] == ["permission_denied", "pool", 0, "",
+                                                           "", "p"]  # fmt: skip
     assert {k: v for k, v in after.items() if k not in moved} == {
         k: v for k, v in before.items() if k not in moved
     }
