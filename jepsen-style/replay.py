@@ -195,6 +195,24 @@ def known_committed(disk: NodeDisk, applied: int | None) -> int:
     return max(known)
 
 
+def newest_dump_index(disks: list[NodeDisk], index: int) -> int | None:
+    """When a node took its dump after the others last said what they had applied (the
+    leader goes on writing log-time entries until the nodes stop), the smallest known
+    committed ``index`` is older than that dump and that node cannot be rebuilt there.
+    The newest dump's index is committed (a dump is applied state); it may serve instead
+    when every node reaches it and the nodes holding that entry are a majority and agree
+    on its term: the committed entry is on a majority, two majorities share a node, and
+    logs that agree on an entry's term agree on every entry before it (Raft's log
+    matching), so no node's log up to there is a stale tail. None otherwise."""
+    newest = max(d.dump_index for d in disks)
+    if newest <= index or not all(d.reachable(newest) for d in disks):
+        return None
+    holders = [d.by_index[newest] for d in disks if newest in d.by_index]
+    if len(holders) < len(disks) // 2 + 1 or len({term for _, _, term in holders}) != 1:
+        return None
+    return newest
+
+
 def compare(data_dir: Path, nodes: list[str], applied: dict[str, int | None]) -> dict[str, Any]:
     """Rebuild every node of ``nodes`` (``data_dir/<node>``) at one committed index and
     compare them. ``applied``: each node's applied index as it reported it after the
@@ -216,6 +234,8 @@ def compare(data_dir: Path, nodes: list[str], applied: dict[str, int | None]) ->
     if problems or not disks:
         return result
     index = min(known_committed(d, applied.get(d.node)) for d in disks)
+    if index > 0 and not all(d.reachable(index) for d in disks):
+        index = newest_dump_index(disks, index) or index
     if index <= 0 or not all(d.reachable(index) for d in disks):
         problems.append(
             f"cannot rebuild every replica at committed index {index}: "

@@ -443,7 +443,13 @@ def _entries(owner_b: str = "b") -> list[dict[str, Any]]:
     ]
 
 
-def _write_node(directory: Path, entries: list[dict[str, Any]], dump_after: int = 0) -> None:
+def _write_node(
+    directory: Path,
+    entries: list[dict[str, Any]],
+    dump_after: int = 0,
+    commit_index: int | None = None,
+    last_term: int = 1,
+) -> None:
     """A node's data directory: journal index 1 and 2 are no-ops (as PySyncObj starts
     a log and a leader its term), then ``entries``; with ``dump_after``, a full dump of
     the state after that many entries and the journal compacted to start at it."""
@@ -453,6 +459,7 @@ def _write_node(directory: Path, entries: list[dict[str, Any]], dump_after: int 
     directory.mkdir(parents=True)
     log = [(b"\x01", 1, 0), (b"\x01", 2, 1)]
     log += [(_command(e), 3 + n, 1) for n, e in enumerate(entries)]
+    log[-1] = (log[-1][0], log[-1][1], last_term)
     if dump_after:
         store = LeaseStore()
         for e in entries[:dump_after]:
@@ -466,7 +473,7 @@ def _write_node(directory: Path, entries: list[dict[str, Any]], dump_after: int 
     journal = FileJournal(str(directory / "raft.journal"))
     for command, index, term in log:
         journal.add(command, index, term)
-    journal.setRaftCommitIndex(log[-1][1])
+    journal.setRaftCommitIndex(log[-1][1] if commit_index is None else commit_index)
     journal.onOneSecondTimer()  # stores the meta file
     journal._destroy()
 
@@ -509,6 +516,28 @@ def test_replay_finds_a_replica_that_applied_another_entry(tmp_path: Path) -> No
     h.final()
     h.events[-1]["replay"] = out
     assert h.check()["checkers"]["replicas"]["valid"] is False
+
+
+def test_replay_rebuilds_at_a_dump_taken_after_the_others_reported(tmp_path: Path) -> None:
+    """n3 dumped index 6 after n1 and n2 said they had applied 5 (the leader writes on
+    until the nodes stop): the replicas are compared at 6, the dump's committed index,
+    since every node holding entry 6 has it in the same term."""
+    _write_node(tmp_path / "n1", _entries(), commit_index=5)
+    _write_node(tmp_path / "n2", _entries(), commit_index=5)
+    _write_node(tmp_path / "n3", _entries(), dump_after=4)
+    out = replay.compare(tmp_path, ["n1", "n2", "n3"], {"n1": 5, "n2": 5, "n3": None})
+    assert out["problems"] == [] and out["index"] == 6, out
+    assert len({n["digest"] for n in out["nodes"].values()}) == 1, out
+
+
+def test_replay_does_not_move_to_a_dump_whose_entry_the_logs_disagree_on(tmp_path: Path) -> None:
+    """Entry 6 in another term on n2: the logs may hold a stale tail, so no index
+    replaces the committed one and the comparison is a problem (unknown)."""
+    _write_node(tmp_path / "n1", _entries(), commit_index=5)
+    _write_node(tmp_path / "n2", _entries(), commit_index=5, last_term=2)
+    _write_node(tmp_path / "n3", _entries(), dump_after=4)
+    out = replay.compare(tmp_path, ["n1", "n2", "n3"], {"n1": 5, "n2": 5, "n3": None})
+    assert out["problems"] and out["problems"][0].startswith("cannot rebuild"), out
 
 
 def test_replay_of_a_node_it_cannot_read_is_a_problem(tmp_path: Path) -> None:
