@@ -463,6 +463,7 @@ def _yields(
         limit = req.t1 + float(v["deadline"]) + p.yield_bound if asked else float("inf")
         # Every operation that found the old lease alive: (what, invoked at).
         alive: list[tuple[str, float]] = []
+        learnt = False
         for op in ops:
             f, ov, end = op.inv["f"], op.value, op.end
             if end is None or end["type"] != "ok":
@@ -472,8 +473,8 @@ def _yields(
             if f == "many-renew" and ov.get("owner") == holder and ov.get("key") == key:
                 if ov.get("token") == token:
                     alive.append(("a renewal", op.t0))
-                    learnt = (end.get("value") or {}).get("yield_deadline_ms") is not None
-                    stats["yields_learnt"] += learnt and op.t0 >= req.t0
+                    if (end.get("value") or {}).get("yield_deadline_ms") is not None:
+                        learnt = True
             elif f == "many-release" and ov.get("owner") == holder and key in ov.get("keys", ()):
                 alive.append(("a release", op.t0))
                 stats["yields_released"] += op.t0 >= req.t0
@@ -481,6 +482,7 @@ def _yields(
                 for h in (end.get("value") or {}).get("holders") or ():
                     if isinstance(h, dict) and h.get("key") == key and h.get("token") == token:
                         alive.append(("a read", op.t0))
+        stats["yields_learnt"] += learnt
         for what, at in alive:
             if at > nxt:
                 violation(
