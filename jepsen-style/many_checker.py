@@ -23,7 +23,18 @@ Every attempt has an owner of its own, so a holder seen in a read is one attempt
   the key it is said to wait for in flight;
 * **undetected_deadlock**: two waits, each by an owner certainly holding the key the other
   waits for, both still waiting together for ``cycle_window`` seconds or more outside the
-  fault windows (a fault's start to its heal plus ``settle``): the cycle was not refused.
+  fault windows (a fault's start to its heal plus ``settle``): the cycle was not refused;
+* **yields** (cooperative preemption, ``many-yield``): after a request answered at ``t``
+  asking the holder of token ``T`` on a key to yield within ``d`` seconds, (a) nothing
+  is accepted with ``T`` (a renewal, a release, a read showing it) that was invoked after
+  a grant of the key with a larger token was acknowledged; (b) nothing shows the old
+  lease alive (the same operations) when invoked later than ``t + d + yield_bound``,
+  unless a fault window overlaps that stretch (then ``unresolved``, not a failure: log
+  time may lag wall time across a failover); (c) the waiter that asked ends its wait:
+  granted, or refused definitely; refused while its wait reached past ``t + d +
+  yield_bound`` with no fault window over it, or never ended, is a failure. While a
+  request is in flight the holder's certain holding ends at the request's invocation
+  (the cluster may end the lease from then on).
 
 Malformed events, or a history with no set granted or no read, make the verdict
 ``unknown``, never a pass.
@@ -33,13 +44,13 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 Event = dict[str, Any]
 
 #: The operations of the set-taking agents (judged here, not by the lease checkers).
-MANY_FS = frozenset({"many-acquire", "many-release", "many-read"})
+MANY_FS = frozenset({"many-acquire", "many-release", "many-read", "many-renew", "many-yield"})
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,9 @@ class ManyParams:
     cycle_window: float = 1.0
     #: Seconds after a heal still counted as the fault's.
     settle: float = 3.0
+    #: Seconds past a yield request's deadline (wall time from its answer) the old lease
+    #: may still be seen alive, and the waiter may still be waiting.
+    yield_bound: float = 2.0
 
 
 def has_many(events: Iterable[Event]) -> bool:
@@ -87,14 +101,35 @@ def _ops(events: Iterable[Event], bad: list[Event]) -> list[_Op]:
             bad.append(e)
         elif e.get("type") == "invoke":
             value = e.get("value")
-            if not isinstance(value, dict) or (
-                e["f"] == "many-acquire"
-                and not (
-                    isinstance(value.get("owner"), str)
-                    and isinstance(value.get("keys"), list)
-                    and value["keys"]
-                    and isinstance(value.get("wait"), int | float)
-                    and isinstance(value.get("ttl"), int | float)
+            if (
+                not isinstance(value, dict)
+                or (
+                    e["f"] == "many-acquire"
+                    and not (
+                        isinstance(value.get("owner"), str)
+                        and isinstance(value.get("keys"), list)
+                        and value["keys"]
+                        and isinstance(value.get("wait"), int | float)
+                        and isinstance(value.get("ttl"), int | float)
+                    )
+                )
+                or (
+                    e["f"] == "many-renew"
+                    and not (
+                        isinstance(value.get("owner"), str)
+                        and isinstance(value.get("key"), str)
+                        and isinstance(value.get("token"), int)
+                    )
+                )
+                or (
+                    e["f"] == "many-yield"
+                    and not (
+                        isinstance(value.get("owner"), str)
+                        and isinstance(value.get("key"), str)
+                        and isinstance(value.get("holder"), str)
+                        and isinstance(value.get("token"), int)
+                        and isinstance(value.get("deadline"), int | float)
+                    )
                 )
             ):
                 bad.append(e)
@@ -140,7 +175,7 @@ def check_many(events: list[Event], params: ManyParams | None = None) -> dict[st
     p = params or ManyParams()
     for e in events:
         if e.get("type") == "meta" and isinstance(e.get("rho"), int | float):
-            p = ManyParams(float(e["rho"]), p.bound, p.cycle_window, p.settle)
+            p = replace(p, rho=float(e["rho"]))
     bad: list[Event] = []
     ops = _ops(events, bad)
     last = max((float(e["t"]) for e in events if isinstance(e.get("t"), int | float)), default=0)
@@ -154,6 +189,11 @@ def check_many(events: list[Event], params: ManyParams | None = None) -> dict[st
     for op in ops:
         if op.inv["f"] == "many-release" and isinstance(op.value.get("owner"), str):
             releases.setdefault(op.value["owner"], op.t0)
+    for op in ops:
+        if op.inv["f"] == "many-yield":
+            # The cluster may end the asked holder's lease from the request on.
+            holder = op.value["holder"]
+            releases[holder] = min(releases.get(holder, float("inf")), op.t0)
     sets: dict[str, list[str]] = {}
     # key -> (ok time, invoke time, certain end, token, owner) of every grant.
     grants: dict[str, list[tuple[float, float, float, int, str]]] = defaultdict(list)
@@ -237,6 +277,7 @@ def check_many(events: list[Event], params: ManyParams | None = None) -> dict[st
                     read=op.inv["op"],
                 )
     watched = _watch_partial(events, sets, violation)
+    yield_stats = _yields(events, ops, acquires, p, last, violation)
     missed = _undetected(events, acquires, releases, p, last)
     violations += missed
     stats = {
@@ -245,6 +286,7 @@ def check_many(events: list[Event], params: ManyParams | None = None) -> dict[st
         "reads": reads,
         "deadlocks_refused": deadlocks,
         "sets_watched": watched,
+        **yield_stats,
         # Violations per rule (the list below keeps the first 50 only).
         "by_rule": dict(sorted(Counter(v["rule"] for v in violations).items())),
     }
@@ -376,3 +418,115 @@ def _undetected(
                         }
                     )
     return out
+
+
+def _yields(
+    events: list[Event],
+    ops: list[_Op],
+    acquires: list[_Op],
+    p: ManyParams,
+    last: float,
+    violation: Any,
+) -> dict[str, int]:
+    """Yield requests honoured (module docstring: yields); returns their counts."""
+    windows = _fault_windows(events, p.settle, last)
+
+    def faulty(lo: float, hi: float) -> bool:
+        return any(a < hi and b > lo for a, b in windows)
+
+    stats = {
+        "yield_requests": 0,
+        "yields_learnt": 0,
+        "yields_released": 0,
+        "yields_ended": 0,
+        "yields_unresolved": 0,
+    }
+    for req in ops:
+        if req.inv["f"] != "many-yield" or req.end is None or req.end["type"] == "fail":
+            continue  # refused definitely: nobody was asked
+        v = req.value
+        key, token, holder, asker = v["key"], v["token"], v["holder"], v["owner"]
+        asked = req.end["type"] == "ok"
+        stats["yield_requests"] += asked
+        # When a grant of the key with a larger token was first acknowledged.
+        nxt = min(
+            (
+                op.t1
+                for op in acquires
+                if op.end is not None
+                and op.end["type"] == "ok"
+                and isinstance((op.end.get("value") or {}).get("tokens"), dict)
+                and int(op.end["value"]["tokens"].get(key, -1)) > token
+            ),
+            default=float("inf"),
+        )
+        limit = req.t1 + float(v["deadline"]) + p.yield_bound if asked else float("inf")
+        # Every operation that found the old lease alive: (what, invoked at).
+        alive: list[tuple[str, float]] = []
+        learnt = False
+        for op in ops:
+            f, ov, end = op.inv["f"], op.value, op.end
+            if end is None or end["type"] != "ok":
+                if f == "many-renew" and ov.get("owner") == holder and end is not None:
+                    stats["yields_ended"] += end["type"] == "fail" and op.t0 >= req.t0
+                continue
+            if f == "many-renew" and ov.get("owner") == holder and ov.get("key") == key:
+                if ov.get("token") == token:
+                    alive.append(("a renewal", op.t0))
+                    if (end.get("value") or {}).get("yield_deadline_ms") is not None:
+                        learnt = True
+            elif f == "many-release" and ov.get("owner") == holder and key in ov.get("keys", ()):
+                alive.append(("a release", op.t0))
+                stats["yields_released"] += op.t0 >= req.t0
+            elif f == "many-read":
+                for h in (end.get("value") or {}).get("holders") or ():
+                    if isinstance(h, dict) and h.get("key") == key and h.get("token") == token:
+                        alive.append(("a read", op.t0))
+        stats["yields_learnt"] += learnt
+        for what, at in alive:
+            if at > nxt:
+                violation(
+                    "yields",
+                    f"{what} of {key} with token {token} invoked at {at:.3f} was accepted "
+                    f"after a larger token was granted at {nxt:.3f}",
+                    key=key,
+                    owner=holder,
+                )
+            elif at > limit:
+                if faulty(limit - p.yield_bound, at):
+                    stats["yields_unresolved"] += 1
+                else:
+                    violation(
+                        "yields",
+                        f"{what} at {at:.3f} found {holder}'s lease on {key} alive "
+                        f"{at - limit + p.yield_bound:.1f} s past its yield deadline",
+                        key=key,
+                        owner=holder,
+                    )
+        if not asked:
+            continue
+        for op in acquires:
+            if op.value["owner"] != asker or key not in op.value["keys"]:
+                continue
+            reach = op.t0 + float(op.value["wait"])
+            if op.end is None:
+                if last > max(limit, reach) + p.bound:
+                    violation(
+                        "yields", f"{asker} asked for {key} and never stopped waiting", key=key
+                    )
+                else:
+                    stats["yields_unresolved"] += 1
+            elif op.end["type"] == "info":
+                stats["yields_unresolved"] += 1
+            elif op.end["type"] == "fail" and reach > limit:
+                if faulty(op.t0, op.t1):
+                    stats["yields_unresolved"] += 1
+                else:
+                    violation(
+                        "yields",
+                        f"{asker} asked {holder} to yield {key} and was refused "
+                        f"{op.end.get('error')} although its wait outlasted the deadline",
+                        key=key,
+                        owner=asker,
+                    )
+    return stats

@@ -15,6 +15,11 @@ them, so the lease checkers never see these holders). Its coroutines share the c
   waits for ``m5`` (hold-and-wait across separate acquires). The state machine must
   refuse one of them ``DEADLOCK`` in the entry that closes the cycle; then both release
   what they hold.
+* a yielder (cooperative preemption, ``yield_keys``) every 2-4 s: a holder takes a key
+  (priority 0) and renews it every ``renew_every``; a waiter queues on it at priority
+  ``yield_priority`` and asks it to yield (``request_yield``) within ``yield_deadline``.
+  One holder in two honours the request (releases once a renewal answer carries it);
+  the other ignores it and renews until the cluster ends its lease (a renewal refused).
 * a reader that reads every live lease under ``m`` in one operation every 0.1-0.3 s.
 
 Events (``invoke`` then ``ok``/``fail``/``info`` paired by ``op``, as workload.py):
@@ -24,7 +29,14 @@ Events (``invoke`` then ``ok``/``fail``/``info`` paired by ``op``, as workload.p
   code) or ``info`` (unknown outcome) with ``error`` and, for ``DEADLOCK``, value
   ``{"cycle": [...]}`` (the refusal's detail);
 * ``f: "many-release"``, value ``{"owner", "keys"}``;
-* ``f: "many-read"``: ``ok`` value ``{"holders": [{"key", "owner", "token"}, ...]}``.
+* ``f: "many-read"``: ``ok`` value ``{"holders": [{"key", "owner", "token"}, ...]}``;
+* ``f: "many-renew"``, value ``{"owner", "key", "token"}``; ``ok`` value
+  ``{"yield_deadline_ms"}`` (log time, ``None`` until a request reached the holder: the
+  holder's learning of it);
+* ``f: "many-yield"``, value ``{"owner" (the asker), "key", "holder", "token" (the
+  holder's), "deadline" (seconds), "priority", "honour"}``; ``ok`` value ``{"asked"}``.
+  The waiter's acquire carries ``"priority"`` in its value; the holder's end is its
+  ``many-release`` or its refused ``many-renew``.
 
 ``many_checker.check_many`` judges them.
 """
@@ -60,6 +72,12 @@ class ManyConfig:
     cycle_ttl: float = 4.0
     cycle_wait: float = 2.0
     read_every: tuple[float, float] = (0.1, 0.3)
+    #: The keys of the yield rounds (only the yielder uses them).
+    yield_keys: tuple[str, ...] = ("m7", "m8")
+    yield_every: tuple[float, float] = (2.0, 4.0)
+    yield_deadline: float = 0.8
+    yield_priority: int = 5
+    renew_every: float = 0.2
     #: Seconds per read or release call.
     call_timeout: float = 4.0
 
@@ -69,6 +87,8 @@ class ManyConfig:
             "cycle_keys": list(self.cycle_keys),
             "agents": self.agents,
             "waits": list(self.waits),
+            "yield_keys": list(self.yield_keys),
+            "yield_deadline": self.yield_deadline,
         }
 
 
@@ -109,6 +129,7 @@ class ManyAgents(threading.Thread):
             ),
             asyncio.create_task(self._cycler(client, random.Random(self.rng.random()))),
             asyncio.create_task(self._reader(client, random.Random(self.rng.random()))),
+            asyncio.create_task(self._yielder(client, random.Random(self.rng.random()))),
         ]
         try:
             await asyncio.gather(*tasks)
@@ -142,10 +163,14 @@ class ManyAgents(threading.Thread):
         many: bool,
         wait: float,
         ttl: float,
+        priority: int = 0,
     ) -> Lease | LeaseSet | None:
         """One recorded acquire; the grant, or None (refused, unknown: recorded)."""
         base = self._base("many-acquire", keys[0])
-        value = {"owner": owner, "keys": keys, "set": many, "wait": wait, "ttl": ttl}
+        value: dict[str, Any] = {"owner": owner, "keys": keys, "set": many, "wait": wait}
+        value["ttl"] = ttl
+        if priority:
+            value["priority"] = priority
         self._record(base, "invoke", value=value)
         try:
             if many:
@@ -153,7 +178,9 @@ class ManyAgents(threading.Thread):
                     keys, owner=owner, ttl=ttl, wait=wait
                 )
             else:
-                got = await client.acquire(keys[0], owner=owner, ttl=ttl, wait=wait)
+                got = await client.acquire(
+                    keys[0], owner=owner, ttl=ttl, wait=wait, priority=priority
+                )
         except RaftLeaseError as exc:
             extra: dict[str, Any] = {}
             if exc.code == "DEADLOCK":
@@ -228,6 +255,97 @@ class ManyAgents(threading.Thread):
                 if isinstance(outcome, BaseException) and not isinstance(outcome, RaftLeaseError):
                     raise outcome
             await self._pause(rng.uniform(0.1, 0.4))
+
+    async def _renew(self, client: AsyncClient, owner: str, lease: Lease) -> Lease | None:
+        """One recorded renewal; the renewed lease, or None (refused or unknown)."""
+        base = self._base("many-renew", lease.key)
+        value = {"owner": owner, "key": lease.key, "token": lease.token}
+        self._record(base, "invoke", value=value)
+        try:
+            renewed = await client.renew(lease, timeout=self.config.call_timeout)
+        except RaftLeaseError as exc:
+            self._record(base, "fail" if exc.definite else "info", error=exc.code)
+            return None
+        self._record(base, "ok", value={"yield_deadline_ms": renewed.yield_deadline_ms})
+        return renewed
+
+    async def _hold(self, client: AsyncClient, owner: str, lease: Lease, honour: bool) -> None:
+        """Renew ``lease`` until a renewal is refused; an honouring holder releases as
+        soon as an answer carries a yield request. Bounded: released after ``ttl`` plus
+        the deadline in any case (the waiter's wait is longer)."""
+        cfg = self.config
+        end = time.monotonic() + cfg.ttl + cfg.yield_deadline
+        held: Lease | None = lease
+        while held is not None and time.monotonic() < end:
+            await asyncio.sleep(cfg.renew_every)
+            held = await self._renew(client, owner, held)
+            if held is not None and honour and held.yield_deadline_ms is not None:
+                break
+        if held is not None:
+            await self._release(client, owner, held)
+
+    async def _yielder(self, client: AsyncClient, rng: random.Random) -> None:
+        cfg = self.config
+        r = 0
+        while not self.stop_event.is_set():
+            await self._pause(rng.uniform(*cfg.yield_every))
+            if self.stop_event.is_set():
+                break
+            r += 1
+            key = rng.choice(cfg.yield_keys)
+            holder, asker = f"{self.process}-yh{r}", f"{self.process}-yw{r}"
+            held = await self._acquire(client, holder, [key], many=False, wait=0, ttl=cfg.ttl)
+            if not isinstance(held, Lease):
+                continue
+            honour = rng.random() < 0.5
+            hold = asyncio.create_task(self._hold(client, holder, held, honour))
+            # The waiter's wait outlasts the deadline: it must be granted when the
+            # holder yields or is ended (many_checker: yields).
+            wait = cfg.ttl + cfg.yield_deadline + 2.0
+            waiter = asyncio.create_task(
+                self._acquire(
+                    client,
+                    asker,
+                    [key],
+                    many=False,
+                    wait=wait,
+                    ttl=cfg.ttl,
+                    priority=cfg.yield_priority,
+                )
+            )
+            try:
+                await asyncio.sleep(0.05)  # usually queued by now; either order is valid
+                base = self._base("many-yield", key)
+                value = {
+                    "owner": asker,
+                    "key": key,
+                    "holder": holder,
+                    "token": held.token,
+                    "deadline": cfg.yield_deadline,
+                    "priority": cfg.yield_priority,
+                    "honour": honour,
+                }
+                self._record(base, "invoke", value=value)
+                try:
+                    asked = await client.request_yield(
+                        key,
+                        deadline=cfg.yield_deadline,
+                        priority=cfg.yield_priority,
+                        owner=asker,
+                        timeout=cfg.call_timeout,
+                    )
+                except RaftLeaseError as exc:
+                    self._record(base, "fail" if exc.definite else "info", error=exc.code)
+                else:
+                    self._record(base, "ok", value={"asked": asked})
+                await hold
+                got = await waiter
+                if got is not None:
+                    await self._release(client, asker, got)
+            finally:
+                # Stopped mid-round (the harness cancels this task): end both with it.
+                for task in (hold, waiter):
+                    task.cancel()
 
     async def _reader(self, client: AsyncClient, rng: random.Random) -> None:
         cfg = self.config

@@ -12,8 +12,8 @@ file with one role each (files mode 0600, directory 0700):
 * ``resource``: read on ``k``: the fenced resource's ``fence`` calls;
 * ``canceller``: read, write on ``x``: the client that waits and gives up
   (``cancel_workload.py``);
-* ``many-agent``: read, write on ``m``: the agents that take sets of keys
-  (``many_workload.py``, ``run.py --many on``);
+* ``many-agent``: read, write, preempt on ``m``, priority up to 5: the agents that take
+  sets of keys and ask holders to yield (``many_workload.py``, ``run.py --many on``);
 * ``watcher``: read on every key: the watcher's stream of every change
   (``watch_workload.py``; a watch on the prefix ``""`` needs read there);
 * ``nemesis``: read, write, admin on every key: status, ``test_clock``, membership.
@@ -69,7 +69,8 @@ PRINCIPALS: dict[str, tuple[tuple[tuple[str, tuple[str, ...]], ...], int]] = {
     "queue-worker": ((("queue:", ("read", "write")),), 0),
     "resource": ((("k*", ("read",)),), 0),
     "canceller": ((("x*", ("read", "write")),), 0),
-    "many-agent": ((("m*", ("read", "write")),), 0),
+    # preempt and priority 5: the yield rounds (many_workload.py, request_yield).
+    "many-agent": ((("m*", ("read", "write", "preempt")),), 5),
     "watcher": ((("", ("read",)),), 0),
     "nemesis": ((("", ("read", "write", "admin")),), 0),
 }

@@ -3,7 +3,8 @@
 Two short smoke runs (three faults, 3 nodes, about 30 s each): the planted build
 ``partial_many_grant`` must fail the ``many`` checker with sets seen in part by reads
 and by the watcher (and granted in part), and the honest build must pass every
-checker, with sets granted and induced cycles refused ``DEADLOCK``. The planted
+checker, with sets granted, induced cycles refused ``DEADLOCK`` and yield requests
+judged by the ``yields`` rule (asked holders honouring or ignoring them). The planted
 ``skip_deadlock_detection`` build is caught by the same checker's
 ``undetected_deadlock`` rule (hand-made history in test_many_checker_rules.py; by hand:
 jepsen-style/README.md, *Key sets*). Serial (tests/conftest.py SERIAL_FILES): a
@@ -63,3 +64,5 @@ def test_honest_build_passes_with_sets_granted_and_cycles_refused(tmp_path: Path
     stats = results["checkers"]["many"]["stats"]
     assert stats["set_grants"] >= 20 and stats["reads"] >= 20, stats
     assert stats["deadlocks_refused"] >= 3 and stats["sets_watched"] >= 20, stats
+    # Yields in the workload (request_yield), judged by the yields rule.
+    assert stats["yield_requests"] >= 1, stats

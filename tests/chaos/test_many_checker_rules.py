@@ -83,6 +83,24 @@ class MHist:
         ]
         self.events.append({"type": "watch", "f": "events", "t": t, "events": events})
 
+    def renew(
+        self, owner: str, key: str, token: int, t0: float, t1: float, *, asked: int | None = None
+    ) -> None:
+        """A renewal accepted (``asked``: the yield deadline its answer carried, ms)."""
+        base = self._op("many-renew", key, t0, {"owner": owner, "key": key, "token": token})
+        self.events.append({**base, "type": "ok", "t": t1, "value": {"yield_deadline_ms": asked}})
+
+    def renew_refused(self, owner: str, key: str, token: int, t0: float, t1: float) -> None:
+        base = self._op("many-renew", key, t0, {"owner": owner, "key": key, "token": token})
+        self.events.append({**base, "type": "fail", "t": t1, "error": "LEASE_NOT_FOUND"})
+
+    def ask_yield(
+        self, asker: str, key: str, holder: str, token: int, t0: float, t1: float
+    ) -> None:
+        value = {"owner": asker, "key": key, "holder": holder, "token": token, "deadline": 0.8}
+        base = self._op("many-yield", key, t0, value)
+        self.events.append({**base, "type": "ok", "t": t1, "value": {"asked": 1}})
+
     def fault(self, start: float, stop: float) -> None:
         self.events.append({"type": "nemesis", "f": "start", "id": 1, "t": start})
         self.events.append({"type": "nemesis", "f": "stop", "id": 1, "t": stop})
@@ -260,10 +278,82 @@ def test_a_deadlock_refusal_naming_no_real_cycle_is_caught(
     assert "deadlock_named" in rules(h)
 
 
+def yield_history(*, honour: bool, granted: float | None = 2.06) -> MHist:
+    """h holds m7 (token 1); w queues on it and asks h to yield within 0.8 s (answered
+    at 1.25: the old lease may be seen alive until 1.25 + 0.8 + 2.0 = 4.05). h learns it
+    in a renewal, then releases (``honour``) or renews until its lease is ended; w is
+    granted token 2 at ``granted`` (None: not recorded here)."""
+    h = good()
+    h.acquire("h", ["m7"], 1.0, 1.1, tokens={"m7": 1}, many=False, wait=0)
+    if granted is not None:
+        h.acquire("w", ["m7"], 1.15, granted, tokens={"m7": 2}, many=False, wait=4.8)
+    h.ask_yield("w", "m7", "h", 1, 1.2, 1.25)
+    h.renew("h", "m7", 1, 1.3, 1.35, asked=2050)
+    if honour:
+        h.release("h", ["m7"], 1.4, 1.45)
+    else:
+        h.renew("h", "m7", 1, 1.5, 1.55, asked=2050)
+        h.renew_refused("h", "m7", 1, 2.1, 2.15)
+    return h
+
+
+@pytest.mark.parametrize("honour", [True, False])
+def test_a_yield_honoured_or_enforced_passes(honour: bool) -> None:
+    # The holder's certain holding ends at the request (no mutual_exclusion although
+    # its TTL from the acquire would outlast the waiter's grant).
+    found = many_checker.check_many(yield_history(honour=honour, granted=2.06).events)
+    assert found["valid"] is True, found
+    stats = found["stats"]
+    assert stats["yield_requests"] == 1 and stats["yields_learnt"] == 1, stats
+    assert stats["yields_released" if honour else "yields_ended"] == 1, stats
+
+
+@pytest.mark.parametrize("late", ["renew", "read"])
+def test_the_old_token_accepted_after_the_next_grant_is_caught(late: str) -> None:
+    # (a): w was granted token 2 at 2.06; token 1 still accepted after that.
+    h = yield_history(honour=False, granted=2.06)
+    if late == "renew":
+        h.renew("h", "m7", 1, 2.2, 2.25)
+    else:
+        h.read(2.2, 2.25, [("m7", "h", 1)])
+    assert rules(h) == {"yields"}
+
+
+def test_a_lease_outliving_its_yield_deadline_is_caught_unless_a_fault_overlaps() -> None:
+    # (b): nobody else granted yet, but the old lease renewed at 4.5 (> 4.05).
+    h = yield_history(honour=False, granted=None)
+    h.acquire("w", ["m7"], 1.15, 5.0, tokens={"m7": 2}, many=False, wait=4.8)
+    h.renew("h", "m7", 1, 4.5, 4.55)
+    assert rules(h) == {"yields"}
+    h.fault(4.0, 4.2)
+    found = many_checker.check_many(h.events)
+    assert found["valid"] is True and found["stats"]["yields_unresolved"] >= 1, found
+
+
+def test_a_waiter_not_granted_after_the_deadline_is_caught_unless_a_fault_overlaps() -> None:
+    # (c): w's wait (to 5.95) outlasted the deadline (4.05) and it was refused.
+    h = yield_history(honour=True, granted=None)
+    h.acquire("w", ["m7"], 1.15, 5.95, many=False, wait=4.8, error="TIMEOUT")
+    assert rules(h) == {"yields"}
+    h.fault(3.0, 3.5)
+    assert many_checker.check_many(h.events)["valid"] is True
+    # A waiter that never ends.
+    h = yield_history(honour=True, granted=None)
+    h.acquire("w", ["m7"], 1.15, None, many=False, wait=4.8)
+    h.read(17.0, 17.1, [])
+    assert "yields" in rules(h)
+
+
 def test_malformed_or_empty_histories_are_unknown() -> None:
     h = good()
     h.events.append({"op": "s1:99", "f": "many-acquire", "type": "invoke", "t": 1.0})
     assert many_checker.check_many(h.events)["valid"] == "unknown"
+    # A yield request or renewal that does not say whose token it is.
+    for f in ("many-yield", "many-renew"):
+        h = good()
+        bad = {"owner": "w", "key": "m7", "holder": "h", "deadline": 0.8}
+        h.events.append({"op": "s1:99", "f": f, "type": "invoke", "t": 1.0, "value": bad})
+        assert many_checker.check_many(h.events)["valid"] == "unknown"
     # Nothing granted as a set, or nothing read: nothing judged.
     h = MHist()
     h.acquire("b", ["m2"], 0.2, 0.4, tokens={"m2": 2}, many=False)
