@@ -34,10 +34,6 @@ REFUSAL_CODES = frozenset({"NOT_OWNER", "STALE_ATTEMPT", "PERMISSION_DENIED"})
 
 ZERO = "00" * 32
 
-#: The store's own event types that are ownership changes (watch types).
-LEASE_TYPES = frozenset({"grant", "renew", "release", "expire", "transfer", "revoke", "proclaim"})
-
-
 def encode(record: list[Any]) -> bytes:
     """The bytes a record contributes to the chain (module docstring)."""
     return "|".join([f"{len(x)}:{x}" if isinstance(x, str) else str(x) for x in record]).encode(
