@@ -396,3 +396,41 @@ def test_the_document_names_the_fields_the_http_layer_sets() -> None:
     assert set(body["application/json"]["schema"]["propertyNames"]["not"]["enum"]) == set(
         http_api.RESERVED
     )
+
+
+# ------------------------------------------------------------ long-poll endings
+
+
+def test_a_spend_granted_after_the_last_poll_is_answered_granted_over_http() -> None:
+    """The HTTP front's half of tests/integration/test_budgets.py's race: the wait ends
+    (the last poll said ``queued``), then the withdrawal finds the spend granted. The
+    answer must be the grant (the units stay spent), never BUDGET_EXHAUSTED. The race
+    cannot be timed on a real node, so the handler runs here on its own, its
+    ``run`` answering as the state machine does (core/budget.py's cancel answer)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from raftlease.server.http.http_api import HttpApi
+
+    calls: list[str] = []
+
+    async def run(op: str, fields: dict[str, Any], caller: Any, key: str | None = None) -> Any:
+        calls.append(op)
+        if op == "await_spend":
+            return {"state": "queued"}
+        assert op == "budget_cancel", op
+        return {"granted": True, "amount": 2, "granted_at": 1234}
+
+    api = HttpApi.__new__(HttpApi)
+    api.run = run  # type: ignore[method-assign]
+    api._tasks = set()
+    request = SimpleNamespace(transport=SimpleNamespace(is_closing=lambda: False))
+    queued = {"key": "b", "spend_id": "s1", "amount": 2}
+
+    async def main() -> dict[str, Any]:
+        return await api._await_spend(request, {"wait": 0.05}, queued, None)  # type: ignore[arg-type]
+
+    answer = asyncio.run(main())
+    assert calls[-1] == "budget_cancel" and "await_spend" in calls, calls
+    assert answer["granted"] is True and answer["state"] == "granted", answer
+    assert answer["amount"] == 2 and answer["granted_at"] == 1234, answer
