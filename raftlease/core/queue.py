@@ -373,6 +373,26 @@ class TaskQueues(TaskState):
         # could find the budget empty.
         if wait <= 0 or "gate_budget" in entry:
             return {"ok": True, "claimed": False, "queue": name, "now": host.now}
+        # The waiter bounds, as for queued acquires (stamped by the leader): without
+        # them a flood of waiting claims on new queue names would grow the state for
+        # as long as their waits (up to a year) last.
+        wait_quota = entry.get("wait_quota")
+        waiting = self.claims_by.get(principal, 0)
+        if principal and wait_quota is not None and waiting >= wait_quota:
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{principal} has {waiting} waiting claims; its quota is {wait_quota} "
+                "(max_waiters_per_principal)",
+                quota=wait_quota,
+            )
+        waiters_total = entry.get("waiters_total")
+        if waiters_total is not None and len(self.claims) >= waiters_total:
+            return error(
+                "QUOTA_EXCEEDED",
+                f"{len(self.claims)} claims are waiting on this cluster; at most "
+                f"{waiters_total} may be (max_waiters_total)",
+                quota=waiters_total,
+            )
         queue = self._queue(name)
         if len(queue.claimers) >= MAX_WAITING_CLAIMS:
             return error(
@@ -392,6 +412,8 @@ class TaskQueues(TaskState):
             principal=principal,
         )
         self.claims[waiter.aid] = waiter
+        if principal:
+            self.claims_by[principal] = waiting + 1
         queue.claimers[waiter.aid] = None
         if sid:
             self.by_session.setdefault(sid, {})[waiter.aid] = None
@@ -682,6 +704,12 @@ class TaskQueues(TaskState):
 
     def _drop_claim(self, host: Host, waiter: ClaimWaiter, reason: str) -> None:
         del self.claims[waiter.aid]
+        if waiter.principal:
+            left = self.claims_by.get(waiter.principal, 0) - 1
+            if left > 0:
+                self.claims_by[waiter.principal] = left
+            else:
+                self.claims_by.pop(waiter.principal, None)
         queue = self.queues.get(waiter.queue)
         if queue is not None:
             queue.claimers.pop(waiter.aid, None)

@@ -394,6 +394,8 @@ _INT_FIELDS: tuple[tuple[str, int, int], ...] = (
     ("max_completed", 1, 2**31),  # stamped by the leader (max_completed_tasks)
     ("tasks_quota", 1, 2**31),  # stamped by the leader (max_tasks_per_principal)
     ("queues_quota", 1, 2**31),  # stamped by the leader (max_queues_per_principal)
+    ("waiters_total", 1, 2**31),  # stamped by the leader (max_waiters_total)
+    ("wait_quota", 1, 2**31),  # stamped by the leader (max_waiters_per_principal)
     ("aging", 0, MAX_AGING_MS),  # stamped by the leader (task_priority_aging)
     ("weight", 1, MAX_FAIRNESS_WEIGHT),
 )

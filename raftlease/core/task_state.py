@@ -62,6 +62,9 @@ class TaskState:
         #: small as the open tasks.
         self.held_by: dict[str, int] = {}
         self.queues_by: dict[str, dict[str, int]] = {}
+        #: Authenticated principal -> its waiting claims (``max_waiters_per_principal``);
+        #: moved with ``claims``, derived from them (rebuilt on restore).
+        self.claims_by: dict[str, int] = {}
         # Heaps, stale items skipped when popped (rebuilt on restore):
         self._expiries: list[tuple[int, str]] = []  # (expires_at, aid)
         self._delayed: list[tuple[int, int, str]] = []  # (ready_at, seq, tid)
@@ -459,6 +462,8 @@ class TaskState:
             )
             tq.claims[aid] = waiter
             tq._claim_deadlines.append((deadline, aid))
+            if principal:
+                tq.claims_by[principal] = tq.claims_by.get(principal, 0) + 1
         for waiter in sorted(tq.claims.values(), key=lambda w: w.order):
             tq._queue(waiter.queue).claimers[waiter.aid] = None
         for sid, aids in data["by_session"]:

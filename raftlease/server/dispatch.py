@@ -39,8 +39,9 @@ def draw_task_ids(config: NodeConfig, op: str, entry: dict[str, Any]) -> None:
     ``max_tasks_per_principal``, ``queues_quota``: ``max_queues_per_principal``); a
     completion carries the count bound on retained completed tasks
     (``max_completed_tasks``), and a put the aging step of its queue's order
-    (``task_priority_aging``, in ms; docs/queues.md). The state machine decides them
-    all. Raises nothing."""
+    (``task_priority_aging``, in ms; docs/queues.md), and a claim the waiter bounds
+    (``waiters_total``, ``wait_quota``). The state machine decides them all. Raises
+    nothing."""
     if op == "task_put":
         entry["tid"] = secrets.token_hex(12)
         entry["quota"] = min(config.max_queue_tasks, 2**31)
@@ -58,6 +59,15 @@ def draw_task_ids(config: NodeConfig, op: str, entry: dict[str, Any]) -> None:
             entry.pop("queues_quota", None)
     elif op == "task_claim":
         entry["aid"] = secrets.token_hex(16)
+        # A claim that waits is a waiter like a queued acquire: the same bounds
+        # (``max_waiters_total`` for everyone's waiting claims,
+        # ``max_waiters_per_principal`` for an authenticated principal's), decided in
+        # the state machine only when it would wait. Never a client's value.
+        entry["waiters_total"] = min(config.max_waiters_total, 2**31)
+        if entry.get("principal"):
+            entry["wait_quota"] = min(config.max_waiters_per_principal, 2**31)
+        else:
+            entry.pop("wait_quota", None)
     elif op == "task_complete":
         entry["max_completed"] = min(config.max_completed_tasks, 2**31)
 

@@ -420,3 +420,56 @@ def test_the_defaults_and_the_leader_stamps_them_only_into_authenticated_puts(
     for op in ("task_claim", "task_complete", "task_fail", "task_release", "task_retry"):
         entry = stamp(config, op, {"op": op, "principal": "p"})
         assert "tasks_quota" not in entry and "queues_quota" not in entry
+
+
+def waiting_claim(now: int, aid: str, queue: str, principal: str | None, **stamps: int) -> Entry:
+    """A claim with ``wait`` as the leader stamps it (``waiters_total``, ``wait_quota``)."""
+    entry = claim(now, aid, queue=queue, principal=principal) | {"wait": LONG}
+    return entry | stamps
+
+
+def test_waiting_claims_on_new_queue_names_stop_at_the_waiter_quotas() -> None:
+    """A flood of waiting claims, each on a queue name of its own, grew the state for
+    as long as the waits lasted: now a principal's waiting claims stop at its
+    ``wait_quota`` and everyone's at ``waiters_total`` (QUOTA_EXCEEDED, nothing
+    changed), a claim that leaves frees its slot, and a restored replica counts the
+    same. A claim that finds a task needs no waiter slot."""
+    store = LeaseStore()
+    for i in range(3):
+        ok(store.apply(waiting_claim(10 + i, f"a{i}", f"q{i}", "p", wait_quota=3)))
+    before = store.to_plain()
+    detail = refused(store.apply(waiting_claim(20, "a3", "q3", "p", wait_quota=3)))
+    assert detail["quota"] == 3
+    after = store.to_plain()
+    assert {k: v for k, v in after.items() if k not in MOVED} == {
+        k: v for k, v in before.items() if k not in MOVED
+    }
+    assert "q3" not in store.tasks.queues
+    # Another principal is not locked out; everyone together stops at waiters_total.
+    ok(store.apply(waiting_claim(21, "b0", "r0", "other", wait_quota=3, waiters_total=5)))
+    ok(store.apply(waiting_claim(22, "n0", "r1", None, waiters_total=5)))
+    detail = refused(store.apply(waiting_claim(23, "n1", "r2", None, waiters_total=5)))
+    assert detail["quota"] == 5
+    # A restored replica counts the same; a withdrawn claim frees its slot.
+    replica = restored(store)
+    assert replica.tasks.claims_by == store.tasks.claims_by == {"p": 3, "other": 1}
+    cancel = mut("task_claim_cancel", 30, "q0", "p", aid="a0")
+    ok(store.apply(cancel))
+    assert store.tasks.claims_by["p"] == 2
+    ok(store.apply(waiting_claim(31, "a4", "q4", "p", wait_quota=3)))
+    # A claim that is granted at once needs no slot, whatever the quota.
+    ok(store.apply(put(40, "T1", queue="q9")))
+    got = ok(store.apply(waiting_claim(41, "a5", "q9", "p", wait_quota=3)))
+    assert got.get("claimed") is not False, got
+
+
+def test_the_leader_stamps_the_waiter_bounds_into_every_claim(tmp_path: Path) -> None:
+    config = NodeConfig.create(
+        node_id="n1", nodes=NODES, data_dir=tmp_path, max_waiters_per_principal=7
+    )
+    entry: Entry = {"op": "task_claim", "queue": "q", "principal": "p", "wait_quota": 10**6}
+    draw_task_ids(config, "task_claim", entry)
+    assert entry["wait_quota"] == 7 and entry["waiters_total"] == config.max_waiters_total
+    anonymous: Entry = {"op": "task_claim", "queue": "q", "wait_quota": 1, "waiters_total": 9}
+    draw_task_ids(config, "task_claim", anonymous)  # a client's values never survive
+    assert "wait_quota" not in anonymous and anonymous["waiters_total"] == 100_000
