@@ -14,6 +14,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,3 +165,12 @@ def test_a_stale_token_changes_no_row_and_the_holder_writes_one(
         assert write(conn, replica_b, new, b"new-2") == 1
         assert row(conn) == (new.token, b"new-2")
         c.release(new)
+
+    # The example's own command line: one holder's write end to end.
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--dsn", postgres, "--key", "pg-fenced/cli",
+         "--endpoints", ",".join(shared.endpoints)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip().endswith(": 1 row(s) changed"), out.stdout
