@@ -2,8 +2,9 @@
 certificates from a real cluster: compiled with the pinned tsc (``npm ci``), it accepts
 the holder's request and refuses, with the Python verifier's codes, a thief with a
 copied certificate, a changed body, an expired certificate (the resource's clock moved
-ahead), a lower token after a higher one and a reused challenge; and it parses hostile
-bodies exactly as ``raftlease.verify.parse`` does (same fields, or BAD_CERTIFICATE).
+ahead), a lower token after a higher one and a reused challenge; it parses hostile
+bodies exactly as ``raftlease.verify.parse`` does (same fields, or BAD_CERTIFICATE);
+and it answers every combination of faults as ``raftlease.verify.Verifier`` does.
 
 Needs node and npm (scripts/test installs them with apt on a fresh machine); without
 them the tests are skipped, and fail under CI=true."""
@@ -11,6 +12,7 @@ them the tests are skipped, and fail under CI=true."""
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import random
@@ -29,8 +31,11 @@ from raftlease.testing import LocalCluster
 from raftlease.verify import (
     CertificateError,
     HolderKey,
+    Verifier,
     certificate_body,
+    load_keys,
     parse,
+    public_bytes,
     sign_certificate,
 )
 
@@ -359,3 +364,66 @@ def test_the_typescript_parser_reads_hostile_bodies_as_python_does(
         }
         assert answer == expected, (index, candidate.hex())
     assert accepted >= 15  # the real body and the odd-but-valid ones parsed on both sides
+
+
+def test_the_typescript_verifier_refuses_in_the_python_verifiers_order(ts: TsVerifier) -> None:
+    """Every combination of faults (unknown key id, bad signature, other key, expired,
+    unissued challenge, a thief's or a garbled proof, a stale token) gets the same
+    answer from both verifiers: the same checks in the same order. Certificates are
+    signed here with a key of the test's own (no cluster needed)."""
+    signer, forger = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    keys = f"7 {public_bytes(signer.public_key()).hex()}\n"
+    assert ts.ask(op="keys", keys=keys, drift_allowance=0.5)["ok"]
+    python = Verifier(load_keys(keys), drift_allowance=0.5)
+    holder, thief = HolderKey(), HolderKey()
+    now_ms = int(time.time() * 1000)
+
+    def certificate(key: str, token: int, *, kid: int = 7, forged: bool = False,
+                    expired: bool = False) -> str:  # fmt: skip
+        body = certificate_body(
+            kid=kid, key=key, token=token, principal="p", units=1, unit_indices=[],
+            holder=holder.public, not_after_ms=now_ms + (-1000 if expired else 60_000),
+            issued_at_ms=now_ms, op="acquire",
+        )  # fmt: skip
+        return sign_certificate(forger if forged else signer, body)
+
+    def both(cert: str, guarded: str, prover: str, issued: bool) -> tuple[str, str]:
+        answers = []
+        for side in ("ts", "python"):
+            if issued:
+                challenge = ts.challenge() if side == "ts" else python.challenge()
+            else:
+                challenge = os.urandom(16)
+            proof = {
+                "holder": holder.prove(cert, challenge, b"m"),
+                "thief": thief.prove(cert, challenge, b"m"),
+                "garbled": "not+a/proof!",
+            }[prover]
+            if side == "ts":
+                answer = ts.check(cert, proof, challenge, b"m", guarded)
+                answers.append("ok" if answer["ok"] else str(answer["code"]))
+            else:
+                try:
+                    python.check(cert, proof, challenge, b"m", key=guarded)
+                    answers.append("ok")
+                except CertificateError as exc:
+                    answers.append(exc.code)
+        return answers[0], answers[1]
+
+    cases = 0
+    for index, (kid, forged, other, expired, issued, prover, stale) in enumerate(
+        itertools.product(
+            (7, 8), (False, True), (False, True), (False, True), (True, False),
+            ("holder", "thief", "garbled"), (False, True),
+        )
+    ):  # fmt: skip
+        key = f"order/{index}"
+        if stale:  # both fences first raised to 10 for this key
+            assert both(certificate(key, 10), key, "holder", True) == ("ok", "ok")
+        cert = certificate(
+            "elsewhere" if other else key, 5, kid=kid, forged=forged, expired=expired
+        )
+        ts_answer, python_answer = both(cert, key, prover, issued)
+        assert ts_answer == python_answer, (kid, forged, other, expired, issued, prover, stale)
+        cases += 1
+    assert cases == 192
