@@ -144,6 +144,17 @@ def test_the_middleware_lets_only_the_current_holder_write(
         status, body, headers = call(url, "PUT", path, b"v")
         assert (status, body["code"]) == (401, "MISSING_CERTIFICATE")
         assert headers["WWW-Authenticate"].startswith('Raftlease-Certificate challenge="')
+        # Hostile headers: a definite 401 with a code, never a crash.
+        for garbage in (
+            {"Raftlease-Certificate": "x", "Raftlease-Challenge": "!!!", "Raftlease-Proof": "?"},
+            {
+                "Raftlease-Certificate": "rlc1.AA.AA",
+                "Raftlease-Challenge": "é",
+                "Raftlease-Proof": "p",
+            },
+        ):
+            status, body, _ = call(url, "PUT", path, b"v", garbage)
+            assert status == 401 and body["code"] in ("BAD_CERTIFICATE", "UNKNOWN_CHALLENGE"), body
         # A thief with a copy of the holder's certificate.
         status, body = write(lease, b"stolen", signer=thief)
         assert (status, body["code"]) == (401, "BAD_PROOF")
