@@ -81,8 +81,15 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
+#: RFC 4648 §5 without padding: the only characters a certificate's parts may hold.
+_B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
 def _unb64(text: str) -> bytes:
-    if not text or len(text) % 4 == 1 or not text.isascii():
+    # Strict: the decoder alone skips characters outside the alphabet, so a
+    # certificate text with stray characters would decode (the signature still held,
+    # but the wire format says strict base64url, as the TypeScript verifier checks).
+    if not text or len(text) % 4 == 1 or not set(text) <= _B64URL:
         raise ValueError("not base64url")
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 

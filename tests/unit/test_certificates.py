@@ -489,3 +489,19 @@ def test_the_signer_bounds_not_after_and_signs_only_a_live_lease() -> None:
         }
     )
     assert signer.sign("acquire", holder.public_hex(), "agent", answer) is None  # released
+
+
+def test_stray_characters_in_a_valid_certificate_are_refused(cluster: Cluster) -> None:
+    """The wire format is strict base64url (docs/certificates.md): a valid certificate
+    with characters outside the alphabet inserted is refused, as the TypeScript
+    verifier refuses it (Python's decoder alone skipped them and accepted it)."""
+    holder = HolderKey()
+    cert = cluster.issue(holder)
+    prefix, body, signature = cert.split(".")
+    for bad in (f"{prefix}.{body[:4]}!*{body[4:]}.{signature}", f"{prefix}.{body}.{signature}="):
+        v = verifier(cluster)
+        c = v.challenge()
+        refused("BAD_CERTIFICATE", v, bad, holder.prove(bad, c), c)
+    v = verifier(cluster)
+    c = v.challenge()
+    v.check(cert, holder.prove(cert, c), c)  # the certificate itself is fine
