@@ -45,7 +45,7 @@ from typing import Any
 from ..limits import DEFAULT_COMPLETED_TASKS, DEFAULT_QUEUE_TASKS, MAX_QUEUE_TENANTS
 from . import deps, effects
 from .checks import TASK_MUTATING_OPS
-from .records import LeaseSession, Result, error
+from .records import LeaseSession, Result, error, waiter_refusal
 from .task_records import (
     CLAIMED,
     COMPLETED,
@@ -376,23 +376,10 @@ class TaskQueues(TaskState):
         # The waiter bounds, as for queued acquires (stamped by the leader): without
         # them a flood of waiting claims on new queue names would grow the state for
         # as long as their waits (up to a year) last.
-        wait_quota = entry.get("wait_quota")
         waiting = self.claims_by.get(principal, 0)
-        if principal and wait_quota is not None and waiting >= wait_quota:
-            return error(
-                "QUOTA_EXCEEDED",
-                f"{principal} has {waiting} waiting claims; its quota is {wait_quota} "
-                "(max_waiters_per_principal)",
-                quota=wait_quota,
-            )
-        waiters_total = entry.get("waiters_total")
-        if waiters_total is not None and len(self.claims) >= waiters_total:
-            return error(
-                "QUOTA_EXCEEDED",
-                f"{len(self.claims)} claims are waiting on this cluster; at most "
-                f"{waiters_total} may be (max_waiters_total)",
-                quota=waiters_total,
-            )
+        refusal = waiter_refusal(entry, "waiting claims", waiting, len(self.claims))
+        if refusal is not None:
+            return refusal
         queue = self._queue(name)
         if len(queue.claimers) >= MAX_WAITING_CLAIMS:
             return error(

@@ -168,3 +168,31 @@ def error(code: str, message: str, **detail: Any) -> Result:
     if detail:
         result["detail"] = detail
     return result
+
+
+def waiter_refusal(
+    entry: dict[str, Any], what: str, mine: int, everyone: int, adding: int = 1
+) -> Result | None:
+    """QUOTA_EXCEEDED when ``adding`` more waiters of ``what`` (queued acquires,
+    waiting claims) would pass the principal's ``wait_quota`` (``mine`` it has now) or
+    everyone's ``waiters_total`` (``everyone`` now), both stamped by the leader; None
+    when they fit. Checked only when something would wait: a grant needs no slot."""
+    principal = entry.get("principal", "")
+    wait_quota = entry.get("wait_quota")
+    if principal and wait_quota is not None and mine + adding > wait_quota:
+        more = "" if adding == 1 else f"; {adding} more would pass it"
+        return error(
+            "QUOTA_EXCEEDED",
+            f"{principal} has {mine} {what}; its quota is {wait_quota} "
+            f"(max_waiters_per_principal){more}",
+            quota=wait_quota,
+        )
+    waiters_total = entry.get("waiters_total")
+    if waiters_total is not None and everyone + adding > waiters_total:
+        return error(
+            "QUOTA_EXCEEDED",
+            f"{everyone} {what} on this cluster; at most {waiters_total} may be "
+            "(max_waiters_total)",
+            quota=waiters_total,
+        )
+    return None

@@ -69,6 +69,7 @@ from .records import (
     Share,
     Waiter,
     error,
+    waiter_refusal,
 )
 from .state import StoreState
 from .task_records import FAIR_SCALE
@@ -556,25 +557,13 @@ class LeaseStore(StoreState):
             held = self._held_error(key, capacity, queue)
             held["detail"] = {**held.get("detail", {}), "gated": True}
             return held
-        wait_quota = entry.get("wait_quota")
-        queued = self.waiting_by.get(principal, 0)
-        if principal and wait_quota is not None and queued >= wait_quota:
-            # Checked only when it would queue: a grant needs no waiter slot.
-            return error(
-                "QUOTA_EXCEEDED",
-                f"{principal} has {queued} queued acquires; its quota is {wait_quota}",
-                quota=wait_quota,
-            )
-        waiters_total = entry.get("waiters_total")
-        if waiters_total is not None and len(self.waiting) >= waiters_total:
-            # Everyone's queued acquires on every key (max_waiters_total): derived
-            # from the wait queues, so a restored snapshot counts the same.
-            return error(
-                "QUOTA_EXCEEDED",
-                f"{len(self.waiting)} acquires are queued on this cluster; at most "
-                f"{waiters_total} may be (max_waiters_total)",
-                quota=waiters_total,
-            )
+        # Checked only when it would queue: a grant needs no waiter slot. The total
+        # is derived from the wait queues, so a restored snapshot counts the same.
+        refusal = waiter_refusal(
+            entry, "queued acquires", self.waiting_by.get(principal, 0), len(self.waiting)
+        )
+        if refusal is not None:
+            return refusal
         shares = self.fair.get(key)
         if (
             shares is not None
@@ -784,23 +773,11 @@ class LeaseStore(StoreState):
         priority: int = entry.get("priority", 0)
         capacity: int = entry.get("capacity", 1)
         count = len(items)
-        wait_quota = entry.get("wait_quota")
-        queued = self.waiting_by.get(principal, 0)
-        if principal and wait_quota is not None and queued + count > wait_quota:
-            return error(
-                "QUOTA_EXCEEDED",
-                f"{principal} has {queued} queued acquires; {count} more would pass its "
-                f"quota of {wait_quota}",
-                quota=wait_quota,
-            )
-        waiters_total = entry.get("waiters_total")
-        if waiters_total is not None and len(self.waiting) + count > waiters_total:
-            return error(
-                "QUOTA_EXCEEDED",
-                f"{len(self.waiting)} acquires are queued on this cluster; at most "
-                f"{waiters_total} may be (max_waiters_total)",
-                quota=waiters_total,
-            )
+        refusal = waiter_refusal(
+            entry, "queued acquires", self.waiting_by.get(principal, 0), len(self.waiting), count
+        )
+        if refusal is not None:
+            return refusal
         if self._detect:
             keys = [key for key, _units in items]
             deadlock = self._closes_cycle(principal, owner, keys, priority, lid, True)
