@@ -51,6 +51,7 @@ from ..recipes.shared import SharedKeyLocks
 from . import budgets, direct
 from .aio_queue import AsyncQueue
 from .budgets import BudgetInfo, Reservation, Settlement, Spend
+from .effects import AsyncEffect, LeaseEffectOwner, Reconcile
 from .transport import DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE, Pin, Transport, unknown_outcome
 
 
@@ -688,6 +689,32 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             timeout=timeout,
         )
         return replace(lease, value=str(result.get("value", "")))
+
+    def effect(
+        self,
+        lease: Lease,
+        effect_id: str,
+        *,
+        idempotency_key: str | None = None,
+        reconcile: Reconcile | None = None,
+        timeout: float | None = None,
+    ) -> AsyncEffect:
+        """An external effect made under ``lease``, for ``async with`` (client/effects.py;
+        docs/usage.md, "Effects under a lease"): entering records the intent in the
+        key's journal (with the lease's token) before the call, ``commit`` the result
+        after; the key's next holder finds it committed (skip the call) or in progress
+        (``reconcile(prior_token, key)`` decides). Raises ``LeaseNotFoundError`` or
+        ``NotOwnerError`` when ``lease`` is no longer the key's live lease (definite:
+        nothing recorded), ``InvalidArgumentError`` on a shared key, and
+        ``QuotaExceededError`` past 32 effects per key or 20,000 in all. No call is
+        made until the block is entered."""
+        return AsyncEffect(
+            LeaseEffectOwner(self, lease.key, lease.lease_id),
+            effect_id,
+            idempotency_key=idempotency_key,
+            reconcile=reconcile,
+            timeout=timeout,
+        )
 
     async def fence(
         self,

@@ -59,6 +59,7 @@ from .checks import (
 from .deadlock import Agent, agent_of, find_path, refusal, youngest
 from .deadlock import Wait as WaitEdge
 from .dedup import fingerprint, fingerprint_of, remember
+from .lease_effects import LEASE_EFFECT_OPS, check_lease_effect_args
 from .queue import check_queue_args
 from .records import (
     ClientRecord,
@@ -167,6 +168,8 @@ class LeaseStore(StoreState):
             problem = check_budget_args(op, entry)
         if problem is None and op == "certkey":
             problem = check_certkey(entry)
+        if problem is None and op in LEASE_EFFECT_OPS:
+            problem = check_lease_effect_args(op, entry)
         if problem is not None:
             return error("BAD_REQUEST", problem)
 
@@ -337,6 +340,8 @@ class LeaseStore(StoreState):
         self.tasks.advance(self)  # task attempts, deadlines, delays, claims, retention
         # Budgets: reservations and waits due, waiting heads the refill now covers.
         self.events.extend(self.budgets.advance(self.now))
+        # Lease effect journals whose retention after their key's last lease ran out.
+        self.lease_effects.advance(self.now, lambda key: self.newest_holder(key) is not None)
         # Stale heap entries (from renewals) accumulate; rebuild when they dominate.
         if len(deadlines) > 64 and len(deadlines) > 4 * len(self.leases):
             self._rebuild_deadlines()
@@ -985,6 +990,10 @@ class LeaseStore(StoreState):
             session = self.lease_sessions.get(lease.session)
             if session is not None:
                 session.leases.pop(lease.lease_id, None)
+        if key in self.lease_effects.journals and self.newest_holder(key) is None:
+            # Its effect journal's retention starts (§4h) when the lease ended: its
+            # expiry time for an expiry applied later; a grant below keeps it.
+            self.lease_effects.ended(key, min(self.now, lease.expires_at))
         self.revision += 1
         self._event(kind, lease)
         if grant_next:
@@ -1561,6 +1570,27 @@ class LeaseStore(StoreState):
         out["now"] = now
         return out
 
+    def _lease_effect(self, entry: dict[str, Any]) -> Result:
+        """``lease_effect_begin`` / ``lease_effect_commit`` (core/lease_effects.py,
+        §4h): fenced by the key's current live lease."""
+        lease = self._effect_lease(entry)
+        if not isinstance(lease, LeaseRecord):
+            return lease  # LEASE_NOT_FOUND, NOT_OWNER, PERMISSION_DENIED: definite
+        if self.capacity_of(lease.key) > 1:
+            return error(
+                "INVALID_ARGUMENT",
+                f"{lease.key!r} is a shared key (capacity {self.capacity_of(lease.key)}): "
+                "the effect journal is for keys of one holder at a time",
+            )
+        if entry["op"] == "lease_effect_begin":
+            return self.lease_effects.begin(lease.key, lease.token, entry)
+        return self.lease_effects.commit(lease.key, lease.token, entry)
+
+    def _effect_lease(self, entry: dict[str, Any]) -> LeaseRecord | Result:
+        """The fence of a lease effect: the caller's lease must be the key's live one
+        (``_owned``). A method so a planted build can skip it."""
+        return self._owned(entry)
+
     def _task(self, entry: dict[str, Any]) -> Result:
         """A ``task_*`` mutation (core/queue.py)."""
         return self.tasks.mutate(self, entry)
@@ -1583,6 +1613,8 @@ class LeaseStore(StoreState):
         "session_open": _session_open,
         "session_keepalive": _session_keepalive,
         "session_close": _session_close,
+        "lease_effect_begin": _lease_effect,
+        "lease_effect_commit": _lease_effect,
         **dict.fromkeys(TASK_MUTATING_OPS, _task),
         **dict.fromkeys(BUDGET_MUTATING_OPS, _budget),
     }
