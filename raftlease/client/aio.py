@@ -231,6 +231,14 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         if remaining is None and isinstance(result.get("now"), int):
             remaining = (int(result["expires_at"]) - int(result["now"])) / 1000.0
         window = ttl if remaining is None else min(ttl, remaining)
+        progress_until = None
+        deadline_at, timeout_ms = result.get("progress_at"), result.get("progress_timeout")
+        if isinstance(deadline_at, int) and isinstance(timeout_ms, int):
+            # Progress-aware (§4g): the log ends it at progress_at + timeout whatever
+            # keeps it alive; counted, like the TTL, from when the request was sent.
+            now_ms = result.get("now")
+            left = (deadline_at + timeout_ms - (now_ms if isinstance(now_ms, int) else 0)) / 1000.0
+            progress_until = self.valid_until(sent, min(left, timeout_ms / 1000.0))
         return Lease(
             key=result["key"],
             owner=result["owner"],
@@ -246,6 +254,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             yield_deadline_ms=int(asked["deadline"]) if asked else None,
             yield_by=str(asked.get("by", "")) if asked else "",
             certificate=str(result.get("certificate", "")),
+            progress_until=progress_until,
         )
 
     def valid_until(self, sent: float, seconds: float) -> float:
@@ -314,8 +323,9 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         higher figure than the last restarts its clock, and a holder that renews
         without progress for longer ends as ``stalled`` (a watch event; its next
         ``renew`` raises ``LeaseNotFoundError``). Every renewal of such a lease is a
-        log write. A queued acquire's clock starts at its grant. Not with ``session``
-        (``InvalidArgumentError``: a session's keep-alive carries no progress).
+        log write. A queued acquire's clock starts at its grant. With ``session`` the
+        session's keep-alives never keep it past its progress deadline: report
+        progress with ``session.progress(lease, n)`` (``Lease.progress_until``).
         """
         if session is not None:
             if ttl is not None:
@@ -911,6 +921,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             yield_deadline_ms=renewed.yield_deadline_ms,
             yield_by=renewed.yield_by,
             certificate=renewed.certificate or lease.certificate,
+            progress_until=renewed.progress_until,
         )
 
     async def release(self, lease: Lease, *, timeout: float | None = None) -> None:

@@ -94,6 +94,9 @@ SNAPSHOT_VERSION = 9
 #: Also: a mutation the state machine refuses NOT_OWNER, STALE_ATTEMPT or
 #: PERMISSION_DENIED adds a record to the audit refusal ring (docs/audit.md
 #: "Refusals"); a member that did not would hold another ring than the rest.
+#: Also: an acquire attached to a session may carry ``progress_timeout``, and a renew
+#: of such an attached lease ``progress``; session keep-alives then stop at its progress
+#: deadline (docs/design.md §4g); a member that refused them would hold other leases.
 #: Also: ``lease_effect_begin`` / ``lease_effect_commit`` entries keep a lease key's
 #: effect journal (docs/design.md §4h); a member that did not know them would refuse
 #: them and answer effects differently from the rest.

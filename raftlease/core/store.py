@@ -369,7 +369,12 @@ class LeaseStore(StoreState):
             if until > session.expires_at:
                 session.expires_at = until
                 for lease_id in session.leases:
-                    self.leases[lease_id].expires_at = until
+                    lease = self.leases[lease_id]
+                    cap = self.progress.cap(lease_id)  # never past a progress deadline
+                    if cap is None or cap >= until:
+                        lease.expires_at = until
+                    elif cap > lease.expires_at:
+                        lease.expires_at = cap
                 self.tasks.session_kept(self, session)
         self._rebuild_deadlines()
         self._session_deadlines = [(s.expires_at, sid) for sid, s in self.lease_sessions.items()]
@@ -1306,6 +1311,8 @@ class LeaseStore(StoreState):
         if not isinstance(lease, LeaseRecord):
             return lease
         if lease.session:
+            if self.progress.tracked(lease.lease_id) and "progress" in entry:
+                return self._attached_progress(lease, entry)
             return error(
                 "INVALID_ARGUMENT",
                 f"the lease is attached to lease session {lease.session!r} and lives as "
@@ -1325,6 +1332,24 @@ class LeaseStore(StoreState):
             if until <= lease.expires_at:
                 return self._lease_result(lease)
         self._extend(lease, until)
+        return self._lease_result(lease)
+
+    def _attached_progress(self, lease: LeaseRecord, entry: dict[str, Any]) -> Result:
+        """A progress report for a progress-aware lease attached to a session
+        (``session.progress``, §4g): a higher figure restarts its clock, and the lease
+        is extended up to its session's expiry, never past its progress deadline;
+        the session's keep-alives do the rest. A new TTL is not for an attached lease."""
+        if entry.get("ttl") is not None:
+            return error(
+                "INVALID_ARGUMENT",
+                "an attached lease takes its session's TTL: report progress without 'ttl'",
+            )
+        self.progress.report(lease.lease_id, entry["progress"], self.now)
+        session = self.lease_sessions[lease.session]
+        cap = self.progress.cap(lease.lease_id)
+        until = session.expires_at if cap is None else min(session.expires_at, cap)
+        if until > lease.expires_at:
+            self._extend(lease, until)
         return self._lease_result(lease)
 
     def _extend(self, lease: LeaseRecord, expires_at: int) -> None:
@@ -1493,7 +1518,12 @@ class LeaseStore(StoreState):
         for lease_id in session.leases:
             lease = self.leases[lease_id]
             lease.ttl_ms = session.ttl_ms
-            self._extend(lease, until)
+            cap = self.progress.cap(lease_id)
+            if cap is None:
+                self._extend(lease, until)
+            elif min(until, cap) > lease.expires_at:
+                # Progress-aware (§4g): never kept past its progress deadline.
+                self._extend(lease, min(until, cap))
         self.tasks.session_kept(self, session)  # and its task attempts
 
     def _session_close(self, entry: dict[str, Any]) -> Result:
