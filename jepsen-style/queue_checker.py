@@ -904,6 +904,10 @@ def check_dead_letters(qops: list[QOp], params: QParams) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ effects
 
+#: The definite refusals of a zombie's commit: a task attempt no longer current, or
+#: (the journal under a lease, docs/design.md §4h) a lease no longer the key's live one.
+ZOMBIE_REFUSALS = frozenset({"STALE_ATTEMPT", "NOT_OWNER", "LEASE_NOT_FOUND"})
+
 
 def check_effects(events: Iterable[Event]) -> dict[str, Any]:
     """``queue_effects`` (issue 41; docs/queues.md, "Effects"): every external effect
@@ -914,7 +918,7 @@ def check_effects(events: Iterable[Event]) -> dict[str, Any]:
     * ``effect.commit``: ``effect``, ``task``, ``token``, ``type`` (``ok``, ``fail``
       definite, ``info`` unknown), ``error``, ``already`` (an ok commit of an effect
       committed before), ``newest`` (the newest token of the task's attempts granted
-      before the commit was invoked);
+      before the commit was invoked; under a lease, of the key's leases);
     * ``effect.final``: ``effect``, ``task``, ``status`` (the task's final state).
 
     Violations: an effect made twice or more (``applied_twice``); an effect of a
@@ -949,7 +953,7 @@ def check_effects(events: Iterable[Event]) -> dict[str, Any]:
                     verdict.bad("zombie_commit_accepted", effect=eid, token=token, newest=newest)
                 if not event.get("already"):
                     firsts[eid] += 1
-            elif token < newest and event.get("error") == "STALE_ATTEMPT":
+            elif token < newest and event.get("error") in ZOMBIE_REFUSALS:
                 zombies_refused += 1
     for eid, count in applied.items():
         if count > 1:

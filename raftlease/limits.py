@@ -62,6 +62,16 @@ MAX_TASK_EFFECTS = 32
 MAX_EFFECT_ID_BYTES = 256
 MAX_EFFECT_KEY_BYTES = 256
 MAX_EFFECT_RESULT_BYTES = 1024
+#: The effect journal of plain leases (core/lease_effects.py, docs/design.md §4h): one
+#: journal per lease KEY, for its successive holders. The most effects one key records
+#: (``MAX_KEY_EFFECTS``) and all keys together (``MAX_LEASE_EFFECTS``): a begin of a
+#: new effect beyond either is ``QUOTA_EXCEEDED`` (at most 20,000 * ~1.6 KB = 32 MB in
+#: every replica and snapshot, ~4 MB with short ids and results). A key's journal is
+#: kept while the key is held, and dropped ``LEASE_EFFECT_RETENTION_MS`` of log time
+#: (one hour) after its last lease ended unless it is held again by then.
+MAX_KEY_EFFECTS = 32
+MAX_LEASE_EFFECTS = 20_000
+LEASE_EFFECT_RETENTION_MS = 3600 * 1000
 #: Task dependencies (docs/queues.md, "Dependencies"): the most parents one put may
 #: name (``after``); a child's claim carries their results (at most 16 x 16 KiB).
 MAX_TASK_PARENTS = 16

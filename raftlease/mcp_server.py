@@ -81,10 +81,14 @@ from ._version import __version__
 from .client.aio import AsyncClient
 from .client.aio_queue import AsyncTask
 from .client.budgets import Reservation
+from .client.effects import AsyncEffect
 from .errors import RaftLeaseError
 from .limits import (
     MAX_BUDGET_AMOUNT,
     MAX_CAPACITY,
+    MAX_EFFECT_ID_BYTES,
+    MAX_EFFECT_KEY_BYTES,
+    MAX_EFFECT_RESULT_BYTES,
     MAX_ID_CHARS,
     MAX_KEY_BYTES,
     MAX_MANY_KEYS,
@@ -94,6 +98,8 @@ from .limits import (
     MAX_TASK_CAPABILITIES,
     MAX_TASK_CHECKPOINT_BYTES,
     MAX_TASK_ERROR_BYTES,
+    MAX_TASK_PARENTS,
+    MAX_TASK_PAYLOAD_BYTES,
     MAX_TASK_RESULT_BYTES,
     MAX_VALUE_BYTES,
 )
@@ -188,6 +194,28 @@ TaskWait = Annotated[
     ),
 ]
 RetryAfter = Annotated[StrictFloat, Field(ge=0, le=MAX_RETRY_AFTER, allow_inf_nan=False)]
+
+# The effect tools (begin_effect, commit_effect): under a task or a claim.
+_TaskOrNone = Annotated[
+    Annotated[StrictStr, Field(min_length=1, max_length=MAX_ID_CHARS)] | None,
+    Field(description="A task_id taken with take_task (give this or key, not both)."),
+]
+_KeyOrNone = Annotated[
+    Annotated[StrictStr, Field(min_length=1, max_length=MAX_KEY_BYTES, pattern=_NO_NUL)] | None,
+    Field(description="A key this session claimed (give this or task_id, not both)."),
+]
+_EffectId = Annotated[
+    StrictStr,
+    Field(
+        min_length=1,
+        max_length=MAX_EFFECT_ID_BYTES,
+        pattern=_NO_NUL,
+        description=(
+            "The effect's id, e.g. charge:order-17: unique within the task (or the key), "
+            f"1 to {MAX_EFFECT_ID_BYTES} UTF-8 bytes; the next holder uses the same id."
+        ),
+    ),
+]
 
 #: Arguments the SDK may receive as JSON text (hosts that send every object as a
 #: string): only where a string can never be valid, so no string is reinterpreted.
@@ -479,6 +507,15 @@ class TakeTaskResult(TypedDict):
     checkpoint_attempt: NotRequired[
         Annotated[int, Field(description="The attempt that saved the checkpoint.")]
     ]
+    parent_results: NotRequired[
+        Annotated[
+            dict[str, Any],
+            Field(
+                description="The results of the tasks this one was put after (put_task's "
+                "`after`), by task id."
+            ),
+        ]
+    ]
     lost_claims: NotRequired[_LostClaims]
 
 
@@ -509,6 +546,56 @@ class FailResult(TypedDict):
     task_id: str
     token: _AttemptToken
     failed: Annotated[bool, Field(description="Always true (a failure is a tool error).")]
+    lost_claims: NotRequired[_LostClaims]
+
+
+_EffectToken = Annotated[
+    int, Field(description="The fencing token that holds (or committed) the effect's intent.")
+]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class EffectResult(TypedDict):
+    """An effect begun or committed under a taken task or a claim (docs/mcp.md)."""
+
+    effect: str
+    state: Annotated[
+        str,
+        Field(
+            description="new: make the call now, then commit_effect; committed: it was made "
+            "(skip the call, `result` is its result); in_progress: an earlier holder began "
+            "it and did not commit (ask the provider with `idempotency_key` whether it was "
+            "made: commit_effect with what it says, or make the call)."
+        ),
+    ]
+    idempotency_key: NotRequired[
+        Annotated[
+            str,
+            Field(
+                description="begin_effect: hand this to the provider (the same for every holder)."
+            ),
+        ]
+    ]
+    token: _EffectToken
+    task_id: NotRequired[str]
+    key: NotRequired[str]
+    result: NotRequired[Annotated[Any, Field(description="The committed result, a JSON value.")]]
+    already: NotRequired[
+        Annotated[bool, Field(description="commit_effect: it had been committed before.")]
+    ]
+    prior_token: NotRequired[
+        Annotated[int, Field(description="in_progress: the earlier holder's token.")]
+    ]
+    prior_attempt: NotRequired[
+        Annotated[int, Field(description="in_progress under a task: the earlier attempt.")]
+    ]
+    lost_claims: NotRequired[_LostClaims]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class PutTaskResult(TypedDict):
+    queue: str
+    task_id: Annotated[str, Field(description="The task's id (to name it in `after`).")]
     lost_claims: NotRequired[_LostClaims]
 
 
@@ -1097,6 +1184,111 @@ class ClaimBook:
             except UnicodeDecodeError:
                 out["checkpoint_base64"] = base64.b64encode(task.checkpoint).decode("ascii")
             out["checkpoint_attempt"] = task.checkpoint_attempt
+        if task.parent_results:
+            out["parent_results"] = dict(task.parent_results)
+        return out
+
+    async def put_task(
+        self, queue: str, payload: Any, after: list[str] | None, priority: int
+    ) -> dict[str, Any]:
+        """Put a task in ``queue`` (after the tasks ``after`` names: docs/queues.md,
+        "Dependencies"); its id."""
+        if not queue:
+            raise _tool_error("INVALID_ARGUMENT", "queue must not be empty")
+        _check_bytes("queue", queue, MAX_QUEUE_NAME_BYTES)
+        if after is not None:
+            if len(after) > MAX_TASK_PARENTS:
+                raise _tool_error(
+                    "INVALID_ARGUMENT", f"after names at most {MAX_TASK_PARENTS} task ids"
+                )
+            for tid in after:
+                if not isinstance(tid, str) or not tid or len(tid) > MAX_ID_CHARS:
+                    raise _tool_error("INVALID_ARGUMENT", "after must hold task ids")
+        try:
+            text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise _tool_error("INVALID_ARGUMENT", f"payload must be a JSON value: {exc}") from None
+        _check_bytes("payload (as JSON text)", text, MAX_TASK_PAYLOAD_BYTES)
+        try:
+            tid = await self.client.queue(queue).put(payload, after=after, priority=priority)
+        except RaftLeaseError as exc:
+            raise _from_raftlease(exc) from None
+        return {"queue": queue, "task_id": tid}
+
+    def _effect_of(
+        self, effect: str, task_id: str | None, key: str | None, idempotency_key: str | None
+    ) -> tuple[AsyncEffect, dict[str, Any]]:
+        """The effect under the task attempt or the claim named (exactly one), and
+        what the result names its holder by."""
+        if (task_id is None) == (key is None):
+            raise _tool_error(
+                "INVALID_ARGUMENT",
+                "name exactly one of task_id (a task taken with take_task) or key (a key "
+                "this session claimed)",
+            )
+        if task_id is not None:
+            task = self._task(task_id)
+            return task.effect(effect, idempotency_key=idempotency_key), {"task_id": task_id}
+        assert key is not None
+        _check_key(key)
+        self._collect_session_loss()
+        lease = self.claims.get(key)
+        if lease is None:
+            raise _tool_error(
+                "LEASE_NOT_FOUND",
+                f"this session holds no claim of {key!r} (list_claims shows what it holds)",
+            )
+        return self.client.effect(lease, effect, idempotency_key=idempotency_key), {"key": key}
+
+    async def effect(
+        self,
+        op: str,
+        effect: str,
+        task_id: str | None,
+        key: str | None,
+        idempotency_key: str | None = None,
+        result: Any = None,
+    ) -> dict[str, Any]:
+        """Begin or commit (``op``) an effect under a taken task or a claim, through
+        the clients' effect journal (client/effects.py; docs/mcp.md)."""
+        if not effect:
+            raise _tool_error("INVALID_ARGUMENT", "effect must not be empty")
+        _check_bytes("effect", effect, MAX_EFFECT_ID_BYTES)
+        if idempotency_key is not None:
+            if not idempotency_key:
+                raise _tool_error("INVALID_ARGUMENT", "idempotency_key must not be empty")
+            _check_bytes("idempotency_key", idempotency_key, MAX_EFFECT_KEY_BYTES)
+        if op == "commit":
+            text = json.dumps(result, separators=(",", ":"), ensure_ascii=False)
+            _check_bytes("result (as JSON text)", text, MAX_EFFECT_RESULT_BYTES)
+        made, named = self._effect_of(effect, task_id, key, idempotency_key)
+        try:
+            if op == "begin":
+                async with made:
+                    pass  # entering records the intent; the agent makes the call
+            else:
+                await made.commit(result)
+        except RaftLeaseError as exc:
+            task = self.tasks.get(task_id) if task_id is not None else None
+            if task is not None and task_id is not None and task.lost.is_set():
+                self._lose_task(task_id, task, f"no longer current ({exc.code})")
+            raise _from_raftlease(exc) from None
+        out: dict[str, Any] = {
+            "effect": effect,
+            "state": made.state or "",
+            "token": int(made.token or 0),
+            **named,
+        }
+        if op == "begin":
+            out["idempotency_key"] = made.key
+            if made.prior_token is not None:
+                out["prior_token"] = int(made.prior_token)
+            if made.prior_attempt is not None:
+                out["prior_attempt"] = int(made.prior_attempt)
+        else:
+            out["already"] = made.already
+        if made.done:
+            out["result"] = made.result
         return out
 
     async def heartbeat(
@@ -1848,6 +2040,106 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
         body = await book.request_yield(key, deadline, priority)
         return cast(RequestYieldResult, await book.result(ctx, body))
 
+    async def begin_effect(
+        effect: _EffectId,
+        ctx: Context,
+        task_id: _TaskOrNone = None,
+        key: _KeyOrNone = None,
+        idempotency_key: Annotated[
+            Annotated[StrictStr, Field(min_length=1, max_length=MAX_EFFECT_KEY_BYTES)] | None,
+            Field(
+                description=(
+                    "The idempotency key to hand the provider (at most "
+                    f"{MAX_EFFECT_KEY_BYTES} UTF-8 bytes; default: task id or key, ':', "
+                    "effect id); the first begin's is kept."
+                )
+            ),
+        ] = None,
+    ) -> EffectResult:
+        """Call BEFORE an action outside the cluster that must not happen twice
+        (charging a card, sending a mail), under a task you took or a key you claimed.
+        state new: do it now (hand the provider `idempotency_key`), then commit_effect.
+        state committed: it was already done, skip it (`result` is its result).
+        state in_progress: an earlier holder began it and was lost before committing:
+        ask the provider (with `idempotency_key`) whether it happened; commit_effect with
+        what it says, or do it. Errors STALE_ATTEMPT, NOT_OWNER, LEASE_NOT_FOUND: the
+        task or claim is no longer yours (do not do the action); QUOTA_EXCEEDED: 32
+        effects per task or key."""
+        body = await book.effect("begin", effect, task_id, key, idempotency_key=idempotency_key)
+        return cast(EffectResult, await book.result(ctx, body))
+
+    async def commit_effect(
+        effect: _EffectId,
+        ctx: Context,
+        task_id: _TaskOrNone = None,
+        key: _KeyOrNone = None,
+        result: Annotated[
+            Any,
+            Field(
+                description=(
+                    "What the action returned (a receipt), any JSON value, at most "
+                    f"{MAX_EFFECT_RESULT_BYTES} bytes as JSON text: later holders read it "
+                    "instead of acting again."
+                )
+            ),
+        ] = None,
+    ) -> EffectResult:
+        """Call AFTER the action begin_effect announced: records that it was done,
+        with its `result`. Errors STALE_ATTEMPT, NOT_OWNER, LEASE_NOT_FOUND: the task or
+        claim is no longer yours (the commit is refused; the next holder will
+        reconcile); INVALID_ARGUMENT: this task or claim did not begin the effect."""
+        body = await book.effect("commit", effect, task_id, key, result=result)
+        return cast(EffectResult, await book.result(ctx, body))
+
+    async def put_task(
+        queue: Annotated[
+            StrictStr,
+            Field(
+                min_length=1,
+                max_length=MAX_QUEUE_NAME_BYTES,
+                description=f"The task queue's name, 1 to {MAX_QUEUE_NAME_BYTES} UTF-8 bytes.",
+            ),
+        ],
+        ctx: Context,
+        payload: Annotated[
+            Any,
+            Field(
+                description=(
+                    "The task's payload, any JSON value, at most "
+                    f"{MAX_TASK_PAYLOAD_BYTES} bytes as JSON text."
+                )
+            ),
+        ] = None,
+        after: Annotated[
+            Annotated[
+                list[Annotated[StrictStr, Field(min_length=1, max_length=MAX_ID_CHARS)]],
+                Field(max_length=MAX_TASK_PARENTS),
+            ]
+            | None,
+            Field(
+                description=(
+                    f"Up to {MAX_TASK_PARENTS} task ids of this queue: the task is ready only "
+                    "once every one completed (take_task then shows their results), and "
+                    "dead if one dies."
+                )
+            ),
+        ] = None,
+        priority: Annotated[
+            StrictInt,
+            Field(
+                ge=-MAX_PRIORITY,
+                le=MAX_PRIORITY,
+                description="Higher is taken first (default 0).",
+            ),
+        ] = 0,
+    ) -> PutTaskResult:
+        """Put a task in `queue` for any worker (or agent) to take; returns its
+        `task_id`. With `after`, a plan step runs only after the steps it depends on
+        completed. Errors TASK_NOT_FOUND (an `after` id the queue does not hold),
+        QUOTA_EXCEEDED (the queue is full)."""
+        body = await book.put_task(queue, payload, after, priority)
+        return cast(PutTaskResult, await book.result(ctx, body))
+
     tools = [
         _strict_tool(claim, _hints("Claim a key", read_only=False)),
         _strict_tool(claim_many, _hints("Claim several keys together", read_only=False)),
@@ -1865,6 +2157,9 @@ def build_server(options: McpOptions) -> tuple[MCPServer[Any], ClaimBook]:
         _strict_tool(heartbeat, _hints("Heartbeat a task", read_only=False)),
         _strict_tool(complete_task, _hints("Complete a task", read_only=False, destructive=True)),
         _strict_tool(fail_task, _hints("Fail a task", read_only=False, destructive=True)),
+        _strict_tool(begin_effect, _hints("Begin an external effect", read_only=False)),
+        _strict_tool(commit_effect, _hints("Commit an external effect", read_only=False)),
+        _strict_tool(put_task, _hints("Put a task", read_only=False, idempotent=False)),
         _strict_tool(
             spend_budget, _hints("Spend from a budget", read_only=False, idempotent=False)
         ),

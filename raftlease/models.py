@@ -102,6 +102,11 @@ class Lease:
     certificate: str = field(default="", compare=False, repr=False)
     #: The holder key it was acquired with (``raftlease.verify.HolderKey``), if any.
     holder_key: HolderSigner | None = field(default=None, compare=False, repr=False)
+    #: A progress-aware lease (``progress_timeout``): until when (``time.monotonic()``)
+    #: its progress deadline, as of the last answer, lets this client trust it; None
+    #: otherwise. It bounds an attached lease's validity below its session's (the
+    #: session's keep-alives never keep it past the deadline: docs/design.md §4g).
+    progress_until: float | None = None
 
     def prove(self, challenge: bytes, message: bytes = b"") -> str:
         """A proof of possession of the holder key for one request to a resource:
@@ -117,8 +122,10 @@ class Lease:
         session's keep-alive, not by renewals of its own)."""
         if self.session is not None:
             # The cluster extends an attached lease with every keep-alive of its
-            # session, to the session's expiry: the session's window is the lease's.
-            return self.session.valid_until
+            # session, to the session's expiry: the session's window is the lease's,
+            # up to a progress-aware lease's deadline (only a progress report moves it).
+            until = self.session.valid_until
+            return until if self.progress_until is None else min(until, self.progress_until)
         return self.valid_until
 
     @property

@@ -94,7 +94,8 @@ CORE = ROOT / "raftlease" / "core"
 #: (2026-12-07); fair shares between tenants waiting on a key (store.py
 #: ``_next_waiter``/``_charge``) test_core_fair_waiters.py (2026-12-07). Issue 41's
 #: checkpoints, effect journal and dependencies (task_state.py, effects.py, deps.py)
-#: test_core_checkpoints.py, test_core_effects.py, test_core_deps.py (2026-12-07).
+#: test_core_checkpoints.py, test_core_effects.py, test_core_deps.py (2026-12-07); the
+#: effect journal under plain leases (lease_effects.py) test_core_lease_effects.py.
 #: test_core_memory.py is left out: it measures memory with tracemalloc, not behaviour.
 DEFAULT_TESTS = (
     "tests/unit/test_core_mutants.py",
@@ -108,6 +109,7 @@ DEFAULT_TESTS = (
     "tests/unit/test_core_preempt.py",
     "tests/unit/test_core_checkpoints.py",
     "tests/unit/test_core_effects.py",
+    "tests/unit/test_core_lease_effects.py",
     "tests/unit/test_core_deps.py",
     "tests/unit/test_queue_metrics.py",
     "tests/unit/test_core_queue.py",

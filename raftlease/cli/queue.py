@@ -1,11 +1,15 @@
-"""``raftlease queue put|claim|complete|fail|stats|dead|retry``: the leased task queues
-from the shell (docs/queues.md), with human output or JSON (``-o json``, ``--json``).
+"""``raftlease queue put|claim|heartbeat|complete|fail|stats|dead|retry``: the leased
+task queues from the shell (docs/queues.md), with human output or JSON (``-o json``,
+``--json``).
 
-A task claimed here gets no heartbeats (the command exits): give ``--lease-ttl`` long
-enough for the work. The attempt id (the secret that proves the attempt) is printed
-once, to the claimer; ``complete``/``fail`` take it from ``--attempt-id`` or the
-environment (``RAFTLEASE_ATTEMPT_ID``, not visible in ``ps``). Payloads and results
-are JSON text; text that is not JSON is sent as a JSON string.
+A task claimed here gets no heartbeats of its own (the command exits): give
+``--lease-ttl`` long enough for the work, or run ``queue heartbeat`` as it goes, with
+``--progress`` and a ``--checkpoint`` file (at most 8 KiB) that the next attempt's
+``claim`` hands back (``--checkpoint-out``). The attempt id (the secret that proves the
+attempt) is printed once, to the claimer; ``complete``/``heartbeat``/``fail`` take it
+from ``--attempt-id`` or the environment (``RAFTLEASE_ATTEMPT_ID``, not visible in
+``ps``). Payloads and results are JSON text; text that is not JSON is sent as a JSON
+string.
 
 Exit status as for the other client commands: 0 done, 1 a definite error, 3 an
 unknown outcome; ``claim`` exits 4 when no task came within ``--wait``.
@@ -13,12 +17,16 @@ unknown outcome; ``claim`` exits 4 when no task came within ``--wait``.
 
 from __future__ import annotations
 
+import base64
 import json
+import math
+import sys
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..errors import RaftLeaseError
+from ..limits import MAX_TASK_CHECKPOINT_BYTES
 from .common import DURATION, TTL, client_options, connect, exit_error, run_wait, safe
 
 if TYPE_CHECKING:  # a node process imports the CLI: it must not load the client
@@ -172,6 +180,12 @@ def put(
 @click.option("--wait", type=DURATION, default=0.0, help="Wait for a task up to this long.")
 @click.option("--lease-ttl", type=TTL, default=None, help="This attempt's TTL.")
 @click.option("--capability", multiple=True, metavar="NAME=VALUE", help="An offered capability.")
+@click.option(
+    "--checkpoint-out",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Write the checkpoint an earlier attempt saved (if any) to this file.",
+)
 @client_options
 def claim(
     name: str,
@@ -179,12 +193,15 @@ def claim(
     wait: float,
     lease_ttl: float | None,
     capability: tuple[str, ...],
+    checkpoint_out: str | None,
     endpoints: str,
     as_json: bool,
     timeout: float,
 ) -> None:
     """Claim one task from queue NAME; prints it with its attempt id (no heartbeats
-    follow: the attempt lasts its TTL)."""
+    follow unless you run ``queue heartbeat``: the attempt lasts its TTL). The
+    checkpoint an earlier attempt saved is in the JSON output (``checkpoint``, base64)
+    and written to ``--checkpoint-out``."""
     try:
         with connect(endpoints) as c:
             # Reaching the cluster takes --timeout; the wait for a task, --wait.
@@ -216,13 +233,91 @@ def claim(
         "valid_for": round(task.remaining, 3),
         "payload": task.payload,
     }
+    saved = ""
+    if task.checkpoint is not None:
+        # Handed on from the attempt that saved it (docs/queues.md, "Checkpoints").
+        data["checkpoint"] = base64.b64encode(task.checkpoint).decode("ascii")
+        data["checkpoint_attempt"] = task.checkpoint_attempt
+        saved = f"\ncheckpoint: {len(task.checkpoint)} bytes from attempt {task.checkpoint_attempt}"
+        if checkpoint_out is not None:
+            with open(checkpoint_out, "wb") as out:
+                out.write(task.checkpoint)
     _echo(
         as_json,
         data,
         f"claimed task {task.task_id} (attempt {task.attempt}, token {task.token}, "
         f"ttl {task.ttl:g} s)\npayload: {safe(json.dumps(task.payload))}\n"
-        f"attempt id: {task.lease_id}",
+        f"attempt id: {task.lease_id}{saved}",
     )
+
+
+def _read_checkpoint(path: str) -> bytes:
+    """The bytes of ``--checkpoint`` (a file, or ``-`` for stdin); refused (a usage
+    error, exit 2, nothing sent) above the limit."""
+    try:
+        if path == "-":
+            raw = sys.stdin.buffer.read(MAX_TASK_CHECKPOINT_BYTES + 1)
+        else:
+            with open(path, "rb") as f:
+                raw = f.read(MAX_TASK_CHECKPOINT_BYTES + 1)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path!r}: {exc.strerror}") from None
+    if len(raw) > MAX_TASK_CHECKPOINT_BYTES:
+        raise click.BadParameter(
+            f"a checkpoint is at most {MAX_TASK_CHECKPOINT_BYTES} bytes (8 KiB); "
+            f"{path!r} holds more: keep a smaller state (or a pointer to it)"
+        )
+    return raw
+
+
+@queue.command()
+@click.argument("name")
+@click.argument("task_id")
+@_attempt_option
+@click.option("--progress", type=float, default=None, help="A progress figure (higher: further).")
+@click.option(
+    "--checkpoint",
+    "checkpoint_path",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default=None,
+    help="A file (- for stdin) of at most 8 KiB: the work's state, handed to the next "
+    "attempt's claim.",
+)
+@client_options
+def heartbeat(
+    name: str,
+    task_id: str,
+    attempt_id: str,
+    progress: float | None,
+    checkpoint_path: str | None,
+    endpoints: str,
+    as_json: bool,
+    timeout: float,
+) -> None:
+    """Extend the attempt on TASK_ID of queue NAME by its TTL, recording --progress
+    and --checkpoint (replicated: once this exits 0 the checkpoint is kept, and the
+    next attempt's claim gets it; docs/queues.md, "Checkpoints"). Refused
+    STALE_ATTEMPT once the attempt is not current (the checkpoint is not kept)."""
+    args: dict[str, Any] = {"queue": name, "task_id": task_id, "attempt_id": attempt_id}
+    if progress is not None:
+        if not math.isfinite(progress):
+            raise click.BadParameter("--progress must be a finite number")
+        args["progress"] = progress
+    size = 0
+    if checkpoint_path is not None:
+        raw = _read_checkpoint(checkpoint_path)
+        size = len(raw)
+        args["checkpoint"] = base64.b64encode(raw).decode("ascii")
+    try:
+        with connect(endpoints) as c:
+            c.call("task_heartbeat", args, mutating=True, timeout=timeout)
+    except RaftLeaseError as exc:
+        exit_error(exc, as_json)
+    data: dict[str, Any] = {"queue": name, "task_id": task_id}
+    if checkpoint_path is not None:
+        data["checkpoint_bytes"] = size
+    kept = f" (checkpoint of {size} bytes kept)" if checkpoint_path is not None else ""
+    _echo(as_json, data, f"heartbeat for task {task_id}{kept}")
 
 
 @queue.command()

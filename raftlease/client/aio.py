@@ -51,6 +51,7 @@ from ..recipes.shared import SharedKeyLocks
 from . import budgets, direct
 from .aio_queue import AsyncQueue
 from .budgets import BudgetInfo, Reservation, Settlement, Spend
+from .effects import AsyncEffect, LeaseEffectOwner, Reconcile
 from .transport import DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE, Pin, Transport, unknown_outcome
 
 
@@ -230,6 +231,14 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         if remaining is None and isinstance(result.get("now"), int):
             remaining = (int(result["expires_at"]) - int(result["now"])) / 1000.0
         window = ttl if remaining is None else min(ttl, remaining)
+        progress_until = None
+        deadline_at, timeout_ms = result.get("progress_at"), result.get("progress_timeout")
+        if isinstance(deadline_at, int) and isinstance(timeout_ms, int):
+            # Progress-aware (§4g): the log ends it at progress_at + timeout whatever
+            # keeps it alive; counted, like the TTL, from when the request was sent.
+            now_ms = result.get("now")
+            left = (deadline_at + timeout_ms - (now_ms if isinstance(now_ms, int) else 0)) / 1000.0
+            progress_until = self.valid_until(sent, min(left, timeout_ms / 1000.0))
         return Lease(
             key=result["key"],
             owner=result["owner"],
@@ -245,6 +254,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             yield_deadline_ms=int(asked["deadline"]) if asked else None,
             yield_by=str(asked.get("by", "")) if asked else "",
             certificate=str(result.get("certificate", "")),
+            progress_until=progress_until,
         )
 
     def valid_until(self, sent: float, seconds: float) -> float:
@@ -313,8 +323,9 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         higher figure than the last restarts its clock, and a holder that renews
         without progress for longer ends as ``stalled`` (a watch event; its next
         ``renew`` raises ``LeaseNotFoundError``). Every renewal of such a lease is a
-        log write. A queued acquire's clock starts at its grant. Not with ``session``
-        (``InvalidArgumentError``: a session's keep-alive carries no progress).
+        log write. A queued acquire's clock starts at its grant. With ``session`` the
+        session's keep-alives never keep it past its progress deadline: report
+        progress with ``session.progress(lease, n)`` (``Lease.progress_until``).
         """
         if session is not None:
             if ttl is not None:
@@ -689,6 +700,32 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         )
         return replace(lease, value=str(result.get("value", "")))
 
+    def effect(
+        self,
+        lease: Lease,
+        effect_id: str,
+        *,
+        idempotency_key: str | None = None,
+        reconcile: Reconcile | None = None,
+        timeout: float | None = None,
+    ) -> AsyncEffect:
+        """An external effect made under ``lease``, for ``async with`` (client/effects.py;
+        docs/usage.md, "Effects under a lease"): entering records the intent in the
+        key's journal (with the lease's token) before the call, ``commit`` the result
+        after; the key's next holder finds it committed (skip the call) or in progress
+        (``reconcile(prior_token, key)`` decides). Raises ``LeaseNotFoundError`` or
+        ``NotOwnerError`` when ``lease`` is no longer the key's live lease (definite:
+        nothing recorded), ``InvalidArgumentError`` on a shared key, and
+        ``QuotaExceededError`` past 32 effects per key or 20,000 in all. No call is
+        made until the block is entered."""
+        return AsyncEffect(
+            LeaseEffectOwner(self, lease.key, lease.lease_id),
+            effect_id,
+            idempotency_key=idempotency_key,
+            reconcile=reconcile,
+            timeout=timeout,
+        )
+
     async def fence(
         self,
         key: str,
@@ -884,6 +921,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             yield_deadline_ms=renewed.yield_deadline_ms,
             yield_by=renewed.yield_by,
             certificate=renewed.certificate or lease.certificate,
+            progress_until=renewed.progress_until,
         )
 
     async def release(self, lease: Lease, *, timeout: float | None = None) -> None:

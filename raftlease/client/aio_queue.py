@@ -373,7 +373,9 @@ class AsyncTask:
     async def _effect_call(
         self, op: str, args: dict[str, Any], timeout: float | None
     ) -> dict[str, Any]:
-        call = self._client.call(op, {**self._ids(), **args}, mutating=True, timeout=timeout)
+        call = self._client.call(
+            f"task_effect_{op}", {**self._ids(), **args}, mutating=True, timeout=timeout
+        )
         return await effect_call(lambda: call, self._gone)
 
     async def complete(self, result: Any = None, *, timeout: float | None = None) -> None:

@@ -34,6 +34,7 @@ from ..recipes.shared import SharedKeyLocks
 from .aio import AsyncClient
 from .budgets import BudgetInfo, Reservation, Settlement, Spend
 from .direct import LanePool, run_inline
+from .effects import Effect, Reconcile
 from .queue import Queue
 
 T = TypeVar("T")
@@ -340,6 +341,22 @@ class Client(SharedKeyLocks[HeldLock]):
 
     def proclaim(self, lease: Lease, value: str, *, timeout: float | None = None) -> Lease:
         return self._run(self._async.proclaim(lease, value, timeout=timeout))
+
+    def effect(
+        self,
+        lease: Lease,
+        effect_id: str,
+        *,
+        idempotency_key: str | None = None,
+        reconcile: Reconcile | None = None,
+        timeout: float | None = None,
+    ) -> Effect:
+        """As ``AsyncClient.effect``, for ``with``: entering begins the effect (blocks
+        up to its deadline; the reconcile hook runs in the calling thread)."""
+        aio = self._async.effect(
+            lease, effect_id, idempotency_key=idempotency_key, reconcile=reconcile, timeout=timeout
+        )
+        return Effect(self._portal, aio)
 
     def request_yield(
         self,

@@ -14,6 +14,11 @@ task skips an effect already made and reconciles one that may have been made.
 (the blocking twin, ``Task.effect``). Entering the block begins the effect (one
 replicated write); leaving it does nothing: an effect begun and never committed stays
 ``in_progress`` for the next attempt to reconcile.
+
+The same classes serve plain leases (docs/usage.md, "Effects under a lease"):
+``client.effect(lease, "charge:order-17", ...)`` (``AsyncClient.effect``,
+``Client.effect``) journals the effect under the lease's KEY, fenced by its token, for
+the key's next holders (``LeaseEffectOwner``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any, Protocol
 
 from ..errors import InvalidArgumentError, RaftLeaseError, StaleAttemptError, TaskNotFoundError
 from ..models import BlockingPortal
+from .caller import Caller
 
 
 def _encode(value: Any) -> str:
@@ -53,14 +59,36 @@ Reconcile = Callable[[int, str], Any]
 
 
 class EffectTask(Protocol):
-    """What an effect needs of its task (``AsyncTask`` is one)."""
-
-    @property
-    def task_id(self) -> str: ...
+    """What an effect needs of its owner (``AsyncTask``, ``LeaseEffectOwner``):
+    ``_effect_call("begin" | "commit", args, timeout)`` sends the owner's operation
+    (``args``: ``effect``, and ``key`` (the idempotency key) or ``result``)."""
 
     async def _effect_call(
         self, op: str, args: dict[str, Any], timeout: float | None
     ) -> dict[str, Any]: ...
+
+
+class LeaseEffectOwner:
+    """The effects of one held lease: ``lease_effect_begin`` / ``lease_effect_commit``
+    with the lease's key and lease id (its proof), so the journal is the key's and
+    the cluster refuses a lease that is no longer the key's live one
+    (``LeaseNotFoundError`` or ``NotOwnerError``, definite)."""
+
+    def __init__(self, client: Caller, key: str, lease_id: str) -> None:
+        self._client = client
+        self._key = key
+        self._lease_id = lease_id
+
+    async def _effect_call(
+        self, op: str, args: dict[str, Any], timeout: float | None
+    ) -> dict[str, Any]:
+        wire: dict[str, Any] = {"key": self._key, "lease_id": self._lease_id}
+        wire["effect"] = args["effect"]
+        if "key" in args:  # the idempotency key: ``key`` names the lease's key here
+            wire["idempotency_key"] = args["key"]
+        if "result" in args:
+            wire["result"] = args["result"]
+        return await self._client.call(f"lease_effect_{op}", wire, mutating=True, timeout=timeout)
 
 
 class AsyncEffect:
@@ -72,7 +100,11 @@ class AsyncEffect:
     idempotency key to hand the provider (the first intent's, the same for every
     attempt). Raises ``StaleAttemptError`` when the attempt is no longer current
     (nothing recorded), ``QuotaExceededError`` when the task already records 32
-    effects."""
+    effects. Under a lease (``LeaseEffectOwner``) "attempt" reads "holder of the
+    key": a lease no longer the key's live one raises ``LeaseNotFoundError`` or
+    ``NotOwnerError`` instead, and the quota is 32 effects per key (20,000 in all);
+    ``prior_attempt`` stays None. The calls run on the client's event loop;
+    cancelling one leaves its outcome unknown (a retry is deduplicated)."""
 
     def __init__(
         self,
@@ -98,6 +130,9 @@ class AsyncEffect:
         self.prior_attempt: int | None = None
         #: True once the reconcile hook found the effect made (and it was committed).
         self.reconciled = False
+        #: After ``commit``: True when it had been committed before (``result`` is
+        #: that first commit's).
+        self.already = False
 
     @property
     def done(self) -> bool:
@@ -108,7 +143,7 @@ class AsyncEffect:
         args: dict[str, Any] = {"effect": self.effect_id}
         if self._key:
             args["key"] = self._key
-        answer = await self._task._effect_call("task_effect_begin", args, self._timeout)
+        answer = await self._task._effect_call("begin", args, self._timeout)
         self.state = str(answer["state"])
         self.key = str(answer.get("key", ""))
         self.token = answer.get("token")
@@ -120,15 +155,19 @@ class AsyncEffect:
     async def commit(self, result: Any = None, *, timeout: float | None = None) -> None:
         """Record that the effect was made, with ``result`` (a JSON value of at most
         1 KiB of JSON text; a later attempt reads it instead of calling again). Raises
-        ``StaleAttemptError`` when this attempt is no longer current: the commit is
-        refused (definite), and the effect stays in progress for the current attempt
-        to reconcile."""
+        ``StaleAttemptError`` (a lease: ``LeaseNotFoundError``, ``NotOwnerError``)
+        when this attempt (lease) is no longer current: the commit is refused
+        (definite), and the effect stays in progress for the current holder to
+        reconcile."""
         args = {"effect": self.effect_id, "result": _encode(result)}
         answer = await self._task._effect_call(
-            "task_effect_commit", args, self._timeout if timeout is None else timeout
+            "commit", args, self._timeout if timeout is None else timeout
         )
         self.state = "committed"
         self.result = _decode(answer.get("result"))
+        # The committing token, and whether another commit came first (its result kept).
+        self.token = answer.get("token", self.token)
+        self.already = bool(answer.get("already"))
 
     async def __aenter__(self) -> AsyncEffect:
         await self._begin()
@@ -181,6 +220,10 @@ class Effect:
     @property
     def reconciled(self) -> bool:
         return self.aio.reconciled
+
+    @property
+    def already(self) -> bool:
+        return self.aio.already
 
     @property
     def done(self) -> bool:

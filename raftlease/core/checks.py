@@ -202,13 +202,10 @@ def check_args(op: str, entry: dict[str, Any]) -> str | None:
             )
         if "weight" in entry and not valid_int(entry["weight"], 1, MAX_FAIRNESS_WEIGHT):
             return f"'weight' must be an integer from 1 to {MAX_FAIRNESS_WEIGHT}"
-        if "progress_timeout" in entry:
-            # Progress-aware plain leases (docs/design.md §4g): not attached (a
-            # session's keep-alive is answered from memory, never with progress).
-            if not valid_int(entry["progress_timeout"], 1, MAX_TTL_MS):
-                return "'progress_timeout' must be a positive integer of milliseconds"
-            if "session" in entry:
-                return "'progress_timeout' is not for a lease attached to a session"
+        # Progress-aware plain leases (docs/design.md §4g); an attached one is capped
+        # under its session's keep-alives and reports progress by renew.
+        if "progress_timeout" in entry and not valid_int(entry["progress_timeout"], 1, MAX_TTL_MS):
+            return "'progress_timeout' must be a positive integer of milliseconds"
     elif op == "transfer":
         if not valid_str(entry.get("new_lid"), MAX_ID_CHARS):
             return "'new_lid' must be a non-empty string"

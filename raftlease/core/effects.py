@@ -71,21 +71,48 @@ def effect_view(row: list[Any]) -> dict[str, Any]:
 def begin(task: TaskRecord, attempt: Attempt, entry: dict[str, Any]) -> Result:
     """Record the intent of ``entry["effect"]`` for the current ``attempt`` (checked
     by the caller), or answer what an earlier attempt left (see the module)."""
-    eid: str = entry["effect"]
-    row = task.effects.get(eid)
+    full = None
+    if len(task.effects) >= MAX_TASK_EFFECTS:
+        full = error(
+            "QUOTA_EXCEEDED",
+            f"task {task.tid!r} already records {MAX_TASK_EFFECTS} effects",
+            quota=MAX_TASK_EFFECTS,
+            setting="max_task_effects",
+        )
+    return begin_in(
+        task.effects,
+        task.tid,
+        attempt.token,
+        attempt.number,
+        entry["effect"],
+        entry.get("key"),
+        full,
+    )
+
+
+def begin_in(
+    journal: dict[str, list[Any]],
+    name: str,
+    token: int,
+    number: int,
+    eid: str,
+    key: str | None,
+    full: Result | None,
+) -> Result:
+    """``begin`` on any journal (a task's, or a lease key's: core/lease_effects.py):
+    ``name`` derives the default idempotency key (``name:effect id``), ``token`` and
+    ``number`` are the acting holder's; ``full`` is the refusal to answer if the
+    effect is new and the journal may not grow (None: it may)."""
+    row = journal.get(eid)
     if row is None:
-        if len(task.effects) >= MAX_TASK_EFFECTS:
-            return error(
-                "QUOTA_EXCEEDED",
-                f"task {task.tid!r} already records {MAX_TASK_EFFECTS} effects",
-                quota=MAX_TASK_EFFECTS,
-                setting="max_task_effects",
-            )
-        # The key defaults to one derived from the task and effect: stable across
-        # attempts, so a provider that honours idempotency keys deduplicates retries.
-        key: str = entry.get("key") or f"{task.tid}:{eid}"[:MAX_EFFECT_KEY_BYTES]
-        task.effects[eid] = [eid, BEGUN, attempt.token, attempt.number, key, None]
-        return {"ok": True, "state": "new", "effect": eid, "key": key, "token": attempt.token}
+        if full is not None:
+            return full
+        # The key defaults to one derived from the owner and effect: stable across
+        # attempts (holders), so a provider that honours idempotency keys
+        # deduplicates retries.
+        key = key or f"{name}:{eid}"[:MAX_EFFECT_KEY_BYTES]
+        journal[eid] = [eid, BEGUN, token, number, key, None]
+        return {"ok": True, "state": "new", "effect": eid, "key": key, "token": token}
     if row[1] == COMMITTED:
         return {
             "ok": True,
@@ -96,14 +123,14 @@ def begin(task: TaskRecord, attempt: Attempt, entry: dict[str, Any]) -> Result:
             "result": row[5],
         }
     prior_token, prior_attempt = row[2], row[3]
-    # The intent passes to the asking (current) attempt: only it may commit it now.
-    row[2], row[3] = attempt.token, attempt.number
+    # The intent passes to the asking (current) holder: only it may commit it now.
+    row[2], row[3] = token, number
     return {
         "ok": True,
         "state": "in_progress",
         "effect": eid,
         "key": row[4],
-        "token": attempt.token,
+        "token": token,
         "prior_token": prior_token,
         "prior_attempt": prior_attempt,
     }
@@ -113,23 +140,32 @@ def commit(task: TaskRecord, attempt: Attempt, entry: dict[str, Any]) -> Result:
     """Mark ``entry["effect"]`` done with its result, for the current ``attempt``
     (checked by the caller) that began it. An effect already committed keeps its
     first result (answered with ``already``)."""
+    return commit_in(task.effects, f"task {task.tid!r}", "attempt", attempt.token, entry)
+
+
+def commit_in(
+    journal: dict[str, list[Any]], what: str, holder: str, token: int, entry: dict[str, Any]
+) -> Result:
+    """``commit`` on any journal: ``what`` names its owner in messages (``task 'T'``,
+    ``key 'k'``), ``holder`` the kind of holder (attempt, lease), ``token`` the
+    acting holder's."""
     eid: str = entry["effect"]
-    row = task.effects.get(eid)
+    row = journal.get(eid)
     if row is None:
         return error(
             "INVALID_ARGUMENT",
-            f"effect {eid!r} of task {task.tid!r} was never begun: begin it first",
+            f"effect {eid!r} of {what} was never begun: begin it first",
             effect=eid,
         )
     if row[1] == COMMITTED:
         return {"ok": True, "effect": eid, "already": True, "token": row[2], "result": row[5]}
-    if row[2] != attempt.token:
+    if row[2] != token:
         return error(
             "INVALID_ARGUMENT",
-            f"effect {eid!r} was begun by the attempt with token {row[2]}, not this one: "
-            "begin it in this attempt first (and reconcile)",
+            f"effect {eid!r} was begun by the {holder} with token {row[2]}, not this one: "
+            f"begin it in this {holder} first (and reconcile)",
             effect=eid,
             begun_by=row[2],
         )
     row[1], row[5] = COMMITTED, entry.get("result", "null")
-    return {"ok": True, "effect": eid, "already": False, "token": attempt.token, "result": row[5]}
+    return {"ok": True, "effect": eid, "already": False, "token": token, "result": row[5]}

@@ -16,6 +16,7 @@ from .budget import Budgets
 from .certkeys import CertKeys
 from .deadlock import Refusals
 from .dedup import ClientTable
+from .lease_effects import LeaseEffects
 from .preempt import Preemption
 from .progress import LeaseProgress
 from .queue import TaskQueues
@@ -56,6 +57,10 @@ from .state import StoreState
 #:    without it loads with none.
 #:    Also the refusal ring (``audit_refusals``, docs/audit.md "Refusals"), written only
 #:    once a refusal was recorded; a snapshot without it loads with an empty ring.
+#:    Also the effect journals of lease keys (``lease_effects``, core/lease_effects.py,
+#:    docs/design.md §4h): ``journals``, ``[key, [[effect id, state, token, 0,
+#:    idempotency key, result], ...]]``, and ``idle``, ``[key, drop time]``; written
+#:    only once a journal exists; a snapshot without it loads with none.
 SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
@@ -89,6 +94,12 @@ SNAPSHOT_VERSION = 9
 #: Also: a mutation the state machine refuses NOT_OWNER, STALE_ATTEMPT or
 #: PERMISSION_DENIED adds a record to the audit refusal ring (docs/audit.md
 #: "Refusals"); a member that did not would hold another ring than the rest.
+#: Also: an acquire attached to a session may carry ``progress_timeout``, and a renew
+#: of such an attached lease ``progress``; session keep-alives then stop at its progress
+#: deadline (docs/design.md §4g); a member that refused them would hold other leases.
+#: Also: ``lease_effect_begin`` / ``lease_effect_commit`` entries keep a lease key's
+#: effect journal (docs/design.md §4h); a member that did not know them would refuse
+#: them and answer effects differently from the rest.
 ENTRY_FORMAT = 6
 
 
@@ -131,6 +142,8 @@ def to_plain(store: StoreState) -> dict[str, Any]:
     }
     if store.progress:  # written only when used: layout 9 without it loads alike
         out["lease_progress"] = store.progress.to_plain()
+    if store.lease_effects:  # written only when used: layout 9 without it loads alike
+        out["lease_effects"] = store.lease_effects.to_plain()
     if store.audit_refusals.seq > 1:
         # Written once a refusal was recorded, so a store that never refused keeps the
         # layout 9 dict it had (and its golden tests).
@@ -252,6 +265,8 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     store.audit = AuditTrail.from_plain(data.get("audit"))
     # Layouts before 9 (and 9 before progress-aware leases) had none.
     store.progress = LeaseProgress.from_plain(data.get("lease_progress", {}))
+    # Layouts before 9 (and 9 before lease effect journals) had none.
+    store.lease_effects = LeaseEffects.from_plain(data.get("lease_effects", {}))
     # No refusal ring before it (or none recorded yet): it starts empty.
     store.audit_refusals = AuditTrail.from_plain(data.get("audit_refusals"), MAX_AUDIT_REFUSALS)
     for waiter in store.waiting.values():  # how many each tenant has waiting

@@ -11,6 +11,7 @@ from .budget import Budgets
 from .certkeys import CertKeys
 from .deadlock import Refusals, WaitIndex
 from .dedup import ClientTable
+from .lease_effects import LeaseEffects
 from .preempt import Preemption
 from .progress import LeaseProgress
 from .queue import TaskQueues
@@ -95,6 +96,8 @@ class StoreState:
         self.preempt = Preemption()
         #: Progress-aware plain leases (core/progress.py, docs/design.md §4g).
         self.progress = LeaseProgress()
+        #: The effect journals of lease keys (core/lease_effects.py, §4h).
+        self.lease_effects = LeaseEffects()
         # Not state: set per request by ``apply`` (format 6 entries detect deadlocks)
         # and the grants of that request to check for cycles (core/deadlock.py).
         self._detect: bool = False

@@ -59,6 +59,7 @@ from .checks import (
 from .deadlock import Agent, agent_of, find_path, refusal, youngest
 from .deadlock import Wait as WaitEdge
 from .dedup import fingerprint, fingerprint_of, remember
+from .lease_effects import LEASE_EFFECT_OPS, check_lease_effect_args
 from .queue import check_queue_args
 from .records import (
     ClientRecord,
@@ -168,6 +169,8 @@ class LeaseStore(StoreState):
             problem = check_budget_args(op, entry)
         if problem is None and op == "certkey":
             problem = check_certkey(entry)
+        if problem is None and op in LEASE_EFFECT_OPS:
+            problem = check_lease_effect_args(op, entry)
         if problem is not None:
             return error("BAD_REQUEST", problem)
 
@@ -338,6 +341,8 @@ class LeaseStore(StoreState):
         self.tasks.advance(self)  # task attempts, deadlines, delays, claims, retention
         # Budgets: reservations and waits due, waiting heads the refill now covers.
         self.events.extend(self.budgets.advance(self.now))
+        # Lease effect journals whose retention after their key's last lease ran out.
+        self.lease_effects.advance(self.now, lambda key: self.newest_holder(key) is not None)
         # Stale heap entries (from renewals) accumulate; rebuild when they dominate.
         if len(deadlines) > 64 and len(deadlines) > 4 * len(self.leases):
             self._rebuild_deadlines()
@@ -365,7 +370,12 @@ class LeaseStore(StoreState):
             if until > session.expires_at:
                 session.expires_at = until
                 for lease_id in session.leases:
-                    self.leases[lease_id].expires_at = until
+                    lease = self.leases[lease_id]
+                    cap = self.progress.cap(lease_id)  # never past a progress deadline
+                    if cap is None or cap >= until:
+                        lease.expires_at = until
+                    elif cap > lease.expires_at:
+                        lease.expires_at = cap
                 self.tasks.session_kept(self, session)
         self._rebuild_deadlines()
         self._session_deadlines = [(s.expires_at, sid) for sid, s in self.lease_sessions.items()]
@@ -962,6 +972,10 @@ class LeaseStore(StoreState):
             session = self.lease_sessions.get(lease.session)
             if session is not None:
                 session.leases.pop(lease.lease_id, None)
+        if key in self.lease_effects.journals and self.newest_holder(key) is None:
+            # Its effect journal's retention starts (§4h) when the lease ended: its
+            # expiry time for an expiry applied later; a grant below keeps it.
+            self.lease_effects.ended(key, min(self.now, lease.expires_at))
         self.revision += 1
         self._event(kind, lease)
         if grant_next:
@@ -1274,6 +1288,8 @@ class LeaseStore(StoreState):
         if not isinstance(lease, LeaseRecord):
             return lease
         if lease.session:
+            if self.progress.tracked(lease.lease_id) and "progress" in entry:
+                return self._attached_progress(lease, entry)
             return error(
                 "INVALID_ARGUMENT",
                 f"the lease is attached to lease session {lease.session!r} and lives as "
@@ -1293,6 +1309,24 @@ class LeaseStore(StoreState):
             if until <= lease.expires_at:
                 return self._lease_result(lease)
         self._extend(lease, until)
+        return self._lease_result(lease)
+
+    def _attached_progress(self, lease: LeaseRecord, entry: dict[str, Any]) -> Result:
+        """A progress report for a progress-aware lease attached to a session
+        (``session.progress``, §4g): a higher figure restarts its clock, and the lease
+        is extended up to its session's expiry, never past its progress deadline;
+        the session's keep-alives do the rest. A new TTL is not for an attached lease."""
+        if entry.get("ttl") is not None:
+            return error(
+                "INVALID_ARGUMENT",
+                "an attached lease takes its session's TTL: report progress without 'ttl'",
+            )
+        self.progress.report(lease.lease_id, entry["progress"], self.now)
+        session = self.lease_sessions[lease.session]
+        cap = self.progress.cap(lease.lease_id)
+        until = session.expires_at if cap is None else min(session.expires_at, cap)
+        if until > lease.expires_at:
+            self._extend(lease, until)
         return self._lease_result(lease)
 
     def _extend(self, lease: LeaseRecord, expires_at: int) -> None:
@@ -1461,7 +1495,12 @@ class LeaseStore(StoreState):
         for lease_id in session.leases:
             lease = self.leases[lease_id]
             lease.ttl_ms = session.ttl_ms
-            self._extend(lease, until)
+            cap = self.progress.cap(lease_id)
+            if cap is None:
+                self._extend(lease, until)
+            elif min(until, cap) > lease.expires_at:
+                # Progress-aware (§4g): never kept past its progress deadline.
+                self._extend(lease, min(until, cap))
         self.tasks.session_kept(self, session)  # and its task attempts
 
     def _session_close(self, entry: dict[str, Any]) -> Result:
@@ -1538,6 +1577,27 @@ class LeaseStore(StoreState):
         out["now"] = now
         return out
 
+    def _lease_effect(self, entry: dict[str, Any]) -> Result:
+        """``lease_effect_begin`` / ``lease_effect_commit`` (core/lease_effects.py,
+        §4h): fenced by the key's current live lease."""
+        lease = self._effect_lease(entry)
+        if not isinstance(lease, LeaseRecord):
+            return lease  # LEASE_NOT_FOUND, NOT_OWNER, PERMISSION_DENIED: definite
+        if self.capacity_of(lease.key) > 1:
+            return error(
+                "INVALID_ARGUMENT",
+                f"{lease.key!r} is a shared key (capacity {self.capacity_of(lease.key)}): "
+                "the effect journal is for keys of one holder at a time",
+            )
+        if entry["op"] == "lease_effect_begin":
+            return self.lease_effects.begin(lease.key, lease.token, entry)
+        return self.lease_effects.commit(lease.key, lease.token, entry)
+
+    def _effect_lease(self, entry: dict[str, Any]) -> LeaseRecord | Result:
+        """The fence of a lease effect: the caller's lease must be the key's live one
+        (``_owned``). A method so a planted build can skip it."""
+        return self._owned(entry)
+
     def _task(self, entry: dict[str, Any]) -> Result:
         """A ``task_*`` mutation (core/queue.py)."""
         return self.tasks.mutate(self, entry)
@@ -1560,6 +1620,8 @@ class LeaseStore(StoreState):
         "session_open": _session_open,
         "session_keepalive": _session_keepalive,
         "session_close": _session_close,
+        "lease_effect_begin": _lease_effect,
+        "lease_effect_commit": _lease_effect,
         **dict.fromkeys(TASK_MUTATING_OPS, _task),
         **dict.fromkeys(BUDGET_MUTATING_OPS, _budget),
     }

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from .budgets import BUDGET_OPS
 from .cluster import CLUSTER_OPS
+from .lease_effects import LEASE_EFFECT_OPS
 from .leases import LEASE_OPS
 from .schema import (
     CONSISTENCY_MODES,
@@ -46,7 +47,9 @@ from .schema import (
 from .tasks import TASK_OPS
 
 #: Every operation, in the wire protocol's order.
-TABLE: tuple[Operation, ...] = LEASE_OPS + TASK_OPS + CLUSTER_OPS + BUDGET_OPS
+TABLE: tuple[Operation, ...] = (
+    LEASE_OPS + TASK_OPS + CLUSTER_OPS + BUDGET_OPS + LEASE_EFFECT_OPS  # issue 41
+)
 
 #: The table by operation name.
 BY_NAME: dict[str, Operation] = {op.name: op for op in TABLE}

@@ -26,7 +26,6 @@ from .schema import (
     POLL_TIMEOUT,
     PREFIX,
     PRIORITY,
-    PROGRESS_OR_SESSION,
     QUEUED,
     READ,
     REVISION,
@@ -104,13 +103,12 @@ LEASE_OPS: tuple[Operation, ...] = (
                 "progress_timeout",
                 "seconds",
                 "seconds without progress (renew with a higher progress) before the "
-                "lease ends as stalled (a queued acquire's clock starts at its grant); "
-                "not with session",
+                "lease ends as stalled (a queued acquire's clock starts at its grant; an "
+                "attached lease's session keep-alives never keep it past that)",
                 low=LimitRef("min_ttl"),
                 high=LimitRef("max_ttl"),
             ),
-            PROGRESS_OR_SESSION,
-        ),
+                ),
         (
             *(ResultField(f.name, f.type, f.doc, f.always and f.name in QUEUED, f.items)
               for f in LEASE),

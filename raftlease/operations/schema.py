@@ -214,21 +214,6 @@ def _seq_not_below_ack(message: Mapping[str, Any], args: dict[str, Any]) -> None
         raise InvalidArgumentError(f"seq {args['seq']} is below ack {args['ack']}")
 
 
-def _progress_or_session(message: Mapping[str, Any], args: dict[str, Any]) -> None:
-    if _given(message, "session") and _given(message, "progress_timeout"):
-        raise InvalidArgumentError(
-            "give 'progress_timeout' or 'session', not both: an attached lease is kept "
-            "by its session's keep-alive, which carries no progress"
-        )
-
-
-PROGRESS_OR_SESSION = Rule(
-    "progress_or_session",
-    "an acquire gives progress_timeout or session, not both (an attached lease is kept by "
-    "its session's keep-alive, which carries no progress)",
-    _progress_or_session,
-    exclusive=("progress_timeout", "session"),
-)
 TTL_OR_SESSION = Rule(
     "ttl_or_session",
     "an acquire gives ttl or session, not both (an attached lease lives by its session)",

@@ -157,8 +157,21 @@ class AsyncSession(KeepAliveState):
 
     async def acquire(self, key: str, **options: Any) -> Lease:
         """``client.acquire(key, session=self, ...)``: the lease lives as long as the
-        session. Options as for ``AsyncClient.acquire`` (wait, capacity, value...)."""
+        session. Options as for ``AsyncClient.acquire`` (wait, capacity, value...).
+        With ``progress_timeout`` the session's keep-alives never keep it past its
+        progress deadline: report progress with ``progress`` (docs/design.md §4g)."""
         return await self._client.acquire(key, session=self, **options)
+
+    async def progress(
+        self, lease: Lease, progress: float, *, timeout: float | None = None
+    ) -> Lease:
+        """Report ``progress`` (higher is further) for a progress-aware lease of this
+        session: one log write (a ``renew`` carrying ``progress``); a higher figure
+        than the last restarts its progress clock. Returns the lease with its new
+        ``progress_until`` (its ``remaining`` is bounded by it). Raises
+        ``LeaseNotFoundError`` once it ended (stalled), ``InvalidArgumentError`` for a
+        lease without ``progress_timeout``; cancelling leaves the outcome unknown."""
+        return await self._client.renew(lease, progress=progress, timeout=timeout)
 
     def lock(self, key: str, **options: Any) -> AsyncHeldLock:
         """``async with session.lock(key, wait=...) as held:``, released on exit,
@@ -247,6 +260,10 @@ class Session:
 
     def acquire(self, key: str, **options: Any) -> Lease:
         return self._client.acquire(key, session=self._async, **options)
+
+    def progress(self, lease: Lease, progress: float, *, timeout: float | None = None) -> Lease:
+        """As ``AsyncSession.progress``; blocks up to the call's deadline."""
+        return self._client.renew(lease, progress=progress, timeout=timeout)
 
     def lock(self, key: str, **options: Any) -> HeldLock:
         return HeldLock(self._client, key, session=self, **options)

@@ -59,6 +59,9 @@ PLANTED_BUGS: dict[str, str] = {
     "until their waits or leases run out",
     "skip_effect_check": "a task effect's begin ignores the journal (an earlier attempt's "
     "intent or commit) and answers new: a retried task makes an external call again",
+    "skip_lease_effect_fence": "a lease effect's begin or commit is taken from any lease "
+    "the key ever had, not only its live one: a zombie holder's late commit is accepted "
+    "(issue 41, docs/design.md §4h)",
     "early_child": "a task put with 'after' is ready at once, before its parents "
     "complete: a child's claim comes before a parent's completion",
     "progress_from_memory": "the leader answers renewals of a progress-aware lease from "

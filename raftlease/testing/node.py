@@ -121,6 +121,26 @@ class DeadlockBlindStore(LeaseStore):
         self._grants_to_check = []
 
 
+class FenceBlindEffectStore(LeaseStore):
+    """Planted bug ``skip_lease_effect_fence``: a lease effect's begin or commit is
+    taken from any lease the key ever had (remembered at grant), not only from the
+    key's live lease: a zombie holder's late commit goes through. Tick thread, like
+    the store; what it remembers is not in the snapshot (a test build)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ever: dict[str, Any] = {}
+
+    def _grant(self, *args: Any, **kwargs: Any) -> Any:
+        lease = super()._grant(*args, **kwargs)
+        self._ever[lease.lease_id] = lease
+        return lease
+
+    def _effect_lease(self, entry: dict[str, Any]) -> Any:
+        lease = self.leases.get(entry["lid"]) or self._ever.get(entry["lid"])
+        return lease if lease is not None else super()._effect_lease(entry)
+
+
 class ShortMemoryStore(LeaseStore):
     """Planted bug ``no_term_extension``: the first entry of a new term extends no
     lease, so a keep-alive the deposed leader answered from memory, and had not yet
@@ -294,6 +314,7 @@ STORES: dict[str, type[LeaseStore]] = {
     "partial_many_grant": PartialSetStore,
     "skip_deadlock_detection": DeadlockBlindStore,
     "skip_effect_check": EffectBlindStore,
+    "skip_lease_effect_fence": FenceBlindEffectStore,
     "early_child": EarlyChildStore,
     "progress_from_memory": ProgressFromMemoryStore,
 }

@@ -10,6 +10,7 @@ description and the helpers both halves use, is tests/unit/test_cli_options.py.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -89,6 +90,44 @@ def test_json_output_of_the_lease_queue_and_member_commands(shared: LocalCluster
     assert json.loads(released.stdout) == {"ok": True, "key": key}
     # text stays what it was.
     assert run_cli("holder", key, env=env).stdout.strip() == f"{key}: free"
+
+
+@pytest.mark.integration
+def test_queue_heartbeat_saves_a_checkpoint_the_next_claim_hands_back(
+    shared: LocalCluster, tmp_path: Path
+) -> None:
+    """Issue 41: ``queue heartbeat --checkpoint FILE`` (at most 8 KiB: a larger file is a
+    usage error, nothing sent) keeps the work's state; after the attempt fails, the
+    next ``claim`` shows it (JSON ``checkpoint``, base64) and writes it to
+    ``--checkpoint-out``."""
+    env = {"RAFTLEASE_ENDPOINTS": ",".join(shared.endpoints)}
+    name = "cli-checkpoint-q"
+    put = json.loads(run_cli("-o", "json", "queue", "put", name, "{}", env=env).stdout)
+    task = json.loads(
+        run_cli("-o", "json", "queue", "claim", name, "--worker", "w", env=env).stdout
+    )
+    attempt = {**env, "RAFTLEASE_ATTEMPT_ID": task["attempt_id"]}
+    state = tmp_path / "state.bin"
+    state.write_bytes(b"page 6 of 10\x00\xff")
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"x" * (8 * 1024 + 1))
+    refused = run_cli("queue", "heartbeat", name, put["task_id"], "--checkpoint", str(big),
+                      env=attempt)  # fmt: skip
+    assert refused.returncode == 2 and "at most 8192 bytes" in refused.stderr, refused.stderr
+    beat = run_cli("-o", "json", "queue", "heartbeat", name, put["task_id"], "--progress", "0.6",
+                   "--checkpoint", str(state), env=attempt)  # fmt: skip
+    assert beat.returncode == 0, beat.stderr
+    assert json.loads(beat.stdout)["checkpoint_bytes"] == 14
+    failed = run_cli("queue", "fail", name, put["task_id"], "--retry-after", "0", env=attempt)
+    assert failed.returncode == 0, failed.stderr
+    out = tmp_path / "resumed.bin"
+    again = json.loads(
+        run_cli("-o", "json", "queue", "claim", name, "--worker", "w2", "--wait", "10",
+                "--checkpoint-out", str(out), env=env).stdout
+    )  # fmt: skip
+    assert again["task_id"] == put["task_id"] and again["attempt"] == 2
+    assert again["checkpoint_attempt"] == 1
+    assert base64.b64decode(again["checkpoint"]) == out.read_bytes() == state.read_bytes()
 
 
 # ------------------------------------------------------------- signals

@@ -108,6 +108,31 @@ def test_lease_resources_through_a_follower(cluster: LocalCluster) -> None:
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
+def test_an_effect_under_a_lease_over_http(cluster: LocalCluster) -> None:
+    """Issue 41 (docs/design.md §4h): begin and commit under a held lease; the next
+    holder sees it committed; the ended lease's late commit is refused, definite."""
+    api = follower_api(cluster)
+    _, a = call(api, "POST", "/v1/leases/acquire", {"key": "r/eff", "owner": "a", "ttl": 10})
+    lease_a = {"key": "r/eff", "lease_id": a["lease_id"], "effect": "charge"}
+    status, began = call(api, "POST", "/v1/leases/effect/begin",
+                         {**lease_a, "idempotency_key": "order-17"})  # fmt: skip
+    assert status == 200 and began["state"] == "new" and began["key"] == "order-17"
+    status, done = call(api, "POST", "/v1/leases/effect/commit", {**lease_a, "result": '"r"'})
+    assert status == 200 and done["already"] is False and done["token"] == a["token"]
+    status, _ = call(api, "POST", "/v1/leases/release", {"key": "r/eff", "lease_id": a["lease_id"]})
+    assert status == 200
+    _, b = call(api, "POST", "/v1/leases/acquire", {"key": "r/eff", "owner": "b", "ttl": 10})
+    lease_b = {"key": "r/eff", "lease_id": b["lease_id"], "effect": "charge"}
+    status, seen = call(api, "POST", "/v1/leases/effect/begin", lease_b)
+    assert status == 200 and seen["state"] == "committed" and seen["result"] == '"r"'
+    status, late = call(api, "POST", "/v1/leases/effect/commit", lease_a)
+    assert code_of(late) == "NOT_OWNER" and late["error"]["definite"] is True
+    assert status == STATUS["NOT_OWNER"]
+    call(api, "POST", "/v1/leases/release", {"key": "r/eff", "lease_id": b["lease_id"]})
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
 def test_sessions_and_elections(cluster: LocalCluster) -> None:
     api = follower_api(cluster)
     status, session = call(api, "POST", "/v1/sessions/open", {"owner": "s", "ttl": 10})

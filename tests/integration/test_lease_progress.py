@@ -69,6 +69,33 @@ def test_a_lease_renewed_without_progress_stalls_and_a_progressing_one_keeps_it(
             watch.close()
 
 
+def test_a_session_attached_lease_stalls_without_progress_and_keeps_with_it(
+    shared: LocalCluster,
+) -> None:
+    """Progress-aware leases in a lease session: the session's keep-alives (every
+    ttl/3, from the leader's memory) keep both leases, but never past their progress
+    deadline; the one whose holder reports progress (``session.progress``) lives on,
+    the other ends ``stalled`` while the session lives, and its holder's view of it
+    (``remaining``) ran out no later than the cluster ended it."""
+    with shared.client() as c, c.session(owner="s", ttl=TTL) as session:
+        stuck = session.acquire("progress/s/stuck", progress_timeout=TIMEOUT)
+        moving = session.acquire("progress/s/moving", progress_timeout=TIMEOUT)
+        assert stuck.progress_until is not None and stuck.remaining <= TIMEOUT
+        began = time.monotonic()
+        figure = 0
+        while time.monotonic() - began < 3 * TIMEOUT:
+            figure += 1
+            moving = session.progress(moving, figure)
+            time.sleep(TTL / 4)
+        assert stuck.remaining == 0.0  # trusted no longer than its progress deadline
+        wait_for(lambda: c.holder("progress/s/stuck") is None, 10, "the stalled lease gone")
+        holder = c.holder("progress/s/moving")
+        assert holder is not None and holder.token == moving.token and moving.remaining > 0
+        with pytest.raises((LeaseNotFoundError, NotOwnerError)):
+            session.progress(stuck, figure + 1)
+        assert session.valid
+
+
 def promises(cluster: LocalCluster, key: str) -> tuple[int, list[int]]:
     """A progress-aware lease (TTL 5 s, progress_timeout 4 s) renewed three times
     without progress, then once with: its progress deadline (log time, ms) and the

@@ -71,6 +71,9 @@ TOOLS = {
     "spend_budget",
     "reserve_budget",
     "settle_budget",
+    "begin_effect",
+    "commit_effect",
+    "put_task",
 }
 
 
@@ -478,6 +481,57 @@ def test_queue_tools_take_heartbeat_complete_and_fail(shared: LocalCluster) -> N
         assert "boom" in info.errors
 
 
+@pytest.mark.timeout(120)
+def test_effect_tools_under_a_claim_and_a_task_and_put_after(shared: LocalCluster) -> None:
+    """Issue 41: begin_effect / commit_effect under a claim (the key's journal) and
+    under a taken task; a claim revoked behind the agent's back commits nothing
+    (definite); put_task with `after` readies the child once its parent completed,
+    and take_task shows the parent's result."""
+
+    async def main() -> None:
+        async with agent(shared, "mcp-effects") as a:
+            got = await a.call("claim", key="mcp/effects/order-17")
+            began = await a.call("begin_effect", key="mcp/effects/order-17", effect="charge")
+            assert began == {"effect": "charge", "state": "new", "token": got["token"],
+                             "key": "mcp/effects/order-17",
+                             "idempotency_key": "mcp/effects/order-17:charge"}  # fmt: skip
+            done = await a.call(
+                "commit_effect", key="mcp/effects/order-17", effect="charge", result={"r": 1}
+            )
+            assert done["state"] == "committed" and done["already"] is False
+            again = await a.call("begin_effect", key="mcp/effects/order-17", effect="charge")
+            assert again["state"] == "committed" and again["result"] == {"r": 1}
+            await a.call("begin_effect", key="mcp/effects/order-17", effect="mail")
+            with shared.client() as c:
+                c.revoke("mcp/effects/order-17")
+            with pytest.raises(ToolFailed) as err:
+                await a.call("commit_effect", key="mcp/effects/order-17", effect="mail")
+            assert err.value.code in ("LEASE_NOT_FOUND", "NOT_OWNER")
+            assert err.value.body["definite"] is True
+            with pytest.raises(ToolFailed) as err:
+                await a.call("begin_effect", key="mcp/effects/none", effect="x")
+            assert err.value.code == "LEASE_NOT_FOUND"
+
+            parent = (await a.call("put_task", queue="mcp-plan", payload={"step": 1}))["task_id"]
+            child = await a.call("put_task", queue="mcp-plan", payload=2, after=[parent])
+            taken = await a.call("take_task", queue="mcp-plan")
+            assert taken["task_id"] == parent
+            began = await a.call("begin_effect", task_id=parent, effect="send",
+                                 idempotency_key="mail-1")  # fmt: skip
+            assert began["state"] == "new" and began["idempotency_key"] == "mail-1"
+            await a.call("commit_effect", task_id=parent, effect="send", result="sent")
+            await a.call("complete_task", task_id=parent, result={"ok": True})
+            step = await a.call("take_task", queue="mcp-plan", wait=20)
+            assert step["task_id"] == child["task_id"] and step["payload"] == 2
+            assert step["parent_results"] == {parent: {"ok": True}}
+            await a.call("complete_task", task_id=step["task_id"])
+            with pytest.raises(ToolFailed) as err:
+                await a.call("put_task", queue="mcp-plan", after=["no-such-task"])
+            assert err.value.code == "TASK_NOT_FOUND"
+
+    run(main())
+
+
 @pytest.mark.timeout(180)
 def test_a_lost_lease_session_is_reported_and_replaced(
     cluster_factory: Callable[..., LocalCluster],
@@ -649,6 +703,18 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("settle_budget", {"reservation_id": "r", "actual": "3"}, "actual"),
     ("settle_budget", {"reservation_id": "", "actual": 1}, "reservation_id"),
     ("settle_budget", {"reservation_id": "r", "actual": 1, "key": "k"}, "key"),
+    ("begin_effect", {"effect": 5, "key": HELD}, "effect"),
+    ("begin_effect", {"effect": "e", "key": HELD, "idempotency_key": "k" * 300}, "idempotency_key"),
+    ("begin_effect", {"effect": "e", "key": HELD, "task_id": TASK}, "task_id"),
+    ("begin_effect", {"effect": "e", "key": HELD, "lease_id": "x"}, "lease_id"),
+    ("commit_effect", {"effect": "e" * 300, "key": HELD}, "effect"),
+    ("commit_effect", {"effect": "e", "task_id": TASK, "result": "r" * 2000}, "result"),
+    ("commit_effect", {"effect": "e"}, "task_id"),
+    ("put_task", {"queue": QUEUE, "after": "t1"}, "after"),
+    ("put_task", {"queue": QUEUE, "after": [f"t{i}" for i in range(17)]}, "after"),
+    ("put_task", {"queue": QUEUE, "priority": 10**6}, "priority"),
+    ("put_task", {"queue": QUEUE, "payload": "x" * 20000}, "payload"),
+    ("put_task", {"queue": 5}, "queue"),
     ("audit", {"limit": 0}, "limit"),
     ("audit", {"since": -1}, "since"),
     ("audit", {"key": 5}, "key"),
@@ -752,6 +818,7 @@ def test_tools_declare_hints_strict_inputs_and_typed_outputs(shared: LocalCluste
                     "spend_budget",
                     "reserve_budget",
                     "settle_budget",
+                    "put_task",
                 )
                 assert hints.idempotent_hint is (not each_call_acts), name
                 assert hints.open_world_hint is False, name

@@ -20,6 +20,7 @@ functions returning a list of violations.
 | ``skip_deadlock_detection`` | deadlock detection | ``cycles`` (test_core_deadlock.py) |
 | ``skip_effect_check`` | a begin reads the effect journal | ``queue_checker.check_effects`` |
 | ``early_child`` | a child waits for its parents | ``queue_checker.check_dependencies`` |
+| ``skip_lease_effect_fence`` | a live lease fences effects | ``queue_checker.check_effects`` |
 | ``progress_from_memory`` | progress renewals go through the log | ``promised_past_progress`` |
 
 The chaos suite's own runs catch the other two (``CHAOS_COVERED``, in
@@ -62,6 +63,7 @@ from raftlease.testing.node import (
     EagerElectionTransport,
     EarlyChildStore,
     EffectBlindStore,
+    FenceBlindEffectStore,
     ForgetfulStore,
     PartialSetStore,
     ProgressFromMemoryStore,
@@ -99,6 +101,7 @@ COVERED = (
     "skip_effect_check",
     "early_child",
     "progress_from_memory",
+    "skip_lease_effect_fence",
 )
 
 #: Planted bugs caught by chaos-suite runs, and the test of tests/chaos/test_chaos.py that
@@ -278,6 +281,7 @@ PLANTED_FIELDS: dict[str, dict[str, Any]] = {
     "skip_deadlock_detection": {"store_class": DeadlockBlindStore},
     "skip_effect_check": {"store_class": EffectBlindStore},
     "early_child": {"store_class": EarlyChildStore},
+    "skip_lease_effect_fence": {"store_class": FenceBlindEffectStore},
     "progress_from_memory": {"store_class": ProgressFromMemoryStore},
 }
 
@@ -544,3 +548,46 @@ def test_a_child_is_claimed_only_after_every_parent_completed(build: str) -> Non
     else:
         assert verdict["valid"] is False
         assert {v["kind"] for v in verdict["violations"]} == {"claimed_before_parent"}
+
+
+@pytest.mark.parametrize("build", ["honest", "skip_lease_effect_fence"])
+def test_a_zombie_lease_holder_cannot_commit_an_effect(build: str) -> None:
+    """The state machine alone (issue 41, the journal under a lease): holder A (token
+    T1) begins an effect, makes the call with its fencing token, is paused past its TTL;
+    B takes the key (T2 > T1). A's late commit must be refused (NOT_OWNER: the key is
+    B's), so B, which reads the journal before calling, reconciles instead of trusting
+    A's word. ``check_effects`` (the queue suite's effect rule) judges the history."""
+    from queue_checker import check_effects
+
+    store = build_hooks("" if build == "honest" else build).store_class()
+    calls: list[int] = []
+    base = {"ack": 1, "term": 1, "key": "order-17"}
+
+    def mut(op: str, now: int, seq: int, **fields: Any) -> dict[str, Any]:
+        return store.apply({"op": op, "now": now, "cid": f"c{seq}", "seq": 1, **base, **fields})
+
+    first = mut("acquire", 0, 1, lid="LA", owner="a", ttl=1000)["token"]
+    assert mut("lease_effect_begin", 10, 2, lid="LA", effect="charge")["state"] == "new"
+    calls.append(first)  # the call is made; A is paused past its TTL before its commit
+    second = mut("acquire", 2000, 3, lid="LB", owner="b", ttl=1000)["token"]
+    zombie = mut("lease_effect_commit", 2010, 4, lid="LA", effect="charge", result='"a"')
+    began = mut("lease_effect_begin", 2020, 5, lid="LB", effect="charge")
+    if began["state"] == "in_progress":
+        # B reconciles with the provider (the call A made is found) and commits it.
+        assert mut("lease_effect_commit", 2030, 6, lid="LB", effect="charge")["ok"]
+    events: list[dict[str, Any]] = [
+        {"f": "effect.apply", "effect": "charge", "token": t} for t in calls
+    ]
+    events.append({"f": "effect.commit", "effect": "charge", "token": first,
+                   "type": "ok" if zombie["ok"] else "fail", "error": zombie.get("code"),
+                   "newest": second})  # fmt: skip
+    events.append({"f": "effect.final", "effect": "charge", "status": "completed"})
+    verdict = check_effects(events)
+    if build == "honest":
+        assert zombie["code"] == "NOT_OWNER" and began["prior_token"] == first
+        assert verdict["valid"] is True, verdict
+        assert verdict["stats"]["zombie_commits_refused"] == 1
+    else:
+        assert zombie["ok"] and began["state"] == "committed"
+        assert verdict["valid"] is False
+        assert [v["kind"] for v in verdict["violations"]] == ["zombie_commit_accepted"]

@@ -357,6 +357,9 @@ def test_ops_table() -> None:
 # -------------------------------------------------------------- bad requests
 
 
+_LEASE_EFFECT_OPS = ("lease_effect_begin", "lease_effect_commit")
+
+
 def good(op: str) -> dict[str, Any]:
     """A valid request for ``op``; bad cases change exactly one field."""
     base: dict[str, Any] = {"id": 11, "op": op}
@@ -368,8 +371,10 @@ def good(op: str) -> dict[str, Any]:
         base.update(owner="o", ttl=1.0, keys=["a", "b"])
     if op in ("transfer", "session_open"):
         base["owner"] = "o2"
-    if op in ("renew", "release", "transfer", "await_lease", "proclaim"):
+    if op in ("renew", "release", "transfer", "await_lease", "proclaim", *_LEASE_EFFECT_OPS):
         base["lease_id"] = "L"
+    if op in _LEASE_EFFECT_OPS:  # issue 41: effects under a lease
+        base["effect"] = "charge:1"
     if op == "proclaim":
         base["value"] = "10.0.0.7:8000"
     if op == "session_open":
@@ -434,7 +439,8 @@ BAD_CASES: list[tuple[str, str, str, Any, type[RaftLeaseError], str]] = [
     ("op-list", "ping", "op", ["ping"], BadRequestError, "unknown operation"),
     ("op-bytes", "ping", "op", b"ping", BadRequestError, "unknown operation"),
 ]
-for _op in ("acquire", "renew", "release", "holder", "transfer", "fence", "await_lease"):
+for _op in ("acquire", "renew", "release", "holder", "transfer", "fence", "await_lease",
+            *_LEASE_EFFECT_OPS):  # fmt: skip
     BAD_CASES += [
         (f"{_op}-key-missing", _op, "key", MISSING, BadRequestError, "missing field 'key'"),
         (f"{_op}-key-nil", _op, "key", None, BadRequestError, "missing field 'key'"),
@@ -470,7 +476,7 @@ BAD_CASES += [
     ("renew-ttl-nan", "renew", "ttl", math.nan, InvalidArgumentError, "ttl nan s"),
     ("renew-ttl-big", "renew", "ttl", 1e9, InvalidArgumentError, "ttl"),
 ]
-for _op in ("renew", "release", "transfer", "await_lease"):
+for _op in ("renew", "release", "transfer", "await_lease", *_LEASE_EFFECT_OPS):
     BAD_CASES += [
         (f"{_op}-lid-missing", _op, "lease_id", MISSING, BadRequestError, "'lease_id'"),
         (f"{_op}-lid-empty", _op, "lease_id", "", InvalidArgumentError, "'lease_id'"),
@@ -660,6 +666,21 @@ BAD_CASES += [
     ("eff-result-big", "task_effect_commit", "result", "r" * 2000, InvalidArgumentError,
      "'result'"),
     ("eff-result-int", "task_effect_commit", "result", 5, BadRequestError, "'result'"),
+    # Issue 41: the effect journal under a lease.
+    ("leff-begin-missing", "lease_effect_begin", "effect", MISSING, BadRequestError,
+     "'effect'"),
+    ("leff-begin-long", "lease_effect_begin", "effect", "e" * 300, InvalidArgumentError,
+     "'effect'"),
+    ("leff-commit-missing", "lease_effect_commit", "effect", MISSING, BadRequestError,
+     "'effect'"),
+    ("leff-ikey-int", "lease_effect_begin", "idempotency_key", 3, BadRequestError,
+     "'idempotency_key'"),
+    ("leff-ikey-long", "lease_effect_begin", "idempotency_key", "k" * 300,
+     InvalidArgumentError, "'idempotency_key'"),
+    ("leff-commit-int", "lease_effect_commit", "effect", 4, BadRequestError, "'effect'"),
+    ("leff-result-big", "lease_effect_commit", "result", "r" * 2000, InvalidArgumentError,
+     "'result'"),
+    ("leff-result-int", "lease_effect_commit", "result", 5, BadRequestError, "'result'"),
     ("put-after-str", "task_put", "after", "T1", BadRequestError, "'after'"),
     ("put-after-empty", "task_put", "after", [], InvalidArgumentError, "'after'"),
     ("put-after-twice", "task_put", "after", ["T", "T"], InvalidArgumentError, "'after'"),
