@@ -34,6 +34,7 @@ REFUSAL_CODES = frozenset({"NOT_OWNER", "STALE_ATTEMPT", "PERMISSION_DENIED"})
 
 ZERO = "00" * 32
 
+
 def encode(record: list[Any]) -> bytes:
     """The bytes a record contributes to the chain (module docstring)."""
     return "|".join([f"{len(x)}:{x}" if isinstance(x, str) else str(x) for x in record]).encode(
