@@ -859,7 +859,9 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         """Extend ``lease`` by its TTL (or a new ``ttl``) from now. Raises
         ``LeaseNotFoundError`` if it already expired (or stalled), ``NotOwnerError`` if
         the key is held under another lease. A lease with a holder key gets a fresh
-        certificate (kept as it was when the answer carries none).
+        certificate (kept as it was when the answer carries none); its holder key
+        must be the one its acquire named, else ``HolderKeyMismatchError`` (definite:
+        nothing changed; docs/certificates.md).
 
         ``progress``: a progress figure (higher is further). On a lease acquired with
         ``progress_timeout``, a higher one than the last restarts its progress clock;

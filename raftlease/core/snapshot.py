@@ -56,6 +56,11 @@ from .state import StoreState
 #:    without it loads with none.
 #:    Also the refusal ring (``audit_refusals``, docs/audit.md "Refusals"), written only
 #:    once a refusal was recorded; a snapshot without it loads with an empty ring.
+#:    Also lease certificate holder keys bound at the grant (issue 39, the security
+#:    fix: docs/certificates.md): ``holder_keys`` lists ``[lease id, 64 hex]`` for
+#:    every live lease and queued acquire whose acquire named one, written only when
+#:    there is one; a snapshot without it loads with no key bound (no certificate
+#:    until the lease is acquired anew with a key).
 SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
@@ -89,6 +94,10 @@ SNAPSHOT_VERSION = 9
 #: Also: a mutation the state machine refuses NOT_OWNER, STALE_ATTEMPT or
 #: PERMISSION_DENIED adds a record to the audit refusal ring (docs/audit.md
 #: "Refusals"); a member that did not would hold another ring than the rest.
+#: Also: an acquire may carry ``holder_key``, bound to the lease (or its queued
+#: acquire) at the grant, and a renew naming another one is refused
+#: HOLDER_KEY_MISMATCH (issue 39, docs/certificates.md); a member that ignored it
+#: would renew leases the rest refused.
 ENTRY_FORMAT = 6
 
 
@@ -131,6 +140,14 @@ def to_plain(store: StoreState) -> dict[str, Any]:
     }
     if store.progress:  # written only when used: layout 9 without it loads alike
         out["lease_progress"] = store.progress.to_plain()
+    holder_keys = [
+        [lid, record.holder.hex()]
+        for table in (store.leases, store.waiting)
+        for lid, record in table.items()
+        if record.holder is not None
+    ]
+    if holder_keys:  # written only when used: layout 9 without it loads alike
+        out["holder_keys"] = holder_keys
     if store.audit_refusals.seq > 1:
         # Written once a refusal was recorded, so a store that never refused keeps the
         # layout 9 dict it had (and its golden tests).
@@ -254,6 +271,11 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     store.progress = LeaseProgress.from_plain(data.get("lease_progress", {}))
     # No refusal ring before it (or none recorded yet): it starts empty.
     store.audit_refusals = AuditTrail.from_plain(data.get("audit_refusals"), MAX_AUDIT_REFUSALS)
+    # Holder keys bound at the grant (absent before the security fix: none bound).
+    for lid, hex_key in data.get("holder_keys", ()):
+        bound = store.leases.get(lid) or store.waiting.get(lid)
+        if bound is not None:
+            bound.holder = bytes.fromhex(hex_key)
     for waiter in store.waiting.values():  # how many each tenant has waiting
         fair = store.fair.get(waiter.key)
         if fair is not None:

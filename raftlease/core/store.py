@@ -45,7 +45,7 @@ from ..limits import MAX_QUEUE_TENANTS, MAX_SESSION_LEASES, TOKEN_RESERVE_STEP
 from . import snapshot
 from .audit import REFUSAL_CODES
 from .budget import BUDGET_MUTATING_OPS, BUDGET_OPS, BUDGET_READ_OPS, check_budget_args
-from .certkeys import check_certkey
+from .certkeys import check_certkey, check_holder_key_field, holder_key_of
 from .checks import (
     ALL_OPS,
     MAX_BATCH,
@@ -167,6 +167,8 @@ class LeaseStore(StoreState):
             problem = check_budget_args(op, entry)
         if problem is None and op == "certkey":
             problem = check_certkey(entry)
+        if problem is None:
+            problem = check_holder_key_field(op, entry)
         if problem is not None:
             return error("BAD_REQUEST", problem)
 
@@ -514,6 +516,9 @@ class LeaseStore(StoreState):
             )
         ttl: int = session.ttl_ms if session is not None else entry["ttl"]
         value: str = entry.get("value", "")
+        # The certificate holder key is bound to the lease (or its queued acquire)
+        # here, at the grant: a renewal may never name another (``_renew``).
+        holder = holder_key_of(entry)
         queue = self.queues.get(key)
         priority: int = entry.get("priority", 0)
         tenant: str = entry.get("fairness_key", "")
@@ -542,7 +547,9 @@ class LeaseStore(StoreState):
                     share.weight = entry["weight"]
                 shares.tenants[tenant] = share
                 self._charge(shares, tenant)
-            lease = self._grant(key, lease_id, entry["owner"], ttl, units, value, sid, principal)
+            lease = self._grant(
+                key, lease_id, entry["owner"], ttl, units, value, sid, principal, holder=holder
+            )
             self.preempt.granted(lease_id, priority)
             self._start_progress(lease, entry.get("progress_timeout"))
             return self._lease_result(lease)
@@ -619,6 +626,7 @@ class LeaseStore(StoreState):
             session=sid,
             principal=principal,
             tenant=tenant,
+            holder=holder,
         )
         queue = self.queues.setdefault(key, [])
         position = bisect.bisect_right([w.rank() for w in queue], waiter.rank())
@@ -927,9 +935,11 @@ class LeaseStore(StoreState):
         sid: str = "",
         principal: str = "",
         slots: tuple[int, ...] | None = None,
+        holder: bytes | None = None,
     ) -> LeaseRecord:
         """``slots``: the unit indices to hold (a transfer keeps them); default the
-        lowest free ones (``free_slots``)."""
+        lowest free ones (``free_slots``). ``holder``: the certificate holder key
+        bound to the lease (``LeaseRecord.holder``)."""
         if slots is None:
             slots = self.free_slots(key, units)
         self.revision += 1
@@ -949,6 +959,7 @@ class LeaseStore(StoreState):
             session=sid if session is not None else "",
             principal=self.share(principal),
             slots=slots,
+            holder=holder,
         )
         self.leases[lease_id] = lease
         self._add_holder(lease)
@@ -1040,6 +1051,7 @@ class LeaseStore(StoreState):
                 waiter.value,
                 waiter.session,
                 waiter.principal,
+                holder=waiter.holder,  # the key its acquire named, bound at this grant
             )
             self.preempt.granted(waiter.lease_id, waiter.priority)
             if self.progress.pending:
@@ -1302,6 +1314,17 @@ class LeaseStore(StoreState):
                 f"the lease is attached to lease session {lease.session!r} and lives as "
                 "long as it: keep the session alive instead",
             )
+        if "holder_key" in entry and holder_key_of(entry) != lease.holder:
+            # Checked before anything changes: the certificate binds the key named at
+            # the grant, never one a later renewal names (whoever has the lease id
+            # would otherwise get a valid certificate for a key of its own).
+            return error(
+                "HOLDER_KEY_MISMATCH",
+                "this renewal names another holder key than the one bound to the lease at its grant"
+                if lease.holder is not None
+                else "this renewal names a holder key; the lease was granted without one",
+                key=lease.key,
+            )
         ttl = entry.get("ttl")
         if ttl is not None:
             lease.ttl_ms = ttl
@@ -1340,7 +1363,8 @@ class LeaseStore(StoreState):
     def _transfer(self, entry: dict[str, Any]) -> Result:
         """Hand a held lease to ``owner`` atomically: the old lease ends and the new one
         (new lease id, new token, same units and value, not attached to any session)
-        starts in the same entry; waiters keep their place."""
+        starts in the same entry; waiters keep their place. The new lease has no
+        certificate holder key: never the old holder's."""
         lease = self._owned(entry)
         if not isinstance(lease, LeaseRecord):
             return lease

@@ -116,9 +116,14 @@ class CertSigner:
         """The certificate for ``answer`` (a grant or renewal; ``principal``, the
         requester's, is the lease's: only it may renew), or
         None: no key yet, no valid leader lease, the lease no longer live in the
-        applied state (an answer replayed from the dedup table after a release), or
-        nothing left of it. ``from_memory``: a keep-alive answered from the leader's
-        memory, whose new expiry the applied state does not show yet."""
+        applied state (an answer replayed from the dedup table after a release),
+        nothing left of it, or no holder key bound to the lease or another one than
+        ``holder_hex``. ``from_memory``: a keep-alive answered from the leader's
+        memory, whose new expiry the applied state does not show yet.
+
+        Defence in depth: the certificate binds the holder key stored with the
+        applied lease at its grant, never the request's (the state machine already
+        refuses a renewal naming another: HOLDER_KEY_MISMATCH)."""
         replica = self._replica()
         if replica is None or not replica.is_leader() or not self._lease_read_allowed():
             return None
@@ -130,6 +135,8 @@ class CertSigner:
             return None
         lease = store.leases.get(str(answer.get("lease_id")))
         if lease is None or lease.token != answer["token"] or lease.key != answer["key"]:
+            return None
+        if lease.holder is None or lease.holder.hex() != holder_hex:
             return None
         expires_at = int(answer["expires_at"])
         if not from_memory:
@@ -158,7 +165,7 @@ class CertSigner:
             principal=lease.principal,  # the grantee's, as the applied state says
             units=int(answer.get("units", 1)),
             unit_indices=[int(i) for i in answer.get("unit_indices", ())],
-            holder=bytes.fromhex(holder_hex),
+            holder=lease.holder,  # the key bound at the grant, as the applied state says
             not_after_ms=not_after,
             issued_at_ms=wall_ms,
             op=op,

@@ -107,8 +107,9 @@ class Dispatcher:
         ``consistency`` too, labelled ``log``). Raises ``NotLeaderError``, the error
         the state machine's result names, or the proposer's."""
         auth = self._auth()
-        # A lease certificate's holder key (docs/certificates.md): not part of the
-        # entry (nothing replicated depends on it), only of the answer.
+        # A lease certificate's holder key (docs/certificates.md): part of the entry,
+        # bound to the lease at the grant; a renewal naming another is refused
+        # HOLDER_KEY_MISMATCH by the state machine (the signer signs only the bound key).
         holder = request.args.get("holder_key") if request.op in CERTIFIED_OPS else None
         if holder is not None:
             check_holder_key(holder)
@@ -121,9 +122,9 @@ class Dispatcher:
         self._require_leader()
         if holder:
             await self.signer.ensure_key()
-        entry: dict[str, Any] = {
-            k: v for k, v in request.args.items() if k not in ("consistency", "holder_key")
-        }
+        entry: dict[str, Any] = {k: v for k, v in request.args.items() if k != "consistency"}
+        if request.op not in CERTIFIED_OPS:
+            entry.pop("holder_key", None)  # only a certified grant or renewal binds one
         entry["op"] = request.op
         if request.op in ("acquire", "acquire_many"):
             # Everyone's queued acquires together, with or without authentication
@@ -289,6 +290,10 @@ class Dispatcher:
                 # in the log, and the stall is decided there: every renewal is logged.
                 or "progress" in args
                 or store.progress.tracked(lease.lease_id)
+                # A holder key other than the one bound at the grant (or one for a
+                # lease granted without one): the log refuses it HOLDER_KEY_MISMATCH
+                # and changes nothing.
+                or ("holder_key" in args and bytes.fromhex(str(args["holder_key"])) != lease.holder)
             ):
                 return None
             until = now + lease.ttl_ms

@@ -2,7 +2,8 @@
 its renewals (from the leader's memory and through the log) carry a certificate the
 resource verifies offline with the keys ``raftlease cert-keys`` prints; a reader that
 copies the token or the certificate is refused; a malformed holder key is refused
-before anything is proposed; every node holds the same keys. The pure half (the
+before anything is proposed; a renewal naming another holder key than the one bound
+at the grant is refused (the security fix); every node holds the same keys. The pure half (the
 verifier's refusals, the ``certkey`` entry) is tests/unit/test_certificates.py."""
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
-from raftlease import InvalidArgumentError
+from raftlease import HolderKeyMismatchError, InvalidArgumentError
 from raftlease.testing import LocalCluster, wait_for
 from raftlease.verify import CertificateError, HolderKey, Verifier, load_keys, parse
 
@@ -147,3 +149,43 @@ def test_every_node_holds_the_same_signing_keys(shared: LocalCluster) -> None:
 
     keys = wait_for(same, 10.0, "every node applied the same certkey entries")
     assert {int(kid) for kid, _ in keys} == set(cluster_keys(shared))
+
+
+def test_a_renewal_naming_another_holder_key_is_refused_and_certifies_nothing(
+    shared: LocalCluster,
+) -> None:
+    """The security fix of issue 39: whoever has the lease id (with auth, the same
+    principal) cannot get a certificate for a key of its own by renewing with it,
+    neither from the leader's memory nor through the log; the holder's own key still
+    renews, and a lease granted without a key gets none later."""
+    mine, thief = HolderKey(), HolderKey()
+    with shared.client() as c:
+        lease = c.acquire("certs/bound", owner="agent", ttl=5.0, holder_key=mine)
+        stolen = replace(lease, holder_key=thief, certificate="")
+        with pytest.raises(HolderKeyMismatchError) as memory:
+            c.renew(stolen)  # a keep-alive the leader would answer from memory
+        assert memory.value.definite
+        with pytest.raises(HolderKeyMismatchError):
+            c.renew(stolen, ttl=8.0)  # a new TTL: through the log
+        # Nothing changed: the lease is still the holder's, with its own TTL.
+        seen = c.read("certs/bound").holder
+        assert seen is not None and (seen.token, seen.ttl) == (lease.token, 5.0)
+        # The verifier refuses a proof made with the thief's key, whichever
+        # certificate it shows (the holder's binds only the holder's key).
+        resource = Verifier(cluster_keys(shared))
+        challenge = resource.challenge()
+        with pytest.raises(CertificateError) as refused:
+            resource.check(lease.certificate, thief.prove(lease.certificate, challenge), challenge)
+        assert refused.value.code == "BAD_PROOF"
+        # The holder's own key renews and gets a certificate for it.
+        renewed = c.renew(lease)
+        assert parse(renewed.certificate).holder == mine.public
+        challenge = resource.challenge()
+        resource.check(renewed.certificate, renewed.prove(challenge), challenge)
+        c.release(renewed)
+
+        plain = c.acquire("certs/bound-plain", owner="agent", ttl=5.0)
+        with pytest.raises(HolderKeyMismatchError):
+            c.renew(replace(plain, holder_key=thief))
+        assert c.renew(plain).certificate == ""
+        c.release(plain)

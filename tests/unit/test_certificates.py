@@ -437,6 +437,7 @@ def test_the_signer_bounds_not_after_and_signs_only_a_live_lease() -> None:
     signer, replica = signer_for(store, 400, lease_ok)
     asyncio.run(signer.ensure_key())
     assert store.cert_keys.current() is not None
+    holder = HolderKey()
     store.apply(
         {
             "op": "acquire",
@@ -450,10 +451,12 @@ def test_the_signer_bounds_not_after_and_signs_only_a_live_lease() -> None:
             "seq": 1,
             "ack": 1,
             "principal": "agent",
+            "holder_key": holder.public_hex(),
         }
     )
     answer = {"key": "k", "token": 1, "lease_id": "L1", "expires_at": 10_300, "now": 300}
-    holder = HolderKey()
+    # Defence in depth: another key than the one bound at the grant is never signed.
+    assert signer.sign("acquire", HolderKey().public_hex(), "agent", answer) is None
     text = signer.sign("acquire", holder.public_hex(), "agent", answer)
     cert = parse(text)
     # 1,000,000 ms + (10,300 - 400) * 0.99 - 50
