@@ -666,17 +666,32 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         return int(result["asked"])
 
     async def transfer(
-        self, lease: Lease, *, owner: str, ttl: float | None = None, timeout: float | None = None
+        self,
+        lease: Lease,
+        *,
+        owner: str,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> Lease:
         """Hand ``lease`` to ``owner`` atomically: the returned lease (new lease id, new
         fencing token) starts in the same log entry that ends ours, so no third party
-        can take the key in between. Give the returned lease to the new owner."""
+        can take the key in between. Give the returned lease to the new owner.
+
+        Lease certificates (docs/certificates.md): ``holder_key`` is the NEW holder's
+        key (only its public half is read and sent); the new lease is bound to it and
+        the returned lease carries its ``certificate`` (op ``transfer``), which only
+        that key's owner can prove. Without it the new lease has no holder key and
+        gets no certificate, ever (the old holder's key is never carried over). Raises
+        as ``renew`` for a lease that is gone or not ours."""
         sent = time.monotonic()
         args: dict[str, Any] = {"key": lease.key, "lease_id": lease.lease_id, "owner": owner}
         if ttl is not None:
             args["ttl"] = ttl
+        if holder_key is not None:
+            args["holder_key"] = holder_key.public_hex()
         result = await self.call("transfer", args, mutating=True, timeout=timeout)
-        return self._lease(result, sent)
+        return replace(self._lease(result, sent), holder_key=holder_key)
 
     async def proclaim(self, lease: Lease, value: str, *, timeout: float | None = None) -> Lease:
         """Publish a new ``value`` with a held lease (an elected leader's new address);

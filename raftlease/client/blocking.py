@@ -359,9 +359,19 @@ class Client(SharedKeyLocks[HeldLock]):
         )
 
     def transfer(
-        self, lease: Lease, *, owner: str, ttl: float | None = None, timeout: float | None = None
+        self,
+        lease: Lease,
+        *,
+        owner: str,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> Lease:
-        return self._run(self._async.transfer(lease, owner=owner, ttl=ttl, timeout=timeout))
+        return self._run(
+            self._async.transfer(
+                lease, owner=owner, ttl=ttl, timeout=timeout, holder_key=holder_key
+            )
+        )
 
     def fence(
         self,

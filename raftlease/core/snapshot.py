@@ -97,7 +97,8 @@ SNAPSHOT_VERSION = 9
 #: Also: an acquire may carry ``holder_key``, bound to the lease (or its queued
 #: acquire) at the grant, and a renew naming another one is refused
 #: HOLDER_KEY_MISMATCH (issue 39, docs/certificates.md); a member that ignored it
-#: would renew leases the rest refused.
+#: would renew leases the rest refused. A transfer may carry ``holder_key`` too (the
+#: new holder's, bound to the new lease).
 ENTRY_FORMAT = 6
 
 

@@ -1363,8 +1363,9 @@ class LeaseStore(StoreState):
     def _transfer(self, entry: dict[str, Any]) -> Result:
         """Hand a held lease to ``owner`` atomically: the old lease ends and the new one
         (new lease id, new token, same units and value, not attached to any session)
-        starts in the same entry; waiters keep their place. The new lease has no
-        certificate holder key: never the old holder's."""
+        starts in the same entry; waiters keep their place. The new lease is bound to
+        the new holder's certificate key the transfer names (``holder_key``), or to
+        none: never the old holder's."""
         lease = self._owned(entry)
         if not isinstance(lease, LeaseRecord):
             return lease
@@ -1380,6 +1381,7 @@ class LeaseStore(StoreState):
             lease.value,
             principal=lease.principal,
             slots=lease.slots,
+            holder=holder_key_of(entry),
         )
         # The new holder keeps the old one's standing against preemption.
         self.preempt.granted(new.lease_id, standing)

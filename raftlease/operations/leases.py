@@ -225,7 +225,7 @@ LEASE_OPS: tuple[Operation, ...] = (
         True,
         "key_write",
         "hand a held lease to a new owner (a new lease id and token, atomically)",
-        (KEY, OWNER, LEASE_ID, TTL),
+        (KEY, OWNER, LEASE_ID, TTL, HOLDER_KEY),
         LEASE,
         (("POST", "/v1/leases/transfer", "Hand a lease to a new owner", LEASES),),
     ),

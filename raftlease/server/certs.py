@@ -39,8 +39,9 @@ CERT_KEY_ROTATION_MS = 24 * 3600 * 1000
 
 _HEX = frozenset("0123456789abcdef")
 
-#: Operations whose answer carries a certificate when the request names a holder key.
-CERTIFIED_OPS = frozenset({"acquire", "renew"})
+#: Operations whose answer carries a certificate when the request names a holder key
+#: (a transfer's is the new holder's key, bound to the new lease).
+CERTIFIED_OPS = frozenset({"acquire", "renew", "transfer"})
 
 
 def check_holder_key(value: Any) -> None:

@@ -189,3 +189,32 @@ def test_a_renewal_naming_another_holder_key_is_refused_and_certifies_nothing(
             c.renew(replace(plain, holder_key=thief))
         assert c.renew(plain).certificate == ""
         c.release(plain)
+
+
+def test_a_transfer_certifies_the_new_holders_key_only(shared: LocalCluster) -> None:
+    old, new = HolderKey(), HolderKey()
+    with shared.client() as c:
+        lease = c.acquire("certs/handoff", owner="one", ttl=5.0, holder_key=old)
+        moved = c.transfer(lease, owner="two", holder_key=new)
+        cert = parse(moved.certificate)
+        assert (cert.key, cert.token, cert.holder, cert.op) == (
+            "certs/handoff",
+            moved.token,
+            new.public,
+            "transfer",
+        )
+        resource = Verifier(cluster_keys(shared))
+        challenge = resource.challenge()
+        resource.check(moved.certificate, moved.prove(challenge, b"w"), challenge, b"w")
+        # The old holder's key proves nothing for the new lease, nor renews it.
+        challenge = resource.challenge()
+        with pytest.raises(CertificateError) as refused:
+            resource.check(moved.certificate, old.prove(moved.certificate, challenge), challenge)
+        assert refused.value.code == "BAD_PROOF"
+        with pytest.raises(HolderKeyMismatchError):
+            c.renew(replace(moved, holder_key=old))
+        assert parse(c.renew(moved).certificate).holder == new.public
+        # A transfer naming no key: the new lease has none, so no certificate.
+        bare = c.transfer(moved, owner="three")
+        assert bare.certificate == ""
+        c.release(bare)

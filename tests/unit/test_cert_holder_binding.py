@@ -135,3 +135,17 @@ def test_a_malformed_holder_key_entry_is_refused_unchanged(entry: Entry) -> None
     assert {k: v for k, v in store.to_plain().items() if k != "now"} == {
         k: v for k, v in before.items() if k != "now"
     }
+
+
+def test_a_transfer_binds_the_new_holders_key_never_the_old_ones() -> None:
+    store = LeaseStore()
+    store.apply(acquire(10, "L1", holder_key=KEY_A))
+    moved = store.apply(
+        mut("transfer", 20, key="k", lid="L1", owner="b", new_lid="L2", holder_key=KEY_B)
+    )
+    assert moved["ok"] and store.leases["L2"].holder == bytes.fromhex(KEY_B)
+    assert store.apply(renew(21, "L2", holder_key=KEY_A))["code"] == "HOLDER_KEY_MISMATCH"
+    # Without a key the new lease has none (the old holder's is not carried over).
+    store.apply(mut("transfer", 30, key="k", lid="L2", owner="c", new_lid="L3"))
+    assert store.leases["L3"].holder is None
+    assert store.apply(renew(31, "L3", holder_key=KEY_B))["code"] == "HOLDER_KEY_MISMATCH"
