@@ -311,6 +311,7 @@ class Client(SharedKeyLocks[HeldLock]):
         priority: int = 0,
         capacity: int = 1,
         timeout: float | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> LeaseSet:
         """Every key of ``keys`` or none, in one log entry (see
         ``AsyncClient.acquire_many``). Blocks the calling thread until answered (with
@@ -325,6 +326,7 @@ class Client(SharedKeyLocks[HeldLock]):
                 priority=priority,
                 capacity=capacity,
                 timeout=timeout,
+                holder_key=holder_key,
             )
 
         # A waiting set long-polls on the loop (AsyncClient._await_set).

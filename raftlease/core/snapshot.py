@@ -98,7 +98,8 @@ SNAPSHOT_VERSION = 9
 #: acquire) at the grant, and a renew naming another one is refused
 #: HOLDER_KEY_MISMATCH (issue 39, docs/certificates.md); a member that ignored it
 #: would renew leases the rest refused. A transfer may carry ``holder_key`` too (the
-#: new holder's, bound to the new lease).
+#: new holder's, bound to the new lease), and an acquire_many (bound to every key's
+#: lease of the set, also when a waiting set is granted).
 ENTRY_FORMAT = 6
 
 

@@ -730,7 +730,9 @@ class LeaseStore(StoreState):
             )
         for key, _units in items:
             self._fix_capacity(key, capacity)
-        session = self._grant_set(lid, entry["owner"], entry["ttl"], principal, items, priority)
+        session = self._grant_set(
+            lid, entry["owner"], entry["ttl"], principal, items, priority, holder_key_of(entry)
+        )
         return {
             "ok": True,
             "lease_id": lid,
@@ -756,10 +758,12 @@ class LeaseStore(StoreState):
         principal: str,
         items: list[list[Any]],
         priority: int = 0,
+        holder: bytes | None = None,
     ) -> LeaseSession:
         """Grant every key of a set (``[key, units]`` pairs, capacities fixed, every
         key free for it) in this entry: its lease session ``lid``, then one lease per
-        key (``lid/<index>``), tokens one revision apart in the order given."""
+        key (``lid/<index>``), tokens one revision apart in the order given; each
+        bound to the certificate ``holder`` key the set's acquire named (or none)."""
         session = LeaseSession(
             session_id=lid,
             owner=owner,
@@ -773,7 +777,9 @@ class LeaseStore(StoreState):
         self._count(self.sessions_by, principal, 1)
         heapq.heappush(self._session_deadlines, (session.expires_at, lid))
         for index, (key, units) in enumerate(items):
-            self._grant(key, many_lease_id(lid, index), owner, ttl, units, "", lid, principal)
+            self._grant(
+                key, many_lease_id(lid, index), owner, ttl, units, "", lid, principal, holder=holder
+            )
             self.preempt.granted(many_lease_id(lid, index), priority)
         return session
 
@@ -833,6 +839,7 @@ class LeaseStore(StoreState):
                 units=units,
                 principal=principal,
                 group=lid,
+                holder=holder_key_of(entry),  # bound at the set's grant
             )
             queue = self.queues.setdefault(key, [])
             position = bisect.bisect_right([w.rank() for w in queue], waiter.rank())
@@ -892,7 +899,9 @@ class LeaseStore(StoreState):
             self._count(self.waiting_by, waiter.principal, -1)
         first = members[0]
         items = [[waiter.key, waiter.units] for waiter in members]
-        self._grant_set(lid, first.owner, first.ttl_ms, first.principal, items, first.priority)
+        self._grant_set(
+            lid, first.owner, first.ttl_ms, first.principal, items, first.priority, first.holder
+        )
         for waiter in members:
             # Its place at the head of each key is free: those behind may fit now.
             self._grant_next(waiter.key)

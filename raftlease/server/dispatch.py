@@ -21,11 +21,12 @@ from typing import Any
 
 from ..config import NodeConfig
 from ..core import Result
+from ..core.certkeys import HOLDER_KEY_OPS
 from ..errors import CapacityMismatchError, error_class
 from ..protocol import Request
 from ..replication import Replica
 from .auth import AuthPolicy
-from .certs import CERTIFIED_OPS, CertSigner, check_holder_key
+from .certs import CERTIFIED_OPS, MULTI_CERTIFIED_OPS, CertSigner, check_holder_key
 from .keepalive import LEASE, SESSION
 from .log_clock import LogClock
 from .metrics import NodeMetrics
@@ -123,8 +124,10 @@ class Dispatcher:
         if holder:
             await self.signer.ensure_key()
         entry: dict[str, Any] = {k: v for k, v in request.args.items() if k != "consistency"}
-        if request.op not in CERTIFIED_OPS:
-            entry.pop("holder_key", None)  # only a certified grant or renewal binds one
+        if request.op not in HOLDER_KEY_OPS:
+            # Only a grant, transfer or renewal binds or checks one; a session's
+            # keep-alive names it only to be answered with certificates.
+            entry.pop("holder_key", None)
         entry["op"] = request.op
         if request.op in ("acquire", "acquire_many"):
             # Everyone's queued acquires together, with or without authentication
@@ -239,6 +242,34 @@ class Dispatcher:
         and the signer could sign one (server/certs.py); ``answer`` as it is otherwise."""
         if not holder:
             return answer
+        if request.op in MULTI_CERTIFIED_OPS:
+            signed = self.signer.sign_each(request.op, holder, answer, from_memory)
+            if not signed:
+                return answer
+            if request.op == "session_keepalive":
+                return {
+                    **answer,
+                    "certificates": [
+                        {
+                            "key": one["key"],
+                            "token": one["token"],
+                            "certificate": one["certificate"],
+                        }
+                        for one in signed
+                    ],
+                }
+            # acquire_many: each key's own entry of the answer carries its certificate
+            # (new maps: the answer may be the one cached in the dedup table).
+            by_lid = {one["lease_id"]: one["certificate"] for one in signed}
+            return {
+                **answer,
+                "leases": [
+                    {**one, "certificate": by_lid[one["lease_id"]]}
+                    if one.get("lease_id") in by_lid
+                    else one
+                    for one in answer.get("leases", ())
+                ],
+            }
         certificate = self.signer.sign(
             request.op, holder, request.principal or "", answer, from_memory
         )

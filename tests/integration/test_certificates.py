@@ -218,3 +218,42 @@ def test_a_transfer_certifies_the_new_holders_key_only(shared: LocalCluster) -> 
         bare = c.transfer(moved, owner="three")
         assert bare.certificate == ""
         c.release(bare)
+
+
+def test_a_set_carries_one_certificate_per_key_and_its_keepalive_fresh_ones(
+    shared: LocalCluster,
+) -> None:
+    holder, thief = HolderKey(), HolderKey()
+    with shared.client() as c:
+        got = c.acquire_many(["certs/m1", "certs/m2"], owner="set", ttl=5.0, holder_key=holder)
+        resource = Verifier(cluster_keys(shared))
+        for lease in got.leases:
+            cert = parse(lease.certificate)
+            assert (cert.key, cert.token, cert.holder, cert.op) == (
+                lease.key,
+                lease.token,
+                holder.public,
+                "acquire_many",
+            )
+            challenge = resource.challenge()
+            resource.check(lease.certificate, lease.prove(challenge), challenge, key=lease.key)
+            challenge = resource.challenge()
+            with pytest.raises(CertificateError) as refused:
+                resource.check(
+                    lease.certificate, thief.prove(lease.certificate, challenge), challenge
+                )
+            assert refused.value.code == "BAD_PROOF"
+        time.sleep(0.05)  # so the new not_after is measurably later (ms resolution)
+        kept = c.renew_many(got)
+        for before, after in zip(got.leases, kept.leases, strict=True):
+            cert = parse(after.certificate)
+            assert cert.op == "session_keepalive" and cert.holder == holder.public
+            assert cert.not_after_ms > parse(before.certificate).not_after_ms
+            challenge = resource.challenge()
+            resource.check(after.certificate, after.prove(challenge), challenge)
+        c.release_many(kept)
+        # Without a holder key: no certificates.
+        plain = c.acquire_many(["certs/m3"], owner="set", ttl=5.0)
+        assert plain.leases[0].certificate == ""
+        assert c.renew_many(plain).leases[0].certificate == ""
+        c.release_many(plain)

@@ -149,3 +149,40 @@ def test_a_transfer_binds_the_new_holders_key_never_the_old_ones() -> None:
     store.apply(mut("transfer", 30, key="k", lid="L2", owner="c", new_lid="L3"))
     assert store.leases["L3"].holder is None
     assert store.apply(renew(31, "L3", holder_key=KEY_B))["code"] == "HOLDER_KEY_MISMATCH"
+
+
+def test_a_set_binds_its_key_to_every_lease_also_when_granted_from_the_queue() -> None:
+    store = LeaseStore()
+    got = store.apply(
+        mut(
+            "acquire_many",
+            10,
+            lid="S1",
+            owner="a",
+            ttl=1000,
+            keys=[["x", 1], ["y", 1]],
+            holder_key=KEY_A,
+        )
+    )
+    assert [store.leases[one["lease_id"]].holder for one in got["leases"]] == [
+        bytes.fromhex(KEY_A)
+    ] * 2
+    queued = store.apply(
+        mut(
+            "acquire_many",
+            11,
+            lid="S2",
+            owner="b",
+            ttl=1000,
+            wait=5000,
+            keys=[["x", 1], ["y", 1]],
+            holder_key=KEY_B,
+        )
+    )
+    assert queued["queued"] is True
+    restored = LeaseStore.from_plain(copy.deepcopy(store.to_plain()))
+    close = mut("session_close", 20, sid="S1")
+    for s in (store, restored):
+        assert s.apply(copy.deepcopy(close))["ok"]
+        assert {s.leases[f"S2/{i}"].holder for i in (0, 1)} == {bytes.fromhex(KEY_B)}
+    assert store.to_plain() == restored.to_plain()

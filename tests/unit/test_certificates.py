@@ -492,3 +492,44 @@ def test_the_signer_bounds_not_after_and_signs_only_a_live_lease() -> None:
         }
     )
     assert signer.sign("acquire", holder.public_hex(), "agent", answer) is None  # released
+
+
+def test_a_session_keepalive_certifies_only_the_attached_leases_bound_to_its_key() -> None:
+    """``sign_each``: a lease session's keep-alive answer certifies each attached lease
+    bound to the named holder key (to the session's new expiry), never one bound to
+    another key or to none, nor a lease outside the session."""
+    import asyncio
+
+    store = LeaseStore()
+    signer, _replica = signer_for(store, 400, [True])
+    asyncio.run(signer.ensure_key())
+    mine, other = HolderKey(), HolderKey()
+    base = {"now": 300, "term": 1, "seq": 1, "ack": 1}
+    store.apply(
+        {**base, "op": "session_open", "owner": "o", "ttl": 10_000, "sid": "S", "cid": "c0"}
+    )
+    for n, key in enumerate([mine.public_hex(), other.public_hex(), None]):
+        entry = {**base, "op": "acquire", "key": f"k{n}", "owner": "o", "session": "S"}
+        entry.update(lid=f"L{n}", cid=f"c{n + 1}")
+        if key is not None:
+            entry["holder_key"] = key
+        assert store.apply(entry)["ok"]
+    store.apply(
+        {
+            **base,
+            "op": "acquire",
+            "key": "solo",
+            "owner": "o",
+            "ttl": 10_000,
+            "lid": "L9",
+            "cid": "c9",
+            "holder_key": mine.public_hex(),
+        }
+    )
+    answer = {"session_id": "S", "ttl": 10_000, "expires_at": 12_000, "now": 400}
+    signed = signer.sign_each("session_keepalive", mine.public_hex(), answer, True)
+    assert [(one["key"], one["lease_id"]) for one in signed] == [("k0", "L0")]
+    cert = parse(signed[0]["certificate"])
+    assert (cert.holder, cert.op) == (mine.public, "session_keepalive")
+    assert cert.not_after_ms == 1_000_000 + int((12_000 - 400) * 0.99) - 50
+    assert signer.sign_each("session_keepalive", HolderKey().public_hex(), answer, True) == []
