@@ -257,3 +257,39 @@ def test_a_set_carries_one_certificate_per_key_and_its_keepalive_fresh_ones(
         assert plain.leases[0].certificate == ""
         assert c.renew_many(plain).leases[0].certificate == ""
         c.release_many(plain)
+
+
+def test_pool_and_semaphore_units_held_through_the_recipes_are_certified(
+    shared: LocalCluster,
+) -> None:
+    """The recipes pass holder_key to acquire and renew with it: a pool's certificate
+    names its units and unit indices, a semaphore's its slot, and another key's proof
+    is refused."""
+    holder, thief = HolderKey(), HolderKey()
+    with shared.client() as c:
+        with c.pool("certs/gpus", capacity=4, units=2, ttl=5.0, holder_key=holder) as held:
+            lease = held.lease
+            assert lease is not None
+            resource = Verifier(cluster_keys(shared))  # the first key exists by now
+            cert = parse(lease.certificate)
+            assert (cert.units, cert.unit_indices, cert.holder) == (
+                2,
+                lease.unit_indices,
+                holder.public,
+            )
+            assert len(cert.unit_indices) == 2
+            challenge = resource.challenge()
+            resource.check(lease.certificate, lease.prove(challenge), challenge, key="certs/gpus")
+            challenge = resource.challenge()
+            with pytest.raises(CertificateError) as refused:
+                resource.check(
+                    lease.certificate, thief.prove(lease.certificate, challenge), challenge
+                )
+            assert refused.value.code == "BAD_PROOF"
+        with c.semaphore("certs/slots", limit=3, ttl=5.0, holder_key=holder) as held:
+            lease = held.lease
+            assert lease is not None
+            cert = parse(lease.certificate)
+            assert (cert.units, cert.unit_indices) == (1, lease.unit_indices)
+            challenge = resource.challenge()
+            resource.check(lease.certificate, lease.prove(challenge), challenge)
