@@ -768,12 +768,15 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         on_lost: Callable[[str], None] | None = None,
         on_jeopardy: Callable[[str], None] | None = None,
         on_yield_requested: Callable[[list[dict[str, Any]]], None] | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> AsyncSession:
         """A lease session: ``async with client.session(owner=..., ttl=10) as s:``.
         Leases acquired with ``session=s`` (or ``s.acquire``/``s.lock``) are kept
         alive by its one keep-alive and released when it ends. ``owner`` defaults to
-        ``hostname:pid`` (a label, not a credential: the session id proves it). See
-        ``raftlease.recipes.sessions``."""
+        ``hostname:pid`` (a label, not a credential: the session id proves it). With
+        ``holder_key`` its leases are acquired bound to that key and each keep-alive
+        brings their fresh certificates (``s.certified(lease)``; docs/certificates.md).
+        See ``raftlease.recipes.sessions``."""
         return AsyncSession(
             self,
             owner=owner,
@@ -781,6 +784,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             on_lost=on_lost,
             on_jeopardy=on_jeopardy,
             on_yield_requested=on_yield_requested,
+            holder_key=holder_key,
         )
 
     def election(self, name: str) -> AsyncElection:

@@ -403,9 +403,11 @@ class Client(SharedKeyLocks[HeldLock]):
         on_lost: Callable[[str], None] | None = None,
         on_jeopardy: Callable[[str], None] | None = None,
         on_yield_requested: Callable[[list[dict[str, Any]]], None] | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> Session:
         """``with client.session(owner=..., ttl=10) as s:`` (see ``AsyncClient.session``;
-        ``owner`` defaults to ``hostname:pid``, a label, not a credential)."""
+        ``owner`` defaults to ``hostname:pid``, a label, not a credential; with
+        ``holder_key``, ``s.certified(lease)`` gives the freshest certificate)."""
         return Session(
             self,
             owner=owner,
@@ -413,6 +415,7 @@ class Client(SharedKeyLocks[HeldLock]):
             on_lost=on_lost,
             on_jeopardy=on_jeopardy,
             on_yield_requested=on_yield_requested,
+            holder_key=holder_key,
         )
 
     def election(self, name: str) -> Election:

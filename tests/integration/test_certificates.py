@@ -293,3 +293,24 @@ def test_pool_and_semaphore_units_held_through_the_recipes_are_certified(
             assert (cert.units, cert.unit_indices) == (1, lease.unit_indices)
             challenge = resource.challenge()
             resource.check(lease.certificate, lease.prove(challenge), challenge)
+
+
+def test_a_sessions_keepalives_bring_fresh_certificates_for_its_bound_leases(
+    shared: LocalCluster,
+) -> None:
+    holder = HolderKey()
+    with shared.client() as c, c.session(owner="s", ttl=5.0, holder_key=holder) as s:
+        lease = s.acquire("certs/in-session")  # bound to the session's key by default
+        first = parse(lease.certificate)
+        assert (first.holder, first.op) == (holder.public, "acquire")
+        plain = s.acquire("certs/in-session-plain", holder_key=None)
+        time.sleep(0.05)  # so the new not_after is measurably later (ms resolution)
+        s.keepalive()
+        fresh = s.certified(lease)
+        cert = parse(fresh.certificate)
+        assert cert.op == "session_keepalive" and cert.not_after_ms > first.not_after_ms
+        assert (cert.key, cert.token, cert.holder) == (lease.key, lease.token, holder.public)
+        resource = Verifier(cluster_keys(shared))
+        challenge = resource.challenge()
+        resource.check(fresh.certificate, fresh.prove(challenge), challenge)
+        assert s.certified(plain).certificate == ""  # bound to no key: never certified
