@@ -43,7 +43,9 @@ def check_certkey(entry: dict[str, Any]) -> str | None:
 
 
 #: Operations whose entry may name the holder key a lease is bound to (``holder_key``).
-HOLDER_KEY_OPS = frozenset({"acquire", "renew", "transfer", "acquire_many"})
+HOLDER_KEY_OPS = frozenset(
+    {"acquire", "renew", "transfer", "acquire_many", "task_claim", "task_heartbeat"}
+)
 
 
 def check_holder_key_field(op: str, entry: dict[str, Any]) -> str | None:

@@ -60,7 +60,8 @@ from .state import StoreState
 #:    fix: docs/certificates.md): ``holder_keys`` lists ``[lease id, 64 hex]`` for
 #:    every live lease and queued acquire whose acquire named one, written only when
 #:    there is one; a snapshot without it loads with no key bound (no certificate
-#:    until the lease is acquired anew with a key).
+#:    until the lease is acquired anew with a key). ``attempt_holder_keys`` does the
+#:    same for task attempts and waiting claims (``[attempt id, 64 hex]``).
 SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
@@ -99,7 +100,8 @@ SNAPSHOT_VERSION = 9
 #: HOLDER_KEY_MISMATCH (issue 39, docs/certificates.md); a member that ignored it
 #: would renew leases the rest refused. A transfer may carry ``holder_key`` too (the
 #: new holder's, bound to the new lease), and an acquire_many (bound to every key's
-#: lease of the set, also when a waiting set is granted).
+#: lease of the set, also when a waiting set is granted), a task claim (bound to its
+#: attempt; a heartbeat naming another is refused HOLDER_KEY_MISMATCH).
 ENTRY_FORMAT = 6
 
 
@@ -150,6 +152,14 @@ def to_plain(store: StoreState) -> dict[str, Any]:
     ]
     if holder_keys:  # written only when used: layout 9 without it loads alike
         out["holder_keys"] = holder_keys
+    attempt_keys = [
+        [aid, record.holder.hex()]
+        for table in (store.tasks.attempts, store.tasks.claims)
+        for aid, record in table.items()
+        if record.holder is not None
+    ]
+    if attempt_keys:  # likewise
+        out["attempt_holder_keys"] = attempt_keys
     if store.audit_refusals.seq > 1:
         # Written once a refusal was recorded, so a store that never refused keeps the
         # layout 9 dict it had (and its golden tests).
@@ -278,6 +288,10 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         bound = store.leases.get(lid) or store.waiting.get(lid)
         if bound is not None:
             bound.holder = bytes.fromhex(hex_key)
+    for aid, hex_key in data.get("attempt_holder_keys", ()):  # task claims' keys
+        claimed = store.tasks.attempts.get(aid) or store.tasks.claims.get(aid)
+        if claimed is not None:
+            claimed.holder = bytes.fromhex(hex_key)
     for waiter in store.waiting.values():  # how many each tenant has waiting
         fair = store.fair.get(waiter.key)
         if fair is not None:

@@ -42,7 +42,19 @@ _HEX = frozenset("0123456789abcdef")
 
 #: Operations whose answer carries a certificate when the request names a holder key
 #: (a transfer's is the new holder's key, bound to the new lease).
-CERTIFIED_OPS = frozenset({"acquire", "renew", "transfer", "acquire_many", "session_keepalive"})
+CERTIFIED_OPS = frozenset(
+    {
+        "acquire",
+        "renew",
+        "transfer",
+        "acquire_many",
+        "session_keepalive",
+        "task_claim",
+        "task_heartbeat",
+    }
+)
+#: Operations whose answer certifies a task attempt (``CertSigner.sign_attempt``).
+TASK_CERTIFIED_OPS = frozenset({"task_claim", "task_heartbeat"})
 #: Operations whose answer certifies several leases (``CertSigner.sign_each``).
 MULTI_CERTIFIED_OPS = frozenset({"acquire_many", "session_keepalive"})
 #: Most certificates one answer carries (a lease session may hold 10,000 leases; each
@@ -183,6 +195,42 @@ class CertSigner:
                     break
         return out
 
+    def sign_attempt(
+        self, op: str, holder_hex: str, aid: str, answer: dict[str, Any]
+    ) -> str | None:
+        """The certificate of the task attempt ``aid`` for a claim's or a heartbeat's
+        ``answer``, or None (as ``sign``: no key, no valid leader lease, the attempt
+        no longer current in the applied state, no key bound to it or another one).
+        Its ``key`` is ``<queue>/<task id>``, its token the attempt's fencing token,
+        and the body carries ``queue``, ``task`` and ``attempt`` (docs/certificates.md,
+        "Wire format"). Heartbeats are always logged, so the applied expiry is the
+        truth."""
+        ready = self._ready()
+        if ready is None or "token" not in answer or "expires_at" not in answer:
+            return None
+        tasks = ready[0].store.tasks
+        attempt = tasks.attempts.get(aid)
+        if attempt is None or attempt.token != answer["token"] or attempt.holder is None:
+            return None
+        if attempt.holder.hex() != holder_hex:
+            return None
+        task = tasks.tasks.get(attempt.tid)
+        if task is None:
+            return None
+        expires_at = min(int(answer["expires_at"]), attempt.expires_at)
+        return self._sign_body(
+            ready,
+            op,
+            key=f"{task.queue}/{attempt.tid}",
+            token=attempt.token,
+            principal=attempt.principal,
+            units=1,
+            slots=[],
+            holder=attempt.holder,
+            expires_at=expires_at,
+            task=(task.queue, attempt.tid, attempt.number),
+        )
+
     def _ready(self) -> tuple[Replica, list[Any]] | None:
         """The leader's replica and the current key's row, or None: not the leader,
         no valid leader lease (another leader may exist), or no key yet."""
@@ -202,13 +250,42 @@ class CertSigner:
         from_memory: bool,
     ) -> str | None:
         """The certificate of one live ``lease`` to ``expires_at`` (see ``sign``)."""
-        replica, row = ready
         if lease.holder is None or lease.holder.hex() != holder_hex:
             return None
         if not from_memory:
             # The applied state is the truth: a replayed answer may be older than a
             # renewal with a shorter TTL.
             expires_at = min(expires_at, lease.expires_at)
+        return self._sign_body(
+            ready,
+            op,
+            key=lease.key,
+            token=lease.token,
+            principal=lease.principal,  # the grantee's, as the applied state says
+            units=lease.units,
+            slots=list(lease.slots),
+            holder=lease.holder,  # the key bound at the grant, as the applied state says
+            expires_at=expires_at,
+        )
+
+    def _sign_body(
+        self,
+        ready: tuple[Replica, list[Any]],
+        op: str,
+        *,
+        key: str,
+        token: int,
+        principal: str,
+        units: int,
+        slots: list[int],
+        holder: bytes,
+        expires_at: int,
+        task: tuple[str, str, int] | None = None,
+    ) -> str | None:
+        """Sign a certificate valid until ``expires_at`` (log time) less the drift
+        bound and a heartbeat, measured on this node's wall clock (module docstring);
+        None when nothing of it is left."""
+        replica, row = ready
         kid = int(row[0])
         private = self._private.get(kid)
         if private is None:
@@ -226,15 +303,16 @@ class CertSigner:
             return None
         body = certificate_body(
             kid=kid,
-            key=lease.key,
-            token=lease.token,
-            principal=lease.principal,  # the grantee's, as the applied state says
-            units=lease.units,
-            unit_indices=list(lease.slots),
-            holder=lease.holder,  # the key bound at the grant, as the applied state says
+            key=key,
+            token=token,
+            principal=principal,
+            units=units,
+            unit_indices=slots,
+            holder=holder,
             not_after_ms=not_after,
             issued_at_ms=wall_ms,
             op=op,
+            task=task,
         )
         self.signed += 1
         return sign_certificate(private, body)

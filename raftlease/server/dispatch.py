@@ -26,7 +26,13 @@ from ..errors import CapacityMismatchError, error_class
 from ..protocol import Request
 from ..replication import Replica
 from .auth import AuthPolicy
-from .certs import CERTIFIED_OPS, MULTI_CERTIFIED_OPS, CertSigner, check_holder_key
+from .certs import (
+    CERTIFIED_OPS,
+    MULTI_CERTIFIED_OPS,
+    TASK_CERTIFIED_OPS,
+    CertSigner,
+    check_holder_key,
+)
 from .keepalive import LEASE, SESSION
 from .log_clock import LogClock
 from .metrics import NodeMetrics
@@ -242,6 +248,10 @@ class Dispatcher:
         and the signer could sign one (server/certs.py); ``answer`` as it is otherwise."""
         if not holder:
             return answer
+        if request.op in TASK_CERTIFIED_OPS:
+            aid = str(answer.get("aid") or request.args.get("aid", ""))
+            text = self.signer.sign_attempt(request.op, holder, aid, answer)
+            return answer if text is None else {**answer, "certificate": text}
         if request.op in MULTI_CERTIFIED_OPS:
             signed = self.signer.sign_each(request.op, holder, answer, from_memory)
             if not signed:

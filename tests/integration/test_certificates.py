@@ -314,3 +314,40 @@ def test_a_sessions_keepalives_bring_fresh_certificates_for_its_bound_leases(
         challenge = resource.challenge()
         resource.check(fresh.certificate, fresh.prove(challenge), challenge)
         assert s.certified(plain).certificate == ""  # bound to no key: never certified
+
+
+def test_a_task_claim_is_certified_for_its_attempt_and_heartbeats_refresh_it(
+    shared: LocalCluster,
+) -> None:
+    holder, thief = HolderKey(), HolderKey()
+    with shared.client() as c:
+        queue = c.queue("certs-q")
+        tid = queue.put({"job": 1})
+        task = queue.claim(worker="w", lease_ttl=5.0, holder_key=holder)
+        assert task is not None
+        cert = parse(task.certificate)
+        assert (cert.key, cert.token, cert.holder, cert.op) == (
+            f"certs-q/{tid}",
+            task.token,
+            holder.public,
+            "task_claim",
+        )
+        assert (cert.queue, cert.task, cert.attempt) == ("certs-q", tid, 1)
+        resource = Verifier(cluster_keys(shared))
+        challenge = resource.challenge()
+        resource.check(task.certificate, task.prove(challenge, b"r"), challenge, b"r", key=cert.key)
+        challenge = resource.challenge()
+        with pytest.raises(CertificateError) as refused:
+            resource.check(task.certificate, thief.prove(task.certificate, challenge), challenge)
+        assert refused.value.code == "BAD_PROOF"
+        time.sleep(0.05)  # so the new not_after is measurably later (ms resolution)
+        task.heartbeat()
+        fresh = parse(task.certificate)
+        assert fresh.op == "task_heartbeat" and fresh.not_after_ms > cert.not_after_ms
+        # A heartbeat naming another key is refused and certifies nothing.
+        task.aio.holder_key = thief
+        with pytest.raises(HolderKeyMismatchError):
+            task.heartbeat()
+        task.aio.holder_key = holder
+        assert task.certificate == fresh.text
+        task.complete()

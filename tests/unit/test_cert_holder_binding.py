@@ -186,3 +186,37 @@ def test_a_set_binds_its_key_to_every_lease_also_when_granted_from_the_queue() -
         assert s.apply(copy.deepcopy(close))["ok"]
         assert {s.leases[f"S2/{i}"].holder for i in (0, 1)} == {bytes.fromhex(KEY_B)}
     assert store.to_plain() == restored.to_plain()
+
+
+def task_entry(op: str, now: int, **fields: Any) -> Entry:
+    return mut(op, now, queue="q", **fields)
+
+
+def test_a_task_claim_binds_its_key_to_the_attempt_and_heartbeats_check_it() -> None:
+    store = LeaseStore()
+    assert store.apply(task_entry("task_put", 10, tid="T1", payload="{}", quota=100))["ok"]
+    claimed = store.apply(task_entry("task_claim", 11, aid="A1", worker="w", holder_key=KEY_A))
+    assert claimed["claimed"] is True
+    assert store.tasks.attempts["A1"].holder == bytes.fromhex(KEY_A)
+    before = observable(store)
+    refused = store.apply(task_entry("task_heartbeat", 20, tid="T1", aid="A1", holder_key=KEY_B))
+    assert refused["code"] == "HOLDER_KEY_MISMATCH"
+    assert observable(store) == before
+    assert store.apply(task_entry("task_heartbeat", 21, tid="T1", aid="A1", holder_key=KEY_A))["ok"]
+    assert store.apply(task_entry("task_heartbeat", 22, tid="T1", aid="A1"))["ok"]
+    # A waiting claim keeps its key (also through a snapshot) and binds it when handed
+    # a task.
+    assert store.apply(
+        task_entry("task_claim", 23, aid="A2", worker="w", wait=5000, holder_key=KEY_B)
+    )["queued"]
+    plain = store.to_plain()
+    assert plain["attempt_holder_keys"] == [["A1", KEY_A], ["A2", KEY_B]]
+    restored = LeaseStore.from_plain(copy.deepcopy(plain))
+    assert restored.to_plain() == plain
+    put = task_entry("task_put", 30, tid="T2", payload="{}", quota=100)
+    for s in (store, restored):
+        s.apply(copy.deepcopy(put))
+        assert s.tasks.attempts["A2"].holder == bytes.fromhex(KEY_B)
+    assert store.to_plain() == restored.to_plain()
+    older = {k: v for k, v in plain.items() if k != "attempt_holder_keys"}
+    assert LeaseStore.from_plain(older).tasks.attempts["A1"].holder is None

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
+import msgpack
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -533,3 +534,35 @@ def test_a_session_keepalive_certifies_only_the_attached_leases_bound_to_its_key
     assert (cert.holder, cert.op) == (mine.public, "session_keepalive")
     assert cert.not_after_ms == 1_000_000 + int((12_000 - 400) * 0.99) - 50
     assert signer.sign_each("session_keepalive", HolderKey().public_hex(), answer, True) == []
+
+
+def test_a_task_attempts_certificate_carries_its_fields_and_a_leases_reads_defaults(
+    cluster: Cluster,
+) -> None:
+    holder = HolderKey()
+    body = certificate_body(
+        kid=1,
+        key="q/T1",
+        token=9,
+        principal="",
+        units=1,
+        unit_indices=[],
+        holder=holder.public,
+        not_after_ms=int((NOW + 10) * 1000),
+        issued_at_ms=int(NOW * 1000),
+        op="task_claim",
+        task=("q", "T1", 2),
+    )
+    text = sign_certificate(cluster.keys[1], body)
+    assert (parse(text).queue, parse(text).task, parse(text).attempt) == ("q", "T1", 2)
+    v = verifier(cluster)
+    c = v.challenge()
+    v.check(text, holder.prove(text, c), c, key="q/T1")
+    lease = parse(cluster.issue(holder))
+    assert (lease.queue, lease.task, lease.attempt) == ("", "", 0)
+    bad = msgpack.unpackb(body, raw=False)
+    bad["attempt"] = "two"
+    forged = sign_certificate(cluster.keys[1], msgpack.packb(bad, use_bin_type=True))
+    with pytest.raises(CertificateError) as refused:
+        parse(forged)
+    assert refused.value.code == "BAD_CERTIFICATE"
