@@ -70,6 +70,18 @@ class NotOwnerError(RaftLeaseError):
     definite = True
 
 
+class HolderKeyMismatchError(RaftLeaseError):
+    """A renewal named a lease certificate holder key (``holder_key``) other than the
+    one bound to the lease at its grant, or named one for a lease granted without one
+    (docs/certificates.md): nothing changed and no certificate was signed. A holder
+    key cannot be swapped on a live lease, so whoever has the lease id cannot get a
+    certificate for a key of its own. Renew without ``holder_key`` (no certificate),
+    or acquire anew with the key."""
+
+    code = "HOLDER_KEY_MISMATCH"
+    definite = True
+
+
 class LeaseNotFoundError(RaftLeaseError):
     """No live lease on the key: it expired, was released, or never existed."""
 
@@ -334,6 +346,7 @@ _REGISTRY: dict[str, type[RaftLeaseError]] = {
     for cls in (
         LeaseHeldError,
         NotOwnerError,
+        HolderKeyMismatchError,
         LeaseNotFoundError,
         DeadlockError,
         SessionExpiredError,

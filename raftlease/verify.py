@@ -114,6 +114,12 @@ class Certificate:
     issued_at_ms: int
     op: str
     text: str
+    #: A task attempt's certificate (``op`` ``task_claim`` or ``task_heartbeat``): its
+    #: queue, task id and attempt number ("", "" and 0 for a lease's). Optional in
+    #: the body, so certificates without them parse as before.
+    queue: str = ""
+    task: str = ""
+    attempt: int = 0
 
 
 def certificate_body(
@@ -128,8 +134,15 @@ def certificate_body(
     not_after_ms: int,
     issued_at_ms: int,
     op: str,
+    task: tuple[str, str, int] | None = None,
 ) -> bytes:
-    """The signed bytes of a certificate: a msgpack map, keys in this order."""
+    """The signed bytes of a certificate: a msgpack map, keys in this order.
+    ``task``: ``(queue, task id, attempt number)`` for a task attempt's certificate,
+    added as the keys ``queue``, ``task`` and ``attempt`` after ``op`` (absent for a
+    lease's)."""
+    extra: dict[str, Any] = {}
+    if task is not None:
+        extra = {"queue": task[0], "task": task[1], "attempt": task[2]}
     body: bytes = msgpack.packb(
         {
             "v": 1,
@@ -143,6 +156,7 @@ def certificate_body(
             "not_after": not_after_ms,
             "issued_at": issued_at_ms,
             "op": op,
+            **extra,
         },
         use_bin_type=True,
     )
@@ -196,6 +210,10 @@ def parse(text: Any) -> Certificate:
         and _int(data.get("not_after"), 0, 2**63)
         and _int(data.get("issued_at"), 0, 2**63)
         and isinstance(data.get("op"), str)
+        # A task attempt's fields, when present (absent in a lease's certificate).
+        and isinstance(data.get("queue", ""), str)
+        and isinstance(data.get("task", ""), str)
+        and _int(data.get("attempt", 0), 0, 2**31)
     )
     if not fields_ok:
         raise CertificateError("certificate body has a missing or malformed field")
@@ -212,6 +230,9 @@ def parse(text: Any) -> Certificate:
         issued_at_ms=data["issued_at"],
         op=data["op"],
         text=text,
+        queue=data.get("queue", ""),
+        task=data.get("task", ""),
+        attempt=data.get("attempt", 0),
     )
 
 

@@ -123,6 +123,8 @@ DEFAULT_TESTS = (
     # core/audit.py and core/certkeys.py (issue 39), added after the last score.
     "tests/unit/test_audit.py",
     "tests/unit/test_certificates.py",
+    # The holder key bound at the grant (issue 39's security fix), also after it.
+    "tests/unit/test_cert_holder_binding.py",
 )
 
 #: A comparison's replacements: the boundary moved, then the comparison negated.

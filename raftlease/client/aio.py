@@ -394,6 +394,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         priority: int = 0,
         capacity: int = 1,
         timeout: float | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> LeaseSet:
         """Take every key of ``keys`` for ``owner`` for ``ttl`` seconds, or none of
         them, in one log entry: a list of keys (one unit each), or a map of key to
@@ -421,7 +422,12 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         for a malformed set (empty, duplicates, too many keys). Keep the set alive
         with ``renew_many`` and give it back with ``release_many``. Cancelling a call
         without ``wait`` cancels the wait for the answer, not the request: the set may
-        have been granted and then expires after ``ttl``."""
+        have been granted and then expires after ``ttl``.
+
+        Lease certificates (docs/certificates.md): with ``holder_key`` every key's
+        lease is bound to it and carries its own ``certificate`` (each for the same
+        holder key), and ``renew_many`` brings fresh ones; a set granted after
+        waiting asks for them with one ``renew_many``."""
         if owner is None:
             owner = default_owner()
         if not owner:
@@ -432,10 +438,12 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             args["priority"] = priority
         if capacity != 1:
             args["capacity"] = capacity
+        if holder_key is not None:
+            args["holder_key"] = holder_key.public_hex()
         sent = time.monotonic()
         if wait <= 0:
             result = await self.call("acquire_many", args, mutating=True, timeout=timeout)
-            return self._lease_set(result, sent)
+            return self._lease_set(result, sent, holder_key)
         args["wait"] = wait
         pin = Pin()
         try:
@@ -455,8 +463,16 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         finally:
             pin.end()
         if not result.get("queued"):
-            return self._lease_set(result, sent)
-        return await self._await_set(result, sent + wait)
+            return self._lease_set(result, sent, holder_key)
+        granted = await self._await_set(result, sent + wait)
+        if holder_key is None:
+            return granted
+        # Granted by another request's entry: one keep-alive brings the certificates.
+        bound = replace(
+            granted,
+            leases=tuple(replace(lease, holder_key=holder_key) for lease in granted.leases),
+        )
+        return await self.renew_many(bound, timeout=timeout)
 
     async def _close_set(self, lid: str, timeout: float) -> None:
         """Withdraw a waiting set, or release it if it was granted meanwhile (one
@@ -512,7 +528,9 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             f"the set {keys} was not granted within the wait", {"keys": queued["keys"]}
         )
 
-    def _lease_set(self, result: dict[str, Any], sent: float) -> LeaseSet:
+    def _lease_set(
+        self, result: dict[str, Any], sent: float, holder_key: HolderSigner | None = None
+    ) -> LeaseSet:
         ttl = result["ttl"] / 1000.0
         remaining = (int(result["expires_at"]) - int(result["now"])) / 1000.0
         valid_until = self.valid_until(sent, min(ttl, remaining))
@@ -527,6 +545,8 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
                 expires_at_ms=int(result["expires_at"]),
                 units=int(one.get("units", 1)),
                 unit_indices=tuple(int(i) for i in one.get("unit_indices", ())),
+                certificate=str(one.get("certificate", "")),
+                holder_key=holder_key,
             )
             for one in result["leases"]
         )
@@ -542,14 +562,20 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
     async def renew_many(self, lease_set: LeaseSet, *, timeout: float | None = None) -> LeaseSet:
         """Extend every key of ``lease_set`` by its TTL from now, in one request (a
         keep-alive of the set's lease session). Raises ``SessionNotFoundError`` if the
-        set already expired or was released (every key is then gone)."""
+        set already expired or was released (every key is then gone). A set acquired
+        with ``holder_key`` gets a fresh certificate per key (each kept as it was when
+        the answer carries none for it)."""
         sent = time.monotonic()
-        result = await self.call(
-            "session_keepalive",
-            {"session_id": lease_set.lease_id},
-            mutating=True,
-            timeout=timeout,
-        )
+        args: dict[str, Any] = {"session_id": lease_set.lease_id}
+        holder_key = next((x.holder_key for x in lease_set.leases if x.holder_key), None)
+        if holder_key is not None:
+            args["holder_key"] = holder_key.public_hex()
+        result = await self.call("session_keepalive", args, mutating=True, timeout=timeout)
+        fresh = {
+            (str(one.get("key")), int(one.get("token", 0))): str(one.get("certificate", ""))
+            for one in result.get("certificates", ())
+            if isinstance(one, dict)
+        }
         ttl = result["ttl"] / 1000.0
         remaining = (int(result["expires_at"]) - int(result["now"])) / 1000.0
         until = self.valid_until(sent, min(ttl, remaining))
@@ -559,7 +585,12 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             valid_until=until,
             expires_at_ms=expires,
             leases=tuple(
-                replace(lease, valid_until=until, expires_at_ms=expires)
+                replace(
+                    lease,
+                    valid_until=until,
+                    expires_at_ms=expires,
+                    certificate=fresh.get((lease.key, lease.token)) or lease.certificate,
+                )
                 for lease in lease_set.leases
             ),
         )
@@ -677,17 +708,32 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         return int(result["asked"])
 
     async def transfer(
-        self, lease: Lease, *, owner: str, ttl: float | None = None, timeout: float | None = None
+        self,
+        lease: Lease,
+        *,
+        owner: str,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> Lease:
         """Hand ``lease`` to ``owner`` atomically: the returned lease (new lease id, new
         fencing token) starts in the same log entry that ends ours, so no third party
-        can take the key in between. Give the returned lease to the new owner."""
+        can take the key in between. Give the returned lease to the new owner.
+
+        Lease certificates (docs/certificates.md): ``holder_key`` is the NEW holder's
+        key (only its public half is read and sent); the new lease is bound to it and
+        the returned lease carries its ``certificate`` (op ``transfer``), which only
+        that key's owner can prove. Without it the new lease has no holder key and
+        gets no certificate, ever (the old holder's key is never carried over). Raises
+        as ``renew`` for a lease that is gone or not ours."""
         sent = time.monotonic()
         args: dict[str, Any] = {"key": lease.key, "lease_id": lease.lease_id, "owner": owner}
         if ttl is not None:
             args["ttl"] = ttl
+        if holder_key is not None:
+            args["holder_key"] = holder_key.public_hex()
         result = await self.call("transfer", args, mutating=True, timeout=timeout)
-        return self._lease(result, sent)
+        return replace(self._lease(result, sent), holder_key=holder_key)
 
     async def proclaim(self, lease: Lease, value: str, *, timeout: float | None = None) -> Lease:
         """Publish a new ``value`` with a held lease (an elected leader's new address);
@@ -759,12 +805,15 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         on_lost: Callable[[str], None] | None = None,
         on_jeopardy: Callable[[str], None] | None = None,
         on_yield_requested: Callable[[list[dict[str, Any]]], None] | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> AsyncSession:
         """A lease session: ``async with client.session(owner=..., ttl=10) as s:``.
         Leases acquired with ``session=s`` (or ``s.acquire``/``s.lock``) are kept
         alive by its one keep-alive and released when it ends. ``owner`` defaults to
-        ``hostname:pid`` (a label, not a credential: the session id proves it). See
-        ``raftlease.recipes.sessions``."""
+        ``hostname:pid`` (a label, not a credential: the session id proves it). With
+        ``holder_key`` its leases are acquired bound to that key and each keep-alive
+        brings their fresh certificates (``s.certified(lease)``; docs/certificates.md).
+        See ``raftlease.recipes.sessions``."""
         return AsyncSession(
             self,
             owner=owner,
@@ -772,6 +821,7 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
             on_lost=on_lost,
             on_jeopardy=on_jeopardy,
             on_yield_requested=on_yield_requested,
+            holder_key=holder_key,
         )
 
     def election(self, name: str) -> AsyncElection:
@@ -896,7 +946,9 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         """Extend ``lease`` by its TTL (or a new ``ttl``) from now. Raises
         ``LeaseNotFoundError`` if it already expired (or stalled), ``NotOwnerError`` if
         the key is held under another lease. A lease with a holder key gets a fresh
-        certificate (kept as it was when the answer carries none).
+        certificate (kept as it was when the answer carries none); its holder key
+        must be the one its acquire named, else ``HolderKeyMismatchError`` (definite:
+        nothing changed; docs/certificates.md).
 
         ``progress``: a progress figure (higher is further). On a lease acquired with
         ``progress_timeout``, a higher one than the last restarts its progress clock;

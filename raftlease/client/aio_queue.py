@@ -35,7 +35,7 @@ from ..errors import (
     TimeoutError_,
 )
 from ..limits import MAX_TASK_CHECKPOINT_BYTES
-from ..models import Attachable
+from ..models import Attachable, HolderSigner
 from ..recipes.keepalive import KeepAliveState, LostCallback
 from .caller import Caller
 from .effects import AsyncEffect, Reconcile, effect_call
@@ -247,8 +247,13 @@ class AsyncTask:
         on_exit: str = "release",
         on_lost: LostCallback | None = None,
         attached: Attachable | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> None:
         self._client = client
+        #: The lease certificate key the claim named (docs/certificates.md) and the
+        #: attempt's latest certificate ("" if none): its heartbeats refresh it.
+        self.holder_key = holder_key
+        self.certificate = str(result.get("certificate", ""))
         #: The lease session an attached attempt lives by (its validity is the
         #: session's: it sends no heartbeats of its own).
         self._attached = attached
@@ -309,6 +314,14 @@ class AsyncTask:
     def _ids(self) -> dict[str, Any]:
         return {"queue": self.queue, "task_id": self.task_id, "attempt_id": self.lease_id}
 
+    def prove(self, challenge: bytes, message: bytes = b"") -> str:
+        """The proof of possession for ``message`` under the attempt's certificate
+        (as ``Lease.prove``). Raises ``ValueError`` without a certificate (claimed
+        without ``holder_key``, or the leader could not sign yet). Never blocks."""
+        if self.holder_key is None or not self.certificate:
+            raise ValueError("this attempt has no certificate (claim it with holder_key=)")
+        return self.holder_key.prove(self.certificate, challenge, message)
+
     async def _ended(self, op: str, args: dict[str, Any], how: str, timeout: float | None) -> None:
         try:
             await self._client.call(op, {**self._ids(), **args}, mutating=True, timeout=timeout)
@@ -343,12 +356,17 @@ class AsyncTask:
             args["progress"] = progress
         if checkpoint is not None:
             args["checkpoint"] = encode_checkpoint(checkpoint)
+        if self.holder_key is not None:
+            # A fresh certificate to the new expiry (the claim's key only: another is
+            # refused HOLDER_KEY_MISMATCH).
+            args["holder_key"] = self.holder_key.public_hex()
         try:
             result = await self._client.call("task_heartbeat", args, mutating=True, timeout=timeout)
         except (StaleAttemptError, TaskNotFoundError) as exc:
             self._gone(exc)
             raise
         self._set_validity(result, sent)
+        self.certificate = str(result.get("certificate") or self.certificate)
 
     def effect(
         self,
@@ -532,6 +550,7 @@ class AsyncQueue:
         on_exit: str = "release",
         on_lost: LostCallback | None = None,
         timeout: float | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> AsyncTask | None:
         """One task for ``worker``, or None when none is ready (after waiting up to
         ``wait`` seconds: the claim waits in the replicated state and is handed the
@@ -540,7 +559,10 @@ class AsyncQueue:
         only tasks whose ``requires`` the ``capabilities`` satisfy. ``lease_ttl``
         overrides the task's; ``session`` attaches the attempt to a lease session (it
         then ends with the session; ``worker`` defaults to the session's owner).
-        ``on_exit``: see ``AsyncTask``."""
+        ``on_exit``: see ``AsyncTask``. With ``holder_key`` (docs/certificates.md) the
+        attempt is bound to it and carries a ``certificate`` (key ``<queue>/<task
+        id>``, the attempt's token) that its heartbeats refresh; a claim granted after
+        waiting gets it with one heartbeat."""
         if on_exit not in ON_EXIT:
             raise InvalidArgumentError(f"on_exit must be one of {list(ON_EXIT)}")
         if session is not None:
@@ -558,6 +580,8 @@ class AsyncQueue:
             args["capabilities"] = dict(capabilities)
         if session is not None:
             args["session"] = session.session_id
+        if holder_key is not None:
+            args["holder_key"] = holder_key.public_hex()
         sent = time.monotonic()
         if wait > 0:
             pin = Pin()
@@ -577,11 +601,23 @@ class AsyncQueue:
             result = await self.client.call("task_claim", args, mutating=True, timeout=timeout)
         if result.get("claimed"):
             return AsyncTask(
-                self.client, result, sent, on_exit=on_exit, on_lost=on_lost, attached=session
+                self.client,
+                result,
+                sent,
+                on_exit=on_exit,
+                on_lost=on_lost,
+                attached=session,
+                holder_key=holder_key,
             )
         if not result.get("queued"):
             return None
-        return await self._await_claim(str(result["aid"]), sent + wait, on_exit, on_lost, session)
+        task = await self._await_claim(str(result["aid"]), sent + wait, on_exit, on_lost, session)
+        if task is not None and holder_key is not None:
+            # Handed a task by another request's entry: one heartbeat brings the
+            # certificate (as a waiting acquire's one renewal).
+            task.holder_key = holder_key
+            await task.heartbeat(timeout=timeout)
+        return task
 
     async def _await_claim(
         self,

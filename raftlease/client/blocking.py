@@ -312,6 +312,7 @@ class Client(SharedKeyLocks[HeldLock]):
         priority: int = 0,
         capacity: int = 1,
         timeout: float | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> LeaseSet:
         """Every key of ``keys`` or none, in one log entry (see
         ``AsyncClient.acquire_many``). Blocks the calling thread until answered (with
@@ -326,6 +327,7 @@ class Client(SharedKeyLocks[HeldLock]):
                 priority=priority,
                 capacity=capacity,
                 timeout=timeout,
+                holder_key=holder_key,
             )
 
         # A waiting set long-polls on the loop (AsyncClient._await_set).
@@ -376,9 +378,19 @@ class Client(SharedKeyLocks[HeldLock]):
         )
 
     def transfer(
-        self, lease: Lease, *, owner: str, ttl: float | None = None, timeout: float | None = None
+        self,
+        lease: Lease,
+        *,
+        owner: str,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> Lease:
-        return self._run(self._async.transfer(lease, owner=owner, ttl=ttl, timeout=timeout))
+        return self._run(
+            self._async.transfer(
+                lease, owner=owner, ttl=ttl, timeout=timeout, holder_key=holder_key
+            )
+        )
 
     def fence(
         self,
@@ -408,9 +420,11 @@ class Client(SharedKeyLocks[HeldLock]):
         on_lost: Callable[[str], None] | None = None,
         on_jeopardy: Callable[[str], None] | None = None,
         on_yield_requested: Callable[[list[dict[str, Any]]], None] | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> Session:
         """``with client.session(owner=..., ttl=10) as s:`` (see ``AsyncClient.session``;
-        ``owner`` defaults to ``hostname:pid``, a label, not a credential)."""
+        ``owner`` defaults to ``hostname:pid``, a label, not a credential; with
+        ``holder_key``, ``s.certified(lease)`` gives the freshest certificate)."""
         return Session(
             self,
             owner=owner,
@@ -418,6 +432,7 @@ class Client(SharedKeyLocks[HeldLock]):
             on_lost=on_lost,
             on_jeopardy=on_jeopardy,
             on_yield_requested=on_yield_requested,
+            holder_key=holder_key,
         )
 
     def election(self, name: str) -> Election:

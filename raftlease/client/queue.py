@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from ..errors import RaftLeaseError
-from ..models import Attachable, BlockingPortal
+from ..models import Attachable, BlockingPortal, HolderSigner
 from ..recipes.keepalive import LostCallback
 from .aio_queue import AsyncQueue, AsyncTask, QueueStats, TaskCaller, TaskInfo
 from .effects import Effect, Reconcile
@@ -55,6 +55,15 @@ class Task:
     def payload(self) -> Any:
         """The task's payload (the JSON value put)."""
         return self.aio.payload
+
+    @property
+    def certificate(self) -> str:
+        """The attempt's latest lease certificate ("" without ``holder_key``)."""
+        return self.aio.certificate
+
+    def prove(self, challenge: bytes, message: bytes = b"") -> str:
+        """As ``AsyncTask.prove``."""
+        return self.aio.prove(challenge, message)
 
     @property
     def token(self) -> int:
@@ -282,6 +291,7 @@ class Queue:
         on_exit: str = "release",
         on_lost: LostCallback | None = None,
         timeout: float | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> Task | None:
         """As ``AsyncQueue.claim``: a ``Task`` or None."""
         task = self._portal.run(
@@ -294,6 +304,7 @@ class Queue:
                 on_exit=on_exit,
                 on_lost=on_lost,
                 timeout=timeout,
+                holder_key=holder_key,
             )
         )
         return None if task is None else Task(self._portal, task)

@@ -42,6 +42,30 @@ def check_certkey(entry: dict[str, Any]) -> str | None:
     return None
 
 
+#: Operations whose entry may name the holder key a lease is bound to (``holder_key``).
+HOLDER_KEY_OPS = frozenset(
+    {"acquire", "renew", "transfer", "acquire_many", "task_claim", "task_heartbeat"}
+)
+
+
+def check_holder_key_field(op: str, entry: dict[str, Any]) -> str | None:
+    """Why an entry's ``holder_key`` is malformed (not 64 lowercase hex characters, or
+    on an operation that takes none), or None (absent or well formed)."""
+    if "holder_key" not in entry:
+        return None
+    if op not in HOLDER_KEY_OPS:
+        return f"'holder_key' only goes with {', '.join(sorted(HOLDER_KEY_OPS))}"
+    if not _hex32(entry["holder_key"]):
+        return "'holder_key' must be 64 lowercase hex characters (an Ed25519 public key)"
+    return None
+
+
+def holder_key_of(entry: dict[str, Any]) -> bytes | None:
+    """The 32 raw bytes of a checked entry's ``holder_key``, or None without one."""
+    value = entry.get("holder_key")
+    return bytes.fromhex(value) if value is not None else None
+
+
 class CertKeys:
     """The signing keys, oldest first: rows ``[kid, seed hex, public hex, log time
     created]``. The last row is the current key."""

@@ -44,6 +44,7 @@ from typing import Any
 
 from ..limits import DEFAULT_COMPLETED_TASKS, DEFAULT_QUEUE_TASKS, MAX_QUEUE_TENANTS
 from . import deps, effects
+from .certkeys import holder_key_of
 from .checks import TASK_MUTATING_OPS
 from .records import LeaseSession, Result, error, waiter_refusal
 from .task_records import (
@@ -137,6 +138,15 @@ class TaskQueues(TaskState):
             return attempt
         task = self.tasks[attempt.tid]
         if op == "task_heartbeat":
+            if "holder_key" in entry and holder_key_of(entry) != attempt.holder:
+                # Checked before anything changes, as a lease's renewal (store.py):
+                # a certificate binds the key its claim named, never a later one.
+                return error(
+                    "HOLDER_KEY_MISMATCH",
+                    f"this heartbeat names another holder key than the attempt on task "
+                    f"{task.tid!r} was claimed with (or it was claimed with none)",
+                    tid=task.tid,
+                )
             return self._heartbeat(host, task, attempt, entry)
         if op == "task_effect_begin":
             return self._effect_begin(task, attempt, entry)
@@ -397,6 +407,7 @@ class TaskQueues(TaskState):
             order=self.order,
             session=sid,
             principal=principal,
+            holder=holder_key_of(entry),  # bound to the attempt it is handed
         )
         self.claims[waiter.aid] = waiter
         if principal:
@@ -670,6 +681,8 @@ class TaskQueues(TaskState):
                 entry: dict[str, Any] = {"worker": waiter.worker}
                 if waiter.ttl_ms:
                     entry["ttl"] = waiter.ttl_ms
+                if waiter.holder is not None:
+                    entry["holder_key"] = waiter.holder.hex()
                 self._start(host, task, aid, entry, waiter.session, waiter.principal)
                 return
         tenant = queue.tenants[task.tenant]
@@ -749,6 +762,7 @@ class TaskQueues(TaskState):
             progress_at=now,
             session=sid if session is not None else "",
             principal=principal,
+            holder=holder_key_of(entry),
         )
         if task.progress_timeout_ms and session is None:
             attempt.expires_at = min(attempt.expires_at, now + task.progress_timeout_ms)

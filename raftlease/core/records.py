@@ -39,6 +39,12 @@ class LeaseRecord:
     session: str = ""
     principal: str = ""
     slots: tuple[int, ...] = ()
+    #: The lease certificate holder key named at the grant (32 raw bytes of an
+    #: Ed25519 public key; None when the acquire named none): a renewal may ask for a
+    #: certificate only for this key (docs/certificates.md). Not in the row below:
+    #: the snapshot keeps it in ``holder_keys`` (core/snapshot.py), so rows of every
+    #: layout load alike. One slot, None by default: no cost per lease without one.
+    holder: bytes | None = None
 
     def to_plain(self) -> list[Any]:
         plain = [
@@ -80,6 +86,9 @@ class Waiter:
     #: The waiting set of keys (``acquire_many`` with ``wait``) it is one key of: the
     #: set's lease id ("" for a single acquire). Its lease id is ``<group>/<index>``.
     group: str = ""
+    #: The holder key its acquire named (as ``LeaseRecord.holder``), bound to the
+    #: lease when it is granted from the queue; in ``holder_keys`` in a snapshot.
+    holder: bytes | None = None
 
     def rank(self) -> tuple[int, int]:
         return (-self.priority, self.order)

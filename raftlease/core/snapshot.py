@@ -61,6 +61,13 @@ from .state import StoreState
 #:    docs/design.md §4h): ``journals``, ``[key, [[effect id, state, token, 0,
 #:    idempotency key, result], ...]]``, and ``idle``, ``[key, drop time]``; written
 #:    only once a journal exists; a snapshot without it loads with none.
+
+#:    Also lease certificate holder keys bound at the grant (issue 39, the security
+#:    fix: docs/certificates.md): ``holder_keys`` lists ``[lease id, 64 hex]`` for
+#:    every live lease and queued acquire whose acquire named one, written only when
+#:    there is one; a snapshot without it loads with no key bound (no certificate
+#:    until the lease is acquired anew with a key). ``attempt_holder_keys`` does the
+#:    same for task attempts and waiting claims (``[attempt id, 64 hex]``).
 SNAPSHOT_VERSION = 9
 #: The log entry format this build writes and applies. An entry without ``fv`` is
 #: format 1 (every entry before the field existed), so this build writes none; a
@@ -100,6 +107,14 @@ SNAPSHOT_VERSION = 9
 #: Also: ``lease_effect_begin`` / ``lease_effect_commit`` entries keep a lease key's
 #: effect journal (docs/design.md §4h); a member that did not know them would refuse
 #: them and answer effects differently from the rest.
+
+#: Also: an acquire may carry ``holder_key``, bound to the lease (or its queued
+#: acquire) at the grant, and a renew naming another one is refused
+#: HOLDER_KEY_MISMATCH (issue 39, docs/certificates.md); a member that ignored it
+#: would renew leases the rest refused. A transfer may carry ``holder_key`` too (the
+#: new holder's, bound to the new lease), and an acquire_many (bound to every key's
+#: lease of the set, also when a waiting set is granted), a task claim (bound to its
+#: attempt; a heartbeat naming another is refused HOLDER_KEY_MISMATCH).
 ENTRY_FORMAT = 6
 
 
@@ -144,6 +159,23 @@ def to_plain(store: StoreState) -> dict[str, Any]:
         out["lease_progress"] = store.progress.to_plain()
     if store.lease_effects:  # written only when used: layout 9 without it loads alike
         out["lease_effects"] = store.lease_effects.to_plain()
+
+    holder_keys = [
+        [lid, record.holder.hex()]
+        for table in (store.leases, store.waiting)
+        for lid, record in table.items()
+        if record.holder is not None
+    ]
+    if holder_keys:  # written only when used: layout 9 without it loads alike
+        out["holder_keys"] = holder_keys
+    attempt_keys = [
+        [aid, record.holder.hex()]
+        for table in (store.tasks.attempts, store.tasks.claims)
+        for aid, record in table.items()
+        if record.holder is not None
+    ]
+    if attempt_keys:  # likewise
+        out["attempt_holder_keys"] = attempt_keys
     if store.audit_refusals.seq > 1:
         # Written once a refusal was recorded, so a store that never refused keeps the
         # layout 9 dict it had (and its golden tests).
@@ -269,6 +301,15 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     store.lease_effects = LeaseEffects.from_plain(data.get("lease_effects", {}))
     # No refusal ring before it (or none recorded yet): it starts empty.
     store.audit_refusals = AuditTrail.from_plain(data.get("audit_refusals"), MAX_AUDIT_REFUSALS)
+    # Holder keys bound at the grant (absent before the security fix: none bound).
+    for lid, hex_key in data.get("holder_keys", ()):
+        bound = store.leases.get(lid) or store.waiting.get(lid)
+        if bound is not None:
+            bound.holder = bytes.fromhex(hex_key)
+    for aid, hex_key in data.get("attempt_holder_keys", ()):  # task claims' keys
+        claimed = store.tasks.attempts.get(aid) or store.tasks.claims.get(aid)
+        if claimed is not None:
+            claimed.holder = bytes.fromhex(hex_key)
     for waiter in store.waiting.values():  # how many each tenant has waiting
         fair = store.fair.get(waiter.key)
         if fair is not None:

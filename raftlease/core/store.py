@@ -45,7 +45,7 @@ from ..limits import MAX_QUEUE_TENANTS, MAX_SESSION_LEASES, TOKEN_RESERVE_STEP
 from . import snapshot
 from .audit import REFUSAL_CODES
 from .budget import BUDGET_MUTATING_OPS, BUDGET_OPS, BUDGET_READ_OPS, check_budget_args
-from .certkeys import check_certkey
+from .certkeys import check_certkey, check_holder_key_field, holder_key_of
 from .checks import (
     ALL_OPS,
     MAX_BATCH,
@@ -171,6 +171,9 @@ class LeaseStore(StoreState):
             problem = check_certkey(entry)
         if problem is None and op in LEASE_EFFECT_OPS:
             problem = check_lease_effect_args(op, entry)
+
+        if problem is None:
+            problem = check_holder_key_field(op, entry)
         if problem is not None:
             return error("BAD_REQUEST", problem)
 
@@ -525,6 +528,9 @@ class LeaseStore(StoreState):
             )
         ttl: int = session.ttl_ms if session is not None else entry["ttl"]
         value: str = entry.get("value", "")
+        # The certificate holder key is bound to the lease (or its queued acquire)
+        # here, at the grant: a renewal may never name another (``_renew``).
+        holder = holder_key_of(entry)
         queue = self.queues.get(key)
         priority: int = entry.get("priority", 0)
         tenant: str = entry.get("fairness_key", "")
@@ -553,7 +559,9 @@ class LeaseStore(StoreState):
                     share.weight = entry["weight"]
                 shares.tenants[tenant] = share
                 self._charge(shares, tenant)
-            lease = self._grant(key, lease_id, entry["owner"], ttl, units, value, sid, principal)
+            lease = self._grant(
+                key, lease_id, entry["owner"], ttl, units, value, sid, principal, holder=holder
+            )
             self.preempt.granted(lease_id, priority)
             self._start_progress(lease, entry.get("progress_timeout"))
             return self._lease_result(lease)
@@ -618,6 +626,7 @@ class LeaseStore(StoreState):
             session=sid,
             principal=principal,
             tenant=tenant,
+            holder=holder,
         )
         queue = self.queues.setdefault(key, [])
         position = bisect.bisect_right([w.rank() for w in queue], waiter.rank())
@@ -721,7 +730,9 @@ class LeaseStore(StoreState):
             )
         for key, _units in items:
             self._fix_capacity(key, capacity)
-        session = self._grant_set(lid, entry["owner"], entry["ttl"], principal, items, priority)
+        session = self._grant_set(
+            lid, entry["owner"], entry["ttl"], principal, items, priority, holder_key_of(entry)
+        )
         return {
             "ok": True,
             "lease_id": lid,
@@ -747,10 +758,12 @@ class LeaseStore(StoreState):
         principal: str,
         items: list[list[Any]],
         priority: int = 0,
+        holder: bytes | None = None,
     ) -> LeaseSession:
         """Grant every key of a set (``[key, units]`` pairs, capacities fixed, every
         key free for it) in this entry: its lease session ``lid``, then one lease per
-        key (``lid/<index>``), tokens one revision apart in the order given."""
+        key (``lid/<index>``), tokens one revision apart in the order given; each
+        bound to the certificate ``holder`` key the set's acquire named (or none)."""
         session = LeaseSession(
             session_id=lid,
             owner=owner,
@@ -764,7 +777,9 @@ class LeaseStore(StoreState):
         self._count(self.sessions_by, principal, 1)
         heapq.heappush(self._session_deadlines, (session.expires_at, lid))
         for index, (key, units) in enumerate(items):
-            self._grant(key, many_lease_id(lid, index), owner, ttl, units, "", lid, principal)
+            self._grant(
+                key, many_lease_id(lid, index), owner, ttl, units, "", lid, principal, holder=holder
+            )
             self.preempt.granted(many_lease_id(lid, index), priority)
         return session
 
@@ -812,6 +827,7 @@ class LeaseStore(StoreState):
                 units=units,
                 principal=principal,
                 group=lid,
+                holder=holder_key_of(entry),  # bound at the set's grant
             )
             queue = self.queues.setdefault(key, [])
             position = bisect.bisect_right([w.rank() for w in queue], waiter.rank())
@@ -871,7 +887,9 @@ class LeaseStore(StoreState):
             self._count(self.waiting_by, waiter.principal, -1)
         first = members[0]
         items = [[waiter.key, waiter.units] for waiter in members]
-        self._grant_set(lid, first.owner, first.ttl_ms, first.principal, items, first.priority)
+        self._grant_set(
+            lid, first.owner, first.ttl_ms, first.principal, items, first.priority, first.holder
+        )
         for waiter in members:
             # Its place at the head of each key is free: those behind may fit now.
             self._grant_next(waiter.key)
@@ -914,9 +932,11 @@ class LeaseStore(StoreState):
         sid: str = "",
         principal: str = "",
         slots: tuple[int, ...] | None = None,
+        holder: bytes | None = None,
     ) -> LeaseRecord:
         """``slots``: the unit indices to hold (a transfer keeps them); default the
-        lowest free ones (``free_slots``)."""
+        lowest free ones (``free_slots``). ``holder``: the certificate holder key
+        bound to the lease (``LeaseRecord.holder``)."""
         if slots is None:
             slots = self.free_slots(key, units)
         self.revision += 1
@@ -936,6 +956,7 @@ class LeaseStore(StoreState):
             session=sid if session is not None else "",
             principal=self.share(principal),
             slots=slots,
+            holder=holder,
         )
         self.leases[lease_id] = lease
         self._add_holder(lease)
@@ -1031,6 +1052,7 @@ class LeaseStore(StoreState):
                 waiter.value,
                 waiter.session,
                 waiter.principal,
+                holder=waiter.holder,  # the key its acquire named, bound at this grant
             )
             self.preempt.granted(waiter.lease_id, waiter.priority)
             if self.progress.pending:
@@ -1295,6 +1317,17 @@ class LeaseStore(StoreState):
                 f"the lease is attached to lease session {lease.session!r} and lives as "
                 "long as it: keep the session alive instead",
             )
+        if "holder_key" in entry and holder_key_of(entry) != lease.holder:
+            # Checked before anything changes: the certificate binds the key named at
+            # the grant, never one a later renewal names (whoever has the lease id
+            # would otherwise get a valid certificate for a key of its own).
+            return error(
+                "HOLDER_KEY_MISMATCH",
+                "this renewal names another holder key than the one bound to the lease at its grant"
+                if lease.holder is not None
+                else "this renewal names a holder key; the lease was granted without one",
+                key=lease.key,
+            )
         ttl = entry.get("ttl")
         if ttl is not None:
             lease.ttl_ms = ttl
@@ -1351,7 +1384,9 @@ class LeaseStore(StoreState):
     def _transfer(self, entry: dict[str, Any]) -> Result:
         """Hand a held lease to ``owner`` atomically: the old lease ends and the new one
         (new lease id, new token, same units and value, not attached to any session)
-        starts in the same entry; waiters keep their place."""
+        starts in the same entry; waiters keep their place. The new lease is bound to
+        the new holder's certificate key the transfer names (``holder_key``), or to
+        none: never the old holder's."""
         lease = self._owned(entry)
         if not isinstance(lease, LeaseRecord):
             return lease
@@ -1367,6 +1402,7 @@ class LeaseStore(StoreState):
             lease.value,
             principal=lease.principal,
             slots=lease.slots,
+            holder=holder_key_of(entry),
         )
         # The new holder keeps the old one's standing against preemption.
         self.preempt.granted(new.lease_id, standing)

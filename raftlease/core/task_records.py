@@ -114,6 +114,10 @@ class Attempt:
     progress_at: int = 0
     session: str = ""
     principal: str = ""
+    #: The lease certificate holder key its claim named (32 raw bytes; None for
+    #: none): heartbeats may ask for a certificate only for it. Not in the row: the
+    #: snapshot keeps it in ``attempt_holder_keys`` (core/snapshot.py).
+    holder: bytes | None = None
 
     def to_plain(self) -> list[Any]:
         return [
@@ -262,6 +266,9 @@ class ClaimWaiter:
     order: int
     session: str = ""
     principal: str = ""
+    #: The holder key its claim named, bound to the attempt it is handed (as
+    #: ``Attempt.holder``); in ``attempt_holder_keys`` in a snapshot.
+    holder: bytes | None = None
 
     def to_plain(self) -> list[Any]:
         return [

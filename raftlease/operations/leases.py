@@ -142,6 +142,7 @@ LEASE_OPS: tuple[Operation, ...] = (
             ),
             WAIT,
             PRIORITY,
+            HOLDER_KEY,
             Field(
                 "capacity",
                 "integer",
@@ -164,7 +165,12 @@ LEASE_OPS: tuple[Operation, ...] = (
             result("owner", "string", "the holder's label", True),
             result("ttl", "integer", "its TTL (ms)"),
             result("expires_at", "integer", "log time it expires (ms)"),
-            result("leases", "array", "one lease per key: key, token, lease_id, units"),
+            result(
+                "leases",
+                "array",
+                "one lease per key: key, token, lease_id, units (and certificate, for the "
+                "request's holder_key: docs/certificates.md)",
+            ),
             NOW,
             result("revision", "integer", "the store's revision after it"),
             result("queued", "boolean", "true: not granted yet, queued on every key (wait)"),
@@ -223,7 +229,7 @@ LEASE_OPS: tuple[Operation, ...] = (
         True,
         "key_write",
         "hand a held lease to a new owner (a new lease id and token, atomically)",
-        (KEY, OWNER, LEASE_ID, TTL),
+        (KEY, OWNER, LEASE_ID, TTL, HOLDER_KEY),
         LEASE,
         (("POST", "/v1/leases/transfer", "Hand a lease to a new owner", LEASES),),
     ),
@@ -270,12 +276,18 @@ LEASE_OPS: tuple[Operation, ...] = (
         True,
         "session",
         "extend a lease session, and every lease attached to it, by its TTL",
-        (SESSION_ID, TTL),
+        (SESSION_ID, TTL, HOLDER_KEY),
         (
             result("session_id", "string", "the session id", True),
             result("ttl", "integer", "its TTL (ms)", True),
             result("expires_at", "integer", "log time it expires (ms)", True),
             result("leases", "integer", "leases attached to it", True),
+            result(
+                "certificates",
+                "array:object",
+                "a fresh lease certificate for each attached lease bound to the request's "
+                "holder_key: key, token, certificate (docs/certificates.md)",
+            ),
             NOW,
             result(
                 "yield_requested",

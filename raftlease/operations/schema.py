@@ -434,6 +434,11 @@ CLAIM = (
     result("checkpoint_attempt", "integer", "the number of the attempt that wrote it"),
     result("after", "array:string", "the task ids it ran after"),
     result("parent_results", "object", "their results (JSON text), by task id"),
+    result(
+        "certificate",
+        "string",
+        "the attempt's certificate for the request's holder_key (docs/certificates.md)",
+    ),
 )
 MEMBERS = result("members", "array", "the members after the change", True)
 

@@ -26,6 +26,7 @@ from .schema import (
     ATTEMPT_ID,
     CLAIM,
     DAYS,
+    HOLDER_KEY,
     LEASE_TTL,
     LEASE_TTL_OR_SESSION,
     NOW,
@@ -135,6 +136,7 @@ TASK_OPS: tuple[Operation, ...] = (
                   high=MAX_ID_CHARS),
             LEASE_TTL_OR_SESSION,
             LEASE_TTL,
+            HOLDER_KEY,
         ),
         (
             result("claimed", "boolean", "true: a task was claimed", True),
@@ -170,6 +172,7 @@ TASK_OPS: tuple[Operation, ...] = (
             Field("checkpoint", "text", "the work's state so far (base64 of at most 8 KiB): "
                   "kept on the task and handed to the next attempt's claim",
                   high=MAX_TASK_CHECKPOINT_TEXT),
+            HOLDER_KEY,
         ),
         (
             TID,
@@ -177,6 +180,11 @@ TASK_OPS: tuple[Operation, ...] = (
             result("expires_at", "integer", "log time the attempt expires (ms)", True),
             result("ttl", "integer", "the attempt's TTL (ms)", True),
             result("stalled", "boolean", "true: no progress within progress_timeout", True),
+            result(
+                "certificate",
+                "string",
+                "a fresh certificate for the claim's holder key (docs/certificates.md)",
+            ),
             NOW,
         ),
         (("POST", "/v1/queues/heartbeat", "Heartbeat a claimed task", QUEUES),),

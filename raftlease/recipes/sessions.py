@@ -30,10 +30,11 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ..errors import InvalidArgumentError, RaftLeaseError
-from ..models import AsyncLeaseClient, Lease, LeaseClient, default_owner
+from ..models import AsyncLeaseClient, HolderSigner, Lease, LeaseClient, default_owner
 from .keepalive import KeepAliveState, LostCallback
 from .locks import AsyncHeldLock, HeldLock
 
@@ -57,7 +58,11 @@ class AsyncSession(KeepAliveState):
         on_lost: LostCallback | None = None,
         on_jeopardy: LostCallback | None = None,
         on_yield_requested: YieldListCallback | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> None:
+        """``holder_key``: the lease certificate key (docs/certificates.md) its
+        ``acquire`` and ``lock`` bind by default and its keep-alives ask fresh
+        certificates for (``certified``)."""
         if owner is None:
             owner = default_owner()  # a label, not a credential
         if not owner:
@@ -75,6 +80,10 @@ class AsyncSession(KeepAliveState):
         self._on_yield = on_yield_requested
         #: (token, deadline) of the yield requests already reported.
         self._yields_told: set[tuple[int, int]] = set()
+        self._holder_key = holder_key
+        #: (key, token) -> the certificate the latest keep-alive brought (replaced by
+        #: each answer: at most MAX_CERTIFICATES_PER_ANSWER, 64, entries).
+        self._certificates: dict[tuple[str, int], str] = {}
 
     @property
     def owner(self) -> str:
@@ -106,10 +115,20 @@ class AsyncSession(KeepAliveState):
     async def keepalive(self, *, timeout: float | None = None) -> None:
         """One keep-alive now (the background task sends them every ``ttl / 3``)."""
         sent = time.monotonic()
-        result = await self._client.call(
-            "session_keepalive", {"session_id": self.session_id}, mutating=True, timeout=timeout
-        )
+        args: dict[str, Any] = {"session_id": self.session_id}
+        if self._holder_key is not None:
+            args["holder_key"] = self._holder_key.public_hex()
+        result = await self._client.call("session_keepalive", args, mutating=True, timeout=timeout)
         self.renewed(self._client.valid_until(sent, result["ttl"] / 1000.0))
+        if self._holder_key is not None:
+            # Kept only from the latest answer: an older certificate is never newer.
+            fresh = {
+                (str(one.get("key")), int(one.get("token", 0))): str(one.get("certificate", ""))
+                for one in result.get("certificates", ())
+                if isinstance(one, dict)
+            }
+            if fresh:
+                self._certificates = fresh
         asked = [a for a in result.get("yield_requested", ()) if isinstance(a, dict)]
         new = [a for a in asked if (int(a["token"]), int(a["deadline"])) not in self._yields_told]
         if new:
@@ -155,11 +174,21 @@ class AsyncSession(KeepAliveState):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def certified(self, lease: Lease) -> Lease:
+        """``lease`` (attached to this session) with the certificate the latest
+        keep-alive brought for it, or unchanged if none did (no ``holder_key``, the
+        lease bound to another key, or no keep-alive since its grant). Never blocks."""
+        fresh = self._certificates.get((lease.key, lease.token))
+        return replace(lease, certificate=fresh) if fresh else lease
+
     async def acquire(self, key: str, **options: Any) -> Lease:
         """``client.acquire(key, session=self, ...)``: the lease lives as long as the
-        session. Options as for ``AsyncClient.acquire`` (wait, capacity, value...).
-        With ``progress_timeout`` the session's keep-alives never keep it past its
-        progress deadline: report progress with ``progress`` (docs/design.md §4g)."""
+        session. Options as for ``AsyncClient.acquire`` (wait, capacity, value...);
+        ``holder_key`` defaults to the session's. With ``progress_timeout`` the
+        session's keep-alives never keep it past its progress deadline: report progress
+        with ``progress`` (docs/design.md §4g)."""
+        if self._holder_key is not None:
+            options.setdefault("holder_key", self._holder_key)
         return await self._client.acquire(key, session=self, **options)
 
     async def progress(
@@ -175,7 +204,9 @@ class AsyncSession(KeepAliveState):
 
     def lock(self, key: str, **options: Any) -> AsyncHeldLock:
         """``async with session.lock(key, wait=...) as held:``, released on exit,
-        kept alive by this session."""
+        kept alive by this session (``holder_key`` defaults to the session's)."""
+        if self._holder_key is not None:
+            options.setdefault("holder_key", self._holder_key)
         return AsyncHeldLock(self._client, key, session=self, **options)
 
 
@@ -192,8 +223,10 @@ class Session:
         on_lost: LostCallback | None = None,
         on_jeopardy: LostCallback | None = None,
         on_yield_requested: YieldListCallback | None = None,
+        holder_key: HolderSigner | None = None,
     ) -> None:
         self._client = client
+        self._holder_key = holder_key
         self.lost = threading.Event()
 
         # The keep-alive runs on the client's event-loop thread, where a blocking
@@ -222,6 +255,7 @@ class Session:
                 on_lost=lost,
                 on_jeopardy=jeopardy,
                 on_yield_requested=asked,
+                holder_key=holder_key,
             )
 
         self._async = client.portal.run(make())
@@ -258,7 +292,13 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def certified(self, lease: Lease) -> Lease:
+        """As ``AsyncSession.certified``."""
+        return self._async.certified(lease)
+
     def acquire(self, key: str, **options: Any) -> Lease:
+        if self._holder_key is not None:
+            options.setdefault("holder_key", self._holder_key)
         return self._client.acquire(key, session=self._async, **options)
 
     def progress(self, lease: Lease, progress: float, *, timeout: float | None = None) -> Lease:
@@ -266,6 +306,8 @@ class Session:
         return self._client.renew(lease, progress=progress, timeout=timeout)
 
     def lock(self, key: str, **options: Any) -> HeldLock:
+        if self._holder_key is not None:
+            options.setdefault("holder_key", self._holder_key)
         return HeldLock(self._client, key, session=self, **options)
 
 

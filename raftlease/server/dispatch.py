@@ -21,11 +21,18 @@ from typing import Any
 
 from ..config import NodeConfig
 from ..core import Result
+from ..core.certkeys import HOLDER_KEY_OPS
 from ..errors import CapacityMismatchError, error_class
 from ..protocol import Request
 from ..replication import Replica
 from .auth import AuthPolicy
-from .certs import CERTIFIED_OPS, CertSigner, check_holder_key
+from .certs import (
+    CERTIFIED_OPS,
+    MULTI_CERTIFIED_OPS,
+    TASK_CERTIFIED_OPS,
+    CertSigner,
+    check_holder_key,
+)
 from .keepalive import LEASE, SESSION
 from .log_clock import LogClock
 from .metrics import NodeMetrics
@@ -117,8 +124,9 @@ class Dispatcher:
         ``consistency`` too, labelled ``log``). Raises ``NotLeaderError``, the error
         the state machine's result names, or the proposer's."""
         auth = self._auth()
-        # A lease certificate's holder key (docs/certificates.md): not part of the
-        # entry (nothing replicated depends on it), only of the answer.
+        # A lease certificate's holder key (docs/certificates.md): part of the entry,
+        # bound to the lease at the grant; a renewal naming another is refused
+        # HOLDER_KEY_MISMATCH by the state machine (the signer signs only the bound key).
         holder = request.args.get("holder_key") if request.op in CERTIFIED_OPS else None
         if holder is not None:
             check_holder_key(holder)
@@ -131,9 +139,11 @@ class Dispatcher:
         self._require_leader()
         if holder:
             await self.signer.ensure_key()
-        entry: dict[str, Any] = {
-            k: v for k, v in request.args.items() if k not in ("consistency", "holder_key")
-        }
+        entry: dict[str, Any] = {k: v for k, v in request.args.items() if k != "consistency"}
+        if request.op not in HOLDER_KEY_OPS:
+            # Only a grant, transfer or renewal binds or checks one; a session's
+            # keep-alive names it only to be answered with certificates.
+            entry.pop("holder_key", None)
         entry["op"] = request.op
         if request.op in ("acquire", "acquire_many"):
             # Everyone's queued acquires together, with or without authentication
@@ -248,6 +258,38 @@ class Dispatcher:
         and the signer could sign one (server/certs.py); ``answer`` as it is otherwise."""
         if not holder:
             return answer
+        if request.op in TASK_CERTIFIED_OPS:
+            aid = str(answer.get("aid") or request.args.get("aid", ""))
+            text = self.signer.sign_attempt(request.op, holder, aid, answer)
+            return answer if text is None else {**answer, "certificate": text}
+        if request.op in MULTI_CERTIFIED_OPS:
+            signed = self.signer.sign_each(request.op, holder, answer, from_memory)
+            if not signed:
+                return answer
+            if request.op == "session_keepalive":
+                return {
+                    **answer,
+                    "certificates": [
+                        {
+                            "key": one["key"],
+                            "token": one["token"],
+                            "certificate": one["certificate"],
+                        }
+                        for one in signed
+                    ],
+                }
+            # acquire_many: each key's own entry of the answer carries its certificate
+            # (new maps: the answer may be the one cached in the dedup table).
+            by_lid = {one["lease_id"]: one["certificate"] for one in signed}
+            return {
+                **answer,
+                "leases": [
+                    {**one, "certificate": by_lid[one["lease_id"]]}
+                    if one.get("lease_id") in by_lid
+                    else one
+                    for one in answer.get("leases", ())
+                ],
+            }
         certificate = self.signer.sign(
             request.op, holder, request.principal or "", answer, from_memory
         )
@@ -299,6 +341,10 @@ class Dispatcher:
                 # in the log, and the stall is decided there: every renewal is logged.
                 or "progress" in args
                 or store.progress.tracked(lease.lease_id)
+                # A holder key other than the one bound at the grant (or one for a
+                # lease granted without one): the log refuses it HOLDER_KEY_MISMATCH
+                # and changes nothing.
+                or ("holder_key" in args and bytes.fromhex(str(args["holder_key"])) != lease.holder)
             ):
                 return None
             until = now + lease.ttl_ms

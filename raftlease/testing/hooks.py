@@ -69,6 +69,9 @@ PLANTED_BUGS: dict[str, str] = {
     "so the key can go to another before the holder's valid_until",
     "skip_pre_vote": "a node runs for election without asking for pre-votes, so a member "
     "that was cut off raises its term and, once it rejoins, deposes a healthy leader",
+    "rebind_holder_key": "a renewal naming another lease certificate holder key rebinds "
+    "the lease to it (as before issue 39's fix): whoever has the lease id gets a valid "
+    "certificate for a key of its own",
 }
 
 HOOK_KEYS = ("clock_control", "planted_bug", "record_synced", "plain_peers", "trace")

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from ..clock import AdjustableClock
 from ..config import NodeConfig, load_toml
 from ..core import LeaseStore
+from ..core.certkeys import holder_key_of
 from ..core.progress import LeaseProgress
 from ..core.queue import TaskQueues
 from ..errors import BadRequestError, ConfigError, InvalidArgumentError
@@ -241,6 +242,25 @@ class UntrackedProgress(LeaseProgress):
         return False
 
 
+class RebindingStore(LeaseStore):
+    """Planted bug ``rebind_holder_key``: a renewal naming a holder key rebinds the
+    lease to it before the renewal is checked, so the check always passes and the
+    signer certifies the new key (what every renewal did before issue 39's fix).
+    Tick thread, like the store."""
+
+    def _renew(self, entry: dict[str, Any]) -> dict[str, Any]:
+        lease = self.leases.get(entry["lid"])
+        if lease is not None and lease.key == entry["key"] and "holder_key" in entry:
+            lease.holder = holder_key_of(entry)
+        return super()._renew(entry)
+
+    # The dispatch table holds the functions themselves: point it at the override.
+    _MUTATIONS: ClassVar[dict[str, Callable[[LeaseStore, dict[str, Any]], dict[str, Any]]]] = {
+        **LeaseStore._MUTATIONS,
+        "renew": _renew,  # type: ignore[dict-item]
+    }
+
+
 class ProgressFromMemoryStore(LeaseStore):
     """The store of ``progress_from_memory``: its progress records are
     ``UntrackedProgress``, also after a snapshot is loaded."""
@@ -317,6 +337,7 @@ STORES: dict[str, type[LeaseStore]] = {
     "skip_lease_effect_fence": FenceBlindEffectStore,
     "early_child": EarlyChildStore,
     "progress_from_memory": ProgressFromMemoryStore,
+    "rebind_holder_key": RebindingStore,
 }
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
+import msgpack
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -437,6 +438,7 @@ def test_the_signer_bounds_not_after_and_signs_only_a_live_lease() -> None:
     signer, replica = signer_for(store, 400, lease_ok)
     asyncio.run(signer.ensure_key())
     assert store.cert_keys.current() is not None
+    holder = HolderKey()
     store.apply(
         {
             "op": "acquire",
@@ -450,10 +452,12 @@ def test_the_signer_bounds_not_after_and_signs_only_a_live_lease() -> None:
             "seq": 1,
             "ack": 1,
             "principal": "agent",
+            "holder_key": holder.public_hex(),
         }
     )
     answer = {"key": "k", "token": 1, "lease_id": "L1", "expires_at": 10_300, "now": 300}
-    holder = HolderKey()
+    # Defence in depth: another key than the one bound at the grant is never signed.
+    assert signer.sign("acquire", HolderKey().public_hex(), "agent", answer) is None
     text = signer.sign("acquire", holder.public_hex(), "agent", answer)
     cert = parse(text)
     # 1,000,000 ms + (10,300 - 400) * 0.99 - 50
@@ -505,3 +509,102 @@ def test_stray_characters_in_a_valid_certificate_are_refused(cluster: Cluster) -
     v = verifier(cluster)
     c = v.challenge()
     v.check(cert, holder.prove(cert, c), c)  # the certificate itself is fine
+
+
+def test_a_session_keepalive_certifies_only_the_attached_leases_bound_to_its_key() -> None:
+    """``sign_each``: a lease session's keep-alive answer certifies each attached lease
+    bound to the named holder key (to the session's new expiry), never one bound to
+    another key or to none, nor a lease outside the session."""
+    import asyncio
+
+    store = LeaseStore()
+    signer, _replica = signer_for(store, 400, [True])
+    asyncio.run(signer.ensure_key())
+    mine, other = HolderKey(), HolderKey()
+    base = {"now": 300, "term": 1, "seq": 1, "ack": 1}
+    store.apply(
+        {**base, "op": "session_open", "owner": "o", "ttl": 10_000, "sid": "S", "cid": "c0"}
+    )
+    for n, key in enumerate([mine.public_hex(), other.public_hex(), None]):
+        entry = {**base, "op": "acquire", "key": f"k{n}", "owner": "o", "session": "S"}
+        entry.update(lid=f"L{n}", cid=f"c{n + 1}")
+        if key is not None:
+            entry["holder_key"] = key
+        assert store.apply(entry)["ok"]
+    store.apply(
+        {
+            **base,
+            "op": "acquire",
+            "key": "solo",
+            "owner": "o",
+            "ttl": 10_000,
+            "lid": "L9",
+            "cid": "c9",
+            "holder_key": mine.public_hex(),
+        }
+    )
+    answer = {"session_id": "S", "ttl": 10_000, "expires_at": 12_000, "now": 400}
+    signed = signer.sign_each("session_keepalive", mine.public_hex(), answer, True)
+    assert [(one["key"], one["lease_id"]) for one in signed] == [("k0", "L0")]
+    cert = parse(signed[0]["certificate"])
+    assert (cert.holder, cert.op) == (mine.public, "session_keepalive")
+    assert cert.not_after_ms == 1_000_000 + int((12_000 - 400) * 0.99) - 50
+    assert signer.sign_each("session_keepalive", HolderKey().public_hex(), answer, True) == []
+
+
+def test_a_task_attempts_certificate_carries_its_fields_and_a_leases_reads_defaults(
+    cluster: Cluster,
+) -> None:
+    holder = HolderKey()
+    body = certificate_body(
+        kid=1,
+        key="q/T1",
+        token=9,
+        principal="",
+        units=1,
+        unit_indices=[],
+        holder=holder.public,
+        not_after_ms=int((NOW + 10) * 1000),
+        issued_at_ms=int(NOW * 1000),
+        op="task_claim",
+        task=("q", "T1", 2),
+    )
+    text = sign_certificate(cluster.keys[1], body)
+    assert (parse(text).queue, parse(text).task, parse(text).attempt) == ("q", "T1", 2)
+    v = verifier(cluster)
+    c = v.challenge()
+    v.check(text, holder.prove(text, c), c, key="q/T1")
+    lease = parse(cluster.issue(holder))
+    assert (lease.queue, lease.task, lease.attempt) == ("", "", 0)
+    bad = msgpack.unpackb(body, raw=False)
+    bad["attempt"] = "two"
+    forged = sign_certificate(cluster.keys[1], msgpack.packb(bad, use_bin_type=True))
+    with pytest.raises(CertificateError) as refused:
+        parse(forged)
+    assert refused.value.code == "BAD_CERTIFICATE"
+
+
+def test_a_session_keepalive_never_certifies_past_a_leases_progress_deadline() -> None:
+    """A progress-aware lease attached to a session ends at its progress deadline
+    (docs/design.md §4g) whatever the session's keep-alive, answered from memory,
+    says: its certificate's not_after is bounded by that deadline, not the session's
+    new expiry (else a resource would accept the stalled holder after the cluster
+    ended its lease and could grant the key to another)."""
+    import asyncio
+
+    store = LeaseStore()
+    signer, _replica = signer_for(store, 400, [True])
+    asyncio.run(signer.ensure_key())
+    mine = HolderKey()
+    base = {"now": 300, "term": 1, "seq": 1, "ack": 1}
+    store.apply(
+        {**base, "op": "session_open", "owner": "o", "ttl": 10_000, "sid": "S", "cid": "c0"}
+    )
+    entry = {**base, "op": "acquire", "key": "k", "owner": "o", "session": "S", "lid": "L"}
+    entry.update(cid="c1", holder_key=mine.public_hex(), progress_timeout=2_000)
+    assert store.apply(entry)["ok"]
+    assert store.progress.cap("L") == 2_300
+    answer = {"session_id": "S", "ttl": 10_000, "expires_at": 12_000, "now": 400}
+    signed = signer.sign_each("session_keepalive", mine.public_hex(), answer, True)
+    cert = parse(signed[0]["certificate"])
+    assert cert.not_after_ms == 1_000_000 + int((2_300 - 400) * 0.99) - 50

@@ -22,6 +22,7 @@ functions returning a list of violations.
 | ``early_child`` | a child waits for its parents | ``queue_checker.check_dependencies`` |
 | ``skip_lease_effect_fence`` | a live lease fences effects | ``queue_checker.check_effects`` |
 | ``progress_from_memory`` | progress renewals go through the log | ``promised_past_progress`` |
+| ``rebind_holder_key`` | a certificate binds the key named at the grant | ``foreign_key_bound`` |
 
 The chaos suite's own runs catch the other two (``CHAOS_COVERED``, in
 tests/chaos/test_chaos.py): ``fast_log_clock`` (the log clock) and ``unsynced_acks`` (no
@@ -69,6 +70,7 @@ from raftlease.testing.node import (
     ProgressFromMemoryStore,
     PromiselessGuard,
     RawFollowerLogTransport,
+    RebindingStore,
     ShortMemoryStore,
     StaleAcceptingStore,
     StaleAcceptingTasks,
@@ -102,6 +104,7 @@ COVERED = (
     "early_child",
     "progress_from_memory",
     "skip_lease_effect_fence",
+    "rebind_holder_key",
 )
 
 #: Planted bugs caught by chaos-suite runs, and the test of tests/chaos/test_chaos.py that
@@ -283,6 +286,7 @@ PLANTED_FIELDS: dict[str, dict[str, Any]] = {
     "early_child": {"store_class": EarlyChildStore},
     "skip_lease_effect_fence": {"store_class": FenceBlindEffectStore},
     "progress_from_memory": {"store_class": ProgressFromMemoryStore},
+    "rebind_holder_key": {"store_class": RebindingStore},
 }
 
 HOOK_FIELDS = (
@@ -411,6 +415,36 @@ def test_a_zombies_completion_is_refused(build: str, snapshotted: bool) -> None:
         assert zombie["ok"] is True, "the planted store refused the zombie"
         assert task["status"] == "completed" and task["result"] == '"z"'
         assert isinstance(store.tasks, StaleAcceptingTasks)
+
+
+def foreign_key_bound(renewal: dict[str, Any], bound: bytes | None, granted: bytes) -> list[str]:
+    """Violations of "a lease stays bound to the holder key named at its grant": a
+    renewal naming another key that was accepted, or a lease now bound to another."""
+    problems = []
+    if renewal.get("ok"):
+        problems.append("a renewal naming another holder key was accepted")
+    if bound != granted:
+        problems.append("the lease is bound to another key than its grant's")
+    return problems
+
+
+@pytest.mark.parametrize("build", ["honest", "rebind_holder_key"])
+def test_a_renewal_cannot_rebind_the_holder_key(build: str) -> None:
+    """The state machine alone: a lease acquired with key A, renewed naming key B (by
+    whoever has the lease id). The honest store refuses HOLDER_KEY_MISMATCH and keeps A
+    (so the signer certifies only A); the planted one rebinds the lease to B."""
+    store = build_hooks("" if build == "honest" else build).store_class()
+    base = {"cid": "c", "ack": 1, "key": "k", "lid": "L"}
+    key_a, key_b = "a1" * 32, "b2" * 32
+    store.apply({**base, "op": "acquire", "now": 1, "seq": 1, "owner": "o", "ttl": 1000,
+                 "holder_key": key_a})  # fmt: skip
+    renewal = store.apply({**base, "op": "renew", "now": 2, "seq": 2, "holder_key": key_b})
+    violations = foreign_key_bound(renewal, store.leases["L"].holder, bytes.fromhex(key_a))
+    if build == "honest":
+        assert violations == []
+        assert renewal["code"] == "HOLDER_KEY_MISMATCH"
+    else:
+        assert violations != [], "the planted store kept the grant's key"
 
 
 @pytest.fixture
