@@ -259,6 +259,13 @@ inline flush(L) {
   for (i : 0 .. K-1) {
     if
     :: pby[i] == L + 1 && alead[L] + DUE >= VREM(L, i) ->
+#ifndef PLANTED_SKIP_READ_BARRIER
+       /* R: a promise's extend entry never starts a term (its leader had applied an
+          entry of its own term when it promised), so the extension of a new term
+          comes with the commit's own entry, whatever key the promise is for: the
+          premise of the reduction of K keys to one (model/README.md, "Two keys") */
+       assert(term[L] == cterm);
+#endif
        enter(term[L]);
        if
        :: chold[i] != 0 && ctok[i] == ptok[i] && prem[i] > crem[i] && prem[i] <= T + TTL ->

@@ -27,32 +27,50 @@ model step                  real action
                             and the cluster elects another, which is model node ``L``
                             from then on (only when the deposed leader never leads
                             again: ``unsupported``; the follower ``f`` of a step and
-                            the voter ``v`` are not replayed: any live node acks)
-``READ L k``                not replayed (``unsupported``): the counterexamples that
-                            read do so on a deposed or barely elected leader, a window
-                            only network faults with set delays open; the hand-written
-                            scenarios of tests/integration/test_planted_bugs.py do that
+                            the voter ``v`` are not replayed: any live node acks).
+                            When the deposed leader reads later in the trail, it is
+                            cut off from both others (``net``, the proxy) instead,
+                            and the two others elect one of them
+``TIME`` with a 0           (``-DFAULTS``: a clock at fault stands still) the node's
+                            clock is stopped from that step on. First its drift alarm
+                            is raised: the model latches it the moment the clock
+                            leaves its band, the real monitor from two 1 s buckets
+                            past a jump (leadership.DriftMonitor, ``JUMP_THRESHOLD``),
+                            so the clock jumps ``FAULT_JUMP`` and the replay waits for
+                            the alarm; then its rate is set to ``STOPPED_RATE``
+``READ L k``                a lease read: holder reads of key ``k`` sent to model node
+                            ``L``, repeated for the last step's window; only a
+                            deposed leader whose clock stands still is replayed
+                            (``unsupported`` says why the other reads are not)
 ==========================  ===========================================================
 
 The last step is the one whose assertion fails in the model; the real system's timing
 is not the model's, so it is retried until the property's window closes: an acquire
-(P1) until every other client's ``valid_until`` has passed. Properties checked on the
-real answers: P1 (no grant of a key acknowledged before another client's
-``valid_until`` of it) and P5 (no completion accepted from an attempt that is not the
-current one).
+(P1) until every other client's ``valid_until`` has passed, a read (P3) for
+``READ_WINDOW`` seconds. Properties checked on the real answers: P1 (no grant of a key
+acknowledged before another client's ``valid_until`` of it), P3 (no read sent after
+the newest grant of its key was acknowledged, and before its grantee's ``valid_until``,
+answered without it) and P5 (no
+completion accepted from an attempt that is not the current one). A read replay also
+checks its own premise (``Replay.premises``): at the read the deposed leader still took
+itself for the leader, with its drift alarm raised; otherwise the run proves nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from raftlease.client import Client
 from raftlease.errors import RaftLeaseError, StaleAttemptError
 from raftlease.models import Lease
-from raftlease.testing.cluster import LocalCluster
+from raftlease.protocol import FrameDecoder, encode_frame
+from raftlease.testing.cluster import LocalCluster, wait_for
 
 #: model/trails/ of a source checkout (the trails are not installed with the package).
 TRAILS = Path(__file__).resolve().parents[2] / "model" / "trails"
@@ -62,6 +80,27 @@ OPS = ("TICK", "ACQ", "REN", "REL", "CLAIM", "DONE")
 #: The model's constants the mapping scales (lease.pml: TTL, ATTL).
 MODEL_TTL = 6
 MODEL_ATTL = 2
+
+#: A clock at fault: jumped this far (seconds) to raise the node's drift alarm, more
+#: than leadership.JUMP_THRESHOLD (0.1 s), then run at this rate ("stopped": the
+#: test clock takes no rate of 0). At 0.001 its drift monitor's next 1 s bucket closes
+#: after 1,000 s, so the raised alarm stays raised for the rest of the replay.
+FAULT_JUMP = 1.0
+STOPPED_RATE = 0.001
+#: How long the last step, a lease read, is repeated (seconds; within the grant's
+#: validity at the unit the test uses), and each read's timeout: a read the node
+#: cannot serve from its lease waits for the log, which a node cut off from both
+#: others never commits.
+READ_WINDOW = 1.0
+READ_TIMEOUT = 0.5
+
+
+class Links(Protocol):
+    """What a replay needs of the network between the nodes: cut the links named
+    (``(from, to)`` node ids, one direction each). jepsen-style/proxy.py's ``ProxyNet``
+    is one."""
+
+    def block(self, pairs: Iterable[tuple[str, str]]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -112,16 +151,50 @@ def unsupported(trail: Trail) -> str | None:
     """Why ``replay`` cannot run ``trail`` on real nodes, or None if it can."""
     leader = 0
     deposed: set[int] = set()
-    for step in trail.steps:
+    stopped: set[int] = set()  # model nodes whose clock stands still
+    elected_at: dict[int, int] = {}  # model node -> the step that elected it
+    for i, step in enumerate(trail.steps):
+        if step.kind == "TIME":
+            for node, moved in enumerate(step.args):
+                if moved == 0 and node != leader:
+                    return f"a clock at fault on a node that does not lead ({step})"
+                if moved == 0:
+                    stopped.add(node)
+            continue
+        if step.kind == "READ" and step.args[0] in deposed:
+            if step.args[0] not in stopped:
+                # SKIP_VOTE_PROMISE: the deposed leader keeps its lease because a
+                # follower acknowledged it just before voting for another; on real
+                # nodes that needs that follower's messages delayed against the
+                # election by set proxy delays, which no model step says.
+                return (
+                    f"a read on a deposed leader whose clock keeps time ({step}): its lease "
+                    "outlasts the election only with a voter's acks delayed against it"
+                )
+            if i != len(trail.steps) - 1:
+                return f"a read on a deposed leader before the last step ({step})"
+            continue
         if step.kind == "READ":
-            return "a lease read on a deposed or new leader needs set network delays"
+            if elected_at.get(step.args[0], -1) >= 0 and not any(
+                s.kind == "COMMIT" and s.args[0] == step.args[0]
+                for s in trail.steps[elected_at[step.args[0]] : i]
+            ):
+                # SKIP_READ_BARRIER: the new leader reads before an entry of its own
+                # term; on real nodes its first entry commits in the round trip that
+                # earns its lease, unless the commit index is held back from it.
+                return (
+                    f"a read on a new leader before its own entry ({step}): the window needs "
+                    "the commit index held back from it"
+                )
+            return f"a read on a leader that was never deposed ({step})"
         # Only a leader's part is replayed: any live follower acknowledges (or votes),
         # so a killed node may be the model's follower, never its leader again.
-        if step.kind != "TIME" and step.args[0] in deposed:
+        if step.args[0] in deposed:
             return f"the deposed leader leads again ({step})"
         if step.kind == "ELECT":
             deposed.add(leader)
             leader = step.args[0]
+            elected_at[leader] = i
     return None
 
 
@@ -131,24 +204,98 @@ class Replay:
 
     violations: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
+    #: What the scenario needed and did not get (the run then proves nothing either
+    #: way): the test fails on any, on both builds.
+    premises: list[str] = field(default_factory=list)
 
 
-def replay(trail: Trail, cluster: LocalCluster, unit: float, name: str = "") -> Replay:
+def _raw(addr: str, message: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+    """One request on a fresh connection to the node at ``addr`` (no client library:
+    no redirect, no retry); its answer, or None if it gave none within ``timeout``.
+    Blocks the calling thread up to about twice ``timeout``; never raises."""
+    host, _, port = addr.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            sock.sendall(encode_frame(message))
+            decoder = FrameDecoder()
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    return None
+                for frame in decoder.feed(data):
+                    return frame
+    except (OSError, RaftLeaseError):
+        return None
+
+
+def _status(addr: str) -> dict[str, Any] | None:
+    """The node's own status, or None if it does not answer within a second."""
+    answer = _raw(addr, {"id": 1, "op": "status"}, 1.0)
+    return answer["result"] if answer is not None and answer.get("ok") else None
+
+
+def stop_clock(addr: str, note: Callable[[str], None] = print) -> None:
+    """Put the clock of the (test build) node at ``addr`` at fault: jump it
+    ``FAULT_JUMP`` forward, wait until its drift monitor raises the alarm, then run it
+    at ``STOPPED_RATE``. Blocks up to about 30 s; raises ``TimeoutError`` if the
+    monitor has no five buckets of samples from each peer within 15 s or raises no
+    alarm within 15 s of the jump, ``RuntimeError`` if the node refuses ``test_clock``."""
+
+    def measured() -> bool:
+        # The monitor judges only with five 1 s buckets of a peer (DriftMonitor's
+        # min_buckets): a jump before that is never seen as one.
+        drift = (_status(addr) or {}).get("drift") or {}
+        return len(drift) >= 2 and all(p.get("buckets", 0) >= 5 for p in drift.values())
+
+    wait_for(measured, 15, f"{addr}'s drift monitor to have five buckets of each peer")
+    for change in ({"jump": FAULT_JUMP}, None, {"rate": STOPPED_RATE}):
+        if change is None:
+            wait_for(
+                lambda: (_status(addr) or {}).get("drift_alarm"),
+                15,
+                f"{addr}'s drift alarm",
+                interval=0.02,
+            )
+            note(f"{addr} raised its drift alarm")
+            continue
+        answer = _raw(addr, {"id": 1, "op": "test_clock", **change}, 2.0)
+        if answer is None or not answer.get("ok"):
+            raise RuntimeError(f"{addr} refused test_clock {change}: {answer}")
+        note(f"{addr} clock: {change}")
+
+
+def replay(
+    trail: Trail,
+    cluster: LocalCluster,
+    unit: float,
+    name: str = "",
+    net: Links | None = None,
+) -> Replay:
     """Run ``trail`` on ``cluster`` (started, three nodes), one model unit of time being
     ``unit`` seconds; keys and the queue are named after ``name`` (default: the
-    variant), so that replays may share a cluster when none of them elects.
+    variant), so that replays may share a cluster when none of them elects. ``net``
+    cuts links between the nodes: a trail whose deposed leader reads needs it (the
+    cluster's peers then dial through that proxy), and a test build with clock control
+    for a trail whose clock stands still.
 
     Blocks the calling thread for the trail's length (its TIME steps, an election, the
-    last step's window). Raises ``ValueError`` for a trail ``unsupported`` names, and
-    ``TimeoutError`` when the cluster elects no leader after a kill."""
+    last step's window). Raises ``ValueError`` for a trail ``unsupported`` names (or
+    one that needs ``net`` without it), ``TimeoutError`` when the cluster elects no
+    leader after a kill or a cut, or a stopped clock's alarm is not raised in time."""
     reason = unsupported(trail)
     if reason is not None:
         raise ValueError(f"{trail.variant}: cannot replay on real nodes: {reason}")
+    readers = {s.args[0] for s in trail.steps if s.kind == "READ"}
+    if readers and net is None:
+        raise ValueError(f"{trail.variant}: its deposed leader reads: replay it with net")
     name = name or trail.variant.lower()
     out = Replay()
     start = time.monotonic()
     ttl = MODEL_TTL * unit
     clients = [cluster.client(deadline=2.0 + ttl) for _ in range(2)]
+    # key -> its newest grant: (token, acknowledged at, the grantee's valid_until)
+    grants: dict[int, tuple[int, float, float]] = {}
+    stopped: set[int] = set()  # model nodes whose clock was stopped
     held: dict[tuple[int, int], Lease] = {}  # (client, key) -> its lease, as it believes
     tasks: dict[int, Any] = {}  # worker -> the Task it claimed
     attempts: list[int] = []  # the clients in claim order: the last one is current
@@ -181,6 +328,7 @@ def replay(trail: Trail, cluster: LocalCluster, unit: float, name: str = "") -> 
                         f"before client {other}'s valid_until"
                     )
             held[(c, k)] = lease
+            grants[k] = (lease.token, acked, lease.valid_until)
             return
 
     def renew(k: int, c: int) -> None:
@@ -220,13 +368,96 @@ def replay(trail: Trail, cluster: LocalCluster, unit: float, name: str = "") -> 
         if not current:
             out.violations.append(f"P5: worker {c}'s completion from a stale attempt was accepted")
 
+    def cut_off(old: str) -> str:
+        """Cut ``old`` off from both others (both directions) and wait until one of
+        them leads a higher term that the other follows; that one's node id."""
+        assert net is not None  # checked above: a trail that reads comes with net
+        live = [n.id for n in cluster.nodes if n.id != old]
+        term = int((_status(cluster.node(old).client) or {}).get("term", 0))
+        net.block([(old, n) for n in live] + [(n, old) for n in live])
+        note(f"cut {old} off from {live}")
+
+        def elected() -> str | None:
+            statuses = {n: _status(cluster.node(n).client) for n in live}
+            for n, st in statuses.items():
+                if st is None or st.get("role") != "leader" or int(st.get("term", 0)) <= term:
+                    continue
+                if all((statuses[o] or {}).get("leader") == st.get("client") for o in live):
+                    return n
+            return None
+
+        return str(wait_for(elected, 20, f"a leader among {live}", interval=0.02))
+
+    def read(reader: int, k: int) -> None:
+        """Lease reads of key ``k`` on model node ``reader`` for ``READ_WINDOW``."""
+        addr = cluster.node(real[reader]).client
+        key = f"trail/{name}/{k}"
+        newest = grants.get(k)
+        if newest is None:
+            out.premises.append(f"no grant of {key} was acknowledged before the read")
+        seen: dict[str, int] = {}
+        stale: list[str] = []
+        end = time.monotonic() + READ_WINDOW
+        while time.monotonic() < end:
+            sent = time.monotonic()
+            frame = {"id": 1, "op": "holder", "key": key, "consistency": "linearizable"}
+            answer = _raw(addr, frame, READ_TIMEOUT)
+            if answer is None or not answer.get("ok"):
+                code = "no answer" if answer is None else str(answer.get("code"))
+                seen[code] = seen.get(code, 0) + 1
+                continue
+            result = answer["result"]
+            holder = result.get("holder")
+            token = holder.get("token") if holder else None
+            what = f"{result.get('consistency')} token {token}"
+            seen[what] = seen.get(what, 0) + 1
+            # Until the grantee's valid_until the lease is certainly live in log time
+            # (it ends no earlier than send + ttl): a read must show it.
+            if newest is not None and newest[1] < sent < newest[2] and token != newest[0]:
+                stale.append(
+                    f"sent {sent - newest[1]:.3f} s after the grant of token {newest[0]} was "
+                    f"acknowledged, answered token {token} ({result.get('consistency')})"
+                )
+            time.sleep(0.05)  # the pace of the reads, not a wait for a condition
+        note(f"reads of {key} on {real[reader]}: {seen}")
+        if stale:
+            out.violations.append(
+                f"P3: {len(stale)} reads of {key} on {real[reader]} missed the grant; the "
+                f"first {stale[0]}"
+            )
+        status = _status(addr) or {}
+        if status.get("role") != "leader" or not status.get("drift_alarm"):
+            out.premises.append(
+                f"after the reads {real[reader]} was {status.get('role')} with drift alarm "
+                f"{status.get('drift_alarm')}: not a deposed leader at fault"
+            )
+
     leader = 0
     real = {0: cluster.leader_id()}
     try:
         for i, step in enumerate(trail.steps):
             last = i == len(trail.steps) - 1
             if step.kind == "TIME":
+                for node, moved in enumerate(step.args):
+                    if moved == 0 and node not in stopped:
+                        stopped.add(node)  # unsupported: only the leader's, so it is real
+                        stop_clock(cluster.node(real[node]).client, note)
                 time.sleep(unit)  # model time passing: the scenario's own clock, no guess
+            elif step.kind == "ELECT" and leader in readers:
+                old = real[leader]
+                note(f"the leader {old} (model node {leader}) is deposed")
+                leader = step.args[0]
+                real[leader] = cut_off(old)
+                live = [n.id for n in cluster.nodes if n.id != old]
+                real[step.args[1]] = next(n for n in live if n != real[leader])
+                note(f"{real[leader]} leads (model node {leader})")
+                for client in clients:
+                    client.close()
+                endpoints = [cluster.node(n).client for n in live]
+                clients = [
+                    Client(endpoints, **cluster.client_options, deadline=2.0 + ttl)
+                    for _ in range(2)
+                ]
             elif step.kind == "ELECT":
                 old = real[leader]
                 note(f"kill the leader {old} (model node {leader})")
@@ -234,6 +465,8 @@ def replay(trail: Trail, cluster: LocalCluster, unit: float, name: str = "") -> 
                 leader = step.args[0]
                 real[leader] = str(cluster.wait_for_leader(exclude=old)["node"])
                 note(f"{real[leader]} leads (model node {leader})")
+            elif step.kind == "READ":
+                read(step.args[0], step.args[1])
             elif step.kind == "KEEP":
                 renew(step.args[1], step.args[2])
             elif step.kind == "COMMIT":
@@ -255,4 +488,15 @@ def replay(trail: Trail, cluster: LocalCluster, unit: float, name: str = "") -> 
     return out
 
 
-__all__ = ["TRAILS", "Replay", "Step", "Trail", "load", "parse", "replay", "unsupported"]
+__all__ = [
+    "TRAILS",
+    "Links",
+    "Replay",
+    "Step",
+    "Trail",
+    "load",
+    "parse",
+    "replay",
+    "stop_clock",
+    "unsupported",
+]
