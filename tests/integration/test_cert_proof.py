@@ -3,8 +3,10 @@
 off from the cluster accepts no write from a non-holder and none after a
 certificate's ``not_after``, the key's audit trail holds every grant the agents got
 (the same on every node), and the planted resource that skips the proof of possession
-is caught. Serial (tests/conftest.py SERIAL_FILES): it times writes
-against certificate windows and runs a fault loop."""
+is caught, and so is the node build whose leader certifies under its drift alarm. The
+short run's first fault is always a leader isolation through the fault proxy. Serial
+(tests/conftest.py SERIAL_FILES): it times writes against certificate windows and runs a
+fault loop."""
 
 from __future__ import annotations
 
@@ -42,9 +44,22 @@ def test_the_honest_resource_accepts_only_holders_inside_their_window() -> None:
     # on every node (docs/audit.md).
     assert figures["audit_missing"] == 0 and figures["audit_nodes_agree"] is True, figures
     assert figures["audit_grants"] >= figures["grants"], figures
+    # The run's one fault: the leader cut off from the other two, then healed.
+    assert figures["fault_kinds"] == {"isolate-leader": 1}, figures
     assert code == 0, figures
 
 
 def test_a_resource_that_skips_the_proof_of_possession_is_caught() -> None:
     code, figures = run("--seconds", "3", "--planted-bug", "skip_proof")
     assert code == 1 and figures["thief_accepted"], figures
+
+
+def test_a_leader_that_certifies_under_its_drift_alarm_is_caught() -> None:
+    """The planted node build ``ignore_drift_alarm``: its leader, clock slowed beyond
+    the drift bound, raises the alarm but keeps its leader lease, so it still signs
+    certificates; the probe acquire under the alarm comes back with one."""
+    code, figures = run(
+        "--seconds", "4", "--faults", "clock-beyond", "--node-bug", "ignore_drift_alarm"
+    )
+    assert figures["alarm_probes"] and figures["alarm_certified"], figures
+    assert code == 1, figures
