@@ -533,15 +533,8 @@ def test_an_effect_made_before_a_crash_is_not_made_again(build: str) -> None:
     assert mut("task_effect_commit", 2020, 6, tid="T", aid="A2", effect="charge")["ok"]
     zombie = mut("task_effect_commit", 2030, 7, tid="T", aid="A1", effect="charge")
     assert mut("task_complete", 2040, 8, tid="T", aid="A2")["ok"]
-    events: list[dict[str, Any]] = [{"f": "effect.apply", "effect": "charge", "token": t}
-                                    for t in calls]  # fmt: skip
-    events.append({"f": "effect.commit", "effect": "charge", "token": second, "type": "ok",
-                   "newest": second})  # fmt: skip
-    events.append({"f": "effect.commit", "effect": "charge", "token": first,
-                   "type": "ok" if zombie["ok"] else "fail", "error": zombie.get("code"),
-                   "newest": second})  # fmt: skip
-    events.append({"f": "effect.final", "effect": "charge", "status": "completed"})
-    verdict = check_effects(events)
+    ok = {"ok": True}
+    verdict = check_effects(effect_history(calls, [(second, ok, second), (first, zombie, second)]))
     if build == "honest":
         assert began["state"] == "in_progress" and began["prior_token"] == first
         assert verdict["valid"] is True, verdict
@@ -549,6 +542,24 @@ def test_an_effect_made_before_a_crash_is_not_made_again(build: str) -> None:
     else:
         assert verdict["valid"] is False
         assert [v["kind"] for v in verdict["violations"]] == ["applied_twice"]
+
+
+def effect_history(
+    calls: list[int], commits: list[tuple[int, dict[str, Any], int]]
+) -> list[dict[str, Any]]:
+    """The queue suite's effect events for one effect ``charge``: an external call
+    made under each token of ``calls``, then each ``(token, answer, newest token)``
+    commit as the state machine answered it, then the task or lease done."""
+    events: list[dict[str, Any]] = [
+        {"f": "effect.apply", "effect": "charge", "token": t} for t in calls
+    ]
+    for token, answer, newest in commits:
+        events.append(
+            {"f": "effect.commit", "effect": "charge", "token": token, "newest": newest,
+             "type": "ok" if answer["ok"] else "fail", "error": answer.get("code")}
+        )  # fmt: skip
+    events.append({"f": "effect.final", "effect": "charge", "status": "completed"})
+    return events
 
 
 def test_the_effect_checker_sees_an_accepted_zombie_commit_and_a_lost_effect() -> None:
@@ -609,14 +620,7 @@ def test_a_zombie_lease_holder_cannot_commit_an_effect(build: str) -> None:
     if began["state"] == "in_progress":
         # B reconciles with the provider (the call A made is found) and commits it.
         assert mut("lease_effect_commit", 2030, 6, lid="LB", effect="charge")["ok"]
-    events: list[dict[str, Any]] = [
-        {"f": "effect.apply", "effect": "charge", "token": t} for t in calls
-    ]
-    events.append({"f": "effect.commit", "effect": "charge", "token": first,
-                   "type": "ok" if zombie["ok"] else "fail", "error": zombie.get("code"),
-                   "newest": second})  # fmt: skip
-    events.append({"f": "effect.final", "effect": "charge", "status": "completed"})
-    verdict = check_effects(events)
+    verdict = check_effects(effect_history(calls, [(first, zombie, second)]))
     if build == "honest":
         assert zombie["code"] == "NOT_OWNER" and began["prior_token"] == first
         assert verdict["valid"] is True, verdict
