@@ -267,16 +267,19 @@ def test_etc_is_read_only_and_the_bound_data_dir_writable(network: HostNetwork) 
     for writable, result in ([], "EROFS"), (["/etc/raftlease/secret"], "ok"):
         done = a.run([PY, "-c", WRITE_PROBE, *target], uid=UID, binds=binds, writable=writable)
         assert done.stdout.decode().split() == [*target, result]
-    # ProtectSystem=strict with a StateDirectory; the API trees stay writable.
+    # ProtectSystem=strict with a StateDirectory; the API trees stay writable. The
+    # probe in /tmp is a name no one else uses: a directory of that name left on the
+    # machine by anything else answered EISDIR before the mount's EROFS (seen in CI).
+    scratch = f"/tmp/raftlease-ro-probe-{os.getpid()}-{os.urandom(4).hex()}"
     strict = a.run(
-        [PY, "-c", WRITE_PROBE, "/var/lib/raftlease/journal", "/tmp/x", "/dev/null"],
+        [PY, "-c", WRITE_PROBE, "/var/lib/raftlease/journal", scratch, "/dev/null"],
         binds=binds,
         read_only=["/"],
         writable=["/var/lib/raftlease"],
     )
     assert strict.stdout.decode().split("\n")[:3] == [
         "/var/lib/raftlease/journal ok",
-        "/tmp/x EROFS",
+        f"{scratch} EROFS",
         "/dev/null ok",
     ]
 
