@@ -104,6 +104,11 @@ def security_full(result: Result) -> list[str] | None:
     return _run_block(result, report.security_section(result), issue=35)
 
 
+def certs_full(result: Result) -> list[str] | None:
+    """docs/certificates.md: the report's certs section and the issue 39 targets."""
+    return _run_block(result, report.certs_section(result), issue=39)
+
+
 def _run_block(result: Result, section: list[str], issue: int) -> list[str] | None:
     """A report section under the run's stamp, without its heading, then the targets
     of ``issue`` as the run judged them (None when the run had no such section)."""

@@ -2,7 +2,7 @@
 
 Without a cluster: the blocks rendered from a hand-made result, the marker
 replacement, the errors that keep a stale figure from passing unnoticed, and that
-README.md and docs/performance.md carry every block's markers.
+README.md, docs/performance.md and docs/certificates.md carry every block's markers.
 """
 
 from __future__ import annotations
@@ -102,7 +102,9 @@ def _blocks(tmp_path: Path) -> tuple[publish.Block, ...]:
         "<!-- bench:anchors-run:start -->\nold\nold\n<!-- bench:anchors-run:end -->\n"
         "<!-- bench:security-run:start -->\n<!-- bench:security-run:end -->\nend\n"
     )
-    paths = {"README.md": readme, "performance.md": perf}
+    certs = tmp_path / "certificates.md"
+    certs.write_text("<!-- bench:certs-run:start -->\n<!-- bench:certs-run:end -->\n")
+    paths = {"README.md": readme, "performance.md": perf, "certificates.md": certs}
     return tuple(publish.Block(paths[b.path.name], b.name, b.render) for b in publish.BLOCKS)
 
 
