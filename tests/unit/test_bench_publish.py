@@ -149,6 +149,21 @@ def test_security_blocks_and_several_results(
     assert (tmp_path / "performance.md").read_text() == perf
 
 
+def test_an_anchors_phase_that_measured_nothing_publishes_nothing(
+    tmp_path: Path, anchored: dict[str, Any]
+) -> None:
+    """``--only certs`` in the full profile still runs the anchors phase, which then
+    measures no workload: its empty table must not replace the published one."""
+    blocks = _blocks(tmp_path)
+    before = (tmp_path / "README.md").read_text()
+    empty = copy.deepcopy(anchored)
+    empty["workloads"] = {}
+    empty["anchors"]["systems"]["etcd"]["workloads"] = {}
+    with pytest.raises(publish.PublishError, match=r"empty\.json has no section"):
+        publish.publish([("empty.json", empty)], blocks, root=tmp_path)
+    assert (tmp_path / "README.md").read_text() == before
+
+
 def test_a_result_that_feeds_nothing_is_an_error(tmp_path: Path, anchored: dict[str, Any]) -> None:
     blocks = _blocks(tmp_path)
     before = (tmp_path / "README.md").read_text()
