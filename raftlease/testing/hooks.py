@@ -14,6 +14,10 @@ Hooks (a dict, as ``LocalCluster(hooks=...)`` takes it):
 * ``plain_peers: True``: no TLS between the members (the benchmark's baseline for
   what peer TLS costs; ``LocalCluster`` then issues no certificates). Every node of
   the cluster must run so: a plain node and a TLS node cannot talk;
+* ``no_audit: True``: the state machine keeps no audit trail (``SilentTrail``: its
+  records are never made, hashed or kept; ``audit`` answers nothing), the benchmark's
+  baseline for what the trail costs (scripts/bench ``--only certs``, issue 39). Every
+  node of the cluster must run so, or the replicas differ in their trail;
 * ``trace: True``: the node traces the events the SPIN model speaks of (its log
   clock's stamps, its lease-read decisions, the lease changes of each applied entry)
   to ``<data_dir>/trace.jsonl``
@@ -74,7 +78,14 @@ PLANTED_BUGS: dict[str, str] = {
     "certificate for a key of its own",
 }
 
-HOOK_KEYS = ("clock_control", "planted_bug", "record_synced", "plain_peers", "trace")
+HOOK_KEYS = (
+    "clock_control",
+    "planted_bug",
+    "record_synced",
+    "plain_peers",
+    "trace",
+    "no_audit",
+)
 
 
 def hook_arguments(hooks: dict[str, Any]) -> list[str]:
@@ -97,6 +108,8 @@ def hook_arguments(hooks: dict[str, Any]) -> list[str]:
         args.append("--plain-peers")
     if hooks.get("trace"):
         args.append("--trace")
+    if hooks.get("no_audit"):
+        args.append("--no-audit")
     return args
 
 

@@ -1,5 +1,6 @@
 """The test build of a node: ``python -m raftlease.testing.node --config FILE
-[--clock-control] [--record-synced] [--planted-bug NAME] [--trace] [--parent-pid PID]``.
+[--clock-control] [--record-synced] [--planted-bug NAME] [--trace] [--no-audit]
+[--parent-pid PID]``.
 
 It runs the same ``NodeServer`` as ``raftlease node``, with test hooks injected
 (``raftlease.server.ServerHooks``): an adjustable clock and the ``test_clock`` control
@@ -20,10 +21,12 @@ from typing import Any, ClassVar
 from ..clock import AdjustableClock
 from ..config import NodeConfig, load_toml
 from ..core import LeaseStore
+from ..core.audit import AuditTrail
 from ..core.certkeys import holder_key_of
 from ..core.progress import LeaseProgress
 from ..core.queue import TaskQueues
 from ..errors import BadRequestError, ConfigError, InvalidArgumentError
+from ..limits import MAX_AUDIT_REFUSALS
 from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder
 from ..server import ServerHooks, run_node
 from ..server.keepalive import MemoryKeepalives
@@ -276,6 +279,45 @@ class ProgressFromMemoryStore(LeaseStore):
         return store
 
 
+class SilentTrail(AuditTrail):
+    """Hook ``no_audit``: an audit trail whose ``add`` makes no record (no hash, no
+    list append), the benchmark's baseline for what the trail costs. Tick thread."""
+
+    __slots__ = ()
+
+    def add(
+        self,
+        now: int,
+        kind: str,
+        key: str,
+        token: int,
+        owner: str,
+        principal: str,
+        by: str,
+        revision: int,
+    ) -> None:
+        return None
+
+
+class UnauditedStore(LeaseStore):
+    """Hook ``no_audit``: a store whose ownership trail and refusal ring are
+    ``SilentTrail``s, also after a snapshot is loaded (the snapshot then carries
+    empty trails). Everything else, answers included, is the production store's.
+    Tick thread, like the store."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.audit = SilentTrail()
+        self.audit_refusals = SilentTrail(MAX_AUDIT_REFUSALS)
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> LeaseStore:
+        store = super().from_plain(data)
+        store.audit = SilentTrail()
+        store.audit_refusals = SilentTrail(MAX_AUDIT_REFUSALS)
+        return store
+
+
 class BarrierlessReads(Reads):
     """Planted bug ``skip_read_barrier``: a new leader serves lease reads as soon as
     its leader lease is valid, before it has applied an entry of its own term."""
@@ -347,12 +389,22 @@ def build_hooks(
     record_synced: bool = False,
     plain_peers: bool = False,
     trace: TraceLog | None = None,
+    no_audit: bool = False,
 ) -> ServerHooks:
     """The hooks of a test node; with ``trace``, its log clock's stamps, its
     lease-read decisions and the lease changes of each applied entry are traced
-    there (testing/trace.py). Raises ``ValueError`` for an unknown planted bug."""
+    there (testing/trace.py); with ``no_audit``, its store keeps no audit trail
+    (``UnauditedStore``). Raises ``ValueError`` for an unknown planted bug, or for
+    ``no_audit`` with a planted bug that is a store of its own."""
     if planted_bug and planted_bug not in PLANTED_BUGS:
         raise ValueError(f"unknown planted bug {planted_bug!r}; known: {sorted(PLANTED_BUGS)}")
+    store_class = STORES.get(planted_bug, LeaseStore)
+    if no_audit:
+        # A baseline for the benchmark, not a fault: one store class at a time keeps
+        # each build's behaviour what its name says.
+        if store_class is not LeaseStore:
+            raise ValueError(f"no_audit cannot be combined with planted bug {planted_bug!r}")
+        store_class = UnauditedStore
     adjustable = AdjustableClock() if clock or planted_bug else None
     guards: dict[str, type[LeaseGuard]] = {
         "skip_vote_promise": PromiselessGuard,
@@ -368,7 +420,7 @@ def build_hooks(
         reads_class=traced_reads(reads, trace) if trace is not None else reads,
         proposer_class=UnwritingProposer if planted_bug == "unwritten_keepalives" else Proposer,
         transport_class=_transport(planted_bug, plain_peers),
-        store_class=STORES.get(planted_bug, LeaseStore),
+        store_class=store_class,
         recorder=SyncRecorder() if record_synced or planted_bug == "unsynced_acks" else None,
         durability="none" if planted_bug == "unsynced_acks" else None,
         restart_wait=join_at_once if planted_bug == "unsynced_acks" else unclean_stop_wait,
@@ -409,6 +461,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--trace", action="store_true", help=f"trace the model's events to DATA_DIR/{TRACE_FILE}"
     )
+    parser.add_argument(
+        "--no-audit", action="store_true", help="keep no audit trail (benchmark baseline)"
+    )
     parser.add_argument("--log-level", default="INFO")
     # As `raftlease node --parent-pid` (hidden there too): stop once PID is gone.
     parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
@@ -419,9 +474,17 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         parser.error(f"invalid configuration: {exc.message}")
     trace = TraceLog(config.data_dir / TRACE_FILE, config.node_id) if args.trace else None
-    hooks = build_hooks(
-        args.planted_bug, args.clock_control, args.record_synced, args.plain_peers, trace
-    )
+    try:
+        hooks = build_hooks(
+            args.planted_bug,
+            args.clock_control,
+            args.record_synced,
+            args.plain_peers,
+            trace,
+            no_audit=args.no_audit,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.planted_bug:
         log.warning(
             "TEST BUILD with planted bug %s: %s", args.planted_bug, PLANTED_BUGS[args.planted_bug]
@@ -434,6 +497,7 @@ def main(argv: list[str] | None = None) -> None:
                 ("recording synced files", args.record_synced),
                 ("plain peers (no TLS between members)", args.plain_peers),
                 ("tracing the model's events", args.trace),
+                ("no audit trail", args.no_audit),
             )
             if flag
         ]

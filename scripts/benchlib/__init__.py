@@ -8,8 +8,11 @@ Modules, from the bottom up:
 - ``monitor``: per-node status pollers and the stall analysis of their samples;
 - ``measure``: timed load loops (threads, asyncio tasks), repetitions, percentiles;
 - ``raw``: the raw-PySyncObj baseline (node process and its parent-side cluster);
-- ``workloads``: what is measured (throughput, handoff, failover, memory/snapshot,
-  tasks, scale);
+- ``certcost``: the in-process parts of the certs group, shared with
+  scripts/cert_bench (certified acquire, the state machine with and without the audit
+  trail, verification per core);
+- ``workloads``: what is measured (throughput, certs, handoff, failover,
+  memory/snapshot, tasks, scale);
 - ``anchors``: etcd and ZooKeeper clusters measured beside raftlease (``--anchors``);
 - ``targets`` (+ ``targets.toml``): the targets a run is judged against, as data;
 - ``report``: result JSON -> Markdown (needs no cluster and no raftlease);

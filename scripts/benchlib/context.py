@@ -41,7 +41,9 @@ TTL_POOL = 120.0
 TTL_MEMORY = 3600.0
 
 #: Workload groups run on the main cluster, in order (``--only`` names).
-MAIN_GROUPS = ("acquire", "renew", "release", "holder", "handoff", "failover")
+#: ``certs`` (issue 39) measures signing there and the audit's share after it
+#: (workloads/certs.py).
+MAIN_GROUPS = ("acquire", "renew", "release", "holder", "certs", "handoff", "failover")
 GROUPS = ("raw", "durability", "security", *MAIN_GROUPS, "memory", "tasks", "scale")
 
 #: Values of raftlease's ``NodeConfig.durability`` the durability phase can compare
@@ -129,6 +131,17 @@ class Profile:
     scale_ttl: float = 10.0
     scale_steps: int = 10
     scale_hold: float = 60.0
+    #: The certs group (issue 39; workloads/certs.py): ``cert_rounds`` alternating
+    #: rounds of 1-thread acquire without and with a holder key on the main cluster;
+    #: ``audit_rounds`` rounds of an audit-off test build's cluster against a default
+    #: one (0: none, the audit's share is then only estimated); the state machine's
+    #: ``cert_apply_pairs`` acquire+release pairs with and without the trail, best of
+    #: ``cert_apply_tries``; ``cert_verify_seconds`` of verification on one core.
+    cert_rounds: int = 6
+    audit_rounds: int = 4
+    cert_apply_pairs: int = 20_000
+    cert_apply_tries: int = 6
+    cert_verify_seconds: float = 2.0
 
     @property
     def concurrent_modes(self) -> list[str]:
@@ -192,6 +205,13 @@ QUICK = Profile(
     scale_ttl=6.0,
     scale_steps=1,
     scale_hold=4.0,
+    # The certs group in ~3 s on the main cluster: two signing rounds, a small state
+    # machine measurement, no audit-off clusters (two more clusters would not fit).
+    cert_rounds=2,
+    audit_rounds=0,
+    cert_apply_pairs=1_000,
+    cert_apply_tries=2,
+    cert_verify_seconds=0.2,
 )
 
 #: By ``Profile.name``, as recorded in meta.profile (a saved result names its profile).
@@ -318,6 +338,107 @@ def peer_round_ratios(result: Result, group: str, mode: str) -> list[float]:
         if plain:
             ratios.append(float(tls) / float(plain))
     return ratios
+
+
+def _arm_entry(arm: Any, group: str, mode: str) -> dict[str, Any] | None:
+    """The entry of ``group`` in ``mode`` of one arm of a certs round (None if absent
+    or failed)."""
+    try:
+        entry = arm["workloads"][group][mode]
+    except (KeyError, TypeError):
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+def cert_round_figures(result: Result) -> list[dict[str, float]]:
+    """The certs group's signing rounds (workloads/certs.py): per round where both
+    arms were measured, ``p50_ratio`` (certified p50 latency / plain p50),
+    ``rate_ratio`` (certified throughput / plain) and ``errors`` (of the certified
+    arm: failed calls and answers without a certificate). Empty without the rounds."""
+    try:
+        signing = result["certs"]["signing"]
+        rounds, mode = signing["rounds"], signing["mode"]
+    except (KeyError, TypeError):
+        return []
+    out = []
+    for pair in rounds:
+        plain = _arm_entry(pair.get("plain"), "acquire", mode)
+        signed = _arm_entry(pair.get("certified"), "acquire", mode)
+        if plain is None or signed is None:
+            continue
+        p50, rate = float(plain["p50_ms"]), float(plain["ops_per_s"]["median"])
+        if p50 <= 0 or rate <= 0:
+            continue
+        out.append(
+            {
+                "p50_ratio": float(signed["p50_ms"]) / p50,
+                "rate_ratio": float(signed["ops_per_s"]["median"]) / rate,
+                "errors": float(signed.get("errors", 0)),
+            }
+        )
+    return out
+
+
+def audit_round_ratios(result: Result) -> list[float]:
+    """The certs group's audit rounds: per round, the default build's median acquire
+    throughput over the audit-off build's, in the rounds' mode (rounds where either
+    was not measured are left out; empty without the rounds)."""
+    try:
+        section = result["certs"]["audit_rounds"]
+        rounds, mode = section["rounds"], section["mode"]
+    except (KeyError, TypeError):
+        return []
+    ratios = []
+    for pair in rounds:
+        on = _arm_entry(pair.get("audited"), "acquire", mode)
+        off = _arm_entry(pair.get("unaudited"), "acquire", mode)
+        if on is None or off is None or not off["ops_per_s"]["median"]:
+            continue
+        ratios.append(float(on["ops_per_s"]["median"]) / float(off["ops_per_s"]["median"]))
+    return ratios
+
+
+#: Node processes of every cluster the benchmark starts: each applies every entry.
+CLUSTER_NODES = 3
+
+
+def audit_share_estimate(result: Result) -> dict[str, Any] | None:
+    """The audit's share of acquire throughput estimated from two measurements of the
+    run: the state machine's audit cost per acquire+release pair (certs.apply; two
+    records, where an acquire alone makes one) times the ``CLUSTER_NODES`` nodes that
+    each apply it, over the smallest server CPU per acquire (all nodes, µs) the run
+    measured (acquire on the main cluster, the signing rounds' plain arm, the audit
+    rounds' default build). Both choices overstate the share: an upper bound while
+    the cores are the bottleneck. None without the two figures."""
+    try:
+        audit_us = float(result["certs"]["apply"]["audit_us"])
+    except (KeyError, TypeError):
+        return None
+    entries: list[tuple[str, dict[str, Any]]] = []
+    for mode, entry in (result.get("workloads", {}).get("acquire") or {}).items():
+        if isinstance(entry, dict):
+            entries.append((f"acquire [{mode}]", entry))
+    certs = result["certs"]
+    for section, arm in (("signing", "plain"), ("audit_rounds", "audited")):
+        block = certs.get(section) or {}
+        for n, pair in enumerate(block.get("rounds") or [], 1):
+            entry = _arm_entry(pair.get(arm), "acquire", str(block.get("mode")))
+            if entry is not None:
+                entries.append((f"{section} round {n} {arm} [{block.get('mode')}]", entry))
+    costs = [
+        (float(e["cpu_us_per_op"]["servers"]), where)
+        for where, e in entries
+        if float((e.get("cpu_us_per_op") or {}).get("servers", 0.0)) > 0
+    ]
+    if not costs:
+        return None
+    servers_us, where = min(costs)
+    return {
+        "share": CLUSTER_NODES * max(0.0, audit_us) / servers_us,
+        "audit_us_per_pair": audit_us,
+        "servers_us_per_acquire": servers_us,
+        "from": where,
+    }
 
 
 def raw_pipelined(result: Result) -> float:

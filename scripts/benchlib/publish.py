@@ -1,11 +1,12 @@
 """The figures users read, written from a saved run (``scripts/bench --publish``).
 
-README.md and docs/performance.md hold their measured figures between marker lines
-(``<!-- bench:NAME:start -->`` ... ``<!-- bench:NAME:end -->``); ``publish`` replaces
-what is between them with text rendered from one or more bench.json files, each block
-stamped with its run's date, machine and commit. A block is written from the result
-that has its section (anchors, security); a result that feeds no block, and a file
-that lacks a block's markers, are errors, so a figure is never silently left stale.
+README.md, docs/performance.md and docs/certificates.md hold their measured figures
+between marker lines (``<!-- bench:NAME:start -->`` ... ``<!-- bench:NAME:end -->``);
+``publish`` replaces what is between them with text rendered from one or more
+bench.json files, each block stamped with its run's date, machine and commit. A block
+is written from the result that has its section (anchors, security, certs); a result
+that feeds no block, and a file that lacks a block's markers, are errors, so a figure
+is never silently left stale.
 Pure text work: imports neither raftlease nor the measuring modules.
 """
 
@@ -53,7 +54,9 @@ def figures_summary(result: Result) -> list[str] | None:
     if not isinstance(result.get("anchors"), dict):
         return None
     systems = list(anchors_table.measured_systems(result))
-    if not systems:
+    # An anchors phase that measured nothing (a run with --only of groups the anchors
+    # do not have, e.g. certs) must not replace the published table with an empty one.
+    if not systems or not anchors_table.measured_rows(result):
         return None
     titles = [anchors_table.TITLES.get(n, n) for n in systems]
     lines = [
@@ -75,6 +78,8 @@ def figures_summary(result: Result) -> list[str] | None:
 
 def anchors_full(result: Result) -> list[str] | None:
     """docs/performance.md: the report's anchors section and the issue 16 targets."""
+    if not anchors_table.measured_systems(result) or not anchors_table.measured_rows(result):
+        return None  # as in figures_summary: nothing measured, nothing published
     return _run_block(result, anchors_table.render(result), issue=16)
 
 
@@ -102,6 +107,11 @@ def peer_tls_summary(result: Result) -> list[str] | None:
 def security_full(result: Result) -> list[str] | None:
     """docs/performance.md: the report's security section and the issue 35 targets."""
     return _run_block(result, report.security_section(result), issue=35)
+
+
+def certs_full(result: Result) -> list[str] | None:
+    """docs/certificates.md: the report's certs section and the issue 39 targets."""
+    return _run_block(result, report.certs_section(result), issue=39)
 
 
 def _run_block(result: Result, section: list[str], issue: int) -> list[str] | None:
@@ -136,6 +146,7 @@ BLOCKS = (
     Block(ROOT / "README.md", "peer-tls", peer_tls_summary),
     Block(ROOT / "docs" / "performance.md", "anchors-run", anchors_full),
     Block(ROOT / "docs" / "performance.md", "security-run", security_full),
+    Block(ROOT / "docs" / "certificates.md", "certs-run", certs_full),
 )
 
 
@@ -177,7 +188,7 @@ def publish(
             done.append(f"{block.path.relative_to(root)} [{block.name}] from {label}")
         if not fed:
             raise PublishError(
-                f"{label} has no section any published block shows (anchors or security)"
+                f"{label} has no section any published block shows (anchors, security or certs)"
             )
     for path, text in texts.items():
         path.write_text(text)

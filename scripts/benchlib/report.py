@@ -18,6 +18,9 @@ from .context import (
     DURABILITY_MODES,
     NON_THROUGHPUT_GROUPS,
     Result,
+    audit_round_ratios,
+    audit_share_estimate,
+    cert_round_figures,
     durability_entry,
     first_variant,
     fmt,
@@ -109,6 +112,7 @@ def render_markdown(result: Result) -> str:
         lines += ["", "Reads, as the server says it served them: " + "; ".join(served) + "."]
     lines += _durability(result)
     lines += security_section(result)
+    lines += certs_section(result)
     lines += anchors_table.render(result)
     handoffs = [e for e in w.get("handoff", {}).values() if isinstance(e, dict)]
     if handoffs:
@@ -232,6 +236,7 @@ def render_markdown(result: Result) -> str:
     errors = [(g, m["error"]) for g, m in w.items() if isinstance(m, dict) and "error" in m]
     errors += _durability_errors(result)
     errors += _security_errors(result)
+    errors += _certs_errors(result)
     if errors:
         lines += ["", "## Failures", ""]
         lines += [f"- **{g}**: {e}" for g, e in errors]
@@ -548,6 +553,121 @@ def _security_errors(result: Result) -> list[tuple[str, str]]:
         for group, modes in record.get("workloads", {}).items():
             if isinstance(modes, dict) and "error" in modes:
                 out.append((f"security {cluster}, {group}", str(modes["error"])))
+    return out
+
+
+def _arm(pair: dict[str, Any], arm: str, mode: str) -> dict[str, Any] | None:
+    try:
+        entry = pair[arm]["workloads"]["acquire"][mode]
+    except (KeyError, TypeError):
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+def certs_section(result: Result) -> list[str]:
+    """The certs section (issue 39): the signing rounds (plain and certified 1-thread
+    acquire on the main cluster), the audit trail's cost (the state machine with and
+    without it, the audit-off rounds when run, the estimate) and verification on one
+    core (nothing when the run had no certs group)."""
+    d = result.get("certs")
+    if not isinstance(d, dict):
+        return []
+    lines = ["", "## Lease certificates and the audit trail: their cost"]
+    signing = d.get("signing") or {}
+    rounds = signing.get("rounds") or []
+    mode = str(signing.get("mode", "1 thread"))
+    if rounds:
+        lines += [
+            "",
+            f"Acquire of fresh keys, {mode}, on the main cluster, without a holder key "
+            "('plain') and with one ('certified': every answer must carry a certificate), "
+            "in alternating rounds (see Method). The target: signing adds at most 15 % to "
+            "1-thread acquire latency (median over the rounds of the p50 ratio).",
+            "",
+            "| round | order | plain ops/s | certified ops/s | plain p50 / p99 ms "
+            "| certified p50 / p99 ms | p50 certified / plain | certified errors "
+            "| server CPU µs/op plain / certified |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for n, pair in enumerate(rounds, 1):
+            p, c = _arm(pair, "plain", mode), _arm(pair, "certified", mode)
+            ratio = c["p50_ms"] / p["p50_ms"] if p and c and p["p50_ms"] else None
+            lines.append(
+                f"| {n} | {' then '.join(pair.get('order', []))} | {_ops(p)} | {_ops(c)} "
+                f"| {_latency(p)} | {_latency(c)} | {_ratio(ratio)} "
+                f"| {'-' if c is None else c.get('errors', 0)} "
+                f"| {_cpu_per_op(p)} / {_cpu_per_op(c)} |"
+            )
+        figures = cert_round_figures(result)
+        if figures:
+            p50 = statistics.median(f["p50_ratio"] for f in figures)
+            rate = statistics.median(f["rate_ratio"] for f in figures)
+            lines += [
+                "",
+                f"Median over {len(figures)} rounds: p50 certified / plain {p50:.3f} "
+                f"({100 * (p50 - 1):+.1f} %), throughput certified / plain {rate:.3f}.",
+            ]
+    apply = d.get("apply")
+    audit_rounds = d.get("audit_rounds") or {}
+    if apply or audit_rounds:
+        lines += ["", "Audit trail (target: at most 10 % of acquire throughput):", ""]
+    if apply:
+        lines.append(
+            f"- state machine, one acquire and its release ({apply['records_per_pair']} "
+            f"records), best of {apply['tries']} tries of {apply['pairs']:,}: "
+            f"{apply['without_audit_us']:.1f} µs without the trail, "
+            f"{apply['with_audit_us']:.1f} µs with it: {apply['audit_us']:.1f} µs for the "
+            "trail;"
+        )
+    estimate = audit_share_estimate(result)
+    if estimate is not None:
+        lines.append(
+            f"- estimate: 3 nodes x {estimate['audit_us_per_pair']:.1f} µs over "
+            f"{estimate['servers_us_per_acquire']:.0f} µs of server CPU per acquire "
+            f"({estimate['from']}): {100 * estimate['share']:.1f} % (an upper bound: a pair "
+            "makes two records, an acquire one);"
+        )
+    if audit_rounds:
+        amode = str(audit_rounds.get("mode"))
+        for n, pair in enumerate(audit_rounds.get("rounds") or [], 1):
+            on, off = _arm(pair, "audited", amode), _arm(pair, "unaudited", amode)
+            r_on, r_off = _median(on), _median(off)
+            ratio = r_on / r_off if r_on is not None and r_off else None
+            lines.append(
+                f"- round {n} ({' then '.join(pair.get('order', []))}), acquire {amode}: "
+                f"audit-off {_ops(off)}, default {_ops(on)} ops/s: {_ratio(ratio)};"
+            )
+        ratios = audit_round_ratios(result)
+        if ratios:
+            lines.append(
+                f"- default / audit-off build, median of {len(ratios)} rounds: "
+                f"{statistics.median(ratios):.2f}."
+            )
+    verify = d.get("verify")
+    if verify:
+        lines += [
+            "",
+            f"Verification on one core: Verifier.check {verify['check_per_s']:,.0f}/s "
+            f"(certificate signature, expiry, challenge, proof of possession, token), "
+            f"HolderKey.prove {verify['prove_per_s']:,.0f}/s.",
+        ]
+    return lines
+
+
+def _certs_errors(result: Result) -> list[tuple[str, str]]:
+    """(what, error) of the certs group's audit-round clusters that failed."""
+    d = result.get("certs")
+    if not isinstance(d, dict):
+        return []
+    out = []
+    for n, pair in enumerate((d.get("audit_rounds") or {}).get("rounds") or [], 1):
+        for arm in ("unaudited", "audited"):
+            record = pair.get(arm) or {}
+            if record.get("error"):
+                out.append((f"certs round {n} {arm}", str(record["error"])))
+            for group, modes in (record.get("workloads") or {}).items():
+                if isinstance(modes, dict) and "error" in modes:
+                    out.append((f"certs round {n} {arm}, {group}", str(modes["error"])))
     return out
 
 

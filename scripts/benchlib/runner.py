@@ -30,7 +30,17 @@ from .context import (
     run_meta,
 )
 from .report import write_outputs
-from .workloads import durability, failover, handoff, memory, scale, security, tasks, throughput
+from .workloads import (
+    certs,
+    durability,
+    failover,
+    handoff,
+    memory,
+    scale,
+    security,
+    tasks,
+    throughput,
+)
 
 COMMON_METHOD = (
     "Each workload: warm-up {p.warmup} s, then {p.repeat} repetitions of "
@@ -73,7 +83,8 @@ def guarded(
 
 def main_cluster(ctx: Context) -> None:
     """Workloads 1-6 on one 3-node cluster with default settings; the throughput
-    workloads share one Client (their 1-thread and N-thread modes run on it)."""
+    workloads and the certs group's signing rounds share one Client (their 1-thread
+    and N-thread modes run on it)."""
     progress("raftlease: starting a 3-node cluster with default settings")
     with LocalCluster(3) as cluster:
         cluster.start()
@@ -84,6 +95,8 @@ def main_cluster(ctx: Context) -> None:
         with cluster.client() as client:
             for group, workload in _THROUGHPUT:
                 guarded(ctx, group, _bind(workload, ctx, cluster, client), cluster)
+            # Issue 39: signing's cost on the same cluster, after the throughput groups.
+            guarded(ctx, "certs", _bind(certs.signing, ctx, cluster, client), cluster)
         guarded(ctx, "handoff", lambda: handoff.handoff(ctx, cluster), cluster)
         guarded(ctx, "failover", lambda: failover.failover(ctx, cluster), cluster)
         ctx.result.setdefault("node_log_alerts", {})["main"] = log_alerts(cluster)
@@ -127,6 +140,9 @@ def run_all(ctx: Context, code: dict[str, str]) -> None:
             from .anchors import run as anchors_run
 
             anchors_run.anchors(ctx, list(p.anchors))
+        # The rest of the certs group: in this process while no cluster runs, then
+        # the audit rounds' own clusters (workloads/certs.py).
+        guarded(ctx, "certs", lambda: certs.costs(ctx))
         guarded(ctx, "memory", lambda: memory.memory_snapshot(ctx))
         guarded(ctx, "tasks", lambda: tasks.tasks(ctx))
         # Last: its agent processes load the machine more than any other phase.

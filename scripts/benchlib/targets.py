@@ -25,6 +25,9 @@ from .context import (
     NON_THROUGHPUT_GROUPS,
     PROFILES,
     Result,
+    audit_round_ratios,
+    audit_share_estimate,
+    cert_round_figures,
     durability_entry,
     first_variant,
     peer_round_ratios,
@@ -447,6 +450,82 @@ def _scale(spec: Spec, j: Judged) -> Row | None:
     return _row(spec, "; ".join(parts), met)
 
 
+def _certs(j: Judged) -> dict[str, Any] | None:
+    section = j.result.get("certs")
+    return section if isinstance(section, dict) else None
+
+
+def _pct(ratio: float) -> str:
+    """A ratio as the signed percentage it adds (1.117 -> "+11.7 %")."""
+    return f"{100 * (ratio - 1):+.1f} %"
+
+
+def _cert_signing(spec: Spec, j: Judged) -> Row | None:
+    """Issue 39: the median over the certs group's signing rounds of certified p50 /
+    plain p50 against ``1 + max_cost``; not met either when a certified acquire
+    failed or came back without a certificate. No row without the group."""
+    if _certs(j) is None:
+        return None
+    rounds = cert_round_figures(j.result)
+    if not rounds:
+        return _row(spec, "no signing round measured both arms", None)
+    median = statistics.median(r["p50_ratio"] for r in rounds)
+    errors = int(sum(r["errors"] for r in rounds))
+    figure = (
+        f"{_pct(median)} (median of {len(rounds)} rounds: "
+        + ", ".join(_pct(r["p50_ratio"]) for r in rounds)
+        + f"; throughput certified / plain, median "
+        f"{statistics.median(r['rate_ratio'] for r in rounds):.2f})"
+    )
+    if errors:
+        figure += f"; {errors} certified acquire(s) failed or came back without a certificate"
+    return _row(spec, figure, median <= 1 + float(spec["max_cost"]) and errors == 0)
+
+
+def _audit_cost(spec: Spec, j: Judged) -> Row | None:
+    """Issue 39: the audit trail's cost in acquire throughput, at most ``max_cost``:
+    judged on the median of the audit rounds (default build / audit-off build) when
+    the run has them, else on the estimate (``context.audit_share_estimate``), and
+    the figure says which. No row without the group; n/a with neither."""
+    if _certs(j) is None:
+        return None
+    limit = float(spec["max_cost"])
+    estimate = audit_share_estimate(j.result)
+    est_text = (
+        ""
+        if estimate is None
+        else f"estimate {100 * estimate['share']:.1f} % (3 x {estimate['audit_us_per_pair']:.1f} "
+        f"µs per acquire+release in the state machine / {estimate['servers_us_per_acquire']:.0f} "
+        f"µs server CPU per acquire, {estimate['from']})"
+    )
+    ratios = audit_round_ratios(j.result)
+    if ratios:
+        median = statistics.median(ratios)
+        figure = (
+            f"cost {100 * (1 - median):.1f} %: default / audit-off build {median:.2f} (median of "
+            f"{len(ratios)} rounds: " + ", ".join(f"{r:.2f}" for r in ratios) + ")"
+        )
+        if est_text:
+            figure += f"; {est_text}"
+        return _row(spec, figure, median >= 1 - limit)
+    if estimate is None:
+        return _row(spec, "neither audit rounds nor an estimate measured", None)
+    return _row(spec, f"{est_text}; no audit-off rounds in this run", estimate["share"] <= limit)
+
+
+def _cert_verify(spec: Spec, j: Judged) -> Row | None:
+    """Issue 39: verification throughput per core recorded (no bound: met when both
+    rates were measured). No row without the group."""
+    certs = _certs(j)
+    if certs is None:
+        return None
+    verify = certs.get("verify") or {}
+    check, prove = float(verify.get("check_per_s", 0)), float(verify.get("prove_per_s", 0))
+    if check <= 0 or prove <= 0:
+        return _row(spec, "not measured", False if "verify" in certs else None)
+    return _row(spec, f"Verifier.check {check:,.0f}/s, HolderKey.prove {prove:,.0f}/s", True)
+
+
 def _not_measured(spec: Spec, j: Judged) -> Row | None:
     """A target the benchmark cannot judge yet: an n/a row with ``figure`` as its
     text, shown only when the result has the ``section`` the target belongs to."""
@@ -476,6 +555,10 @@ EVALUATORS: dict[str, Evaluator] = {
     "p50": _p50,
     "task_memory": _task_memory,
     "scale": _scale,
+    # Issue 39: lease certificates and the audit trail (workloads/certs.py).
+    "cert_signing": _cert_signing,
+    "audit_cost": _audit_cost,
+    "cert_verify": _cert_verify,
     # Issue 16: raftlease beside etcd and ZooKeeper (anchors/table.py).
     **anchors_table.EVALUATORS,
 }

@@ -5,7 +5,8 @@ No timed assertions: the figures depend on the machine. This only checks that
 phase in both modes included) and reports a positive figure for each, that
 ``scripts/bench --render`` turns the saved JSON back into the same Markdown
 (tests/unit/test_bench_report.py covers the renderer alone), and that the durability phase
-runs alone in one mode, and the security phase (not in the quick profile) alone.
+runs alone in one mode, and the security phase (not in the quick profile) alone. The
+certs group (issue 39) is checked on the quick run.
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ def test_quick_profile_writes_json_and_markdown(tmp_path: Path) -> None:
     assert result["targets"], "targets were not evaluated"
     assert {"target", "figure", "met"} <= set(result["targets"][0])
     _check_task_queue_phase(result, markdown.read_text())
+    _check_certs_group(result, markdown.read_text())
 
     # The saved JSON renders again, without a cluster, to the same Markdown; judged
     # again from the targets file, it gets the same targets.
@@ -179,6 +181,33 @@ def _check_task_queue_phase(result: dict[str, Any], markdown: str) -> None:
     assert issue12[2]["met"] is None  # 2,000 tasks: not the 100,000 the target names
     assert "| task end-to-end | 16 threads |" in markdown
     assert "## Memory with queued tasks" in markdown
+
+
+def _check_certs_group(result: dict[str, Any], markdown: str) -> None:
+    """The certs group of a quick run (issue 39): two signing rounds on the main
+    cluster, plain and certified 1-thread acquire in ABBA order, every certified
+    answer with its certificate; the state machine with and without the audit trail;
+    verification per core; no audit-off clusters (the full profile's), so the audit
+    target is judged on the estimate; the three issue-39 rows judged and the report's
+    section. (Checked on the quick run, ~3 s of it: a run of its own would cost CI a
+    cluster start and the bench's imports.)"""
+    certs = result["certs"]
+    rounds = certs["signing"]["rounds"]
+    assert [r["order"] for r in rounds] == [["plain", "certified"], ["certified", "plain"]]
+    for pair in rounds:
+        for arm in ("plain", "certified"):
+            entry = pair[arm]["workloads"]["acquire"]["1 thread"]
+            assert entry["primary"]["value"] > 0 and entry["errors"] == 0, (arm, entry)
+            assert entry["p50_ms"] > 0 and entry["p99_ms"] >= entry["p50_ms"]
+    assert certs["apply"]["without_audit_us"] > 0 and certs["apply"]["with_audit_us"] > 0
+    assert certs["verify"]["check_per_s"] > 0 and certs["verify"]["prove_per_s"] > 0
+    assert "audit_rounds" not in certs and "certs" not in result["workloads"]
+    issue39 = [t for t in result["targets"] if t.get("issue") == 39]
+    assert len(issue39) == 3, issue39
+    assert issue39[0]["met"] in (True, False) and issue39[1]["met"] in (True, False), issue39
+    assert issue39[1]["figure"].startswith("estimate ") and issue39[2]["met"] is True
+    assert "## Lease certificates and the audit trail: their cost" in markdown
+    assert "| 2 | certified then plain |" in markdown
 
 
 def test_security_phase_alone(tmp_path: Path) -> None:

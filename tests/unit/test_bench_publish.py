@@ -2,7 +2,7 @@
 
 Without a cluster: the blocks rendered from a hand-made result, the marker
 replacement, the errors that keep a stale figure from passing unnoticed, and that
-README.md and docs/performance.md carry every block's markers.
+README.md, docs/performance.md and docs/certificates.md carry every block's markers.
 """
 
 from __future__ import annotations
@@ -102,7 +102,9 @@ def _blocks(tmp_path: Path) -> tuple[publish.Block, ...]:
         "<!-- bench:anchors-run:start -->\nold\nold\n<!-- bench:anchors-run:end -->\n"
         "<!-- bench:security-run:start -->\n<!-- bench:security-run:end -->\nend\n"
     )
-    paths = {"README.md": readme, "performance.md": perf}
+    certs = tmp_path / "certificates.md"
+    certs.write_text("<!-- bench:certs-run:start -->\n<!-- bench:certs-run:end -->\n")
+    paths = {"README.md": readme, "performance.md": perf, "certificates.md": certs}
     return tuple(publish.Block(paths[b.path.name], b.name, b.render) for b in publish.BLOCKS)
 
 
@@ -145,6 +147,21 @@ def test_security_blocks_and_several_results(
     publish.publish([("a.json", anchored), ("s.json", secured)], blocks, root=tmp_path)
     assert (tmp_path / "README.md").read_text() == readme
     assert (tmp_path / "performance.md").read_text() == perf
+
+
+def test_an_anchors_phase_that_measured_nothing_publishes_nothing(
+    tmp_path: Path, anchored: dict[str, Any]
+) -> None:
+    """``--only certs`` in the full profile still runs the anchors phase, which then
+    measures no workload: its empty table must not replace the published one."""
+    blocks = _blocks(tmp_path)
+    before = (tmp_path / "README.md").read_text()
+    empty = copy.deepcopy(anchored)
+    empty["workloads"] = {}
+    empty["anchors"]["systems"]["etcd"]["workloads"] = {}
+    with pytest.raises(publish.PublishError, match=r"empty\.json has no section"):
+        publish.publish([("empty.json", empty)], blocks, root=tmp_path)
+    assert (tmp_path / "README.md").read_text() == before
 
 
 def test_a_result_that_feeds_nothing_is_an_error(tmp_path: Path, anchored: dict[str, Any]) -> None:

@@ -4,6 +4,10 @@
   reads, each with 1 thread, N threads on one Client, and an AsyncClient;
 - ``durability``: acquire and renew again, on one cluster per durability mode
   ("fsync", "none"), with a probe of the storage's sync latency;
+- ``certs``: what lease certificates and the audit trail cost (issue 39): 1-thread
+  acquire without and with a holder key in alternating rounds, the state machine with
+  and without the trail, an audit-off test build against the default, verification
+  per core;
 - ``handoff``: contended handoff of one lock between N clients, with fairness;
 - ``failover``: SIGKILL of the leader while a client loops acquire/release;
 - ``memory``: RSS with many live leases, then the snapshot stall on that cluster;
