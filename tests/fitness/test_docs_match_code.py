@@ -368,17 +368,19 @@ def test_the_http_status_table_lists_every_code_under_its_status() -> None:
     assert not problems, "\n".join(problems)
 
 
-def test_the_readme_lists_every_code_a_client_can_see() -> None:
-    text = README.read_text()
+@pytest.mark.parametrize("doc", ["README.md", "docs/usage.md"])
+def test_the_readme_lists_every_code_a_client_can_see(doc: str) -> None:
+    """README.md and docs/usage.md each list the codes in their **Errors** bullet."""
+    text = (README.parent / doc).read_text()
     found = re.search(r"\*\*Errors\*\*.*?Codes:(.*?)\.\s", text, re.DOTALL)
-    assert found, "README.md: the **Errors** bullet has no 'Codes: ...' list"
+    assert found, f"{doc}: the **Errors** bullet has no 'Codes: ...' list"
     listed = set(CODE_SPAN.findall(found.group(1)))
     # ConfigError (CONFIG) is raised where a configuration is loaded, never answered
     # over the client protocol, so the client's list leaves it out.
     expected = CODES - {ConfigError.code}
-    problems = [f"README.md: the Errors codes list lacks {c}" for c in sorted(expected - listed)]
+    problems = [f"{doc}: the Errors codes list lacks {c}" for c in sorted(expected - listed)]
     problems += [
-        f"README.md: the Errors codes list has {c}, which is not a wire code"
+        f"{doc}: the Errors codes list has {c}, which is not a wire code"
         for c in sorted(listed - CODES)
     ]
     assert not problems, "\n".join(problems)
