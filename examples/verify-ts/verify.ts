@@ -10,9 +10,9 @@
 // runtime dependency. Everything here is synchronous and nothing blocks; JavaScript
 // runs one check at a time, so a check and the fence it raises are one step.
 //
-// One deliberate difference from the Python verifier: base64url is decoded strictly
-// (RFC 4648 §5, the documented format): a certificate or proof with a character
-// outside A-Z a-z 0-9 - _ is refused, where Python's decoder skips such characters.
+// base64url is decoded strictly (RFC 4648 §5, the documented format), as the Python
+// verifier does: a certificate or proof with a character outside A-Z a-z 0-9 - _ is
+// refused.
 
 import { createPublicKey, createHash, randomBytes, verify as edVerify, KeyObject } from "crypto";
 import { decode, Value } from "./msgpack";
