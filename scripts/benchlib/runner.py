@@ -164,12 +164,21 @@ def run(
     SIGINT is set here too, not left to Python's default: a bench started as a
     background job inherits SIGINT ignored, and Ctrl-C must still stop it.
     ``argv`` (the bench's arguments) is kept in meta so a published figure names
-    the command that measured it."""
+    the command that measured it.
+
+    Returns 0, or 130 when a SIGINT came even if its ``KeyboardInterrupt`` never
+    reached this frame: Python runs a signal handler in whatever frame the main
+    thread is executing, and one raised inside a finalizer (``__del__`` of a
+    garbage-collected event loop or socket, run at any allocation) is printed as
+    "Exception ignored" and lost; the run then goes on to its end, bounded by
+    ``max_seconds``, and must not look like a clean one."""
+    interrupted: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGALRM:
             raise BenchTimeout(f"benchmark exceeded {profile.max_seconds:.0f} s")
         if signum == signal.SIGINT:
+            interrupted.append(signum)
             raise KeyboardInterrupt
         raise BenchTimeout(f"stopped by signal {signal.Signals(signum).name}")
 
@@ -183,4 +192,7 @@ def run(
         run_all(ctx, code)
     finally:
         signal.alarm(0)
+    if interrupted:
+        progress("interrupted (SIGINT): the run did not finish as asked")
+        return 130
     return 0

@@ -112,12 +112,15 @@ def test_interrupted_scale_phase_stops_every_process(tmp_path: Path) -> None:
         assert agent_pids, "".join(seen[-30:])
         node_pids = _node_pids(proc.pid, agent_pids)
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=60)
+        _, rest = proc.communicate(timeout=60)
+        seen.append(rest)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
-    assert proc.returncode != 0  # interrupted, not a clean run
+    # Interrupted, not a clean run: 130 also when the KeyboardInterrupt was lost in a
+    # finalizer (benchlib/runner.py), or killed by the default SIGINT disposition.
+    assert proc.returncode != 0, "".join(seen)[-4000:]
     assert not _gone(agent_pids, 15.0), "agent processes left running"
     assert not _gone(node_pids, 15.0), "node processes left running"
 
