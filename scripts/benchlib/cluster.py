@@ -13,10 +13,13 @@ import os
 import re
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from raftlease.testing import LocalCluster, wait_for
+
+from .context import BenchTimeout, Context, progress
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MIB = 1024 * 1024
@@ -198,3 +201,24 @@ def save_failure_logs(out: Path, name: str, cluster: LocalCluster) -> Path:
     path = logs / f"{name.replace(' ', '_')}.log"
     path.write_text("\n".join(detail))
     return path
+
+
+@contextlib.contextmanager
+def failure_recorded(
+    ctx: Context, name: str, record: dict[str, Any], cluster: LocalCluster
+) -> Iterator[None]:
+    """Around the work of one cluster of a phase (``name``): an exception other than
+    ``BenchTimeout`` or ``KeyboardInterrupt`` is recorded in ``record["error"]``, with
+    the nodes' logs saved (``save_failure_logs``), and the phase goes on; either way
+    the cluster's log alerts are kept in the result's ``node_log_alerts``."""
+    try:
+        yield
+    except (BenchTimeout, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        progress(f"{name}: FAILED: {record['error']}")
+        path = save_failure_logs(ctx.out, name, cluster)
+        progress(f"{name}: node logs saved in {path.parent}")
+    finally:
+        ctx.result.setdefault("node_log_alerts", {})[name] = log_alerts(cluster)

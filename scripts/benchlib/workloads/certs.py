@@ -38,8 +38,8 @@ from raftlease.testing import LocalCluster
 from raftlease.verify import HolderKey
 
 from ..certcost import apply_costs, certified_acquire, verify_rates
-from ..cluster import log_alerts, save_failure_logs
-from ..context import TTL_FRESH, BenchTimeout, Context, progress
+from ..cluster import failure_recorded
+from ..context import TTL_FRESH, Context, progress
 from ..measure import Run, SyncOp, Variant, measure, run_threads
 from . import throughput
 
@@ -180,19 +180,9 @@ def audit_arm(ctx: Context, arm: str, record: dict[str, Any], mode: str, name: s
     record["settings"] = dict(hooks)
     cluster = LocalCluster(3, hooks=hooks)
     progress(f"{name}: starting a 3-node cluster (test build, no_audit={hooks['no_audit']})")
-    with cluster:
-        try:
-            cluster.start()
-            time.sleep(0.5)
-            scoped = ctx.scoped(record["workloads"], f"{name}: ")
-            with cluster.client() as client:
-                throughput.acquire(scoped, cluster, client, only=(mode,))
-        except (BenchTimeout, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            record["error"] = f"{type(exc).__name__}: {exc}"
-            progress(f"{name}: FAILED: {record['error']}")
-            path = save_failure_logs(ctx.out, name, cluster)
-            progress(f"{name}: node logs saved in {path.parent}")
-        finally:
-            ctx.result.setdefault("node_log_alerts", {})[name] = log_alerts(cluster)
+    with cluster, failure_recorded(ctx, name, record, cluster):
+        cluster.start()
+        time.sleep(0.5)
+        scoped = ctx.scoped(record["workloads"], f"{name}: ")
+        with cluster.client() as client:
+            throughput.acquire(scoped, cluster, client, only=(mode,))

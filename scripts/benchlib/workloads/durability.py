@@ -29,7 +29,7 @@ from raftlease.config import NodeConfig
 from raftlease.replication.durable import DurableJournal
 from raftlease.testing import LocalCluster
 
-from ..cluster import log_alerts, node_rss, save_failure_logs
+from ..cluster import failure_recorded, node_rss, save_failure_logs
 from ..context import DURABILITY_GROUPS, BenchTimeout, Context, progress
 from ..measure import percentile
 from ..raw import PAYLOAD_BYTES
@@ -114,31 +114,24 @@ def one_mode(ctx: Context, mode: str, record: dict[str, Any]) -> None:
     """One durability mode on its own cluster; fills ``record`` (see the module doc)."""
     name = f"durability {mode}"
     progress(f"{name}: starting a 3-node cluster (NodeConfig defaults, durability = {mode!r})")
-    with LocalCluster(3, settings=dict(record["settings"])) as cluster:
-        try:
-            cluster.start()
-            time.sleep(0.5)
-            record["idle_rss_mib"] = {
-                node: mem.get("VmRSS", 0.0) for node, mem in node_rss(cluster).items()
-            }
-            record["reported"] = {
-                str(s.get("node")): {k: v for k, v in s.items() if "durab" in k}
-                for s in cluster.statuses()
-                if s.get("reachable")
-            }
-            scoped = ctx.scoped(record["workloads"], f"{name}: ")
-            with cluster.client() as client:
-                for group in DURABILITY_GROUPS:
-                    _group(scoped, name, group, cluster, client)
-        except (BenchTimeout, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            record["error"] = f"{type(exc).__name__}: {exc}"
-            progress(f"{name}: FAILED: {record['error']}")
-            path = save_failure_logs(ctx.out, name, cluster)
-            progress(f"{name}: node logs saved in {path.parent}")
-        finally:
-            ctx.result.setdefault("node_log_alerts", {})[name] = log_alerts(cluster)
+    with (
+        LocalCluster(3, settings=dict(record["settings"])) as cluster,
+        failure_recorded(ctx, name, record, cluster),
+    ):
+        cluster.start()
+        time.sleep(0.5)
+        record["idle_rss_mib"] = {
+            node: mem.get("VmRSS", 0.0) for node, mem in node_rss(cluster).items()
+        }
+        record["reported"] = {
+            str(s.get("node")): {k: v for k, v in s.items() if "durab" in k}
+            for s in cluster.statuses()
+            if s.get("reachable")
+        }
+        scoped = ctx.scoped(record["workloads"], f"{name}: ")
+        with cluster.client() as client:
+            for group in DURABILITY_GROUPS:
+                _group(scoped, name, group, cluster, client)
 
 
 def _group(ctx: Context, name: str, group: str, cluster: LocalCluster, client: Client) -> None:

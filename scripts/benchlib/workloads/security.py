@@ -47,7 +47,7 @@ from raftlease.server.auth import token_digest
 from raftlease.testing import LocalCluster
 from raftlease.testing.certs import ClusterCerts, secure_bundle
 
-from ..cluster import log_alerts, save_failure_logs
+from ..cluster import failure_recorded, save_failure_logs
 from ..context import TTL_FRESH, BenchTimeout, Context, progress
 from ..measure import percentile
 from ..raw import PAYLOAD_BYTES
@@ -210,34 +210,24 @@ def one_mode(
     else:
         cluster, record["settings"] = LocalCluster(3), {}
     progress(f"{name}: starting a 3-node cluster ({record['settings'] or 'NodeConfig defaults'})")
-    with cluster:
-        try:
-            cluster.start()
-            time.sleep(0.5)
-            if isinstance(cluster, _TokenCluster):
-                record["probes"] = probes(cluster)
-                progress(f"{name}: probes: {record['probes']}")
-            scoped = ctx.scoped(record["workloads"], f"{name}: ")
-            with cluster.client() as client:
-                for group in GROUPS:
-                    try:
-                        throughput.acquire(scoped, cluster, client, only=only)
-                    except (BenchTimeout, KeyboardInterrupt):
-                        raise
-                    except Exception as exc:
-                        message = f"{type(exc).__name__}: {exc}"
-                        scoped.workloads.setdefault(group, {})["error"] = message
-                        progress(f"{name}: {group}: FAILED: {message}")
-                        save_failure_logs(ctx.out, f"{name} {group}", cluster)
-        except (BenchTimeout, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            record["error"] = f"{type(exc).__name__}: {exc}"
-            progress(f"{name}: FAILED: {record['error']}")
-            path = save_failure_logs(ctx.out, name, cluster)
-            progress(f"{name}: node logs saved in {path.parent}")
-        finally:
-            ctx.result.setdefault("node_log_alerts", {})[name] = log_alerts(cluster)
+    with cluster, failure_recorded(ctx, name, record, cluster):
+        cluster.start()
+        time.sleep(0.5)
+        if isinstance(cluster, _TokenCluster):
+            record["probes"] = probes(cluster)
+            progress(f"{name}: probes: {record['probes']}")
+        scoped = ctx.scoped(record["workloads"], f"{name}: ")
+        with cluster.client() as client:
+            for group in GROUPS:
+                try:
+                    throughput.acquire(scoped, cluster, client, only=only)
+                except (BenchTimeout, KeyboardInterrupt):
+                    raise
+                except Exception as exc:
+                    message = f"{type(exc).__name__}: {exc}"
+                    scoped.workloads.setdefault(group, {})["error"] = message
+                    progress(f"{name}: {group}: FAILED: {message}")
+                    save_failure_logs(ctx.out, f"{name} {group}", cluster)
 
 
 def probes(cluster: _TokenCluster) -> dict[str, str]:
