@@ -118,6 +118,13 @@ def utf8_size(value: str) -> int:
         return 2**63
 
 
+def utf8_prefix(value: str, max_bytes: int) -> str:
+    """The longest prefix of ``value`` whose UTF-8 encoding is at most ``max_bytes``:
+    cut at a character boundary (a limit in bytes, as the wire checks it, not in
+    characters: 256 characters of CJK text are 768 bytes)."""
+    return value.encode("utf-8")[:max_bytes].decode("utf-8", "ignore")
+
+
 def valid_str(value: Any, max_bytes: int) -> bool:
     return isinstance(value, str) and len(value) > 0 and utf8_size(value) <= max_bytes
 

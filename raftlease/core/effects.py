@@ -30,7 +30,7 @@ from ..limits import (
     MAX_EFFECT_RESULT_BYTES,
     MAX_TASK_EFFECTS,
 )
-from .checks import utf8_size, valid_str
+from .checks import utf8_prefix, utf8_size, valid_str
 from .records import Result, error
 from .task_records import Attempt, TaskRecord
 
@@ -110,7 +110,7 @@ def begin_in(
         # The key defaults to one derived from the owner and effect: stable across
         # attempts (holders), so a provider that honours idempotency keys
         # deduplicates retries.
-        key = key or f"{name}:{eid}"[:MAX_EFFECT_KEY_BYTES]
+        key = key or utf8_prefix(f"{name}:{eid}", MAX_EFFECT_KEY_BYTES)
         journal[eid] = [eid, BEGUN, token, number, key, None]
         return {"ok": True, "state": "new", "effect": eid, "key": key, "token": token}
     if row[1] == COMMITTED:

@@ -20,7 +20,7 @@ import pytest
 from raftlease import errors
 from raftlease.core import LeaseStore
 from raftlease.core import lease_effects as lease_effects_module
-from raftlease.limits import LEASE_EFFECT_RETENTION_MS, MAX_KEY_EFFECTS
+from raftlease.limits import LEASE_EFFECT_RETENTION_MS, MAX_EFFECT_KEY_BYTES, MAX_KEY_EFFECTS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,6 +89,17 @@ def test_the_default_idempotency_key_is_the_lease_key_and_effect() -> None:
     store = LeaseStore()
     ok(store.apply(acquire(0, "A", key="order-17")))
     assert ok(store.apply(begin(10, "A", key="order-17")))["key"] == "order-17:charge"
+
+
+def test_a_long_default_idempotency_key_is_cut_to_its_limit_in_bytes() -> None:
+    """A key of multi-byte characters: the derived key keeps at most
+    MAX_EFFECT_KEY_BYTES UTF-8 bytes (not characters), cut at a character boundary."""
+    store = LeaseStore()
+    name = "任" * 300  # 3 bytes each
+    ok(store.apply(acquire(0, "A", key=name[:200])))
+    derived = ok(store.apply(begin(10, "A", key=name[:200])))["key"]
+    assert derived == "任" * (MAX_EFFECT_KEY_BYTES // 3)
+    assert len(derived.encode()) <= MAX_EFFECT_KEY_BYTES
 
 
 def test_an_ended_lease_may_neither_begin_nor_commit() -> None:
