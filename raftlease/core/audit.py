@@ -29,8 +29,12 @@ from typing import Any
 from ..limits import MAX_AUDIT_RECORDS
 
 #: Refusals the state machine decides that go to the refusal ring (``LeaseStore.
-#: audit_refusals``, docs/audit.md "Refusals"): someone acted on what was not theirs.
-REFUSAL_CODES = frozenset({"NOT_OWNER", "STALE_ATTEMPT", "PERMISSION_DENIED"})
+#: audit_refusals``, docs/audit.md "Refusals"): someone acted on what was not theirs
+#: (``HOLDER_KEY_MISMATCH``: a renewal or heartbeat that would have a certificate bind a
+#: key other than the one bound at the grant).
+REFUSAL_CODES = frozenset(
+    {"NOT_OWNER", "STALE_ATTEMPT", "PERMISSION_DENIED", "HOLDER_KEY_MISMATCH"}
+)
 
 ZERO = "00" * 32
 

@@ -39,10 +39,26 @@ def renew(now: int, lid: str, key: str = "k", **fields: Any) -> Entry:
 
 
 def observable(store: LeaseStore) -> Any:
-    """The state a renewal could change (the dedup table records every answer, and
-    every entry moves log time and the applied count)."""
+    """The state a renewal could change (the dedup table records every answer, every
+    entry moves log time and the applied count, and a refusal is recorded in the audit
+    refusal ring: test_a_mismatch_is_recorded_as_a_refusal)."""
     plain = store.to_plain()
-    return {k: v for k, v in plain.items() if k not in ("sessions", "now", "applied")}
+    skip = ("sessions", "now", "applied", "audit_refusals")
+    return {k: v for k, v in plain.items() if k not in skip}
+
+
+def test_a_mismatch_is_recorded_as_a_refusal() -> None:
+    """docs/audit.md "Refusals": the refused renewal is in the refusal ring, with the
+    key and the requester (the lease's own principal: another one is refused
+    PERMISSION_DENIED first); the ownership trail has no record of it."""
+    store = LeaseStore()
+    store.apply(acquire(10, "L1", holder_key=KEY_A, principal="alice"))
+    trail = list(store.audit.records)
+    refused = store.apply(renew(20, "L1", holder_key=KEY_B, principal="alice"))
+    assert refused["code"] == "HOLDER_KEY_MISMATCH"
+    (record,) = store.audit_refusals.records
+    assert (record[2], record[3], record[7]) == ("holder_key_mismatch", "k", "alice")
+    assert list(store.audit.records) == trail
 
 
 def test_the_key_named_at_the_grant_is_stored_and_only_it_renews_with_a_key() -> None:
