@@ -139,7 +139,10 @@ def run_all(ctx: Context, code: dict[str, str]) -> None:
             # each anchor isolates its own failures and stops its servers by pid.
             from .anchors import run as anchors_run
 
-            anchors_run.anchors(ctx, list(p.anchors))
+            if any(ctx.wanted(g) for g in anchors_run.ANCHOR_GROUPS):
+                anchors_run.anchors(ctx, list(p.anchors))
+            else:
+                progress("anchors: not started (--only names none of the groups they measure)")
         # The rest of the certs group: in this process while no cluster runs, then
         # the audit rounds' own clusters (workloads/certs.py).
         guarded(ctx, "certs", lambda: certs.costs(ctx))

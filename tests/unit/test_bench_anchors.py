@@ -184,6 +184,35 @@ def test_anchors_option() -> None:
         wanted_anchors("etcd,consul", quick=False)
 
 
+@pytest.mark.parametrize(("only", "started"), [({"certs"}, False), ({"release"}, True)])
+def test_anchors_start_only_for_a_group_they_measure(
+    only: set[str], started: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--only certs`` with anchors in the profile starts no etcd or ZooKeeper (the
+    phase would measure nothing); ``--only release`` does. The phases are stubbed:
+    only the runner's choice is under test."""
+    import dataclasses
+
+    from benchlib import runner
+    from benchlib.anchors import run as anchors_run
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(runner, "guarded", lambda *a, **k: True)
+    monkeypatch.setattr(runner, "main_cluster", lambda ctx: None)
+    monkeypatch.setattr(anchors_run, "anchors", lambda ctx, names: calls.append(names))
+    profile = dataclasses.replace(context.QUICK, anchors=("etcd",))
+    ctx = context.Context(profile, tmp_path, only)
+    runner.run_all(ctx, {})
+    assert calls == ([["etcd"]] if started else [])
+
+
+def test_anchor_groups_are_the_groups_the_anchors_measure() -> None:
+    from benchlib.anchors import run as anchors_run
+
+    assert set(anchors_run.ANCHOR_GROUPS) <= set(context.MAIN_GROUPS)
+    assert "certs" not in anchors_run.ANCHOR_GROUPS
+
+
 def test_bench_refuses_an_unknown_anchor() -> None:
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--anchors", "consul"],

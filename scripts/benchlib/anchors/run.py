@@ -77,6 +77,11 @@ def version(name: str) -> str:
         return "?"
 
 
+#: The groups the anchors measure: with ``--only`` naming none of them, the phase is
+#: not run (starting etcd and ZooKeeper would measure nothing).
+ANCHOR_GROUPS = ("acquire", "renew", "release", "holder", "handoff", "failover")
+
+
 def anchors(ctx: Context, names: list[str]) -> None:
     """The whole phase (see the module docstring)."""
     section: dict[str, Any] = {"requested": names, "skipped": {}, "systems": {}}
