@@ -13,13 +13,13 @@ import os
 import re
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from raftlease.testing import LocalCluster, wait_for
 
-from .context import BenchTimeout, Context, progress
+from .context import BenchTimeout, Context, isolated, progress
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MIB = 1024 * 1024
@@ -222,3 +222,18 @@ def failure_recorded(
         progress(f"{name}: node logs saved in {path.parent}")
     finally:
         ctx.result.setdefault("node_log_alerts", {})[name] = log_alerts(cluster)
+
+
+def group_recorded(
+    ctx: Context, name: str, group: str, cluster: LocalCluster, fn: Callable[[], None]
+) -> None:
+    """One workload ``group`` of a phase's cluster (``name``), isolated
+    (``context.isolated``: recorded under the group in ``ctx.workloads``), with the
+    nodes' logs saved when it fails."""
+    isolated(
+        ctx.workloads,
+        f"{name}: ",
+        group,
+        fn,
+        lambda: save_failure_logs(ctx.out, f"{name} {group}", cluster),
+    )

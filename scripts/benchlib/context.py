@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,6 +74,32 @@ def progress(message: str) -> None:
     """One progress line on stderr, stamped with the seconds since the run started.
     Called from the main thread and from workload threads (one ``print`` each)."""
     print(f"[{time.monotonic() - T0:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+def isolated(
+    workloads: dict[str, Any],
+    label: str,
+    group: str,
+    fn: Callable[[], None],
+    on_failure: Callable[[], object] | None = None,
+) -> bool:
+    """Run one workload ``group`` so that its failure does not end the run: an
+    exception other than ``BenchTimeout`` or ``KeyboardInterrupt`` is recorded as
+    ``workloads[group]["error"]`` (the modes measured before it are kept), shown on
+    stderr after ``label``, and ``on_failure`` is called (to save the nodes' logs).
+    Returns True if ``fn`` returned. Main thread; blocks while ``fn`` runs."""
+    try:
+        fn()
+        return True
+    except (BenchTimeout, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        workloads.setdefault(group, {})["error"] = message
+        progress(f"{label}{group}: FAILED: {message}")
+        if on_failure is not None:
+            on_failure()
+        return False
 
 
 def fmt(value: float | None, spec: str) -> str:

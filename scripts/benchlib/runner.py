@@ -25,6 +25,7 @@ from .context import (
     BenchTimeout,
     Context,
     Profile,
+    isolated,
     loadavg,
     progress,
     run_meta,
@@ -66,19 +67,13 @@ def guarded(
     success or when the group was not wanted."""
     if not ctx.wanted(group):
         return True
-    try:
-        fn()
-        return True
-    except (BenchTimeout, KeyboardInterrupt):
-        raise
-    except Exception as exc:
-        message = f"{type(exc).__name__}: {exc}"
-        progress(f"{group}: FAILED: {message}")
-        ctx.workloads.setdefault(group, {})["error"] = message
+
+    def save_logs() -> None:
         if cluster is not None:
             path = save_failure_logs(ctx.out, group, cluster)
             progress(f"{group}: node logs saved in {path.parent}")
-        return False
+
+    return isolated(ctx.workloads, "", group, fn, save_logs)
 
 
 def main_cluster(ctx: Context) -> None:

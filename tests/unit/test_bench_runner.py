@@ -74,3 +74,32 @@ def test_an_interrupt_that_propagates_still_propagates(tmp_path: Path) -> None:
 def test_a_run_without_a_signal_ends_with_0(tmp_path: Path) -> None:
     done = _run("none", tmp_path)
     assert "status 0" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.timeout(30)
+def test_a_failed_group_is_recorded_and_the_run_goes_on() -> None:
+    """``context.isolated``: an exception is recorded under its group (what was measured
+    before it kept) and ``on_failure`` runs; BenchTimeout and KeyboardInterrupt end the
+    run."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from benchlib.context import BenchTimeout, isolated
+
+    workloads: dict[str, dict[str, object]] = {"acquire": {"1 thread": 1}}
+    saved: list[bool] = []
+
+    def fail() -> None:
+        raise RuntimeError("no leader")
+
+    assert isolated(workloads, "x: ", "acquire", fail, lambda: saved.append(True)) is False
+    assert workloads["acquire"] == {"1 thread": 1, "error": "RuntimeError: no leader"}
+    assert saved == [True]
+    assert isolated(workloads, "x: ", "renew", lambda: None) is True
+    assert "renew" not in workloads
+    for stop in (BenchTimeout("limit"), KeyboardInterrupt()):
+
+        def end(exc: BaseException = stop) -> None:
+            raise exc
+
+        with pytest.raises(type(stop)):
+            isolated(workloads, "x: ", "release", end)
+    assert "release" not in workloads

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..context import BenchTimeout, Context, fmt, progress
+from ..context import BenchTimeout, Context, fmt, isolated, progress
 from ..measure import spread
 from . import etcd, zookeeper
 from .common import (
@@ -182,14 +182,7 @@ class Workloads:
         return key if self.is_etcd else "/" + key
 
     def guarded(self, group: str, fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except (BenchTimeout, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            message = f"{type(exc).__name__}: {exc}"
-            self.out.setdefault(group, {})["error"] = message
-            progress(f"anchors: {self.name} {group}: FAILED: {message}")
+        isolated(self.out, f"anchors: {self.name} ", group, fn)
 
     def run(self) -> None:
         p = self.ctx.profile

@@ -16,6 +16,7 @@ durability, if anything) and ``error`` when the cluster itself failed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import mmap
 import os
 import tempfile
@@ -29,8 +30,8 @@ from raftlease.config import NodeConfig
 from raftlease.replication.durable import DurableJournal
 from raftlease.testing import LocalCluster
 
-from ..cluster import failure_recorded, node_rss, save_failure_logs
-from ..context import DURABILITY_GROUPS, BenchTimeout, Context, progress
+from ..cluster import failure_recorded, group_recorded, node_rss
+from ..context import DURABILITY_GROUPS, Context, progress
 from ..measure import percentile
 from ..raw import PAYLOAD_BYTES
 from . import throughput
@@ -131,21 +132,13 @@ def one_mode(ctx: Context, mode: str, record: dict[str, Any]) -> None:
         scoped = ctx.scoped(record["workloads"], f"{name}: ")
         with cluster.client() as client:
             for group in DURABILITY_GROUPS:
-                _group(scoped, name, group, cluster, client)
-
-
-def _group(ctx: Context, name: str, group: str, cluster: LocalCluster, client: Client) -> None:
-    """One workload of a mode; a failure is recorded under its group (the modes of it
-    measured before the failure are kept) and the next group runs."""
-    try:
-        WORKLOADS[group](ctx, cluster, client)
-    except (BenchTimeout, KeyboardInterrupt):
-        raise
-    except Exception as exc:
-        message = f"{type(exc).__name__}: {exc}"
-        ctx.workloads.setdefault(group, {})["error"] = message
-        progress(f"{name}: {group}: FAILED: {message}")
-        save_failure_logs(ctx.out, f"{name} {group}", cluster)
+                group_recorded(
+                    scoped,
+                    name,
+                    group,
+                    cluster,
+                    functools.partial(WORKLOADS[group], scoped, cluster, client),
+                )
 
 
 # ------------------------------------------------------------------ storage

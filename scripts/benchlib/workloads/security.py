@@ -47,8 +47,8 @@ from raftlease.server.auth import token_digest
 from raftlease.testing import LocalCluster
 from raftlease.testing.certs import ClusterCerts, secure_bundle
 
-from ..cluster import failure_recorded, save_failure_logs
-from ..context import TTL_FRESH, BenchTimeout, Context, progress
+from ..cluster import failure_recorded, group_recorded
+from ..context import TTL_FRESH, Context, progress
 from ..measure import percentile
 from ..raw import PAYLOAD_BYTES
 from . import durability, throughput
@@ -219,15 +219,13 @@ def one_mode(
         scoped = ctx.scoped(record["workloads"], f"{name}: ")
         with cluster.client() as client:
             for group in GROUPS:
-                try:
-                    throughput.acquire(scoped, cluster, client, only=only)
-                except (BenchTimeout, KeyboardInterrupt):
-                    raise
-                except Exception as exc:
-                    message = f"{type(exc).__name__}: {exc}"
-                    scoped.workloads.setdefault(group, {})["error"] = message
-                    progress(f"{name}: {group}: FAILED: {message}")
-                    save_failure_logs(ctx.out, f"{name} {group}", cluster)
+                group_recorded(
+                    scoped,
+                    name,
+                    group,
+                    cluster,
+                    lambda: throughput.acquire(scoped, cluster, client, only=only),
+                )
 
 
 def probes(cluster: _TokenCluster) -> dict[str, str]:
