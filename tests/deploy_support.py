@@ -419,6 +419,7 @@ PROBER = """
 import json, os, ssl, sys, time
 from raftlease.client import Client
 out, duration, period, most = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+prefix = sys.argv[5]
 tls = None
 if os.environ.get("RAFTLEASE_CA_FILE"):
     tls = ssl.create_default_context(cafile=os.environ["RAFTLEASE_CA_FILE"])
@@ -432,7 +433,7 @@ with Client(os.environ["RAFTLEASE_ENDPOINTS"], tls=tls, deadline=5.0, attempt_ti
             break
         t0 = time.time()
         try:
-            c.acquire(f"probe/{n}", owner="prober", ttl=30)
+            c.acquire(f"{prefix}/{n}", owner="prober", ttl=30)
             ok, err = True, ""
         except Exception as exc:
             ok, err = False, repr(exc)
@@ -452,14 +453,35 @@ class Prober:
     out: Path
     cwd: str
     proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
 
-    def start(self, duration: float = 240.0, period: float = 0.2) -> None:
+    def start(self, duration: float = 900.0, period: float = 0.2) -> None:
+        """Start the prober (bounded by ``duration`` seconds; the test's host network
+        kills it sooner at its end). ``duration`` outlasts any run of the test: a
+        prober that ended on its own would read as the cluster not serving."""
         self.out.touch()
-        argv = [PY, "-c", PROBER, str(self.out), str(duration), str(period), "5000"]
+        self.starts += 1  # a restarted prober's keys are new ones (the old stay held)
+        prefix = f"probe/{self.starts}"
+        argv = [PY, "-c", PROBER, str(self.out), str(duration), str(period), "5000", prefix]
         self.proc = self.host.popen(
             argv, env=self.env, cwd=self.cwd, stderr=self.out.with_suffix(".err")
         )
         wait_for(lambda: self.successes(time.time() - 600), 30, "the prober's first acquire")
+
+    def restart(self, env: dict[str, str]) -> None:
+        """Stop the prober (SIGTERM by pid, bounded wait) and start it again with
+        ``env`` (e.g. new endpoints), appending to the same records."""
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.env = env
+        since = time.time()
+        self.start()
+        wait_for(lambda: self.successes(since), 30, "the restarted prober's first acquire")
 
     def records(self) -> list[dict[str, Any]]:
         lines = self.out.read_text().splitlines()
@@ -470,9 +492,27 @@ class Prober:
         return [r["t1"] for r in self.records() if r["ok"] and since <= r["t1"] <= until]
 
     def wait_success(self, timeout: float, what: str) -> float:
-        """Wait for an acquire that completes from now on; its completion time."""
+        """Wait for an acquire that completes from now on; its completion time. Fails
+        at once if the prober has ended, and on a timeout with its last records."""
         now = time.time()
-        return wait_for(lambda: (self.successes(now) or [0.0])[-1], timeout, what)
+
+        def check() -> float:
+            assert self.proc is not None and self.proc.poll() is None, (
+                f"the prober ended (status {self.proc and self.proc.returncode}) "
+                f"before {what}: {self.tail()}"
+            )
+            return (self.successes(now) or [0.0])[-1]
+
+        try:
+            return wait_for(check, timeout, what)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; the prober's last tries: {self.tail()}") from None
+
+    def tail(self, count: int = 5) -> str:
+        """The prober's last ``count`` records and its stderr's end, for a failure."""
+        err = self.out.with_suffix(".err")
+        errors = err.read_text(errors="replace")[-1500:] if err.exists() else ""
+        return f"{self.records()[-count:]} stderr: {errors!r}"
 
     def longest_gap(self, since: float, until: float) -> float:
         """The longest time in [since, until] without a successful acquire."""
