@@ -578,3 +578,89 @@ def test_the_typescript_example_runs_against_a_cluster(
     assert f"renewed ts/0 token={token.group(1)}" in out.stdout and "released ts/0" in out.stdout
     status, read = call(follower_api(cluster), "GET", "/v1/leases/holder?key=ts/0")
     assert status == 200 and read["holder"] is None
+
+
+def _wait_in_thread(
+    api: str, path: str, body: dict[str, Any]
+) -> tuple[threading.Thread, dict[str, Any]]:
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        result["answer"] = call(api, "POST", path, body, timeout=60)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, result
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_grants_after_waiting_carry_certificates(cluster: LocalCluster) -> None:
+    """docs/certificates.md: a grant from a queue is made by another request's entry,
+    so the node renews it once (renew, session keep-alive, heartbeat) with the
+    request's holder_key and answers with its certificate, as the native client does:
+    a waited acquire, a waited set and a waited claim, each verified by a resource."""
+    from raftlease.verify import HolderKey, Verifier, parse
+    from tests.integration.test_certificates import cluster_keys
+
+    api = follower_api(cluster)
+    first, second = HolderKey(), HolderKey()
+    keys: dict[int, str] = {}
+
+    def verified(certificate: str, holder: HolderKey) -> None:
+        assert certificate and parse(certificate).holder == holder.public
+        keys.update(cluster_keys(cluster))  # the first is made for the first certificate
+        resource = Verifier(keys)
+        challenge = resource.challenge()
+        resource.check(certificate, holder.prove(certificate, challenge), challenge)
+
+    # One key.
+    body = {"key": "cw/1", "owner": "a", "ttl": 30, "holder_key": first.public_hex()}
+    status, held = call(api, "POST", "/v1/leases/acquire", body)
+    assert status == 200
+    verified(held["certificate"], first)
+    waited = {"key": "cw/1", "owner": "b", "ttl": 30, "wait": 30, "holder_key": second.public_hex()}
+    thread, result = _wait_in_thread(api, "/v1/leases/acquire", waited)
+    wait_for(lambda: _waiting(api, "cw/1") == 1, timeout=20, what="the acquire queued")
+    call(api, "POST", "/v1/leases/release", {"key": "cw/1", "lease_id": held["lease_id"]})
+    thread.join(40)
+    status, granted = result["answer"]
+    assert status == 200 and granted["owner"] == "b", granted
+    verified(granted["certificate"], second)
+    assert parse(granted["certificate"]).token == granted["token"] > held["token"]
+    call(api, "POST", "/v1/leases/release", {"key": "cw/1", "lease_id": granted["lease_id"]})
+
+    # A set of two keys, one of them held.
+    status, held = call(
+        api, "POST", "/v1/leases/acquire", {"key": "cw/s1", "owner": "a", "ttl": 30}
+    )
+    assert status == 200
+    many = {"keys": ["cw/s1", "cw/s2"], "owner": "b", "ttl": 30, "wait": 30}
+    thread, result = _wait_in_thread(
+        api, "/v1/leases/acquire-many", {**many, "holder_key": second.public_hex()}
+    )
+    wait_for(lambda: _waiting(api, "cw/s1") == 1, timeout=20, what="the set queued")
+    call(api, "POST", "/v1/leases/release", {"key": "cw/s1", "lease_id": held["lease_id"]})
+    thread.join(40)
+    status, granted = result["answer"]
+    assert status == 200 and len(granted["leases"]) == 2, granted
+    for lease in granted["leases"]:
+        verified(lease["certificate"], second)
+        assert parse(lease["certificate"]).key == lease["key"]
+
+    # A claim that waits for a task.
+    claim = {"queue": "cw-q", "worker": "w", "lease_ttl": 10, "wait": 30}
+    thread, result = _wait_in_thread(
+        api, "/v1/queues/claim", {**claim, "holder_key": second.public_hex()}
+    )
+    wait_for(
+        lambda: call(api, "GET", "/v1/queues/stats?queue=cw-q")[1]["stats"]["waiting_claims"] == 1,
+        timeout=20,
+        what="the claim waiting",
+    )
+    status, _ = call(api, "POST", "/v1/queues/put", {"queue": "cw-q", "payload": "job"})
+    assert status == 200
+    thread.join(40)
+    status, woken = result["answer"]
+    assert status == 200 and woken["claimed"] is True, woken
+    verified(woken["certificate"], second)

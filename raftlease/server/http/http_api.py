@@ -471,9 +471,7 @@ class HttpApi:
                 if status.get("state") in done:
                     break
         except BaseException:
-            task = asyncio.ensure_future(withdraw())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._withdraw_in_background(withdraw)
             raise
         return status
 
@@ -498,7 +496,26 @@ class HttpApi:
         )
         if status.get("state") == "held":
             remaining = (int(status["expires_at"]) - int(status["now"])) / 1000.0
-            return {**status, "key": key, "lease_id": lid, "remaining": remaining}
+            granted = {**status, "key": key, "lease_id": lid, "remaining": remaining}
+            holder = fields.get("holder_key")
+            if holder is None:
+                return granted
+            renewed = await self._certify(
+                "renew",
+                {"key": key, "lease_id": lid, "holder_key": holder},
+                caller,
+                lambda: self._withdraw(key, lid, caller),
+            )
+            if renewed is None:
+                return {**granted, "certificate": ""}
+            left = (int(renewed["expires_at"]) - int(renewed["now"])) / 1000.0
+            return {
+                **granted,
+                "expires_at": renewed["expires_at"],
+                "now": renewed["now"],
+                "remaining": left,
+                "certificate": str(renewed.get("certificate", "")),
+            }
         if status.get("state") == "refused":
             # Out of the queue to break a deadlock (docs/design.md §4e).
             raise DeadlockError(
@@ -530,7 +547,7 @@ class HttpApi:
             withdraw=lambda: self._withdraw_set(lid, caller),
         )
         if status.get("state") == "held":
-            return {
+            granted = {
                 "state": "held",
                 "lease_id": lid,
                 "session": lid,
@@ -540,6 +557,34 @@ class HttpApi:
                 "leases": status.get("set", []),
                 "now": status["now"],
             }
+            holder = fields.get("holder_key")
+            if holder is None:
+                return granted
+            kept = await self._certify(
+                "session_keepalive",
+                {"session_id": lid, "holder_key": holder},
+                caller,
+                lambda: self._withdraw_set(lid, caller),
+            )
+            signed = {
+                (str(c.get("key")), c.get("token")): str(c.get("certificate", ""))
+                for c in (kept or {}).get("certificates", ())
+                if isinstance(c, dict)
+            }
+            leases = [
+                {**one, "certificate": signed.get((str(one.get("key")), one.get("token")), "")}
+                if isinstance(one, dict)
+                else one
+                for one in granted["leases"]
+            ]
+            if kept is None:
+                return {**granted, "leases": leases}
+            return {
+                **granted,
+                "expires_at": kept["expires_at"],
+                "now": kept["now"],
+                "leases": leases,
+            }
         if status.get("state") == "refused":  # out of every queue (docs/design.md §4e)
             raise DeadlockError(
                 str(status.get("message", "deadlock")),
@@ -547,6 +592,37 @@ class HttpApi:
             )
         await self._withdraw_set(lid, caller)
         raise LeaseHeldError("the set was not granted within the wait", {"keys": keys})
+
+    def _withdraw_in_background(self, withdraw: Callable[[], Awaitable[object]]) -> None:
+        """Run ``withdraw()`` in a task of its own, which the cancellation of the
+        request being withdrawn cannot stop (kept in ``_tasks`` until it ends)."""
+        task = asyncio.ensure_future(withdraw())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _certify(
+        self,
+        op: str,
+        args: dict[str, Any],
+        caller: Caller,
+        withdraw: Callable[[], Awaitable[object]],
+    ) -> dict[str, Any] | None:
+        """A grant from a queue was made by another request's entry (a release's
+        handoff), so no certificate came with it: with the request's ``holder_key``,
+        one renewal (``op``: renew, session_keepalive or task_heartbeat) brings it, as
+        the native client does (docs/certificates.md). Its answer, or None when it is
+        refused (the grant is then answered with ``certificate`` "": the holder holds
+        the lease, and a renewal of its own brings the certificate). Runs on the event
+        loop. Cancelled (the client went away), it gives the grant back with
+        ``withdraw()`` in a task of its own, as ``_poll`` does, and raises again."""
+        try:
+            return await self.run(op, args, caller)
+        except RaftLeaseError as exc:
+            log.info("no certificate for a grant after waiting (%s): %s", op, exc.code)
+            return None
+        except BaseException:
+            self._withdraw_in_background(withdraw)
+            raise
 
     async def _withdraw_set(self, lid: str, caller: Caller) -> None:
         """Leave every queue, or release the set if it was granted meanwhile."""
@@ -583,7 +659,27 @@ class HttpApi:
             withdraw=lambda: self._cancel_claim(queue, aid, caller),
         )
         if status.get("state") == "claimed":
-            return status
+            holder = fields.get("holder_key")
+            if holder is None:
+                return status
+            beat = await self._certify(
+                "task_heartbeat",
+                {
+                    "queue": queue,
+                    "task_id": status.get("tid"),
+                    "attempt_id": aid,
+                    "holder_key": holder,
+                },
+                caller,
+                lambda: self._cancel_claim(queue, aid, caller),
+            )
+            if beat is None:
+                return {**status, "certificate": ""}
+            return {
+                **status,
+                "expires_at": beat.get("expires_at", status.get("expires_at")),
+                "certificate": str(beat.get("certificate", "")),
+            }
         await self._cancel_claim(queue, aid, caller)
         return {"claimed": False, "queue": queue, "state": status.get("state", "gone")}
 
