@@ -63,6 +63,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -147,12 +148,57 @@ def load(variant: str, directory: Path = TRAILS) -> Trail:
     return parse(variant, (directory / f"{variant}.trail").read_text())
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What a trail's reads need set up ahead (``plan``): none, or one of
+
+    * ``promise``: the deposed leader (model node ``deposed``), whose clock keeps
+      time, reads last; ``candidate`` (model node) is elected at step ``elect`` and
+      never heard from the deposed leader in the trail before: its link to it is cut
+      from the start, the deposed leader's appends are held (so that the candidate's
+      log stays as long as the voter's), and the candidate runs for election at the
+      ``ELECT`` step only;
+    * ``barrier``: ``candidate`` is elected at step ``elect`` and reads last, before a
+      ``COMMIT`` of its own; the deposed leader's ``COMMIT`` at step ``commit`` is the
+      entry whose commit it must not learn.
+    """
+
+    kind: str = ""
+    deposed: int = -1
+    candidate: int = -1
+    elect: int = -1
+    commit: int = -1
+
+
+def plan(trail: Trail) -> Plan:
+    """The set-up ``trail``'s reads need (``Plan``); no kind for a trail without a
+    read, or whose deposed leader's clock stands still. Assumes ``unsupported`` found
+    nothing."""
+    steps = trail.steps
+    if not steps or steps[-1].kind != "READ":
+        return Plan()
+    reader = steps[-1].args[0]
+    elect = next((i for i, s in enumerate(steps) if s.kind == "ELECT"), -1)
+    if elect < 0:
+        return Plan()
+    candidate = steps[elect].args[0]
+    if reader == candidate:
+        commit = max(
+            (i for i, s in enumerate(steps[:elect]) if s.kind == "COMMIT"),
+            default=-1,
+        )
+        return Plan("barrier", 0, candidate, elect, commit)
+    stopped = any(s.kind == "TIME" and s.args[reader] == 0 for s in steps)
+    return Plan() if stopped else Plan("promise", reader, candidate, elect)
+
+
 def unsupported(trail: Trail) -> str | None:
     """Why ``replay`` cannot run ``trail`` on real nodes, or None if it can."""
     leader = 0
     deposed: set[int] = set()
     stopped: set[int] = set()  # model nodes whose clock stands still
     elected_at: dict[int, int] = {}  # model node -> the step that elected it
+    elections = [i for i, s in enumerate(trail.steps) if s.kind == "ELECT"]
     for i, step in enumerate(trail.steps):
         if step.kind == "TIME":
             for node, moved in enumerate(step.args):
@@ -161,32 +207,35 @@ def unsupported(trail: Trail) -> str | None:
                 if moved == 0:
                     stopped.add(node)
             continue
+        if step.kind == "READ" and i != len(trail.steps) - 1:
+            return f"a read before the last step ({step})"
+        if step.kind == "READ" and len(elections) != 1:
+            return f"a read in a trail of {len(elections)} elections ({step})"
         if step.kind == "READ" and step.args[0] in deposed:
-            if step.args[0] not in stopped:
-                # SKIP_VOTE_PROMISE: the deposed leader keeps its lease because a
-                # follower acknowledged it just before voting for another; on real
-                # nodes that needs that follower's messages delayed against the
-                # election by set proxy delays, which no model step says.
-                return (
-                    f"a read on a deposed leader whose clock keeps time ({step}): its lease "
-                    "outlasts the election only with a voter's acks delayed against it"
-                )
-            if i != len(trail.steps) - 1:
-                return f"a read on a deposed leader before the last step ({step})"
+            if step.args[0] in stopped:
+                continue
+            # SKIP_VOTE_PROMISE: the deposed leader keeps its lease because a
+            # follower acknowledged it just before voting for another. The candidate
+            # must have heard nothing from it (its own promise over) while its log is
+            # as long as the voter's: the leader's appends are held from the start,
+            # so it must commit nothing itself.
+            old, candidate = step.args[0], trail.steps[elections[0]].args[0]
+            for s in trail.steps[: elections[0]]:
+                if s.kind == "COMMIT" and s.args[0] == old:
+                    return f"the deposed leader commits before its last read ({s})"
+                if s.kind in {"HB", "COMMIT"} and s.args[1] == candidate:
+                    return f"the candidate {candidate} hears the deposed leader ({s})"
             continue
         if step.kind == "READ":
-            if elected_at.get(step.args[0], -1) >= 0 and not any(
-                s.kind == "COMMIT" and s.args[0] == step.args[0]
-                for s in trail.steps[elected_at[step.args[0]] : i]
-            ):
-                # SKIP_READ_BARRIER: the new leader reads before an entry of its own
-                # term; on real nodes its first entry commits in the round trip that
-                # earns its lease, unless the commit index is held back from it.
-                return (
-                    f"a read on a new leader before its own entry ({step}): the window needs "
-                    "the commit index held back from it"
-                )
-            return f"a read on a leader that was never deposed ({step})"
+            since = elected_at.get(step.args[0], -1)
+            if since < 0:
+                return f"a read on a leader that was never deposed nor elected ({step})"
+            # SKIP_READ_BARRIER: the new leader reads before an entry of its own
+            # term. Only heartbeats of its own between its election and the read: a
+            # commit of its own would close the window.
+            if any(s.kind != "HB" for s in trail.steps[since + 1 : i]):
+                return f"a read on a new leader after more than its heartbeats ({step})"
+            continue
         # Only a leader's part is replayed: any live follower acknowledges (or votes),
         # so a killed node may be the model's follower, never its leader again.
         if step.args[0] in deposed:
@@ -285,7 +334,11 @@ def replay(
     reason = unsupported(trail)
     if reason is not None:
         raise ValueError(f"{trail.variant}: cannot replay on real nodes: {reason}")
-    readers = {s.args[0] for s in trail.steps if s.kind == "READ"}
+    the = plan(trail)
+    # Deposed leaders that read: cut off (through ``net``), not killed.
+    readers = {s.args[0] for s in trail.steps if s.kind == "READ"} - (
+        {the.candidate} if the.kind == "barrier" else set()
+    )
     if readers and net is None:
         raise ValueError(f"{trail.variant}: its deposed leader reads: replay it with net")
     name = name or trail.variant.lower()
@@ -295,6 +348,7 @@ def replay(
     clients = [cluster.client(deadline=2.0 + ttl) for _ in range(2)]
     # key -> its newest grant: (token, acknowledged at, the grantee's valid_until)
     grants: dict[int, tuple[int, float, float]] = {}
+    cap: int | None = None  # the commit index held back from a barrier plan's candidate
     stopped: set[int] = set()  # model nodes whose clock was stopped
     held: dict[tuple[int, int], Lease] = {}  # (client, key) -> its lease, as it believes
     tasks: dict[int, Any] = {}  # worker -> the Task it claimed
@@ -368,25 +422,60 @@ def replay(
         if not current:
             out.violations.append(f"P5: worker {c}'s completion from a stale attempt was accepted")
 
-    def cut_off(old: str) -> str:
+    def status(node: str) -> dict[str, Any]:
+        return _status(cluster.node(node).client) or {}
+
+    def has_lease(node: str) -> bool:
+        return float(status(node).get("lease_remaining") or 0.0) > 0
+
+    def control(node: str, message: dict[str, Any]) -> dict[str, Any]:
+        answer = _raw(cluster.node(node).client, {"id": 1, **message}, 2.0)
+        if answer is None or not answer.get("ok"):
+            raise RuntimeError(f"{node} refused {message}: {answer}")
+        note(f"{node}: {message['op']} {message}")
+        return dict(answer["result"])
+
+    def leads(live: list[str], term: int) -> str | None:
+        """The one of ``live`` that leads a term above ``term`` and that the others
+        follow, if any."""
+        statuses = {n: _status(cluster.node(n).client) for n in live}
+        for n, st in statuses.items():
+            if st is None or st.get("role") != "leader" or int(st.get("term", 0)) <= term:
+                continue
+            if all((statuses[o] or {}).get("leader") == st.get("client") for o in live):
+                return n
+        return None
+
+    def cut_off(old: str, candidate: str | None = None) -> str:
         """Cut ``old`` off from both others (both directions) and wait until one of
-        them leads a higher term that the other follows; that one's node id."""
+        them leads a higher term that the other follows; that one's node id. With
+        ``candidate``, that node runs for election right after the cut (its elections
+        were held), and the premise is that it asked for votes while ``old`` still
+        held its leader lease."""
         assert net is not None  # checked above: a trail that reads comes with net
         live = [n.id for n in cluster.nodes if n.id != old]
-        term = int((_status(cluster.node(old).client) or {}).get("term", 0))
+        term = int(status(old).get("term", 0))
         net.block([(old, n) for n in live] + [(n, old) for n in live])
         note(f"cut {old} off from {live}")
-
-        def elected() -> str | None:
-            statuses = {n: _status(cluster.node(n).client) for n in live}
-            for n, st in statuses.items():
-                if st is None or st.get("role") != "leader" or int(st.get("term", 0)) <= term:
-                    continue
-                if all((statuses[o] or {}).get("leader") == st.get("client") for o in live):
-                    return n
-            return None
-
-        return str(wait_for(elected, 20, f"a leader among {live}", interval=0.02))
+        if candidate is not None:
+            lease = float(status(old).get("lease_remaining") or 0.0)
+            lease_end = time.monotonic() + lease
+            note(f"{old}'s leader lease: {lease:.3f} s left")
+            asked = int(status(candidate).get("pre_vote_rounds", 0))
+            control(candidate, {"op": "test_elections", "mode": "now"})
+            wait_for(
+                lambda: int(status(candidate).get("pre_vote_rounds", 0)) > asked,
+                10,
+                f"{candidate} to ask for pre-votes",
+                interval=0.01,
+            )
+            at = time.monotonic()
+            note(f"{candidate} asked for pre-votes ({lease_end - at:.3f} s before the lease's end)")
+            if at >= lease_end:
+                out.premises.append(
+                    f"{candidate} asked for votes {at - lease_end:.3f} s after {old}'s lease ended"
+                )
+        return str(wait_for(lambda: leads(live, term), 20, f"a leader among {live}", interval=0.02))
 
     def read(reader: int, k: int) -> None:
         """Lease reads of key ``k`` on model node ``reader`` for ``READ_WINDOW``."""
@@ -425,16 +514,68 @@ def replay(
                 f"P3: {len(stale)} reads of {key} on {real[reader]} missed the grant; the "
                 f"first {stale[0]}"
             )
-        status = _status(addr) or {}
-        if status.get("role") != "leader" or not status.get("drift_alarm"):
-            out.premises.append(
-                f"after the reads {real[reader]} was {status.get('role')} with drift alarm "
-                f"{status.get('drift_alarm')}: not a deposed leader at fault"
-            )
+        # The read's premise: the reader still took itself for the leader, and what
+        # kept its lease reads open in the model holds on the real node too.
+        st = status(real[reader])
+        if st.get("role") != "leader":
+            out.premises.append(f"after the reads {real[reader]} was {st.get('role')}")
+        elif reader in stopped and not st.get("drift_alarm"):
+            out.premises.append(f"after the reads {real[reader]} had no drift alarm raised")
+        elif the.kind == "barrier":
+            if not float(st.get("lease_remaining") or 0.0) > 0 or st.get("drift_alarm"):
+                out.premises.append(f"after the reads {real[reader]} had no leader lease: {st}")
+            if cap is None or int(st.get("applied_index", 0)) > cap:
+                out.premises.append(
+                    f"after the reads {real[reader]} had applied index "
+                    f"{st.get('applied_index')}, beyond the commit held back from it ({cap})"
+                )
+
+    def hold_for_promise() -> None:
+        """``Plan`` promise, before the first step: the candidate hears nothing from
+        the leader (cut both ways; its elections held until its ``ELECT``), and no
+        entry reaches a follower any more (the leader's appends held to both, then
+        the cut once both have every entry sent before), so that the candidate's log
+        is as long as the voter's when it runs."""
+        assert net is not None
+        old = real[0]
+        live = sorted(n.id for n in cluster.nodes if n.id != old)
+        candidate = live[1]
+        real[the.candidate] = candidate
+        control(candidate, {"op": "test_elections", "mode": "hold"})
+        sent = {
+            n: int(control(old, {"op": "test_hold", "peer": n, "what": "appends"})["sent"])
+            for n in live
+        }
+
+        def same_logs() -> bool:
+            ends = {n: int(status(n).get("last_log_index", -1)) for n in live}
+            return all(ends[n] >= sent[n] for n in live) and len(set(ends.values())) == 1
+
+        wait_for(same_logs, 10, f"{live} to have every entry {old} sent", interval=0.02)
+        net.block([(old, candidate), (candidate, old)])
+        note(f"cut {candidate} (model node {the.candidate}) off from {old}")
+
+    def hold_for_barrier(old: str) -> None:
+        """``Plan`` barrier, at the deposed leader's last ``COMMIT``: the follower
+        that will lead (the candidate) gets the entry but never its commit, the other
+        gets neither, and once it leads, the candidate's appends to that other are
+        held (heartbeats only: its leader lease is earned, its own entry never
+        commits)."""
+        nonlocal cap
+        live = sorted(n.id for n in cluster.nodes if n.id != old)
+        candidate, other = live
+        real[the.candidate] = candidate
+        control(old, {"op": "test_hold", "peer": other, "what": "appends"})
+        cap = int(
+            control(old, {"op": "test_hold", "peer": candidate, "what": "commit"})["commit_index"]
+        )
+        control(candidate, {"op": "test_hold", "peer": other, "what": "appends"})
 
     leader = 0
     real = {0: cluster.leader_id()}
     try:
+        if the.kind == "promise":
+            hold_for_promise()
         for i, step in enumerate(trail.steps):
             last = i == len(trail.steps) - 1
             if step.kind == "TIME":
@@ -443,11 +584,17 @@ def replay(
                         stopped.add(node)  # unsupported: only the leader's, so it is real
                         stop_clock(cluster.node(real[node]).client, note)
                 time.sleep(unit)  # model time passing: the scenario's own clock, no guess
+            elif step.kind == "HB" and the.kind:
+                # The heartbeat earns the leader its lease (the model's HB): wait for it.
+                who = real[step.args[0]]
+                wait_for(partial(has_lease, who), 10, f"{who}'s leader lease", interval=0.02)
+                note(f"{who} holds a leader lease (model node {step.args[0]})")
             elif step.kind == "ELECT" and leader in readers:
                 old = real[leader]
                 note(f"the leader {old} (model node {leader}) is deposed")
                 leader = step.args[0]
-                real[leader] = cut_off(old)
+                candidate = real[leader] if the.kind == "promise" else None
+                real[leader] = cut_off(old, candidate)
                 live = [n.id for n in cluster.nodes if n.id != old]
                 real[step.args[1]] = next(n for n in live if n != real[leader])
                 note(f"{real[leader]} leads (model node {leader})")
@@ -463,7 +610,10 @@ def replay(
                 note(f"kill the leader {old} (model node {leader})")
                 cluster.kill_node(old)
                 leader = step.args[0]
-                real[leader] = str(cluster.wait_for_leader(exclude=old)["node"])
+                elected = str(cluster.wait_for_leader(exclude=old)["node"])
+                if leader in real and real[leader] != elected:
+                    out.premises.append(f"{elected} was elected, not {real[leader]}")
+                real[leader] = elected
                 note(f"{real[leader]} leads (model node {leader})")
             elif step.kind == "READ":
                 read(step.args[0], step.args[1])
@@ -471,6 +621,8 @@ def replay(
                 renew(step.args[1], step.args[2])
             elif step.kind == "COMMIT":
                 op, k, c = OPS[step.args[2]], step.args[3], step.args[4]
+                if the.kind == "barrier" and i == the.commit:
+                    hold_for_barrier(real[leader])
                 if op == "ACQ":
                     acquire(k, c, last)
                 elif op == "REN":
