@@ -5,17 +5,24 @@ model/trail.py writes each planted-bug variant's shortest counterexample into
 This module is the mapping from those steps to actions on a real ``LocalCluster``, and
 ``replay`` runs a trail as a scripted fault scenario that returns the property
 violations it saw (none on the honest build; model/README.md, "Counterexamples on the
-real cluster", says which variants replay and why the others do not).
+real cluster", says how each variant replays).
 
 The mapping (model unit of time: ``unit`` seconds; the model's TTL of 6 units is a
-lease TTL of ``6 * unit``, its task attempt TTL of 2 units ``2 * unit``):
+lease TTL of ``6 * unit``, its task attempt TTL of 2 units ``2 * unit``). A trail whose
+last step reads needs set-up ahead (``plan``): the windows those reads need are held
+open with the test build's peer controls (``test_hold``: a leader's appends to a peer
+carry no entries, or no newer commit index; ``test_elections``: a node's elections held,
+or run now; raftlease.testing.node.PeerControls), not hit by timing:
 
 ==========================  ===========================================================
 model step                  real action
 ==========================  ===========================================================
 ``TIME a0 a1 a2``           ``unit`` seconds of real time pass (the trails are searched
                             with ``-DEXACT_CLOCKS``: every clock keeps real time)
-``HB L f``                  nothing: the leader sends heartbeats on its own
+``HB L f``                  the leader sends heartbeats on its own; in a trail with a
+                            plan, the replay waits until ``L`` holds a leader lease
+                            (what the model's heartbeat earns it; a leader that reads
+                            once deposed: until it serves lease reads)
 ``COMMIT L f TICK``         nothing: the leader writes ticks on its own
 ``COMMIT L f ACQ k c``      client ``c`` acquires key ``k`` (no waiting)
 ``COMMIT L f REN k c``      client ``c`` renews its lease of ``k``
@@ -39,10 +46,41 @@ model step                  real action
                             so the clock jumps ``FAULT_JUMP`` and the replay waits for
                             the alarm; then its rate is set to ``STOPPED_RATE``
 ``READ L k``                a lease read: holder reads of key ``k`` sent to model node
-                            ``L``, repeated for the last step's window; only a
-                            deposed leader whose clock stands still is replayed
-                            (``unsupported`` says why the other reads are not)
+                            ``L``, repeated for the last step's window: on a deposed
+                            leader (cut off) or on the leader the trail's one
+                            election made
 ==========================  ===========================================================
+
+The plans (``Plan``), by the reader of the last step:
+
+* a deposed leader whose clock stands still (``IGNORE_DRIFT_ALARM``): no set-up; the
+  ``TIME`` steps stop its clock and its ``ELECT`` cuts it off.
+* ``promise``, a deposed leader whose clock keeps time (``SKIP_VOTE_PROMISE``: ``TIME``
+  x3, ``HB 0 1``, ``ELECT 2 1``, grant on 2, ``READ 0 0``): its lease outlasts the
+  election only if the candidate's vote promise is over while the voter's is fresh.
+  The candidate hears no ``HB`` or ``COMMIT`` of the leader in the trail, so before the
+  first step its link with the leader is cut (both ways, the proxy) and its elections
+  are held; so that its log stays as long as the voter's (a candidate whose log is
+  behind gets no vote, promise or not), the leader's appends to both followers are
+  held first (heartbeats go on: the voter keeps hearing the leader, whose lease goes
+  on; not before the leader serves lease reads, its own first entry applied), and the
+  cut waits until both followers have every entry sent before. ``HB 0 1`` waits until
+  the leader serves lease reads; ``ELECT 2 1`` cuts the leader off from the voter too
+  and makes the candidate run now: on the planted build the voter, just acknowledged
+  by the leader, votes at once; on the honest one it refuses until its promise ends,
+  after the leader's lease. The leader must commit nothing itself in the trail (its
+  appends are held).
+* ``barrier``, the leader the trail's election made, before a ``COMMIT`` of its own
+  (``SKIP_READ_BARRIER``: ``TIME`` x3, grant on 0 with 1, ``ELECT 2 0``, ``HB 2 0``,
+  ``READ 2 0``). In the model the new leader's view lacks the grant; on real nodes it
+  must hold the entry to be elected (the voters have it), so it is the follower that
+  acknowledges the grant and never learns it committed: at the deposed leader's last
+  ``COMMIT`` its commit index to that follower is held (``commit``), its appends to the
+  other follower are held (that one lacks the entry, so it cannot win), and the future
+  leader's own appends to that other one are held from its election on, so its lease
+  comes from heartbeats while its first entry never commits. ``ELECT`` kills the
+  deposed leader (the future leader is the only one that can win; otherwise the
+  premise fails), ``HB 2 0`` waits for its lease.
 
 The last step is the one whose assertion fails in the model; the real system's timing
 is not the model's, so it is retried until the property's window closes: an acquire
@@ -52,8 +90,12 @@ acknowledged before another client's ``valid_until`` of it), P3 (no read sent af
 the newest grant of its key was acknowledged, and before its grantee's ``valid_until``,
 answered without it) and P5 (no
 completion accepted from an attempt that is not the current one). A read replay also
-checks its own premise (``Replay.premises``): at the read the deposed leader still took
-itself for the leader, with its drift alarm raised; otherwise the run proves nothing.
+checks its own premises (``Replay.premises``); otherwise the run proves nothing: a
+grant was acknowledged before the reads, and after them the reader still took itself
+for the leader; a stopped clock's reader with its drift alarm raised; a ``promise``
+candidate asked for votes while the deposed leader still held its lease; a
+``barrier`` reader was the node prepared for it, held a leader lease with no drift
+alarm, and had applied nothing past the commit index held back from it.
 """
 
 from __future__ import annotations
@@ -428,6 +470,9 @@ def replay(
     def has_lease(node: str) -> bool:
         return float(status(node).get("lease_remaining") or 0.0) > 0
 
+    def serves_lease_reads(node: str) -> bool:
+        return bool(status(node).get("lease_reads"))
+
     def control(node: str, message: dict[str, Any]) -> dict[str, Any]:
         answer = _raw(cluster.node(node).client, {"id": 1, **message}, 2.0)
         if answer is None or not answer.get("ok"):
@@ -538,6 +583,9 @@ def replay(
         is as long as the voter's when it runs."""
         assert net is not None
         old = real[0]
+        # Its own first entry applied (the read barrier) before its appends are held:
+        # after, nothing it appends commits.
+        wait_for(partial(serves_lease_reads, old), 15, f"{old} to serve lease reads")
         live = sorted(n.id for n in cluster.nodes if n.id != old)
         candidate = live[1]
         real[the.candidate] = candidate
@@ -586,8 +634,15 @@ def replay(
                 time.sleep(unit)  # model time passing: the scenario's own clock, no guess
             elif step.kind == "HB" and the.kind:
                 # The heartbeat earns the leader its lease (the model's HB): wait for it.
+                # A leader that will read once deposed must serve lease reads now (all
+                # the model's read needs but the election); a new leader's reads are
+                # barred by its barrier on the honest build, so only its lease counts.
                 who = real[step.args[0]]
-                wait_for(partial(has_lease, who), 10, f"{who}'s leader lease", interval=0.02)
+                if the.kind == "promise":
+                    ready = partial(serves_lease_reads, who)
+                else:
+                    ready = partial(has_lease, who)
+                wait_for(ready, 10, f"{who}'s leader lease", interval=0.02)
                 note(f"{who} holds a leader lease (model node {step.args[0]})")
             elif step.kind == "ELECT" and leader in readers:
                 old = real[leader]

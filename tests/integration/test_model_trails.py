@@ -6,10 +6,11 @@ steps to client calls, waits and a leader kill on a real cluster. Replayed on th
 matching planted build it must break the same property; on the honest build it must
 not. ``IGNORE_DRIFT_ALARM``'s deposed leader reads with its clock stopped: it runs on
 a cluster whose peers dial through the chaos suite's proxy, which cuts that leader
-off. The two variants whose trails read from a deposed leader whose clock keeps time
-or from a barely elected one are not replayed here (``unsupported`` says why): their
-hand-written scenarios are in tests/integration/test_planted_bugs.py (model/README.md
-lists which)."""
+off. ``SKIP_VOTE_PROMISE`` (a deposed leader whose clock keeps time reads) and
+``SKIP_READ_BARRIER`` (a barely elected leader reads) hold their windows open with the
+test build's peer controls (``test_hold``, ``test_elections``; trails.py's ``plan``),
+so that the planted build breaks P3 on every run. Their hand-written scenarios, with
+proxy delays instead, are in tests/integration/test_planted_bugs.py."""
 
 from __future__ import annotations
 
