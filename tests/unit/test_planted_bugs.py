@@ -28,11 +28,13 @@ The chaos suite's own runs catch the other two (``CHAOS_COVERED``, in
 tests/chaos/test_chaos.py): ``fast_log_clock`` (the log clock) and ``unsynced_acks`` (no
 acknowledgement before a sync: three ``power-loss`` faults, honest and planted).
 
-Where catching the planted build depends on timing (the scenario opens a window that
-a loaded machine may miss), the planted run is retried a bounded number of times
-(``ATTEMPTS``); the honest run is never retried, and each attempt of either build
+Where catching the planted build depends on timing (the follower-log load opens a
+window that a loaded machine may miss), the planted run is retried a bounded number of
+times (``ATTEMPTS``); the honest run is never retried, and each attempt of either build
 asserts that the scenario really happened (the candidate campaigned, the alarm was
-raised, the new leader was elected, the load ran).
+raised, the new leader was elected, the load ran). The vote-promise and read-barrier
+scenarios hold their windows open with the test build's peer controls (``test_hold``,
+``test_elections``) and catch their planted builds on every run.
 
 The unit half of these tests (no process); the integration half is
 tests/integration/test_planted_bugs.py.
