@@ -10,7 +10,7 @@ off. ``SKIP_VOTE_PROMISE`` (a deposed leader whose clock keeps time reads) and
 ``SKIP_READ_BARRIER`` (a barely elected leader reads) hold their windows open with the
 test build's peer controls (``test_hold``, ``test_elections``; trails.py's ``plan``),
 so that the planted build breaks P3 on every run. Their hand-written scenarios, with
-proxy delays instead, are in tests/integration/test_planted_bugs.py."""
+the same controls, are in tests/integration/test_planted_bugs.py."""
 
 from __future__ import annotations
 
