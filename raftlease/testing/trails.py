@@ -376,10 +376,10 @@ def replay(
     reason = unsupported(trail)
     if reason is not None:
         raise ValueError(f"{trail.variant}: cannot replay on real nodes: {reason}")
-    the = plan(trail)
+    prep = plan(trail)
     # Deposed leaders that read: cut off (through ``net``), not killed.
     readers = {s.args[0] for s in trail.steps if s.kind == "READ"} - (
-        {the.candidate} if the.kind == "barrier" else set()
+        {prep.candidate} if prep.kind == "barrier" else set()
     )
     if readers and net is None:
         raise ValueError(f"{trail.variant}: its deposed leader reads: replay it with net")
@@ -566,7 +566,7 @@ def replay(
             out.premises.append(f"after the reads {real[reader]} was {st.get('role')}")
         elif reader in stopped and not st.get("drift_alarm"):
             out.premises.append(f"after the reads {real[reader]} had no drift alarm raised")
-        elif the.kind == "barrier":
+        elif prep.kind == "barrier":
             if not float(st.get("lease_remaining") or 0.0) > 0 or st.get("drift_alarm"):
                 out.premises.append(f"after the reads {real[reader]} had no leader lease: {st}")
             if cap is None or int(st.get("applied_index", 0)) > cap:
@@ -588,7 +588,7 @@ def replay(
         wait_for(partial(serves_lease_reads, old), 15, f"{old} to serve lease reads")
         live = sorted(n.id for n in cluster.nodes if n.id != old)
         candidate = live[1]
-        real[the.candidate] = candidate
+        real[prep.candidate] = candidate
         control(candidate, {"op": "test_elections", "mode": "hold"})
         sent = {
             n: int(control(old, {"op": "test_hold", "peer": n, "what": "appends"})["sent"])
@@ -601,7 +601,7 @@ def replay(
 
         wait_for(same_logs, 10, f"{live} to have every entry {old} sent", interval=0.02)
         net.block([(old, candidate), (candidate, old)])
-        note(f"cut {candidate} (model node {the.candidate}) off from {old}")
+        note(f"cut {candidate} (model node {prep.candidate}) off from {old}")
 
     def hold_for_barrier(old: str) -> None:
         """``Plan`` barrier, at the deposed leader's last ``COMMIT``: the follower
@@ -612,7 +612,7 @@ def replay(
         nonlocal cap
         live = sorted(n.id for n in cluster.nodes if n.id != old)
         candidate, other = live
-        real[the.candidate] = candidate
+        real[prep.candidate] = candidate
         control(old, {"op": "test_hold", "peer": other, "what": "appends"})
         cap = int(
             control(old, {"op": "test_hold", "peer": candidate, "what": "commit"})["commit_index"]
@@ -622,7 +622,7 @@ def replay(
     leader = 0
     real = {0: cluster.leader_id()}
     try:
-        if the.kind == "promise":
+        if prep.kind == "promise":
             hold_for_promise()
         for i, step in enumerate(trail.steps):
             last = i == len(trail.steps) - 1
@@ -632,13 +632,13 @@ def replay(
                         stopped.add(node)  # unsupported: only the leader's, so it is real
                         stop_clock(cluster.node(real[node]).client, note)
                 time.sleep(unit)  # model time passing: the scenario's own clock, no guess
-            elif step.kind == "HB" and the.kind:
+            elif step.kind == "HB" and prep.kind:
                 # The heartbeat earns the leader its lease (the model's HB): wait for it.
                 # A leader that will read once deposed must serve lease reads now (all
                 # the model's read needs but the election); a new leader's reads are
                 # barred by its barrier on the honest build, so only its lease counts.
                 who = real[step.args[0]]
-                if the.kind == "promise":
+                if prep.kind == "promise":
                     ready = partial(serves_lease_reads, who)
                 else:
                     ready = partial(has_lease, who)
@@ -648,7 +648,7 @@ def replay(
                 old = real[leader]
                 note(f"the leader {old} (model node {leader}) is deposed")
                 leader = step.args[0]
-                candidate = real[leader] if the.kind == "promise" else None
+                candidate = real[leader] if prep.kind == "promise" else None
                 real[leader] = cut_off(old, candidate)
                 live = [n.id for n in cluster.nodes if n.id != old]
                 real[step.args[1]] = next(n for n in live if n != real[leader])
@@ -676,7 +676,7 @@ def replay(
                 renew(step.args[1], step.args[2])
             elif step.kind == "COMMIT":
                 op, k, c = OPS[step.args[2]], step.args[3], step.args[4]
-                if the.kind == "barrier" and i == the.commit:
+                if prep.kind == "barrier" and i == prep.commit:
                     hold_for_barrier(real[leader])
                 if op == "ACQ":
                     acquire(k, c, last)
