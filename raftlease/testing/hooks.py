@@ -7,7 +7,14 @@ Hooks (a dict, as ``LocalCluster(hooks=...)`` takes it):
 
 * ``clock_control: True``: the node runs on an adjustable clock and answers the
   ``test_clock`` control operation (``{"op": "test_clock", "rate": r, "jump": s}``:
-  set the clock's rate, jump it forward), as the chaos suite's clock faults need;
+  set the clock's rate, jump it forward), as the chaos suite's clock faults need; it
+  also answers the peer controls (``raftlease.testing.node.PeerControls``)
+  ``test_hold`` (``{"op": "test_hold", "peer": id, "what": "appends" | "commit" |
+  "nothing"}``: this node's ``append_entries`` to that peer carry no entries, or no
+  commit index newer than now) and ``test_elections`` (``{"op": "test_elections",
+  "mode": "hold" | "now" | "free"}``: this node never runs for election, runs now, or
+  as its timers say), with which raftlease.testing.trails holds a counterexample's
+  window open;
 * ``record_synced: True``: the node keeps a copy of what reached stable storage
   beside each data file (``durable.SyncRecorder``), so a simulated power loss
   (``raftlease.testing.power.cut_to_synced``) can cut its files back to it;

@@ -4,7 +4,8 @@
 
 It runs the same ``NodeServer`` as ``raftlease node``, with test hooks injected
 (``raftlease.server.ServerHooks``): an adjustable clock and the ``test_clock`` control
-operation, and optionally a planted bug (``hooks.PLANTED_BUGS``). etcd keeps its
+operation, the peer controls ``test_hold`` and ``test_elections`` (``PeerControls``),
+and optionally a planted bug (``hooks.PLANTED_BUGS``). etcd keeps its
 failpoints out of release builds the same way: a production node has no switch that
 turns any of this on.
 """
@@ -15,8 +16,11 @@ import argparse
 import logging
 import math
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
+
+from pysyncobj.monotonic import monotonic as raft_clock
 
 from ..clock import AdjustableClock
 from ..config import NodeConfig, load_toml
@@ -368,6 +372,149 @@ def clock_control(clock: AdjustableClock) -> Any:
     return test_clock
 
 
+#: ``test_hold``'s holds: ``appends`` (no entries), ``commit`` (no newer commit index).
+HOLDS = ("appends", "commit", "nothing")
+#: ``test_elections``'s modes.
+ELECTION_MODES = ("hold", "now", "free")
+
+
+class PeerControls:
+    """Test builds only: what this node's ``append_entries`` to a peer carry, and
+    when it runs for election, as the scripted fault scenarios need them
+    (raftlease.testing.trails) without timing luck. Set by the control operations
+    ``test_hold`` and ``test_elections`` (event loop), read by ``ControlledTransport``
+    on PySyncObj's tick thread; one lock orders the two, so every send is either
+    before a hold (and counted in ``sent``) or after it (and held).
+
+    * hold ``appends`` to a peer: its ``append_entries`` carry no entries (a heartbeat:
+      the follower still hears the leader, renews its vote promise and echoes the
+      stamp, so the leader's lease goes on) and a commit index no newer than the
+      ``prevLogIdx`` it verifies. A snapshot chunk is not sent.
+    * hold ``commit`` to a peer: its ``append_entries`` carry entries as usual but a
+      commit index no newer than this node's at the hold: the peer appends and
+      acknowledges (the leader commits with it) but never learns that anything
+      after the cap committed, so it does not apply it.
+    * elections ``hold``: this node never runs for election (its election deadline
+      is moved past every tick); ``now``: its election timer fires at the next tick
+      (then ``free``); ``free``: PySyncObj's own timers. PreVote and the vote
+      promise still decide whether the election runs (prevote.py).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.held_appends: set[str] = set()
+        self.commit_caps: dict[str, int] = {}
+        #: Peer member id -> the highest log index sent to it in an unheld message.
+        self.sent: dict[str, int] = {}
+        self.elections = "free"
+        self.transport: LeaseTransport | None = None
+
+    def hold(self, message: dict[str, Any]) -> dict[str, Any]:
+        """``test_hold``: ``{"peer": member id, "what": "appends" | "commit" |
+        "nothing"}`` (``nothing`` lifts both holds of that peer). Answers the peer,
+        the hold, this node's commit index (the cap of a ``commit`` hold) and the
+        highest index sent to the peer before the hold. Raises ``BadRequestError``
+        for a missing peer or an unknown hold. Event loop; never blocks."""
+        peer, what = message.get("peer"), message.get("what")
+        if not isinstance(peer, str) or not peer:
+            raise BadRequestError("field 'peer' must be a member id")
+        if what not in HOLDS:
+            raise BadRequestError(f"field 'what' must be one of {list(HOLDS)}")
+        transport = self.transport
+        if transport is None:
+            raise BadRequestError("the node's transport has not started yet")
+        commit = int(transport._syncObj.raftCommitIndex)
+        with self._lock:
+            if what == "appends":
+                self.held_appends.add(peer)
+            elif what == "commit":
+                self.commit_caps[peer] = commit
+            else:
+                self.held_appends.discard(peer)
+                self.commit_caps.pop(peer, None)
+            sent = self.sent.get(peer, 0)
+        log.warning(
+            "test hold: %s to %s (commit index %d, sent up to %d)", what, peer, commit, sent
+        )
+        return {"peer": peer, "what": what, "commit_index": commit, "sent": sent}
+
+    def set_elections(self, message: dict[str, Any]) -> dict[str, Any]:
+        """``test_elections``: ``{"mode": "hold" | "now" | "free"}``. Raises
+        ``BadRequestError`` for an unknown mode. Event loop; never blocks (``now``
+        wakes the tick thread through PySyncObj's pipe notifier)."""
+        mode = message.get("mode")
+        if mode not in ELECTION_MODES:
+            raise BadRequestError(f"field 'mode' must be one of {list(ELECTION_MODES)}")
+        self.elections = str(mode)
+        notifier = getattr(
+            getattr(self.transport, "_syncObj", None), "_SyncObj__pipeNotifier", None
+        )
+        if mode == "now" and notifier is not None:
+            notifier.notify()
+        log.warning("test elections: %s", mode)
+        return {"mode": mode}
+
+    def outgoing(self, peer: str, message: dict[str, Any]) -> dict[str, Any] | None:
+        """The ``append_entries`` to send to ``peer`` instead of ``message`` (a copy
+        when changed), or None to send nothing. Tick thread."""
+        with self._lock:
+            if peer in self.held_appends:
+                prev = message.get("prevLogIdx")
+                if not isinstance(prev, int):
+                    return None  # the snapshot path: a held peer gets none of it
+                out = {k: v for k, v in message.items() if k not in ("transmission", "data")}
+                out["entries"] = []
+                # Raft's min(leaderCommit, index of the last new entry): what it verifies.
+                out["commit_index"] = min(int(message.get("commit_index", 0)), prev)
+                message = out
+            else:
+                entries = message.get("entries")
+                if entries:
+                    self.sent[peer] = max(self.sent.get(peer, 0), int(entries[-1][1]))
+            cap = self.commit_caps.get(peer)
+            if cap is not None and int(message.get("commit_index", 0)) > cap:
+                message = {**message, "commit_index": cap}
+        return message
+
+    def before_tick(self, sync: Any) -> None:
+        """Before PySyncObj's tick (which starts an election once its deadline
+        passed): apply the election mode. Tick thread."""
+        mode = self.elections
+        if mode == "hold":
+            sync._SyncObj__raftElectionDeadline = raft_clock() + 3600.0
+        elif mode == "now":
+            self.elections = "free"
+            sync._SyncObj__raftElectionDeadline = 0.0
+
+
+#: This process's peer controls: a test-build process runs one node.
+CONTROLS = PeerControls()
+
+
+class ControlledTransport(LeaseTransport):
+    """The transport of a test build with clock control (``controlled``): the
+    process's ``PeerControls`` decide what its ``append_entries`` carry and when it
+    runs for election; otherwise it is the transport it extends. Tick thread."""
+
+    controls: ClassVar[PeerControls] = CONTROLS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.controls.transport = self
+
+    def send(self, node: Any, message: Any) -> bool:
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            changed = self.controls.outgoing(str(getattr(node, "rl_id", node.id)), message)
+            if changed is None:
+                return True  # held: as if sent and lost
+            message = changed
+        return super().send(node, message)
+
+    def before_tick(self) -> None:
+        self.controls.before_tick(self._syncObj)
+        super().before_tick()
+
+
 #: Planted bugs that are a store of their own.
 STORES: dict[str, type[LeaseStore]] = {
     "skip_dedup": ForgetfulStore,
@@ -406,6 +553,14 @@ def build_hooks(
             raise ValueError(f"no_audit cannot be combined with planted bug {planted_bug!r}")
         store_class = UnauditedStore
     adjustable = AdjustableClock() if clock or planted_bug else None
+    # Every test build with clock control also answers the peer controls.
+    ops: dict[str, Any] = {}
+    if adjustable is not None:
+        ops = {
+            "test_clock": clock_control(adjustable),
+            "test_hold": CONTROLS.hold,
+            "test_elections": CONTROLS.set_elections,
+        }
     guards: dict[str, type[LeaseGuard]] = {
         "skip_vote_promise": PromiselessGuard,
         "ignore_drift_alarm": DriftBlindGuard,
@@ -416,10 +571,10 @@ def build_hooks(
         log_clock_rate=FAST_LOG_CLOCK_RATE if planted_bug == "fast_log_clock" else 1.0,
         log_clock_class=traced_log_clock(trace) if trace is not None else LogClock,
         guard_class=guards.get(planted_bug, LeaseGuard),
-        control_ops={"test_clock": clock_control(adjustable)} if adjustable else {},
+        control_ops=ops,
         reads_class=traced_reads(reads, trace) if trace is not None else reads,
         proposer_class=UnwritingProposer if planted_bug == "unwritten_keepalives" else Proposer,
-        transport_class=_transport(planted_bug, plain_peers),
+        transport_class=_transport(planted_bug, plain_peers, controls=adjustable is not None),
         store_class=store_class,
         recorder=SyncRecorder() if record_synced or planted_bug == "unsynced_acks" else None,
         durability="none" if planted_bug == "unsynced_acks" else None,
@@ -435,16 +590,28 @@ class EagerElectionTransport(LeaseTransport):
     pre_vote = False
 
 
-def _transport(planted_bug: str, plain_peers: bool) -> type[LeaseTransport]:
+def _transport(planted_bug: str, plain_peers: bool, controls: bool = False) -> type[LeaseTransport]:
     base: type[LeaseTransport] = {
         "raw_follower_log": RawFollowerLogTransport,
         "skip_pre_vote": EagerElectionTransport,
     }.get(planted_bug, LeaseTransport)
-    if not plain_peers:
-        return base
-    if base is LeaseTransport:
-        return PlainPeerTransport
-    return type("PlainPeer" + base.__name__, (base,), {"plain_peers": True})
+    if plain_peers:
+        if base is LeaseTransport:
+            base = PlainPeerTransport
+        else:
+            base = type("PlainPeer" + base.__name__, (base,), {"plain_peers": True})
+    return controlled(base) if controls else base
+
+
+_CONTROLLED: dict[type[LeaseTransport], type[LeaseTransport]] = {}
+
+
+def controlled(base: type[LeaseTransport]) -> type[LeaseTransport]:
+    """``base`` with the test build's peer controls (``ControlledTransport``); one
+    class per base, so that two builds of the same base compare equal."""
+    if base not in _CONTROLLED:
+        _CONTROLLED[base] = type("Controlled" + base.__name__, (ControlledTransport, base), {})
+    return _CONTROLLED[base]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,10 +6,11 @@ steps to client calls, waits and a leader kill on a real cluster. Replayed on th
 matching planted build it must break the same property; on the honest build it must
 not. ``IGNORE_DRIFT_ALARM``'s deposed leader reads with its clock stopped: it runs on
 a cluster whose peers dial through the chaos suite's proxy, which cuts that leader
-off. The two variants whose trails read from a deposed leader whose clock keeps time
-or from a barely elected one are not replayed here (``unsupported`` says why): their
-hand-written scenarios are in tests/integration/test_planted_bugs.py (model/README.md
-lists which)."""
+off. ``SKIP_VOTE_PROMISE`` (a deposed leader whose clock keeps time reads) and
+``SKIP_READ_BARRIER`` (a barely elected leader reads) hold their windows open with the
+test build's peer controls (``test_hold``, ``test_elections``; trails.py's ``plan``),
+so that the planted build breaks P3 on every run. Their hand-written scenarios, with
+the same controls, are in tests/integration/test_planted_bugs.py."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 from raftlease.testing import LocalCluster
 from raftlease.testing.hooks import PLANTED_BUGS
 from raftlease.testing.trails import TRAILS, load, replay, unsupported
-from tests.integration.test_planted_bugs import proxied_cluster
+from tests.integration.test_planted_bugs import SLOW_RAFT, proxied_cluster
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,16 +47,26 @@ ELECTS = {"NO_TERM_EXTENSION"}
 #: not on the stopped clock) is put off past the replay's end, as in the hand-written
 #: scenario of the vote promise.
 CUT = {"IGNORE_DRIFT_ALARM": 0.3}
-#: Not replayed: their counterexamples read on a deposed leader whose clock keeps
-#: time, or on a barely elected leader (``unsupported`` says why).
-NOT_REPLAYED = {"SKIP_VOTE_PROMISE", "SKIP_READ_BARRIER"}
+#: Replayed with the test build's peer controls (``test_hold``, ``test_elections``):
+#: the windows a deposed leader's clock-keeping lease or a new leader's uncommitted
+#: entry opens are held open, not hit by timing. ``SKIP_VOTE_PROMISE`` on a proxied
+#: cluster (its deposed leader is cut off and reads) with S = 2 s (``SLOW_RAFT``): the
+#: three units before its election (0.7 s each) end the candidate's own vote promise,
+#: and the deposed leader's lease, earned on the voter's acknowledgements, lasts up to
+#: S after the cut, wide enough for the election, the grant and reads on a loaded
+#: machine; ``leader_fallback`` 15 s as for ``IGNORE_DRIFT_ALARM``.
+#: ``SKIP_READ_BARRIER`` on a plain cluster (its deposed leader is killed) at 0.8 s: a
+#: 4.8 s TTL covers the kill, the election and the reads.
+HELD = {"SKIP_VOTE_PROMISE": 0.7, "SKIP_READ_BARRIER": 0.8}
+#: Not replayed (``unsupported`` would say why): none now.
+NOT_REPLAYED: set[str] = set()
 
 
 def test_every_trail_is_replayed_or_says_why_not() -> None:
     """Every variant has a trail, a planted build of that name, and is replayed here
     or refused by ``unsupported`` (which the README's list must match)."""
     variants = {p.stem for p in TRAILS.glob("*.trail")}
-    assert variants == set(REPLAYED) | set(CUT) | NOT_REPLAYED
+    assert variants == set(REPLAYED) | set(CUT) | set(HELD) | NOT_REPLAYED
     for name in variants:
         assert name.lower() in PLANTED_BUGS, name
         trail = load(name)
@@ -111,3 +122,35 @@ def test_a_cut_off_leader_counterexample_fails_on_its_planted_build_only(
     else:
         assert seen.violations, f"the planted build broke no property:\n{story}"
         assert all(v.startswith(trail.breaks) for v in seen.violations), seen.violations
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("build", ["honest", "planted"])
+@pytest.mark.parametrize("variant", sorted(HELD))
+def test_a_held_window_counterexample_fails_on_its_planted_build_only(
+    request: pytest.FixtureRequest, variant: str, build: str
+) -> None:
+    """``SKIP_VOTE_PROMISE``: the candidate, cut off from the leader from the start
+    (the leader's appends held, so its log is the voter's), runs for election while
+    the leader, cut off from both at the election, still holds the lease the voter's
+    acknowledgements earned it; ``SKIP_READ_BARRIER``: the follower that will lead
+    acknowledges the grant but never learns its commit, and once elected earns its
+    lease on heartbeats while its own entry never commits. The planted build answers
+    a lease read without the grant (P3); the honest one refuses the vote (the grant
+    comes after the lease) or the read (the barrier)."""
+    trail = load(variant)
+    hooks = {"clock_control": True} if build == "honest" else {"planted_bug": variant.lower()}
+    if variant == "SKIP_VOTE_PROMISE":
+        with proxied_cluster(request, hooks, leader_fallback=15.0, **SLOW_RAFT) as p:
+            seen = replay(trail, p.cluster, HELD[variant], net=p.proxies)
+    else:
+        factory: Callable[..., LocalCluster] = request.getfixturevalue("cluster_factory")
+        seen = replay(trail, factory(hooks=hooks), HELD[variant])
+    story = "\n".join(seen.log)
+    assert seen.premises == [], (seen.premises, story)
+    if build == "honest":
+        assert seen.violations == [], (seen.violations, story)
+    else:
+        assert seen.violations, f"the planted build broke no property:\n{story}"
+        assert all(v.startswith(trail.breaks) for v in seen.violations), seen.violations
+    print(story)

@@ -36,7 +36,7 @@ from tests.unit.test_planted_bugs import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "jepsen-style"))
-from proxy import DROP, PASS, ProxyNet
+from proxy import DROP, ProxyNet
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -223,34 +223,22 @@ class Proxied:
 
 @contextlib.contextmanager
 def proxied_cluster(
-    request: pytest.FixtureRequest,
-    hooks: dict[str, Any],
-    node_settings: dict[str, dict[str, Any]] | None = None,
-    late: str | None = None,
-    **settings: Any,
+    request: pytest.FixtureRequest, hooks: dict[str, Any], **settings: Any
 ) -> Iterator[Proxied]:
-    """``node_settings``: per-node overrides; ``late``: a node started only once the
-    others agree on a leader (so that it starts as a follower)."""
+    """A started 3-node cluster of ``hooks``' build whose peers dial through a
+    ``ProxyNet``, with ``settings`` over FAST_SETTINGS; stopped (and its logs shown
+    if the test failed) at the end."""
     base = free_port_block(3)
     proxies = ProxyNet(local_cluster(3, base), [base + 200 + i for i in range(3)]).start()
-    per_node = proxies.dial_settings()
-    for node_id, extra in (node_settings or {}).items():
-        per_node[node_id].update(extra)
     cluster = LocalCluster(
         3,
         client_port=base,
         settings={**FAST_SETTINGS, **settings},
-        node_settings=per_node,
+        node_settings=proxies.dial_settings(),
         hooks=hooks,
     )
     try:
-        for node in cluster.nodes:
-            if node.id != late:
-                cluster.start_node(node.id)
-        cluster.wait_for_leader()
-        if late is not None:
-            cluster.start_node(late)
-            cluster.wait_for_leader()
+        cluster.start()
         yield Proxied(cluster, proxies)
     finally:
         if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
@@ -327,10 +315,11 @@ class Reader:
     connection and thread, so that a read waiting for the log does not hold up the
     next one; ``stop()`` returns every read with its answer."""
 
-    def __init__(self, addr: str, key: str, interval: float = 0.02) -> None:
-        self.addr, self.key, self.interval = addr, key, interval
+    def __init__(self, addr: str, key: str, interval: float = 0.02, timeout: float = 5.0) -> None:
+        self.addr, self.key, self.interval, self.timeout = addr, key, interval, timeout
         self._pool = ThreadPoolExecutor(max_workers=128)
         self._futures: list[Future[ReadResult]] = []
+        self._started: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -339,7 +328,7 @@ class Reader:
         sent = time.monotonic()
         try:
             response: dict[str, Any] | None = raw_request(
-                self.addr, holder_frame(self.key), timeout=5.0
+                self.addr, holder_frame(self.key), timeout=self.timeout
             )
         except (OSError, AssertionError):
             response = None
@@ -347,7 +336,12 @@ class Reader:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            self._started.append(time.monotonic())
             self._futures.append(self._pool.submit(self._read))
+
+    def sent(self, after: float = 0.0) -> int:
+        """Reads started after ``after`` so far (answered or not)."""
+        return sum(1 for at in list(self._started) if at > after)
 
     def answered(self, after: float = 0.0) -> int:
         """Reads sent after ``after`` that got an answer so far."""
@@ -364,154 +358,158 @@ class Reader:
         return [f.result() for f in self._futures]
 
 
-#: The follower that campaigns in the vote-promise scenario (n3), with a short
-#: election timeout so that it runs before the leader's next log-time tick reaches the
-#: other follower (a candidate whose log is behind gets no vote, promise or not).
-EAGER = "n3"
-EAGER_TIMERS: dict[str, Any] = {"election_timeout_min": 0.5, "election_timeout_max": 0.7}
-
-
 @pytest.mark.integration
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("build", ["honest", "skip_vote_promise"])
 def test_vote_promise_keeps_a_deposed_leader_from_stale_lease_reads(
     request: pytest.FixtureRequest, build: str
 ) -> None:
-    """Right after the leader L applied a tick, cut L from follower C (both ways) and
-    delay the other follower B's messages to L by 1 s. C times out after 0.5-0.7 s and
-    campaigns with a log as long as B's (asks for pre-votes first). With the promise, B,
-    which hears from L (S = 2 s), refuses its pre-vote (or its vote): nobody else leads.
-    Without it, B elects C; L, whose lease was earned on B's echoes, learns of the new
-    term only with B's delayed messages and meanwhile serves lease reads that miss a
-    grant C acknowledged.
-    Timing-dependent: the planted build gets ATTEMPTS runs."""
-    for _ in range(ATTEMPTS if build != "honest" else 1):
-        with proxied_cluster(
-            request,
-            hooks_for(build),
-            node_settings={EAGER: EAGER_TIMERS},
-            late=EAGER,
-            leader_fallback=15.0,
-            **SLOW_RAFT,
-        ) as p:
-            violations = _vote_promise_scenario(p)
-        if expect(build, violations):
-            return
-    pytest.fail(f"the planted build served no stale read in {ATTEMPTS} runs")
+    """Leader L holds back its entries from both followers (the test build's
+    ``test_hold``: heartbeats only, so B and C keep equal logs; a candidate whose log
+    is behind gets no vote, promise or not) and C's elections are held
+    (``test_elections``). Cut L from C (both ways) until C's own vote promise is over,
+    then cut L from B too and make C run now. B heard L a heartbeat ago: with the
+    promise it refuses its pre-vote (and vote) until the promise ends, after L's
+    lease, which rests on B's acknowledgements; without it, B elects C at once and L,
+    which never hears of the new term, serves lease reads that miss a grant C
+    acknowledged. Deterministic: the election comes within L's lease on every run of
+    the planted build (premise, both builds: C asked while L held its lease)."""
+    with proxied_cluster(request, hooks_for(build), leader_fallback=15.0, **SLOW_RAFT) as p:
+        violations = _vote_promise_scenario(p)
+    assert expect(build, violations), "the planted build served no stale read"
 
 
 def _vote_promise_scenario(p: Proxied) -> list[str]:
     old = p.cluster.leader_id()
-    if old == EAGER:
-        # It won an election after a scheduling stall: restart it as a follower.
-        p.cluster.restart_node(EAGER)
-        old = str(p.cluster.wait_for_leader(exclude=EAGER)["node"])
-    cut, bridge = EAGER, next(n.id for n in p.cluster.nodes if n.id not in (old, EAGER))
+    bridge, cut = sorted(n.id for n in p.cluster.nodes if n.id != old)
+    addr = {n.id: p.addr(n.id) for n in p.cluster.nodes}
 
-    def followed() -> bool:
-        status = p.status(cut)
-        leader = p.status(old)
-        return bool(status and leader and status["leader"] == leader["client"])
+    def status(node: str) -> dict[str, Any]:
+        return p.status(node) or {}
 
-    wait_for(followed, 15, f"{cut} to follow {old}")
-    wait_for(lambda: (p.status(old) or {}).get("lease_reads"), 15, "the leader's lease")
-    before = wait_for(lambda: p.status(old), 10, f"{old}'s status")
-    # Cut just after a tick is applied: C's log then stays as long as B's until the
-    # next tick, about a second later.
+    # Its own first entry applied before its entries are held (nothing commits after).
+    wait_for(lambda: status(old).get("lease_reads"), 15, f"{old}'s lease reads")
+    elections(addr[cut], "hold")
+    sent = {n: int(hold(addr[old], n, "appends")["sent"]) for n in (bridge, cut)}
+
+    def same_logs() -> bool:
+        ends = {n: int(status(n).get("last_log_index", -1)) for n in sent}
+        return all(ends[n] >= sent[n] for n in sent) and len(set(ends.values())) == 1
+
+    wait_for(same_logs, 10, "both followers to have every entry sent", interval=0.02)
+    p.proxies.block([(old, cut), (cut, old)])
+    promise = float(SLOW_RAFT["election_timeout_min"])
     wait_for(
-        lambda: (p.status(old) or {}).get("applied_index", 0) > before["applied_index"],
-        5,
-        "a tick",
-        interval=0.005,
+        lambda: float(status(cut).get("heard_from_leader_ago") or 0) > promise,
+        10,
+        f"{cut}'s vote promise to end",
+        interval=0.05,
     )
-    p.proxies.set_flows([(old, cut, DROP, 0.0), (cut, old, DROP, 0.0), (bridge, old, PASS, 1.0)])
+    wait_for(lambda: status(old).get("lease_reads"), 5, f"{old}'s lease reads on {bridge}")
+    p.proxies.block([(old, bridge), (bridge, old)])
+    lease_end = time.monotonic() + float(status(old).get("lease_remaining") or 0)
+    asked = int(status(cut).get("pre_vote_rounds", 0))
+    elections(addr[cut], "now")
+    wait_for(
+        lambda: int(status(cut).get("pre_vote_rounds", 0)) > asked,
+        10,
+        f"{cut} to ask for pre-votes",
+        interval=0.01,
+    )
+    assert time.monotonic() < lease_end, f"{cut} asked for votes after {old}'s lease"
     key = "promise/k"
-    reader = Reader(p.addr(old), key)
-    campaigned = []
-
-    asked = int((p.status(cut) or {}).get("pre_vote_rounds", 0))
-
-    def new_leader_grant() -> Write | None:
-        status = p.status(cut)
-        if status is not None and status.get("pre_vote_rounds", 0) > asked:
-            campaigned.append(-1)  # it asked for pre-votes (refused under B's promise)
-        if status is None or status["term"] <= before["term"]:
-            return None
-        campaigned.append(status["term"])
-        return (
-            acquire_on(p.addr(cut), key, "new-leader-client")
-            if status["role"] == "leader"
-            else None
-        )
-
+    reader = Reader(addr[old], key, timeout=0.5)
     try:
-        try:
-            write = wait_for(new_leader_grant, 8, f"{cut} to lead", interval=0.01)
-        except TimeoutError:
-            # Nobody else leads (the honest outcome): the old leader grants.
-            granted = acquire_on(p.addr(old), key, "old-leader-client")
-            assert granted is not None, "the old leader, still leading, did not grant"
-            write = granted
+        wait_for(
+            lambda: status(cut).get("role") == "leader" or status(bridge).get("role") == "leader",
+            20,
+            "a new leader",
+            interval=0.01,
+        )
+        leader = cut if status(cut).get("role") == "leader" else bridge
+        write = wait_for(
+            lambda: acquire_on(addr[leader], key, "new-leader-client"), 10, "the grant"
+        )
         acked = write.acked
-        wait_for(lambda: reader.answered(after=acked) >= 50, 20, "reads of the old leader")
+        # The old leader, cut off, answers only from its lease; the rest wait for a
+        # log that never commits there (unanswered, not a violation).
+        wait_for(lambda: reader.sent(after=acked) >= 50, 20, "reads of the old leader")
     finally:
         reads = reader.stop()
-    assert campaigned, f"{cut} never campaigned"
+    assert status(old).get("role") == "leader", f"{old} stepped down: the run proves nothing"
     return stale_reads(write, reads)
 
 
+def elections(addr: str, mode: str) -> None:
+    """The test build's ``test_elections`` on the node at ``addr``: ``hold``, ``now``
+    or ``free`` (raftlease.testing.node.PeerControls)."""
+    response = raw_request(addr, {"id": 1, "op": "test_elections", "mode": mode})
+    assert response["ok"], response
+
+
+def hold(addr: str, peer: str, what: str) -> dict[str, Any]:
+    """The test build's ``test_hold`` on the node at ``addr``: its ``append_entries``
+    to ``peer`` carry no entries (``appends``), no newer commit index (``commit``), or
+    as usual again (``nothing``); raftlease.testing.node.PeerControls."""
+    response = raw_request(addr, {"id": 1, "op": "test_hold", "peer": peer, "what": what})
+    assert response["ok"], response
+    return dict(response["result"])
+
+
 @pytest.mark.integration
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("build", ["honest", "skip_read_barrier"])
 def test_read_barrier_keeps_a_new_leader_from_stale_lease_reads(
-    request: pytest.FixtureRequest, build: str
+    cluster_factory: Callable[..., LocalCluster], build: str
 ) -> None:
-    """Pause follower C; delay leader A's messages to B by 0.8 s; acquire on A (A
-    commits with B's acknowledgement). The moment the grant is acknowledged, stop A
-    and drop what it still had in flight to B, so B holds the entry but never learns
-    that it is committed. Resume C with B's messages to it delayed by 0.6 s: B is
-    elected, and the first round trip to C (which lacks the entry) earns B its leader
-    lease a round trip before B's own entry commits. With the barrier, B serves no
-    lease read until its own tick is applied; without it, B answers from its lease
-    without the acknowledged grant. Timing-dependent: the planted build gets ATTEMPTS
-    runs."""
-    for _ in range(ATTEMPTS if build != "honest" else 1):
-        with proxied_cluster(request, hooks_for(build), leader_fallback=3.0, **SLOW_RAFT) as p:
-            violations = _read_barrier_scenario(p)
-        if expect(build, violations):
-            return
-    pytest.fail(f"the planted build served no stale read in {ATTEMPTS} runs")
-
-
-def _read_barrier_scenario(p: Proxied) -> list[str]:
-    a = p.cluster.leader_id()
-    b, c = [n.id for n in p.cluster.nodes if n.id != a]
-    p.cluster.pause_node(c)
-    # C must not get the grant: not even from its socket buffer once resumed.
-    p.proxies.set_flows([(a, c, DROP, 0.0), (a, b, PASS, 0.8)])
+    """Leader A holds back its commit index from follower B and its entries from
+    follower C (the test build's ``test_hold``); B holds back its own entries from C
+    once it leads. Acquire on A: B appends the grant and acknowledges it (A commits
+    with it) but never learns that it committed; C never gets it. Kill A: only B can
+    be elected (C's log is behind), and C's answers to B's heartbeats earn B its
+    leader lease while B's own first entry cannot commit. With the barrier, B serves
+    no lease read until its own entry is applied (its reads wait for the log, and
+    once B's entries reach C, answer with the grant); without it, B answers from its
+    lease without the acknowledged grant. Deterministic: the window stays open until
+    the hold is lifted, on every run."""
+    cluster = cluster_factory(hooks=hooks_for(build))
+    a = cluster.leader_id()
+    b, c = sorted(n.id for n in cluster.nodes if n.id != a)
+    addr = {n.id: cluster.node(n.id).client for n in cluster.nodes}
+    hold(addr[a], c, "appends")
+    cap = int(hold(addr[a], b, "commit")["commit_index"])
+    hold(addr[b], c, "appends")
     key = "barrier/k"
-    write = acquire_on(p.addr(a), key, "old-leader-client")
-    p.cluster.pause_node(a)
-    p.proxies.reset(a)  # drops the delayed messages that carry the new commit index
-    p.cluster.kill_node(a)
+    write = acquire_on(addr[a], key, "old-leader-client")
     assert write is not None, "the leader did not grant"
-    p.proxies.set_flow(b, c, PASS, 0.6)
-    reader = Reader(p.addr(b), key)
-    p.cluster.resume_node(c)
+    cluster.kill_node(a)
+    reader = Reader(addr[b], key)
     try:
         wait_for(
-            lambda: (p.status(b) or {}).get("role") == "leader",
-            40,
+            lambda: (status_of(addr[b], timeout=1.0) or {}).get("role") == "leader",
+            20,
             f"{b} to be elected",
             interval=0.01,
         )
         elected = time.monotonic()
-        # Until B's own entry commits, its reads wait for C (or are lease reads, in the
-        # planted build); 50 answered reads sent after its election cover that.
+        wait_for(
+            lambda: float((status_of(addr[b], timeout=1.0) or {}).get("lease_remaining") or 0) > 0,
+            10,
+            f"{b}'s leader lease",
+            interval=0.01,
+        )
+        leased = time.monotonic()
+        # The window: B leads with a lease and has not applied the grant. Reads
+        # sent in it (one every 20 ms) are the test; then B's entries may reach C.
+        wait_for(lambda: reader.sent(after=leased) >= 25, 10, "reads in the window")
+        status = status_of(addr[b], timeout=1.0) or {}
+        assert status.get("role") == "leader", status
+        assert int(status.get("applied_index", 0)) <= cap, (cap, status)
+        hold(addr[b], c, "nothing")
         wait_for(lambda: reader.answered(after=elected) >= 50, 30, "reads of the new leader")
     finally:
         reads = reader.stop()
-    return stale_reads(write, reads)
+    assert expect(build, stale_reads(write, reads)), "the planted build served no stale read"
 
 
 # --- unwritten_keepalives, no_term_extension: keep-alives from the leader's memory

@@ -28,11 +28,13 @@ The chaos suite's own runs catch the other two (``CHAOS_COVERED``, in
 tests/chaos/test_chaos.py): ``fast_log_clock`` (the log clock) and ``unsynced_acks`` (no
 acknowledgement before a sync: three ``power-loss`` faults, honest and planted).
 
-Where catching the planted build depends on timing (the scenario opens a window that
-a loaded machine may miss), the planted run is retried a bounded number of times
-(``ATTEMPTS``); the honest run is never retried, and each attempt of either build
+Where catching the planted build depends on timing (the follower-log load opens a
+window that a loaded machine may miss), the planted run is retried a bounded number of
+times (``ATTEMPTS``); the honest run is never retried, and each attempt of either build
 asserts that the scenario really happened (the candidate campaigned, the alarm was
-raised, the new leader was elected, the load ran).
+raised, the new leader was elected, the load ran). The vote-promise and read-barrier
+scenarios hold their windows open with the test build's peer controls (``test_hold``,
+``test_elections``) and catch their planted builds on every run.
 
 The unit half of these tests (no process); the integration half is
 tests/integration/test_planted_bugs.py.
@@ -76,6 +78,7 @@ from raftlease.testing.node import (
     StaleAcceptingTasks,
     UnwritingProposer,
     build_hooks,
+    controlled,
     join_at_once,
 )
 from tests.integration.test_cluster import raw_request
@@ -271,11 +274,11 @@ def test_unknown_planted_bug_is_refused_before_any_process_starts() -> None:
 
 #: What each planted build changes in ServerHooks, against the honest test build.
 PLANTED_FIELDS: dict[str, dict[str, Any]] = {
-    "skip_pre_vote": {"transport_class": EagerElectionTransport},
+    "skip_pre_vote": {"transport_class": controlled(EagerElectionTransport)},
     "skip_vote_promise": {"guard_class": PromiselessGuard},
     "ignore_drift_alarm": {"guard_class": DriftBlindGuard},
     "skip_read_barrier": {"reads_class": BarrierlessReads},
-    "raw_follower_log": {"transport_class": RawFollowerLogTransport},
+    "raw_follower_log": {"transport_class": controlled(RawFollowerLogTransport)},
     "skip_dedup": {"store_class": ForgetfulStore},
     "accept_stale_attempt": {"store_class": StaleAcceptingStore},
     "unwritten_keepalives": {"proposer_class": UnwritingProposer},
@@ -309,13 +312,19 @@ def test_build_hooks_changes_exactly_the_planted_guard(bug: str) -> None:
     }
     assert changed == PLANTED_FIELDS[bug]
     assert planted.clock is not None and "test_clock" in planted.control_ops
+    assert {"test_hold", "test_elections"} <= set(planted.control_ops)
 
 
 def test_production_hooks_are_the_honest_ones() -> None:
-    """``raftlease node`` builds no hooks; the defaults are the honest build."""
+    """``raftlease node`` builds no hooks; the defaults are the honest build (whose
+    transport adds only the test build's peer controls, ``test_hold`` and
+    ``test_elections``)."""
     production, honest = ServerHooks(), build_hooks("")
     for name in HOOK_FIELDS:
-        assert getattr(production, name) == getattr(honest, name), name
+        expected = getattr(production, name)
+        if name == "transport_class":
+            expected = controlled(expected)
+        assert getattr(honest, name) == expected, name
     assert production.guard_class is LeaseGuard
     assert production.transport_class is LeaseTransport
     assert production.store_class is LeaseStore
