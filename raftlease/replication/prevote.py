@@ -23,6 +23,18 @@ majority still hears a leader, never raises its term, and rejoins as a follower.
 A refusal that names a higher term makes the asker take that term (it was behind;
 raising one's own term never disturbs anyone else).
 
+PreVote owns the election timer. PySyncObj starts an election in its tick as soon as
+its deadline has passed; a check in ``before_tick`` and PySyncObj's own check a moment
+later read the clock twice, and a deadline that fell between the two (a hold's end,
+while the tick thread was descheduled or the journal's once-a-second work ran) started
+an election no pre-vote had won: a member cut off from every other raised its term
+(the chaos suite's ``rejoin`` checker caught it under load). So PySyncObj's deadline is
+kept at ``NEVER``: a deadline anyone writes there (PySyncObj when it hears a leader,
+gives a vote or starts its election; a leadership transfer; the early election of
+transport.py; a test control) is taken as this node's election deadline (``timer``) at
+the next ``before_tick``, and only the tick that lets an election run puts a due one
+(0) back.
+
 CheckQuorum's other half, a leader stepping down when a majority has not answered
 for ``leader_fallback`` (at least the maximum election timeout, config.py), is
 PySyncObj's ``leaderFallbackTimeout`` (replica.syncobj_conf); the leader lease
@@ -34,6 +46,7 @@ Threads: PySyncObj's tick thread only (``before_tick`` and the message handlers)
 from __future__ import annotations
 
 import logging
+import math
 import random
 from typing import Any
 
@@ -51,6 +64,8 @@ MESSAGE_TYPES = frozenset({REQUEST, RESPONSE})
 #: node waits a full random election timeout between rounds.
 QUICK_ROUNDS = 3
 QUICK_PAUSE = (1 / 16, 1 / 8)
+#: PySyncObj's election deadline between ticks (module docstring): never due.
+NEVER = math.inf
 
 
 def _int(value: Any) -> int | None:
@@ -71,8 +86,11 @@ class PreVote:
         self.won = False
         #: Rounds asked since the election timer last fired after news of a leader.
         self.streak = 0
-        #: The election deadline we set ourselves (to tell it from PySyncObj's).
+        #: The election deadline we set ourselves (a hold), None once another was set.
         self.held: float | None = None
+        #: This node's election deadline on PySyncObj's clock (module docstring: PySyncObj
+        #: holds ``NEVER``); None until the first tick takes PySyncObj's.
+        self.timer: float | None = None
         #: Rounds asked and rounds won since start (status).
         self.rounds = 0
         self.wins = 0
@@ -90,19 +108,35 @@ class PreVote:
         self.streak = 0
         self.held = None
 
+    def deadline(self) -> float:
+        """This node's election deadline on PySyncObj's clock: one written since the
+        last tick, else ``timer``. Tick thread."""
+        written = float(self.sync._SyncObj__raftElectionDeadline)
+        if written != NEVER or self.timer is None:
+            return written
+        return self.timer
+
     def before_tick(self) -> None:
         """Before PySyncObj's tick, whose first step starts an election once the
-        election deadline passed: hold it back unless a majority granted a pre-vote
-        for the next term."""
+        election deadline passed: take a deadline written since the last tick, keep
+        PySyncObj's at ``NEVER``, and put a due one back only when a majority granted
+        a pre-vote for the next term (module docstring)."""
         sync = self.sync
+        written = sync._SyncObj__raftElectionDeadline
+        if written != NEVER:
+            # PySyncObj heard a leader, gave a vote or started its election; or a
+            # transfer, an early election or a test control set it: a new deadline,
+            # and what was asked before it no longer counts.
+            if self.timer is not None:
+                self._reset()
+            self.timer = float(written)
+            sync._SyncObj__raftElectionDeadline = NEVER
         if sync._SyncObj__raftState == _RAFT_STATE.LEADER or sync._SyncObj__selfNode is None:
             self._reset()
             return
         now = raft_clock()
-        deadline = sync._SyncObj__raftElectionDeadline
-        if deadline >= now:
-            if self.held is not None and deadline != self.held:
-                self._reset()  # PySyncObj moved it: a leader was heard, or a vote given
+        assert self.timer is not None
+        if self.timer >= now:
             return
         if not sync._SyncObj__connectedToAnyone():
             return  # PySyncObj starts no election then either
@@ -110,7 +144,8 @@ class PreVote:
         if self.won and self.term == term:
             self.wins += 1
             self._reset()
-            return  # PySyncObj runs its election in this tick
+            sync._SyncObj__raftElectionDeadline = 0.0  # due: PySyncObj runs it in this tick
+            return
         left = self.guard.promise_left()
         if left > 0:
             # We heard a leader within the promise: we would refuse our own vote.
@@ -145,7 +180,7 @@ class PreVote:
 
     def _hold(self, until: float) -> None:
         self.held = until
-        self.sync._SyncObj__raftElectionDeadline = until
+        self.timer = until
 
     def on_message(self, node: Any, message: dict[str, Any]) -> None:
         if message.get("type") == REQUEST:

@@ -900,7 +900,11 @@ class LeaseTransport(TCPTransport):  # type: ignore[misc]
         # with uptime (0.26 s after 3 h on the CI VM kind), and a deadline on the wrong
         # one fired that much late (or was not taken at all, for looking later).
         deadline = raft_clock() + delay
-        if deadline < sync._SyncObj__raftElectionDeadline:
+        # PreVote keeps PySyncObj's deadline at NEVER between ticks and takes what is
+        # written there at the next one (prevote.py): compare with the real deadline.
+        prevote = getattr(self, "prevote", None) if self.pre_vote else None
+        current = prevote.deadline() if prevote is not None else sync._SyncObj__raftElectionDeadline
+        if deadline < current:
             sync._SyncObj__raftElectionDeadline = deadline
             self.guard.early_elections += 1
             self._wake_at(delay)
