@@ -24,13 +24,22 @@ constructor by whoever builds it).
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import struct
+import threading
 from array import array
 from collections.abc import Iterator
 from typing import Any, overload
 
-from pysyncobj.journal import FIRST_RECORD_OFFSET, FileJournal, MetaStorer, ResizableFile
+from pysyncobj import syncobj as syncobj_module
+from pysyncobj.journal import (
+    FIRST_RECORD_OFFSET,
+    FileJournal,
+    MemoryJournal,
+    MetaStorer,
+    ResizableFile,
+)
 from pysyncobj.pickle import to_bytes
 
 #: A record: its length (of index, term and command), then index and term.
@@ -41,6 +50,8 @@ _INDEX_TERM = struct.Struct("<QQ")
 #: Bytes of the newest records ``release`` leaves mapped: what the leader sends its
 #: followers and applies next is read from resident pages, not faulted back in.
 RELEASE_KEEP = 1 << 20
+#: A ``LogView`` walked this many bytes of the file calls ``release`` on its way.
+ITER_RELEASE = 4 << 20
 
 
 Entry = tuple[bytes, int, int]
@@ -80,7 +91,13 @@ class LogView:
 
     def __iter__(self) -> Iterator[Entry]:
         read, journal = self._journal._entry, self._journal
+        mark = self._offsets[0] if self._offsets else 0
         for offset in self._offsets:
+            if offset - mark >= ITER_RELEASE:
+                # A long walk (a node replaying its journal at start: every entry in
+                # one tick) drops the pages it has read as it goes, not a second later.
+                journal.release()
+                mark = offset
             yield read(journal._map(), offset)
 
     def __reversed__(self) -> Iterator[Entry]:
@@ -121,7 +138,10 @@ class CompactJournal(FileJournal):  # type: ignore[misc]
     @classmethod
     def adopt(cls, journal: FileJournal) -> CompactJournal:
         """Turn PySyncObj's loaded ``journal`` into a ``CompactJournal`` in place (its
-        file, meta and offsets stay; its list of entries is dropped). Returns it."""
+        file, meta and offsets stay; its list of entries is dropped). Returns it (as
+        it is if it is one already)."""
+        if isinstance(journal, CompactJournal):
+            return journal
         journal.__class__ = cls
         compact: CompactJournal = journal
         compact._offsets = array("Q")
@@ -234,3 +254,29 @@ class CompactJournal(FileJournal):  # type: ignore[misc]
         except (OSError, ValueError):
             return 0
         return end - start
+
+
+_CREATING = threading.Lock()
+
+
+def _create_journal(journalFile: str | None = None) -> Any:
+    """PySyncObj's ``createJournal``, with a ``CompactJournal`` for a file."""
+    return MemoryJournal() if journalFile is None else CompactJournal(journalFile)
+
+
+@contextlib.contextmanager
+def compact_journals() -> Iterator[None]:
+    """While inside, a ``SyncObj`` constructed loads its journal file as a
+    ``CompactJournal`` (PySyncObj's constructor calls its module's ``createJournal``;
+    it is swapped for the duration, one constructor at a time). Without it PySyncObj
+    first loads every entry of the file into its list (which ``DurableJournal`` then
+    drops): a node restarting with 100,000 entries in its journal went ~30 MiB above
+    what it holds once started, and kept most of it. Blocks while another thread is
+    inside."""
+    with _CREATING:
+        original = syncobj_module.createJournal
+        syncobj_module.createJournal = _create_journal
+        try:
+            yield
+        finally:
+            syncobj_module.createJournal = original

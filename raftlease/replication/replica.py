@@ -40,6 +40,7 @@ from ..errors import (
     RaftLeaseError,
     UnavailableError,
 )
+from .compact_journal import compact_journals
 from .durable import SyncRecorder, remove_stale_rewrites
 from .group_send import GroupSendSyncObj
 from .journal import (
@@ -378,9 +379,10 @@ class Replica:
             },
         )
         # One append_entries per follower per tick, not per command (group_send.py).
-        self._sync = GroupSendSyncObj(
-            me.raft, peers, conf, consumers=[self._consumer], transportClass=bound
-        )
+        with compact_journals():  # the log is never loaded into a list (compact_journal.py)
+            self._sync = GroupSendSyncObj(
+                me.raft, peers, conf, consumers=[self._consumer], transportClass=bound
+            )
         #: The commit index in the journal found at start: the state this node had is
         #: back once its snapshot is loaded and the log applied up to here.
         self._start_commit = int(self._sync.raftCommitIndex)

@@ -140,3 +140,27 @@ def test_the_durable_journal_keeps_it_compact_across_a_compaction(tmp_path: Path
     assert durable[-1] == want[-1]
     durable._destroy()
     assert loaded(path) == want[250:]
+
+
+@pytest.mark.timeout(30)
+def test_syncobj_loads_a_compact_journal_inside_compact_journals(tmp_path: Path) -> None:
+    """PySyncObj's constructor calls its module's ``createJournal``: inside
+    ``compact_journals`` that gives a ``CompactJournal`` for a file (no list of
+    entries is ever built), and PySyncObj's own afterwards."""
+    from pysyncobj import syncobj
+
+    from raftlease.replication.compact_journal import compact_journals
+
+    path = tmp_path / "raft.journal"
+    plain = FileJournal(str(path))
+    for entry in entries(50):
+        plain.add(*entry)
+    plain._destroy()
+    original = syncobj.createJournal
+    with compact_journals():
+        made = syncobj.createJournal(str(path))
+        assert isinstance(made, CompactJournal) and list(made[0:]) == entries(50)
+        assert CompactJournal.adopt(made) is made
+        made._destroy()
+        assert type(syncobj.createJournal(None)).__name__ == "MemoryJournal"
+    assert syncobj.createJournal is original
