@@ -64,6 +64,7 @@ from .membership import (
 )
 from .names import names
 from .peer_tls import PeerTLS, load_peer_tls
+from .snapshot_rows import unpack_snapshot
 from .transport import LeaseTransport
 
 log = logging.getLogger("raftlease.replication")
@@ -156,7 +157,9 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
 
     def _deserialize(self, data: Any) -> None:
         try:
-            plain = msgpack.unpackb(data, raw=False, strict_map_key=False)
+            # The lease rows are unpacked one at a time as the store is built
+            # (snapshot_rows.py): never all of them at once beside it.
+            plain = unpack_snapshot(data)
             store = self.store_class.from_plain(plain)
         except Exception as exc:
             # PySyncObj would only log this and go on with an empty state machine, and
