@@ -165,7 +165,21 @@ class CompactJournal(FileJournal):  # type: ignore[misc]
     def _map(self) -> Any:
         # Looked up on each read: ResizableFile replaces its map when it grows by
         # reopening the file (where mmap.resize is refused).
-        return self._FileJournal__journalFile._ResizableFile__mm
+        mapping = self._FileJournal__journalFile._ResizableFile__mm
+        if mapping.closed:
+            # Destroyed (PySyncObj's destroy, at shutdown): a tick still running reads
+            # the log as it could from the list, through a read-only map of the file.
+            mapping = self._closed_map()
+        return mapping
+
+    def _closed_map(self) -> Any:
+        mapping = getattr(self, "_read_only", None)
+        if mapping is None:
+            file = self._FileJournal__journalFile
+            with open(file._ResizableFile__fileName, "rb") as f:
+                mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._read_only = mapping
+        return mapping
 
     def _entry(self, mapping: Any, offset: int) -> Entry:
         size, index, term = _HEAD.unpack_from(mapping, offset)

@@ -164,3 +164,15 @@ def test_syncobj_loads_a_compact_journal_inside_compact_journals(tmp_path: Path)
         made._destroy()
         assert type(syncobj.createJournal(None)).__name__ == "MemoryJournal"
     assert syncobj.createJournal is original
+
+
+@pytest.mark.timeout(30)
+def test_reads_after_destroy_still_answer(tmp_path: Path) -> None:
+    """PySyncObj's list answered reads after ``destroy`` (a tick still running at
+    shutdown reads the log's last index): so does the file, through a read-only map."""
+    journal = CompactJournal(str(tmp_path / "raft.journal"))
+    want = entries(20)
+    for entry in want:
+        journal.add(*entry)
+    journal._destroy()
+    assert journal[-1] == want[-1] and list(journal[0:]) == want
