@@ -133,6 +133,8 @@ class CompactJournal(FileJournal):  # type: ignore[misc]
         self._FileJournal__meta = self._FileJournal__metaStorer.getMeta()
         self._FileJournal__metaSaved = True
         self._offsets = array("Q")
+        self._head: tuple[int, Entry] | None = None
+        self._tail: tuple[int, Entry] | None = None
         self._scan()
 
     @classmethod
@@ -145,6 +147,7 @@ class CompactJournal(FileJournal):  # type: ignore[misc]
         journal.__class__ = cls
         compact: CompactJournal = journal
         compact._offsets = array("Q")
+        compact._head = compact._tail = None
         compact._scan()
         del compact._FileJournal__journal
         return compact
@@ -198,11 +201,13 @@ class CompactJournal(FileJournal):  # type: ignore[misc]
         self._offsets.append(offset)
         self._FileJournal__currentOffset = offset + len(record)
         self._FileJournal__setLastRecordOffset(offset + len(record))
+        self._tail = (offset, (command, idx, term))
 
     def clear(self) -> None:
         self._offsets = array("Q")
         self._FileJournal__setLastRecordOffset(FIRST_RECORD_OFFSET)
         self._FileJournal__currentOffset = FIRST_RECORD_OFFSET
+        self._head = self._tail = None
 
     @overload
     def __getitem__(self, item: int) -> Entry: ...
@@ -213,7 +218,21 @@ class CompactJournal(FileJournal):  # type: ignore[misc]
     def __getitem__(self, item: int | slice) -> Entry | LogView:
         if isinstance(item, slice):
             return LogView(self, self._offsets[item])
-        return self._entry(self._map(), self._offsets[item])
+        # The first and the last entry are asked for on every tick (PySyncObj's
+        # current log index and term, the start of every __getEntries): kept, with
+        # the offset they were read or written at, so they cost no read. Every write
+        # at an offset is an ``add``, which replaces the last one; ``clear`` and
+        # ``deleteEntriesFrom`` forget both.
+        offset = self._offsets[item]
+        for cached in (self._tail, self._head):
+            if cached is not None and cached[0] == offset:
+                return cached[1]
+        entry = self._entry(self._map(), offset)
+        if offset == FIRST_RECORD_OFFSET:
+            self._head = (offset, entry)
+        elif offset == self._offsets[-1]:
+            self._tail = (offset, entry)
+        return entry
 
     def __len__(self) -> int:
         return len(self._offsets)
@@ -226,6 +245,7 @@ class CompactJournal(FileJournal):  # type: ignore[misc]
             return
         offset = self._offsets[start]
         del self._offsets[start:]
+        self._head = self._tail = None
         self._FileJournal__currentOffset = offset
         self._FileJournal__setLastRecordOffset(offset)
 

@@ -176,3 +176,33 @@ def test_reads_after_destroy_still_answer(tmp_path: Path) -> None:
         journal.add(*entry)
     journal._destroy()
     assert journal[-1] == want[-1] and list(journal[0:]) == want
+
+
+@pytest.mark.timeout(30)
+def test_the_first_and_last_entry_follow_every_change(tmp_path: Path) -> None:
+    """``[0]`` and ``[-1]`` are kept between reads (PySyncObj asks for them every
+    tick): a cut, a rewrite or an append at an offset a kept one had must not
+    answer the old entry."""
+    journal = CompactJournal(str(tmp_path / "raft.journal"))
+    for entry in entries(10):
+        journal.add(*entry)
+    assert journal[0] == entries(10)[0] and journal[-1] == entries(10)[-1]
+    journal.deleteEntriesFrom(5)  # the old last entry's offset is free again
+    assert journal[-1] == entries(10)[4]
+    other = (b"\x00other", 6, 9)
+    journal.add(*other)
+    assert journal[-1] == other and journal[5] == other and journal[4] == entries(10)[4]
+    journal.deleteEntriesFrom(0)
+    with pytest.raises(IndexError):
+        journal[0]
+    first = (b"\x01", 40, 9)
+    journal.add(*first)
+    assert journal[0] == first == journal[-1]
+    journal.clear()
+    second = (b"\x00second", 41, 9)
+    journal.add(*second)
+    assert journal[0] == second == journal[-1]
+    journal.deleteEntriesTo(0)  # rewrites in place: clear, then the same entries again
+    assert journal[0] == second
+    journal._destroy()
+    assert loaded(tmp_path / "raft.journal") == [second]
