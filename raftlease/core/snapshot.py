@@ -277,8 +277,7 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         store._count(store.waiting_by, waiter.principal, 1)
     for session in store.lease_sessions.values():
         store._count(store.sessions_by, session.principal, 1)
-    store._deadlines = [(r.expires_at, r.lease_id) for r in store.leases.values()]
-    heapq.heapify(store._deadlines)
+    store._rebuild_deadlines()
     if "tasks" in data:  # layouts before 5 had no task queues
         store.tasks = TaskQueues.from_plain(data["tasks"])
     if "budgets" in data:  # layouts before 6 had no budgets

@@ -3,6 +3,7 @@ read and a stale read all answer from). Mutations live in ``store.LeaseStore``."
 
 from __future__ import annotations
 
+import heapq
 from typing import Any, TypeVar
 
 from ..limits import MAX_AUDIT_REFUSALS
@@ -23,6 +24,11 @@ T = TypeVar("T", str, int)
 #: theirs): bounded memory whatever the number of distinct owners.
 SHARED_MAX = 4096
 
+#: Log time (ms) the lease expiry heap looks ahead: it holds the leases due before
+#: ``StoreState._horizon`` (at most this far past the log time it was last rebuilt
+#: at); the others are found by a scan of every lease when log time reaches it.
+DEADLINE_HORIZON_MS = 60_000
+
 
 class StoreState:
     """The replicated lease state. Single-threaded writes (``LeaseStore.apply``);
@@ -34,6 +40,10 @@ class StoreState:
     writer all of them) and any number of holders whose units fit in it. Every holder
     has its own lease id and fencing token.
     """
+
+    #: ``DEADLINE_HORIZON_MS`` (a test sets another on a store: outcomes never depend
+    #: on it, only the heap's size does).
+    deadline_horizon_ms: int = DEADLINE_HORIZON_MS
 
     def __init__(self) -> None:
         self.now: int = 0
@@ -57,9 +67,16 @@ class StoreState:
         #: (``units_used``), two map entries a lock does without.
         self.capacity: dict[str, int] = {}
         self.used: dict[str, int] = {}
-        # (expires_at, lease_id); entries go stale on renew/release and are skipped
-        # when popped. Rebuilt from ``leases`` on restore.
+        # (expires_at, lease_id) of every live lease due before ``_horizon`` (log
+        # time), in a heap; entries go stale on renew/release and are skipped when
+        # popped. Leases due later have no entry (72 B a lease they do without, most
+        # of a long-TTL lease's share of the heap): when log time reaches the horizon
+        # the heap is rebuilt from ``leases`` for the next ``DEADLINE_HORIZON_MS``
+        # (``_rebuild_deadlines``), before anything is expired, so a lease is always
+        # in the heap by the time it is due and leases expire exactly when and in
+        # the order they would with every lease in the heap. Rebuilt on restore.
         self._deadlines: list[tuple[int, str]] = []
+        self._horizon: int = 0
         #: The dedup table: client id -> its unacknowledged results (``dedup``).
         self.clients = ClientTable()
         #: Lease sessions by id, and their expiry times as (expires_at, id) in a heap.
@@ -134,6 +151,21 @@ class StoreState:
                 table[principal] = left
             else:
                 table.pop(principal, None)
+
+    def _push_deadline(self, expires_at: int, lease_id: str) -> None:
+        """A live lease's (new) expiry: into the heap if due before the horizon."""
+        if expires_at < self._horizon:
+            heapq.heappush(self._deadlines, (expires_at, lease_id))
+
+    def _rebuild_deadlines(self) -> None:
+        """The expiry heap anew from ``leases``: those due before log time plus
+        ``DEADLINE_HORIZON_MS`` (the new horizon). O(live leases)."""
+        horizon = self.now + self.deadline_horizon_ms
+        self._horizon = horizon
+        self._deadlines = [
+            (r.expires_at, r.lease_id) for r in self.leases.values() if r.expires_at < horizon
+        ]
+        heapq.heapify(self._deadlines)
 
     def token_headroom(self) -> int:
         """An upper bound on how many revisions one request can create from this
@@ -440,6 +472,8 @@ class StoreState:
         """Earliest log time at which some lease or lease session may expire (a hint
         for the leader)."""
         heads = [h[0][0] for h in (self._deadlines, self._session_deadlines) if h]
+        if self.leases:
+            heads.append(self._horizon)  # leases due later are not in the heap yet
         tasks = self.tasks.next_deadline()  # attempts, delayed tasks, waiting claims
         if tasks is not None:
             heads.append(tasks)

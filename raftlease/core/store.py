@@ -316,6 +316,8 @@ class LeaseStore(StoreState):
                 due.append(session)
         for session in due:
             self._end_session(session, "expire")
+        if self.now >= self._horizon:
+            self._rebuild_deadlines()  # the leases due from the old horizon on
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= self.now:
             expires_at, lease_id = heapq.heappop(deadlines)
@@ -350,10 +352,6 @@ class LeaseStore(StoreState):
         if len(deadlines) > 64 and len(deadlines) > 4 * len(self.leases):
             self._rebuild_deadlines()
         self.clients.evict_idle(self.now)
-
-    def _rebuild_deadlines(self) -> None:
-        self._deadlines = [(r.expires_at, r.lease_id) for r in self.leases.values()]
-        heapq.heapify(self._deadlines)
 
     def _extend_all(self, base: int) -> None:
         """A new term begins at log time ``base``: every live lease and lease session
@@ -962,7 +960,7 @@ class LeaseStore(StoreState):
         self._add_holder(lease)
         if session is not None:
             session.leases[lease_id] = None
-        heapq.heappush(self._deadlines, (lease.expires_at, lease_id))
+        self._push_deadline(lease.expires_at, lease_id)
         self._count(self.held_by, principal, 1)
         self._event("grant", lease)
         if self._detect and self.queues.get(key):
@@ -978,7 +976,7 @@ class LeaseStore(StoreState):
         timeout = self.progress.granted(lease.lease_id, timeout_ms, self.now)
         if timeout is not None and self.now + timeout < lease.expires_at:
             lease.expires_at = self.now + timeout
-            heapq.heappush(self._deadlines, (lease.expires_at, lease.lease_id))
+            self._push_deadline(lease.expires_at, lease.lease_id)
 
     def _end_lease(self, lease: LeaseRecord, kind: str, grant_next: bool = True) -> None:
         """Remove a live lease (released, expired, transferred, its session ended),
@@ -1365,7 +1363,7 @@ class LeaseStore(StoreState):
     def _extend(self, lease: LeaseRecord, expires_at: int) -> None:
         lease.expires_at = expires_at
         self.revision += 1
-        heapq.heappush(self._deadlines, (expires_at, lease.lease_id))
+        self._push_deadline(expires_at, lease.lease_id)
         self._event("renew", lease)
 
     def _release(self, entry: dict[str, Any]) -> Result:

@@ -7,6 +7,9 @@
 * ``follower_log``: the pure planner of a follower's ``append_entries`` handling;
 * ``durable``: durable acknowledgements (``DurableJournal``: group-commit syncs of
   PySyncObj's journal, durable term/vote and dump writes);
+* ``compact_journal``: ``CompactJournal``, PySyncObj's journal with the log kept in
+  its file alone (no list of entries in memory);
+* ``snapshot_rows``: a packed snapshot unpacked with its lease rows read one at a time;
 * ``journal``: journal repair at start (a crash during log compaction, a torn tail);
 * ``leadership``: leader lease, vote promise and clock-drift monitor (pure bookkeeping
   on an injected clock).

@@ -57,6 +57,8 @@ from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.journal import FIRST_RECORD_OFFSET, FileJournal, MetaStorer, ResizableFile
 from pysyncobj.serializer import Serializer
 
+from .compact_journal import CompactJournal
+
 log = logging.getLogger("raftlease.replication")
 
 #: Exit status of a node whose journal, vote or dump could not be synced (72: 70 and
@@ -153,7 +155,7 @@ def replace_journal(path: Path, entries: Sequence[tuple[bytes, int, int]], suffi
     ``.meta`` (term, vote, commit index) is left as it is."""
     tmp = path.with_name(path.name + suffix)
     tmp.unlink(missing_ok=True)
-    fresh = preallocate(FileJournal(str(tmp)))
+    fresh = preallocate(CompactJournal(str(tmp)))
     try:
         for entry in entries:
             fresh.add(*entry)
@@ -377,7 +379,8 @@ class DurableJournal:
         durability: str,
         recorder: SyncRecorder | None = None,
     ) -> None:
-        self._inner = preallocate(inner)
+        # The log lives in the journal's file alone (compact_journal.py).
+        self._inner = preallocate(CompactJournal.adopt(inner))
         self._file = inner._FileJournal__journalFile
         self.journal_path = journal_path
         self.dump_path = dump_path
@@ -514,7 +517,7 @@ class DurableJournal:
         except OSError:
             _fail_stop(f"the journal {self.journal_path}")
         old._destroy()
-        inner = preallocate(FileJournal(str(self.journal_path)))
+        inner = preallocate(CompactJournal(str(self.journal_path)))
         # The term, vote and commit index stay the old object's (saved or not yet),
         # written through the same durable storer.
         for name in ("__metaStorer", "__meta", "__metaSaved"):
@@ -589,6 +592,9 @@ class DurableJournal:
 
     def onOneSecondTimer(self) -> None:
         self._inner.onOneSecondTimer()
+        # The log's records older than the last second or so leave this process's
+        # resident set (they stay in the page cache and are read back on demand).
+        self._inner.release()
         if self.recorder is not None and not self.fsync:
             # Test builds with "none": take the page cache as written back by the
             # kernel every WRITEBACK_EVERY seconds, as dirty pages reach the disk anyway.

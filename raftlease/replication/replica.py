@@ -40,6 +40,7 @@ from ..errors import (
     RaftLeaseError,
     UnavailableError,
 )
+from .compact_journal import compact_journals
 from .durable import SyncRecorder, remove_stale_rewrites
 from .group_send import GroupSendSyncObj
 from .journal import (
@@ -63,6 +64,7 @@ from .membership import (
 )
 from .names import names
 from .peer_tls import PeerTLS, load_peer_tls
+from .snapshot_rows import unpack_snapshot
 from .transport import LeaseTransport
 
 log = logging.getLogger("raftlease.replication")
@@ -155,7 +157,9 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
 
     def _deserialize(self, data: Any) -> None:
         try:
-            plain = msgpack.unpackb(data, raw=False, strict_map_key=False)
+            # The lease rows are unpacked one at a time as the store is built
+            # (snapshot_rows.py): never all of them at once beside it.
+            plain = unpack_snapshot(data)
             store = self.store_class.from_plain(plain)
         except Exception as exc:
             # PySyncObj would only log this and go on with an empty state machine, and
@@ -378,9 +382,10 @@ class Replica:
             },
         )
         # One append_entries per follower per tick, not per command (group_send.py).
-        self._sync = GroupSendSyncObj(
-            me.raft, peers, conf, consumers=[self._consumer], transportClass=bound
-        )
+        with compact_journals():  # the log is never loaded into a list (compact_journal.py)
+            self._sync = GroupSendSyncObj(
+                me.raft, peers, conf, consumers=[self._consumer], transportClass=bound
+            )
         #: The commit index in the journal found at start: the state this node had is
         #: back once its snapshot is loaded and the log applied up to here.
         self._start_commit = int(self._sync.raftCommitIndex)

@@ -44,6 +44,7 @@ from .auth import AuthPolicy, load_auth
 from .backup import SnapshotExports
 from .connections import ClientPort, ControlOp
 from .dispatch import Dispatcher
+from .heap import HeapTrimmer
 from .housekeeping import LOG_TIME_REFRESH, Housekeeping
 from .keepalive import MemoryKeepalives
 from .launcher import watch_launcher
@@ -573,10 +574,20 @@ class NodeServer:
     def _on_restored(self, revision: int) -> None:
         """Tick thread: a snapshot replaced the state (the dump at start, or one the
         leader installed): the watch history restarts at its revision, and live
-        watches end with ``COMPACTED`` rather than miss the changes it covers."""
+        watches end with ``COMPACTED`` rather than miss the changes it covers. And the
+        heap is trimmed (when trimming is on) on the event loop a second later, once
+        PySyncObj has dropped the loaded dump: loading a snapshot frees its bytes and
+        the unpacking's buffers, ~30 MiB with 100,000 leases, which the allocator
+        would otherwise keep until the next periodic trim."""
         loop = self._loop
         if loop is not None:
             self.watches.restored(revision, loop)
+        if self.config.heap_trim_interval > 0:
+            if loop is None:
+                HeapTrimmer().trim()
+            else:
+                with contextlib.suppress(RuntimeError):  # loop closed during shutdown
+                    loop.call_soon_threadsafe(loop.call_later, 1.0, HeapTrimmer().trim)
 
     async def propose(self, entry: dict[str, Any]) -> Result:
         """Replicate ``entry`` (batched with others of this event-loop turn, see

@@ -213,6 +213,14 @@ def test_internals_the_durable_journal_relies_on_are_unchanged() -> None:
     assert tick.index("commitIdx = self.__raftCommitIndex") < tick.index(
         "needSendAppendEntries = self.__applyLogEntries()"
     )
+    # compact_journal.compact_journals swaps the module's createJournal while a
+    # SyncObj is constructed: the constructor must still load its journal through it.
+    from pysyncobj import syncobj as syncobj_module
+
+    assert "self.__raftLog = createJournal(self.__conf.journalFile)" in inspect.getsource(
+        SyncObj.__init__
+    )
+    assert syncobj_module.createJournal is journal.createJournal
     # The names durable.py reaches into.
     fj = inspect.getsource(journal.FileJournal)
     for name in ("self.__journalFile", "self.__currentOffset", "self.__metaStorer"):

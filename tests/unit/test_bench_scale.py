@@ -291,3 +291,30 @@ def test_report_section() -> None:
     entry["hold"] = None
     result["workloads"]["scale"] = {entry["mode"]: entry}
     assert "| **hold** |" not in report.render_markdown(result)
+
+
+@pytest.mark.timeout(30)
+def test_the_at_all_times_memory_target_judges_the_worst_figure_of_each_node() -> None:
+    """Issue 38's row: the highest of the peak during the load, the RSS 1 s after it
+    and the settled RSS, per node; no row below 100,000 leases."""
+    specs = [s for s in targets.load_specs() if s["kind"] == "memory" and s.get("at_all_times")]
+    assert len(specs) == 1 and specs[0]["issue"] == 38 and specs[0]["max_mib"] == 100
+
+    def judge(memory: dict[str, Any]) -> dict[str, Any]:
+        rows = targets.evaluate(_result(None, memory), specs=specs)
+        assert len(rows) == 1
+        return rows[0]
+
+    memory = _memory(100_000, 96.0, 93.0)
+    memory["peak_rss_mib"] = {"n1": 95.0, "n2": 99.5, "n3": 94.0}
+    met = judge(memory)
+    assert met["met"] is True and met["issue"] == 38
+    assert met["figure"] == (
+        "max 100 MiB (n1 95, n2 100, n3 94; peak during the load, 1 s after it, settled)"
+    )
+    memory["rss_settled_mib"]["n3"] = 100.5  # settled higher than the load's peak
+    assert judge(memory)["met"] is False
+    memory = _memory(100_000, 96.0, 93.0)
+    memory["peak_rss_mib"] = {"n1": 95.0, "n2": 101.0, "n3": 94.0}  # only while loading
+    assert judge(memory)["met"] is False
+    assert targets.evaluate(_result(None, _memory(5_000, 140.0)), specs=specs) == []
