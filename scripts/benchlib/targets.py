@@ -443,17 +443,17 @@ def _scale(spec: Spec, j: Judged) -> Row | None:
     if mem is None:
         parts.append("RSS: the memory phase did not run")
     else:
-        # Judged in steady state (settled: after the log compaction that follows the
-        # load), when the run waited for it; 1 s after the load the node also holds
-        # the load's uncompacted log entries, shown beside it.
+        # Judged settled (after the log compaction that follows the load), when the
+        # run waited for it, with the figure 1 s after the load beside it (issue 38's
+        # own target, "< 100 MiB at all times", judges the higher of the two).
         loaded = max(mem["rss_loaded_mib"].values())
         settled_by = mem.get("rss_settled_mib") or {}
         if settled_by:
             peak = max(settled_by.values())
             parts.append(
                 f"RSS: max {peak:.0f} MiB per node settled with "
-                f"{mem['leases_requested']:,} leases ({loaded:.0f} MiB 1 s after the load, "
-                "before its log compaction; memory phase)"
+                f"{mem['leases_requested']:,} leases ({loaded:.0f} MiB 1 s after the load; "
+                "memory phase)"
             )
         else:
             peak = loaded
