@@ -20,8 +20,6 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from pysyncobj.monotonic import monotonic as raft_clock
-
 from ..clock import AdjustableClock
 from ..config import NodeConfig, load_toml
 from ..core import LeaseStore
@@ -32,6 +30,7 @@ from ..core.queue import TaskQueues
 from ..errors import BadRequestError, ConfigError, InvalidArgumentError
 from ..limits import MAX_AUDIT_REFUSALS
 from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder
+from ..replication.transport import raft_clock
 from ..server import ServerHooks, run_node
 from ..server.keepalive import MemoryKeepalives
 from ..server.log_clock import LogClock
@@ -481,6 +480,8 @@ class PeerControls:
         passed): apply the election mode. Tick thread."""
         mode = self.elections
         if mode == "hold":
+            # PySyncObj's own clock (its deadline's), taken through replication: the
+            # only layer that imports PySyncObj (tests/fitness/test_layers.py).
             sync._SyncObj__raftElectionDeadline = raft_clock() + 3600.0
         elif mode == "now":
             self.elections = "free"
