@@ -17,6 +17,9 @@
 docs/pysyncobj.md lists what we rely on; tests/fitness/test_pysyncobj_contract.py guards it.
 """
 
+# PySyncObj's own clock (CLOCK_MONOTONIC_RAW), which its election deadline is on.
+from pysyncobj.monotonic import monotonic as raft_clock
+
 from .durable import DURABILITY_FAILED, DURABLE_MARK, DurableJournal, SyncRecorder
 from .follower_log import AppendPlan, Conflict, plan_append_entries, snapshot_is_behind
 from .journal import repair_journal
@@ -48,6 +51,7 @@ __all__ = [
     "Replica",
     "SyncRecorder",
     "plan_append_entries",
+    "raft_clock",
     "repair_journal",
     "snapshot_is_behind",
     "syncobj_conf",

@@ -29,8 +29,7 @@ from ..core.progress import LeaseProgress
 from ..core.queue import TaskQueues
 from ..errors import BadRequestError, ConfigError, InvalidArgumentError
 from ..limits import MAX_AUDIT_REFUSALS
-from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder
-from ..replication.transport import raft_clock
+from ..replication import LeaseGuard, LeaseTransport, Replica, SyncRecorder, raft_clock
 from ..server import ServerHooks, run_node
 from ..server.keepalive import MemoryKeepalives
 from ..server.log_clock import LogClock
