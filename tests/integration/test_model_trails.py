@@ -20,7 +20,7 @@ import pytest
 
 from raftlease.testing import LocalCluster
 from raftlease.testing.hooks import PLANTED_BUGS
-from raftlease.testing.trails import TRAILS, load, replay, unsupported
+from raftlease.testing.trails import TRAILS, Replay, Trail, load, replay, unsupported
 from tests.integration.test_planted_bugs import SLOW_RAFT, proxied_cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -77,6 +77,21 @@ def test_every_trail_is_replayed_or_says_why_not() -> None:
         )
 
 
+def _judge(seen: Replay, trail: Trail, build: str, premises: bool = True) -> str:
+    """The replay's verdict: its premises held (the window was really open; the trails
+    without a read have none to check), the honest build broke no property, the planted
+    one broke the trail's own. Returns the replay's story (its log)."""
+    story = "\n".join(seen.log)
+    if premises:
+        assert seen.premises == [], (seen.premises, story)
+    if build == "honest":
+        assert seen.violations == [], (seen.violations, story)
+    else:
+        assert seen.violations, f"the planted build broke no property:\n{story}"
+        assert all(v.startswith(trail.breaks) for v in seen.violations), seen.violations
+    return story
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("build", ["honest", "planted"])
 @pytest.mark.parametrize("variant", sorted(REPLAYED))
@@ -94,12 +109,7 @@ def test_a_counterexample_fails_on_its_planted_build_only(
         hooks = {"clock_control": True} if build == "honest" else {"planted_bug": variant.lower()}
         cluster = factory(hooks=hooks)
     seen = replay(trail, cluster, REPLAYED[variant])
-    story = "\n".join(seen.log)
-    if build == "honest":
-        assert seen.violations == [], (seen.violations, story)
-    else:
-        assert seen.violations, f"the planted build broke no property:\n{story}"
-        assert all(v.startswith(trail.breaks) for v in seen.violations), seen.violations
+    _judge(seen, trail, build, premises=False)
 
 
 @pytest.mark.integration
@@ -115,13 +125,7 @@ def test_a_cut_off_leader_counterexample_fails_on_its_planted_build_only(
     hooks = {"clock_control": True} if build == "honest" else {"planted_bug": variant.lower()}
     with proxied_cluster(request, hooks, leader_fallback=15.0) as p:
         seen = replay(trail, p.cluster, CUT[variant], net=p.proxies)
-    story = "\n".join(seen.log)
-    assert seen.premises == [], (seen.premises, story)
-    if build == "honest":
-        assert seen.violations == [], (seen.violations, story)
-    else:
-        assert seen.violations, f"the planted build broke no property:\n{story}"
-        assert all(v.startswith(trail.breaks) for v in seen.violations), seen.violations
+    _judge(seen, trail, build)
 
 
 @pytest.mark.integration
@@ -146,11 +150,4 @@ def test_a_held_window_counterexample_fails_on_its_planted_build_only(
     else:
         factory: Callable[..., LocalCluster] = request.getfixturevalue("cluster_factory")
         seen = replay(trail, factory(hooks=hooks), HELD[variant])
-    story = "\n".join(seen.log)
-    assert seen.premises == [], (seen.premises, story)
-    if build == "honest":
-        assert seen.violations == [], (seen.violations, story)
-    else:
-        assert seen.violations, f"the planted build broke no property:\n{story}"
-        assert all(v.startswith(trail.breaks) for v in seen.violations), seen.violations
-    print(story)
+    print(_judge(seen, trail, build))

@@ -77,6 +77,20 @@ class _Guard:
         return 0.0
 
 
+def _granted_by_n2(pv: PreVote, transport: _Transport) -> None:
+    """n2 grants the round PreVote asked first (a majority of three with itself)."""
+    ask = transport.sent[0][1]
+    pv.on_message(
+        _Node("n2"),
+        {
+            "type": "rl_pre_vote_response",
+            "term": ask["term"],
+            "round": ask["round"],
+            "granted": True,
+        },
+    )
+
+
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     now = [100.0]
@@ -110,16 +124,7 @@ def test_an_election_runs_only_in_the_tick_after_a_majority_granted(clock: list[
     sync, transport, pv = _make(deadline=99.0)
     pv.before_tick()
     assert pv.rounds == 1
-    ask = transport.sent[0][1]
-    pv.on_message(
-        _Node("n2"),
-        {
-            "type": "rl_pre_vote_response",
-            "term": ask["term"],
-            "round": ask["round"],
-            "granted": True,
-        },
-    )
+    _granted_by_n2(pv, transport)
     assert pv.won and sync._SyncObj__raftElectionDeadline == NEVER
     sync.pysyncobj_check(now=clock[0])  # the rest of the tick that counted the grant
     assert sync.elections == 0
@@ -139,16 +144,7 @@ def test_a_deadline_written_between_ticks_is_taken_and_ends_the_rounds(
     early election (transport.py) compares with the real deadline, not NEVER."""
     sync, transport, pv = _make(deadline=99.0)
     pv.before_tick()
-    ask = transport.sent[0][1]
-    pv.on_message(
-        _Node("n2"),
-        {
-            "type": "rl_pre_vote_response",
-            "term": ask["term"],
-            "round": ask["round"],
-            "granted": True,
-        },
-    )
+    _granted_by_n2(pv, transport)
     assert pv.won
     sync._SyncObj__raftElectionDeadline = 101.0  # an append_entries from a leader
     assert pv.deadline() == 101.0
