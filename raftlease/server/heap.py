@@ -45,6 +45,39 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
+#: ``mallopt``'s parameter number for the mmap threshold (glibc's malloc.h).
+_M_MMAP_THRESHOLD = -3
+#: Allocations of at least this many bytes get pages of their own (mmap), returned to
+#: the kernel when freed.
+MMAP_THRESHOLD = 1 << 20
+
+
+def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Pin glibc's mmap threshold at ``threshold`` bytes for this process; True if set.
+    Call once at start-up, before the node loads its snapshot. Never raises; False
+    where the C library has no ``mallopt`` (musl) or refuses the value.
+
+    Why: glibc raises its threshold to the size of any mmapped block that is freed
+    (up to 32 MiB), so after one big buffer has come and gone, the next ones of that
+    size come from the heap, where freeing them rarely gives memory back. A restart
+    decompresses the snapshot (~12 MiB of bytes for 100,000 leases) at least twice:
+    measured on such a snapshot (the load alone, in one process), the peak over the
+    process's start fell from 68.7 to 61 MiB and the RSS right after the load from
+    +68.7 to +49 MiB with the threshold pinned. Buffers of a MiB or more are rare on
+    the request path (snapshot transfers, backups), so the extra mmap/munmap pair
+    costs nothing measurable there."""
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:  # pragma: no cover - every Linux process can dlopen itself
+        return False
+    func: Any = getattr(libc, "mallopt", None)
+    if func is None:
+        return False
+    func.argtypes = [ctypes.c_int, ctypes.c_int]
+    func.restype = ctypes.c_int
+    return bool(func(_M_MMAP_THRESHOLD, threshold))
+
+
 class HeapTrimmer:
     """Calls ``malloc_trim(0)`` when asked (``trim``), on the node's event loop every
     ``heap_trim_interval`` seconds (``Node``). Not thread-safe (one caller); never

@@ -44,7 +44,7 @@ from .auth import AuthPolicy, load_auth
 from .backup import SnapshotExports
 from .connections import ClientPort, ControlOp
 from .dispatch import Dispatcher
-from .heap import HeapTrimmer
+from .heap import HeapTrimmer, fix_mmap_threshold
 from .housekeeping import LOG_TIME_REFRESH, Housekeeping
 from .keepalive import MemoryKeepalives
 from .launcher import watch_launcher
@@ -646,4 +646,7 @@ def run_node(
     is gone (``LocalCluster``'s nodes; server/launcher.py). ``hooks``: test builds
     only. Raises ``ConfigError`` for a port it cannot bind or a file it cannot load."""
     set_log_node(config.node_id)
+    # Before the snapshot is loaded: its buffers go back to the kernel when freed.
+    if not fix_mmap_threshold():
+        log.info("mmap threshold left to the C library (no mallopt)")
     asyncio.run(NodeServer(config, hooks, parent_pid).run())

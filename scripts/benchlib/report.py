@@ -163,24 +163,40 @@ def render_markdown(result: Result) -> str:
         # A run without the settled reading (--quick, or saved before it existed)
         # renders as it always did.
         settled = mem.get("rss_settled_mib") or {}
-        extra = " settled RSS MiB |" if settled else ""
+        restart = mem.get("restart_peak_rss_mib") or {}
+        extra = (" settled RSS MiB |" if settled else "") + (
+            " restart peak RSS MiB |" if restart else ""
+        )
         lines += [
             "| node | RSS idle MiB | RSS with leases MiB | peak RSS MiB |" + extra,
-            "|---|---:|---:|---:|" + ("---:|" if settled else ""),
+            "|---|---:|---:|---:|" + ("---:|" if settled else "") + ("---:|" if restart else ""),
         ]
+
+        def cell(figures: dict[str, float], node: str) -> str:
+            if not figures:
+                return ""
+            value = figures.get(node)
+            return f" {'-' if value is None else f'{value:.1f}'} |"
+
         for node in mem["rss_idle_mib"]:
-            after = settled.get(node)
-            cell = "" if not settled else f" {'-' if after is None else f'{after:.1f}'} |"
             lines.append(
                 f"| {node} | {mem['rss_idle_mib'][node]:.1f} "
                 f"| {mem['rss_loaded_mib'].get(node, 0):.1f} "
-                f"| {mem['peak_rss_mib'].get(node, 0):.1f} |" + cell
+                f"| {mem['peak_rss_mib'].get(node, 0):.1f} |"
+                + cell(settled, node)
+                + cell(restart, node)
             )
         if settled:
             lines += [
                 "",
                 f"RSS with leases: 1 s after the load; settled: {mem['settle_seconds']:.0f} s "
                 "after it (a log compaction and two heap trims later).",
+            ]
+        if restart:
+            lines += [
+                "",
+                "Restart peak: the highest RSS (VmHWM) of each node restarted by the "
+                "snapshot phase, while it loads the snapshot its compaction wrote.",
             ]
         lw = mem["load_window"]
         lines += [

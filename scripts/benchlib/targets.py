@@ -237,17 +237,18 @@ def _memory(spec: Spec, j: Judged) -> Row | None:
         return None  # a smaller run says nothing of it (the row above shows its n/a)
     if spec.get("at_all_times"):
         # Issue 38: every figure the phase took counts, the peak during the load
-        # (VmHWM), 1 s after it and settled, whichever is highest on each node.
-        figures = [
-            mem.get(name) or {} for name in ("peak_rss_mib", "rss_loaded_mib", "rss_settled_mib")
-        ]
+        # (VmHWM), 1 s after it, settled and, when the snapshot phase ran, the peak of
+        # the restart that loads the snapshot, whichever is highest on each node.
+        names = ("peak_rss_mib", "rss_loaded_mib", "rss_settled_mib", "restart_peak_rss_mib")
+        figures = [mem.get(name) or {} for name in names]
         nodes = sorted({node for figure in figures for node in figure})
         worst = {node: max(f.get(node, 0.0) for f in figures) for node in nodes}
         peak = max(worst.values(), default=0.0)
         figure = (
             f"max {peak:.0f} MiB ("
             + ", ".join(f"{k} {v:.0f}" for k, v in worst.items())
-            + "; peak during the load, 1 s after it, settled)"
+            + "; peak during the load, 1 s after it, settled"
+            + (", restart)" if mem.get("restart_peak_rss_mib") else ")")
         )
     else:
         peak = max(mem["rss_loaded_mib"].values())
@@ -410,10 +411,13 @@ def _scale(spec: Spec, j: Judged) -> Row | None:
     memory phase's figures). A half is n/a when its phase did not run or ran smaller
     (the quick profile); the row is met only when both are, not met when either is
     not. Shown when the run has the scale phase, or the ``section`` it was listed
-    under before the phase existed (anchors)."""
+    under before the phase existed (anchors). With ``agents_only`` (issue 38's 50,000
+    agents) the row judges the agents half alone and is shown only when the scale
+    phase ran."""
     entry = first_variant(j.workloads, "scale")
     ran = "scale" in j.workloads
-    if not ran and spec["section"] not in j.result:
+    agents_only = bool(spec.get("agents_only"))
+    if not ran and (agents_only or spec["section"] not in j.result):
         return None
     parts: list[str] = []
     agents_ok: bool | None = None
@@ -438,6 +442,8 @@ def _scale(spec: Spec, j: Judged) -> Row | None:
             )
         else:
             parts[-1] += f" ({entry['agents_requested']:,} requested: n/a)"
+    if agents_only:
+        return _row(spec, parts[0], agents_ok)
     rss_ok: bool | None = None
     mem = first_variant(j.workloads, "memory")
     if mem is None:

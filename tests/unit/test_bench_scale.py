@@ -184,8 +184,8 @@ def _result(
 
 
 def _row(result: dict[str, Any]) -> dict[str, Any] | None:
-    specs = [s for s in targets.load_specs() if s["kind"] == "scale"]
-    assert len(specs) == 1 and specs[0]["name"] == NAME and specs[0]["issue"] == 16
+    specs = [s for s in targets.load_specs() if s["kind"] == "scale" and s["issue"] == 16]
+    assert len(specs) == 1 and specs[0]["name"] == NAME
     rows = targets.evaluate(result, specs=specs)
     return rows[0] if rows else None
 
@@ -224,6 +224,26 @@ def test_scale_target_judges_both_halves() -> None:
     lost["sessions_lost"] = 1
     row = _row(_result(lost, _memory(100_000, 95.0)))
     assert row is not None and row["met"] is False and "1 session(s) lost" in row["figure"]
+
+
+@pytest.mark.timeout(30)
+def test_the_50k_agents_target_judges_the_agents_alone_and_only_when_the_phase_ran() -> None:
+    """Issue 38's row: 50,000 agents (``--scale-agents 50000``), no RSS half."""
+    specs = [s for s in targets.load_specs() if s["kind"] == "scale" and s["issue"] == 38]
+    assert len(specs) == 1 and specs[0]["min_agents"] == 50_000
+
+    def row(result: dict[str, Any]) -> dict[str, Any] | None:
+        rows = targets.evaluate(result, specs=specs)
+        return rows[0] if rows else None
+
+    met = row(_result(_scale_entry(50_000, 50_000, 60.0, None), None))
+    assert met is not None and met["met"] is True
+    assert met["figure"] == "agents: 50,000 of 50,000 sustained, hold p99 60 ms, 0 session(s) lost"
+    short = row(_result(_scale_entry(50_000, 28_000, 205.0, "lost"), None))
+    assert short is not None and short["met"] is False
+    default = row(_result(_scale_entry(20_000, 20_000, 60.0, None), None))
+    assert default is not None and default["met"] is None  # the default run: n/a
+    assert row(_result(None, _memory(100_000, 95.0), anchors=True)) is None
 
 
 @pytest.mark.timeout(30)
@@ -317,4 +337,10 @@ def test_the_at_all_times_memory_target_judges_the_worst_figure_of_each_node() -
     memory = _memory(100_000, 96.0, 93.0)
     memory["peak_rss_mib"] = {"n1": 95.0, "n2": 101.0, "n3": 94.0}  # only while loading
     assert judge(memory)["met"] is False
+    # A restart that loads the snapshot counts as well (the snapshot phase's figure).
+    memory = _memory(100_000, 96.0, 93.0)
+    memory["restart_peak_rss_mib"] = {"n1": 97.0, "n2": 109.0, "n3": 98.0}
+    restarted = judge(memory)
+    assert restarted["met"] is False
+    assert restarted["figure"].endswith("settled, restart)") and "n2 109" in restarted["figure"]
     assert targets.evaluate(_result(None, _memory(5_000, 140.0)), specs=specs) == []

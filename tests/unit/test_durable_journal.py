@@ -607,3 +607,50 @@ def test_a_full_disk_stops_the_node_with_a_message_instead_of_sigbus(tmp_path: P
     loaded = [int(line.split()[1]) for line in out.splitlines() if line.startswith("loaded")]
     assert synced, "the disk filled before the first sync: nothing to check"
     assert loaded and loaded[0] >= synced[-1], (synced[-1], loaded)
+
+
+@pytest.mark.timeout(30)
+def test_start_up_reads_the_dump_once_and_again_when_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start-up checks ask for the dump's tail up to four times; each read
+    decompresses and unpickles the whole snapshot (the restart's memory peak and CPU),
+    so it is read once per version of the file, and again once the file is replaced."""
+    from raftlease.replication import journal as journal_module
+
+    dump = tmp_path / "raft.dump"
+
+    def write(last_index: int) -> None:
+        tmp = tmp_path / "raft.dump.tmp"
+        with gzip.open(tmp, "wb") as f:
+            last = (b"\x01", last_index, 1)
+            f.write(pysyncobj_pickle.dumps((None, last, (b"\x01", last_index - 1, 1))))
+        os.replace(tmp, dump)  # a new inode, as PySyncObj's atomic rename makes
+
+    loads = []
+    real_load = journal_module.pysyncobj_pickle.load
+
+    def counting_load(f: object) -> object:
+        loads.append(1)
+        return real_load(f)
+
+    monkeypatch.setattr(journal_module, "_tail_memo", None)
+    monkeypatch.setattr(journal_module.pysyncobj_pickle, "load", counting_load)
+    write(40)
+    for _ in range(4):
+        assert journal_module._dump_last_index(dump) == 40
+    assert len(loads) == 1
+    write(41)
+    assert journal_module._dump_last_index(dump) == 41
+    assert len(loads) == 2
+    dump.unlink()
+    assert journal_module._dump_last_index(dump) is None  # gone: not the memo's answer
+
+
+@pytest.mark.timeout(30)
+def test_the_mmap_threshold_is_pinned_where_glibc_has_mallopt() -> None:
+    """A freed multi-MiB buffer (a snapshot being loaded) goes back to the kernel: the
+    threshold no longer rises to the size of the last big block freed."""
+    from raftlease.server.heap import fix_mmap_threshold
+
+    assert fix_mmap_threshold() is True  # Debian's glibc has mallopt
