@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,54 @@ class ProtocolError(RaftLeaseError):
 def encode_frame(message: dict[str, Any]) -> bytes:
     body: bytes = msgpack.packb(message, use_bin_type=True)
     return HEADER.pack(len(body)) + body
+
+
+class FrameBatcher:
+    """Frames written to one stream within one event-loop turn leave in one write,
+    while the stream is busy.
+
+    With ``batching`` on (its owner sets it: a node when one read brought several
+    requests, a client when several of its calls are in flight), the first frame of a
+    turn is written at once and the ones after it in the same turn are joined and
+    written by ``flush``, which the first schedules with ``call_soon``. A connection
+    carrying many calls at once (an ``AsyncClient`` running thousands of agents, a
+    node answering it) then makes one send system call per turn instead of one per
+    frame, and the peer one wake-up and one read; the busier, the larger the batches.
+    With ``batching`` off every frame is written at once and nothing is scheduled: a
+    lone call pays no extra loop turn (measured: the scheduled flush alone cost a
+    1-thread acquire about 5 %). Order is kept: frames leave in the order written.
+
+    ``write`` is the stream's writer (it must drop data once the stream is closing);
+    ``call_soon`` the event loop's. Threads: the event loop's only. Raises nothing of
+    its own: what ``write`` raises."""
+
+    __slots__ = ("_call_soon", "_frames", "_turn", "_write", "batching")
+
+    def __init__(
+        self, write: Callable[[bytes], None], call_soon: Callable[[Callable[[], None]], object]
+    ) -> None:
+        self._write = write
+        self._call_soon = call_soon
+        self._frames: list[bytes] = []
+        self._turn = False
+        self.batching = False
+
+    def write(self, frame: bytes) -> None:
+        if self._turn:
+            self._frames.append(frame)  # after the turn's first: joined at its end
+            return
+        self._write(frame)
+        if self.batching:
+            self._turn = True
+            self._call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write the frames held since the turn's first (also before a close)."""
+        self._turn = False
+        frames = self._frames
+        if frames:
+            self._frames = []
+            self._write(frames[0] if len(frames) == 1 else b"".join(frames))
 
 
 class FrameDecoder:

@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 from ..errors import ConnectionLostError, RaftLeaseError, TimeoutError_, from_response
-from ..protocol import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame
+from ..protocol import DEFAULT_MAX_FRAME, FrameBatcher, FrameDecoder, encode_frame
 
 
 class Connection:
@@ -32,7 +32,14 @@ class Connection:
         self._ids = itertools.count(1)
         self._decoder = FrameDecoder(DEFAULT_MAX_FRAME * 16)
         self.closed = False
+        # Requests sent in one loop turn (many agents on one AsyncClient) leave in one
+        # write (protocol.py); a lone request is written at once.
+        self._out = FrameBatcher(self._send, asyncio.get_running_loop().call_soon)
         self._task = asyncio.create_task(self._read_loop())
+
+    def _send(self, data: bytes) -> None:
+        if not self._writer.is_closing():  # closed: the requests fail on their own
+            self._writer.write(data)
 
     @classmethod
     async def open(
@@ -112,7 +119,10 @@ class Connection:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
         try:
-            self._writer.write(frame)
+            # Batched while other calls are in flight on this connection (they are
+            # likely sent in the same loop turn); a lone call is written at once.
+            self._out.batching = len(self._pending) > 1
+            self._out.write(frame)
             await self._writer.drain()
             # Not asyncio.wait_for: on 3.11 it returns the answer and swallows a
             # cancellation that arrives with it, so a cancelled call would go on (a
@@ -138,7 +148,7 @@ class Connection:
         message["id"] = rid
         queue: asyncio.Queue[dict[str, Any] | RaftLeaseError] = asyncio.Queue()
         self._streams[rid] = queue
-        self._writer.write(encode_frame(message))
+        self._out.write(encode_frame(message))
         return rid, queue
 
     def close_stream(self, rid: int) -> None:

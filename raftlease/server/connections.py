@@ -32,6 +32,7 @@ from ..errors import (
     RaftLeaseError,
 )
 from ..protocol import (
+    FrameBatcher,
     FrameDecoder,
     Limits,
     ProtocolError,
@@ -133,6 +134,13 @@ class ClientPort:
         )
         # Unsent answers past max_conn_output: stop reading, answer nothing new.
         gate = OutputGate(writer, self.config.max_conn_output, close)
+
+        def send(data: bytes) -> None:
+            if not writer.is_closing():  # a closed transport would count and warn
+                writer.write(data)
+
+        # The answers finished in one loop turn leave in one write (protocol.py).
+        out = FrameBatcher(send, asyncio.get_running_loop().call_soon)
         # The connection's principal (auth.py): from its client certificate, or set
         # by an auth request. A one-item list the request tasks share.
         who: list[Principal | None] = [None]
@@ -161,9 +169,12 @@ class ClientPort:
                 except (FrameTooLargeError, ProtocolError) as exc:
                     broken = exc  # the frames before the broken one are still answered
                 deadlines.frame(decoder.pending, completed=bool(frames))
+                # Several requests in one read: their answers are batched (a busy,
+                # multiplexing client); one alone is answered with a write of its own.
+                out.batching = len(frames) > 1
                 for message in frames:
                     await slots.acquire()
-                    task = asyncio.create_task(self._answer(message, writer, slots, who, gate))
+                    task = asyncio.create_task(self._answer(message, writer, out, slots, who, gate))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                     task.add_done_callback(deadlines.active)
@@ -175,7 +186,8 @@ class ClientPort:
                     # The stream cannot be resynchronised: finish what came before,
                     # answer once with id None, then close.
                     await asyncio.gather(*tasks, return_exceptions=True)
-                    writer.write(encode_frame(error_response(None, broken)))
+                    out.write(encode_frame(error_response(None, broken)))  # after the answers
+                    out.flush()
                     break
         except (OSError, asyncio.IncompleteReadError):
             # OSError: a reset, and TLS errors (ssl.SSLError), e.g. a client's data
@@ -190,6 +202,7 @@ class ClientPort:
             pass
         finally:
             deadlines.stop()
+            out.flush()
             for task in list(polls):
                 task.cancel()
             self.count -= 1
@@ -296,6 +309,7 @@ class ClientPort:
         self,
         message: dict[str, Any],
         writer: asyncio.StreamWriter,
+        out: FrameBatcher,
         slots: asyncio.Semaphore,
         who: list[Principal | None],
         gate: OutputGate,
@@ -322,7 +336,7 @@ class ClientPort:
                         finally:
                             # Unauthenticated again (a refused token): a deadline anew.
                             self._arm_auth_deadline(writer, who)
-                        writer.write(encode_frame(response))
+                        out.write(encode_frame(response))
                         await writer.drain()
                         return
                     if self.auth is not None:
@@ -349,8 +363,8 @@ class ClientPort:
                         async with gate.bulk:
                             await gate.room()
                             response = ok_response(request.id, await self._handle(request))
-                            if not writer.is_closing():
-                                writer.write(encode_frame(response))
+                            out.write(encode_frame(response))
+                            out.flush()  # in the transport now: the gate counts it
                             return
                     if request.op not in LONG_POLL_OPS:
                         await gate.room()
@@ -368,7 +382,7 @@ class ClientPort:
                 response = error_response(rid, InternalError("request handler failed"))
                 code = "INTERNAL"
             if not writer.is_closing():
-                writer.write(encode_frame(response))
+                out.write(encode_frame(response))
                 await writer.drain()
         except (ConnectionError, RuntimeError):
             pass
