@@ -69,9 +69,9 @@ class FrameBatcher:
     while the stream is busy.
 
     With ``batching`` on (its owner sets it: a node when one read brought several
-    requests, a client when several of its calls are in flight), the first frame of a
-    turn is written at once and the ones after it in the same turn are joined and
-    written by ``flush``, which the first schedules with ``call_soon``. A connection
+    requests, a client when several of its calls are in flight), the frames of a turn
+    are held and written together by ``flush``, which the first of them schedules with
+    ``call_soon`` (so it runs once the turn's other ready callbacks have). A connection
     carrying many calls at once (an ``AsyncClient`` running thousands of agents, a
     node answering it) then makes one send system call per turn instead of one per
     frame, and the peer one wake-up and one read; the busier, the larger the batches.
@@ -96,12 +96,13 @@ class FrameBatcher:
 
     def write(self, frame: bytes) -> None:
         if self._turn:
-            self._frames.append(frame)  # after the turn's first: joined at its end
-            return
-        self._write(frame)
-        if self.batching:
+            self._frames.append(frame)  # joined at the end of the turn
+        elif self.batching:
             self._turn = True
+            self._frames.append(frame)
             self._call_soon(self.flush)
+        else:
+            self._write(frame)
 
     def flush(self) -> None:
         """Write the frames held since the turn's first (also before a close)."""

@@ -960,35 +960,38 @@ def test_protocol_error_is_a_bad_request_code() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_frame_batcher_writes_a_turns_first_frame_at_once_and_joins_the_rest() -> None:
-    """One write for the first frame of a loop turn (no added wait for a lone call),
-    one write for everything after it in the turn, in order; nothing held after a
-    flush; a frame after the flush starts a new turn."""
+def test_frame_batcher_writes_at_once_unless_batching_then_once_per_turn() -> None:
+    """Not batching: every frame written at once, nothing scheduled. Batching: a turn's
+    frames held and written in one write by the flush the first scheduled, in order;
+    no empty write; an explicit flush (before a close) writes what is held at once;
+    a frame after the flush starts a new turn."""
     from raftlease.protocol import FrameBatcher
 
     writes: list[bytes] = []
     scheduled: list[Any] = []
     batcher = FrameBatcher(writes.append, scheduled.append)
-    batcher.write(b"0")  # not batching: written at once, nothing scheduled
-    assert writes == [b"0"] and scheduled == []
+    batcher.write(b"0")
+    batcher.write(b"1")
+    assert writes == [b"0", b"1"] and scheduled == []
     writes.clear()
     batcher.batching = True
     batcher.write(b"a")
-    assert writes == [b"a"] and len(scheduled) == 1
     batcher.write(b"b")
     batcher.write(b"c")
-    assert writes == [b"a"] and len(scheduled) == 1  # held for the end of the turn
+    assert writes == [] and len(scheduled) == 1  # held for the end of the turn
     scheduled.pop()()
-    assert writes == [b"a", b"bc"]
+    assert writes == [b"abc"]
     batcher.flush()  # nothing held: no empty write
-    assert writes == [b"a", b"bc"]
+    assert writes == [b"abc"]
     batcher.write(b"d")
-    assert writes == [b"a", b"bc", b"d"] and len(scheduled) == 1
-    batcher.write(b"e")
-    batcher.flush()  # an explicit flush (before a close) writes what is held at once
-    assert writes == [b"a", b"bc", b"d", b"e"]
+    assert writes == [b"abc"] and len(scheduled) == 1
+    batcher.flush()
+    assert writes == [b"abc", b"d"]
     scheduled.pop()()  # the turn's own flush then finds nothing
-    assert writes == [b"a", b"bc", b"d", b"e"]
+    assert writes == [b"abc", b"d"]
+    batcher.batching = False  # a turn already open still collects its frames
+    batcher.write(b"e")
+    assert writes == [b"abc", b"d", b"e"]
 
 
 @pytest.mark.timeout(30)
@@ -1010,6 +1013,6 @@ def test_frames_batched_on_a_real_loop_decode_in_order() -> None:
         return writes
 
     writes = asyncio.run(main())
-    assert len(writes) == 2
+    assert len(writes) == 1
     frames = list(FrameDecoder(1 << 20).feed(b"".join(writes)))
     assert [f["id"] for f in frames] == list(range(100))
