@@ -654,3 +654,34 @@ def test_the_mmap_threshold_is_pinned_where_glibc_has_mallopt() -> None:
     from raftlease.server.heap import fix_mmap_threshold
 
     assert fix_mmap_threshold() is True  # Debian's glibc has mallopt
+
+
+@pytest.mark.timeout(30)
+def test_journal_writes_do_not_ask_the_files_size_until_it_must_grow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PySyncObj's write asked ``mmap.size()`` (an fstat, a GIL release on the tick
+    thread) twice per entry; the map's length says the same. Only growing the file
+    asks its size, and what was written reads back across growths."""
+    import mmap as mmap_module
+
+    from raftlease.replication.durable import PreallocatedFile
+
+    calls = []
+    real_size = mmap_module.mmap.size
+
+    class CountingMap(mmap_module.mmap):
+        def size(self) -> int:
+            calls.append(1)
+            return real_size(self)
+
+    file = PreallocatedFile(str(tmp_path / "f"), initialSize=1024, defaultContent=b"\0" * 16)
+    old = file._ResizableFile__mm
+    file._ResizableFile__mm = CountingMap(file._ResizableFile__f.fileno(), 0)
+    old.close()
+    for k in range(60):  # 60 x 100 B = 6,000 B: grows 1 KiB -> 2 -> 4 -> 8 KiB
+        file.write(k * 100, bytes([k]) * 100)
+    assert len(calls) == 3  # one per growth, none per write
+    assert os.path.getsize(tmp_path / "f") == 8192 == len(file._ResizableFile__mm)
+    assert all(file.read(k * 100, 100) == bytes([k]) * 100 for k in range(60))
+    file._destroy()
