@@ -30,18 +30,23 @@ from typing import Any
 log = logging.getLogger("raftlease.node")
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``int malloc_trim(size_t pad)``, or None where the process has none."""
+def _libc_function(name: str, argtypes: list[Any]) -> Any:
+    """The C library's function ``name`` returning an int, with ``argtypes`` set, or
+    None where the process has none (musl has no ``malloc_trim`` nor ``mallopt``)."""
     try:
         libc = ctypes.CDLL(None)
     except OSError:  # pragma: no cover - every Linux process can dlopen itself
         return None
-    func: Any = getattr(libc, "malloc_trim", None)
-    if func is None:
-        return None
-    func.argtypes = [ctypes.c_size_t]
-    func.restype = ctypes.c_int
-    trim: Callable[[int], int] = func
+    func: Any = getattr(libc, name, None)
+    if func is not None:
+        func.argtypes = argtypes
+        func.restype = ctypes.c_int
+    return func
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``int malloc_trim(size_t pad)``, or None where the process has none."""
+    trim: Callable[[int], int] | None = _libc_function("malloc_trim", [ctypes.c_size_t])
     return trim
 
 
@@ -66,16 +71,8 @@ def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
     +68.7 to +49 MiB with the threshold pinned. Buffers of a MiB or more are rare on
     the request path (snapshot transfers, backups), so the extra mmap/munmap pair
     costs nothing measurable there."""
-    try:
-        libc = ctypes.CDLL(None)
-    except OSError:  # pragma: no cover - every Linux process can dlopen itself
-        return False
-    func: Any = getattr(libc, "mallopt", None)
-    if func is None:
-        return False
-    func.argtypes = [ctypes.c_int, ctypes.c_int]
-    func.restype = ctypes.c_int
-    return bool(func(_M_MMAP_THRESHOLD, threshold))
+    mallopt = _libc_function("mallopt", [ctypes.c_int, ctypes.c_int])
+    return mallopt is not None and bool(mallopt(_M_MMAP_THRESHOLD, threshold))
 
 
 class HeapTrimmer:
