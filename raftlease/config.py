@@ -153,6 +153,10 @@ class NodeConfig:
     # Seconds between returns of the node's free heap pages to the kernel (glibc's
     # malloc_trim, server/heap.py); 0 turns it off.
     heap_trim_interval: float = 30.0
+    # Admission control (server/overload.py): while the event loop runs more than
+    # this many seconds behind (median of the last second), the leader refuses new
+    # lease sessions with OVERLOADED so the sessions it has keep being served; 0: off.
+    overload_lag: float = 0.2
     # Mutual TLS between members (docs/security.md, "Peers"): the cluster CA, this
     # node's certificate (it names the node: urn:raftlease:member:<id>) and key, and
     # optionally a revocation list. Required; SIGHUP reads them again.
@@ -364,6 +368,11 @@ class NodeConfig:
         if not _is_number(trim) or not math.isfinite(trim) or trim < 0:
             raise ConfigError(
                 f"heap_trim_interval must be 0 (off) or a positive number of seconds, got {trim!r}"
+            )
+        lag = self.overload_lag
+        if not _is_number(lag) or not math.isfinite(lag) or not (lag == 0 or 0.01 <= lag <= 60):
+            raise ConfigError(
+                f"overload_lag must be 0 (off) or a number of seconds from 0.01 to 60, got {lag!r}"
             )
         aging = self.task_priority_aging
         if not _is_number(aging) or not math.isfinite(aging) or not 0 <= aging <= 86400:

@@ -276,6 +276,23 @@ class UnavailableError(RaftLeaseError):
     definite = True
 
 
+class OverloadedError(UnavailableError):
+    """The node is past its capacity (its event loop runs more than ``overload_lag``
+    behind: docs/operations.md, "Capacity") and refuses what would add load of its
+    own, opening a lease session, so that the sessions it has keep being served.
+    Nothing was applied. Retry after ``detail['retry_after']`` seconds (the clients
+    do, within their deadline); ``detail['lag']`` is the loop's lag in seconds. A
+    subclass of ``UnavailableError``: code that retries that retries this too."""
+
+    code = "OVERLOADED"
+    definite = True
+
+    @property
+    def retry_after(self) -> float | None:
+        value = self.detail.get("retry_after")
+        return float(value) if isinstance(value, int | float) else None
+
+
 # --- indefinite outcomes ----------------------------------------------------------
 
 
@@ -367,6 +384,7 @@ _REGISTRY: dict[str, type[RaftLeaseError]] = {
         FrameTooLargeError,
         NotLeaderError,
         UnavailableError,
+        OverloadedError,
         TimeoutError_,
         LeaderChangedError,
         ConnectionLostError,

@@ -31,6 +31,7 @@ from ..errors import (
     InvalidArgumentError,
     LeaderChangedError,
     NotLeaderError,
+    OverloadedError,
     PermissionDeniedError,
     QuotaExceededError,
     RaftLeaseError,
@@ -57,6 +58,19 @@ DEFAULT_ATTEMPT_TIMEOUT = 3.0
 #: 0.58 s median with 0.1 here). A try of a leaderless cluster costs each node one
 #: short NOT_LEADER / UNAVAILABLE answer.
 MAX_BACKOFF = 0.05
+
+
+def overload_pause(retry_after: float | None, remaining: float, draw: float) -> float | None:
+    """Seconds to wait after an ``OVERLOADED`` answer before trying the same node
+    again, or None to give up now. The pause is the ``retry_after`` the node asked for
+    (1 s if none), jittered by ``draw`` (0 <= draw < 1) to 0.5-1.5x so that a refused
+    crowd does not come back together; never the short backoff of an election (a
+    crowd retrying every 50 ms would be load of its own). None when less than
+    ``retry_after`` would be left after it: a loaded node answers slowly, and a try
+    that times out leaves the outcome unknown where the refusal was definite."""
+    wait = retry_after if retry_after is not None and retry_after > 0 else 1.0
+    pause = wait * (0.5 + draw)
+    return pause if remaining - pause >= wait else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,10 +348,21 @@ class Transport:
                     )
                     if last.definite and not retry:
                         raise last
+                    maybe_applied = maybe_applied or not last.definite
+                    if isinstance(last, OverloadedError):
+                        # The leader is past its capacity (admission control): the same
+                        # node again, after the pause it asks for; or, without time
+                        # for that, the refusal now (definite) rather than a doomed try.
+                        pause = overload_pause(
+                            last.retry_after, deadline - time.monotonic(), random.random()
+                        )
+                        if pause is None:
+                            break
+                        await asyncio.sleep(pause)
+                        continue
                     # Not the leader, unavailable, or indefinite (commit timeout,
                     # leader change: maybe a deposed leader that cannot commit):
                     # retry, deduplicated by the client id and seq, on the next endpoint.
-                    maybe_applied = maybe_applied or not last.definite
                     self.target = self.next_endpoint()
                 await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
                 # Capped low: while a leader is being elected the next try should come
@@ -349,6 +374,8 @@ class Transport:
         if maybe_applied or last is None:
             cls: type[RaftLeaseError] = LeaderChangedError if leader_changed else TimeoutError_
             raise cls(f"{op} did not complete before its deadline; outcome unknown (last: {last})")
+        if isinstance(last, OverloadedError):
+            raise last  # definite: nothing applied, and the caller learns why
         raise UnavailableError(f"{op} failed before its deadline: {last}")
 
     async def _attempt(

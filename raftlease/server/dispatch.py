@@ -22,7 +22,7 @@ from typing import Any
 from ..config import NodeConfig
 from ..core import Result
 from ..core.certkeys import HOLDER_KEY_OPS
-from ..errors import CapacityMismatchError, error_class
+from ..errors import CapacityMismatchError, OverloadedError, error_class
 from ..protocol import Request
 from ..replication import Replica
 from .auth import AuthPolicy
@@ -36,6 +36,7 @@ from .certs import (
 from .keepalive import LEASE, SESSION
 from .log_clock import LogClock
 from .metrics import NodeMetrics
+from .overload import RETRY_AFTER, LoopLag
 from .proposer import Proposer
 
 
@@ -85,8 +86,10 @@ class Dispatcher:
     turned into an answer or the error it names. Owned by ``NodeServer``, which hands
     it ``auth`` (the policy in force, None without an auth file), ``replica`` and
     ``proposer`` (None while the node starts), ``require_leader``,
-    ``lease_read_allowed`` (reads.py), ``propose`` and ``metrics`` (None without an
-    admin_address). Event loop only."""
+    ``lease_read_allowed`` (reads.py), ``propose``, ``metrics`` (None without an
+    admin_address) and ``overload`` (the admission control, server/overload.py: a
+    new lease session is refused ``OVERLOADED`` while the node is past its
+    capacity). Event loop only."""
 
     def __init__(
         self,
@@ -100,6 +103,7 @@ class Dispatcher:
         lease_read_allowed: Callable[[], bool],
         propose: Callable[[dict[str, Any]], Awaitable[Result]],
         metrics: NodeMetrics | None,
+        overload: LoopLag | None = None,
     ) -> None:
         self.config = config
         self.log_clock = log_clock
@@ -110,6 +114,7 @@ class Dispatcher:
         self._lease_read_allowed = lease_read_allowed
         self._propose = propose
         self._metrics = metrics
+        self._overload = overload
         #: Lease certificates for requests that name a holder key (server/certs.py).
         self.signer = CertSigner(
             config,
@@ -137,6 +142,16 @@ class Dispatcher:
                     self._metrics.keepalives_from_memory.inc()
                 return self._certified(request, holder, answer, from_memory=True)
         self._require_leader()
+        over = self._overload
+        if over is not None and over.refuses(request.op):
+            # Admission control (server/overload.py): past its capacity the leader takes
+            # no new session, so that the ones it has keep being served. Definite.
+            raise OverloadedError(
+                f"the leader is overloaded (its event loop runs {over.lag * 1000:.0f} ms "
+                f"behind, overload_lag {over.limit * 1000:.0f} ms): no new lease session "
+                f"now; retry after {RETRY_AFTER:g} s",
+                {"retry_after": RETRY_AFTER, "lag": round(over.lag, 3)},
+            )
         if holder:
             await self.signer.ensure_key()
         entry: dict[str, Any] = {k: v for k, v in request.args.items() if k != "consistency"}

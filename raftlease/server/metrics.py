@@ -177,6 +177,9 @@ class NodeView:
     connections: Callable[[], int]
     lease_reads: Callable[[], bool]
     admin_connections: Callable[[], int] = lambda: 0
+    #: The event loop's lag (seconds, median of the last second) and whether the node
+    #: refuses new lease sessions for it (server/overload.py).
+    loop_lag: Callable[[], tuple[float, bool]] = lambda: (0.0, False)
 
 
 class NodeMetrics:
@@ -463,6 +466,19 @@ class NodeCollector(Collector):
             "raftlease_admin_connections",
             "Open connections to the admin endpoint.",
             view.admin_connections(),
+        )
+        lag, overloaded = view.loop_lag()
+        yield _gauge(
+            "raftlease_event_loop_lag_seconds",
+            "How late the node's event loop runs: the median, over the last second, of "
+            "how late a 50 ms timer fired (server/overload.py).",
+            lag,
+        )
+        yield _gauge(
+            "raftlease_overloaded",
+            "1 while the event loop lag is above overload_lag and the node refuses new "
+            "lease sessions (OVERLOADED); 0 otherwise.",
+            1 if overloaded else 0,
         )
         replica = view.replica()
         yield _gauge(

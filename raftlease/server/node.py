@@ -51,6 +51,7 @@ from .launcher import watch_launcher
 from .log_clock import LogClock
 from .logs import set_log_node
 from .metrics import NodeMetrics, NodeView
+from .overload import LoopLag
 from .proposer import Proposer
 from .reads import PollSlots, Reads
 from .restart import LastStop, mark_running, mark_stopped
@@ -162,6 +163,9 @@ class NodeServer:
             propose=self.propose,
         )
         self.requests_total = 0
+        #: Admission control: the event loop's lag, and the new lease sessions refused
+        #: while it is above overload_lag (server/overload.py).
+        self.overload = LoopLag(config.overload_lag)
         #: How the previous run ended, and until when (monotonic) this node stays out
         #: of the cluster after an unclean stop with durability "none".
         self.last_stop = LastStop.CLEAN
@@ -178,6 +182,7 @@ class NodeServer:
                     connections=lambda: self.port.count,
                     lease_reads=self.reads.lease_read_allowed,
                     admin_connections=lambda: self.admin.connections if self.admin else 0,
+                    loop_lag=lambda: (self.overload.lag, self.overload.overloaded),
                 )
             )
         #: The client port: connections, frames, authentication (server/connections.py).
@@ -203,6 +208,7 @@ class NodeServer:
             lease_read_allowed=self.reads.lease_read_allowed,
             propose=self.propose,
             metrics=self.metrics,
+            overload=self.overload,
         )
         #: SIGHUP and the reload operation (server/tls_reload.py).
         self.security = SecurityReload(
@@ -220,6 +226,7 @@ class NodeServer:
             auth=lambda: self.port.auth,
             last_stop=lambda: self.last_stop,
             recovering_until=lambda: self.recovering_until,
+            overload=self.overload,
         )
         #: The leader's tick and reserve entries, the heap trim (server/housekeeping.py).
         self.housekeeping = Housekeeping(
@@ -409,11 +416,13 @@ class NodeServer:
         )
         expiry = asyncio.create_task(self.housekeeping.expiry_loop())
         heap = asyncio.create_task(self.housekeeping.heap_trim_loop())
+        lag = asyncio.create_task(self.overload.run())
         try:
             await self._stopping.wait()
         finally:
             expiry.cancel()
             heap.cancel()
+            lag.cancel()
             for task in watchers:
                 task.cancel()
             if self.admin is not None:

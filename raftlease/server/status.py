@@ -19,6 +19,7 @@ from ..core.snapshot import ENTRY_FORMAT, SNAPSHOT_VERSION
 from ..replication import Replica
 from .auth import AuthPolicy
 from .keepalive import MemoryKeepalives
+from .overload import LoopLag
 from .restart import LastStop
 
 
@@ -44,6 +45,7 @@ class NodeStatus:
         auth: Callable[[], AuthPolicy | None],
         last_stop: Callable[[], LastStop],
         recovering_until: Callable[[], float | None],
+        overload: LoopLag | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -53,6 +55,7 @@ class NodeStatus:
         self._unauthenticated = unauthenticated
         self._lease_reads = lease_reads
         self._keepalives = keepalives
+        self._overload = overload
         self._auth = auth
         self._last_stop = last_stop
         self._recovering_until = recovering_until
@@ -102,6 +105,7 @@ class NodeStatus:
             "keepalives": self.config.keepalives,
             **self._keepalive_counts(),
             "clock_rate": getattr(self.clock, "rate", 1.0),
+            **self._overload_status(),
             "token_ceiling": store.ceiling,
             # The lease certificate verification keys, [kid, public hex], oldest
             # first (docs/certificates.md; ``raftlease cert-keys``).
@@ -120,6 +124,19 @@ class NodeStatus:
             **replica.durability_status(),
             **replica.election_status(),
             **replica.guard.snapshot(),
+        }
+
+    def _overload_status(self) -> dict[str, Any]:
+        """The event loop's lag (ms, median of the last second), whether the node
+        refuses new lease sessions for it, and how many it refused since start
+        (server/overload.py)."""
+        over = self._overload
+        if over is None:
+            return {"loop_lag_ms": 0.0, "overloaded": False, "overload_refused": 0}
+        return {
+            "loop_lag_ms": round(over.lag * 1000, 1),
+            "overloaded": over.overloaded,
+            "overload_refused": over.refused,
         }
 
     def _keepalive_counts(self) -> dict[str, int]:

@@ -14,7 +14,10 @@ Hooks (a dict, as ``LocalCluster(hooks=...)`` takes it):
   commit index newer than now) and ``test_elections`` (``{"op": "test_elections",
   "mode": "hold" | "now" | "free"}``: this node never runs for election, runs now, or
   as its timers say), with which raftlease.testing.trails holds a counterexample's
-  window open;
+  window open; and ``test_stall`` (``{"op": "test_stall", "seconds": s, "turn": t}``:
+  for ``s`` seconds every turn of the node's event loop is held ``t`` seconds more,
+  as past its capacity), with which tests/integration/test_overload.py drives the
+  admission control;
 * ``record_synced: True``: the node keeps a copy of what reached stable storage
   beside each data file (``durable.SyncRecorder``), so a simulated power loss
   (``raftlease.testing.power.cut_to_synced``) can cut its files back to it;

@@ -5,18 +5,20 @@
 It runs the same ``NodeServer`` as ``raftlease node``, with test hooks injected
 (``raftlease.server.ServerHooks``): an adjustable clock and the ``test_clock`` control
 operation, the peer controls ``test_hold`` and ``test_elections`` (``PeerControls``),
-and optionally a planted bug (``hooks.PLANTED_BUGS``). etcd keeps its
-failpoints out of release builds the same way: a production node has no switch that
-turns any of this on.
+the loop stall ``test_stall`` (``loop_stall``), and optionally a planted bug
+(``hooks.PLANTED_BUGS``). etcd keeps its failpoints out of release builds the same
+way: a production node has no switch that turns any of this on.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import math
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -370,6 +372,42 @@ def clock_control(clock: AdjustableClock) -> Any:
     return test_clock
 
 
+#: ``test_stall``'s bounds: seconds in all, seconds each loop turn is held.
+MAX_STALL = 60.0
+MAX_STALL_TURN = 2.0
+
+
+def loop_stall(message: dict[str, Any]) -> dict[str, Any]:
+    """``test_stall``: ``{"seconds": s, "turn": t}``: for ``s`` seconds (0 < s <= 60)
+    every turn of the node's event loop is held ``t`` seconds more (0 < t <= 2), as
+    on a node past its capacity: every answer waits, and the loop's lag (admission
+    control, server/overload.py) is real. The hold is a sleep, so the GIL stays free
+    and PySyncObj's tick thread (heartbeats, elections) runs as before. Answers at
+    once; the stall starts with the next turn. Raises ``BadRequestError`` /
+    ``InvalidArgumentError`` naming a bad field. Event loop."""
+    bounds = {"seconds": MAX_STALL, "turn": MAX_STALL_TURN}
+    values: dict[str, float] = {}
+    for name, high in bounds.items():
+        value = message.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise BadRequestError(f"field {name!r} must be a number")
+        if not math.isfinite(value) or not 0 < value <= high:
+            raise InvalidArgumentError(f"field {name!r} is out of range: {value!r}")
+        values[name] = float(value)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + values["seconds"]
+    turn = values["turn"]
+
+    def hold() -> None:
+        time.sleep(turn)
+        if loop.time() < end:
+            loop.call_soon(hold)  # the next turn, after this one's other callbacks
+
+    loop.call_soon(hold)
+    log.warning("test stall: every loop turn held %.2f s for %.1f s", turn, values["seconds"])
+    return values
+
+
 #: ``test_hold``'s holds: ``appends`` (no entries), ``commit`` (no newer commit index).
 HOLDS = ("appends", "commit", "nothing")
 #: ``test_elections``'s modes.
@@ -560,6 +598,7 @@ def build_hooks(
             "test_clock": clock_control(adjustable),
             "test_hold": CONTROLS.hold,
             "test_elections": CONTROLS.set_elections,
+            "test_stall": loop_stall,
         }
     guards: dict[str, type[LeaseGuard]] = {
         "skip_vote_promise": PromiselessGuard,

@@ -507,6 +507,9 @@ def bad_requests(key: str, cid: str, min_ttl: float) -> list[tuple[str, dict[str
     ]
     # A production node has no clock control: the test build's operation is unknown.
     cases.append(("test_clock unknown", {"op": "test_clock", "jump": 3600.0}, BAD, "unknown"))
+    cases.append(
+        ("test_stall unknown", {"op": "test_stall", "seconds": 5, "turn": 1}, BAD, "unknown")
+    )
     return cases
 
 

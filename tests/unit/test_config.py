@@ -654,3 +654,11 @@ def test_max_peer_frame_must_hold_a_large_entry(tmp_path: Path) -> None:
         NodeConfig.create(
             node_id="n1", nodes=nodes, data_dir=tmp_path, max_frame=1 << 20, max_peer_frame=1 << 20
         )
+
+
+def test_overload_lag_is_zero_or_a_sane_number_of_seconds() -> None:
+    assert make().overload_lag == 0.2
+    assert make(overload_lag=0).overload_lag == 0
+    assert make(overload_lag=0.05).overload_lag == 0.05
+    for bad in (-1, 0.001, 61, float("nan"), float("inf"), True, "0.2"):
+        assert "overload_lag" in config_error(overload_lag=bad)

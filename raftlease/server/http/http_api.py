@@ -50,6 +50,7 @@ from ...errors import (
     InternalError,
     LeaseHeldError,
     NotLeaderError,
+    OverloadedError,
     QuotaExceededError,
     RaftLeaseError,
     SessionExpiredError,
@@ -420,6 +421,8 @@ class HttpApi:
                 if named is not None and named != leader:
                     leader = named
                     continue  # follow the hint at once
+            except OverloadedError:
+                raise  # at once, 503 with Retry-After: a retry here would be load too
             except UnavailableError as exc:
                 last = exc
             if loop.time() + 0.2 >= deadline:

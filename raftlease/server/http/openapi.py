@@ -56,6 +56,7 @@ STATUS: dict[str, int] = {
     "CONNECTION_LOST": 502,
     "NOT_LEADER": 503,
     "UNAVAILABLE": 503,
+    "OVERLOADED": 503,
     "LEADER_CHANGED": 503,
     "TIMEOUT": 504,
 }

@@ -14,6 +14,7 @@ import dataclasses
 import heapq
 import itertools
 import json
+import math
 import secrets
 from typing import Any
 
@@ -111,6 +112,11 @@ def error_response(
     headers = {"WWW-Authenticate": 'Bearer realm="raftlease"'} if status == 401 else {}
     if close:
         headers["Connection"] = "close"
+    retry_after = exc.detail.get("retry_after")
+    if isinstance(retry_after, int | float) and not isinstance(retry_after, bool):
+        # OVERLOADED, BUDGET_EXHAUSTED: when to come back, as HTTP says it (whole
+        # seconds, RFC 9110 §10.2.3), beside the exact value in the body's detail.
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
     response = json_response(status, error_body(exc), headers or None)
     if close:
         response.force_close()
