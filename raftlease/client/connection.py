@@ -32,6 +32,9 @@ class Connection:
         self._ids = itertools.count(1)
         self._decoder = FrameDecoder(DEFAULT_MAX_FRAME * 16)
         self.closed = False
+        #: When this connection last received anything (event loop time): a node that
+        #: answers other calls is slow, not gone (``Transport``).
+        self.last_heard = asyncio.get_running_loop().time()
         # Requests sent in one loop turn (many agents on one AsyncClient) leave in one
         # write (protocol.py); a lone request is written at once.
         self._out = FrameBatcher(self._send, asyncio.get_running_loop().call_soon)
@@ -72,11 +75,13 @@ class Connection:
         return conn
 
     async def _read_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 data = await self._reader.read(1 << 16)
                 if not data:
                     break
+                self.last_heard = loop.time()
                 for frame in self._decoder.feed(data):
                     rid = frame.get("id")
                     stream = self._streams.get(rid)  # type: ignore[arg-type]

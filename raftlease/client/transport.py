@@ -82,13 +82,16 @@ class Outcome:
     not the request: the next try is made at once, on the client's connection,
     without a back-off and without moving to another endpoint. It goes to the
     transport's current target: the refusing node, unless another call learned of
-    a new leader meanwhile."""
+    a new leader meanwhile. ``busy`` (with ``lost``): no answer in time, but the
+    connection received others' answers after this try was sent: the node is slow,
+    not gone."""
 
     target: str
     response: dict[str, Any] = field(default_factory=dict)
     unsent: RaftLeaseError | None = None
     lost: RaftLeaseError | None = None
     refused: bool = False
+    busy: bool = False
 
     def unknown(self) -> RaftLeaseError | None:
         """The error saying this try's outcome is unknown (the request may have
@@ -301,7 +304,13 @@ class Transport:
                     # The request may have reached the node: outcome unknown.
                     maybe_applied = True
                     last = got.lost
-                    self.target = self.next_endpoint()
+                    # Elsewhere next, unless the client moved on already (another
+                    # call's redirect or failure: a second move would skip the node
+                    # it found) or the node answered others meanwhile (busy: slow,
+                    # not gone; a shared client's calls hopping to a follower and
+                    # redirected back would add load where there is too much).
+                    if self.target == got.target and not got.busy:
+                        self.target = self.next_endpoint()
                 else:
                     response = got.response
                     if response.get("ok"):
@@ -398,9 +407,12 @@ class Transport:
             # Lost, or refused (a connection quota, an unknown token): this try's
             # request was never sent.
             return Outcome(target, unsent=exc)
+        sent = asyncio.get_running_loop().time()
         try:
             return Outcome(target, response=await conn.request(message, attempt))
-        except (ConnectionLostError, TimeoutError_) as exc:
+        except TimeoutError_ as exc:
+            return Outcome(target, lost=exc, busy=not conn.closed and conn.last_heard > sent)
+        except ConnectionLostError as exc:
             return Outcome(target, lost=exc)
         except RaftLeaseError as exc:
             # The node refused the connection itself (a frame without a request id:

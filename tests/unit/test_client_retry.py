@@ -359,6 +359,49 @@ def test_a_retry_goes_to_another_node_not_back_to_the_one_that_failed() -> None:
     asyncio.run(main())
 
 
+def test_a_try_that_times_out_on_a_node_answering_other_calls_is_retried_there() -> None:
+    """A shared client's call that gets no answer in time, on a connection that
+    received other calls' answers after it was sent, tries the same node again: the
+    node is slow (a loaded leader), not gone, and the hop to a follower and its
+    redirect back would add load where there is too much. (A node that answers
+    nothing is left at once: the test above.)"""
+
+    async def slow_once(got: Received, n: int) -> Action:
+        if got.frame["op"] == "acquire" and n == 0:
+            return DROP  # this one answer is lost in a queue; the others come
+        return lease_result(got.frame)
+
+    async def answer(got: Received, n: int) -> Action:
+        return lease_result(got.frame)
+
+    async def main() -> None:
+        busy, other = await ScriptedPeer(slow_once).start(), await ScriptedPeer(answer).start()
+        client = AsyncClient([busy.addr, other.addr], attempt_timeout=0.5, deadline=5.0)
+        held = Lease("r", "o", 7, TTL, "L1", valid_until=0.0, expires_at_ms=NOW_MS)
+        stop = asyncio.Event()
+
+        async def renewing() -> None:  # other calls of the same client, answered
+            while not stop.is_set():
+                await client.renew(held)
+                await asyncio.sleep(0.05)
+
+        try:
+            await client.renew(held)  # connected; the target is the busy node
+            others = asyncio.create_task(renewing())
+            lease = await client.acquire("k", owner="o", ttl=TTL)
+            stop.set()
+            await others
+        finally:
+            await client.close()
+            await busy.close()
+            await other.close()
+        assert lease.token == 7
+        assert len(busy.ops("acquire")) == 2, "not retried on the node that answers others"
+        assert not other.ops("acquire") and not other.ops("renew")
+
+    asyncio.run(main())
+
+
 def test_a_leader_change_on_any_attempt_names_the_unknown_outcome() -> None:
     """An attempt answered LEADER_CHANGED, then attempts that time out: the call ends in
     ``LeaderChangedError`` (indefinite), not a plain timeout that hides it."""
