@@ -101,6 +101,9 @@ def test_ramp_stops_on_loss_refusal_lateness_or_backlog() -> None:
     assert lost == "2 session(s) lost at 2,000 agents"
     refused = scale.ramp_verdict(_step(open_errors=1), interval)
     assert refused == "1 agent(s) could not open at 2,000 agents"
+    # With the codes the agents saw: OVERLOADED is the leader's admission control.
+    shed = scale.ramp_verdict(_step(open_errors=21, open_error_kinds={"OVERLOADED": 21}), interval)
+    assert shed == "21 agent(s) could not open at 2,000 agents (OVERLOADED 21)"
     late = scale.ramp_verdict(_step(p99_ms=3500.0), interval)
     assert late == "keep-alive p99 3,500 ms > ttl/3 3,333 ms at 2,000 agents"
     # p99 exactly at ttl/3 still holds; only above it stops.

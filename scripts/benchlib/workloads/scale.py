@@ -175,7 +175,13 @@ def ramp_verdict(step: dict[str, Any], interval: float) -> str | None:
     if step.get("lost"):
         return f"{step['lost']} session(s) lost at {agents:,} agents"
     if step.get("open_errors"):
-        return f"{step['open_errors']} agent(s) could not open at {agents:,} agents"
+        # Why, by code (the ramp stops at the first step with any, so the cumulative
+        # kinds are this step's): OVERLOADED is the leader's admission control.
+        kinds = step.get("open_error_kinds") or {}
+        why = ", ".join(f"{code} {count:,}" for code, count in sorted(kinds.items()))
+        return f"{step['open_errors']} agent(s) could not open at {agents:,} agents" + (
+            f" ({why})" if why else ""
+        )
     if not step.get("keepalives"):
         return f"no keep-alive completed in the window at {agents:,} agents"
     if step["p99_ms"] > interval * 1000:
