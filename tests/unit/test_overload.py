@@ -9,7 +9,14 @@ import asyncio
 import pytest
 
 from raftlease.client.transport import overload_pause
-from raftlease.errors import CODES, OverloadedError, UnavailableError, from_wire
+from raftlease.errors import (
+    CODES,
+    BudgetExhaustedError,
+    OverloadedError,
+    UnavailableError,
+    from_wire,
+)
+from raftlease.server.http.parts import error_response
 from raftlease.server.overload import SAMPLE_INTERVAL, SHED_OPS, WINDOW, LoopLag
 
 pytestmark = pytest.mark.timeout(30)
@@ -109,3 +116,14 @@ def test_the_client_pauses_as_asked_jittered_or_gives_up_without_time_for_it() -
     # Less than retry_after would be left after the pause: the refusal now.
     assert overload_pause(1.0, 1.4, 0.5) is None
     assert overload_pause(1.0, 2.0, 0.5) == 1.0
+
+
+def test_http_error_answers_say_when_to_come_back() -> None:
+    overloaded = error_response(OverloadedError("busy", {"retry_after": 1.0, "lag": 0.3}))
+    assert overloaded.status == 503 and overloaded.headers["Retry-After"] == "1"
+    # Whole seconds, rounded up; none without a finite number of them.
+    later = error_response(BudgetExhaustedError("empty", {"retry_after": 2.2}))
+    assert later.status == 429 and later.headers["Retry-After"] == "3"
+    for value in (None, float("inf"), True, "soon"):
+        answer = error_response(BudgetExhaustedError("empty", {"retry_after": value}))
+        assert "Retry-After" not in answer.headers, value

@@ -113,7 +113,11 @@ def error_response(
     if close:
         headers["Connection"] = "close"
     retry_after = exc.detail.get("retry_after")
-    if isinstance(retry_after, int | float) and not isinstance(retry_after, bool):
+    if (
+        isinstance(retry_after, int | float)
+        and not isinstance(retry_after, bool)
+        and math.isfinite(retry_after)
+    ):
         # OVERLOADED, BUDGET_EXHAUSTED: when to come back, as HTTP says it (whole
         # seconds, RFC 9110 §10.2.3), beside the exact value in the body's detail.
         headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
