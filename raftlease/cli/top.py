@@ -77,7 +77,7 @@ def snapshot(
 def _node(status: dict[str, Any]) -> dict[str, Any]:
     fields = (
         "reachable", "node", "client", "role", "term", "commit_index", "applied_index",
-        "leader", "lease_reads", "drift_alarm", "error",
+        "leader", "lease_reads", "drift_alarm", "loop_lag_ms", "overloaded", "error",
     )  # fmt: skip
     return {k: status[k] for k in fields if k in status}
 
@@ -86,7 +86,8 @@ def render(snap: dict[str, Any], width: int) -> list[str]:
     """The lines of one frame, each at most ``width`` characters."""
     lines = [f"raftlease top  {time.strftime('%H:%M:%S')}  (read-only; Ctrl-C quits)", ""]
     lines.append(
-        f"{'node':6} {'client':22} {'role':10} {'term':>5} {'applied':>8} lease-reads drift"
+        f"{'node':6} {'client':22} {'role':10} {'term':>5} {'applied':>8} lease-reads drift "
+        f"{'lag-ms':>6}"
     )
     for n in snap["nodes"]:
         if not n.get("reachable"):
@@ -96,7 +97,11 @@ def render(snap: dict[str, Any], width: int) -> list[str]:
             f"{safe(n['node']):6} {safe(n['client']):22} {safe(n['role']):10} "
             f"{n.get('term', '-'):>5} {n.get('applied_index', '-'):>8} "
             f"{'yes' if n.get('lease_reads') else 'no':11} "
-            f"{'ALARM' if n.get('drift_alarm') else 'ok'}"
+            f"{'ALARM' if n.get('drift_alarm') else 'ok':5} "
+            # The event loop's lag (admin-only with an auth file: '-' otherwise), and
+            # whether the node refuses new sessions for it (admission control).
+            f"{n.get('loop_lag_ms', '-'):>6}"
+            f"{'  OVERLOADED' if n.get('overloaded') else ''}"
         )
     lines += ["", f"{'key':30} {'holder':20} {'token':>8} {'left':>8} {'units':>5}  waiters"]
     if not snap["keys"]:

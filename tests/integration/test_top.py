@@ -55,6 +55,11 @@ def test_once_and_json_show_holders_waiters_sessions_queues(shared: LocalCluster
             assert any(x.startswith("sess-7") for x in frame.splitlines())
             assert any(x.startswith("top-jobs") and " 1 " in x for x in frame.splitlines())
             assert sum(" leader " in x for x in frame.splitlines()) == 1
+            # Each node's event-loop lag (ms), none overloaded on an idle cluster.
+            assert any(x.rstrip().endswith("lag-ms") for x in frame.splitlines())
+            nodes = [x for x in frame.splitlines() if " leader " in x or " follower " in x]
+            assert len(nodes) == 3 and all(float(x.split()[-1]) >= 0 for x in nodes), nodes
+            assert "OVERLOADED" not in frame
             for secret in (first.lease_id, held.lease_id, session.session_id, pool.lease_id):
                 assert secret not in frame
 
