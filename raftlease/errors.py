@@ -37,6 +37,18 @@ class RaftLeaseError(Exception):
         return f"[{self.code}, {outcome}] {self.message}"
 
 
+class RetryAfter:
+    """A mixin of the errors whose ``detail`` says when to try again: ``retry_after``
+    (seconds; None when it does not say). Not an error of its own: no wire code."""
+
+    detail: dict[str, Any]
+
+    @property
+    def retry_after(self) -> float | None:
+        value = self.detail.get("retry_after")
+        return float(value) if isinstance(value, int | float) else None
+
+
 # --- domain outcomes (answered by the state machine; always definite) -------------
 
 
@@ -187,7 +199,7 @@ class BudgetNotFoundError(RaftLeaseError):
     definite = True
 
 
-class BudgetExhaustedError(RaftLeaseError):
+class BudgetExhaustedError(RetryAfter, RaftLeaseError):
     """The budget cannot grant the amount now (its level is too low, or earlier
     spends wait ahead), and the spend had no ``wait`` left. Nothing was drawn.
     ``detail`` has ``level``, ``capacity``, ``waiting`` and ``retry_after`` (seconds
@@ -196,11 +208,6 @@ class BudgetExhaustedError(RaftLeaseError):
 
     code = "BUDGET_EXHAUSTED"
     definite = True
-
-    @property
-    def retry_after(self) -> float | None:
-        value = self.detail.get("retry_after")
-        return float(value) if isinstance(value, int | float) else None
 
 
 class AmountOverCapacityError(RaftLeaseError):
@@ -276,7 +283,7 @@ class UnavailableError(RaftLeaseError):
     definite = True
 
 
-class OverloadedError(UnavailableError):
+class OverloadedError(RetryAfter, UnavailableError):
     """The node is past its capacity (its event loop runs more than ``overload_lag``
     behind: docs/operations.md, "Capacity") and refuses what would add load of its
     own, opening a lease session, so that the sessions it has keep being served.
@@ -286,11 +293,6 @@ class OverloadedError(UnavailableError):
 
     code = "OVERLOADED"
     definite = True
-
-    @property
-    def retry_after(self) -> float | None:
-        value = self.detail.get("retry_after")
-        return float(value) if isinstance(value, int | float) else None
 
 
 # --- indefinite outcomes ----------------------------------------------------------

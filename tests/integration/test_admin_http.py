@@ -54,10 +54,14 @@ def admin_cluster(
     )
 
 
-def running_admin_cluster(count: int = 3) -> Iterator[LocalCluster]:
-    """A started ``admin_cluster`` for a (module) fixture to ``yield from``; stopped
-    and closed after."""
-    c = admin_cluster(count)
+def running_admin_cluster(
+    count: int = 3, hooks: dict[str, Any] | None = None, **settings: Any
+) -> Iterator[LocalCluster]:
+    """A started ``admin_cluster`` (with ``settings``; ``hooks``: the test build's,
+    ``raftlease.testing.hooks``) for a (module) fixture to ``yield from``; stopped and
+    closed after."""
+    c = admin_cluster(count, **settings)
+    c.hooks = dict(hooks or {})
     try:
         c.start()
         yield c

@@ -18,7 +18,7 @@ import pytest
 
 from raftlease import OverloadedError, UnavailableError
 from raftlease.testing import LocalCluster, wait_for
-from tests.integration.test_admin_http import admin_cluster, admin_of, get
+from tests.integration.test_admin_http import admin_of, get, running_admin_cluster
 from tests.integration.test_cluster import raw_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -31,14 +31,8 @@ TURN = 0.2
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    c = admin_cluster(3, overload_lag=LIMIT)
-    c.hooks = {"clock_control": True}  # the test build, with its test_stall
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
-        c.close()
+    # The test build (clock control), with its test_stall.
+    yield from running_admin_cluster(3, hooks={"clock_control": True}, overload_lag=LIMIT)
 
 
 def status_of(addr: str) -> dict[str, Any]:
