@@ -28,7 +28,6 @@ import asyncio
 import logging
 import statistics
 from collections import deque
-from collections.abc import Callable
 
 log = logging.getLogger("raftlease.server")
 
@@ -52,14 +51,11 @@ class LoopLag:
     """The event loop's lag and whether the node is overloaded. ``run`` samples it
     (a task for the node's lifetime; cancel it to stop); ``add`` takes one sample
     (``run`` calls it; tests give samples by hand). ``limit`` is ``overload_lag``
-    (seconds; 0: never overloaded). ``on_change(overloaded, lag)`` is called on each
-    change of state. Event loop only."""
+    (seconds; 0: never overloaded); each change of state is logged. Event loop
+    only."""
 
-    def __init__(
-        self, limit: float, on_change: Callable[[bool, float], None] | None = None
-    ) -> None:
+    def __init__(self, limit: float) -> None:
         self.limit = limit
-        self._on_change = on_change
         #: (loop time, lag) of the last ``WINDOW`` seconds.
         self._samples: deque[tuple[float, float]] = deque()
         #: The median lag of the window (seconds), as of the last sample.
@@ -98,8 +94,6 @@ class LoopLag:
                     self.lag * 1000,
                     self.refused,
                 )
-            if self._on_change is not None:
-                self._on_change(self.overloaded, self.lag)
 
     def refuses(self, op: str) -> bool:
         """Whether a request ``op`` is refused now (and counts it when it is)."""

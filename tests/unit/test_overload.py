@@ -32,8 +32,7 @@ def feed(lag: LoopLag, start: float, seconds: float, value: float) -> float:
 
 
 def test_a_loop_behind_on_every_turn_is_overloaded_and_recovers_below_half_the_limit() -> None:
-    changes: list[tuple[bool, float]] = []
-    lag = LoopLag(0.2, on_change=lambda over, value: changes.append((over, value)))
+    lag = LoopLag(0.2)
     now = feed(lag, 0.0, 2.0, 0.001)
     assert not lag.overloaded and lag.lag == 0.001
     now = feed(lag, now, 2.0, 0.3)
@@ -44,7 +43,6 @@ def test_a_loop_behind_on_every_turn_is_overloaded_and_recovers_below_half_the_l
     assert lag.overloaded
     now = feed(lag, now, 2.0, 0.05)
     assert not lag.overloaded and not lag.refuses("session_open")
-    assert [over for over, _ in changes] == [True, False]
 
 
 def test_one_long_pause_is_not_overload() -> None:
