@@ -269,10 +269,11 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         session.waiters = dict.fromkeys(ordered)
     store._wait_deadlines = [(w.deadline, w.lease_id) for w in store.waiting.values()]
     heapq.heapify(store._wait_deadlines)
-    for principal in [r.principal for r in store.leases.values()] + [
-        w.principal for w in store.waiting.values()
-    ]:
-        store._count(store.held_by, principal, 1)
+    # Walked, not listed: two lists of every lease's principal would add ~1.6 MiB to
+    # the peak of a restart with 100,000 leases.
+    for held in (store.leases, store.waiting):
+        for record in held.values():
+            store._count(store.held_by, record.principal, 1)
     for waiter in store.waiting.values():
         store._count(store.waiting_by, waiter.principal, 1)
     for session in store.lease_sessions.values():

@@ -6,8 +6,10 @@ PySyncObj's on-disk formats (0.3.17; tests/integration/test_backup.py starts rea
 
 * ``raft.dump`` (``serializer.py``): gzip of a protocol-2 pickle of
   ``(data, last_entry, before_last_entry, cluster)``. ``data`` is
-  ``[syncobj_fields, consumer_data]``; our consumer's data is the msgpack bytes of
-  ``LeaseStore.to_plain()`` (``replica._PackedSnapshot``). An entry is
+  ``[syncobj_fields, consumer_data]``; our consumer's data is the msgpack map of
+  ``LeaseStore.to_plain()`` (``replica._PackedSnapshot``): a list of its consecutive
+  pieces as this build writes it (``snapshot_rows.pack_snapshot``), one ``bytes`` as
+  earlier builds and ``write_seed_dump`` write it. An entry is
   ``(command, index, term)``. At start PySyncObj loads the dump when the file exists;
   when its journal does not begin with the dump's two entries, it clears the journal
   and starts it with them, and takes ``last_entry``'s index as applied.
@@ -172,6 +174,8 @@ def read_dump(path: Path) -> tuple[dict[str, Any], Entry]:
         entry: Entry = (bytes(last[0]), int(last[1]), int(last[2]))
     except Exception as exc:
         raise BackupError(f"{path}: unreadable dump ({type(exc).__name__}: {exc})") from exc
+    if isinstance(consumer, list) and all(isinstance(piece, bytes) for piece in consumer):
+        consumer = b"".join(consumer)  # the pieces of one map (snapshot_rows.py)
     if not isinstance(consumer, bytes):
         raise BackupError(f"{path}: snapshot data is {type(consumer).__name__}, not bytes")
     try:

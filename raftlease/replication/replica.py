@@ -64,7 +64,7 @@ from .membership import (
 )
 from .names import names
 from .peer_tls import PeerTLS, load_peer_tls
-from .snapshot_rows import unpack_snapshot
+from .snapshot_rows import pack_snapshot, unpack_chunks, unpack_snapshot
 from .transport import LeaseTransport
 
 log = logging.getLogger("raftlease.replication")
@@ -119,16 +119,16 @@ class _PackedSnapshot:
 
     PySyncObj pickles the snapshot in a forked child (``useFork``), so packing happens
     there, off the tick thread, on the child's copy-on-write view of the store.
-    ``__reduce__`` turns the object into plain ``bytes`` of msgpack: the dump file never
-    holds a pickled object of ours, only bytes.
+    ``__reduce__`` turns the object into a plain ``list`` of ``bytes``, the pieces of
+    one msgpack map (``snapshot_rows.pack_snapshot``; a loading node frees each piece
+    as it reads it): the dump file never holds a pickled object of ours, only bytes.
     """
 
     def __init__(self, store: LeaseStore) -> None:
         self._store = store
 
-    def __reduce__(self) -> tuple[type[bytes], tuple[bytes]]:
-        packed: bytes = msgpack.packb(self._store.to_plain(), use_bin_type=True)
-        return (bytes, (packed,))
+    def __reduce__(self) -> tuple[type[list[bytes]], tuple[list[bytes]]]:
+        return (list, (pack_snapshot(self._store.to_plain()),))
 
 
 class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
@@ -141,9 +141,11 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
         store_class: type[LeaseStore] = LeaseStore,
         on_restore: RestoreObserver | None = None,
         tap: ApplyTap | None = None,
+        restore_pause: Callable[[], object] | None = None,
     ) -> None:
         super().__init__()
         self.tap = tap
+        self.restore_pause = restore_pause
         self.store_class = store_class
         self.store = store_class()
         self.observer = observer
@@ -158,8 +160,15 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
     def _deserialize(self, data: Any) -> None:
         try:
             # The lease rows are unpacked one at a time as the store is built
-            # (snapshot_rows.py): never all of them at once beside it.
-            plain = unpack_snapshot(data)
+            # (snapshot_rows.py): never all of them at once beside it. A dump of this
+            # build is a list of pieces, each freed once read; an earlier one, bytes.
+            pause = self.restore_pause
+            if isinstance(data, list):
+                if pause is not None:
+                    pause()  # before the store grows: what start-up freed goes back
+                plain = unpack_chunks(data, pause)
+            else:
+                plain = unpack_snapshot(data)
             store = self.store_class.from_plain(plain)
         except Exception as exc:
             # PySyncObj would only log this and go on with an empty state machine, and
@@ -292,10 +301,14 @@ class Replica:
         recorder: SyncRecorder | None = None,
         on_restore: RestoreObserver | None = None,
         apply_tap: ApplyTap | None = None,
+        restore_pause: Callable[[], object] | None = None,
     ) -> None:
         """``apply_tap``: a test build's view around each applied entry (``ApplyTap``).
         ``on_restore``: told (tick thread) the revision of each snapshot that
-        replaced the state. ``recorder``: a test build's record of what reached stable storage
+        replaced the state. ``restore_pause``: called (tick thread, must not raise)
+        before a snapshot is loaded and every ``snapshot_rows.PAUSE_ROWS`` lease rows
+        while it is: the node trims its heap there, which lowers the load's peak.
+        ``recorder``: a test build's record of what reached stable storage
         (durable.SyncRecorder). ``guard_class`` (the leader-lease bookkeeping),
         ``transport_class`` (the PySyncObj transport) and ``store_class`` (the state
         machine): a test build injects broken ones through ``raftlease.testing.node``;
@@ -354,7 +367,7 @@ class Replica:
         trim_torn_tail(config.journal_file, config.dump_file)
         repair_journal(config.journal_file, config.dump_file)
         clamp_commit_index(config.journal_file, config.dump_file, recorder)
-        self._consumer = _StoreConsumer(observer, store_class, on_restore, apply_tap)
+        self._consumer = _StoreConsumer(observer, store_class, on_restore, apply_tap, restore_pause)
         self._role = "follower"
         me = config.self_node
         conf = syncobj_conf(config)

@@ -404,6 +404,9 @@ class NodeServer:
             recorder=self.hooks.recorder,
             on_restore=self._on_restored,
             apply_tap=self.hooks.apply_tap,
+            # The heap's free pages back to the kernel while a snapshot is loaded: its
+            # maps' former tables are freed as they grow (server/heap.py).
+            restore_pause=HeapTrimmer().trim if self.config.heap_trim_interval > 0 else None,
         )
         if self.metrics is not None:
             self.replica.on_journal_sync(self.metrics.journal_sync_seconds.observe)
