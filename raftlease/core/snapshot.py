@@ -233,6 +233,12 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
     store.capacity = {key: cap for key, cap in data["capacity"] if cap != 1}
     store.used = {key: 0 for key in store.capacity}
     unindexed: list[LeaseRecord] = []
+    # Leases granted in one millisecond hold one ``granted_at`` int on the node that
+    # granted them (log time moves only forward), and ``expires_at`` ints are shared
+    # alike (``StoreState.expiry``); rows come in grant order, so the last row's
+    # objects serve the next one (~64 B a lease otherwise, 6 MiB for 100,000).
+    granted: int | None = None
+    expires: int | None = None
     for plain in data["leases"]:
         lease = LeaseRecord(*plain)
         # The objects a live grant would share (``StoreState.share``): a restored
@@ -240,6 +246,14 @@ def restore(store: StoreState, data: dict[str, Any]) -> None:
         lease.owner = store.share(lease.owner)
         lease.principal = store.share(lease.principal)
         lease.ttl_ms = store.share(lease.ttl_ms)
+        if granted is not None and lease.granted_at == granted:
+            lease.granted_at = granted
+        else:
+            granted = lease.granted_at
+        if expires is not None and lease.expires_at == expires:
+            lease.expires_at = expires
+        else:
+            expires = lease.expires_at
         if len(plain) > 11:
             lease.slots = tuple(plain[11])
         else:

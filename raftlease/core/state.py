@@ -143,6 +143,8 @@ class StoreState:
         #: per distinct owner, principal and TTL among recent grants, shared by their
         #: leases (``share``).
         self._shared: dict[str | int, str | int] = {}
+        #: Memory too: the expiry the last lease granted got (``expiry``).
+        self._last_expiry = -1
 
     def _count(self, table: dict[str, int], principal: str, delta: int) -> None:
         if principal:
@@ -190,6 +192,16 @@ class StoreState:
             self._shared.clear()
         self._shared[value] = value
         return value
+
+    def expiry(self, at: int) -> int:
+        """``at``, or the equal int the last lease granted got: leases granted in one
+        millisecond with one TTL then share one (32 B a lease; they share their
+        ``granted_at``, log time, already). Called by the apply thread only."""
+        last = self._last_expiry
+        if at == last:
+            return last
+        self._last_expiry = at
+        return at
 
     # ------------------------------------------------------------------ holders
 

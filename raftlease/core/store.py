@@ -948,7 +948,7 @@ class LeaseStore(StoreState):
             token=self.revision,
             ttl_ms=self.share(ttl),
             granted_at=self.now,
-            expires_at=self.now + ttl if session is None else session.expires_at,
+            expires_at=self.expiry(self.now + ttl) if session is None else session.expires_at,
             units=units,
             value=value,
             session=sid if session is not None else "",
