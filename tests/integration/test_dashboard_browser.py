@@ -9,6 +9,7 @@ the assertions wait on DOM conditions with deadlines (no fixed sleeps)."""
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import ssl
 import threading
@@ -90,6 +91,14 @@ def test_page_follows_holders_waiters_and_releases(
         "document.querySelectorAll('#cluster tbody tr.leader').length === 1",
         timeout=DOM_TIMEOUT_MS,
     )
+    # Each member's event-loop lag, none of them refusing sessions.
+    lags = page.evaluate(
+        "() => [...document.querySelectorAll('#cluster tbody td.lag')]"
+        ".map(td => [td.textContent, td.dataset.overloaded])"
+    )
+    assert len(lags) == 3 and all(
+        re.fullmatch(r"\d+ ms", text) and flag == "no" for text, flag in lags
+    ), lags
 
     key = "view/gpu-0"
     with cluster.client() as c:

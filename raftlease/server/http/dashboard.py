@@ -548,6 +548,8 @@ _STATUS_FIELDS = (
     "drift",
     "clock_rate",
     "heard_from_leader_ago",
+    "loop_lag_ms",
+    "overloaded",
     "readiness",
     "dashboard",
     "error",

@@ -545,7 +545,7 @@ function renderCluster() {
       const cell = el("td", "unreachable: " + (n.error || ""), "readiness");
       cell.colSpan = 5;
       const rest = el("td");
-      rest.colSpan = 5;
+      rest.colSpan = 6;
       row.append(el("td", n.node), el("td", n.client), cell, lastHeardCell(n), rest,
         dashboardLink(n));
       body.append(row);
@@ -564,6 +564,10 @@ function renderCluster() {
     ready.dataset.ready = readiness.ready ? "yes" : "no";
     const heard = typeof n.heard_from_leader_ago === "number" && n.role !== "leader"
       ? seconds(n.heard_from_leader_ago * 1000) + " ago" : "-";
+    // How late its event loop runs; OVERLOADED while a leader refuses new sessions.
+    const lag = el("td", (n.overloaded ? "OVERLOADED " : "") +
+      (typeof n.loop_lag_ms === "number" ? n.loop_lag_ms.toFixed(0) + " ms" : "-"), "lag");
+    lag.dataset.overloaded = n.overloaded ? "yes" : "no";
     row.append(
       el("td", n.node), el("td", n.client), el("td", n.role, "role"), el("td", n.term, "term"),
       el("td", n.leader ? (idOf.get(n.leader) || n.leader) : "-", "leader"), ready,
@@ -571,7 +575,7 @@ function renderCluster() {
       el("td", n.commit_index), el("td", n.applied_index, "applied"),
       el("td", n.lease_reads ? "yes" : "no"),
       el("td", n.role === "leader" ? seconds((n.lease_remaining || 0) * 1000) : "-"),
-      el("td", drift), dashboardLink(n),
+      el("td", drift), lag, dashboardLink(n),
     );
     body.append(row);
   }
