@@ -84,10 +84,12 @@ class BackupError(Exception):
 
 
 def write_seed_dump(
-    data_dir: Path, body: bytes, index: int, members: Sequence[NodeAddress]
+    data_dir: Path, body: bytes | list[bytes], index: int, members: Sequence[NodeAddress]
 ) -> Path:
     """Write ``data_dir/raft.dump``: a full dump PySyncObj loads at start, holding
-    ``body`` (msgpack of ``LeaseStore.to_plain()``) as applied through log ``index``.
+    ``body`` (``LeaseStore.to_plain()`` as ``snapshot_rows.pack_snapshot``'s pieces,
+    which the node frees as it loads them, or as one msgpack ``bytes``, as earlier
+    builds wrote it) as applied through log ``index``.
 
     The dump's two entries are no-ops of term 0 at ``index - 1`` and ``index``: every
     node seeded from one snapshot holds the same two, so their logs agree there, and a
@@ -102,8 +104,9 @@ def write_seed_dump(
         raise BackupError(f"log index {index} is below 2 (a dump holds two entries)")
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     data_dir.chmod(0o700)
-    dump = (
-        [{}, bytes(body)],
+    consumer: list[bytes] | bytes = list(body) if isinstance(body, list) else bytes(body)
+    dump: tuple[Any, ...] = (
+        [{}, consumer],
         (_NO_OP, index, 0),
         (_NO_OP, index - 1, 0),
         {_member_node(member) for member in members},

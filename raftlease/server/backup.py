@@ -55,6 +55,7 @@ from ..replication.backup import (
     write_seed_dump,
 )
 from ..replication.durable import fsync_path
+from ..replication.snapshot_rows import pack_snapshot
 
 log = logging.getLogger("raftlease.server")
 
@@ -322,8 +323,9 @@ def restore_data_dir(
     _load(fresh)  # the node will load exactly this: prove it does first
     for name in present:
         (data_dir / name).unlink(missing_ok=True)
-    packed: bytes = msgpack.packb(fresh, use_bin_type=True)
-    write_seed_dump(data_dir, packed, max(2, int(header["index"])), config.nodes)
+    # In pieces, as a node writes its own dumps: the restored node frees them as it
+    # loads them (replication/snapshot_rows.py).
+    write_seed_dump(data_dir, pack_snapshot(fresh), max(2, int(header["index"])), config.nodes)
     return RestoreReport(
         data_dir=data_dir,
         index=max(2, int(header["index"])),

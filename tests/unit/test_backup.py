@@ -30,6 +30,7 @@ from raftlease.errors import BadRequestError, InvalidArgumentError
 from raftlease.limits import TOKEN_RESERVE_STEP
 from raftlease.protocol import Limits, parse_request
 from raftlease.replication.backup import read_data_dir, write_seed_dump
+from raftlease.replication.snapshot_rows import pack_snapshot
 from raftlease.server.backup import (
     DEFAULT_TOKEN_JUMP,
     SnapshotError,
@@ -239,6 +240,11 @@ def test_the_offline_reader_reads_a_seeded_dump(tmp_path: Path) -> None:
     write_seed_dump(tmp_path, _body(store), 77, members)
     state = read_data_dir(tmp_path)
     assert (state.index, state.dump_index, state.replayed) == (77, 77, 0)
+    assert state.store.to_plain() == store.to_plain()
+    # In pieces, as a restore writes it now (and a node its own dumps): the same state.
+    write_seed_dump(tmp_path, pack_snapshot(store.to_plain()), 78, members)
+    state = read_data_dir(tmp_path)
+    assert (state.index, state.dump_index) == (78, 78)
     assert state.store.to_plain() == store.to_plain()
 
 
