@@ -29,31 +29,7 @@ BOUND = 400
 
 @pytest.mark.timeout(120)
 def test_a_plain_lease_costs_under_400_bytes_granted_or_restored() -> None:
-    raw = [
-        msgpack.packb(
-            {
-                "op": "acquire",
-                "now": 1_000_000 + i,
-                "term": 1,
-                "key": f"tenant-{i % 97:02d}/job/{i:08d}",
-                "owner": "bench-agent",
-                "ttl": 600_000,
-                "lid": secrets.token_hex(16),
-                "cid": "client-1",
-                "seq": i + 1,
-                "ack": i + 1,
-            }
-        )
-        for i in range(LEASES)
-    ]
-
-    def grant_all() -> LeaseStore:
-        store = LeaseStore()
-        for entry in raw:
-            # Decoded as the node decodes a log entry: fresh strings every time.
-            assert store.apply(msgpack.unpackb(entry, raw=False))["ok"]
-        return store
-
+    grant_all = granting(per_ms=1, key=lambda i: f"tenant-{i % 97:02d}/job/{i:08d}")
     per_lease, store = bytes_per_lease(grant_all)
     assert per_lease < BOUND, f"{per_lease:.0f} B per live lease"
     # A node restored from the snapshot (a restart, a snapshot from the leader) holds
@@ -72,13 +48,35 @@ def test_leases_granted_in_one_millisecond_share_their_time_ints() -> None:
     of one millisecond share one ``granted_at`` and one ``expires_at`` int, 334 and
     333 B a lease measured (359 and 378 before the expiry and the restore shared
     them: 4.5 MiB for 100,000 restored leases)."""
+    grant_all = granting(per_ms=5, key=lambda i: f"job/{i:08d}")
+
+    def distinct(store: LeaseStore) -> tuple[int, int]:
+        leases = store.leases.values()
+        return len({id(r.granted_at) for r in leases}), len({id(r.expires_at) for r in leases})
+
+    per_lease, store = bytes_per_lease(grant_all)
+    assert distinct(store) == (LEASES // 5, LEASES // 5)
+    assert per_lease < 345, f"{per_lease:.0f} B per live lease"
+    packed = msgpack.packb(store.to_plain(), use_bin_type=True)
+    del store
+    restored, store = bytes_per_lease(
+        lambda: LeaseStore.from_plain(msgpack.unpackb(packed, raw=False, strict_map_key=False))
+    )
+    assert distinct(store) == (LEASES // 5, LEASES // 5)
+    assert restored < 345, f"{restored:.0f} B per restored lease"
+
+
+def granting(per_ms: int, key: Callable[[int], str]) -> Callable[[], LeaseStore]:
+    """A builder of a store granted ``LEASES`` plain leases by one client, ``per_ms``
+    grants a millisecond of log time, each entry decoded as the node decodes a log
+    entry (fresh strings and ints every time)."""
     raw = [
         msgpack.packb(
             {
                 "op": "acquire",
-                "now": 1_000_000 + i // 5,
+                "now": 1_000_000 + i // per_ms,
                 "term": 1,
-                "key": f"job/{i:08d}",
+                "key": key(i),
                 "owner": "bench-agent",
                 "ttl": 600_000,
                 "lid": secrets.token_hex(16),
@@ -96,20 +94,7 @@ def test_leases_granted_in_one_millisecond_share_their_time_ints() -> None:
             assert store.apply(msgpack.unpackb(entry, raw=False))["ok"]
         return store
 
-    def distinct(store: LeaseStore) -> tuple[int, int]:
-        leases = store.leases.values()
-        return len({id(r.granted_at) for r in leases}), len({id(r.expires_at) for r in leases})
-
-    per_lease, store = bytes_per_lease(grant_all)
-    assert distinct(store) == (LEASES // 5, LEASES // 5)
-    assert per_lease < 345, f"{per_lease:.0f} B per live lease"
-    packed = msgpack.packb(store.to_plain(), use_bin_type=True)
-    del store
-    restored, store = bytes_per_lease(
-        lambda: LeaseStore.from_plain(msgpack.unpackb(packed, raw=False, strict_map_key=False))
-    )
-    assert distinct(store) == (LEASES // 5, LEASES // 5)
-    assert restored < 345, f"{restored:.0f} B per restored lease"
+    return grant_all
 
 
 def bytes_per_lease(build: Callable[[], LeaseStore]) -> tuple[float, LeaseStore]:
