@@ -121,12 +121,14 @@ class _ChunkReader:
     list as it starts reading it: once the unpacker has copied a piece, nothing holds
     it any more and it is freed. The list is emptied as the snapshot is read."""
 
-    __slots__ = ("_at", "_chunks", "_current")
+    __slots__ = ("_at", "_chunks", "_current", "total")
 
     def __init__(self, chunks: list[bytes]) -> None:
         for chunk in chunks:
             if not isinstance(chunk, bytes):
                 raise ValueError(f"a snapshot piece is {type(chunk).__name__}, not bytes")
+        #: The pieces' bytes in all: where the map must end.
+        self.total = sum(len(chunk) for chunk in chunks)
         chunks.reverse()  # taken from the end: O(1) each
         self._chunks = chunks
         self._current = b""
@@ -151,9 +153,14 @@ class _SnapshotStream:
     arrays, each walked once, in that order, then the end of the stream."""
 
     def __init__(
-        self, unpacker: msgpack.Unpacker, first_key: str, pause: Callable[[], object] | None
+        self,
+        unpacker: msgpack.Unpacker,
+        total: int,
+        first_key: str,
+        pause: Callable[[], object] | None,
     ) -> None:
         self._unpacker = unpacker
+        self._total = total
         self._pause = pause
         self._key_read: str | None = first_key  # read while looking for the eager end
         self._next = 0  # index in LAZY_TAIL of the array to walk next
@@ -176,12 +183,9 @@ class _SnapshotStream:
             if pause is not None and index % PAUSE_ROWS == PAUSE_ROWS - 1:
                 pause()
             yield unpacker.unpack()
-        if self._next == len(LAZY_TAIL):
-            try:
-                unpacker.unpack()
-            except msgpack.OutOfData:
-                return
-            raise ValueError("bytes after the snapshot's map")
+        if self._next == len(LAZY_TAIL) and unpacker.tell() != self._total:
+            # Anything after the map, whole or cut short, as unpackb would refuse it.
+            raise ValueError(f"{self._total - unpacker.tell()} bytes after the snapshot's map")
 
 
 class StreamedRows:
@@ -209,9 +213,8 @@ def unpack_chunks(chunks: list[bytes], pause: Callable[[], object] | None = None
     ``msgpack`` raises for bytes that are not msgpack."""
     if not isinstance(chunks, list):
         raise ValueError(f"snapshot pieces in a {type(chunks).__name__}, not a list")
-    unpacker = msgpack.Unpacker(
-        _ChunkReader(chunks), raw=False, strict_map_key=False, read_size=READ_BYTES
-    )
+    reader = _ChunkReader(chunks)
+    unpacker = msgpack.Unpacker(reader, raw=False, strict_map_key=False, read_size=READ_BYTES)
     size = unpacker.read_map_header()
     out: dict[str, Any] = {}
     for index in range(size):
@@ -219,7 +222,7 @@ def unpack_chunks(chunks: list[bytes], pause: Callable[[], object] | None = None
         if key in LAZY_KEYS:
             if key != LAZY_TAIL[0] or size - index != len(LAZY_TAIL):
                 raise ValueError(f"snapshot entry {key!r} is not where this layout has it")
-            stream = _SnapshotStream(unpacker, key, pause)
+            stream = _SnapshotStream(unpacker, reader.total, key, pause)
             for lazy in LAZY_TAIL:
                 out[lazy] = StreamedRows(stream, lazy)
             return out

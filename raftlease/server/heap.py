@@ -76,9 +76,12 @@ def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
 
 
 class HeapTrimmer:
-    """Calls ``malloc_trim(0)`` when asked (``trim``), on the node's event loop every
-    ``heap_trim_interval`` seconds (``Node``). Not thread-safe (one caller); never
-    raises; does nothing where glibc's ``malloc_trim`` is missing (``available``)."""
+    """Calls ``malloc_trim(0)`` when asked (``trim``): on the node's event loop every
+    ``heap_trim_interval`` seconds (``Node``), and, through instances of their own, on
+    the tick thread before and while a snapshot is loaded (``Replica``'s
+    ``restore_pause``; those trims are not counted in ``raftlease_heap_trims``). One
+    instance is not thread-safe (one caller); never raises; does nothing where glibc's
+    ``malloc_trim`` is missing (``available``)."""
 
     def __init__(self) -> None:
         self._func = _malloc_trim()

@@ -145,6 +145,21 @@ def test_the_trail_survives_a_snapshot_and_replicas_agree() -> None:
     assert restored.audit.head == a.audit.head
 
 
+def test_a_restored_trail_keeps_the_snapshot_s_rows_not_copies() -> None:
+    """A restart holds the unpacked snapshot and the store being built from it at the
+    same time: a copy of each audit row beside the snapshot's own was ~2 MiB of a
+    restart's peak with a full trail (docs/performance.md)."""
+    s = LeaseStore()
+    for i in range(6):
+        assert s.apply(acquire(10 + i, f"L{i}", key=f"k{i}", principal="p"))["ok"]
+    plain = copy.deepcopy(s.to_plain())
+    restored = LeaseStore.from_plain(plain)
+    rows = plain["audit"]["records"]
+    assert len(rows) == len(restored.audit.records) >= 6
+    assert all(kept is row for kept, row in zip(restored.audit.records, rows, strict=True))
+    assert restored.audit.head == s.audit.head
+
+
 def test_a_snapshot_with_a_tampered_record_does_not_carry_its_stored_head() -> None:
     """Restoring recomputes the chain from the records: the stored head is not
     trusted, so a changed record shows as a new head (nodes disagree: visible)."""

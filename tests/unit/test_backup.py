@@ -14,6 +14,7 @@ tests/integration/test_backup.py.
 from __future__ import annotations
 
 import ast
+import gzip
 import json
 import pickle
 import socket
@@ -22,6 +23,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from pysyncobj import pickle as pysyncobj_pickle
 
 from raftlease.config import NodeAddress, NodeConfig
 from raftlease.core import LeaseStore
@@ -190,6 +192,10 @@ def test_restore_refuses_a_data_dir_with_raft_state_unless_forced(tmp_path: Path
     (data / "node.toml").write_text("# the config may live here\n")
     report = restore_data_dir(snap, _config(data))
     assert (data / "raft.dump").exists() and (data / "node.toml").exists()
+    # The seed holds the state in pieces, as a node's own dumps (freed as it loads).
+    with gzip.open(data / "raft.dump", "rb") as f:
+        consumer = pysyncobj_pickle.load(f)[0][1]
+    assert isinstance(consumer, list) and all(isinstance(piece, bytes) for piece in consumer)
     assert report.first_token_above == _store().ceiling + DEFAULT_TOKEN_JUMP
     assert oct(data.stat().st_mode & 0o777) == "0o700"
     assert oct((data / "raft.dump").stat().st_mode & 0o777) == "0o600"

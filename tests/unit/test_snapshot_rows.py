@@ -158,10 +158,13 @@ def test_pieces_read_out_of_order_twice_or_damaged_are_refused(
         list(streamed["capacity"])
     assert list(streamed["leases"]) == plain["leases"]
     blob = b"".join(pack_snapshot(plain))
-    streamed = unpack_chunks([blob, b"\x00"])  # a byte after the map
-    list(streamed["capacity"])
-    with pytest.raises(ValueError, match="bytes after"):
-        list(streamed["leases"])
+    # Bytes after the map: a whole object, or one cut short (a stream reader that
+    # took "no more data" for the end would load those).
+    for tail in (b"\x00", b"\x92", b"\x92\x01", b"\xdb\x00\x00\x10\x00abc"):
+        streamed = unpack_chunks([blob, tail])
+        list(streamed["capacity"])
+        with pytest.raises(ValueError, match="bytes after"):
+            list(streamed["leases"])
     streamed = unpack_chunks([blob[: len(blob) - 10]])  # cut short
     list(streamed["capacity"])
     with pytest.raises(msgpack.OutOfData):
