@@ -43,6 +43,13 @@ LAZY_KEYS = frozenset({"leases", "capacity"})
 #: the leases (core/snapshot.py).
 LAZY_TAIL = ("capacity", "leases")
 
+#: How this build writes a snapshot's state into PySyncObj's dump: 1, one msgpack
+#: ``bytes`` (builds before 2026-12-07; still read); 2, ``pack_snapshot``'s pieces.
+#: ``raftlease status`` shows it as ``formats.snapshot_container``: a build that
+#: writes 2 must not send its snapshots to members that read only 1
+#: (docs/membership.md, "Rolling upgrades").
+SNAPSHOT_CONTAINER = 2
+
 #: The size of a snapshot's pieces: 1 MiB, at the node's pinned mmap threshold
 #: (``server/heap.py``'s ``MMAP_THRESHOLD``), so a freed piece goes back to the kernel
 #: at once.

@@ -17,6 +17,7 @@ from ..clock import Clock
 from ..config import NodeConfig
 from ..core.snapshot import ENTRY_FORMAT, SNAPSHOT_VERSION
 from ..replication import Replica
+from ..replication.snapshot_rows import SNAPSHOT_CONTAINER
 from .auth import AuthPolicy
 from .keepalive import MemoryKeepalives
 from .overload import LoopLag
@@ -99,7 +100,11 @@ class NodeStatus:
             "unauthenticated_connections": self._unauthenticated(),
             "version": __version__,
             # What this build applies (docs/membership.md, "Rolling upgrades").
-            "formats": {"entry": ENTRY_FORMAT, "snapshot": SNAPSHOT_VERSION},
+            "formats": {
+                "entry": ENTRY_FORMAT,
+                "snapshot": SNAPSHOT_VERSION,
+                "snapshot_container": SNAPSHOT_CONTAINER,
+            },
             "connected_peers": replica.connected_peers(),
             "lease_reads": self._lease_reads(),
             "keepalives": self.config.keepalives,

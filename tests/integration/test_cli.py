@@ -151,6 +151,8 @@ def test_status_shows_every_node(shared: LocalCluster) -> None:
         assert node["leader"] == leader["client"]
         assert node["term"] >= 1 and node["applied_index"] >= 1
         assert node["role"] in ("leader", "follower")
+        # What this build reads and writes (docs/membership.md, "Rolling upgrades").
+        assert node["formats"] == {"entry": 6, "snapshot": 9, "snapshot_container": 2}
     assert [n["role"] for n in nodes].count("leader") == 1
     human = run_cli("status", endpoints=shared.endpoints)
     assert human.returncode == 0 and "leader" in human.stdout

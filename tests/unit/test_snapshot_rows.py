@@ -219,3 +219,14 @@ def test_the_node_is_paused_before_the_load_and_every_so_many_rows(
     assert len(plain["leases"]) > 50 and len(pauses) == expected and pauses[0] > 0
     consumer._deserialize(packed(store))  # an earlier build's bytes: loaded, no pause
     assert len(pauses) == expected and consumer.store.to_plain() == store.to_plain()
+
+
+@pytest.mark.timeout(30)
+def test_the_container_is_the_documented_one() -> None:
+    """docs/membership.md ("Rolling upgrades") tells operators which container a build
+    writes, as ``raftlease status`` shows it (``formats.snapshot_container``)."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "membership.md").read_text()
+    assert snapshot_rows.SNAPSHOT_CONTAINER == 2
+    assert "`formats.snapshot_container` is 2" in " ".join(doc.split())
