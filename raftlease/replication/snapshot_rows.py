@@ -33,15 +33,14 @@ from typing import Any
 
 import msgpack
 
-#: The snapshot's entries unpacked lazily (the rest are small, or bounded): a row per
-#: lease, and a ``[key, capacity]`` row per key held (``restore`` keeps only those of
-#: capacity above 1; 100,000 rows of fresh key strings otherwise, ~14 MiB).
-LAZY_KEYS = frozenset({"leases", "capacity"})
-
-#: The order in which ``pack_snapshot`` writes the lazy entries, after all others: a
-#: stream is read once, front to back, and ``restore`` reads the capacity rows before
-#: the leases (core/snapshot.py).
+#: The snapshot's entries unpacked lazily (the rest are small, or bounded): a
+#: ``[key, capacity]`` row per key held (``restore`` keeps only those of capacity above
+#: 1; 100,000 rows of fresh key strings otherwise, ~14 MiB) and a row per lease, in the
+#: order ``pack_snapshot`` writes them, after all others: a stream is read once, front
+#: to back, and ``restore`` reads the capacity rows before the leases
+#: (core/snapshot.py).
 LAZY_TAIL = ("capacity", "leases")
+LAZY_KEYS = frozenset(LAZY_TAIL)
 
 #: How this build writes a snapshot's state into PySyncObj's dump: 1, one msgpack
 #: ``bytes`` (builds before 2026-12-07; still read); 2, ``pack_snapshot``'s pieces.
@@ -141,15 +140,14 @@ class _ChunkReader:
         self._current = b""
         self._at = 0
 
-    def read(self, size: int = -1) -> bytes:
+    def read(self, size: int) -> bytes:
+        """At most ``size`` bytes (the unpacker's ``read_size``); b"" at the end."""
         while self._at >= len(self._current):
             if not self._chunks:
                 self._current = b""
                 return b""
             self._current = self._chunks.pop()
             self._at = 0
-        if size < 0:
-            size = len(self._current)
         piece = self._current[self._at : self._at + size]
         self._at += len(piece)
         return piece

@@ -127,7 +127,7 @@ def test_pieces_restore_the_same_store_and_are_dropped_as_they_are_read(
 
 
 @pytest.mark.timeout(30)
-def test_the_default_pieces_are_freed_by_the_kernel_s_rule() -> None:
+def test_a_default_piece_is_at_least_the_mmap_threshold() -> None:
     # 1 MiB: the node's pinned mmap threshold, so glibc gives a freed piece back.
     from raftlease.server.heap import MMAP_THRESHOLD
 
