@@ -314,6 +314,10 @@ class AsyncLeaseClient(Protocol):
 
     def watch(self, prefix: str = "", *, from_revision: int = 0) -> AsyncIterator[WatchEvent]: ...
 
+    async def session_keepalive(
+        self, session_id: str, *, timeout: float | None = None
+    ) -> dict[str, Any]: ...
+
     async def call(
         self, op: str, args: dict[str, Any], *, mutating: bool, timeout: float | None = None
     ) -> dict[str, Any]: ...

@@ -415,7 +415,12 @@ def _read(spec: Field, message: Mapping[str, Any], limits: Limits, args: Mapping
     if kind == "number":
         return _number(message, name, low, high)
     if kind == "keyset":
-        return _keyset(message, name, low, high, args.get("capacity", 1))
+        keys = _keyset(message, name, low, high, args.get("capacity", 1))
+        if spec.pattern:
+            for key, _units in keys:
+                if re.fullmatch(spec.pattern, key) is None:
+                    raise InvalidArgumentError(f"field {name!r}: keys must match {spec.pattern}")
+        return keys
     return _address(message, name, high)
 
 

@@ -52,6 +52,7 @@ from . import budgets, direct
 from .aio_queue import AsyncQueue
 from .budgets import BudgetInfo, Reservation, Settlement, Spend
 from .effects import AsyncEffect, LeaseEffectOwner, Reconcile
+from .keepalive_batch import KeepaliveBatcher
 from .transport import DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE, Pin, Transport, unknown_outcome
 
 
@@ -113,11 +114,14 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         margin: float = DEFAULT_MARGIN,
         token: str | None = None,
         tls: ssl.SSLContext | str | bool | None = None,
+        batch_keepalives: bool = True,
     ) -> None:
         """``token``: a bearer token sent on every new connection (the node's auth
         file maps it to a principal); ``tls``: TLS to the client port: True (the
         system's trusted CAs), a CA file's path, or an ``ssl.SSLContext`` (for a
-        client certificate, load it into the context). Raises
+        client certificate, load it into the context); ``batch_keepalives``: the
+        keep-alives of this client's lease sessions that are due together are sent
+        in one request (client/keepalive_batch.py; False: one request each). Raises
         ``InvalidArgumentError`` on bad arguments."""
         if isinstance(endpoints, str):
             endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
@@ -132,6 +136,10 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         )
         self.clock_drift = clock_drift
         self.margin = margin
+        #: Sends the lease sessions' keep-alives together (None: one request each).
+        self.keepalives: KeepaliveBatcher | None = (
+            KeepaliveBatcher(self._keepalive_call, deadline) if batch_keepalives else None
+        )
         #: Callbacks run when the client closes (the keep-alives of open lease sessions).
         self._on_close: dict[int, Callable[[], Awaitable[None]]] = {}
         self._on_close_ids = itertools.count()
@@ -186,6 +194,27 @@ class AsyncClient(SharedKeyLocks[AsyncHeldLock]):
         if lane is not None:
             return lane.call(op, args, mutating=mutating, timeout=timeout)
         return await self.transport.call(op, args, mutating=mutating, timeout=timeout)
+
+    async def session_keepalive(
+        self, session_id: str, *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """One ``session_keepalive`` of a lease session without a holder key: its
+        answer map. Sent in a batch with the other sessions' keep-alives due at the
+        same time (``batch_keepalives``, client/keepalive_batch.py), alone otherwise
+        or inside a blocking call's direct lane; the answers and errors are the
+        same either way. Raises what ``call`` raises."""
+        batcher = self.keepalives
+        if batcher is not None and batcher.enabled and direct.active(self) is None:
+            return await batcher.keepalive(session_id, timeout)
+        return await self.call(
+            "session_keepalive", {"session_id": session_id}, mutating=True, timeout=timeout
+        )
+
+    async def _keepalive_call(
+        self, op: str, args: dict[str, Any], timeout: float | None
+    ) -> dict[str, Any]:
+        """The keep-alive batcher's request: mutating, as a session's keep-alive is."""
+        return await self.transport.call(op, args, mutating=True, timeout=timeout)
 
     async def _call_pinned(
         self, op: str, args: dict[str, Any], pin: Pin, timeout: float | None = None

@@ -568,6 +568,12 @@ class Client(SharedKeyLocks[HeldLock]):
         """Low-level: send any operation (used by tests and tools)."""
         return self._run(self._async.call(op, args, mutating=mutating, timeout=timeout))
 
+    def session_keepalive(self, session_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """As ``AsyncClient.session_keepalive``: one keep-alive of a lease session (on
+        the client's loop, batched with its other sessions' when they are due together).
+        Blocks until answered; raises what ``call`` raises."""
+        return self._run(self._async.session_keepalive(session_id, timeout=timeout))
+
     def node_status(self, endpoint: str, *, timeout: float = 2.0) -> dict[str, Any]:
         return self._run(self._async.node_status(endpoint, timeout=timeout))
 

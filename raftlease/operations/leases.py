@@ -8,6 +8,7 @@ from ..limits import (
     MAX_FAIRNESS_KEY_BYTES,
     MAX_FAIRNESS_WEIGHT,
     MAX_ID_CHARS,
+    MAX_KEEPALIVE_SESSIONS,
     MAX_MANY_KEYS,
     MAX_VALUE_BYTES,
 )
@@ -296,6 +297,43 @@ LEASE_OPS: tuple[Operation, ...] = (
             ),
         ),
         (("POST", "/v1/sessions/keepalive", "Keep a session alive", SESSIONS),),
+    ),
+    operation(
+        "session_keepalive_many",
+        True,
+        "session",
+        "keep-alives of several lease sessions in one request, each answered from the "
+        "leader's memory as session_keepalive would answer it; a session it cannot answer "
+        "so comes back marked single: send its own session_keepalive for the exact answer",
+        (
+            Field(
+                "session_ids",
+                "keyset",
+                f"1 to {MAX_KEEPALIVE_SESSIONS} distinct session ids (hex, as the "
+                "cluster issues them)",
+                required=True,
+                pattern="^[0-9a-f]+$",
+                low=MAX_ID_CHARS,
+                high=MAX_KEEPALIVE_SESSIONS,
+            ),
+        ),
+        (
+            result(
+                "sessions",
+                "array:object",
+                "one answer per session id, in the request's order: session_keepalive's "
+                "answer, or session_id and single: true",
+                True,
+            ),
+        ),
+        (
+            (
+                "POST",
+                "/v1/sessions/keepalive_many",
+                "Keep several sessions alive",
+                SESSIONS,
+            ),
+        ),
     ),
     operation(
         "session_close",

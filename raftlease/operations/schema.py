@@ -134,8 +134,9 @@ class Field:
     choices: tuple[str, ...] = ()
     default: Any = None
     needs: str = ""
-    #: A ``string`` field's whole value must match this regular expression (the
-    #: OpenAPI ``pattern``; parse_request refuses anything else INVALID_ARGUMENT).
+    #: A ``string`` field's whole value (each key of a ``keyset``) must match this
+    #: regular expression (the OpenAPI ``pattern``; parse_request refuses anything
+    #: else INVALID_ARGUMENT).
     pattern: str = ""
 
     @property

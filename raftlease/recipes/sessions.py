@@ -115,10 +115,17 @@ class AsyncSession(KeepAliveState):
     async def keepalive(self, *, timeout: float | None = None) -> None:
         """One keep-alive now (the background task sends them every ``ttl / 3``)."""
         sent = time.monotonic()
-        args: dict[str, Any] = {"session_id": self.session_id}
-        if self._holder_key is not None:
-            args["holder_key"] = self._holder_key.public_hex()
-        result = await self._client.call("session_keepalive", args, mutating=True, timeout=timeout)
+        if self._holder_key is None:
+            # Batched with the client's other sessions' keep-alives when it can be.
+            result = await self._client.session_keepalive(self.session_id, timeout=timeout)
+        else:
+            args: dict[str, Any] = {
+                "session_id": self.session_id,
+                "holder_key": self._holder_key.public_hex(),
+            }
+            result = await self._client.call(
+                "session_keepalive", args, mutating=True, timeout=timeout
+            )
         self.renewed(self._client.valid_until(sent, result["ttl"] / 1000.0))
         if self._holder_key is not None:
             # Kept only from the latest answer: an older certificate is never newer.

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..config import NodeConfig
-from ..core import Result
+from ..core import LeaseStore, Result
 from ..core.certkeys import HOLDER_KEY_OPS
 from ..errors import CapacityMismatchError, OverloadedError, error_class
 from ..protocol import Request
@@ -33,7 +33,7 @@ from .certs import (
     CertSigner,
     check_holder_key,
 )
-from .keepalive import LEASE, SESSION
+from .keepalive import LEASE, SESSION, MemoryKeepalives
 from .log_clock import LogClock
 from .metrics import NodeMetrics
 from .overload import RETRY_AFTER, LoopLag
@@ -365,16 +365,74 @@ class Dispatcher:
             until = now + lease.ttl_ms
             keep.record(LEASE, lease.lease_id, until, lease.expires_at, lease.ttl_ms, known(), now)
             return store.renewal_answer(lease, until, now)
-        session = store.lease_sessions.get(args["sid"])
-        if (
-            session is None
-            or session.principal != principal
-            or args.get("ttl", session.ttl_ms) != session.ttl_ms
-            or session.expires_at <= now
-        ):
-            return None
-        until = now + session.ttl_ms
-        keep.record(
-            SESSION, session.session_id, until, session.expires_at, session.ttl_ms, known(), now
+        return _session_from_memory(
+            store, keep, now, args["sid"], principal, args.get("ttl"), known()
         )
-        return store.keepalive_answer(session, until, now)
+
+    def keepalive_many(self, request: Request) -> dict[str, Any]:
+        """``session_keepalive_many``: a keep-alive for each of several lease sessions
+        (client/keepalive_batch.py sends them), each answered from the leader's memory
+        exactly as ``keepalive_in_memory`` answers one ``session_keepalive``; a session
+        it cannot answer so (unknown, another principal's, expired, keep-alives through
+        the log, no valid leader lease) is answered ``{"session_id": ..., "single":
+        true}``: its sender keeps it alive with its own ``session_keepalive``, which
+        gives the exact answer or error through the log. Nothing here is refused per
+        session and nothing is written: one place decides a keep-alive's errors.
+
+        Event loop; never blocks. Raises ``NotLeaderError`` / ``UnavailableError`` on
+        a node that does not lead (the client goes to the leader with all of them)."""
+        self._require_leader()
+        sids = [str(pair[0]) for pair in request.args["session_ids"]]
+        replica, proposer = self._replica(), self._proposer()
+        if (
+            self.config.keepalives != "memory"
+            or replica is None
+            or proposer is None
+            or not replica.is_leader()
+            or not self._lease_read_allowed()
+        ):
+            return {"sessions": [{"session_id": sid, "single": True} for sid in sids]}
+        store = replica.store
+        term = replica.term()
+        keep = proposer.keepalives
+        keep.reset(term)
+        now = self.log_clock.stamp(term, store.now)
+        principal = request.principal or ""
+        cid = request.cid if request.cid is not None and request.cid in store.clients else None
+        answers: list[dict[str, Any]] = []
+        answered = 0
+        for sid in sids:
+            answer = _session_from_memory(store, keep, now, sid, principal, None, cid)
+            if answer is None:
+                answers.append({"session_id": sid, "single": True})
+            else:
+                answers.append(answer)
+                answered += 1
+        if answered and self._metrics is not None:
+            self._metrics.keepalives_from_memory.inc(answered)
+        return {"sessions": answers}
+
+
+def _session_from_memory(
+    store: LeaseStore,
+    keep: MemoryKeepalives,
+    now: int,
+    sid: str,
+    principal: str,
+    ttl: int | None,
+    cid: str | None,
+) -> dict[str, Any] | None:
+    """One lease session's keep-alive answered from the leader's memory at log time
+    ``now`` (recorded in ``keep`` for the next ``extend`` entry), or None when the log
+    must decide it: no such session, another principal's, a new TTL, or expired."""
+    session = store.lease_sessions.get(sid)
+    if (
+        session is None
+        or session.principal != principal
+        or (ttl is not None and ttl != session.ttl_ms)
+        or session.expires_at <= now
+    ):
+        return None
+    until = now + session.ttl_ms
+    keep.record(SESSION, session.session_id, until, session.expires_at, session.ttl_ms, cid, now)
+    return store.keepalive_answer(session, until, now)

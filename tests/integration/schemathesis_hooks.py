@@ -57,7 +57,7 @@ def _body_schema(ctx: Any) -> dict[str, Any]:
 
 def _too_long(value: Any, schema: dict[str, Any]) -> bool:
     """``value`` breaks its schema's ``x-max-utf8-bytes`` (of a labels map: a name or
-    a value does)."""
+    a value does; of a key set: one of its keys does)."""
     most = schema.get("x-max-utf8-bytes")
     if not isinstance(most, int):
         return False
@@ -65,6 +65,8 @@ def _too_long(value: Any, schema: dict[str, Any]) -> bool:
         return len(value.encode("utf-8", "surrogatepass")) > most
     if isinstance(value, dict):
         return any(_too_long(str(k), schema) or _too_long(v, schema) for k, v in value.items())
+    if isinstance(value, list):  # a key set given as a list: each key
+        return any(_too_long(v, schema) for v in value)
     return False
 
 

@@ -381,6 +381,8 @@ def good(op: str) -> dict[str, Any]:
         base["ttl"] = 5.0
     if op in ("session_keepalive", "session_close"):
         base["session_id"] = "S"
+    if op == "session_keepalive_many":  # keep-alives of several sessions at once
+        base["session_ids"] = ["a1", "b2"]
     if op == "fence":
         base["token"] = 3
     if op == "await_lease":
@@ -535,7 +537,23 @@ BAD_CASES += [
     ("open-ttl-zero", "session_open", "ttl", 0, InvalidArgumentError, "ttl 0 s"),
     ("open-ttl-nan", "session_open", "ttl", math.nan, InvalidArgumentError, "ttl nan s"),
     ("keepalive-ttl-str", "session_keepalive", "ttl", "1", BadRequestError, "'ttl'"),
-]
+    ("many-sids-missing", "session_keepalive_many", "session_ids", MISSING, BadRequestError,
+     "'session_ids'"),
+    ("many-sids-str", "session_keepalive_many", "session_ids", "S", BadRequestError,
+     "'session_ids'"),
+    ("many-sids-empty", "session_keepalive_many", "session_ids", [], InvalidArgumentError,
+     "'session_ids'"),
+    ("many-sids-too-many", "session_keepalive_many", "session_ids",
+     [f"s{i}" for i in range(257)], InvalidArgumentError, "'session_ids'"),
+    ("many-sids-twice", "session_keepalive_many", "session_ids", ["a", "a"],
+     InvalidArgumentError, "'session_ids'"),
+    ("many-sids-int", "session_keepalive_many", "session_ids", [1], BadRequestError,
+     "'session_ids'"),
+    ("many-sids-long", "session_keepalive_many", "session_ids", ["a" * 129],
+     InvalidArgumentError, "'session_ids'"),
+    ("many-sids-not-hex", "session_keepalive_many", "session_ids", ["a1", "S2"],
+     InvalidArgumentError, "'session_ids'"),
+]  # fmt: skip
 for _op in ("session_keepalive", "session_close"):
     BAD_CASES += [
         (f"{_op}-sid-missing", _op, "session_id", MISSING, BadRequestError, "'session_id'"),

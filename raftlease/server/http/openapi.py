@@ -87,6 +87,8 @@ def _schema(spec: Field) -> dict[str, Any]:
             "maxLength": int(spec.low),
             "x-max-utf8-bytes": int(spec.low),
         }
+        if spec.pattern:
+            key["pattern"] = spec.pattern
         out = {
             "oneOf": [
                 {

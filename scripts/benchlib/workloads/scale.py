@@ -95,7 +95,9 @@ METHOD = (
     "an agent that could not open, p99 > ttl/3, or fewer than {done:.0%} of the "
     "keep-alives due completed, and the failed step's agents are closed. Hold: "
     "{hold:g} s at the level reached, every keep-alive timed (client-side latency of "
-    "session_keepalive). Lost = the cluster said the session is gone or the agent's "
+    "session_keepalive, which the agent process's client sends in "
+    "session_keepalive_many batches: those due in one event-loop turn or while two "
+    "batches are on the wire). Lost = the cluster said the session is gone or the agent's "
     "validity ran out (no fault is injected). CPU from /proc/<pid>/stat over the hold; "
     "share = CPU seconds / hold seconds (1.0 = one core of the machine's "
     "{cpus}). RSS per node at the end of the hold."
@@ -127,7 +129,18 @@ def shares(total: int, processes: int) -> list[int]:
 
 
 #: The counters an agent process reports cumulatively (``merge`` sums them).
-COUNTERS = ("opened", "open_errors", "failed", "lost", "closed", "alive")
+COUNTERS = (
+    "opened",
+    "open_errors",
+    "failed",
+    "lost",
+    "closed",
+    "alive",
+    # The client's keep-alive batcher (client/keepalive_batch.py): requests it sent
+    # and the keep-alives they carried (their ratio: the mean batch).
+    "keepalive_requests",
+    "keepalives_batched",
+)
 
 
 def merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -550,8 +563,12 @@ class _Stats:
             table = self.kinds[kinds]
             table[kind] = table.get(kind, 0) + 1
 
-    def report(self, alive: int) -> dict[str, Any]:
+    def report(self, alive: int, client: AsyncClient) -> dict[str, Any]:
         latencies, self.latencies = self.latencies, []
+        batcher = client.keepalives
+        if batcher is not None:
+            self.counters["keepalive_requests"] = batcher.batches
+            self.counters["keepalives_batched"] = batcher.batched
         return {
             "event": "report",
             **self.counters,
@@ -686,7 +703,7 @@ async def _agents(args: dict[str, Any]) -> None:
                         )
                     _say({"event": "shrunk", "alive": alive()})
                 elif cmd == "report":
-                    _say(stats.report(alive()))
+                    _say(stats.report(alive(), client))
                 elif cmd == "stop":
                     return
         finally:

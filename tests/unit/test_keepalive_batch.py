@@ -1,0 +1,182 @@
+"""The keep-alive batcher's rules (client/keepalive_batch.py) against a scripted
+``call``: what is gathered into one request, what waits for the next, timeouts,
+cancellation, errors, and a node of an earlier build that does not know the
+operation. On real nodes: tests/integration/test_keepalive_batch.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from raftlease.client.keepalive_batch import MAX_IN_FLIGHT, KeepaliveBatcher
+from raftlease.errors import (
+    BadRequestError,
+    SessionNotFoundError,
+    TimeoutError_,
+    UnavailableError,
+)
+from raftlease.limits import MAX_KEEPALIVE_SESSIONS
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Scripted:
+    """A ``call`` that records each request and answers when the test says so."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, Any], float | None]] = []
+        self.gates: list[asyncio.Future[None]] = []
+        self.hold = False
+        self.refuse: BaseException | None = None
+        self.single_for: set[str] = set()
+
+    async def __call__(self, op: str, args: dict[str, Any], timeout: float | None) -> Any:
+        self.requests.append((op, args, timeout))
+        if self.hold:
+            gate = asyncio.get_running_loop().create_future()
+            self.gates.append(gate)
+            await gate
+        if op == "session_keepalive":
+            if args["session_id"] == "gone":
+                raise SessionNotFoundError("no such session")
+            return {"session_id": args["session_id"], "via": "single"}
+        if self.refuse is not None:
+            raise self.refuse
+        return {
+            "sessions": [
+                {"session_id": sid, "single": True}
+                if sid in self.single_for
+                else {"session_id": sid, "ttl": 5000}
+                for sid in args["session_ids"]
+            ]
+        }
+
+    def batches(self) -> list[list[str]]:
+        return [a["session_ids"] for op, a, _ in self.requests if op == "session_keepalive_many"]
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_one_turns_keepalives_leave_in_one_request() -> None:
+    async def main() -> None:
+        call = Scripted()
+        batcher = KeepaliveBatcher(call, 5.0)
+        answers = await asyncio.gather(*(batcher.keepalive(f"s{i}", 1.0) for i in range(10)))
+        assert call.batches() == [[f"s{i}" for i in range(10)]]
+        assert [a["session_id"] for a in answers] == [f"s{i}" for i in range(10)]
+        assert batcher.batches == 1 and batcher.batched == 10
+        # A lone keep-alive on an idle batcher leaves at once, alone.
+        assert (await batcher.keepalive("lone", None))["session_id"] == "lone"
+        assert call.batches()[-1] == ["lone"]
+        # The batch's deadline is its shortest caller's; None means the client's.
+        assert call.requests[-1][2] == pytest.approx(5.0, abs=0.5)
+
+    run(main())
+
+
+def test_keepalives_asked_while_batches_fly_join_the_next_one() -> None:
+    async def main() -> None:
+        call = Scripted()
+        call.hold = True
+        batcher = KeepaliveBatcher(call, 5.0)
+        first = []
+        for i in range(MAX_IN_FLIGHT):
+            # Asked in turns of their own: a batch each.
+            first.append(asyncio.create_task(batcher.keepalive(f"a{i}", 2.0)))
+            while len(call.gates) <= i:
+                await asyncio.sleep(0.001)
+        later = [asyncio.create_task(batcher.keepalive(f"b{i}", 2.0)) for i in range(5)]
+        await asyncio.sleep(0.01)
+        assert len(call.requests) == MAX_IN_FLIGHT  # none left while both fly
+        call.gates[0].set_result(None)
+        while len(call.gates) < MAX_IN_FLIGHT + 1:
+            await asyncio.sleep(0.001)
+        assert call.batches()[-1] == [f"b{i}" for i in range(5)]
+        for gate in call.gates[1:]:
+            gate.set_result(None)
+        await asyncio.gather(*first, *later)
+
+    run(main())
+
+
+def test_a_batch_holds_at_most_the_limit_and_one_entry_per_session() -> None:
+    async def main() -> None:
+        call = Scripted()
+        batcher = KeepaliveBatcher(call, 5.0)
+        count = MAX_KEEPALIVE_SESSIONS + 10
+        sids = [f"s{i}" for i in range(count)] + ["s0"]  # s0 asked twice
+        answers = await asyncio.gather(*(batcher.keepalive(sid, 1.0) for sid in sids))
+        sizes = [len(b) for b in call.batches()]
+        assert max(sizes) == MAX_KEEPALIVE_SESSIONS and sum(sizes) == count
+        assert all(len(set(b)) == len(b) for b in call.batches())
+        assert answers[0]["session_id"] == answers[-1]["session_id"] == "s0"
+
+    run(main())
+
+
+def test_a_session_answered_single_gets_its_own_keepalive_and_its_error() -> None:
+    async def main() -> None:
+        call = Scripted()
+        call.single_for = {"gone", "log"}
+        batcher = KeepaliveBatcher(call, 5.0)
+        results = await asyncio.gather(
+            batcher.keepalive("ok", 1.0),
+            batcher.keepalive("log", 1.0),
+            batcher.keepalive("gone", 1.0),
+            return_exceptions=True,
+        )
+        assert results[0] == {"session_id": "ok", "ttl": 5000}
+        assert results[1] == {"session_id": "log", "via": "single"}
+        assert isinstance(results[2], SessionNotFoundError)
+
+    run(main())
+
+
+def test_a_batch_error_reaches_every_caller_and_an_earlier_build_turns_batching_off() -> None:
+    async def main() -> None:
+        call = Scripted()
+        batcher = KeepaliveBatcher(call, 5.0)
+        call.refuse = UnavailableError("no leader")
+        results = await asyncio.gather(
+            *(batcher.keepalive(f"s{i}", 1.0) for i in range(3)), return_exceptions=True
+        )
+        assert all(isinstance(r, UnavailableError) for r in results)
+        assert batcher.enabled
+        # Another BAD_REQUEST is an answer like any other, not a reason to stop.
+        call.refuse = BadRequestError("field 'session_ids' must be a list")
+        with pytest.raises(BadRequestError):
+            await batcher.keepalive("s0", 1.0)
+        assert batcher.enabled
+        call.refuse = BadRequestError(
+            "unknown operation 'session_keepalive_many'; expected one of [...]"
+        )
+        answers = await asyncio.gather(*(batcher.keepalive(f"s{i}", 1.0) for i in range(3)))
+        assert [a["via"] for a in answers] == ["single"] * 3
+        assert not batcher.enabled
+
+    run(main())
+
+
+def test_a_caller_times_out_on_its_own_deadline_and_a_cancelled_one_leaves_the_rest() -> None:
+    async def main() -> None:
+        call = Scripted()
+        call.hold = True
+        batcher = KeepaliveBatcher(call, 5.0)
+        short = asyncio.create_task(batcher.keepalive("short", 0.05))
+        cancelled = asyncio.create_task(batcher.keepalive("cancelled", 5.0))
+        other = asyncio.create_task(batcher.keepalive("other", 5.0))
+        with pytest.raises(TimeoutError_):
+            await short
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        call.gates[0].set_result(None)
+        assert (await other)["session_id"] == "other"
+        # The batch's deadline was its shortest caller's.
+        assert call.requests[0][2] == pytest.approx(0.05, abs=0.04)
+
+    run(main())
