@@ -153,6 +153,10 @@ class NodeConfig:
     # Seconds between returns of the node's free heap pages to the kernel (glibc's
     # malloc_trim, server/heap.py); 0 turns it off.
     heap_trim_interval: float = 30.0
+    # The survivors of each full garbage collection are frozen (gc.freeze), so the
+    # next one scans only newer objects, and unfrozen every this many seconds so that
+    # cyclic garbage among them is collected (gc_pauses.py); 0: CPython's default.
+    gc_unfreeze_interval: float = 600.0
     # Admission control (server/overload.py): while the event loop runs more than
     # this many seconds behind (median of the last second), the leader refuses new
     # lease sessions with OVERLOADED so the sessions it has keep being served; 0: off.
@@ -368,6 +372,12 @@ class NodeConfig:
         if not _is_number(trim) or not math.isfinite(trim) or trim < 0:
             raise ConfigError(
                 f"heap_trim_interval must be 0 (off) or a positive number of seconds, got {trim!r}"
+            )
+        unfreeze = self.gc_unfreeze_interval
+        if not _is_number(unfreeze) or not math.isfinite(unfreeze) or unfreeze < 0:
+            raise ConfigError(
+                "gc_unfreeze_interval must be 0 (off) or a positive number of seconds, "
+                f"got {unfreeze!r}"
             )
         lag = self.overload_lag
         if not _is_number(lag) or not math.isfinite(lag) or not (lag == 0 or 0.01 <= lag <= 60):

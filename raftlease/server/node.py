@@ -36,6 +36,7 @@ from ..clock import Clock, SystemClock
 from ..config import NodeConfig, bind_probe, parse_addr
 from ..core import LeaseStore, Result
 from ..errors import ConfigError, NotLeaderError, UnavailableError
+from ..gc_pauses import FreezeSurvivors
 from ..protocol import Limits, Request
 from ..replication import ApplyTap, LeaseGuard, LeaseTransport, Replica, SyncRecorder
 from . import membership_ops
@@ -664,4 +665,7 @@ def run_node(
     # Before the snapshot is loaded: its buffers go back to the kernel when freed.
     if not fix_mmap_threshold():
         log.info("mmap threshold left to the C library (no mallopt)")
+    if config.gc_unfreeze_interval > 0:
+        # Full collections scan only what was promoted since the last one (gc_pauses.py).
+        FreezeSurvivors(config.gc_unfreeze_interval).install()
     asyncio.run(NodeServer(config, hooks, parent_pid).run())

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .. import gc_pauses
 from .._version import __version__
 from ..clock import Clock
 from ..config import NodeConfig
@@ -110,6 +111,9 @@ class NodeStatus:
             "keepalives": self.config.keepalives,
             **self._keepalive_counts(),
             "clock_rate": getattr(self.clock, "rate", 1.0),
+            # Full collections scan only what was promoted since (gc_pauses.py); None:
+            # gc_unfreeze_interval = 0, CPython's default collector.
+            "gc_freeze": freezer.describe() if (freezer := gc_pauses.current()) else None,
             **self._overload_status(),
             "token_ceiling": store.ceiling,
             # The lease certificate verification keys, [kid, public hex], oldest

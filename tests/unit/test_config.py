@@ -222,6 +222,13 @@ def test_heap_trim_interval_is_zero_or_positive() -> None:
         assert "heap_trim_interval" in config_error(heap_trim_interval=bad)
 
 
+def test_gc_unfreeze_interval_is_zero_or_positive() -> None:
+    assert make().gc_unfreeze_interval == 600.0
+    assert make(gc_unfreeze_interval=0).gc_unfreeze_interval == 0
+    for bad in (-1, math.inf, math.nan, "600", True):
+        assert "gc_unfreeze_interval" in config_error(gc_unfreeze_interval=bad)
+
+
 def test_keepalives_is_memory_or_log() -> None:
     assert make().keepalives == "memory"  # the default: keep-alives from memory
     assert make(keepalives="log").keepalives == "log"
