@@ -19,8 +19,18 @@ pytestmark = pytest.mark.timeout(60)
 PACKAGE = Path(__file__).resolve().parents[2] / "raftlease"
 
 #: Shared ground: value types, the wire protocol, the operations table, errors,
-#: config, clocks, limits.
-GROUND = {"_version", "errors", "limits", "clock", "config", "protocol", "models", "operations"}
+#: config, clocks, limits, the garbage collector's freezing.
+GROUND = {
+    "_version",
+    "errors",
+    "limits",
+    "clock",
+    "config",
+    "protocol",
+    "models",
+    "operations",
+    "gc_pauses",
+}
 
 #: layer -> the raftlease layers it may import (directly, lazily or for types).
 #: A layer is a subpackage, or a top-level module of ground or the entry points.
@@ -29,6 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "limits": set(),
     "clock": set(),
+    "gc_pauses": set(),
     "config": {"errors", "limits"},
     # The one table of operations: read by the wire parser, the core, auth and OpenAPI.
     "operations": {"errors", "limits"},

@@ -72,6 +72,8 @@ def test_merge_sums_counters_and_joins_latencies() -> None:
         "failed": 0,
         "lost": 2,
         "closed": 0,
+        "keepalive_requests": 0,
+        "keepalives_batched": 0,
     }
 
 
