@@ -29,15 +29,19 @@ Threads: the client's event loop only. Nothing blocks.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import BadRequestError, RaftLeaseError, TimeoutError_
-from ..limits import MAX_KEEPALIVE_SESSIONS
+from ..limits import MAX_ID_CHARS, MAX_KEEPALIVE_SESSIONS
 
 #: Batches on the wire at once: while they are, new keep-alives wait and join the next.
 #: Two, so that one slow batch (a retry on the next node) does not hold up the rest.
 MAX_IN_FLIGHT = 2
+
+#: The ids ``session_keepalive_many`` takes (the cluster issues hex ids).
+_SESSION_ID = re.compile(f"[0-9a-f]{{1,{MAX_ID_CHARS}}}")
 
 #: ``call(op, args, timeout)``: one request through the client's transport.
 Call = Callable[[str, dict[str, Any], float | None], Awaitable[dict[str, Any]]]
@@ -65,6 +69,8 @@ class KeepaliveBatcher:
         self._pending: list[_Waiter] = []
         self._in_flight = 0
         self._scheduled = False
+        #: The batches' tasks: the loop keeps only weak references to tasks.
+        self._tasks: set[asyncio.Task[None]] = set()
         #: False once a node refused the operation (an earlier build): single from then.
         self.enabled = True
         #: Requests sent and keep-alives they carried (for tests and diagnostics).
@@ -76,6 +82,10 @@ class KeepaliveBatcher:
         what a single keep-alive raises (``TimeoutError_`` when no answer came within
         ``timeout``, the log's error for a session it could not answer from memory)."""
         budget = self._deadline if timeout is None else timeout
+        if _SESSION_ID.fullmatch(sid) is None:
+            # Not an id the cluster issued: in a batch it would be refused, and the
+            # batch with it; alone it gets its own answer (SESSION_NOT_FOUND).
+            return await self._call("session_keepalive", {"session_id": sid}, budget)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(sid, loop.time() + budget, loop.create_future())
         self._pending.append(waiter)
@@ -117,9 +127,11 @@ class KeepaliveBatcher:
                 return
             self._in_flight += 1
             task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._tasks.add(task)
             task.add_done_callback(self._landed)
 
-    def _landed(self, _task: asyncio.Task[None]) -> None:
+    def _landed(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
         self._in_flight -= 1
         if self._pending and not self._scheduled:
             self._flush()
@@ -149,7 +161,12 @@ class KeepaliveBatcher:
         except RaftLeaseError as exc:
             _fail(waiters, exc)
             return
-        except BaseException as exc:  # cancelled (the client closes), or a bug
+        except asyncio.CancelledError:
+            # The loop is ending: so are its callers' waits.
+            for waiter in waiters:
+                waiter.future.cancel()
+            raise
+        except BaseException as exc:  # a bug: every caller sees it
             _fail(waiters, exc)
             raise
         answers = result.get("sessions")

@@ -39,7 +39,7 @@ class Scripted:
             self.gates.append(gate)
             await gate
         if op == "session_keepalive":
-            if args["session_id"] == "gone":
+            if args["session_id"] == "00":
                 raise SessionNotFoundError("no such session")
             return {"session_id": args["session_id"], "via": "single"}
         if self.refuse is not None:
@@ -65,13 +65,13 @@ def test_one_turns_keepalives_leave_in_one_request() -> None:
     async def main() -> None:
         call = Scripted()
         batcher = KeepaliveBatcher(call, 5.0)
-        answers = await asyncio.gather(*(batcher.keepalive(f"s{i}", 1.0) for i in range(10)))
-        assert call.batches() == [[f"s{i}" for i in range(10)]]
-        assert [a["session_id"] for a in answers] == [f"s{i}" for i in range(10)]
+        answers = await asyncio.gather(*(batcher.keepalive(f"a{i}", 1.0) for i in range(10)))
+        assert call.batches() == [[f"a{i}" for i in range(10)]]
+        assert [a["session_id"] for a in answers] == [f"a{i}" for i in range(10)]
         assert batcher.batches == 1 and batcher.batched == 10
         # A lone keep-alive on an idle batcher leaves at once, alone.
-        assert (await batcher.keepalive("lone", None))["session_id"] == "lone"
-        assert call.batches()[-1] == ["lone"]
+        assert (await batcher.keepalive("1e", None))["session_id"] == "1e"
+        assert call.batches()[-1] == ["1e"]
         # The batch's deadline is its shortest caller's; None means the client's.
         assert call.requests[-1][2] == pytest.approx(5.0, abs=0.5)
 
@@ -108,12 +108,12 @@ def test_a_batch_holds_at_most_the_limit_and_one_entry_per_session() -> None:
         call = Scripted()
         batcher = KeepaliveBatcher(call, 5.0)
         count = MAX_KEEPALIVE_SESSIONS + 10
-        sids = [f"s{i}" for i in range(count)] + ["s0"]  # s0 asked twice
+        sids = [f"a{i}" for i in range(count)] + ["a0"]  # s0 asked twice
         answers = await asyncio.gather(*(batcher.keepalive(sid, 1.0) for sid in sids))
         sizes = [len(b) for b in call.batches()]
         assert max(sizes) == MAX_KEEPALIVE_SESSIONS and sum(sizes) == count
         assert all(len(set(b)) == len(b) for b in call.batches())
-        assert answers[0]["session_id"] == answers[-1]["session_id"] == "s0"
+        assert answers[0]["session_id"] == answers[-1]["session_id"] == "a0"
 
     run(main())
 
@@ -121,17 +121,30 @@ def test_a_batch_holds_at_most_the_limit_and_one_entry_per_session() -> None:
 def test_a_session_answered_single_gets_its_own_keepalive_and_its_error() -> None:
     async def main() -> None:
         call = Scripted()
-        call.single_for = {"gone", "log"}
+        call.single_for = {"00", "10"}
         batcher = KeepaliveBatcher(call, 5.0)
         results = await asyncio.gather(
-            batcher.keepalive("ok", 1.0),
-            batcher.keepalive("log", 1.0),
-            batcher.keepalive("gone", 1.0),
+            batcher.keepalive("0c", 1.0),
+            batcher.keepalive("10", 1.0),
+            batcher.keepalive("00", 1.0),
             return_exceptions=True,
         )
-        assert results[0] == {"session_id": "ok", "ttl": 5000}
-        assert results[1] == {"session_id": "log", "via": "single"}
+        assert results[0] == {"session_id": "0c", "ttl": 5000}
+        assert results[1] == {"session_id": "10", "via": "single"}
         assert isinstance(results[2], SessionNotFoundError)
+
+    run(main())
+
+
+def test_an_id_the_cluster_did_not_issue_is_sent_alone() -> None:
+    async def main() -> None:
+        call = Scripted()
+        batcher = KeepaliveBatcher(call, 5.0)
+        answers = await asyncio.gather(
+            batcher.keepalive("ab", 1.0), batcher.keepalive("Not-Hex", 1.0)
+        )
+        assert call.batches() == [["ab"]]
+        assert answers[1] == {"session_id": "Not-Hex", "via": "single"}
 
     run(main())
 
@@ -142,19 +155,19 @@ def test_a_batch_error_reaches_every_caller_and_an_earlier_build_turns_batching_
         batcher = KeepaliveBatcher(call, 5.0)
         call.refuse = UnavailableError("no leader")
         results = await asyncio.gather(
-            *(batcher.keepalive(f"s{i}", 1.0) for i in range(3)), return_exceptions=True
+            *(batcher.keepalive(f"a{i}", 1.0) for i in range(3)), return_exceptions=True
         )
         assert all(isinstance(r, UnavailableError) for r in results)
         assert batcher.enabled
         # Another BAD_REQUEST is an answer like any other, not a reason to stop.
         call.refuse = BadRequestError("field 'session_ids' must be a list")
         with pytest.raises(BadRequestError):
-            await batcher.keepalive("s0", 1.0)
+            await batcher.keepalive("a0", 1.0)
         assert batcher.enabled
         call.refuse = BadRequestError(
             "unknown operation 'session_keepalive_many'; expected one of [...]"
         )
-        answers = await asyncio.gather(*(batcher.keepalive(f"s{i}", 1.0) for i in range(3)))
+        answers = await asyncio.gather(*(batcher.keepalive(f"a{i}", 1.0) for i in range(3)))
         assert [a["via"] for a in answers] == ["single"] * 3
         assert not batcher.enabled
 
@@ -166,16 +179,16 @@ def test_a_caller_times_out_on_its_own_deadline_and_a_cancelled_one_leaves_the_r
         call = Scripted()
         call.hold = True
         batcher = KeepaliveBatcher(call, 5.0)
-        short = asyncio.create_task(batcher.keepalive("short", 0.05))
-        cancelled = asyncio.create_task(batcher.keepalive("cancelled", 5.0))
-        other = asyncio.create_task(batcher.keepalive("other", 5.0))
+        short = asyncio.create_task(batcher.keepalive("5a", 0.05))
+        cancelled = asyncio.create_task(batcher.keepalive("ca", 5.0))
+        other = asyncio.create_task(batcher.keepalive("0e", 5.0))
         with pytest.raises(TimeoutError_):
             await short
         cancelled.cancel()
         with pytest.raises(asyncio.CancelledError):
             await cancelled
         call.gates[0].set_result(None)
-        assert (await other)["session_id"] == "other"
+        assert (await other)["session_id"] == "0e"
         # The batch's deadline was its shortest caller's.
         assert call.requests[0][2] == pytest.approx(0.05, abs=0.04)
 
