@@ -33,8 +33,9 @@ MAX_AUDIT_REFUSALS = 1_000
 #: revision per key, and its refusal names every busy key, so both stay small.
 MAX_MANY_KEYS = 16
 #: Most lease sessions one ``session_keepalive_many`` keeps alive: an answer of about
-#: 120 bytes each (about 30 KiB in all) stays far below the frame limit, and one
-#: request's work on the leader's event loop stays under a millisecond.
+#: 120 bytes each (about 30 KiB in all, more for sessions asked to yield attached
+#: leases) stays far below the frame limit, and one request's work on the leader's
+#: event loop stays in the milliseconds (its sessions' attached leases are walked).
 MAX_KEEPALIVE_SESSIONS = 256
 #: Leased task queues (core/queue.py): the largest payload and result (UTF-8 bytes of
 #: the JSON text the clients send), far below PySyncObj's 64 KiB ``transmission``

@@ -18,10 +18,13 @@ the log decides. So a caller gets the same answers and errors as with single
 keep-alives. A node of an earlier build refuses the unknown operation
 ``BAD_REQUEST``: the batcher then turns itself off and every keep-alive is sent singly.
 
-Timeouts: a batch's deadline is the shortest of its callers' timeouts (None: the
-client's deadline); each caller gets the batch's outcome (a ``TimeoutError_`` with the
-outcome unknown, as for a single keep-alive that timed out). Cancelling a caller
-leaves the batch in flight for the others.
+Timeouts: each caller waits at most its own timeout (None: the client's deadline)
+and then gets a ``TimeoutError_`` with the outcome unknown, as for a single
+keep-alive that timed out; a batch's request may run until its latest caller's
+deadline, so a caller with a short timeout never cuts a longer one's short.
+Cancelling a caller leaves the batch in flight for the others; a batch cancelled
+under its callers (the loop ending) gives them ``TimeoutError_``, never a
+cancellation they did not ask for.
 
 Threads: the client's event loop only. Nothing blocks.
 """
@@ -133,6 +136,10 @@ class KeepaliveBatcher:
     def _landed(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._in_flight -= 1
+        if not task.cancelled():
+            # A bug's exception: its callers already have it; retrieved here so that
+            # asyncio does not also report it as never retrieved.
+            task.exception()
         if self._pending and not self._scheduled:
             self._flush()
 
@@ -143,7 +150,8 @@ class KeepaliveBatcher:
             _settle(waiters, {"single": True})
             return
         loop = asyncio.get_running_loop()
-        timeout = max(min(w.deadline for w in waiters) - loop.time(), 0.001)
+        # The latest caller's deadline: each caller's own wait ends at its own.
+        timeout = max(max(w.deadline for w in waiters) - loop.time(), 0.001)
         self.batches += 1
         self.batched += len(batch)
         try:
@@ -162,9 +170,12 @@ class KeepaliveBatcher:
             _fail(waiters, exc)
             return
         except asyncio.CancelledError:
-            # The loop is ending: so are its callers' waits.
-            for waiter in waiters:
-                waiter.future.cancel()
+            # The loop is ending. Not a cancellation of the callers: for them the
+            # outcome is unknown, as after a timeout (their keep-alive loops go on).
+            _fail(
+                waiters,
+                TimeoutError_("the keep-alive batch was cancelled; the outcome is unknown"),
+            )
             raise
         except BaseException as exc:  # a bug: every caller sees it
             _fail(waiters, exc)

@@ -31,9 +31,16 @@ class Scripted:
         self.hold = False
         self.refuse: BaseException | None = None
         self.single_for: set[str] = set()
+        #: Seconds each request takes (honouring its timeout, as the transport does).
+        self.delay = 0.0
 
     async def __call__(self, op: str, args: dict[str, Any], timeout: float | None) -> Any:
         self.requests.append((op, args, timeout))
+        if self.delay:
+            if timeout is not None and timeout < self.delay:
+                await asyncio.sleep(timeout)
+                raise TimeoutError_("no answer in time")
+            await asyncio.sleep(self.delay)
         if self.hold:
             gate = asyncio.get_running_loop().create_future()
             self.gates.append(gate)
@@ -189,7 +196,38 @@ def test_a_caller_times_out_on_its_own_deadline_and_a_cancelled_one_leaves_the_r
             await cancelled
         call.gates[0].set_result(None)
         assert (await other)["session_id"] == "0e"
-        # The batch's deadline was its shortest caller's.
-        assert call.requests[0][2] == pytest.approx(0.05, abs=0.04)
+        # The batch's deadline was its latest caller's.
+        assert call.requests[0][2] == pytest.approx(5.0, abs=0.5)
+
+    run(main())
+
+
+def test_a_short_timeout_does_not_cut_the_batch_of_a_longer_one() -> None:
+    async def main() -> None:
+        call = Scripted()
+        call.delay = 0.2  # the request takes 0.2 s and honours its timeout
+        batcher = KeepaliveBatcher(call, 5.0)
+        results = await asyncio.gather(
+            batcher.keepalive("5a", 0.05), batcher.keepalive("0e", 5.0), return_exceptions=True
+        )
+        assert isinstance(results[0], TimeoutError_)
+        assert results[1] == {"session_id": "0e", "ttl": 5000}
+        assert call.batches() == [["5a", "0e"]]
+
+    run(main())
+
+
+def test_a_batch_cancelled_under_its_callers_leaves_them_an_unknown_outcome() -> None:
+    async def main() -> None:
+        call = Scripted()
+        call.hold = True
+        batcher = KeepaliveBatcher(call, 5.0)
+        callers = [asyncio.create_task(batcher.keepalive(sid, 5.0)) for sid in ("a1", "b2")]
+        while not call.gates:
+            await asyncio.sleep(0.001)
+        for task in list(batcher._tasks):
+            task.cancel()
+        results = await asyncio.gather(*callers, return_exceptions=True)
+        assert all(isinstance(r, TimeoutError_) for r in results), results
 
     run(main())
