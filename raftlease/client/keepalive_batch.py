@@ -15,8 +15,14 @@ The leader answers each session of a batch from its memory exactly as it answers
 answer so comes back ``single`` and the batcher sends that session's own
 ``session_keepalive``, whose answer or error (``SESSION_NOT_FOUND``, ``NOT_OWNER``...)
 the log decides. So a caller gets the same answers and errors as with single
-keep-alives. A node of an earlier build refuses the unknown operation
-``BAD_REQUEST``: the batcher then turns itself off and every keep-alive is sent singly.
+keep-alives.
+
+Pauses: a node of an earlier build refuses the unknown operation ``BAD_REQUEST`` (a
+member not yet upgraded, in a rolling upgrade), and a cluster with ``keepalives =
+"log"`` answers every session of a batch ``single`` (and says so: ``"keepalives":
+"log"``), so that each keep-alive would cost two requests. Either pauses the batcher for
+``PAUSE`` seconds, with a warning in the log: its keep-alives are sent singly, as
+before batching, and then it tries a batch again.
 
 Timeouts: each caller waits at most its own timeout (None: the client's deadline)
 and then gets a ``TimeoutError_`` with the outcome unknown, as for a single
@@ -32,6 +38,8 @@ Threads: the client's event loop only. Nothing blocks.
 from __future__ import annotations
 
 import asyncio
+import copy
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -42,6 +50,12 @@ from ..limits import MAX_ID_CHARS, MAX_KEEPALIVE_SESSIONS
 #: Batches on the wire at once: while they are, new keep-alives wait and join the next.
 #: Two, so that one slow batch (a retry on the next node) does not hold up the rest.
 MAX_IN_FLIGHT = 2
+
+#: Seconds a batcher sends its keep-alives singly after a node did not know the
+#: operation or the cluster keeps sessions alive through the log (module docstring).
+PAUSE = 60.0
+
+log = logging.getLogger(__name__)
 
 #: The ids ``session_keepalive_many`` takes (the cluster issues hex ids).
 _SESSION_ID = re.compile(f"[0-9a-f]{{1,{MAX_ID_CHARS}}}")
@@ -74,11 +88,23 @@ class KeepaliveBatcher:
         self._scheduled = False
         #: The batches' tasks: the loop keeps only weak references to tasks.
         self._tasks: set[asyncio.Task[None]] = set()
-        #: False once a node refused the operation (an earlier build): single from then.
-        self.enabled = True
-        #: Requests sent and keep-alives they carried (for tests and diagnostics).
+        #: Loop time until which keep-alives are sent singly (``PAUSE``).
+        self._paused_until = float("-inf")
+        #: Requests sent and keep-alives they carried, and pauses (for tests and
+        #: diagnostics).
         self.batches = 0
         self.batched = 0
+        self.pauses = 0
+
+    @property
+    def enabled(self) -> bool:
+        """False while the batcher is paused (module docstring). Event loop."""
+        return asyncio.get_running_loop().time() >= self._paused_until
+
+    def _pause(self, why: str) -> None:
+        self._paused_until = asyncio.get_running_loop().time() + PAUSE
+        self.pauses += 1
+        log.warning("keep-alives of lease sessions are sent singly for %g s: %s", PAUSE, why)
 
     async def keepalive(self, sid: str, timeout: float | None) -> dict[str, Any]:
         """The answer ``session_keepalive`` would give for session ``sid``. Raises
@@ -163,7 +189,7 @@ class KeepaliveBatcher:
                 _fail(waiters, exc)
                 return
             # A node of an earlier build: it does not know the operation.
-            self.enabled = False
+            self._pause("a node does not know session_keepalive_many (an earlier build)")
             _settle(waiters, {"single": True})
             return
         except RaftLeaseError as exc:
@@ -180,6 +206,9 @@ class KeepaliveBatcher:
         except BaseException as exc:  # a bug: every caller sees it
             _fail(waiters, exc)
             raise
+        if result.get("keepalives") == "log":
+            # Every session comes back single: batching would only add a request.
+            self._pause('the cluster keeps sessions alive through the log (keepalives = "log")')
         answers = result.get("sessions")
         by_sid = {
             str(one.get("session_id")): one
@@ -198,6 +227,18 @@ def _settle(waiters: list[_Waiter], answer: dict[str, Any]) -> None:
 
 
 def _fail(waiters: list[_Waiter], exc: BaseException) -> None:
+    """Each waiter gets its own copy of ``exc``: one instance raised in several tasks
+    would gather every task's traceback, and a caller changing it would change the
+    others'."""
     for waiter in waiters:
         if not waiter.future.done():
-            waiter.future.set_exception(exc)
+            waiter.future.set_exception(_own(exc))
+
+
+def _own(exc: BaseException) -> BaseException:
+    try:
+        mine = copy.copy(exc)
+    except Exception:  # an exception type that cannot be copied: share it
+        return exc
+    mine.__cause__, mine.__context__ = exc.__cause__, exc.__context__
+    return mine

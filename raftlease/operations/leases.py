@@ -325,6 +325,12 @@ LEASE_OPS: tuple[Operation, ...] = (
                 "answer, or session_id and single: true",
                 True,
             ),
+            result(
+                "keepalives",
+                "string",
+                '"log" when the cluster keeps sessions alive through the log: every '
+                "session is then single, and the client sends them singly for a while",
+            ),
         ),
         (
             (

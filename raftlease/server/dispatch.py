@@ -323,26 +323,12 @@ class Dispatcher:
         Event loop; never blocks. Safe for the same reason as a lease read: while its
         leader lease is valid no other node can lead, and its state holds every
         acknowledged write (docs/design.md, "Keep-alives from memory")."""
-        replica = self._replica()
-        proposer = self._proposer()
-        if replica is None or proposer is None or not replica.is_leader():
+        context = self._memory_context(request)
+        if context is None:
             return None
-        if not self._lease_read_allowed():
-            return None
-        store = replica.store
-        term = replica.term()
-        keep = proposer.keepalives
-        keep.reset(term)
-        now = self.log_clock.stamp(term, store.now)
+        store, keep, now, cid = context
         args = request.args
         principal = request.principal or ""
-
-        def known() -> str | None:
-            # Only a client id the dedup table holds can be kept from its eviction; a
-            # made-up one must not take room in the leader's memory.
-            cid = request.cid
-            return cid if cid is not None and cid in store.clients else None
-
         if request.op == "renew":
             lease = store.leases.get(args["lid"])
             if (
@@ -363,11 +349,31 @@ class Dispatcher:
             ):
                 return None
             until = now + lease.ttl_ms
-            keep.record(LEASE, lease.lease_id, until, lease.expires_at, lease.ttl_ms, known(), now)
+            keep.record(LEASE, lease.lease_id, until, lease.expires_at, lease.ttl_ms, cid, now)
             return store.renewal_answer(lease, until, now)
-        return _session_from_memory(
-            store, keep, now, args["sid"], principal, args.get("ttl"), known()
-        )
+        return _session_from_memory(store, keep, now, args["sid"], principal, args.get("ttl"), cid)
+
+    def _memory_context(
+        self, request: Request
+    ) -> tuple[LeaseStore, MemoryKeepalives, int, str | None] | None:
+        """What a keep-alive answered from memory needs: the store, the leader's
+        promises (reset when the term changed), the log time to answer at and the
+        request's client id if the dedup table knows it; or None when this node may not
+        answer from memory (not the leader, no valid leader lease). Event loop."""
+        replica = self._replica()
+        proposer = self._proposer()
+        if replica is None or proposer is None or not replica.is_leader():
+            return None
+        if not self._lease_read_allowed():
+            return None
+        store = replica.store
+        term = replica.term()
+        keep = proposer.keepalives
+        keep.reset(term)
+        # Only a client id the dedup table holds can be kept from its eviction; a
+        # made-up one must not take room in the leader's memory.
+        cid = request.cid if request.cid is not None and request.cid in store.clients else None
+        return store, keep, self.log_clock.stamp(term, store.now), cid
 
     def keepalive_many(self, request: Request) -> dict[str, Any]:
         """``session_keepalive_many``: a keep-alive for each of several lease sessions
@@ -383,22 +389,18 @@ class Dispatcher:
         a node that does not lead (the client goes to the leader with all of them)."""
         self._require_leader()
         sids = [str(pair[0]) for pair in request.args["session_ids"]]
-        replica, proposer = self._replica(), self._proposer()
-        if (
-            self.config.keepalives != "memory"
-            or replica is None
-            or proposer is None
-            or not replica.is_leader()
-            or not self._lease_read_allowed()
-        ):
+        if self.config.keepalives != "memory":
+            # Said, so that the client stops batching (client/keepalive_batch.py): each
+            # keep-alive would cost it two requests.
+            return {
+                "sessions": [{"session_id": sid, "single": True} for sid in sids],
+                "keepalives": "log",
+            }
+        context = self._memory_context(request)
+        if context is None:
             return {"sessions": [{"session_id": sid, "single": True} for sid in sids]}
-        store = replica.store
-        term = replica.term()
-        keep = proposer.keepalives
-        keep.reset(term)
-        now = self.log_clock.stamp(term, store.now)
+        store, keep, now, cid = context
         principal = request.principal or ""
-        cid = request.cid if request.cid is not None and request.cid in store.clients else None
         answers: list[dict[str, Any]] = []
         answered = 0
         for sid in sids:

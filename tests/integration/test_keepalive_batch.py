@@ -135,7 +135,8 @@ def test_keepalives_through_the_log_are_sent_singly(
     cluster_factory: Callable[..., LocalCluster],
 ) -> None:
     # keepalives = "log": the leader answers none from memory; every session of a
-    # batch comes back single and is kept alive by its own log write.
+    # batch comes back single and is kept alive by its own log write, and the client
+    # stops batching for a while (each keep-alive would cost two requests).
     cluster = cluster_factory(keepalives="log")
 
     async def main() -> None:
@@ -149,6 +150,11 @@ def test_keepalives_through_the_log_are_sent_singly(
             # Through the log (concurrent ones may share a batch entry).
             assert after["applied_index"] > start["applied_index"]
             assert after["keepalives_in_memory"] == 0
+            batcher = client.keepalives
+            assert batcher is not None and batcher.pauses == 1 and not batcher.enabled
+            batches = batcher.batches
+            await asyncio.gather(*(s.keepalive() for s in sessions))
+            assert batcher.batches == batches
             for s in sessions:
                 await s.close()
 

@@ -517,24 +517,32 @@ def test_read_barrier_keeps_a_new_leader_from_stale_lease_reads(
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    ("build", "kill_leader"),
+    ("kind", "build", "kill_leader"),
     [
-        ("honest", False),
-        ("unwritten_keepalives", False),
-        ("honest", True),
-        ("no_term_extension", True),
+        ("lease", "honest", False),
+        ("lease", "unwritten_keepalives", False),
+        ("lease", "honest", True),
+        ("lease", "no_term_extension", True),
+        # A lease session's keep-alive, sent in a batch (session_keepalive_many):
+        # the same promise through the other path that makes it.
+        ("session", "honest", False),
+        ("session", "unwritten_keepalives", False),
+        ("session", "honest", True),
+        ("session", "no_term_extension", True),
     ],
 )
 def test_a_keepalive_from_memory_holds_until_valid_until(
-    cluster_factory: Callable[..., LocalCluster], build: str, kill_leader: bool
+    cluster_factory: Callable[..., LocalCluster], kind: str, build: str, kill_leader: bool
 ) -> None:
-    """A renewal 65 % into a 10 s TTL is answered from the leader's memory; it is due
-    for the log a quarter of a TTL before the logged expiry (server/keepalive.py), at
-    75 %. Another owner then tries to take the key until the holder's ``valid_until``:
-    no grant may come before it. Without writing the keep-alive into the log
-    (``unwritten_keepalives``) the lease ends at its logged expiry; with the leader
-    killed right after the renewal and a new term that extends nothing
-    (``no_term_extension``) the new leader ends it there too: both grant the key early.
+    """A renewal (``kind`` lease) or a session's batched keep-alive (``kind`` session,
+    the key held in the session) 65 % into a 10 s TTL is answered from the leader's
+    memory; it is due for the log a quarter of a TTL before the logged expiry
+    (server/keepalive.py), at 75 %. Another owner then tries to take the key until the
+    holder's ``valid_until``: no grant may come before it. Without writing the
+    keep-alive into the log (``unwritten_keepalives``) the lease ends at its logged
+    expiry; with the leader killed right after the renewal and a new term that extends
+    nothing (``no_term_extension``) the new leader ends it there too: both grant the
+    key early.
 
     Log time stands still from the old leader's last entry (a tick at most
     ``LOG_TIME_REFRESH`` before the kill) until the new leader's first, so after a kill
@@ -545,13 +553,13 @@ def test_a_keepalive_from_memory_holds_until_valid_until(
     ttl = 10.0
     with cluster.client() as holder, cluster.client(deadline=2.0) as rival:
         sent = time.monotonic()  # the leader stamps the grant no earlier than this
-        lease = holder.acquire("keepalive/k", owner="holder", ttl=ttl)
+        renew = hold_key(holder, "keepalive/k", ttl, kind)
         granted = time.monotonic()
         wait_for(
             lambda: time.monotonic() >= granted + 0.65 * ttl, 15, "65 % of the TTL", interval=0.02
         )
         renewed_at = time.monotonic()
-        renewed = holder.renew(lease)
+        valid_until = renew()
         leader = cluster.leader_id()
         status = status_of(cluster.node(leader).client)
         assert status is not None and status["keepalives_pending"] >= 1, status
@@ -566,11 +574,11 @@ def test_a_keepalive_from_memory_holds_until_valid_until(
         # a failure says where the time went.
         timeline = [
             f"renewed at +{renewed_at - granted:.3f} s, valid_until +"
-            f"{renewed.valid_until - granted:.3f} s, leader {leader}"
+            f"{valid_until - granted:.3f} s, leader {leader}"
         ]
         # After a leader change a lease may outlive its holder by one TTL (the new
         # term's extension), so the rival may have to wait that long more.
-        deadline = renewed.valid_until + (ttl + 2.0 if kill_leader else 1.0)
+        deadline = valid_until + (ttl + 2.0 if kill_leader else 1.0)
         while time.monotonic() < deadline and not grants:
             tried = time.monotonic()
             try:
@@ -581,12 +589,36 @@ def test_a_keepalive_from_memory_holds_until_valid_until(
                 continue
             grants.append((time.monotonic(), "rival"))
             note_try(timeline, tried - granted, grants[-1][0] - granted, "granted")
-    violations = early_grants(renewed.valid_until, grants)
+    violations = early_grants(valid_until, grants)
     if build == "honest":
         assert violations == [], (violations, timeline)
         assert grants, ("the key was never granted to the rival after valid_until", timeline)
     else:
         assert violations != [], ("the planted build kept the lease until valid_until", timeline)
+
+
+def hold_key(holder: Client, key: str, ttl: float, kind: str) -> Callable[[], float]:
+    """Take ``key`` for ``holder`` as a plain lease or in a lease session (its
+    background keep-alive stopped: the test sends the one that matters); returns the
+    renewal to send later, which answers the holder's new ``valid_until``. A session's
+    keep-alive must go out in a batch, ``session_keepalive_many``: that is the path
+    under test."""
+    if kind == "lease":
+        lease = holder.acquire(key, owner="holder", ttl=ttl)
+        return lambda: holder.renew(lease).valid_until
+    session = holder.session(owner="holder", ttl=ttl).open()
+    session.stop_keepalive()
+    session.acquire(key)
+    batcher = holder.aio.keepalives
+    assert batcher is not None
+
+    def keepalive() -> float:
+        batches = batcher.batches
+        session.keepalive()
+        assert batcher.batches == batches + 1, "the keep-alive was not sent in a batch"
+        return float(session.valid_until)
+
+    return keepalive
 
 
 def note_try(timeline: list[str], began: float, ended: float, outcome: str) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from raftlease.client import keepalive_batch
 from raftlease.client.keepalive_batch import MAX_IN_FLIGHT, KeepaliveBatcher
 from raftlease.errors import (
     BadRequestError,
@@ -31,6 +32,8 @@ class Scripted:
         self.hold = False
         self.refuse: BaseException | None = None
         self.single_for: set[str] = set()
+        #: Answer as a cluster with ``keepalives = "log"``: every session single.
+        self.log_mode = False
         #: Seconds each request takes (honouring its timeout, as the transport does).
         self.delay = 0.0
 
@@ -51,6 +54,9 @@ class Scripted:
             return {"session_id": args["session_id"], "via": "single"}
         if self.refuse is not None:
             raise self.refuse
+        if self.log_mode:
+            sessions = [{"session_id": sid, "single": True} for sid in args["session_ids"]]
+            return {"sessions": sessions, "keepalives": "log"}
         return {
             "sessions": [
                 {"session_id": sid, "single": True}
@@ -165,6 +171,9 @@ def test_a_batch_error_reaches_every_caller_and_an_earlier_build_turns_batching_
             *(batcher.keepalive(f"a{i}", 1.0) for i in range(3)), return_exceptions=True
         )
         assert all(isinstance(r, UnavailableError) for r in results)
+        # Each caller its own instance (one raised in several tasks gathers tracebacks).
+        assert len({id(r) for r in results}) == 3
+        assert {str(r) for r in results} == {str(UnavailableError("no leader"))}
         assert batcher.enabled
         # Another BAD_REQUEST is an answer like any other, not a reason to stop.
         call.refuse = BadRequestError("field 'session_ids' must be a list")
@@ -176,7 +185,50 @@ def test_a_batch_error_reaches_every_caller_and_an_earlier_build_turns_batching_
         )
         answers = await asyncio.gather(*(batcher.keepalive(f"a{i}", 1.0) for i in range(3)))
         assert [a["via"] for a in answers] == ["single"] * 3
-        assert not batcher.enabled
+        assert not batcher.enabled and batcher.pauses == 1
+
+    run(main())
+
+
+def test_a_pause_sends_keepalives_singly_and_then_batches_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An earlier build's refusal and a cluster keeping sessions alive through the log
+    both pause batching for ``PAUSE`` seconds, with a warning; then it batches again."""
+    monkeypatch.setattr(keepalive_batch, "PAUSE", 0.2)
+
+    async def paused_then_batching(call: Scripted, batcher: KeepaliveBatcher) -> None:
+        assert not batcher.enabled and batcher.pauses == 1
+        batches = batcher.batches
+        answers = await asyncio.gather(*(batcher.keepalive(f"b{i}", 1.0) for i in range(3)))
+        assert [a["via"] for a in answers] == ["single"] * 3
+        assert batcher.batches == batches  # no request of the batch kind while paused
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while not batcher.enabled:
+            assert asyncio.get_running_loop().time() < deadline, "the pause never ended"
+            await asyncio.sleep(0.01)
+        call.refuse, call.log_mode = None, False
+        answers = await asyncio.gather(*(batcher.keepalive(f"c{i}", 1.0) for i in range(3)))
+        assert answers == [{"session_id": f"c{i}", "ttl": 5000} for i in range(3)]
+        assert batcher.batches == batches + 1
+
+    async def main() -> None:
+        with caplog.at_level("WARNING", logger=keepalive_batch.__name__):
+            call = Scripted()
+            batcher = KeepaliveBatcher(call, 5.0)
+            call.refuse = BadRequestError("unknown operation 'session_keepalive_many'")
+            assert (await batcher.keepalive("a1", 1.0))["via"] == "single"
+            await paused_then_batching(call, batcher)
+            # keepalives = "log": the batch comes back all single, and says why.
+            call = Scripted()
+            call.log_mode = True
+            batcher = KeepaliveBatcher(call, 5.0)
+            answers = await asyncio.gather(*(batcher.keepalive(f"a{i}", 1.0) for i in range(2)))
+            assert [a["via"] for a in answers] == ["single"] * 2
+            await paused_then_batching(call, batcher)
+        warnings = [r.getMessage() for r in caplog.records]
+        assert len(warnings) == 2, warnings
+        assert "earlier build" in warnings[0] and 'keepalives = "log"' in warnings[1]
 
     run(main())
 
