@@ -27,7 +27,10 @@ before batching, and then it tries a batch again.
 Timeouts: each caller waits at most its own timeout (None: the client's deadline)
 and then gets a ``TimeoutError_`` with the outcome unknown, as for a single
 keep-alive that timed out; a batch's request may run until its latest caller's
-deadline, so a caller with a short timeout never cuts a longer one's short.
+deadline, so a caller with a short timeout never cuts a longer one's short. It holds
+one of the ``MAX_IN_FLIGHT`` places on the wire only until its earliest caller's
+deadline: a slow cluster must not leave the keep-alives asked for meanwhile waiting
+behind batches whose callers have given up (each keep-alive is still sent once).
 Cancelling a caller leaves the batch in flight for the others; a batch cancelled
 under its callers (the loop ending) gives them ``TimeoutError_``, never a
 cancellation they did not ask for.
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -73,6 +77,17 @@ class _Waiter:
         self.sid = sid
         self.deadline = deadline
         self.future = future
+
+
+class _Place:
+    """A batch's place on the wire (one of ``MAX_IN_FLIGHT``): held until it lands or
+    its earliest caller's deadline passes, whichever comes first."""
+
+    __slots__ = ("held", "timer")
+
+    def __init__(self) -> None:
+        self.held = True
+        self.timer: asyncio.TimerHandle | None = None
 
 
 class KeepaliveBatcher:
@@ -155,19 +170,33 @@ class KeepaliveBatcher:
             if not batch:
                 return
             self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._send(batch))
+            loop = asyncio.get_running_loop()
+            place = _Place()
+            # Its place on the wire ends at its earliest caller's deadline at the latest
+            # (module docstring), or when it lands.
+            earliest = min(w.deadline for ws in batch.values() for w in ws)
+            place.timer = loop.call_at(earliest, self._leave, place)
+            task = loop.create_task(self._send(batch))
             self._tasks.add(task)
-            task.add_done_callback(self._landed)
+            task.add_done_callback(functools.partial(self._landed, place))
 
-    def _landed(self, task: asyncio.Task[None]) -> None:
+    def _leave(self, place: _Place) -> None:
+        """A batch gives up its place on the wire (once); the next batch may go."""
+        if place.held:
+            place.held = False
+            self._in_flight -= 1
+            if self._pending and not self._scheduled:
+                self._flush()
+
+    def _landed(self, place: _Place, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        self._in_flight -= 1
+        if place.timer is not None:
+            place.timer.cancel()
         if not task.cancelled():
             # A bug's exception: its callers already have it; retrieved here so that
             # asyncio does not also report it as never retrieved.
             task.exception()
-        if self._pending and not self._scheduled:
-            self._flush()
+        self._leave(place)
 
     async def _send(self, batch: dict[str, list[_Waiter]]) -> None:
         """One batch: every waiter gets its session's answer or the batch's error."""

@@ -283,3 +283,37 @@ def test_a_batch_cancelled_under_its_callers_leaves_them_an_unknown_outcome() ->
         assert all(isinstance(r, TimeoutError_) for r in results), results
 
     run(main())
+
+
+def test_a_batch_whose_callers_gave_up_leaves_its_place_on_the_wire() -> None:
+    """Two batches held by a slow cluster past their callers' deadlines must not keep
+    the next keep-alive waiting behind them until their requests end."""
+
+    async def main() -> None:
+        call = Scripted()
+        call.hold = True
+        batcher = KeepaliveBatcher(call, 5.0)
+
+        async def sent(count: int) -> None:
+            while len(call.gates) < count:
+                await asyncio.sleep(0.001)
+
+        slow = [asyncio.create_task(batcher.keepalive("a1", 0.05))]
+        await sent(1)
+        slow.append(asyncio.create_task(batcher.keepalive("a2", 0.05)))
+        await sent(2)
+        later = asyncio.create_task(batcher.keepalive("a3", 5.0))
+        await asyncio.sleep(0)
+        assert len(call.gates) == 2  # both places are held
+        for task in slow:
+            with pytest.raises(TimeoutError_):
+                await task
+        await asyncio.wait_for(sent(3), 2.0)  # sent before the slow ones landed
+        for gate in call.gates:
+            gate.set_result(None)
+        assert (await later)["session_id"] == "a3"
+        while batcher._tasks:
+            await asyncio.sleep(0.001)
+        assert batcher._in_flight == 0
+
+    run(main())
