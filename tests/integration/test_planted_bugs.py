@@ -517,32 +517,27 @@ def test_read_barrier_keeps_a_new_leader_from_stale_lease_reads(
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    ("kind", "build", "kill_leader"),
+    ("build", "kill_leader"),
     [
-        ("lease", "honest", False),
-        ("lease", "unwritten_keepalives", False),
-        ("lease", "honest", True),
-        ("lease", "no_term_extension", True),
-        # A lease session's keep-alive, sent in a batch (session_keepalive_many):
-        # the same promise through the other path that makes it.
-        ("session", "honest", False),
-        ("session", "unwritten_keepalives", False),
-        ("session", "honest", True),
-        ("session", "no_term_extension", True),
+        ("honest", False),
+        ("unwritten_keepalives", False),
+        ("honest", True),
+        ("no_term_extension", True),
     ],
 )
 def test_a_keepalive_from_memory_holds_until_valid_until(
-    cluster_factory: Callable[..., LocalCluster], kind: str, build: str, kill_leader: bool
+    cluster_factory: Callable[..., LocalCluster], build: str, kill_leader: bool
 ) -> None:
-    """A renewal (``kind`` lease) or a session's batched keep-alive (``kind`` session,
-    the key held in the session) 65 % into a 10 s TTL is answered from the leader's
-    memory; it is due for the log a quarter of a TTL before the logged expiry
-    (server/keepalive.py), at 75 %. Another owner then tries to take the key until the
-    holder's ``valid_until``: no grant may come before it. Without writing the
-    keep-alive into the log (``unwritten_keepalives``) the lease ends at its logged
-    expiry; with the leader killed right after the renewal and a new term that extends
-    nothing (``no_term_extension``) the new leader ends it there too: both grant the
-    key early.
+    """Two keys, one held as a plain lease and one in a lease session. A renewal of the
+    lease and a keep-alive of the session, sent in a batch (``session_keepalive_many``,
+    the path that keeps sessions alive), 65 % into a 10 s TTL are answered from the
+    leader's memory; each is due for the log a quarter of a TTL before its logged
+    expiry (server/keepalive.py), at 75 %. Another owner then tries to take each key
+    until its holder's ``valid_until``: no grant may come before it. Without writing
+    the keep-alives into the log (``unwritten_keepalives``) the lease and the session
+    end at their logged expiry; with the leader killed right after the renewals and a
+    new term that extends nothing (``no_term_extension``) the new leader ends them
+    there too: both grant each key early.
 
     Log time stands still from the old leader's last entry (a tick at most
     ``LOG_TIME_REFRESH`` before the kill) until the new leader's first, so after a kill
@@ -551,50 +546,57 @@ def test_a_keepalive_from_memory_holds_until_valid_until(
     machine (CI saw a 2 s one, with split votes, that a 2.4 s window did not)."""
     cluster = cluster_factory(hooks=hooks_for(build))
     ttl = 10.0
+    kinds = ("lease", "session")
     with cluster.client() as holder, cluster.client(deadline=2.0) as rival:
-        sent = time.monotonic()  # the leader stamps the grant no earlier than this
-        renew = hold_key(holder, "keepalive/k", ttl, kind)
+        sent = time.monotonic()  # the leader stamps the grants no earlier than this
+        renewals = {kind: hold_key(holder, f"keepalive/{kind}", ttl, kind) for kind in kinds}
         granted = time.monotonic()
         wait_for(
             lambda: time.monotonic() >= granted + 0.65 * ttl, 15, "65 % of the TTL", interval=0.02
         )
         renewed_at = time.monotonic()
-        valid_until = renew()
+        valid_until = {kind: renew() for kind, renew in renewals.items()}
         leader = cluster.leader_id()
         status = status_of(cluster.node(leader).client)
-        assert status is not None and status["keepalives_pending"] >= 1, status
+        assert status is not None and status["keepalives_pending"] >= 2, status
         if kill_leader:
             cluster.kill_node(leader)
-            # Killed before the promise was due for the log, or the run proves nothing:
-            # it is due 75 % of the TTL after the grant's stamp in log time, which runs
-            # no faster than real time, so not before ``sent`` + 75 %.
+            # Killed before the promises were due for the log, or the run proves
+            # nothing: due 75 % of the TTL after the grants' stamps in log time, which
+            # runs no faster than real time, so not before ``sent`` + 75 %.
             assert time.monotonic() < sent + 0.75 * ttl, "the kill may have come after the flush"
-        grants: list[tuple[float, str]] = []
+        grants: dict[str, list[tuple[float, str]]] = {kind: [] for kind in kinds}
         # What the rival's tries met, relative to the holder's grant (repeats folded):
         # a failure says where the time went.
         timeline = [
-            f"renewed at +{renewed_at - granted:.3f} s, valid_until +"
-            f"{valid_until - granted:.3f} s, leader {leader}"
+            f"renewed at +{renewed_at - granted:.3f} s, valid_until "
+            + ", ".join(f"{k} +{v - granted:.3f} s" for k, v in valid_until.items())
+            + f", leader {leader}"
         ]
         # After a leader change a lease may outlive its holder by one TTL (the new
         # term's extension), so the rival may have to wait that long more.
-        deadline = valid_until + (ttl + 2.0 if kill_leader else 1.0)
-        while time.monotonic() < deadline and not grants:
-            tried = time.monotonic()
-            try:
-                rival.acquire("keepalive/k", owner="rival", ttl=ttl, timeout=1.0)
-            except RaftLeaseError as exc:
-                note_try(timeline, tried - granted, time.monotonic() - granted, exc.code)
-                time.sleep(0.05)  # held (or no leader yet): try again, until the deadline
-                continue
-            grants.append((time.monotonic(), "rival"))
-            note_try(timeline, tried - granted, grants[-1][0] - granted, "granted")
-    violations = early_grants(valid_until, grants)
-    if build == "honest":
-        assert violations == [], (violations, timeline)
-        assert grants, ("the key was never granted to the rival after valid_until", timeline)
-    else:
-        assert violations != [], ("the planted build kept the lease until valid_until", timeline)
+        deadline = max(valid_until.values()) + (ttl + 2.0 if kill_leader else 1.0)
+        while time.monotonic() < deadline and not all(grants.values()):
+            for kind in (k for k in kinds if not grants[k]):
+                tried = time.monotonic()
+                try:
+                    rival.acquire(f"keepalive/{kind}", owner="rival", ttl=ttl, timeout=1.0)
+                except RaftLeaseError as exc:
+                    note_try(timeline, tried - granted, time.monotonic() - granted, kind, exc.code)
+                    continue
+                grants[kind].append((time.monotonic(), "rival"))
+                note_try(timeline, tried - granted, grants[kind][-1][0] - granted, kind, "granted")
+            time.sleep(0.05)  # held (or no leader yet): try again, until the deadline
+    for kind in kinds:
+        violations = early_grants(valid_until[kind], grants[kind])
+        if build == "honest":
+            assert violations == [], (kind, violations, timeline)
+            assert grants[kind], (f"{kind}: never granted to the rival after valid_until", timeline)
+        else:
+            assert violations != [], (
+                f"{kind}: the planted build kept it until valid_until",
+                timeline,
+            )
 
 
 def hold_key(holder: Client, key: str, ttl: float, kind: str) -> Callable[[], float]:
@@ -621,11 +623,12 @@ def hold_key(holder: Client, key: str, ttl: float, kind: str) -> Callable[[], fl
     return keepalive
 
 
-def note_try(timeline: list[str], began: float, ended: float, outcome: str) -> None:
-    """Add one try (``began``..``ended`` s after the grant) to ``timeline``, folded
-    into the previous line when its outcome is the same."""
-    if timeline and timeline[-1].endswith(f": {outcome}") and timeline[-1].startswith("+"):
-        first = timeline[-1].split("..", 1)[0]
-        timeline[-1] = f"{first}..+{ended:.3f} s: {outcome}"
+def note_try(timeline: list[str], began: float, ended: float, kind: str, outcome: str) -> None:
+    """Add one try of ``kind``'s key (``began``..``ended`` s after the grant) to
+    ``timeline``, folded into that key's previous line when its outcome is the same."""
+    last = next((i for i in range(len(timeline) - 1, 0, -1) if timeline[i].startswith(kind)), None)
+    if last is not None and timeline[last].endswith(f": {outcome}"):
+        first = timeline[last].split("..", 1)[0]
+        timeline[last] = f"{first}..+{ended:.3f} s: {outcome}"
     else:
-        timeline.append(f"+{began:.3f}..+{ended:.3f} s: {outcome}")
+        timeline.append(f"{kind} +{began:.3f}..+{ended:.3f} s: {outcome}")
