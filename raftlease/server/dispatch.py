@@ -23,6 +23,7 @@ from ..config import NodeConfig
 from ..core import LeaseStore, Result
 from ..core.certkeys import HOLDER_KEY_OPS
 from ..errors import CapacityMismatchError, OverloadedError, error_class
+from ..limits import MAX_SESSION_LEASES
 from ..protocol import Request
 from ..replication import Replica
 from .auth import AuthPolicy
@@ -403,16 +404,31 @@ class Dispatcher:
         principal = request.principal or ""
         answers: list[dict[str, Any]] = []
         answered = 0
+        # Each answer walks its session's attached leases (yield requests); one batch
+        # walks at most as many as one session may carry, past the first answered.
+        walked = 0
         for sid in sids:
+            session = store.lease_sessions.get(sid)
+            attached = len(session.leases) if session is not None else 0
+            if walked and walked + attached > MAX_BATCH_ATTACHED:
+                answers.append({"session_id": sid, "single": True})
+                continue
             answer = _session_from_memory(store, keep, now, sid, principal, None, cid)
             if answer is None:
                 answers.append({"session_id": sid, "single": True})
             else:
                 answers.append(answer)
                 answered += 1
+                walked += attached
         if answered and self._metrics is not None:
             self._metrics.keepalives_from_memory.inc(answered)
         return {"sessions": answers}
+
+
+#: Attached leases one ``session_keepalive_many`` answer may walk, past its first
+#: session: as many as one session may carry, so a batch costs at most about two single
+#: keep-alives' worth of walking; the sessions past it come back ``single``.
+MAX_BATCH_ATTACHED = MAX_SESSION_LEASES
 
 
 def _session_from_memory(
