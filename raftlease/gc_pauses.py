@@ -21,6 +21,9 @@ makes.
 
 Written for CPython 3.11-3.13's generational collector (a full collection is
 generation 2); a collector that reports no generation-2 collections never freezes.
+On a later CPython (3.14 made the collector incremental) ``install`` logs a warning
+once, so that the helper is not silently doing nothing; ``freezes`` staying at 0 in a
+node's status says the same.
 
 Threads: the callback runs on whichever thread triggered the collection, while it
 holds the GIL (CPython runs collections under it); ``gc.freeze`` and ``gc.unfreeze``
@@ -30,10 +33,17 @@ only move the collector's lists. Nothing blocks; nothing raises.
 from __future__ import annotations
 
 import gc
+import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: The newest CPython whose collector this was measured with (module docstring).
+MEASURED_UP_TO = (3, 13)
 
 #: Seconds between two full collections that see every object (the node's default of
 #: ``gc_unfreeze_interval``).
@@ -73,6 +83,14 @@ class FreezeSurvivors:
         global _current
         with self._lock:
             if not self.installed:
+                if sys.version_info[:2] > MEASURED_UP_TO:
+                    log.warning(
+                        "freezing garbage-collection survivors was measured on CPython up "
+                        "to %d.%d, this is %d.%d: its collector may never report the full "
+                        "collections this waits for (see status gc_freeze.freezes)",
+                        *MEASURED_UP_TO,
+                        *sys.version_info[:2],
+                    )
                 gc.callbacks.append(self._after)
                 self.installed = True
                 _current = self

@@ -102,3 +102,22 @@ def test_uninstall_unfreezes_and_a_bad_interval_is_refused() -> None:
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError):
             FreezeSurvivors(bad)
+
+
+def test_a_python_newer_than_measured_gets_a_warning_at_install(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # On a CPython whose collector may report no generation-2 collections (3.14's is
+    # incremental) the helper would do nothing: say so rather than stay silent.
+    monkeypatch.setattr(gc_pauses, "MEASURED_UP_TO", (3, 10))
+    with caplog.at_level("WARNING", logger=gc_pauses.__name__):
+        installed = FreezeSurvivors(5.0).install()
+        installed.install()  # idempotent: one warning
+        installed.uninstall()
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "measured on CPython up to 3.10" in warnings[0], warnings
+    caplog.clear()
+    monkeypatch.setattr(gc_pauses, "MEASURED_UP_TO", (3, 13))
+    with caplog.at_level("WARNING", logger=gc_pauses.__name__):
+        FreezeSurvivors(5.0).install().uninstall()
+    assert caplog.records == []
