@@ -15,6 +15,7 @@ Threads: the node's event loop only; nothing here blocks.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -376,7 +377,23 @@ class Dispatcher:
         cid = request.cid if request.cid is not None and request.cid in store.clients else None
         return store, keep, self.log_clock.stamp(term, store.now), cid
 
-    def keepalive_many(self, request: Request) -> dict[str, Any]:
+    async def _memory_context_within(
+        self, request: Request, wait: float
+    ) -> tuple[LeaseStore, MemoryKeepalives, int, str | None] | None:
+        """``_memory_context`` once it is there, checked every ``MEMORY_POLL`` seconds
+        for at most ``wait``; None if it is not. Raises ``NotLeaderError`` /
+        ``UnavailableError`` if this node stops leading meanwhile. Event loop."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait
+        while loop.time() < until:
+            await asyncio.sleep(MEMORY_POLL)
+            self._require_leader()
+            context = self._memory_context(request)
+            if context is not None:
+                return context
+        return None
+
+    async def keepalive_many(self, request: Request) -> dict[str, Any]:
         """``session_keepalive_many``: a keep-alive for each of several lease sessions
         (client/keepalive_batch.py sends them), each answered from the leader's memory
         exactly as ``keepalive_in_memory`` answers one ``session_keepalive``; a session
@@ -386,8 +403,17 @@ class Dispatcher:
         gives the exact answer or error through the log. Nothing here is refused per
         session and nothing is written: one place decides a keep-alive's errors.
 
-        Event loop; never blocks. Raises ``NotLeaderError`` / ``UnavailableError`` on
-        a node that does not lead (the client goes to the leader with all of them)."""
+        A leader that may not answer from memory yet (a new leader before its leader
+        lease and read barrier, or one whose promises lag the log) waits for it up to
+        ``MEMORY_WAIT`` seconds before it answers every session ``single``: right
+        after an election, answering a cluster's worth of sessions ``single`` at once
+        sent each through the log, a write per session, and that storm starved the new
+        leader's heartbeats until the next election (docs/performance.md).
+
+        Event loop; waits at most ``MEMORY_WAIT`` (cancellable). Raises
+        ``NotLeaderError`` / ``UnavailableError`` on a node that does not lead, also
+        one that lost the lead while it waited (the client goes to the leader with all
+        of them)."""
         self._require_leader()
         sids = [str(pair[0]) for pair in request.args["session_ids"]]
         if self.config.keepalives != "memory":
@@ -398,6 +424,8 @@ class Dispatcher:
                 "keepalives": "log",
             }
         context = self._memory_context(request)
+        if context is None:
+            context = await self._memory_context_within(request, MEMORY_WAIT)
         if context is None:
             return {"sessions": [{"session_id": sid, "single": True} for sid in sids]}
         store, keep, now, cid = context
@@ -424,6 +452,13 @@ class Dispatcher:
             self._metrics.keepalives_from_memory.inc(answered)
         return {"sessions": answers}
 
+
+#: Seconds a ``session_keepalive_many`` waits for its leader to be able to answer from
+#: memory (a new leader's lease and read barrier take a heartbeat round and a commit)
+#: before it answers every session ``single``; and how often it looks. A third of the
+#: 3 s a client's attempt waits, so an answer always comes back within it.
+MEMORY_WAIT = 1.0
+MEMORY_POLL = 0.01
 
 #: Attached leases one ``session_keepalive_many`` answer may walk, past its first
 #: session: as many as one session may carry, so a batch costs at most about two single

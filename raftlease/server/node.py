@@ -513,7 +513,7 @@ class NodeServer:
             return await membership_ops.change_members(self.require_replica(), request, timeout)
         if request.op == "session_keepalive_many":
             # From the leader's memory only, never a log entry (server/dispatch.py).
-            return self.dispatch.keepalive_many(request)
+            return await self.dispatch.keepalive_many(request)
         consistency = request.args.get("consistency")
         metrics = self.metrics
         if consistency == "stale":
