@@ -157,6 +157,11 @@ class NodeConfig:
     # next one scans only newer objects, and unfrozen every this many seconds so that
     # cyclic garbage among them is collected (gc_pauses.py); 0: CPython's default.
     gc_unfreeze_interval: float = 600.0
+    # Seconds a thread may hold the GIL while another waits for it
+    # (sys.setswitchinterval; Python's default 5 ms): the raft tick thread, which sends
+    # heartbeats, waits up to this long for each turn beside a busy event loop; 0 leaves
+    # Python's default (docs/configuration.md).
+    switch_interval: float = 0.001
     # Admission control (server/overload.py): while the event loop runs more than
     # this many seconds behind (median of the last second), the leader refuses new
     # lease sessions with OVERLOADED so the sessions it has keep being served; 0: off.
@@ -378,6 +383,16 @@ class NodeConfig:
             raise ConfigError(
                 "gc_unfreeze_interval must be 0 (off) or a positive number of seconds, "
                 f"got {unfreeze!r}"
+            )
+        switch = self.switch_interval
+        if (
+            not _is_number(switch)
+            or not math.isfinite(switch)
+            or not (switch == 0 or 0.0001 <= switch <= 0.1)
+        ):
+            raise ConfigError(
+                "switch_interval must be 0 (Python's default) or a number of seconds from "
+                f"0.0001 to 0.1, got {switch!r}"
             )
         lag = self.overload_lag
         if not _is_number(lag) or not math.isfinite(lag) or not (lag == 0 or 0.01 <= lag <= 60):

@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import stat
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -668,4 +669,9 @@ def run_node(
     if config.gc_unfreeze_interval > 0:
         # Full collections scan only what was promoted since the last one (gc_pauses.py).
         FreezeSurvivors(config.gc_unfreeze_interval).install()
+    if config.switch_interval > 0:
+        # The tick thread (heartbeats) gets the GIL back from a busy event loop within
+        # this, not Python's 5 ms per turn: beside 15,000 keep-alives a second, the
+        # default let a leader go unheard long enough for elections (performance.md).
+        sys.setswitchinterval(config.switch_interval)
     asyncio.run(NodeServer(config, hooks, parent_pid).run())

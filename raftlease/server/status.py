@@ -9,6 +9,7 @@ read one value at a time).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -114,6 +115,8 @@ class NodeStatus:
             # Full collections scan only what was promoted since (gc_pauses.py); None:
             # gc_unfreeze_interval = 0, CPython's default collector.
             "gc_freeze": freezer.describe() if (freezer := gc_pauses.current()) else None,
+            # The GIL's switch interval in effect (switch_interval; Python's is 0.005).
+            "switch_interval": sys.getswitchinterval(),
             **self._overload_status(),
             "token_ceiling": store.ceiling,
             # The lease certificate verification keys, [kid, public hex], oldest

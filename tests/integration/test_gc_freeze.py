@@ -1,6 +1,7 @@
 """A node freezes the survivors of its full garbage collections unless
 ``gc_unfreeze_interval`` is 0 (raftlease/gc_pauses.py; the class's own rules:
-tests/unit/test_gc_pauses.py): its status says so, on real node processes."""
+tests/unit/test_gc_pauses.py), and sets the GIL's switch interval to
+``switch_interval`` unless it is 0: its status says so, on real node processes."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 def test_nodes_freeze_gc_survivors_by_default_and_not_with_zero() -> None:
     cluster = LocalCluster(
-        2, settings=dict(FAST_SETTINGS), node_settings={"n2": {"gc_unfreeze_interval": 0}}
+        2,
+        settings=dict(FAST_SETTINGS),
+        node_settings={"n2": {"gc_unfreeze_interval": 0, "switch_interval": 0}},
     )
     try:
         cluster.start()
@@ -25,5 +28,8 @@ def test_nodes_freeze_gc_survivors_by_default_and_not_with_zero() -> None:
         assert on["gc_freeze"]["unfreeze_interval"] == 600.0
         assert on["gc_freeze"]["freezes"] >= 0 and on["gc_freeze"]["unfreezes"] == 0
         assert off["gc_freeze"] is None
+        # The GIL's switch interval: the setting's 1 ms, or Python's own 5 ms with 0.
+        assert on["switch_interval"] == pytest.approx(0.001)
+        assert off["switch_interval"] == pytest.approx(0.005)
     finally:
         cluster.close()

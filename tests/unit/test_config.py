@@ -229,6 +229,14 @@ def test_gc_unfreeze_interval_is_zero_or_positive() -> None:
         assert "gc_unfreeze_interval" in config_error(gc_unfreeze_interval=bad)
 
 
+def test_switch_interval_is_zero_or_a_bounded_number_of_seconds() -> None:
+    assert make().switch_interval == 0.001
+    assert make(switch_interval=0).switch_interval == 0
+    assert make(switch_interval=0.005).switch_interval == 0.005
+    for bad in (-1, 0.00001, 0.2, math.inf, math.nan, "0.001", True):
+        assert "switch_interval" in config_error(switch_interval=bad)
+
+
 def test_keepalives_is_memory_or_log() -> None:
     assert make().keepalives == "memory"  # the default: keep-alives from memory
     assert make(keepalives="log").keepalives == "log"
